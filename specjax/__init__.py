@@ -1,0 +1,25 @@
+"""specjax: exact speculative decoding for JAX/Flax.
+
+Public surface:
+  ModelConfig, Transformer, KVCache           -- models (specjax.models)
+  SamplingParams, warp_probs                  -- sampling warps (specjax.sampling)
+  verify.token_verify, verify.greedy_verify   -- verification rules (specjax.verify)
+  speculative_generate, autoregressive_generate, speculative_step
+                                              -- generation loops (specjax.generation)
+  theory                                      -- Leviathan et al. formulas
+"""
+
+from specjax import theory, verify
+from specjax.generation import (GenerateOutput, SpecConfig, SpeculativeStats, SpecState,
+                                autoregressive_generate, speculative_generate,
+                                speculative_step)
+from specjax.models import KVCache, ModelConfig, Transformer
+from specjax.sampling import GREEDY, SamplingParams, warp_probs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GREEDY", "GenerateOutput", "KVCache", "ModelConfig", "SamplingParams", "SpecConfig",
+    "SpecState", "SpeculativeStats", "Transformer", "autoregressive_generate",
+    "speculative_generate", "speculative_step", "theory", "verify", "warp_probs",
+]

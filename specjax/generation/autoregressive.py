@@ -1,0 +1,150 @@
+"""Autoregressive decoding: the baseline speculative decoding must match and beat.
+
+The whole loop is one `jax.jit` program around `lax.while_loop`: prefill, then
+one token per step for every row, with per-row EOS and budgets.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.generation import validation
+from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
+from specjax.models.kv_cache import write_rows
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams, sample_tokens
+
+# Traces of the jitted programs, by name: tests use it to prove no recompilation.
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+def prefill(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array,
+            capacity: int, key: jax.Array, sampling: SamplingParams):
+  """Runs the prompt through a fresh cache and samples the first new token.
+
+  Args:
+    prompts: `[B, P]` right-padded; prompt_lengths `[B]` in [1, P].
+
+  Returns:
+    `(first_token [B], cache)`; the cache holds the prompt (lengths =
+    prompt_lengths), so the first token is the next to feed.
+  """
+  cache = model.init_cache(prompts.shape[0], capacity)
+  logits, cache = model.forward_cached(prompts, cache,
+                                       logit_indices=(prompt_lengths - 1)[:, None])
+  first, _ = sample_tokens(key, logits[:, 0], sampling)
+  return first, cache.with_lengths(prompt_lengths)
+
+
+def finalize(tokens: jax.Array, num_generated: jax.Array, max_new_tokens: int,
+             pad_id: int) -> jax.Array:
+  """Cuts the buffer to `[B, max_new_tokens]` and pads past each row's count."""
+  tokens = tokens[:, :max_new_tokens]
+  valid = jnp.arange(max_new_tokens)[None, :] < num_generated[:, None]
+  return jnp.where(valid, tokens, pad_id)
+
+
+def first_done(first: jax.Array, max_new_tokens: int, eos_id: int | None) -> jax.Array:
+  done = jnp.full(first.shape, max_new_tokens <= 1)
+  if eos_id is not None:
+    done = done | (first == eos_id)
+  return done
+
+
+def autoregressive_step(model: Transformer, state: ARState, sampling: SamplingParams,
+                        max_new_tokens: int, eos_id: int | None) -> ARState:
+  """Feeds each row's last token, samples the next, commits it for active rows."""
+  key, step_key = jax.random.split(state.key)
+  active = ~state.done
+  logits, cache = model.forward_cached(state.last[:, None], state.cache)
+  token, _ = sample_tokens(step_key, logits[:, 0], sampling)
+  # Finished rows keep their length, so their writes stay inside the capacity.
+  cache = cache.with_lengths(jnp.where(active, cache.lengths, state.cache.lengths))
+  tokens = write_rows(state.tokens, token[:, None], state.num_generated)
+  tokens = jnp.where(active[:, None], tokens, state.tokens)
+  num_generated = state.num_generated + active.astype(jnp.int32)
+  done = state.done | (num_generated >= max_new_tokens)
+  if eos_id is not None:
+    done = done | (active & (token == eos_id))
+  stats = AutoregressiveStats(iterations=state.stats.iterations + 1,
+                              target_calls=state.stats.target_calls + 1)
+  return ARState(cache=cache, last=jnp.where(active, token, state.last), tokens=tokens,
+                 num_generated=num_generated, done=done, key=key, stats=stats)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "max_new_tokens",
+                                             "eos_id", "pad_id", "capacity"))
+def _autoregressive_program(graphdef, params, prompts, prompt_lengths, key, *, sampling,
+                            max_new_tokens, eos_id, pad_id, capacity) -> GenerateOutput:
+  TRACE_COUNTS["autoregressive"] += 1
+  model = nnx.merge(graphdef, params)
+  prompts = jnp.where(jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None],
+                      prompts, 0)
+  key, first_key = jax.random.split(key)
+  first, cache = prefill(model, prompts, prompt_lengths, capacity, first_key, sampling)
+  b = prompts.shape[0]
+  tokens = jnp.zeros((b, max_new_tokens), jnp.int32).at[:, 0].set(first)
+  state = ARState(cache=cache, last=first, tokens=tokens,
+                  num_generated=jnp.ones((b,), jnp.int32),
+                  done=first_done(first, max_new_tokens, eos_id), key=key,
+                  stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)))
+  state = jax.lax.while_loop(
+      lambda s: jnp.any(~s.done),
+      lambda s: autoregressive_step(model, s, sampling, max_new_tokens, eos_id),
+      state)
+  return GenerateOutput(tokens=finalize(state.tokens, state.num_generated,
+                                        max_new_tokens, pad_id),
+                        num_generated=state.num_generated, stats=state.stats)
+
+
+def autoregressive_generate(model: Transformer, prompts: jax.Array,
+                            prompt_lengths: jax.Array, *, max_new_tokens: int,
+                            sampling: SamplingParams = SamplingParams(),
+                            key: jax.Array | None = None, eos_id: int | None = None,
+                            pad_id: int = 0) -> GenerateOutput:
+  """Decodes up to `max_new_tokens` tokens per row, one model call per token.
+
+  Args:
+    model: a `specjax.Transformer`.
+    prompts: `[B, P]` int32, right-padded; the padding is ignored.
+    prompt_lengths: `[B]` int32 in [1, P].
+    max_new_tokens: budget per row (>= 1, static: it sets the output shape).
+    sampling: warp; temperature 0 is greedy.
+    key: PRNG key; required unless sampling is greedy.
+    eos_id: stop a row after it emits this id (the EOS is kept and counted).
+    pad_id: value of `tokens` past each row's `num_generated`.
+
+  Returns:
+    `GenerateOutput(tokens [B, max_new_tokens], num_generated [B], stats)`.
+  """
+  cfg = model.cfg
+  validation.check_positive_int("max_new_tokens", max_new_tokens)
+  validation.check_sampling(sampling, cfg.vocab_size)
+  validation.check_prompts(prompts, prompt_lengths, cfg.vocab_size)
+  validation.check_token_id("eos_id", eos_id, cfg.vocab_size)
+  capacity = validation.check_capacity("model", cfg, prompts.shape[1], max_new_tokens, 0)
+  key = _resolve_key(key, sampling)
+  graphdef, params = nnx.split(model)
+  return _autoregressive_program(
+      graphdef, params, jnp.asarray(prompts, jnp.int32),
+      jnp.asarray(prompt_lengths, jnp.int32), key, sampling=sampling,
+      max_new_tokens=int(max_new_tokens), eos_id=eos_id, pad_id=int(pad_id),
+      capacity=capacity)
+
+
+def _resolve_key(key, sampling: SamplingParams) -> jax.Array:
+  if key is None:
+    if not sampling.greedy:
+      raise ValueError("key must be a jax.random key when temperature > 0.")
+    return jax.random.key(0)
+  if not isinstance(key, jax.Array) or not jax.dtypes.issubdtype(key.dtype,
+                                                                 jax.dtypes.prng_key):
+    if isinstance(key, jax.Array) and key.dtype == jnp.uint32 and key.shape == (2,):
+      return jax.random.wrap_key_data(key)
+    raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")
+  return key

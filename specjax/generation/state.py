@@ -1,0 +1,172 @@
+"""Loop states, statistics and outputs of the generation loops (all pytrees)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.models.kv_cache import KVCache
+from specjax.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+  """Static settings of speculative decoding (hashable: a jit static argument).
+
+  Attributes:
+    gamma: drafted tokens per iteration, >= 1.
+    max_new_tokens: generation budget per row, >= 1.
+    sampling: the warp shared by draft and target.
+    verifier: "token", "greedy" or another name known to `verify.get_verifier`.
+    eos_id: a row stops after emitting this id; None disables it.
+    pad_id: the value written to `tokens` past each row's `num_generated`.
+  """
+
+  gamma: int
+  max_new_tokens: int
+  sampling: SamplingParams
+  verifier: str = "token"
+  eos_id: int | None = None
+  pad_id: int = 0
+
+
+@struct.dataclass
+class SpeculativeStats:
+  """Counters of one `speculative_generate` call.
+
+  Attributes:
+    iterations: scalar, speculative iterations the loop ran (batch-wide).
+    target_calls: scalar, target forward calls including the prefill.
+    draft_calls: scalar, draft forward calls including the prefill (gamma per
+      iteration).
+    accepted: `[B]` drafted tokens accepted per row.
+    evaluated: `[B]` accepted + number of the row's iterations that had a
+      rejection; accepted / evaluated is the unbiased estimate of alpha.
+    row_iterations: `[B]` iterations in which the row was still generating.
+    accepted_at_position: `[gamma]`, entry i counts (row, iteration) pairs in
+      which drafted token i + 1 was accepted.
+  """
+
+  iterations: jax.Array
+  target_calls: jax.Array
+  draft_calls: jax.Array
+  accepted: jax.Array
+  evaluated: jax.Array
+  row_iterations: jax.Array
+  accepted_at_position: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, gamma: int) -> "SpeculativeStats":
+    z = jnp.zeros((batch,), jnp.int32)
+    return cls(iterations=jnp.int32(0), target_calls=jnp.int32(1),
+               draft_calls=jnp.int32(1), accepted=z, evaluated=z, row_iterations=z,
+               accepted_at_position=jnp.zeros((gamma,), jnp.int32))
+
+  @property
+  def acceptance_rate(self) -> jax.Array:
+    """alpha estimate over the batch: sum(accepted) / sum(evaluated)."""
+    return jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.evaluated), 1)
+
+  @property
+  def tokens_per_iteration(self) -> jax.Array:
+    """Tokens the verifier emitted per (row, iteration): mean of accepted + 1.
+
+    Counted before truncation by the budget or an EOS, so with a perfect draft
+    it is exactly gamma + 1 (the generated tokens are also capped by the budget).
+    """
+    rows = jnp.sum(self.row_iterations)
+    return (jnp.sum(self.accepted) + rows) / jnp.maximum(rows, 1)
+
+  def summary(self) -> dict[str, Any]:
+    """Plain Python numbers for logs and JSON."""
+    return {
+        "iterations": int(self.iterations),
+        "target_calls": int(self.target_calls),
+        "draft_calls": int(self.draft_calls),
+        "accepted": np.asarray(self.accepted).tolist(),
+        "evaluated": np.asarray(self.evaluated).tolist(),
+        "acceptance_rate": float(self.acceptance_rate),
+        "tokens_per_iteration": float(self.tokens_per_iteration),
+        "accepted_at_position": np.asarray(self.accepted_at_position).tolist(),
+    }
+
+
+@struct.dataclass
+class AutoregressiveStats:
+  """Counters of one `autoregressive_generate` call.
+
+  Attributes:
+    iterations: scalar, decode steps after the prefill.
+    target_calls: scalar, model calls including the prefill.
+  """
+
+  iterations: jax.Array
+  target_calls: jax.Array
+
+  def summary(self) -> dict[str, Any]:
+    return {"iterations": int(self.iterations), "target_calls": int(self.target_calls)}
+
+
+@struct.dataclass
+class GenerateOutput:
+  """Result of a generation call.
+
+  Attributes:
+    tokens: `[B, max_new_tokens]` int32; entries at index >= num_generated[b]
+      hold the pad id (`pad_id`, default 0).
+    num_generated: `[B]` int32 in [1, max_new_tokens]; an EOS, when hit, is
+      the last generated token and is counted.
+    stats: `SpeculativeStats` or `AutoregressiveStats`.
+  """
+
+  tokens: jax.Array
+  num_generated: jax.Array
+  stats: Any
+
+
+@struct.dataclass
+class SpecState:
+  """Everything `speculative_step` carries from one iteration to the next.
+
+  With s the committed sequence of a row (prompt + generated tokens):
+    target_cache holds s[:-1] (lengths = len(s) - 1);
+    draft_cache holds s[:-2] (lengths = len(s) - 2);
+    recent = [s[-2], s[-1]] `[B, 2]`, fed to the draft at the next iteration,
+    which both re-syncs the draft cache after a fully accepted block (the last
+    drafted token was never fed to the draft) and starts the new draft, with
+    one static shape whatever was accepted.
+  Attributes besides those:
+    tokens: `[B, max_new_tokens + gamma + 1]` output buffer (slack so a whole
+      block can always be written).
+    num_generated: `[B]` int32.
+    done: `[B]` bool, the row hit EOS or its budget.
+    key: PRNG key for the next iteration.
+    stats: `SpeculativeStats`.
+  """
+
+  target_cache: KVCache
+  draft_cache: KVCache
+  recent: jax.Array
+  tokens: jax.Array
+  num_generated: jax.Array
+  done: jax.Array
+  key: jax.Array
+  stats: SpeculativeStats
+
+
+@struct.dataclass
+class ARState:
+  """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`."""
+
+  cache: KVCache
+  last: jax.Array
+  tokens: jax.Array
+  num_generated: jax.Array
+  done: jax.Array
+  key: jax.Array
+  stats: AutoregressiveStats

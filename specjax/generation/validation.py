@@ -1,0 +1,91 @@
+"""Argument checks run on the host before anything is compiled.
+
+Each failure is a `ValueError` that names the argument and its allowed range.
+Value checks (token ids, lengths) need concrete arrays; when a caller traces the
+generate functions inside its own `jax.jit`, only the static checks run.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from specjax.models.config import ModelConfig
+from specjax.sampling import SamplingParams
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+
+
+def check_prompts(prompts, prompt_lengths, vocab_size: int) -> tuple[int, int]:
+  """Checks `prompts [B, P]` (right-padded ints) and `prompt_lengths [B]`.
+
+  Returns:
+    (B, P).
+  """
+  for name, x, rank in (("prompts", prompts, 2), ("prompt_lengths", prompt_lengths, 1)):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      raise ValueError(f"{name} must be an integer array, got {type(x).__name__}.")
+    if not np.issubdtype(x.dtype, np.integer):
+      raise ValueError(f"{name} must have an integer dtype, got {x.dtype}.")
+    if x.ndim != rank:
+      raise ValueError(f"{name} must have rank {rank}, got shape {tuple(x.shape)}.")
+  batch, width = prompts.shape
+  if batch < 1 or width < 1:
+    raise ValueError(f"prompts must have shape [B >= 1, P >= 1], got {tuple(prompts.shape)}.")
+  if prompt_lengths.shape[0] != batch:
+    raise ValueError(
+        f"prompt_lengths has {prompt_lengths.shape[0]} rows but prompts has {batch}; "
+        "they must match.")
+  if _is_concrete(prompt_lengths):
+    lengths = np.asarray(prompt_lengths)
+    bad = (lengths < 1) | (lengths > width)
+    if bad.any():
+      raise ValueError(
+          f"prompt_lengths must be in [1, P={width}], got {lengths[bad].tolist()} "
+          f"at rows {np.nonzero(bad)[0].tolist()}.")
+    if _is_concrete(prompts):
+      tokens = np.asarray(prompts)
+      valid = np.arange(width)[None, :] < lengths[:, None]
+      bad = valid & ((tokens < 0) | (tokens >= vocab_size))
+      if bad.any():
+        rows, cols = np.nonzero(bad)
+        raise ValueError(
+            f"prompts must hold token ids in [0, vocab_size={vocab_size}) within "
+            f"prompt_lengths; got {tokens[rows[0], cols[0]]} at row {rows[0]}, "
+            f"column {cols[0]}.")
+  return batch, width
+
+
+def check_sampling(sampling, vocab_size: int) -> None:
+  if not isinstance(sampling, SamplingParams):
+    raise ValueError(f"sampling must be a specjax.SamplingParams, got {sampling!r}.")
+  sampling.check_vocab(vocab_size)
+
+
+def check_token_id(name: str, value, vocab_size: int) -> None:
+  if value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
+      0 <= value < vocab_size):
+    raise ValueError(
+        f"{name} must be None or an integer in [0, vocab_size={vocab_size}), got {value!r}.")
+
+
+def check_capacity(role: str, cfg: ModelConfig, width: int, max_new_tokens: int,
+                   slack: int) -> int:
+  """Returns the cache capacity needed; raises if it exceeds `cfg.max_seq_len`."""
+  needed = width + max_new_tokens + slack
+  if needed > cfg.max_seq_len:
+    extra = f" + gamma + 1 ({slack})" if slack else ""
+    raise ValueError(
+        f"{role}: prompt width ({width}) + max_new_tokens ({max_new_tokens}){extra} = "
+        f"{needed} exceeds max_seq_len={cfg.max_seq_len}; shorten the prompt or lower "
+        "max_new_tokens.")
+  return needed

@@ -1,0 +1,125 @@
+"""`ModelConfig`: the static description of a decoder-only transformer.
+
+One frozen, hashable dataclass describes every architecture specjax runs. The
+defaults give a Llama-style decoder (RMSNorm, RoPE, grouped-query attention,
+SwiGLU); the variant fields (`norm`, `mlp`, `positions`, the bias flags) let
+GPT-2-style models (LayerNorm, GELU, learned positions, biases) share the same
+module, cache and decode path.
+
+Axis glossary used in docstrings across specjax:
+  B batch, T tokens in one call, S cache capacity (slots), P prompt width,
+  V vocabulary, D d_model, N query heads, K kv heads, G = N // K, H head dim,
+  F d_ff, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax.numpy as jnp
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of a `specjax.Transformer`.
+
+  Attributes:
+    vocab_size: number of token ids V; ids live in [0, V).
+    d_model: residual width D.
+    n_layers: number of decoder blocks L.
+    n_heads: query heads N.
+    n_kv_heads: key/value heads K (grouped-query attention); N % K == 0.
+    d_ff: hidden width F of the MLP.
+    max_seq_len: the longest sequence (prompt + generation + draft slack) the
+      model may see; caches are allocated at most this long.
+    head_dim: per-head width H; defaults to d_model // n_heads.
+    rope_theta: RoPE base frequency (used when positions == "rope").
+    norm_eps: epsilon of the normalisation layers.
+    norm: "rmsnorm" (Llama) or "layernorm" (GPT-2).
+    mlp: "swiglu" (gated SiLU, Llama) or "gelu" (plain GELU, GPT-2).
+    positions: "rope" (rotary) or "learned" (absolute embedding table).
+    qkv_bias: bias on the q/k/v projections (Qwen2, GPT-2).
+    out_bias: bias on the attention output projection (GPT-2).
+    mlp_bias: biases in the MLP (GPT-2).
+    tie_embeddings: the output head reuses the token embedding matrix.
+    dtype: compute dtype of activations ("float32", "bfloat16", "float16").
+    param_dtype: storage dtype of the parameters.
+    init_std: standard deviation of the normal initialiser of weight matrices.
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  d_ff: int
+  max_seq_len: int
+  head_dim: int | None = None
+  rope_theta: float = 10_000.0
+  norm_eps: float = 1e-5
+  norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+  mlp: Literal["swiglu", "gelu"] = "swiglu"
+  positions: Literal["rope", "learned"] = "rope"
+  qkv_bias: bool = False
+  out_bias: bool = False
+  mlp_bias: bool = False
+  tie_embeddings: bool = False
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                 "d_ff", "max_seq_len"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"ModelConfig.{name} must be a positive integer (>= 1), got {value!r}.")
+    if self.head_dim is not None and (
+        not isinstance(self.head_dim, int) or self.head_dim < 1):
+      raise ValueError(
+          f"ModelConfig.head_dim must be None or a positive integer, got {self.head_dim!r}.")
+    if self.head_dim is None and self.d_model % self.n_heads:
+      raise ValueError(
+          f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads "
+          f"({self.n_heads}) unless head_dim is given.")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+          f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads "
+          f"({self.n_kv_heads}).")
+    if self.positions == "rope" and self.resolved_head_dim % 2:
+      raise ValueError(
+          f"ModelConfig.head_dim must be even for RoPE, got {self.resolved_head_dim}.")
+    if not self.rope_theta > 0:
+      raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}.")
+    if not self.norm_eps > 0:
+      raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}.")
+    if not self.init_std > 0:
+      raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std!r}.")
+    choices = {"norm": ("rmsnorm", "layernorm"), "mlp": ("swiglu", "gelu"),
+               "positions": ("rope", "learned"), "dtype": _DTYPES,
+               "param_dtype": _DTYPES}
+    for name, allowed in choices.items():
+      if getattr(self, name) not in allowed:
+        raise ValueError(
+            f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}.")
+
+  @property
+  def resolved_head_dim(self) -> int:
+    """H: head_dim if given, else d_model // n_heads."""
+    return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def weight_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.param_dtype)
+
+  def replace(self, **changes) -> "ModelConfig":
+    """A copy with `changes` applied (validated again)."""
+    return dataclasses.replace(self, **changes)

@@ -1,0 +1,289 @@
+"""The decoder-only transformer shared by every draft and target.
+
+One Flax NNX module covers Llama-style models (RMSNorm, RoPE, grouped-query
+attention, SwiGLU) and GPT-2-style ones (LayerNorm, learned positions, GELU,
+biases), chosen by `ModelConfig` fields, so every architecture goes through the
+same two calls:
+
+  model(tokens)                          -> logits [B, T, V]          (no cache)
+  model.forward_cached(tokens, cache)    -> (logits [B, T, V], cache) (T >= 1)
+
+The cached call writes T tokens per row at that row's own cache length, which is
+what verification needs (gamma + 1 positions in one call). Logits are float32
+whatever the compute dtype, because the sampling warps and verification rules
+compare probabilities and must not inherit bfloat16 rounding.
+
+Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`,
+`vocab`, ...) as sharding metadata; a mesh and a rules table map them onto
+devices, nothing here assumes one device.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache, write_rows
+
+_NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
+
+
+def _logical(init, names: tuple[str | None, ...]):
+  # Record logical axis names only; placing them on a mesh is the sharding
+  # rules' job, so a model built without a mesh stays an ordinary model.
+  return nnx.with_partitioning(init, names, eager_sharding=False)
+
+
+def _normal(cfg: ModelConfig, names: tuple[str | None, ...]):
+  return _logical(nnx.initializers.normal(cfg.init_std), names)
+
+
+def _zeros(names: tuple[str | None, ...]):
+  return _logical(nnx.initializers.zeros, names)
+
+
+class Norm(nnx.Module):
+  """RMSNorm or LayerNorm over the last axis, computed in float32."""
+
+  def __init__(self, cfg: ModelConfig):
+    self.kind = cfg.norm
+    self.eps = cfg.norm_eps
+    self.dtype = cfg.compute_dtype
+    key = jax.random.key(0)  # unused by the constant initialisers
+    self.scale = nnx.Param(_logical(nnx.initializers.ones, ("embed",))(
+        key, (cfg.d_model,), cfg.weight_dtype))
+    if cfg.norm == "layernorm":
+      self.bias = nnx.Param(_zeros(("embed",))(key, (cfg.d_model,), cfg.weight_dtype))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = x.astype(jnp.float32)
+    if self.kind == "layernorm":
+      x = x - jnp.mean(x, axis=-1, keepdims=True)
+    x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+    x = x * self.scale[...].astype(jnp.float32)
+    if self.kind == "layernorm":
+      x = x + self.bias[...].astype(jnp.float32)
+    return x.astype(self.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+  """`[H/2]` inverse frequencies of the rotary embedding."""
+  h = cfg.resolved_head_dim
+  return 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotates `x [B, T, heads, H]` by `positions [B, T]` (rotate-half convention)."""
+  angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query attention.
+
+  Args:
+    q: `[B, T, N, H]` queries.
+    k, v: `[B, S, K, H]` keys and values (N % K == 0).
+    mask: `[B, T, S]` bool, True where query t may read slot s.
+
+  Returns:
+    `[B, T, N, H]` in q's dtype; scores and softmax run in float32.
+  """
+  b, t, n, h = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(b, t, kv_heads, n // kv_heads, h)
+  scores = jnp.einsum("btkgh,bskh->bkgts", q, k,
+                      preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskh->btkgh", weights, v,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(b, t, n, h).astype(q.dtype)
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with K <= N key/value heads and an optional cache."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    h = cfg.resolved_head_dim
+    kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
+    def linear(d_in, d_out, names, bias):
+      return nnx.Linear(d_in, d_out, use_bias=bias, kernel_init=_normal(cfg, names),
+                        bias_init=_zeros(names[1:]), **kw)
+    self.q_proj = linear(cfg.d_model, cfg.n_heads * h, ("embed", "heads"), cfg.qkv_bias)
+    self.k_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"),
+                         cfg.qkv_bias)
+    self.v_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"),
+                         cfg.qkv_bias)
+    self.o_proj = linear(cfg.n_heads * h, cfg.d_model, ("heads", "embed"), cfg.out_bias)
+
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
+               layer_cache: tuple[jax.Array, jax.Array] | None,
+               starts: jax.Array | None):
+    """x `[B, T, D]`, positions `[B, T]`, mask `[B, T, T or S]`.
+
+    With `layer_cache = (k [B, S, K, H], v [B, S, K, H])` the T new keys/values
+    are written at `starts [B]` and attention reads the whole cache; returns
+    `(out [B, T, D], (k, v))`.
+    """
+    cfg = self.cfg
+    b, t, _ = x.shape
+    h = cfg.resolved_head_dim
+    q = self.q_proj(x).reshape(b, t, cfg.n_heads, h)
+    k = self.k_proj(x).reshape(b, t, cfg.n_kv_heads, h)
+    v = self.v_proj(x).reshape(b, t, cfg.n_kv_heads, h)
+    if cfg.positions == "rope":
+      inv_freq = rope_inv_freq(cfg)
+      q = apply_rope(q, positions, inv_freq)
+      k = apply_rope(k, positions, inv_freq)
+    if layer_cache is not None:
+      k = write_rows(layer_cache[0], k, starts)
+      v = write_rows(layer_cache[1], v, starts)
+    out = attend(q, k, v, mask)
+    return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), (k, v)
+
+
+class MLP(nnx.Module):
+  """SwiGLU (`down(silu(gate(x)) * up(x))`) or GELU (`down(gelu(up(x)))`)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.kind = cfg.mlp
+    kw = dict(use_bias=cfg.mlp_bias, dtype=cfg.compute_dtype,
+              param_dtype=cfg.weight_dtype, rngs=rngs)
+    def linear(d_in, d_out, names):
+      return nnx.Linear(d_in, d_out, kernel_init=_normal(cfg, names),
+                        bias_init=_zeros(names[1:]), **kw)
+    if cfg.mlp == "swiglu":
+      self.gate_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
+    self.up_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
+    self.down_proj = linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    if self.kind == "swiglu":
+      hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+    else:
+      hidden = jax.nn.gelu(self.up_proj(x), approximate=True)
+    return self.down_proj(hidden)
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = Norm(cfg)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = Norm(cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, mask, layer_cache, starts):
+    attn_out, layer_cache = self.attn(self.attn_norm(x), positions, mask,
+                                      layer_cache, starts)
+    x = x + attn_out
+    x = x + self.mlp(self.mlp_norm(x))
+    return x, layer_cache
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model.
+
+  Example:
+    cfg = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4,
+                      n_kv_heads=2, d_ff=128, max_seq_len=256)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    logits = model(tokens)                         # [B, T] -> [B, T, V]
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
+                           param_dtype=cfg.weight_dtype,
+                           embedding_init=_normal(cfg, ("vocab", "embed")), rngs=rngs)
+    if cfg.positions == "learned":
+      self.pos_embed = nnx.Embed(cfg.max_seq_len, cfg.d_model, dtype=cfg.compute_dtype,
+                                 param_dtype=cfg.weight_dtype,
+                                 embedding_init=_normal(cfg, (None, "embed")), rngs=rngs)
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = Norm(cfg)
+    if not cfg.tie_embeddings:
+      self.lm_head = nnx.Param(
+          _normal(cfg, ("embed", "vocab"))(rngs.params(), (cfg.d_model, cfg.vocab_size),
+                                           cfg.weight_dtype))
+
+  def init_cache(self, batch: int, capacity: int) -> KVCache:
+    """An empty `KVCache` of `capacity` slots per row, in the compute dtype."""
+    cfg = self.cfg
+    if not 1 <= capacity <= cfg.max_seq_len:
+      raise ValueError(f"capacity must be in [1, max_seq_len={cfg.max_seq_len}], "
+                       f"got {capacity}.")
+    return KVCache.zeros(n_layers=cfg.n_layers, batch=batch, capacity=capacity,
+                         n_kv_heads=cfg.n_kv_heads, head_dim=cfg.resolved_head_dim,
+                         dtype=cfg.compute_dtype)
+
+  def _embed(self, tokens, positions):
+    x = self.embed(tokens)
+    if self.cfg.positions == "learned":
+      x = x + self.pos_embed(positions)
+    return x
+
+  def _logits(self, x: jax.Array) -> jax.Array:
+    x = self.final_norm(x)
+    if self.cfg.tie_embeddings:
+      w = self.embed.embedding[...].astype(x.dtype)
+      return jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+    w = self.lm_head[...].astype(x.dtype)
+    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    """Full causal forward without a cache: `tokens [B, T]` -> `logits [B, T, V]`."""
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    x = self._embed(tokens, positions)
+    for layer in self.layers:
+      x, _ = layer(x, positions, mask, None, None)
+    return self._logits(x)
+
+  def forward_cached(self, tokens: jax.Array, cache: KVCache,
+                     logit_indices: jax.Array | None = None
+                     ) -> tuple[jax.Array, KVCache]:
+    """Feeds T >= 1 new tokens per row after each row's cached prefix.
+
+    Args:
+      tokens: `[B, T]` int32; row b's tokens take positions
+        `cache.lengths[b] .. cache.lengths[b] + T - 1`.
+      cache: a `KVCache` with `lengths + T <= capacity` for every row.
+      logit_indices: optional `[B, R]` indices into T; only those positions get
+        logits (prefill needs one per row, not `[B, P, V]`).
+
+    Returns:
+      `(logits [B, T or R, V] float32, cache)` with the new keys/values written
+      and `lengths` advanced by T. Roll back by `cache.with_lengths(...)`.
+    """
+    b, t = tokens.shape
+    starts = cache.lengths
+    positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    slots = jnp.arange(cache.capacity, dtype=jnp.int32)
+    mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    x = self._embed(tokens, positions)
+    new_k, new_v = [], []
+    for layer, k, v in zip(self.layers, cache.k, cache.v):
+      x, (k, v) = layer(x, positions, mask, (k, v), starts)
+      new_k.append(k)
+      new_v.append(v)
+    if logit_indices is not None:
+      x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)
+    cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=starts + t)
+    return self._logits(x), cache
+
+  @property
+  def num_params(self) -> int:
+    """Number of parameter scalars."""
+    state = nnx.state(self, nnx.Param)
+    return sum(x.size for x in jax.tree.leaves(state))

@@ -1,0 +1,103 @@
+"""Sampling warps: logits -> the probabilities that are sampled *and* verified.
+
+Exact speculative decoding needs q to be the very distribution each draft token
+was drawn from, and p the target's distribution after the same warp. So one
+function, `warp_probs`, turns logits into probabilities for draft and target
+alike, and `sample` draws from those probabilities, never from raw logits.
+
+Order of the warps (as in Hugging Face's logits processors): temperature, then
+top-k, then top-p. Temperature 0 means greedy: the warp is one-hot at the argmax
+(lowest index on ties), so every verifier reduces to argmax matching.
+All arithmetic is float32, whatever dtype the model computes in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Static sampling settings (hashable, so they can be jit static arguments).
+
+  Attributes:
+    temperature: >= 0; 0 means greedy decoding.
+    top_k: keep the k most likely tokens; 0 disables the filter. Tokens tied
+      with the k-th logit are kept too.
+    top_p: nucleus mass in (0, 1]; 1 disables the filter. Keeps the smallest
+      set of most likely tokens whose mass reaches top_p.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+      raise ValueError(
+          f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}.")
+    if (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+        or self.top_k < 0):
+      raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}.")
+    if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+  def check_vocab(self, vocab_size: int) -> None:
+    """Raises if top_k exceeds the vocabulary (it would silently mean 'off')."""
+    if self.top_k > vocab_size:
+      raise ValueError(
+          f"top_k must be in [0, vocab_size={vocab_size}], got {self.top_k}.")
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def warp_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
+  """Turns logits `[..., V]` into warped float32 probabilities `[..., V]`."""
+  logits = logits.astype(jnp.float32)
+  if params.greedy:
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
+                          dtype=jnp.float32)
+  logits = logits / params.temperature
+  if params.top_k and params.top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, params.top_k)[0][..., -1:]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if params.top_p < 1:
+    sorted_probs = jnp.sort(probs, axis=-1)[..., ::-1]
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    # The smallest probability still needed to reach top_p; ties with it are kept.
+    kept = jnp.where(mass_before < params.top_p, sorted_probs, jnp.inf)
+    threshold = jnp.min(kept, axis=-1, keepdims=True)
+    probs = jnp.where(probs >= threshold, probs, 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+  return probs
+
+
+def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token per row from probabilities `[..., V]` -> int32 `[...]`.
+
+  Zero-probability tokens are never drawn (their log is -inf).
+  """
+  return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams
+                  ) -> tuple[jax.Array, jax.Array]:
+  """Warps logits `[..., V]` and draws from them.
+
+  Returns:
+    `(tokens [...] int32, probs [..., V] float32)`: probs is exactly the
+    distribution the tokens were drawn from (what verification needs as q).
+  """
+  probs = warp_probs(logits, params)
+  if params.greedy:
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32), probs
+  return sample(key, probs), probs

@@ -1,0 +1,32 @@
+"""Greedy verification (temperature 0): accept while the draft equals the target's argmax."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.verify.base import VerifyResult, accepted_prefix_length
+
+
+def greedy_verify(key: jax.Array | None, draft_tokens: jax.Array,
+                  draft_probs: jax.Array | None, target_probs: jax.Array
+                  ) -> VerifyResult:
+  """Accepts the longest prefix of `draft_tokens` that matches the target's argmax.
+
+  Deterministic: `key` and `draft_probs` are ignored (kept for the common
+  verifier signature). Ties break to the lowest token id, as `jnp.argmax` does
+  in autoregressive greedy decoding, so the output equals it token for token.
+
+  Args:
+    draft_tokens: `[B, g]` int32.
+    target_probs: `[B, g+1, V]` (probabilities or logits; only the argmax is used).
+
+  Returns:
+    `VerifyResult(num_accepted [B], next_token [B])`; next_token is the target's
+    argmax at the first mismatch, or at position g when all g match.
+  """
+  del key, draft_probs
+  best = jnp.argmax(target_probs, axis=-1).astype(jnp.int32)  # [B, g+1]
+  n = accepted_prefix_length(draft_tokens == best[:, :-1])
+  next_token = jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
+  return VerifyResult(n, next_token)

@@ -1,0 +1,38 @@
+"""Shared test set-up: persistent compilation cache and tiny model fixtures."""
+
+import os
+
+# Set before jax is imported anywhere in the test process.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import specjax  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+            max_seq_len=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+  return specjax.ModelConfig(**TINY)
+
+
+@pytest.fixture(scope="session")
+def target(tiny_cfg):
+  return specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="session")
+def draft(tiny_cfg):
+  small = tiny_cfg.replace(d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, n_layers=1)
+  return specjax.Transformer(small, rngs=nnx.Rngs(1))
