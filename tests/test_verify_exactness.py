@@ -63,10 +63,11 @@ def make_tables(case, vocab, gamma, seed):
   elif case == "p_equals_q":
     q = p.copy()
   elif case == "disjoint_supports":
-    # Per context, p lives on the first k tokens of a random order and q on the rest.
+    # Per context, p lives on the first k tokens of a random order and q on the rest;
+    # k >= 2 keeps the target joint spread over many sequences (vocab >= 3).
     p, q = np.zeros((rows, vocab)), np.zeros((rows, vocab))
     for r in range(rows):
-      order, k = rng.permutation(vocab), rng.integers(1, vocab)
+      order, k = rng.permutation(vocab), rng.integers(2, vocab)
       p[r, order[:k]] = rng.dirichlet(np.ones(k))
       q[r, order[k:]] = rng.dirichlet(np.ones(vocab - k))
   elif case == "q_zeros_where_p_positive":
@@ -316,7 +317,7 @@ def test_token_verify_acceptance_is_geometric():
 # ---------------------------------------------------------------------------
 
 def test_greedy_verify_hand_built():
-  """Argmax matching: all matched -> bonus argmax of the last row; else the argmax at the mismatch."""
+  """Argmax matching: all match -> bonus = last row's argmax; else the argmax at the mismatch."""
   argmaxes = np.array([[2, 0, 4, 1],   # drafts all match -> n = 3, bonus = 1
                        [2, 0, 4, 1],   # first draft wrong -> n = 0, next = 2
                        [3, 3, 0, 2]])  # second draft wrong -> n = 1, next = 3
@@ -346,3 +347,25 @@ def test_token_verify_with_one_hot_equals_greedy():
     exact = token_verify(jax.random.key(seed), jnp.asarray(drafts), draft_probs, target_probs)
     np.testing.assert_array_equal(exact.num_accepted, greedy.num_accepted)
     np.testing.assert_array_equal(exact.next_token, greedy.next_token)
+
+
+def test_token_verify_guards():
+  """A draft with q(x) = 0 is rejected, and a zero residual (p == q) falls back to p.
+
+  Neither can happen with honest drafts, so the statistical tests cannot see them.
+  """
+  vocab, batch = 4, 256
+  p = np.array([0.1, 0.6, 0.2, 0.1], np.float32)
+  q_zero_at_0 = np.array([0.0, 0.6, 0.2, 0.2], np.float32)
+  one_hot_1 = np.eye(vocab, dtype=np.float32)[1]
+  # Row 0: p(0) > 0 = q(0), which u * q < p alone would accept.
+  # Row 1: p == q one-hot at 1, so max(0, p - q) is all zero and y must come from p.
+  draft_probs = np.stack([q_zero_at_0, one_hot_1])[:, None]           # [2, 1, V]
+  target_probs = np.stack([[p, p], [one_hot_1, one_hot_1]])            # [2, 2, V]
+  tile = lambda a: jnp.asarray(np.repeat(a, batch // 2, axis=0))
+  result = token_verify(jax.random.key(5), tile(np.zeros((2, 1), np.int32)),
+                        tile(draft_probs), tile(target_probs))
+  np.testing.assert_array_equal(result.num_accepted, 0)
+  # Row 0's correction comes from max(0, p - q) = [0.1, 0, 0, 0]: token 0.
+  np.testing.assert_array_equal(result.next_token[:batch // 2], 0)
+  np.testing.assert_array_equal(result.next_token[batch // 2:], 1)

@@ -1,0 +1,1 @@
+"""Configurations of the experiments (ml_collections `get_config` files)."""

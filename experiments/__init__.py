@@ -1,0 +1,1 @@
+"""Command-line experiments: thin launchers over the specjax library."""

@@ -1,0 +1,275 @@
+"""Wall-clock measurement of generation: the library side of `experiments/benchmark.py`.
+
+Rules shared by every helper here:
+  * every timed call ends in `jax.block_until_ready`, so a time covers the device
+    work and not just the asynchronous dispatch;
+  * one warm-up call (trace + compile + run) precedes the timed runs, and the
+    median of the timed runs is reported: robust to a noisy neighbour on a
+    shared machine, where the mean is not;
+  * the cost of one model call is measured as N calls inside one jitted
+    `lax.fori_loop`, divided by N, so the per-call dispatch overhead is
+    amortised the way it is inside the real `lax.while_loop`;
+  * jitted helpers take `nnx.split(model)` (graphdef static, params traced) and
+    `nnx.merge` inside, as the generate functions do.
+
+Axis letters as in `specjax.models.config`: B batch, T tokens per call, P prompt
+width, S cache capacity, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import statistics
+import time
+from typing import Any, Callable, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax import theory
+from specjax.generation.autoregressive import autoregressive_generate, prefill
+from specjax.generation.speculative import speculative_generate
+from specjax.models.kv_cache import KVCache
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """Wall times of one function: the warm-up call and the timed runs.
+
+  Attributes:
+    first_s: seconds of the first call (trace + compile + one run).
+    runs_s: seconds of each timed run after it.
+  """
+
+  first_s: float
+  runs_s: tuple[float, ...]
+
+  @property
+  def median_s(self) -> float:
+    return statistics.median(self.runs_s)
+
+  @property
+  def compile_s(self) -> float:
+    """First call minus a steady call: an estimate of trace + compile time.
+
+    Clamped at 0: with a persistent compilation cache hit the difference is
+    noise around zero.
+    """
+    return max(0.0, self.first_s - self.median_s)
+
+
+def _check_runs(name: str, value: int, minimum: int = 1) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return time.perf_counter() - start, out
+
+
+def time_calls(fns: Mapping[str, Callable[[], Any]], num_runs: int
+               ) -> tuple[dict[str, Timing], dict[str, Any]]:
+  """Times several zero-argument functions, one warm-up call each, then `num_runs` rounds.
+
+  The rounds interleave the functions (a, b, a, b, ...) rather than running
+  each back to back, so a slow phase of a shared machine hits all of them
+  alike and their ratio stays fair.
+
+  Args:
+    fns: name -> function returning a pytree of arrays (blocked on).
+    num_runs: timed runs per function, >= 1.
+
+  Returns:
+    `(timings, outputs)`: name -> `Timing`, name -> output of the last run.
+  """
+  _check_runs("num_runs", num_runs)
+  first, outputs = {}, {}
+  for name, fn in fns.items():
+    first[name], outputs[name] = _timed(fn)
+  runs = {name: [] for name in fns}
+  for _ in range(num_runs):
+    for name, fn in fns.items():
+      seconds, outputs[name] = _timed(fn)
+      runs[name].append(seconds)
+  timings = {name: Timing(first_s=first[name], runs_s=tuple(runs[name])) for name in fns}
+  return timings, outputs
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "capacity", "sampling"))
+def _prefill_program(graphdef, params, prompts, prompt_lengths, key, *, capacity,
+                     sampling):
+  model = nnx.merge(graphdef, params)
+  return prefill(model, prompts, prompt_lengths, capacity, key, sampling)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps"))
+def _decode_loop(graphdef, params, tokens, cache: KVCache, *, num_steps: int):
+  """`num_steps` cached calls on `tokens [B, T]`, each at the same cache length."""
+  model = nnx.merge(graphdef, params)
+  start = cache.lengths
+
+  def body(_, carry):
+    tokens, cache = carry
+    logits, cache = model.forward_cached(tokens, cache)
+    # The next tokens depend on the logits, so XLA cannot drop the output head
+    # as dead code; rolling the lengths back (as a rejected block is rolled
+    # back) keeps every call at the same position and inside the capacity.
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return tokens, cache.with_lengths(start)
+
+  return jax.lax.fori_loop(0, num_steps, body, (tokens, cache))
+
+
+def prefill_timing(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array, *,
+                   capacity: int, sampling: SamplingParams, key: jax.Array,
+                   num_runs: int) -> Timing:
+  """Times one jitted `prefill` (time to first token, without the Python wrapper).
+
+  Args:
+    prompts: `[B, P]` int32; prompt_lengths `[B]`.
+    capacity: cache slots S to allocate, as the generate call would.
+  """
+  graphdef, params = nnx.split(model)
+  run = functools.partial(_prefill_program, graphdef, params, prompts, prompt_lengths,
+                          key, capacity=capacity, sampling=sampling)
+  timings, _ = time_calls({"prefill": run}, num_runs)
+  return timings["prefill"]
+
+
+def call_seconds(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array, *,
+                 tokens_per_call: int, capacity: int, num_steps: int = 16,
+                 num_runs: int = 3) -> float:
+  """Median seconds of one `model.forward_cached` call over `tokens_per_call` tokens.
+
+  The cache is first prefilled with the prompts (so attention reads a realistic
+  prefix, and spans the same S slots as in generation); then `num_steps` calls
+  run in one jitted `fori_loop`, and the loop's median time is divided by
+  `num_steps`. Only the model call is timed: no warp or sampling.
+
+  Args:
+    prompts: `[B, P]` int32; prompt_lengths `[B]`.
+    tokens_per_call: T, 1 for a decode step, gamma + 1 for a verification.
+    capacity: cache slots S; needs max(prompt_lengths) + T <= S.
+    num_steps: N calls per timed loop.
+  """
+  _check_runs("tokens_per_call", tokens_per_call)
+  _check_runs("num_steps", num_steps)
+  graphdef, params = nnx.split(model)
+  first, cache = jax.block_until_ready(_prefill_program(
+      graphdef, params, prompts, prompt_lengths, jax.random.key(0), capacity=capacity,
+      sampling=SamplingParams(temperature=0.0)))
+  tokens = jnp.tile(first[:, None], (1, tokens_per_call))
+  run = functools.partial(_decode_loop, graphdef, params, tokens, cache,
+                          num_steps=num_steps)
+  timings, _ = time_calls({"loop": run}, num_runs)
+  return timings["loop"].median_s / num_steps
+
+
+def environment_info() -> dict[str, Any]:
+  """Backend, device and library versions, and the UTC date, for a result file."""
+  device = jax.devices()[0]
+  return {
+      "backend": jax.default_backend(),
+      "device_kind": device.device_kind,
+      "device_count": jax.device_count(),
+      "jax_version": jax.__version__,
+      "flax_version": flax.__version__,
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+  }
+
+
+def benchmark_generation(target: Transformer, draft: Transformer, prompts: jax.Array,
+                         prompt_lengths: jax.Array, *, gamma: int, max_new_tokens: int,
+                         sampling: SamplingParams, key: jax.Array, num_runs: int,
+                         step_timing_steps: int = 16) -> dict[str, Any]:
+  """Measures autoregressive vs speculative decoding and the costs that predict it.
+
+  Runs without an EOS, so every row generates exactly `max_new_tokens` tokens
+  and ms per token is a whole call's time / max_new_tokens.
+
+  Args:
+    target, draft: the models; the same object twice benchmarks a perfect draft
+      (then c is 1 by definition and is not measured separately).
+    prompts: `[B, P]` int32; prompt_lengths `[B]`.
+    gamma: drafted tokens per iteration.
+    max_new_tokens: budget per row.
+    sampling: warp shared by both decoders.
+    key: PRNG key, the same for every run (runs are then identical).
+    num_runs: timed runs of each measurement (after one warm-up call).
+    step_timing_steps: N model calls per loop in the per-call cost timings.
+
+  Returns:
+    A JSON-ready dict; see the keys below. `*_ms` are milliseconds.
+  """
+  _check_runs("gamma", gamma)
+  _check_runs("max_new_tokens", max_new_tokens)
+  _check_runs("num_runs", num_runs)
+  _check_runs("step_timing_steps", step_timing_steps)
+  capacity = prompts.shape[1] + max_new_tokens + gamma + 1  # as speculative_generate
+  generate = {
+      "ar": lambda: autoregressive_generate(target, prompts, prompt_lengths,
+                                            max_new_tokens=max_new_tokens,
+                                            sampling=sampling, key=key),
+      "spec": lambda: speculative_generate(target, draft, prompts, prompt_lengths,
+                                           gamma=gamma, max_new_tokens=max_new_tokens,
+                                           sampling=sampling, key=key),
+  }
+  timings, outputs = time_calls(generate, num_runs)
+  for name, out in outputs.items():
+    if not np.all(np.asarray(out.num_generated) == max_new_tokens):
+      raise RuntimeError(f"{name} generated {np.asarray(out.num_generated).tolist()} "
+                         f"tokens per row, expected {max_new_tokens} (no EOS is set).")
+  ar_ms = timings["ar"].median_s * 1e3 / max_new_tokens
+  spec_ms = timings["spec"].median_s * 1e3 / max_new_tokens
+  stats = outputs["spec"].stats.summary()
+  alpha = stats["acceptance_rate"]
+
+  step = functools.partial(call_seconds, prompts=prompts, prompt_lengths=prompt_lengths,
+                           capacity=capacity, num_steps=step_timing_steps,
+                           num_runs=num_runs)
+  target_s = step(target, tokens_per_call=1)
+  draft_s = target_s if draft is target else step(draft, tokens_per_call=1)
+  verify_s = step(target, tokens_per_call=gamma + 1)
+  c = draft_s / target_s
+  verify_cost = verify_s / target_s
+  predicted = theory.predicted_speedup(alpha, gamma, c, verify_cost=verify_cost)
+  speedup = ar_ms / spec_ms
+
+  ttft = prefill_timing(target, prompts, prompt_lengths, capacity=capacity,
+                           sampling=sampling, key=key, num_runs=num_runs)
+  greedy_match = None
+  if sampling.greedy:  # exactness check for free: both must be the target's greedy output
+    greedy_match = bool(np.array_equal(np.asarray(outputs["ar"].tokens),
+                                       np.asarray(outputs["spec"].tokens)))
+  return {
+      "ar_ms_per_token": ar_ms,
+      "spec_ms_per_token": spec_ms,
+      "speedup": speedup,
+      "acceptance_rate": alpha,
+      "tokens_per_iteration": stats["tokens_per_iteration"],
+      "expected_tokens_per_iteration": theory.expected_tokens_per_iteration(alpha, gamma),
+      "target_step_ms": target_s * 1e3,
+      "draft_step_ms": draft_s * 1e3,
+      "target_verify_ms": verify_s * 1e3,
+      "c": c,
+      "verify_cost_ratio": verify_cost,
+      "predicted_speedup": predicted,
+      "measured_over_predicted": speedup / predicted,
+      # First generate call (trace + compile + run) minus the median steady call.
+      "ar_compile_seconds": timings["ar"].compile_s,
+      "spec_compile_seconds": timings["spec"].compile_s,
+      "prefill_ms": ttft.median_s * 1e3,
+      "greedy_outputs_match": greedy_match,
+      "spec_stats": stats,
+      "ar_runs_ms": [s * 1e3 for s in timings["ar"].runs_s],
+      "spec_runs_ms": [s * 1e3 for s in timings["spec"].runs_s],
+  }

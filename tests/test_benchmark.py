@@ -1,0 +1,39 @@
+"""Smoke test of the benchmark launcher on a minuscule self-drafting config.
+
+Checks the result's keys and the quantities that do not depend on timing: with
+the target drafting for itself at temperature 0 every drafted token is accepted.
+"""
+
+import json
+
+from configs import benchmark as benchmark_config
+from experiments import benchmark
+
+KEYS = [
+    "preset", "config", "target_params", "draft_params", "max_seq_len", "backend",
+    "device_kind", "jax_version", "date", "ar_ms_per_token", "spec_ms_per_token",
+    "speedup", "acceptance_rate", "tokens_per_iteration", "c", "verify_cost_ratio",
+    "predicted_speedup", "measured_over_predicted", "ar_compile_seconds",
+    "spec_compile_seconds", "prefill_ms",
+]
+
+
+def test_self_draft_benchmark_smoke():
+  config = benchmark_config.get_config("self")
+  config.target.update(dict(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
+                            n_kv_heads=1, d_ff=64))
+  config.gamma = 2
+  config.prompt_len = 8
+  config.max_new_tokens = 1 + 2 * (config.gamma + 1)
+  config.num_runs = 3
+  config.step_timing_steps = 2
+  result = json.loads(json.dumps(benchmark.run(config)))  # must be JSON-ready
+  for key in KEYS:
+    assert key in result, key
+  assert result["config"]["gamma"] == config.gamma
+  assert result["target_params"] == result["draft_params"]
+  assert result["tokens_per_iteration"] == config.gamma + 1
+  assert result["acceptance_rate"] == 1.0
+  assert result["c"] == 1.0
+  assert result["greedy_outputs_match"] is True
+  assert result["speedup"] == result["ar_ms_per_token"] / result["spec_ms_per_token"]

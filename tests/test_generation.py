@@ -1,0 +1,166 @@
+"""Generation loops: greedy equivalence, ragged rows, EOS, determinism, no recompilation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax.generation.autoregressive import TRACE_COUNTS
+
+GREEDY = specjax.SamplingParams(temperature=0.0)
+SAMPLED = specjax.SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  tokens = jax.random.randint(jax.random.key(42), (4, 9), 0, 512, dtype=jnp.int32)
+  return tokens, jnp.array([9, 2, 6, 1], jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def noisy_target(tiny_cfg, target):
+  """The target with noise on its weights: agrees often, not always (ragged acceptance)."""
+  model = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
+  state = nnx.state(target, nnx.Param)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  leaves = [x + 0.01 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  nnx.update(model, jax.tree.unflatten(treedef, leaves))
+  return model
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(target, prompts):
+  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
+                                         sampling=GREEDY)
+
+
+def test_autoregressive_greedy_matches_full_forward(target, prompts, greedy_reference):
+  """Greedy cached decoding == argmax of a teacher-forced full forward, row by row."""
+  tokens, lengths = prompts
+  for b in range(4):
+    seq = np.concatenate([np.asarray(tokens[b, :lengths[b]]),
+                          np.asarray(greedy_reference.tokens[b])])
+    logits = target(jnp.asarray(seq)[None])[0]
+    expected = np.argmax(np.asarray(logits), axis=-1)[lengths[b] - 1:-1]
+    np.testing.assert_array_equal(greedy_reference.tokens[b], expected)
+  np.testing.assert_array_equal(greedy_reference.num_generated, [MAX_NEW] * 4)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("which", ["independent", "noisy_target", "self"])
+def test_greedy_speculative_equals_autoregressive(request, target, draft, prompts,
+                                                  greedy_reference, gamma, which):
+  drafter = {"independent": draft, "self": target,
+             "noisy_target": request.getfixturevalue("noisy_target")}[which]
+  out = specjax.speculative_generate(target, drafter, *prompts, gamma=gamma,
+                                     max_new_tokens=MAX_NEW, sampling=GREEDY)
+  np.testing.assert_array_equal(out.tokens, greedy_reference.tokens)
+  np.testing.assert_array_equal(out.num_generated, greedy_reference.num_generated)
+  stats = out.stats
+  row_iters = np.asarray(stats.row_iterations)
+  if which == "self":
+    # A perfect draft: every iteration accepts all gamma and emits gamma + 1.
+    assert float(stats.acceptance_rate) == 1.0
+    assert float(stats.tokens_per_iteration) == gamma + 1
+    np.testing.assert_array_equal(stats.accepted, row_iters * gamma)
+    np.testing.assert_array_equal(stats.accepted_at_position,
+                                  [row_iters.sum()] * gamma)
+    assert int(stats.iterations) == -(-(MAX_NEW - 1) // (gamma + 1))
+  if which == "noisy_target":
+    assert 0 < float(stats.acceptance_rate) < 1  # ragged acceptance really happened
+  # Bookkeeping identities hold for every draft.
+  assert int(stats.target_calls) == int(stats.iterations) + 1
+  assert int(stats.draft_calls) == gamma * int(stats.iterations) + 1
+  accepted, evaluated = np.asarray(stats.accepted), np.asarray(stats.evaluated)
+  assert np.all(evaluated >= accepted) and np.all(evaluated <= accepted + row_iters)
+  hist = np.asarray(stats.accepted_at_position)
+  assert hist.sum() == accepted.sum() and np.all(np.diff(hist) <= 0)
+
+
+def test_eos_stops_rows_and_pads(target, noisy_target, prompts, greedy_reference):
+  """A row stops right after its EOS (kept, counted); the rest is pad; tokens after
+  an EOS inside an accepted block are dropped."""
+  ref = np.asarray(greedy_reference.tokens)
+  eos = int(ref[0, 5])  # row 0 emits it at index 5 (maybe other rows too)
+  expected_n = []
+  for b in range(4):
+    hits = np.nonzero(ref[b] == eos)[0]
+    expected_n.append(hits[0] + 1 if len(hits) else MAX_NEW)
+  pad = 511
+  for run in (
+      lambda: specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
+                                              sampling=GREEDY, eos_id=eos, pad_id=pad),
+      lambda: specjax.speculative_generate(target, target, *prompts, gamma=4,
+                                           max_new_tokens=MAX_NEW, sampling=GREEDY,
+                                           eos_id=eos, pad_id=pad),
+      lambda: specjax.speculative_generate(target, noisy_target, *prompts, gamma=3,
+                                           max_new_tokens=MAX_NEW, sampling=GREEDY,
+                                           eos_id=eos, pad_id=pad)):
+    out = run()
+    np.testing.assert_array_equal(out.num_generated, expected_n)
+    for b, n in enumerate(expected_n):
+      np.testing.assert_array_equal(out.tokens[b, :n], ref[b, :n])
+      assert np.all(np.asarray(out.tokens[b, n:]) == pad)
+
+
+def test_budget_of_one_token(target, draft, prompts, greedy_reference):
+  out = specjax.speculative_generate(target, draft, *prompts, gamma=2, max_new_tokens=1,
+                                     sampling=GREEDY)
+  np.testing.assert_array_equal(out.tokens[:, 0], greedy_reference.tokens[:, 0])
+  assert int(out.stats.iterations) == 0
+
+
+def test_same_key_same_output_different_key_different_output(target, draft, prompts):
+  def run(seed):
+    return specjax.speculative_generate(target, draft, *prompts, gamma=3,
+                                        max_new_tokens=MAX_NEW, sampling=SAMPLED,
+                                        key=jax.random.key(seed))
+  a, b, c = run(0), run(0), run(1)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.stats.accepted, b.stats.accepted)
+  assert not np.array_equal(a.tokens, c.tokens)
+  ar = [specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
+                                        sampling=SAMPLED, key=jax.random.key(s))
+        for s in (0, 0, 1)]
+  np.testing.assert_array_equal(ar[0].tokens, ar[1].tokens)
+  assert not np.array_equal(ar[0].tokens, ar[2].tokens)
+
+
+def test_no_recompilation_on_second_call(target, draft, prompts):
+  """Same shapes and static settings: new prompts, lengths and keys reuse the program."""
+  tokens, lengths = prompts
+  kwargs = dict(gamma=3, max_new_tokens=MAX_NEW, sampling=SAMPLED)
+  specjax.speculative_generate(target, draft, tokens, lengths, key=jax.random.key(0),
+                               **kwargs)
+  specjax.autoregressive_generate(target, tokens, lengths, max_new_tokens=MAX_NEW,
+                                  sampling=SAMPLED, key=jax.random.key(0))
+  before = dict(TRACE_COUNTS)
+  other = (tokens + 1) % 512
+  specjax.speculative_generate(target, draft, other, lengths[::-1],
+                               key=jax.random.key(9), **kwargs)
+  specjax.autoregressive_generate(target, other, lengths[::-1], max_new_tokens=MAX_NEW,
+                                  sampling=SAMPLED, key=jax.random.key(9))
+  assert dict(TRACE_COUNTS) == before
+  # A different static setting does compile a new program (the counter works).
+  specjax.speculative_generate(target, draft, tokens, lengths, key=jax.random.key(0),
+                               gamma=2, max_new_tokens=MAX_NEW, sampling=SAMPLED)
+  assert TRACE_COUNTS["speculative"] == before["speculative"] + 1
+
+
+def test_speculative_step_is_pure(target, draft, prompts):
+  """The step is a function of (models, state, config): same inputs, same state."""
+  tokens, lengths = prompts
+  config = specjax.SpecConfig(gamma=3, max_new_tokens=MAX_NEW, sampling=SAMPLED)
+  state = specjax.generation.init_state(target, draft, tokens, lengths,
+                                        jax.random.key(3), config)
+  step = jax.jit(lambda s: specjax.speculative_step(target, draft, s, config))
+  a, b = step(state), step(state)
+  a, b = (x.replace(key=jax.random.key_data(x.key)) for x in (a, b))
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  assert np.all(np.asarray(a.num_generated) >= 2)
+  np.testing.assert_array_equal(a.target_cache.lengths, lengths + a.num_generated - 1)
+  np.testing.assert_array_equal(a.draft_cache.lengths, a.target_cache.lengths - 1)
