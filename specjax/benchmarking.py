@@ -33,6 +33,7 @@ from flax import nnx
 
 from specjax import theory
 from specjax.generation.autoregressive import autoregressive_generate, prefill
+from specjax.generation.validation import check_positive_int
 from specjax.generation.speculative import speculative_generate
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Transformer
@@ -65,11 +66,6 @@ class Timing:
     return max(0.0, self.first_s - self.median_s)
 
 
-def _check_runs(name: str, value: int, minimum: int = 1) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-
-
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
   start = time.perf_counter()
   out = jax.block_until_ready(fn())
@@ -91,7 +87,7 @@ def time_calls(fns: Mapping[str, Callable[[], Any]], num_runs: int
   Returns:
     `(timings, outputs)`: name -> `Timing`, name -> output of the last run.
   """
-  _check_runs("num_runs", num_runs)
+  check_positive_int("num_runs", num_runs)
   first, outputs = {}, {}
   for name, fn in fns.items():
     first[name], outputs[name] = _timed(fn)
@@ -161,8 +157,8 @@ def call_seconds(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Arr
     capacity: cache slots S; needs max(prompt_lengths) + T <= S.
     num_steps: N calls per timed loop.
   """
-  _check_runs("tokens_per_call", tokens_per_call)
-  _check_runs("num_steps", num_steps)
+  check_positive_int("tokens_per_call", tokens_per_call)
+  check_positive_int("num_steps", num_steps)
   graphdef, params = nnx.split(model)
   first, cache = jax.block_until_ready(_prefill_program(
       graphdef, params, prompts, prompt_lengths, jax.random.key(0), capacity=capacity,
@@ -210,10 +206,10 @@ def benchmark_generation(target: Transformer, draft: Transformer, prompts: jax.A
   Returns:
     A JSON-ready dict; see the keys below. `*_ms` are milliseconds.
   """
-  _check_runs("gamma", gamma)
-  _check_runs("max_new_tokens", max_new_tokens)
-  _check_runs("num_runs", num_runs)
-  _check_runs("step_timing_steps", step_timing_steps)
+  check_positive_int("gamma", gamma)
+  check_positive_int("max_new_tokens", max_new_tokens)
+  check_positive_int("num_runs", num_runs)
+  check_positive_int("step_timing_steps", step_timing_steps)
   capacity = prompts.shape[1] + max_new_tokens + gamma + 1  # as speculative_generate
   generate = {
       "ar": lambda: autoregressive_generate(target, prompts, prompt_lengths,

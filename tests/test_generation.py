@@ -155,8 +155,8 @@ def test_speculative_step_is_pure(target, draft, prompts):
   """The step is a function of (models, state, config): same inputs, same state."""
   tokens, lengths = prompts
   config = specjax.SpecConfig(gamma=3, max_new_tokens=MAX_NEW, sampling=SAMPLED)
-  state = specjax.generation.init_state(target, draft, tokens, lengths,
-                                        jax.random.key(3), config)
+  state = jax.jit(lambda key: specjax.generation.init_state(
+      target, draft, tokens, lengths, key, config))(jax.random.key(3))
   step = jax.jit(lambda s: specjax.speculative_step(target, draft, s, config))
   a, b = step(state), step(state)
   a, b = (x.replace(key=jax.random.key_data(x.key)) for x in (a, b))
