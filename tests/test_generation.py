@@ -164,3 +164,16 @@ def test_speculative_step_is_pure(target, draft, prompts):
   assert np.all(np.asarray(a.num_generated) >= 2)
   np.testing.assert_array_equal(a.target_cache.lengths, lengths + a.num_generated - 1)
   np.testing.assert_array_equal(a.draft_cache.lengths, a.target_cache.lengths - 1)
+
+
+def test_bfloat16_models_generate(tiny_cfg, prompts):
+  """The whole speculative loop runs in bfloat16 (probabilities stay float32)."""
+  cfg = tiny_cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+  target = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
+  draft = specjax.Transformer(cfg.replace(n_layers=1), rngs=nnx.Rngs(1))
+  out = specjax.speculative_generate(target, draft, *prompts, gamma=3,
+                                     max_new_tokens=MAX_NEW, sampling=SAMPLED,
+                                     key=jax.random.key(0))
+  np.testing.assert_array_equal(out.num_generated, [MAX_NEW] * 4)
+  assert np.all((np.asarray(out.tokens) >= 0) & (np.asarray(out.tokens) < 512))
+  assert int(out.stats.iterations) >= (MAX_NEW - 1) // 4

@@ -1,6 +1,6 @@
 """Static-shape KV cache with per-row lengths.
 
-The cache is a plain pytree: one `[B, S, K, H]` key and value array per layer and
+The cache is a plain pytree: one `[B, K, S, H]` key and value array per layer and
 `lengths [B]`, the number of valid slots of each row. A model call writes its T
 new tokens of row b at slots `lengths[b] .. lengths[b] + T - 1` and attends by
 position, so slots at or past a row's length are never read. Rolling a row back
@@ -20,8 +20,9 @@ class KVCache:
   """Per-layer keys and values plus per-row lengths.
 
   Attributes:
-    k: tuple of L arrays `[B, S, K, H]`.
-    v: tuple of L arrays `[B, S, K, H]`.
+    k: tuple of L arrays `[B, K, S, H]` (heads before slots: the layout the
+      attention matmuls read without a transpose).
+    v: tuple of L arrays `[B, K, S, H]`.
     lengths: `[B]` int32, valid slots per row (= position of the next token).
   """
 
@@ -33,7 +34,7 @@ class KVCache:
   def zeros(cls, *, n_layers: int, batch: int, capacity: int, n_kv_heads: int,
             head_dim: int, dtype) -> "KVCache":
     """An empty cache of `capacity` slots per row (all lengths 0)."""
-    shape = (batch, capacity, n_kv_heads, head_dim)
+    shape = (batch, n_kv_heads, capacity, head_dim)
     return cls(
         k=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
         v=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
@@ -43,7 +44,7 @@ class KVCache:
   @property
   def capacity(self) -> int:
     """S, the static number of slots per row."""
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
   @property
   def batch_size(self) -> int:
@@ -54,19 +55,21 @@ class KVCache:
     return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
 
-def write_rows(buffer: jax.Array, update: jax.Array, starts: jax.Array) -> jax.Array:
-  """Writes `update[b]` into `buffer[b]` at row offset `starts[b]` along axis 1.
+def write_rows(buffer: jax.Array, update: jax.Array, starts: jax.Array,
+               axis: int = 1) -> jax.Array:
+  """Writes `update[b]` into `buffer[b]` at offset `starts[b]` along `axis`.
 
   Args:
-    buffer: `[B, S, ...]`.
-    update: `[B, T, ...]` with T <= S.
+    buffer: `[B, ..., S, ...]` with S at `axis`.
+    update: like buffer but T <= S along `axis`.
     starts: `[B]` int32 offsets; callers guarantee `starts + T <= S` (XLA would
       otherwise clamp the offset and overwrite valid slots).
 
   Returns:
-    `[B, S, ...]` with the T slots of each row replaced.
+    buffer with the T slots of each row replaced.
   """
   def one_row(row, new, start):
-    index = (start,) + (0,) * (row.ndim - 1)
-    return jax.lax.dynamic_update_slice(row, new.astype(row.dtype), index)
+    index = [0] * row.ndim
+    index[axis - 1] = start
+    return jax.lax.dynamic_update_slice(row, new.astype(row.dtype), tuple(index))
   return jax.vmap(one_row)(buffer, update, starts)

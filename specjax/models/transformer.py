@@ -89,22 +89,22 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
 
   Args:
     q: `[B, T, N, H]` queries.
-    k, v: `[B, S, K, H]` keys and values (N % K == 0).
+    k, v: `[B, K, S, H]` keys and values (N % K == 0).
     mask: `[B, T, S]` bool, True where query t may read slot s.
 
   Returns:
     `[B, T, N, H]` in q's dtype; scores and softmax run in float32.
   """
   b, t, n, h = q.shape
-  kv_heads = k.shape[2]
-  q = q.reshape(b, t, kv_heads, n // kv_heads, h)
-  scores = jnp.einsum("btkgh,bskh->bkgts", q, k,
+  kv_heads = k.shape[1]
+  # [B, K, G, T, H]: batch dims (B, K) lead every matmul, no cache transpose.
+  q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
+  scores = jnp.einsum("bkgth,bksh->bkgts", q, k,
                       preferred_element_type=jnp.float32) * (h ** -0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskh->btkgh", weights, v,
-                   preferred_element_type=jnp.float32)
-  return out.reshape(b, t, n, h).astype(q.dtype)
+  out = jnp.einsum("bkgts,bksh->bkgth", weights, v, preferred_element_type=jnp.float32)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
 
 
 class Attention(nnx.Module):
@@ -129,7 +129,7 @@ class Attention(nnx.Module):
                starts: jax.Array | None):
     """x `[B, T, D]`, positions `[B, T]`, mask `[B, T, T or S]`.
 
-    With `layer_cache = (k [B, S, K, H], v [B, S, K, H])` the T new keys/values
+    With `layer_cache = (k [B, K, S, H], v [B, K, S, H])` the T new keys/values
     are written at `starts [B]` and attention reads the whole cache; returns
     `(out [B, T, D], (k, v))`.
     """
@@ -143,9 +143,10 @@ class Attention(nnx.Module):
       inv_freq = rope_inv_freq(cfg)
       q = apply_rope(q, positions, inv_freq)
       k = apply_rope(k, positions, inv_freq)
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, T, H]
     if layer_cache is not None:
-      k = write_rows(layer_cache[0], k, starts)
-      v = write_rows(layer_cache[1], v, starts)
+      k = write_rows(layer_cache[0], k, starts, axis=2)
+      v = write_rows(layer_cache[1], v, starts, axis=2)
     out = attend(q, k, v, mask)
     return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), (k, v)
 
