@@ -43,6 +43,7 @@ def _spec(target, draft, **overrides):
     (dict(eos_id=512), r"eos_id must be None or an integer in \[0, vocab_size=512\)"),
     (dict(verifier="beam"), r"verifier must be one of"),
     (dict(key=None), r"key must be a jax.random key when temperature > 0"),
+    (dict(key=5), r"key must be a jax.random.key"),
 ])
 def test_speculative_generate_rejects(target, draft, overrides, message):
   before = dict(TRACE_COUNTS)

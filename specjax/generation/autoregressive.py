@@ -128,7 +128,7 @@ def autoregressive_generate(model: Transformer, prompts: jax.Array,
   validation.check_prompts(prompts, prompt_lengths, cfg.vocab_size)
   validation.check_token_id("eos_id", eos_id, cfg.vocab_size)
   capacity = validation.check_capacity("model", cfg, prompts.shape[1], max_new_tokens, 0)
-  key = _resolve_key(key, sampling)
+  key = validation.check_key(key, sampling)
   graphdef, params = nnx.split(model)
   return _autoregressive_program(
       graphdef, params, jnp.asarray(prompts, jnp.int32),
@@ -136,15 +136,3 @@ def autoregressive_generate(model: Transformer, prompts: jax.Array,
       max_new_tokens=int(max_new_tokens), eos_id=eos_id, pad_id=int(pad_id),
       capacity=capacity)
 
-
-def _resolve_key(key, sampling: SamplingParams) -> jax.Array:
-  if key is None:
-    if not sampling.greedy:
-      raise ValueError("key must be a jax.random key when temperature > 0.")
-    return jax.random.key(0)
-  if not isinstance(key, jax.Array) or not jax.dtypes.issubdtype(key.dtype,
-                                                                 jax.dtypes.prng_key):
-    if isinstance(key, jax.Array) and key.dtype == jnp.uint32 and key.shape == (2,):
-      return jax.random.wrap_key_data(key)
-    raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")
-  return key

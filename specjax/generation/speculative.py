@@ -19,8 +19,7 @@ from flax import nnx
 
 from specjax import verify as verify_lib
 from specjax.generation import validation
-from specjax.generation.autoregressive import (TRACE_COUNTS, _resolve_key, finalize,
-                                               first_done, prefill)
+from specjax.generation.autoregressive import TRACE_COUNTS, finalize, first_done, prefill
 from specjax.generation.state import (GenerateOutput, SpecConfig, SpeculativeStats,
                                       SpecState)
 from specjax.models.kv_cache import write_rows
@@ -216,7 +215,7 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
   verify_lib.get_verifier(verifier)  # raises on an unknown name
   if verifier == "greedy" and not sampling.greedy:
     raise ValueError("verifier='greedy' needs temperature 0; use 'token' or 'auto'.")
-  key = _resolve_key(key, sampling)
+  key = validation.check_key(key, sampling)
   config = SpecConfig(gamma=int(gamma), max_new_tokens=int(max_new_tokens),
                       sampling=sampling, verifier=verifier, eos_id=eos_id,
                       pad_id=int(pad_id))

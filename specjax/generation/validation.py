@@ -89,3 +89,17 @@ def check_capacity(role: str, cfg: ModelConfig, width: int, max_new_tokens: int,
         f"{needed} exceeds max_seq_len={cfg.max_seq_len}; shorten the prompt or lower "
         "max_new_tokens.")
   return needed
+
+
+def check_key(key, sampling: SamplingParams) -> jax.Array:
+  """Returns a typed PRNG key; raises unless one is given (or sampling is greedy)."""
+  if key is None:
+    if not sampling.greedy:
+      raise ValueError("key must be a jax.random key when temperature > 0.")
+    return jax.random.key(0)
+  if not isinstance(key, jax.Array) or not jax.dtypes.issubdtype(key.dtype,
+                                                                 jax.dtypes.prng_key):
+    if isinstance(key, jax.Array) and key.dtype == np.uint32 and key.shape == (2,):
+      return jax.random.wrap_key_data(key)
+    raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")
+  return key
