@@ -64,17 +64,19 @@ def test_greedy_speculative_equals_autoregressive(request, target, draft, prompt
   row_iters = np.asarray(stats.row_iterations)
   if which == "self":
     # A perfect draft: every iteration accepts all gamma and emits gamma + 1.
+    iterations = -(-(MAX_NEW - 1) // (gamma + 1))
+    assert int(stats.iterations) == iterations
     assert float(stats.acceptance_rate) == 1.0
-    assert float(stats.tokens_per_iteration) == gamma + 1
+    assert float(stats.tokens_per_iteration) == pytest.approx((MAX_NEW - 1) / iterations)
     np.testing.assert_array_equal(stats.accepted, row_iters * gamma)
     np.testing.assert_array_equal(stats.accepted_at_position,
                                   [row_iters.sum()] * gamma)
-    assert int(stats.iterations) == -(-(MAX_NEW - 1) // (gamma + 1))
   if which == "noisy_target":
     assert 0 < float(stats.acceptance_rate) < 1  # ragged acceptance really happened
   # Bookkeeping identities hold for every draft.
   assert int(stats.target_calls) == int(stats.iterations) + 1
   assert int(stats.draft_calls) == gamma * int(stats.iterations) + 1
+  np.testing.assert_array_equal(stats.generated, np.asarray(out.num_generated) - 1)
   accepted, evaluated = np.asarray(stats.accepted), np.asarray(stats.evaluated)
   assert np.all(evaluated >= accepted) and np.all(evaluated <= accepted + row_iters)
   hist = np.asarray(stats.accepted_at_position)

@@ -115,6 +115,7 @@ def speculative_step(target: Transformer, draft: Transformer, state: SpecState,
       accepted=stats.accepted + counted * n,
       evaluated=stats.evaluated + counted * (n + (n < g)),
       row_iterations=stats.row_iterations + counted,
+      generated=stats.generated + count,
       accepted_at_position=stats.accepted_at_position + jnp.sum(
           (jnp.arange(g)[None, :] < n[:, None]) & active[:, None], axis=0,
           dtype=jnp.int32),

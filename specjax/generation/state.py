@@ -48,6 +48,8 @@ class SpeculativeStats:
     evaluated: `[B]` accepted + number of the row's iterations that had a
       rejection; accepted / evaluated is the unbiased estimate of alpha.
     row_iterations: `[B]` iterations in which the row was still generating.
+    generated: `[B]` tokens the iterations committed (after budget and EOS
+      truncation; the prefill's first token is not an iteration's).
     accepted_at_position: `[gamma]`, entry i counts (row, iteration) pairs in
       which drafted token i + 1 was accepted.
   """
@@ -58,6 +60,7 @@ class SpeculativeStats:
   accepted: jax.Array
   evaluated: jax.Array
   row_iterations: jax.Array
+  generated: jax.Array
   accepted_at_position: jax.Array
 
   @classmethod
@@ -65,6 +68,7 @@ class SpeculativeStats:
     z = jnp.zeros((batch,), jnp.int32)
     return cls(iterations=jnp.int32(0), target_calls=jnp.int32(1),
                draft_calls=jnp.int32(1), accepted=z, evaluated=z, row_iterations=z,
+               generated=z,
                accepted_at_position=jnp.zeros((gamma,), jnp.int32))
 
   @property
@@ -74,13 +78,12 @@ class SpeculativeStats:
 
   @property
   def tokens_per_iteration(self) -> jax.Array:
-    """Tokens the verifier emitted per (row, iteration): mean of accepted + 1.
+    """Generated tokens per (row, iteration): sum(generated) / sum(row_iterations).
 
-    Counted before truncation by the budget or an EOS, so with a perfect draft
-    it is exactly gamma + 1 (the generated tokens are also capped by the budget).
+    A perfect draft gives gamma + 1 when the budget minus the prefill's token
+    is a multiple of gamma + 1 (otherwise the last iteration is truncated).
     """
-    rows = jnp.sum(self.row_iterations)
-    return (jnp.sum(self.accepted) + rows) / jnp.maximum(rows, 1)
+    return jnp.sum(self.generated) / jnp.maximum(jnp.sum(self.row_iterations), 1)
 
   def summary(self) -> dict[str, Any]:
     """Plain Python numbers for logs and JSON."""
@@ -90,6 +93,7 @@ class SpeculativeStats:
         "draft_calls": int(self.draft_calls),
         "accepted": np.asarray(self.accepted).tolist(),
         "evaluated": np.asarray(self.evaluated).tolist(),
+        "generated": np.asarray(self.generated).tolist(),
         "acceptance_rate": float(self.acceptance_rate),
         "tokens_per_iteration": float(self.tokens_per_iteration),
         "accepted_at_position": np.asarray(self.accepted_at_position).tolist(),
