@@ -9,8 +9,7 @@ Rules shared by every helper here:
   * the cost of one model call is measured as N calls inside one jitted
     `lax.fori_loop`, divided by N, so the per-call dispatch overhead is
     amortised the way it is inside the real `lax.while_loop`;
-  * jitted helpers take `nnx.split(model)` (graphdef static, params traced) and
-    `nnx.merge` inside, as the generate functions do.
+  * jitted helpers take the models as pytrees, as the generate functions do.
 
 Axis letters as in `specjax.models.config`: B batch, T tokens per call, P prompt
 width, S cache capacity, V vocabulary.
@@ -29,7 +28,6 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from specjax import theory
 from specjax.generation.autoregressive import autoregressive_generate, prefill
@@ -100,17 +98,14 @@ def time_calls(fns: Mapping[str, Callable[[], Any]], num_runs: int
   return timings, outputs
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capacity", "sampling"))
-def _prefill_program(graphdef, params, prompts, prompt_lengths, key, *, capacity,
-                     sampling):
-  model = nnx.merge(graphdef, params)
+@functools.partial(jax.jit, static_argnames=("capacity", "sampling"))
+def _prefill_program(model, prompts, prompt_lengths, key, *, capacity, sampling):
   return prefill(model, prompts, prompt_lengths, capacity, key, sampling)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps"))
-def _decode_loop(graphdef, params, tokens, cache: KVCache, *, num_steps: int):
+@functools.partial(jax.jit, static_argnames=("num_steps",))
+def _decode_loop(model, tokens, cache: KVCache, *, num_steps: int):
   """`num_steps` cached calls on `tokens [B, T]`, each at the same cache length."""
-  model = nnx.merge(graphdef, params)
   start = cache.lengths
 
   def body(_, carry):
@@ -134,8 +129,7 @@ def prefill_timing(model: Transformer, prompts: jax.Array, prompt_lengths: jax.A
     prompts: `[B, P]` int32; prompt_lengths `[B]`.
     capacity: cache slots S to allocate, as the generate call would.
   """
-  graphdef, params = nnx.split(model)
-  run = functools.partial(_prefill_program, graphdef, params, prompts, prompt_lengths,
+  run = functools.partial(_prefill_program, model, prompts, prompt_lengths,
                           key, capacity=capacity, sampling=sampling)
   timings, _ = time_calls({"prefill": run}, num_runs)
   return timings["prefill"]
@@ -159,12 +153,11 @@ def call_seconds(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Arr
   """
   check_positive_int("tokens_per_call", tokens_per_call)
   check_positive_int("num_steps", num_steps)
-  graphdef, params = nnx.split(model)
   first, cache = jax.block_until_ready(_prefill_program(
-      graphdef, params, prompts, prompt_lengths, jax.random.key(0), capacity=capacity,
+      model, prompts, prompt_lengths, jax.random.key(0), capacity=capacity,
       sampling=SamplingParams(temperature=0.0)))
   tokens = jnp.tile(first[:, None], (1, tokens_per_call))
-  run = functools.partial(_decode_loop, graphdef, params, tokens, cache,
+  run = functools.partial(_decode_loop, model, tokens, cache,
                           num_steps=num_steps)
   timings, _ = time_calls({"loop": run}, num_runs)
   return timings["loop"].median_s / num_steps

@@ -15,7 +15,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from specjax import verify as verify_lib
 from specjax.generation import validation
@@ -154,12 +153,10 @@ def init_state(target: Transformer, draft: Transformer, prompts: jax.Array,
       stats=SpeculativeStats.zeros(b, config.gamma))
 
 
-@functools.partial(jax.jit, static_argnames=("target_def", "draft_def", "config"))
-def _speculative_program(target_def, target_params, draft_def, draft_params, prompts,
-                         prompt_lengths, key, *, config: SpecConfig) -> GenerateOutput:
+@functools.partial(jax.jit, static_argnames=("config",))
+def _speculative_program(target, draft, prompts, prompt_lengths, key, *,
+                         config: SpecConfig) -> GenerateOutput:
   TRACE_COUNTS["speculative"] += 1
-  target = nnx.merge(target_def, target_params)
-  draft = nnx.merge(draft_def, draft_params)
   prompts = jnp.where(jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None],
                       prompts, 0)
   state = init_state(target, draft, prompts, prompt_lengths, key, config)
@@ -220,8 +217,6 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
   config = SpecConfig(gamma=int(gamma), max_new_tokens=int(max_new_tokens),
                       sampling=sampling, verifier=verifier, eos_id=eos_id,
                       pad_id=int(pad_id))
-  target_def, target_params = nnx.split(target)
-  draft_def, draft_params = nnx.split(draft)
-  return _speculative_program(target_def, target_params, draft_def, draft_params,
-                              jnp.asarray(prompts, jnp.int32),
+  # Modules are passed as pytrees, as in autoregressive_generate.
+  return _speculative_program(target, draft, jnp.asarray(prompts, jnp.int32),
                               jnp.asarray(prompt_lengths, jnp.int32), key, config=config)
