@@ -179,3 +179,11 @@ def test_bfloat16_models_generate(tiny_cfg, prompts):
   np.testing.assert_array_equal(out.num_generated, [MAX_NEW] * 4)
   assert np.all((np.asarray(out.tokens) >= 0) & (np.asarray(out.tokens) < 512))
   assert int(out.stats.iterations) >= (MAX_NEW - 1) // 4
+
+
+def test_callable_inside_a_user_jit(target, noisy_target, prompts, greedy_reference):
+  """Traced prompts skip the host value checks but give the same tokens."""
+  run = jax.jit(lambda tokens, lengths: specjax.speculative_generate(
+      target, noisy_target, tokens, lengths, gamma=3, max_new_tokens=MAX_NEW,
+      sampling=GREEDY).tokens)
+  np.testing.assert_array_equal(run(*prompts), greedy_reference.tokens)
