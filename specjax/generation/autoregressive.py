@@ -40,6 +40,12 @@ def prefill(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array,
   return first, cache.with_lengths(prompt_lengths)
 
 
+def zero_padding(prompts: jax.Array, prompt_lengths: jax.Array) -> jax.Array:
+  """`[B, P]` prompts with every id past a row's length set to 0 (a valid id)."""
+  valid = jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None]
+  return jnp.where(valid, prompts, 0)
+
+
 def finalize(tokens: jax.Array, num_generated: jax.Array, max_new_tokens: int,
              pad_id: int) -> jax.Array:
   """Cuts the buffer to `[B, max_new_tokens]` and pads past each row's count."""
@@ -62,10 +68,10 @@ def autoregressive_step(model: Transformer, state: ARState, sampling: SamplingPa
   active = ~state.done
   logits, cache = model.forward_cached(state.last[:, None], state.cache)
   token, _ = sample_tokens(step_key, logits[:, 0], sampling)
-  # Finished rows keep their length, so their writes stay inside the capacity.
+  # Finished rows keep their length, so their writes stay inside the capacity;
+  # what they write into the output buffer lies past num_generated (padded later).
   cache = cache.with_lengths(jnp.where(active, cache.lengths, state.cache.lengths))
   tokens = write_rows(state.tokens, token[:, None], state.num_generated)
-  tokens = jnp.where(active[:, None], tokens, state.tokens)
   num_generated = state.num_generated + active.astype(jnp.int32)
   done = state.done | (num_generated >= max_new_tokens)
   if eos_id is not None:
@@ -84,12 +90,12 @@ def autoregressive_step(model: Transformer, state: ARState, sampling: SamplingPa
 def _autoregressive_program(model, prompts, prompt_lengths, key, *, sampling,
                             max_new_tokens, eos_id, pad_id, capacity) -> GenerateOutput:
   TRACE_COUNTS["autoregressive"] += 1
-  prompts = jnp.where(jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None],
-                      prompts, 0)
+  prompts = zero_padding(prompts, prompt_lengths)
   key, first_key = jax.random.split(key)
   first, cache = prefill(model, prompts, prompt_lengths, capacity, first_key, sampling)
   b = prompts.shape[0]
-  tokens = jnp.zeros((b, max_new_tokens), jnp.int32).at[:, 0].set(first)
+  # One slot of slack: finished rows keep writing at num_generated <= max_new_tokens.
+  tokens = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(first)
   state = ARState(cache=cache, last=first, tokens=tokens,
                   num_generated=jnp.ones((b,), jnp.int32),
                   done=first_done(first, max_new_tokens, eos_id), key=key,

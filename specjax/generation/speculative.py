@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from specjax import verify as verify_lib
 from specjax.generation import validation
-from specjax.generation.autoregressive import TRACE_COUNTS, finalize, first_done, prefill
+from specjax.generation.autoregressive import (TRACE_COUNTS, finalize, first_done, prefill,
+                                               zero_padding)
 from specjax.generation.state import (GenerateOutput, SpecConfig, SpeculativeStats,
                                       SpecState)
 from specjax.models.kv_cache import write_rows
@@ -157,8 +158,7 @@ def init_state(target: Transformer, draft: Transformer, prompts: jax.Array,
 def _speculative_program(target, draft, prompts, prompt_lengths, key, *,
                          config: SpecConfig) -> GenerateOutput:
   TRACE_COUNTS["speculative"] += 1
-  prompts = jnp.where(jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None],
-                      prompts, 0)
+  prompts = zero_padding(prompts, prompt_lengths)
   state = init_state(target, draft, prompts, prompt_lengths, key, config)
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done),
                              lambda s: speculative_step(target, draft, s, config), state)

@@ -165,7 +165,10 @@ class SpecState:
 
 @struct.dataclass
 class ARState:
-  """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`."""
+  """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`.
+
+  `tokens` is `[B, max_new_tokens + 1]` (one slot of slack for finished rows).
+  """
 
   cache: KVCache
   last: jax.Array
