@@ -64,3 +64,18 @@ def test_sample_tokens_draws_from_the_returned_probs():
   freq = np.bincount(np.asarray(tokens), minlength=5) / tokens.shape[0]
   np.testing.assert_allclose(freq, probs[0], atol=5e-3)
   assert freq[3] == 0 and freq[4] == 0
+
+
+def test_sample_never_draws_zero_probability_tokens():
+  """Mass at the edges and tiny masses next to zeros: only positive tokens come out."""
+  probs = np.zeros((4, 1000), np.float32)
+  probs[0, -1] = 1.0                          # all mass on the last id
+  probs[1, 0] = 1.0                           # all mass on the first id
+  probs[2, [3, 500, 999]] = [1e-7, 0.5, 0.5 - 1e-7]
+  probs[3, ::97] = 1.0 / len(range(0, 1000, 97))
+  keys = jax.random.split(jax.random.key(0), 20_000)
+  draws = np.asarray(jax.vmap(lambda k: specjax.sampling.sample(k, jnp.asarray(probs)))(keys))
+  assert np.all(probs[np.arange(4)[None, :], draws] > 0)
+  np.testing.assert_array_equal(draws[:, 0], 999)
+  np.testing.assert_array_equal(draws[:, 1], 0)
+  assert abs(np.mean(draws[:, 2] == 500) - 0.5) < 0.02
