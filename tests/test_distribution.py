@@ -35,12 +35,12 @@ def pair():
   return target, draft
 
 
-def exact_joint(target, sampling):
+def exact_joint(target, sampling, prompt=PROMPT):
   """`[V, V, V]` law of the first three tokens under `sampling`, from full forwards."""
   pairs = jnp.array(list(itertools.product(range(V), repeat=2)), jnp.int32)  # [V*V, 2]
-  seqs = jnp.concatenate([jnp.tile(PROMPT, (V * V, 1)), pairs], axis=1)
+  seqs = jnp.concatenate([jnp.tile(prompt, (V * V, 1)), pairs], axis=1)
   probs = np.asarray(specjax.warp_probs(target(seqs), sampling), np.float64)
-  n = len(PROMPT)
+  n = len(prompt)
   p1 = probs[0, n - 1]                           # same for every row
   p2 = probs[::V, n].reshape(V, V)               # [t1, t2]
   p3 = probs[:, n + 1].reshape(V, V, V)          # [t1, t2, t3]
@@ -89,3 +89,21 @@ def test_harness_detects_a_wrong_law(pair):
   wrong = specjax.autoregressive_generate(draft, prompts, lengths, max_new_tokens=NEW,
                                           sampling=sampling, key=jax.random.key(12))
   assert chi_square_pvalue(wrong.tokens, exact_joint(target, sampling)) < 1e-6
+
+
+@pytest.mark.parametrize("draft_vocab", [6, 11])
+def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
+  """A draft lacking ids 6-7 (q = 0 there), or with ids 8-10 the target lacks (p = 0)."""
+  target, _ = pair
+  cfg = target.cfg.replace(vocab_size=draft_vocab)
+  draft = specjax.Transformer(cfg, rngs=nnx.Rngs(5))
+  sampling = specjax.SamplingParams(temperature=1.0)
+  prompts = jnp.tile(PROMPT % min(V, draft_vocab), (ROWS, 1))
+  lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
+  spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=2,
+                                      max_new_tokens=NEW, sampling=sampling,
+                                      key=jax.random.key(13))
+  assert 0.05 < float(spec.stats.acceptance_rate) < 0.95
+  assert int(np.max(spec.tokens)) < V
+  joint = exact_joint(target, sampling, prompt=PROMPT % min(V, draft_vocab))
+  assert chi_square_pvalue(spec.tokens, joint) > 1e-3

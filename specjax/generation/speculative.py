@@ -27,6 +27,23 @@ from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens, warp_probs
 
 
+def fit_ids(tokens: jax.Array, model: Transformer) -> jax.Array:
+  """Maps ids the model's vocabulary lacks to 0 before feeding them to it.
+
+  With draft and target of different vocabulary sizes the other model can emit
+  such ids. Whatever the draft reads, its q is still the law its proposal was
+  drawn from, so exactness is unaffected; a target never keeps an id it lacks
+  (its p there is 0).
+  """
+  return jnp.where(tokens < model.cfg.vocab_size, tokens, 0)
+
+
+def pad_vocab(probs: jax.Array, vocab_size: int) -> jax.Array:
+  """Zero-pads probabilities `[..., V_model]` to `[..., vocab_size]`."""
+  extra = vocab_size - probs.shape[-1]
+  return jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, extra)]) if extra else probs
+
+
 def draft_block(draft: Transformer, state: SpecState, key: jax.Array,
                 config: SpecConfig):
   """Proposes gamma tokens per row with the draft model.
@@ -35,12 +52,12 @@ def draft_block(draft: Transformer, state: SpecState, key: jax.Array,
   cache), the other gamma - 1 calls one token each inside a `lax.scan`.
 
   Returns:
-    `(tokens [B, gamma] int32, probs [B, gamma, V] float32, draft_cache)`;
+    `(tokens [B, gamma] int32, probs [B, gamma, V_draft] float32, draft_cache)`;
     probs[:, i] is the distribution tokens[:, i] was drawn from.
   """
   keys = jax.random.split(key, config.gamma)
   logits, cache = draft.forward_cached(
-      state.recent, state.draft_cache,
+      fit_ids(state.recent, draft), state.draft_cache,
       logit_indices=jnp.ones((state.recent.shape[0], 1), jnp.int32))
   first, first_probs = sample_tokens(keys[0], logits[:, 0], config.sampling)
 
@@ -72,8 +89,11 @@ def speculative_step(target: Transformer, draft: Transformer, state: SpecState,
 
   # 2. Score gamma + 1 positions: s[-1] then the drafted tokens.
   block = jnp.concatenate([state.recent[:, 1:], draft_tokens], axis=1)  # [B, g+1]
-  logits, target_cache = target.forward_cached(block, state.target_cache)
+  logits, target_cache = target.forward_cached(fit_ids(block, target), state.target_cache)
   target_probs = warp_probs(logits, config.sampling)
+  # Both laws over one vocabulary: ids a model lacks get probability 0 there.
+  vocab = max(target.cfg.vocab_size, draft.cfg.vocab_size)
+  draft_probs, target_probs = pad_vocab(draft_probs, vocab), pad_vocab(target_probs, vocab)
 
   # 3. Verify.
   verifier = verify_lib.get_verifier(config.verifier)
@@ -139,7 +159,8 @@ def init_state(target: Transformer, draft: Transformer, prompts: jax.Array,
   first, target_cache = prefill(target, prompts, prompt_lengths, capacity, first_key,
                                 config.sampling)
   # The draft needs no logits here; one position keeps the head cheap.
-  _, draft_cache = draft.forward_cached(prompts, draft.init_cache(b, capacity),
+  _, draft_cache = draft.forward_cached(fit_ids(prompts, draft),
+                                        draft.init_cache(b, capacity),
                                         logit_indices=jnp.zeros((b, 1), jnp.int32))
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
@@ -179,8 +200,10 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
   verification), and at temperature 0 equals the target's greedy decoding.
 
   Args:
-    target, draft: `specjax.Transformer`s over the same vocabulary (the same
-      object twice is allowed: a perfect draft that exposes the overhead).
+    target, draft: `specjax.Transformer`s over the same tokenizer; their
+      vocabulary sizes may differ (ids a model lacks get probability 0 in its
+      law). The same object twice is allowed: a perfect draft that exposes the
+      overhead.
     prompts: `[B, P]` int32, right-padded; the padding is ignored.
     prompt_lengths: `[B]` int32 in [1, P].
     gamma: drafted tokens per iteration (>= 1, static).
@@ -198,10 +221,6 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
   tcfg, dcfg = target.cfg, draft.cfg
   validation.check_positive_int("gamma", gamma)
   validation.check_positive_int("max_new_tokens", max_new_tokens)
-  if dcfg.vocab_size != tcfg.vocab_size:
-    raise ValueError(
-        f"draft vocab_size ({dcfg.vocab_size}) must equal target vocab_size "
-        f"({tcfg.vocab_size}).")
   validation.check_sampling(sampling, tcfg.vocab_size)
   validation.check_prompts(prompts, prompt_lengths, tcfg.vocab_size)
   validation.check_token_id("eos_id", eos_id, tcfg.vocab_size)

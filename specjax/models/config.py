@@ -23,6 +23,28 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama 3 RoPE frequency scaling (`rope_type: "llama3"` in Hugging Face configs).
+
+  Wavelengths longer than original_max_len / low_freq_factor are divided by
+  `factor`, those shorter than original_max_len / high_freq_factor kept, and the
+  band between interpolated smoothly.
+  """
+
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_len: int
+
+  def __post_init__(self):
+    if not (self.factor > 0 and self.original_max_len > 0
+            and 0 < self.low_freq_factor < self.high_freq_factor):
+      raise ValueError(
+          "RopeScaling needs factor > 0, original_max_len > 0 and "
+          f"0 < low_freq_factor < high_freq_factor, got {self}.")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyper-parameters of a `specjax.Transformer`.
 
@@ -37,6 +59,9 @@ class ModelConfig:
       model may see; caches are allocated at most this long.
     head_dim: per-head width H; defaults to d_model // n_heads.
     rope_theta: RoPE base frequency (used when positions == "rope").
+    rope_scaling: optional Llama 3 frequency scaling of RoPE.
+    sliding_window: if set, a query at position i reads only keys at positions
+      in (i - sliding_window, i] (Mistral).
     norm_eps: epsilon of the normalisation layers.
     norm: "rmsnorm" (Llama) or "layernorm" (GPT-2).
     mlp: "swiglu" (gated SiLU, Llama) or "gelu" (plain GELU, GPT-2).
@@ -59,6 +84,8 @@ class ModelConfig:
   max_seq_len: int
   head_dim: int | None = None
   rope_theta: float = 10_000.0
+  rope_scaling: RopeScaling | None = None
+  sliding_window: int | None = None
   norm_eps: float = 1e-5
   norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
   mlp: Literal["swiglu", "gelu"] = "swiglu"
@@ -93,6 +120,11 @@ class ModelConfig:
     if self.positions == "rope" and self.resolved_head_dim % 2:
       raise ValueError(
           f"ModelConfig.head_dim must be even for RoPE, got {self.resolved_head_dim}.")
+    if self.sliding_window is not None and (
+        not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+      raise ValueError(
+          f"ModelConfig.sliding_window must be None or an integer >= 1, got "
+          f"{self.sliding_window!r}.")
     if not self.rope_theta > 0:
       raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}.")
     if not self.norm_eps > 0:

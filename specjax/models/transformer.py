@@ -69,9 +69,23 @@ class Norm(nnx.Module):
 
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-  """`[H/2]` inverse frequencies of the rotary embedding."""
+  """`[H/2]` inverse frequencies of the rotary embedding (with Llama 3 scaling)."""
   h = cfg.resolved_head_dim
-  return 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  scaling = cfg.rope_scaling
+  if scaling is None:
+    return inv_freq
+  wavelength = 2 * jnp.pi / inv_freq
+  long_limit = scaling.original_max_len / scaling.low_freq_factor
+  short_limit = scaling.original_max_len / scaling.high_freq_factor
+  scaled = jnp.where(wavelength > long_limit, inv_freq / scaling.factor, inv_freq)
+  # Between the limits, blend the scaled and unscaled frequencies linearly in
+  # original_max_len / wavelength.
+  blend = ((scaling.original_max_len / wavelength - scaling.low_freq_factor)
+           / (scaling.high_freq_factor - scaling.low_freq_factor))
+  smoothed = (1 - blend) * scaled / scaling.factor + blend * scaled
+  middle = (wavelength >= short_limit) & (wavelength <= long_limit)
+  return jnp.where(middle, smoothed, scaled)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
@@ -82,6 +96,20 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
+
+
+def attention_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array
+                   ) -> jax.Array:
+  """`[B, T, S]` bool: query at `q_positions [B, T]` may read key at `k_positions [S]`.
+
+  Causal, and limited to the last `sliding_window` positions when that is set.
+  """
+  q = q_positions[:, :, None]
+  k = k_positions[None, None, :]
+  mask = k <= q
+  if cfg.sliding_window is not None:
+    mask &= k > q - cfg.sliding_window
+  return mask
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -245,7 +273,7 @@ class Transformer(nnx.Module):
     """Full causal forward without a cache: `tokens [B, T]` -> `logits [B, T, V]`."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    mask = attention_mask(self.cfg, positions, positions[0])
     x = self._embed(tokens, positions)
     for layer in self.layers:
       x, _ = layer(x, positions, mask, None, None)
@@ -270,8 +298,7 @@ class Transformer(nnx.Module):
     b, t = tokens.shape
     starts = cache.lengths
     positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    slots = jnp.arange(cache.capacity, dtype=jnp.int32)
-    mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    mask = attention_mask(self.cfg, positions, jnp.arange(cache.capacity, dtype=jnp.int32))
     x = self._embed(tokens, positions)
     new_k, new_v = [], []
     for layer, k, v in zip(self.layers, cache.k, cache.v):

@@ -1,0 +1,83 @@
+"""`load_model`: a local Hugging Face checkpoint directory -> (Transformer, tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.hf import config as hf_config
+from specjax.hf import weights
+from specjax.models.transformer import Transformer
+
+_DTYPE_NAMES = {jnp.dtype(jnp.float32): "float32", jnp.dtype(jnp.bfloat16): "bfloat16",
+                jnp.dtype(jnp.float16): "float16"}
+
+
+def read_config(path: str) -> dict:
+  """The parsed `config.json` of checkpoint directory `path`."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+  file = os.path.join(path, "config.json")
+  if not os.path.exists(file):
+    raise FileNotFoundError(f"no config.json in {path}")
+  try:
+    with open(file) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{file} is not valid JSON: {e}") from e
+
+
+def load_tokenizer(path: str):
+  """`tokenizers.Tokenizer` from `path/tokenizer.json`, or None when there is none."""
+  file = os.path.join(path, "tokenizer.json")
+  if not os.path.exists(file):
+    return None
+  from tokenizers import Tokenizer  # imported here: only real checkpoints need it
+  return Tokenizer.from_file(file)
+
+
+def load_model(path: str, dtype=jnp.bfloat16):
+  """Loads a Llama, Mistral, Qwen2 or GPT-2 checkpoint from a local directory.
+
+  Reads `config.json`, `model.safetensors` (or the shards listed in
+  `model.safetensors.index.json`) and `tokenizer.json` when present. Tensors are
+  converted one at a time straight into `dtype` (parameters and computation).
+
+  Args:
+    path: directory as written by `save_pretrained`.
+    dtype: jnp.float32, jnp.bfloat16 or jnp.float16.
+
+  Returns:
+    `(model, tokenizer)`: a `specjax.Transformer` and a `tokenizers.Tokenizer`
+    (None if the directory has no tokenizer.json).
+  """
+  dtype_name = _DTYPE_NAMES.get(jnp.dtype(dtype))
+  if dtype_name is None:
+    raise ValueError(f"dtype must be one of float32, bfloat16, float16; got {dtype!r}.")
+  hf = read_config(path)
+  cfg = hf_config.model_config(hf, dtype_name)
+  files = weights.shard_files(path)
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  flat = nnx.to_flat_state(state)
+  params = weights.load_params(hf["model_type"], cfg,
+                               {p: v.get_value() for p, v in flat}, files)
+  loaded = nnx.from_flat_state([(p, v.replace(params[p])) for p, v in flat])
+  return nnx.merge(graphdef, loaded), load_tokenizer(path)
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_path: str,
+                         draft_path: str) -> None:
+  """Raises unless both tokenizers map the same strings to the same ids.
+
+  Drafts with a different vocabulary *size* but the same tokenizer (Qwen2.5 0.5B
+  vs 7B) pass; different tokenizers would need a token mapping.
+  """
+  if target_tokenizer is None or draft_tokenizer is None:
+    return
+  if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+    raise ValueError(f"the target ({target_path}) and draft ({draft_path}) use different "
+                     "tokenizers; speculative decoding needs one shared vocabulary.")

@@ -1,0 +1,165 @@
+"""Hugging Face safetensors -> the parameters of a `specjax.Transformer`.
+
+Each Hugging Face tensor name maps to one or more parameter paths with a
+transform (PyTorch `Linear` weights are `[out, in]`, ours `[in, out]`; GPT-2's
+`Conv1D` already is `[in, out]`, and its fused `c_attn` splits into q, k, v).
+Shards are read one tensor at a time and converted straight into the requested
+dtype, so at most one full copy of the weights (the result) plus one tensor is
+held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+
+from specjax.models.config import ModelConfig
+
+Path = tuple
+Transform = Callable[[jax.Array], jax.Array]
+
+# Buffers some checkpoints carry that are not parameters.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+
+
+def _same(x):
+  return x
+
+
+def _transpose(x):
+  return x.T
+
+
+def _split(index: int, parts: int, axis: int) -> Transform:
+  return lambda x: jnp.split(x, parts, axis=axis)[index]
+
+
+def _llama_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
+  names = {"model.embed_tokens.weight": [(("embed", "embedding"), _same)],
+           "model.norm.weight": [(("final_norm", "scale"), _same)]}
+  if not cfg.tie_embeddings:
+    names["lm_head.weight"] = [(("lm_head",), _transpose)]
+  for i in range(cfg.n_layers):
+    hf, ours = f"model.layers.{i}.", ("layers", i)
+    names[hf + "input_layernorm.weight"] = [(ours + ("attn_norm", "scale"), _same)]
+    names[hf + "post_attention_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
+    for proj, bias in (("q_proj", cfg.qkv_bias), ("k_proj", cfg.qkv_bias),
+                       ("v_proj", cfg.qkv_bias), ("o_proj", cfg.out_bias)):
+      names[f"{hf}self_attn.{proj}.weight"] = [(ours + ("attn", proj, "kernel"), _transpose)]
+      if bias:
+        names[f"{hf}self_attn.{proj}.bias"] = [(ours + ("attn", proj, "bias"), _same)]
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+      names[f"{hf}mlp.{proj}.weight"] = [(ours + ("mlp", proj, "kernel"), _transpose)]
+      if cfg.mlp_bias:
+        names[f"{hf}mlp.{proj}.bias"] = [(ours + ("mlp", proj, "bias"), _same)]
+  return names
+
+
+def _gpt2_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
+  names = {"wte.weight": [(("embed", "embedding"), _same)],
+           "wpe.weight": [(("pos_embed", "embedding"), _same)],
+           "ln_f.weight": [(("final_norm", "scale"), _same)],
+           "ln_f.bias": [(("final_norm", "bias"), _same)]}
+  for i in range(cfg.n_layers):
+    hf, ours = f"h.{i}.", ("layers", i)
+    for norm, target in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
+      names[f"{hf}{norm}.weight"] = [(ours + (target, "scale"), _same)]
+      names[f"{hf}{norm}.bias"] = [(ours + (target, "bias"), _same)]
+    for kind, axis in (("weight", 1), ("bias", 0)):
+      leaf = "kernel" if kind == "weight" else "bias"
+      names[f"{hf}attn.c_attn.{kind}"] = [
+          (ours + ("attn", proj, leaf), _split(j, 3, axis))
+          for j, proj in enumerate(("q_proj", "k_proj", "v_proj"))]
+      names[f"{hf}attn.c_proj.{kind}"] = [(ours + ("attn", "o_proj", leaf), _same)]
+      names[f"{hf}mlp.c_fc.{kind}"] = [(ours + ("mlp", "up_proj", leaf), _same)]
+      names[f"{hf}mlp.c_proj.{kind}"] = [(ours + ("mlp", "down_proj", leaf), _same)]
+  return names
+
+
+def tensor_map(model_type: str, cfg: ModelConfig
+               ) -> dict[str, list[tuple[Path, Transform]]]:
+  """Hugging Face tensor name -> [(parameter path, transform)] for `model_type`."""
+  return _gpt2_names(cfg) if model_type == "gpt2" else _llama_names(cfg)
+
+
+def _canonical(model_type: str, name: str) -> str:
+  # GPT2LMHeadModel saves "transformer.h.0...", GPT2Model "h.0...".
+  if model_type == "gpt2" and name.startswith("transformer."):
+    return name[len("transformer."):]
+  return name
+
+
+def shard_files(directory: str) -> list[str]:
+  """The safetensors files of a checkpoint directory, from its index when sharded."""
+  index = os.path.join(directory, "model.safetensors.index.json")
+  single = os.path.join(directory, "model.safetensors")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    files = [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+      raise FileNotFoundError(f"{index} lists shard files that do not exist: {missing}")
+    return files
+  if os.path.exists(single):
+    return [single]
+  raise FileNotFoundError(
+      f"no model.safetensors or model.safetensors.index.json in {directory}")
+
+
+def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
+  """Yields (file, name, array) one tensor at a time, shard after shard."""
+  from safetensors import safe_open  # imported here: only loading needs it
+  for path in files:
+    try:
+      handle = safe_open(path, framework="flax")
+    except Exception as e:  # safetensors raises its own error types
+      raise ValueError(f"cannot read safetensors file {path}: {e}") from e
+    with handle as f:
+      for name in f.keys():
+        yield path, name, f.get_tensor(name)
+
+
+def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.ShapeDtypeStruct],
+                files: list[str]) -> dict[Path, jax.Array]:
+  """Reads every tensor of `files` into the parameter paths of `abstract`.
+
+  Args:
+    abstract: parameter path -> expected shape and dtype.
+
+  Returns:
+    parameter path -> array in the expected dtype.
+
+  Raises:
+    ValueError: a tensor name the architecture does not have, a shape that does
+      not match the config, or parameters no file provided.
+  """
+  names = tensor_map(model_type, cfg)
+  params: dict[Path, jax.Array] = {}
+  for path, raw_name, tensor in read_tensors(files):
+    name = _canonical(model_type, raw_name)
+    if name not in names:
+      if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight"
+                                              and cfg.tie_embeddings):
+        continue
+      raise ValueError(f"{path}: tensor {raw_name!r} does not belong to a "
+                       f"{model_type} model with this config.json.")
+    for target, transform in names[name]:
+      value = transform(tensor)
+      expected = abstract[target]
+      if value.shape != expected.shape:
+        raise ValueError(
+            f"{path}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, which gives "
+            f"{tuple(value.shape)} for {'/'.join(map(str, target))}; config.json implies "
+            f"{tuple(expected.shape)}.")
+      params[target] = value.astype(expected.dtype)
+    del tensor
+  missing = [n for n, targets in names.items() if any(t not in params for t, _ in targets)]
+  if missing:
+    raise ValueError(f"checkpoint {os.path.dirname(files[0])} lacks tensors: "
+                     f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+  return params

@@ -1,0 +1,269 @@
+"""Hugging Face import: parity with transformers for Llama, Mistral, Qwen2 and GPT-2.
+
+Checkpoints are small random models made here with transformers and written
+with `save_pretrained` (no downloads). Norm weights and biases are moved away
+from their init so a missing term cannot hide.
+"""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+from safetensors.numpy import save_file
+
+import specjax
+import specjax.hf
+
+VOCAB, WIDTH, NEW = 256, 32, 24
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def hf_model(arch: str, size: dict, seed: int):
+  torch.manual_seed(seed)
+  if arch == "llama":  # Llama 3.2 style: tied embeddings, llama3 rope scaling
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, tie_word_embeddings=True,
+                                   rope_scaling=LLAMA3_ROPE, **size)
+    model = transformers.LlamaForCausalLM(cfg)
+  elif arch == "mistral":  # window well below the 56 positions the tests reach
+    cfg = transformers.MistralConfig(vocab_size=VOCAB, sliding_window=8, **size)
+    model = transformers.MistralForCausalLM(cfg)
+  elif arch == "qwen2":
+    cfg = transformers.Qwen2Config(vocab_size=VOCAB, **size)
+    model = transformers.Qwen2ForCausalLM(cfg)
+  else:
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=size["hidden_size"],
+                                  n_layer=size["num_hidden_layers"],
+                                  n_head=size["num_attention_heads"], n_positions=128,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+  with torch.no_grad():
+    for param in model.parameters():
+      if param.ndim == 1:  # norm scales and biases
+        param.add_(0.2 * torch.randn_like(param))
+  model.generation_config.eos_token_id = None
+  model.generation_config.pad_token_id = 0
+  return model.eval()
+
+
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "gpt2"])
+def checkpoint(request, tmp_path_factory):
+  """(arch, transformers target, target dir, draft dir)."""
+  arch = request.param
+  target = hf_model(arch, SMALL, 0)
+  target_dir = str(tmp_path_factory.mktemp(f"{arch}_target"))
+  target.save_pretrained(target_dir)
+  draft_dir = str(tmp_path_factory.mktemp(f"{arch}_draft"))
+  hf_model(arch, TINY, 1).save_pretrained(draft_dir)
+  return arch, target, target_dir, draft_dir
+
+
+@pytest.fixture(scope="module")
+def tokens():
+  return np.random.default_rng(0).integers(0, VOCAB, (2, WIDTH))
+
+
+def test_full_and_cached_logits_match_transformers(checkpoint, tokens):
+  arch, reference, path, _ = checkpoint
+  model, tokenizer = specjax.hf.load_model(path, dtype=jnp.float32)
+  assert tokenizer is None  # no tokenizer.json in these directories
+  with torch.no_grad():
+    expected = reference(torch.tensor(tokens)).logits.numpy()
+  full = np.asarray(model(jnp.asarray(tokens, jnp.int32)))
+  assert np.max(np.abs(full - expected)) < 1e-4
+  # Cached: prefill 12, then 12 single tokens, then a chunk of 8.
+  forward = jax.jit(model.forward_cached)
+  cache = model.init_cache(2, WIDTH)
+  outs, start = [], 0
+  for size in [12] + [1] * 12 + [8]:
+    logits, cache = forward(jnp.asarray(tokens[:, start:start + size], jnp.int32), cache)
+    outs.append(np.asarray(logits))
+    start += size
+  assert np.max(np.abs(np.concatenate(outs, axis=1) - expected)) < 1e-4
+
+
+def test_greedy_and_speculative_match_transformers_generate(checkpoint, tokens):
+  arch, reference, path, draft_path = checkpoint
+  model, _ = specjax.hf.load_model(path, dtype=jnp.float32)
+  draft, _ = specjax.hf.load_model(draft_path, dtype=jnp.float32)
+  with torch.no_grad():
+    # An explicit mask: otherwise generate masks every prompt id equal to pad.
+    ids = torch.tensor(tokens)
+    expected = reference.generate(ids, attention_mask=torch.ones_like(ids),
+                                  max_new_tokens=NEW, do_sample=False)[:, WIDTH:].numpy()
+  prompts = jnp.asarray(tokens, jnp.int32)
+  lengths = jnp.full((2,), WIDTH, jnp.int32)
+  ar = specjax.autoregressive_generate(model, prompts, lengths, max_new_tokens=NEW,
+                                       sampling=specjax.GREEDY)
+  np.testing.assert_array_equal(ar.tokens, expected)
+  spec = specjax.speculative_generate(model, draft, prompts, lengths, gamma=3,
+                                      max_new_tokens=NEW, sampling=specjax.GREEDY)
+  np.testing.assert_array_equal(spec.tokens, expected)
+
+
+def test_bfloat16_load(checkpoint, tokens):
+  arch, _, path, _ = checkpoint
+  model, _ = specjax.hf.load_model(path)  # default dtype: bfloat16
+  params = jax.tree.leaves(nnx.state(model, nnx.Param))
+  assert all(p.dtype == jnp.bfloat16 for p in params)
+  reference, _ = specjax.hf.load_model(path, dtype=jnp.float32)
+  x = jnp.asarray(tokens, jnp.int32)
+  error = np.max(np.abs(np.asarray(model(x)) - np.asarray(reference(x))))
+  assert 0 < error < 0.1
+
+
+def test_config_translation(checkpoint):
+  arch, _, path, _ = checkpoint
+  cfg = specjax.hf.model_config(specjax.hf.read_config(path), "float32")
+  expected = {
+      "llama": dict(tie_embeddings=True, qkv_bias=False, n_kv_heads=2),
+      "mistral": dict(sliding_window=8, tie_embeddings=False),
+      "qwen2": dict(qkv_bias=True, out_bias=False),
+      "gpt2": dict(norm="layernorm", positions="learned", mlp="gelu", tie_embeddings=True),
+  }[arch]
+  for key, value in expected.items():
+    assert getattr(cfg, key) == value, key
+  if arch == "llama":
+    assert cfg.rope_scaling == specjax.models.config.RopeScaling(8.0, 1.0, 4.0, 16)
+
+
+@pytest.mark.parametrize("arch, change", [("llama", "rope_scaling"),
+                                          ("mistral", "sliding_window")])
+def test_features_change_the_logits(arch, change, tmp_path, tokens):
+  """Without rope scaling or the window the logits differ: the parity tests above
+  do exercise both features."""
+  hf_model(arch, SMALL, 0).save_pretrained(tmp_path)
+  model, _ = specjax.hf.load_model(str(tmp_path), dtype=jnp.float32)
+  plain = specjax.Transformer(model.cfg.replace(**{change: None}), rngs=nnx.Rngs(0))
+  nnx.update(plain, nnx.state(model))
+  x = jnp.asarray(tokens, jnp.int32)
+  assert np.max(np.abs(np.asarray(model(x)) - np.asarray(plain(x)))) > 1e-3
+
+
+def test_sharded_checkpoint_loads(tmp_path, tokens):
+  reference = hf_model("qwen2", SMALL, 0)
+  reference.save_pretrained(tmp_path, max_shard_size="100KB")
+  assert os.path.exists(tmp_path / "model.safetensors.index.json")
+  model, _ = specjax.hf.load_model(str(tmp_path), dtype=jnp.float32)
+  with torch.no_grad():
+    expected = reference(torch.tensor(tokens)).logits.numpy()
+  assert np.max(np.abs(np.asarray(model(jnp.asarray(tokens, jnp.int32))) - expected)) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("llama_errors")
+  hf_model("llama", TINY, 0).save_pretrained(path)
+  return path
+
+
+def _copy(src, dst):
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _edit_config(path, **changes):
+  file = path / "config.json"
+  config = json.loads(file.read_text())
+  config.update(changes)
+  file.write_text(json.dumps(config))
+
+
+def test_errors_name_the_problem(llama_dir, tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    specjax.hf.load_model(str(tmp_path / "nowhere"))
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(FileNotFoundError, match=r"no config.json in .*empty"):
+    specjax.hf.load_model(str(empty))
+
+  bert = _copy(llama_dir, tmp_path / "bert")
+  _edit_config(bert, model_type="bert")
+  with pytest.raises(ValueError, match=r"model_type 'bert' is not supported; supported: "
+                                       r"llama, mistral, qwen2, gpt2"):
+    specjax.hf.load_model(str(bert))
+
+  yarn = _copy(llama_dir, tmp_path / "yarn")
+  _edit_config(yarn, rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                      "rope_theta": 10000.0})
+  with pytest.raises(ValueError, match="rope scaling type 'yarn' is not supported"):
+    specjax.hf.load_model(str(yarn))
+
+  no_weights = _copy(llama_dir, tmp_path / "no_weights")
+  os.remove(no_weights / "model.safetensors")
+  with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+    specjax.hf.load_model(str(no_weights))
+
+  wrong_shape = _copy(llama_dir, tmp_path / "wrong_shape")
+  _edit_config(wrong_shape, intermediate_size=96)
+  with pytest.raises(ValueError, match=r"tensor 'model.layers.0.mlp.down_proj.weight' has "
+                                       r"shape \(32, 64\).*implies \(96, 32\)"):
+    specjax.hf.load_model(str(wrong_shape))
+
+  extra = _copy(llama_dir, tmp_path / "extra")
+  save_file({"model.embed_tokens.weight": np.zeros((VOCAB, 32), np.float32),
+             "model.vision_tower.weight": np.zeros((2, 2), np.float32)},
+            str(extra / "model.safetensors"))
+  with pytest.raises(ValueError, match="tensor 'model.vision_tower.weight' does not belong"):
+    specjax.hf.load_model(str(extra))
+
+  missing = _copy(llama_dir, tmp_path / "missing")
+  save_file({"model.embed_tokens.weight": np.zeros((VOCAB, 32), np.float32)},
+            str(missing / "model.safetensors"))
+  with pytest.raises(ValueError, match=r"lacks tensors: \['model.norm.weight'"):
+    specjax.hf.load_model(str(missing))
+
+  corrupt = _copy(llama_dir, tmp_path / "corrupt")
+  (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+  with pytest.raises(ValueError, match=r"cannot read safetensors file .*corrupt"):
+    specjax.hf.load_model(str(corrupt))
+
+
+def _word_tokenizer(words):
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  return tok
+
+
+def test_tokenizer_is_loaded_and_pairs_are_checked(llama_dir, tmp_path):
+  a = _copy(llama_dir, tmp_path / "a")
+  b = _copy(llama_dir, tmp_path / "b")
+  _word_tokenizer(["<unk>", "hello", "world"]).save(str(a / "tokenizer.json"))
+  _word_tokenizer(["<unk>", "world", "hello"]).save(str(b / "tokenizer.json"))
+  _, tok_a = specjax.hf.load_model(str(a))
+  _, tok_b = specjax.hf.load_model(str(b))
+  assert tok_a.encode("hello world").ids == [1, 2]
+  specjax.hf.check_same_tokenizer(tok_a, tok_a, str(a), str(a))
+  with pytest.raises(ValueError, match=r"target \(.*a\) and draft \(.*b\) use different "
+                                       r"tokenizers"):
+    specjax.hf.check_same_tokenizer(tok_a, tok_b, str(a), str(b))
+
+
+def test_draft_with_smaller_vocabulary(tmp_path, tokens):
+  """Qwen2.5 0.5B vs 7B style: same tokenizer, the draft has fewer rows."""
+  target_dir, draft_dir = tmp_path / "t", tmp_path / "d"
+  hf_model("qwen2", SMALL, 0).save_pretrained(target_dir)
+  torch.manual_seed(1)
+  transformers.Qwen2ForCausalLM(transformers.Qwen2Config(vocab_size=200, **TINY)
+                                ).save_pretrained(draft_dir)
+  target, _ = specjax.hf.load_model(str(target_dir), dtype=jnp.float32)
+  draft, _ = specjax.hf.load_model(str(draft_dir), dtype=jnp.float32)
+  prompts = jnp.asarray(tokens % 200, jnp.int32)
+  lengths = jnp.full((2,), WIDTH, jnp.int32)
+  ar = specjax.autoregressive_generate(target, prompts, lengths, max_new_tokens=NEW,
+                                       sampling=specjax.GREEDY)
+  spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=3,
+                                      max_new_tokens=NEW, sampling=specjax.GREEDY)
+  np.testing.assert_array_equal(spec.tokens, ar.tokens)
