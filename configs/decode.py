@@ -1,0 +1,33 @@
+"""Configuration of `experiments/decode.py`: decode text with a target and a draft.
+
+  python -m experiments.decode --config=configs/decode.py \
+      --config.target=/path/to/hf_target --config.draft=/path/to/hf_draft \
+      --config.prompt="def fibonacci(n):"
+
+`target` and `draft` are local Hugging Face checkpoint directories (config.json,
+safetensors, tokenizer.json). `compare_transformers=True` also times
+transformers' `generate`, plain and with `assistant_model=draft` (batch 1).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.target = ""
+  config.draft = ""
+  config.prompt = "def fibonacci(n):"
+  config.gamma = 4
+  config.temperature = 0.0
+  config.top_k = 0
+  config.top_p = 1.0
+  config.max_new_tokens = 64
+  config.batch_size = 1
+  config.seed = 0
+  config.dtype = "float32"  # float32 keeps greedy outputs comparable bit for bit
+  config.stop_at_eos = True  # timing runs with compare_transformers use a fixed length
+  config.num_runs = 3
+  config.compare_transformers = False
+  return config

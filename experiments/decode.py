@@ -1,0 +1,132 @@
+"""Decode text with speculative and autoregressive decoding, side by side.
+
+  python -m experiments.decode --config.target=/path/to/hf_dir \
+      --config.draft=/path/to/hf_dir2 --config.prompt="..." [--output_json=PATH]
+
+Prints the prompt, both continuations and, for the same key: ms/token, speedup,
+acceptance rate, tokens per iteration. Times are medians of `num_runs` runs
+after a warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+import specjax
+import specjax.hf
+from specjax import benchmarking
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "decode.py"),
+    "Decode configuration (configs/decode.py).", lock_config=True)
+_OUTPUT_JSON = flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+
+
+def _eos_id(path: str) -> int | None:
+  eos = specjax.hf.read_config(path).get("eos_token_id")
+  return eos[0] if isinstance(eos, list) else eos
+
+
+def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Loads the pair, decodes `config.prompt` both ways, returns the JSON-ready result."""
+  if not config.target or not config.draft:
+    raise ValueError("config.target and config.draft must name local Hugging Face "
+                     "checkpoint directories (config.json, *.safetensors, tokenizer.json).")
+  benchmarking.check_positive_int("config.batch_size", config.batch_size)
+  benchmarking.check_positive_int("config.num_runs", config.num_runs, 3)
+  if config.compare_transformers and config.batch_size != 1:
+    raise ValueError("config.batch_size must be 1 with compare_transformers "
+                     "(transformers' assisted generation supports batch 1 only).")
+  dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(config.dtype)
+  if dtype is None:
+    raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
+  target, tokenizer = specjax.hf.load_model(config.target, dtype=dtype)
+  draft, draft_tokenizer = specjax.hf.load_model(config.draft, dtype=dtype)
+  if tokenizer is None:
+    raise ValueError(f"{config.target} has no tokenizer.json; text prompts need one.")
+  specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, config.target, config.draft)
+  sampling = specjax.SamplingParams(temperature=float(config.temperature),
+                                    top_k=config.top_k, top_p=float(config.top_p))
+  ids = tokenizer.encode(config.prompt).ids
+  if not ids:
+    raise ValueError("config.prompt encodes to no tokens.")
+  prompts = jnp.tile(jnp.asarray(ids, jnp.int32), (config.batch_size, 1))
+  lengths = jnp.full((config.batch_size,), len(ids), jnp.int32)
+  eos = _eos_id(config.target) if config.stop_at_eos else None
+  key = jax.random.key(config.seed)
+  calls = {
+      "ar": lambda: specjax.autoregressive_generate(
+          target, prompts, lengths, max_new_tokens=config.max_new_tokens,
+          sampling=sampling, key=key, eos_id=eos),
+      "spec": lambda: specjax.speculative_generate(
+          target, draft, prompts, lengths, gamma=config.gamma,
+          max_new_tokens=config.max_new_tokens, sampling=sampling, key=key, eos_id=eos),
+  }
+  timings, outputs = benchmarking.time_calls(calls, config.num_runs)
+  texts, ms = {}, {}
+  for name, out in outputs.items():
+    n = np.asarray(out.num_generated)
+    texts[name] = tokenizer.decode(np.asarray(out.tokens[0, :n[0]]).tolist())
+    # The loop runs until its longest row is done.
+    ms[name] = timings[name].median_s * 1e3 / int(n.max())
+  stats = outputs["spec"].stats
+  result = {
+      "target": config.target, "draft": config.draft,
+      "target_params": target.num_params, "draft_params": draft.num_params,
+      "prompt": config.prompt, "prompt_tokens": len(ids),
+      "ar_text": texts["ar"], "spec_text": texts["spec"],
+      "gamma": config.gamma, "temperature": float(config.temperature),
+      "batch_size": config.batch_size,
+      "ar_ms_per_token": ms["ar"], "spec_ms_per_token": ms["spec"],
+      "speedup": ms["ar"] / ms["spec"],
+      "acceptance_rate": float(stats.acceptance_rate),
+      "tokens_per_iteration": float(stats.tokens_per_iteration),
+      **benchmarking.environment_info(),
+  }
+  if sampling.greedy:
+    result["texts_identical"] = bool(np.array_equal(np.asarray(outputs["ar"].tokens),
+                                                    np.asarray(outputs["spec"].tokens)))
+  if config.compare_transformers:
+    from specjax.hf.transformers_baseline import time_transformers
+    hf = time_transformers(config.target, config.draft, ids, gamma=config.gamma,
+                           max_new_tokens=config.max_new_tokens, sampling=sampling,
+                           dtype=config.dtype, num_runs=config.num_runs, seed=config.seed)
+    result.update(hf_ms_per_token=hf["hf_ms_per_token"],
+                  hf_assisted_ms_per_token=hf["hf_assisted_ms_per_token"],
+                  spec_over_hf_assisted=ms["spec"] / hf["hf_assisted_ms_per_token"],
+                  ar_over_hf=ms["ar"] / hf["hf_ms_per_token"])
+    if sampling.greedy and eos is None:
+      result["hf_assisted_matches_spec"] = (
+          hf["hf_assisted_tokens"] == np.asarray(outputs["spec"].tokens[0]).tolist())
+  return result
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  result = run(_CONFIG.value)
+  print(f"prompt: {result['prompt']!r}")
+  print(f"autoregressive: {result['ar_text']!r}")
+  print(f"speculative:    {result['spec_text']!r}")
+  print(f"ms/token ar {result['ar_ms_per_token']:.3f}  spec {result['spec_ms_per_token']:.3f}"
+        f"  speedup {result['speedup']:.2f}  acceptance {result['acceptance_rate']:.3f}"
+        f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"
+        f"  temperature {result['temperature']}")
+  text = json.dumps(result, indent=2)
+  print(text)
+  if _OUTPUT_JSON.value:
+    with open(_OUTPUT_JSON.value, "w") as f:
+      f.write(text + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

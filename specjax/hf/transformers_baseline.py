@@ -1,0 +1,70 @@
+"""What users would run instead: transformers' `generate`, plain and assisted.
+
+Times Hugging Face transformers on the same checkpoint directories that specjax
+loads, so the two can be compared per token. Assisted generation only supports
+batch size 1 in transformers, so these timings use one row. The assistant is
+set to a constant `gamma` drafted tokens (transformers defaults to a heuristic
+schedule) and no confidence cut-off, to match specjax's fixed-gamma loop.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from specjax.sampling import SamplingParams
+
+
+def time_transformers(target_path: str, draft_path: str, prompt_ids: list[int], *,
+                      gamma: int, max_new_tokens: int, sampling: SamplingParams,
+                      dtype: str, num_runs: int, seed: int = 0) -> dict[str, Any]:
+  """Median ms per generated token of transformers' generate, without and with the draft.
+
+  Args:
+    prompt_ids: one prompt's token ids (batch 1).
+    dtype: "float32" or "bfloat16" (both models).
+
+  Returns:
+    {"hf_ms_per_token", "hf_assisted_ms_per_token", "hf_tokens", "hf_assisted_tokens"}
+    where the token lists are the last run's generated ids.
+  """
+  import torch  # optional dependency: only this comparison needs it
+  import transformers
+
+  torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+  load = lambda p: transformers.AutoModelForCausalLM.from_pretrained(
+      p, dtype=torch_dtype).eval()
+  target, draft = load(target_path), load(draft_path)
+  for model in (target, draft):  # fixed length: no EOS stop (specjax runs eos_id=None)
+    model.generation_config.eos_token_id = None
+  draft.generation_config.num_assistant_tokens = gamma
+  draft.generation_config.num_assistant_tokens_schedule = "constant"
+  draft.generation_config.assistant_confidence_threshold = 0.0
+  ids = torch.tensor([prompt_ids])
+  kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                pad_token_id=0)
+  if sampling.greedy:
+    kwargs.update(do_sample=False)
+  else:
+    kwargs.update(do_sample=True, temperature=sampling.temperature,
+                  top_k=sampling.top_k or None, top_p=sampling.top_p)
+
+  def timed(**extra):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+      target.generate(ids, **kwargs, **extra)  # warm-up
+      times, out = [], None
+      for _ in range(num_runs):
+        start = time.perf_counter()
+        out = target.generate(ids, **kwargs, **extra)
+        times.append(time.perf_counter() - start)
+    new = out[0, ids.shape[1]:].numpy()
+    return statistics.median(times) * 1e3 / len(new), np.asarray(new).tolist()
+
+  plain_ms, plain_tokens = timed()
+  assisted_ms, assisted_tokens = timed(assistant_model=draft)
+  return {"hf_ms_per_token": plain_ms, "hf_assisted_ms_per_token": assisted_ms,
+          "hf_tokens": plain_tokens, "hf_assisted_tokens": assisted_tokens}

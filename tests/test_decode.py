@@ -1,0 +1,55 @@
+"""The decode command end to end on tiny local Hugging Face checkpoints."""
+
+import json
+
+import pytest
+
+from configs import decode as decode_config
+from experiments import decode
+from experiments.make_hf_checkpoint import make_checkpoint
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+  root = tmp_path_factory.mktemp("decode")
+  target = make_checkpoint(str(root / "target"), "llama", "tiny", 512, seed=0)
+  draft = make_checkpoint(str(root / "draft"), "llama", "tiny", 512, seed=1)
+  return target, draft
+
+
+def _config(pair, **changes):
+  config = decode_config.get_config()
+  config.target, config.draft = pair
+  config.max_new_tokens = 12
+  config.update(changes)
+  return config
+
+
+def test_decode_compares_with_transformers(pair):
+  result = json.loads(json.dumps(decode.run(_config(
+      pair, compare_transformers=True, stop_at_eos=False))))
+  assert result["texts_identical"] is True
+  assert result["hf_assisted_matches_spec"] is True  # same greedy tokens as transformers
+  assert result["ar_text"] == result["spec_text"] and result["ar_text"]
+  for key in ("acceptance_rate", "tokens_per_iteration", "speedup", "ar_ms_per_token",
+              "spec_ms_per_token", "hf_ms_per_token", "hf_assisted_ms_per_token",
+              "spec_over_hf_assisted"):
+    assert result[key] >= 0, key
+  assert result["speedup"] == result["ar_ms_per_token"] / result["spec_ms_per_token"]
+
+
+def test_decode_sampled_batch(pair):
+  result = decode.run(_config(pair, temperature=1.0, top_p=0.9, batch_size=2))
+  assert "texts_identical" not in result
+  assert 0 <= result["acceptance_rate"] <= 1
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(target=""), "config.target and config.draft must name"),
+    (dict(compare_transformers=True, batch_size=2), "config.batch_size must be 1"),
+    (dict(dtype="int8"), "config.dtype must be float32 or bfloat16"),
+    (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),
+])
+def test_decode_rejects(pair, changes, message):
+  with pytest.raises(ValueError, match=message):
+    decode.run(_config(pair, **changes))
