@@ -24,12 +24,6 @@ from ml_collections import config_flags
 import specjax
 from specjax import benchmarking
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Benchmark configuration file (configs/benchmark.py[:preset]).",
-    lock_config=True)
-_OUTPUT_JSON = flags.DEFINE_string("output_json", None,
-                                   "Also write the result JSON to this path.")
-
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -114,17 +108,26 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  result = run(_CONFIG.value)
+  result = run(flags.FLAGS.config)
   text = json.dumps(result, indent=2)
   print(text)
-  if _OUTPUT_JSON.value:
-    directory = os.path.dirname(_OUTPUT_JSON.value)
+  if flags.FLAGS.output_json:
+    directory = os.path.dirname(flags.FLAGS.output_json)
     if directory:
       os.makedirs(directory, exist_ok=True)
-    with open(_OUTPUT_JSON.value, "w") as f:
+    with open(flags.FLAGS.output_json, "w") as f:
       f.write(text + "\n")
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
+  """Flags live here, not at import, so tests can import several launchers."""
+  config_flags.DEFINE_config_file(
+      "config", None, "Benchmark configuration file (configs/benchmark.py[:preset]).",
+      lock_config=True)
+  flags.DEFINE_string("output_json", None, "Also write the result JSON to this path.")
   flags.mark_flags_as_required(["config"])
+
+
+if __name__ == "__main__":
+  define_flags()
   app.run(main)

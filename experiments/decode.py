@@ -25,12 +25,6 @@ import specjax
 import specjax.hf
 from specjax import benchmarking
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "decode.py"),
-    "Decode configuration (configs/decode.py).", lock_config=True)
-_OUTPUT_JSON = flags.DEFINE_string("output_json", None, "Also write the JSON here.")
-
-
 def _eos_id(path: str) -> int | None:
   eos = specjax.hf.read_config(path).get("eos_token_id")
   return eos[0] if isinstance(eos, list) else eos
@@ -113,7 +107,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  result = run(_CONFIG.value)
+  result = run(flags.FLAGS.config)
   print(f"prompt: {result['prompt']!r}")
   print(f"autoregressive: {result['ar_text']!r}")
   print(f"speculative:    {result['spec_text']!r}")
@@ -123,10 +117,19 @@ def main(argv):
         f"  temperature {result['temperature']}")
   text = json.dumps(result, indent=2)
   print(text)
-  if _OUTPUT_JSON.value:
-    with open(_OUTPUT_JSON.value, "w") as f:
+  if flags.FLAGS.output_json:
+    with open(flags.FLAGS.output_json, "w") as f:
       f.write(text + "\n")
 
 
+def define_flags() -> None:
+  """Flags live here, not at import, so tests can import several launchers."""
+  config_flags.DEFINE_config_file(
+      "config", os.path.join(os.path.dirname(__file__), "..", "configs", "decode.py"),
+      "Decode configuration (configs/decode.py).", lock_config=True)
+  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

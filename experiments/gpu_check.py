@@ -29,9 +29,6 @@ from flax import nnx
 import specjax
 from specjax import benchmarking
 
-_SCALE = flags.DEFINE_enum("scale", "full", ["full", "smoke"],
-                           "full: 1.1B target (GPU); smoke: tiny sizes (CPU check).")
-_OUTPUT_JSON = flags.DEFINE_string("output_json", None, "Also write the JSON here.")
 
 SIZES = {
     "full": dict(
@@ -74,13 +71,13 @@ def param_bytes(model: specjax.Transformer) -> int:
 
 def main(argv):
   del argv
-  sizes = SIZES[_SCALE.value]
+  sizes = SIZES[flags.FLAGS.scale]
   start = time.perf_counter()
   bandwidth = copy_bandwidth(sizes["copy_bytes"], sizes["num_runs"])
   max_seq_len = sizes["prompt_len"] + sizes["max_new_tokens"] + GAMMA + 1
   target, draft = build(sizes, max_seq_len)
   floor_ms = param_bytes(target) / bandwidth * 1e3
-  result = {**benchmarking.environment_info(), "scale": _SCALE.value,
+  result = {**benchmarking.environment_info(), "scale": flags.FLAGS.scale,
             "copy_bandwidth_gb_s": bandwidth / 1e9, "target_params": target.num_params,
             "draft_params": draft.num_params, "target_param_bytes": param_bytes(target),
             "memory_floor_ms_per_step": floor_ms, "gamma": GAMMA, "cases": []}
@@ -110,7 +107,7 @@ def main(argv):
           f"{c['c']:6.3f} {c['verify_cost_ratio']:6.2f}")
   text = json.dumps(result, indent=2)
   print(text)
-  path = _OUTPUT_JSON.value or (os.path.join(os.environ["OUT"], "gpu_check.json")
+  path = flags.FLAGS.output_json or (os.path.join(os.environ["OUT"], "gpu_check.json")
                                 if os.environ.get("OUT") else None)
   if path:
     with open(path, "w") as f:
@@ -118,4 +115,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  flags.DEFINE_enum("scale", "full", ["full", "smoke"],
+                    "full: 1.1B target (GPU); smoke: tiny sizes (CPU check).")
+  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
   app.run(main)

@@ -23,14 +23,6 @@ SIZES = {
     "medium": (512, 1408, 6, 8, 4),
 }
 
-_ARCH = flags.DEFINE_enum("arch", "llama", ["llama", "mistral", "qwen2", "gpt2"],
-                          "Architecture.")
-_SIZE = flags.DEFINE_enum("size", "tiny", list(SIZES), "Preset size.")
-_VOCAB = flags.DEFINE_integer("vocab_size", 4096, "Vocabulary size (model and BPE).")
-_SEED = flags.DEFINE_integer("seed", 0, "torch seed of the random weights.")
-_OUT = flags.DEFINE_string("out", None, "Output directory.", required=True)
-
-
 def train_tokenizer(vocab_size: int, num_files: int = 20):
   """A byte-level BPE (at most vocab_size ids) trained on standard-library sources."""
   from tokenizers import ByteLevelBPETokenizer
@@ -67,8 +59,14 @@ def make_checkpoint(out: str, arch: str, size: str, vocab_size: int, seed: int =
 
 def main(argv):
   del argv
-  print(make_checkpoint(_OUT.value, _ARCH.value, _SIZE.value, _VOCAB.value, _SEED.value))
+  f = flags.FLAGS
+  print(make_checkpoint(f.out, f.arch, f.size, f.vocab_size, f.seed))
 
 
 if __name__ == "__main__":
+  flags.DEFINE_enum("arch", "llama", ["llama", "mistral", "qwen2", "gpt2"], "Architecture.")
+  flags.DEFINE_enum("size", "tiny", list(SIZES), "Preset size.")
+  flags.DEFINE_integer("vocab_size", 4096, "Vocabulary size (model and BPE).")
+  flags.DEFINE_integer("seed", 0, "torch seed of the random weights.")
+  flags.DEFINE_string("out", None, "Output directory.", required=True)
   app.run(main)
