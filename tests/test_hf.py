@@ -267,3 +267,23 @@ def test_draft_with_smaller_vocabulary(tmp_path, tokens):
   spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=3,
                                       max_new_tokens=NEW, sampling=specjax.GREEDY)
   np.testing.assert_array_equal(spec.tokens, ar.tokens)
+
+
+def test_legacy_rope_keys_and_refusals():
+  """Older config.json files keep rope_theta / rope_scaling at the top level."""
+  legacy = dict(model_type="llama", vocab_size=VOCAB, hidden_size=64,
+                intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128, rope_theta=500000.0,
+                rope_scaling={"type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192})
+  cfg = specjax.hf.model_config(legacy, "float32")
+  assert cfg.rope_theta == 500000.0
+  assert cfg.rope_scaling == specjax.models.config.RopeScaling(32.0, 1.0, 4.0, 8192)
+  plain = dict(legacy, rope_scaling=None)
+  assert specjax.hf.model_config(plain, "float32").rope_scaling is None
+  with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported"):
+    specjax.hf.model_config(dict(legacy, hidden_act="gelu"), "float32")
+  with pytest.raises(ValueError, match="qwen2 use_sliding_window=true"):
+    specjax.hf.model_config(dict(legacy, model_type="qwen2", use_sliding_window=True),
+                            "float32")
