@@ -24,6 +24,7 @@ from ml_collections import config_flags
 import specjax
 import specjax.hf
 from specjax import benchmarking
+from specjax.generation import validation
 
 def _eos_id(path: str) -> int | None:
   eos = specjax.hf.read_config(path).get("eos_token_id")
@@ -35,8 +36,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   if not config.target or not config.draft:
     raise ValueError("config.target and config.draft must name local Hugging Face "
                      "checkpoint directories (config.json, *.safetensors, tokenizer.json).")
-  benchmarking.check_positive_int("config.batch_size", config.batch_size)
-  benchmarking.check_positive_int("config.num_runs", config.num_runs, 3)
+  validation.check_positive_int("config.batch_size", config.batch_size)
+  validation.check_positive_int("config.num_runs", config.num_runs, 3)
   if config.compare_transformers and config.batch_size != 1:
     raise ValueError("config.batch_size must be 1 with compare_transformers "
                      "(transformers' assisted generation supports batch 1 only).")
