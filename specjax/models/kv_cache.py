@@ -46,10 +46,6 @@ class KVCache:
     """S, the static number of slots per row."""
     return self.k[0].shape[2]
 
-  @property
-  def batch_size(self) -> int:
-    return self.k[0].shape[0]
-
   def with_lengths(self, lengths: jax.Array) -> "KVCache":
     """The same slots with new per-row lengths (rollback or commit)."""
     return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
