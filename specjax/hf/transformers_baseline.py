@@ -9,12 +9,9 @@ schedule) and no confidence cut-off, to match specjax's fixed-gamma loop.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
-import numpy as np
-
+from specjax import benchmarking
 from specjax.sampling import SamplingParams
 
 
@@ -52,19 +49,16 @@ def time_transformers(target_path: str, draft_path: str, prompt_ids: list[int], 
     kwargs.update(do_sample=True, temperature=sampling.temperature,
                   top_k=sampling.top_k or None, top_p=sampling.top_p)
 
-  def timed(**extra):
+  def generate(**extra):
     torch.manual_seed(seed)
     with torch.no_grad():
-      target.generate(ids, **kwargs, **extra)  # warm-up
-      times, out = [], None
-      for _ in range(num_runs):
-        start = time.perf_counter()
-        out = target.generate(ids, **kwargs, **extra)
-        times.append(time.perf_counter() - start)
-    new = out[0, ids.shape[1]:].numpy()
-    return statistics.median(times) * 1e3 / len(new), np.asarray(new).tolist()
+      return target.generate(ids, **kwargs, **extra)[0, ids.shape[1]:]
 
-  plain_ms, plain_tokens = timed()
-  assisted_ms, assisted_tokens = timed(assistant_model=draft)
-  return {"hf_ms_per_token": plain_ms, "hf_assisted_ms_per_token": assisted_ms,
-          "hf_tokens": plain_tokens, "hf_assisted_tokens": assisted_tokens}
+  timings, outputs = benchmarking.time_calls(
+      {"plain": generate, "assisted": lambda: generate(assistant_model=draft)}, num_runs)
+  result = {}
+  for name, key in (("plain", "hf"), ("assisted", "hf_assisted")):
+    tokens = outputs[name].numpy().tolist()
+    result[f"{key}_ms_per_token"] = timings[name].median_s * 1e3 / len(tokens)
+    result[f"{key}_tokens"] = tokens
+  return result
