@@ -23,20 +23,17 @@ from ml_collections import config_flags
 
 import specjax
 from specjax import benchmarking
+from specjax.generation import validation
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises a ValueError naming the first invalid field of `config`."""
-  def integer(name, minimum):
-    value = config[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-      raise ValueError(f"config.{name} must be an integer >= {minimum}, got {value!r}.")
   for name, minimum in (("batch_size", 1), ("prompt_len", 1), ("max_new_tokens", 1),
                         ("gamma", 1), ("num_runs", 3), ("step_timing_steps", 1),
                         ("top_k", 0), ("seed", 0)):
-    integer(name, minimum)
+    validation.check_positive_int(f"config.{name}", config[name], minimum)
   if not isinstance(config.draft_is_target, bool):
     raise ValueError(
         f"config.draft_is_target must be a bool, got {config.draft_is_target!r}.")
