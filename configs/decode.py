@@ -1,11 +1,13 @@
 """Configuration of `experiments/decode.py`: decode text with a target and a draft.
 
-  python -m experiments.decode --config=configs/decode.py \
-      --config.target=/path/to/hf_target --config.draft=/path/to/hf_draft \
-      --config.prompt="def fibonacci(n):"
+  python -m experiments.decode       # bundled pair, held-out test-split prompt
+  python -m experiments.decode --config.target=/path/to/hf_target \
+      --config.draft=/path/to/hf_draft --config.prompt="def fibonacci(n):"
 
 `target` and `draft` are local Hugging Face checkpoint directories (config.json,
-safetensors, tokenizer.json). `compare_transformers=True` also times
+safetensors, tokenizer.json); both empty (the default) means the pair bundled
+in `specjax/pretrained`. An empty `prompt` gives row i of the batch the i-th
+prompt of the held-out test split (`specjax.data.prompts.test_prompts`). `compare_transformers=True` also times
 transformers' `generate`, plain and with `assistant_model=draft` (batch 1).
 """
 
@@ -18,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.target = ""
   config.draft = ""
-  config.prompt = "def fibonacci(n):"
+  config.prompt = ""
   config.gamma = 4
   config.temperature = 0.0
   config.top_k = 0

@@ -1,5 +1,6 @@
 """Decode text with speculative and autoregressive decoding, side by side.
 
+  python -m experiments.decode                      # the bundled pair, a test-split prompt
   python -m experiments.decode --config.target=/path/to/hf_dir \
       --config.draft=/path/to/hf_dir2 --config.prompt="..." [--output_json=PATH]
 
@@ -23,7 +24,9 @@ from ml_collections import config_flags
 
 import specjax
 import specjax.hf
-from specjax import benchmarking
+from specjax import benchmarking, pretrained
+from specjax.data.prompts import test_prompts
+from specjax.data.tokenizer import Tokenizer
 from specjax.generation import validation
 
 def _eos_id(path: str) -> int | None:
@@ -31,11 +34,40 @@ def _eos_id(path: str) -> int | None:
   return eos[0] if isinstance(eos, list) else eos
 
 
+def _load(config: ml_collections.ConfigDict, dtype):
+  """(target, draft, tokenizer, target_path, draft_path): the bundled pair or two HF dirs."""
+  if bool(config.target) != bool(config.draft):
+    raise ValueError("config.target and config.draft must both name local Hugging Face "
+                     "checkpoint directories (config.json, *.safetensors, tokenizer.json), "
+                     "or both be empty for the bundled pair.")
+  if not config.target:
+    target, draft, tokenizer = pretrained.load_pair(dtype)
+    return target, draft, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
+  target, backend = specjax.hf.load_model(config.target, dtype=dtype)
+  draft, draft_backend = specjax.hf.load_model(config.draft, dtype=dtype)
+  if backend is None:
+    raise ValueError(f"{config.target} has no tokenizer.json; text prompts need one.")
+  specjax.hf.check_same_tokenizer(backend, draft_backend, config.target, config.draft)
+  return target, draft, Tokenizer(backend), config.target, config.draft
+
+
+def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
+  """(texts, tokens [B, P], lengths [B]): `config.prompt` on every row, or when it
+  is empty, row i holds the i-th held-out test-split prompt."""
+  texts = ([config.prompt] * config.batch_size if config.prompt
+           else test_prompts(config.batch_size))
+  ids = [tokenizer.encode(t) for t in texts]
+  if not all(ids):
+    raise ValueError("config.prompt encodes to no tokens.")
+  width = max(len(i) for i in ids)
+  tokens = np.zeros((len(ids), width), np.int32)
+  for row, row_ids in enumerate(ids):
+    tokens[row, :len(row_ids)] = row_ids
+  return texts, jnp.asarray(tokens), jnp.asarray([len(i) for i in ids], jnp.int32)
+
+
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Loads the pair, decodes `config.prompt` both ways, returns the JSON-ready result."""
-  if not config.target or not config.draft:
-    raise ValueError("config.target and config.draft must name local Hugging Face "
-                     "checkpoint directories (config.json, *.safetensors, tokenizer.json).")
+  """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
   validation.check_positive_int("config.batch_size", config.batch_size)
   validation.check_positive_int("config.num_runs", config.num_runs, 3)
   if config.compare_transformers and config.batch_size != 1:
@@ -44,19 +76,12 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(config.dtype)
   if dtype is None:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
-  target, tokenizer = specjax.hf.load_model(config.target, dtype=dtype)
-  draft, draft_tokenizer = specjax.hf.load_model(config.draft, dtype=dtype)
-  if tokenizer is None:
-    raise ValueError(f"{config.target} has no tokenizer.json; text prompts need one.")
-  specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, config.target, config.draft)
+  target, draft, tokenizer, target_path, draft_path = _load(config, dtype)
   sampling = specjax.SamplingParams(temperature=float(config.temperature),
                                     top_k=config.top_k, top_p=float(config.top_p))
-  ids = tokenizer.encode(config.prompt).ids
-  if not ids:
-    raise ValueError("config.prompt encodes to no tokens.")
-  prompts = jnp.tile(jnp.asarray(ids, jnp.int32), (config.batch_size, 1))
-  lengths = jnp.full((config.batch_size,), len(ids), jnp.int32)
-  eos = _eos_id(config.target) if config.stop_at_eos else None
+  texts_in, prompts, lengths = _prompt_batch(config, tokenizer)
+  ids = np.asarray(prompts[0, :lengths[0]]).tolist()
+  eos = _eos_id(target_path) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
   calls = {
       "ar": lambda: specjax.autoregressive_generate(
@@ -75,9 +100,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     ms[name] = timings[name].median_s * 1e3 / int(n.max())
   stats = outputs["spec"].stats
   result = {
-      "target": config.target, "draft": config.draft,
+      "target": target_path, "draft": draft_path,
       "target_params": target.num_params, "draft_params": draft.num_params,
-      "prompt": config.prompt, "prompt_tokens": len(ids),
+      "prompt": texts_in[0], "prompt_tokens": len(ids),
       "ar_text": texts["ar"], "spec_text": texts["spec"],
       "gamma": config.gamma, "temperature": float(config.temperature),
       "batch_size": config.batch_size,
@@ -92,7 +117,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                                                     np.asarray(outputs["spec"].tokens)))
   if config.compare_transformers:
     from specjax.hf.transformers_baseline import time_transformers
-    hf = time_transformers(config.target, config.draft, ids, gamma=config.gamma,
+    hf = time_transformers(target_path, draft_path, ids, gamma=config.gamma,
                            max_new_tokens=config.max_new_tokens, sampling=sampling,
                            dtype=config.dtype, num_runs=config.num_runs, seed=config.seed)
     result.update(hf_ms_per_token=hf["hf_ms_per_token"],
@@ -109,9 +134,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   result = run(flags.FLAGS.config)
-  print(f"prompt: {result['prompt']!r}")
-  print(f"autoregressive: {result['ar_text']!r}")
-  print(f"speculative:    {result['spec_text']!r}")
+  print(f"--- prompt ({result['prompt_tokens']} tokens) ---\n{result['prompt']}")
+  print(f"--- continuation, autoregressive ---\n{result['ar_text']}")
+  print(f"--- continuation, speculative ---\n{result['spec_text']}")
   print(f"ms/token ar {result['ar_ms_per_token']:.3f}  spec {result['spec_ms_per_token']:.3f}"
         f"  speedup {result['speedup']:.2f}  acceptance {result['acceptance_rate']:.3f}"
         f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"

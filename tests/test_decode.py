@@ -45,7 +45,7 @@ def test_decode_sampled_batch(pair):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(target=""), "config.target and config.draft must name"),
+    (dict(target=""), "config.target and config.draft must both name"),
     (dict(compare_transformers=True, batch_size=2), "config.batch_size must be 1"),
     (dict(dtype="int8"), "config.dtype must be float32 or bfloat16"),
     (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),

@@ -1,0 +1,79 @@
+"""Export trained target and draft runs into the package as the bundled pair.
+
+  python -m experiments.bundle_pair --target=runs/target --draft=runs/draft_kl \
+      --data_dir=runs/data [--out=specjax/pretrained/stdlib_pair]
+
+Writes bfloat16 Hugging Face Llama checkpoints `target/` and `draft/`, the
+shared `tokenizer.json`, and `card.json`: each run's train config, steps,
+tokens seen, final validation perplexity and wall time, plus the corpus
+statistics, so the README's model card can be checked against the files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+from absl import app, flags
+
+from specjax import pretrained
+from specjax.data import Tokenizer
+from specjax.hf.export import save_model
+from specjax.training.checkpoint import CHECKPOINT_DIR, MODEL_CONFIG_FILE, load_trained_model
+
+
+def run_record(run: str) -> dict:
+  """What the card says about one training run, read from its directory."""
+  with open(os.path.join(run, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  evals = [r for r in records if "val_ce" in r]
+  steps = [r for r in records if "tokens_seen" in r]
+  last_step = max(int(d) for d in os.listdir(os.path.join(run, CHECKPOINT_DIR)) if d.isdigit())
+  with open(os.path.join(run, CHECKPOINT_DIR, str(last_step), "meta", "metadata")) as f:
+    meta = json.load(f)
+  # model_config.json is written when a run starts, the last checkpoint when it ends.
+  started = os.path.getmtime(os.path.join(run, MODEL_CONFIG_FILE))
+  ended = os.path.getmtime(os.path.join(run, CHECKPOINT_DIR, str(last_step)))
+  return {
+      "steps": last_step, "tokens_seen": meta["tokens_seen"], "config": meta["config"],
+      "final_eval": evals[-1] if evals else None,
+      "tokens_per_second": steps[-1].get("tokens_per_second") if steps else None,
+      "wall_seconds": round(ended - started, 1),
+  }
+
+
+def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
+  os.makedirs(out, exist_ok=True)
+  tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
+  card = {"python": sys.version.split()[0], "corpus": {}}
+  for split in ("train", "validation", "test"):
+    with open(os.path.join(data_dir, f"{split}.json")) as f:
+      card["corpus"][split] = json.load(f)
+  for name, run in (("target", target_run), ("draft", draft_run)):
+    model, _ = load_trained_model(run, dtype="float32")
+    save_model(model, os.path.join(out, name), dtype="bfloat16", bos_id=tokenizer.bos_id,
+               eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    card[name] = {"params": model.num_params, "run": run, **run_record(run)}
+    os.chmod(os.path.join(out, name, "model.safetensors"), 0o644)  # safetensors writes 0600
+  shutil.copyfile(os.path.join(data_dir, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
+  with open(os.path.join(out, "card.json"), "w") as f:
+    json.dump(card, f, indent=2)
+  return card
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  card = bundle(f.target, f.draft, f.data_dir, f.out)
+  print(json.dumps({k: card[k] for k in ("target", "draft")}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
+  flags.DEFINE_string("draft", None, "Run directory of the draft.", required=True)
+  flags.DEFINE_string("data_dir", None, "Data directory (tokenizer.json, <split>.json).",
+                      required=True)
+  flags.DEFINE_string("out", pretrained.PAIR_DIR, "Output directory.")
+  app.run(main)

@@ -1,0 +1,80 @@
+"""Compare drafts against one target: teacher-forced α and α in real decoding.
+
+  python -m experiments.evaluate_drafts --target=runs/target \
+      --drafts=runs/draft_ce,runs/draft_kl,runs/draft_tv --data_dir=runs/data
+
+For each draft run: teacher-forced α at temperature 0 and 1 and cross-entropy
+on validation windows; acceptance rate and tokens/iteration of speculative
+decoding (γ=--gamma) on --num_prompts held-out test-split prompts at
+temperature 0 and 1. Prints JSON and a markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags
+
+from specjax.data import TokenDataset, Tokenizer
+from specjax.data.prompts import test_prompts
+from specjax.training import evaluate
+from specjax.training.checkpoint import load_trained_model
+
+
+def compare(target_run: str, draft_runs: list[str], data_dir: str, gamma: int = 4,
+            num_prompts: int = 8, max_new_tokens: int = 64,
+            num_batches: int = 8) -> list[dict]:
+  """One result dict per draft run."""
+  target, _ = load_trained_model(target_run, dtype="float32")
+  tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
+  validation = TokenDataset(os.path.join(data_dir, "validation.bin"))
+  prompts, lengths = evaluate.encode_prompts(tokenizer, test_prompts(num_prompts))
+  rows = []
+  for run in draft_runs:
+    draft, step = load_trained_model(run, dtype="float32")
+    row = {"draft": run, "step": step, "draft_params": draft.num_params,
+           **evaluate.teacher_forced_agreement(target, draft, validation,
+                                               num_batches=num_batches)}
+    for temperature in (0.0, 1.0):
+      r = evaluate.decoding_acceptance(target, draft, prompts, lengths, temperature, gamma,
+                                       max_new_tokens)
+      row[f"decode_alpha_t{temperature:g}"] = r["acceptance_rate"]
+      row[f"decode_tokens_per_iter_t{temperature:g}"] = r["tokens_per_iteration"]
+    rows.append(row)
+  return rows
+
+
+def markdown(rows: list[dict]) -> str:
+  lines = ["| draft | val CE | α T=0 (teacher-forced) | α T=1 (teacher-forced) | "
+           "α T=0 (decode) | α T=1 (decode) | tokens/iter T=0 | tokens/iter T=1 |",
+           "|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {os.path.basename(r['draft'].rstrip('/'))} | {r['draft_ce']:.3f} | "
+                 f"{r['alpha_t0']:.3f} | {r['alpha_t1']:.3f} | {r['decode_alpha_t0']:.3f} | "
+                 f"{r['decode_alpha_t1']:.3f} | {r['decode_tokens_per_iter_t0']:.2f} | "
+                 f"{r['decode_tokens_per_iter_t1']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  rows = compare(f.target, f.drafts, f.data_dir, f.gamma, f.num_prompts, f.max_new_tokens)
+  print(json.dumps(rows, indent=2))
+  print(markdown(rows))
+  if f.output_json:
+    with open(f.output_json, "w") as out:
+      json.dump(rows, out, indent=2)
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
+  flags.DEFINE_list("drafts", None, "Run directories of the drafts.", required=True)
+  flags.DEFINE_string("data_dir", None, "Data directory (tokenizer.json, *.bin).",
+                      required=True)
+  flags.DEFINE_integer("gamma", 4, "Draft length.")
+  flags.DEFINE_integer("num_prompts", 8, "Test-split prompts decoded as one batch.")
+  flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per prompt.")
+  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  app.run(main)

@@ -1,0 +1,74 @@
+"""A byte-level BPE tokenizer (Hugging Face `tokenizers`) behind a small API.
+
+Both models of a pair share one `tokenizer.json`. Ids 0, 1, 2 are the specials
+`<pad>`, `<bos>`, `<eos>`. Byte-level BPE round-trips any text exactly:
+`decode(encode(text)) == text`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+
+
+class Tokenizer:
+  """`encode(text) -> list[int]`, `decode(ids) -> str`, and the special ids."""
+
+  def __init__(self, backend):
+    self._backend = backend  # a `tokenizers.Tokenizer`
+    ids = [backend.token_to_id(t) for t in SPECIAL_TOKENS]
+    self.pad_id, self.bos_id, self.eos_id = ids
+
+  @classmethod
+  def from_file(cls, path: str) -> "Tokenizer":
+    """Loads a `tokenizer.json`; a missing or unreadable file names the path."""
+    from tokenizers import Tokenizer as Backend
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"tokenizer file not found: {path}")
+    try:
+      return cls(Backend.from_file(path))
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+      raise ValueError(f"cannot read tokenizer {path}: {e}") from e
+
+  @property
+  def vocab_size(self) -> int:
+    return self._backend.get_vocab_size()
+
+  @property
+  def backend(self):
+    """The underlying `tokenizers.Tokenizer`."""
+    return self._backend
+
+  def encode(self, text: str) -> list[int]:
+    return self._backend.encode(text).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._backend.encode_batch(list(texts))]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`; special tokens are dropped."""
+    return self._backend.decode([int(i) for i in ids])
+
+  def save(self, path: str) -> None:
+    self._backend.save(path)
+
+
+def train_tokenizer(files: Sequence[str], vocab_size: int = 4096,
+                    min_frequency: int = 2) -> Tokenizer:
+  """Trains a byte-level BPE with the specials on `files` (deterministic)."""
+  from tokenizers import ByteLevelBPETokenizer
+  if vocab_size < 256 + len(SPECIAL_TOKENS):
+    raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} "
+                     f"(256 bytes + specials), got {vocab_size}.")
+  if not files:
+    raise ValueError("train_tokenizer needs at least one file.")
+  from specjax.data.corpus import read_source
+  bpe = ByteLevelBPETokenizer()
+  # From text, not paths: a few stdlib test fixtures are not valid UTF-8.
+  bpe.train_from_iterator((read_source(p) for p in files), vocab_size=vocab_size,
+                          min_frequency=min_frequency,
+                          special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+  # The wrapper class only adds Python helpers; keep the plain Rust tokenizer.
+  return Tokenizer(bpe._tokenizer)

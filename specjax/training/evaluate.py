@@ -1,0 +1,57 @@
+"""How well a draft matches its target: teacher-forced and in real decoding."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.data.dataset import TokenDataset
+from specjax.data.tokenizer import Tokenizer
+from specjax.generation.speculative import speculative_generate
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams
+from specjax.training import losses
+
+
+def teacher_forced_agreement(target: Transformer, draft: Transformer, data: TokenDataset,
+                             batch_size: int = 8, seq_len: int = 256,
+                             num_batches: int = 8) -> dict[str, float]:
+  """Mean per-position α on corpus windows: `alpha_t0` (argmax agreement),
+  `alpha_t1` (1 - TV(p, q)), and both models' cross-entropy (nats)."""
+
+  @jax.jit
+  def score(target, draft, batch):
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+    p_logits, q_logits = target(inputs), draft(inputs)
+    return {**losses.agreement(p_logits, q_logits),
+            "target_ce": losses.cross_entropy(p_logits, labels),
+            "draft_ce": losses.cross_entropy(q_logits, labels)}
+
+  sums, count = {}, 0
+  for batch in data.eval_batches(batch_size, seq_len, num_batches):
+    for k, v in jax.device_get(score(target, draft, jnp.asarray(batch))).items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+    count += 1
+  return {k: v / count for k, v in sums.items()}
+
+
+def encode_prompts(tokenizer: Tokenizer, texts: list[str]) -> tuple[jax.Array, jax.Array]:
+  """Right-padded prompt ids `[B, P]` (pad 0) and their lengths `[B]`."""
+  ids = [tokenizer.encode(t) for t in texts]
+  tokens = np.zeros((len(ids), max(map(len, ids))), np.int32)
+  for row, row_ids in enumerate(ids):
+    tokens[row, :len(row_ids)] = row_ids
+  return jnp.asarray(tokens), jnp.asarray([len(i) for i in ids], jnp.int32)
+
+
+def decoding_acceptance(target: Transformer, draft: Transformer, prompts: jax.Array,
+                        lengths: jax.Array, temperature: float, gamma: int = 4,
+                        max_new_tokens: int = 64, seed: int = 0) -> dict[str, float]:
+  """α and tokens/iteration of real speculative decoding on a prompt batch."""
+  out = speculative_generate(target, draft, prompts, lengths, gamma=gamma,
+                             max_new_tokens=max_new_tokens,
+                             sampling=SamplingParams(temperature=temperature),
+                             key=jax.random.key(seed))
+  return {"acceptance_rate": float(out.stats.acceptance_rate),
+          "tokens_per_iteration": float(out.stats.tokens_per_iteration)}

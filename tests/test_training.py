@@ -1,0 +1,231 @@
+"""Corpus, tokenizer, training, checkpoints and resume (issue 3), on a tiny config.
+
+The corpus fixture copies a few real standard-library files per split into a
+temporary root, keeping their relative paths (so their split is unchanged),
+and trains a 512-token BPE on them: the whole pipeline runs in seconds.
+"""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from configs import train_tiny
+from specjax.data import (SPLITS, TokenDataset, Tokenizer, corpus_files, prepare_splits,
+                          split_of, stdlib_root, train_tokenizer)
+from specjax.data.corpus import read_source
+from specjax.training import (CheckpointError, Checkpointer, check_config, load_trained_model,
+                              train)
+from specjax.training import losses
+
+FILES_PER_SPLIT = {"train": 24, "validation": 3, "test": 3}
+
+
+@pytest.fixture(scope="module")
+def corpus_root(tmp_path_factory):
+  root = tmp_path_factory.mktemp("stdlib")
+  for split, count in FILES_PER_SPLIT.items():
+    for path in corpus_files(split)[:count]:
+      dest = root / os.path.relpath(path, stdlib_root())
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copyfile(path, dest)
+  return str(root)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, corpus_root):
+  path = str(tmp_path_factory.mktemp("data"))
+  tokenizer = train_tokenizer(corpus_files("train", corpus_root), vocab_size=512)
+  tokenizer.save(os.path.join(path, "tokenizer.json"))
+  prepare_splits(path, tokenizer, corpus_root, log=lambda _: None)
+  return path
+
+
+def _config(corpus_root, data_dir, **changes):
+  config = train_tiny.get_config()
+  config.data.root = corpus_root
+  config.data.dir = data_dir
+  config.update(changes)
+  return config
+
+
+def test_splits_are_deterministic_and_disjoint():
+  assert split_of("json/decoder.py") == split_of("json/decoder.py")
+  files = {s: set(corpus_files(s)) for s in SPLITS}
+  assert all(files.values())
+  assert not (files["train"] & files["test"]) and not (files["validation"] & files["test"])
+  total = sum(len(f) for f in files.values())
+  assert 0.02 < len(files["test"]) / total < 0.08  # ~5% by the hash rule
+  assert not any("site-packages" in p for f in files.values() for p in f)
+
+
+def test_tokenizer_round_trips_real_files(data_dir):
+  tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
+  assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2)
+  assert tokenizer.vocab_size == 512
+  for path in corpus_files("test")[:5]:
+    text = read_source(path)
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert max(ids) < 512 and len(ids) < len(text.encode())  # merges were learned
+
+
+def test_bundled_tokenizer_round_trips_test_split():
+  from specjax import pretrained
+  tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
+  assert tokenizer.vocab_size == 4096
+  for path in corpus_files("test")[:10]:
+    text = read_source(path)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_tokenizer_errors_name_the_path(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nowhere/tokenizer.json"):
+    Tokenizer.from_file(str(tmp_path / "nowhere" / "tokenizer.json"))
+  bad = tmp_path / "tokenizer.json"
+  bad.write_text("{not json")
+  with pytest.raises(ValueError, match=str(bad)):
+    Tokenizer.from_file(str(bad))
+
+
+def test_token_files_and_batches(data_dir):
+  meta = json.load(open(os.path.join(data_dir, "train.json")))
+  data = TokenDataset(os.path.join(data_dir, "train.bin"))
+  assert len(data) == meta["tokens"] and meta["files"] == FILES_PER_SPLIT["train"]
+  a = data.batch(7, 4, 32, seed=0)
+  assert a.shape == (4, 33) and a.dtype == np.int32
+  np.testing.assert_array_equal(a, data.batch(7, 4, 32, seed=0))  # pure in (seed, step)
+  assert not np.array_equal(a, data.batch(8, 4, 32, seed=0))
+  halves = [data.batch(7, 4, 32, seed=0, process_index=i, process_count=2) for i in (0, 1)]
+  np.testing.assert_array_equal(np.concatenate(halves), a)  # processes split one batch
+  with pytest.raises(ValueError, match="divisible by the process count 3"):
+    data.batch(0, 4, 32, seed=0, process_count=3)
+
+
+def test_few_steps_lower_the_loss(tmp_path, corpus_root, data_dir):
+  history = train(_config(corpus_root, data_dir, num_steps=12, learning_rate=1e-2,
+                          eval_every=12, log_every=12, checkpoint_every=12),
+                  str(tmp_path), echo=lambda _: None)
+  losses_ = [r["loss"] for r in history]
+  assert len(losses_) == 12 and all(np.isfinite(losses_))
+  assert np.mean(losses_[-3:]) < losses_[0] - 0.5
+
+
+def test_resume_continues_with_identical_losses(tmp_path, corpus_root, data_dir):
+  config = _config(corpus_root, data_dir)  # 6 steps, a checkpoint every 2
+  straight = train(config, str(tmp_path / "a"), echo=lambda _: None)
+  # Interrupted after step 3: the last checkpoint is step 2, so step 3 is redone.
+  first = train(config, str(tmp_path / "b"), stop_after=3, echo=lambda _: None)
+  lines = []
+  resumed = train(config, str(tmp_path / "b"), echo=lines.append)
+  assert "resuming at step 2/6" in lines[0]
+  assert [r["step"] for r in first] == [1, 2, 3]
+  assert [r["step"] for r in resumed] == [3, 4, 5, 6]
+  expected = {r["step"]: r["loss"] for r in straight}
+  assert [r["loss"] for r in first] == [expected[s] for s in (1, 2, 3)]
+  assert [r["loss"] for r in resumed] == [expected[s] for s in (3, 4, 5, 6)]
+  a, _ = load_trained_model(str(tmp_path / "a"))
+  b, _ = load_trained_model(str(tmp_path / "b"))
+  for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
+    np.testing.assert_array_equal(x, y)
+  # metrics.jsonl holds each step once, although step 3 ran twice.
+  steps = [json.loads(l)["step"] for l in open(tmp_path / "b" / "metrics.jsonl")
+           if "loss" in l]
+  assert steps == sorted(set(steps))
+
+
+def test_checkpoint_save_restore_identical(tmp_path):
+  from specjax.models.config import ModelConfig
+  from specjax.models.transformer import Transformer
+  model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
+                                  n_kv_heads=2, d_ff=64, max_seq_len=32), rngs=nnx.Rngs(3))
+  _, params = nnx.split(model, nnx.Param)
+  tx = optax.adam(1e-3)
+  opt_state = tx.init(params)
+  _, opt_state = tx.update(jax.tree.map(jnp.ones_like, params), opt_state, params)
+  saver = Checkpointer(str(tmp_path), save_every=1, keep=1)
+  saver.save(5, params, opt_state, {"step": 5})
+  saver.wait()
+  blank = jax.tree.map(jnp.zeros_like, (params, opt_state))
+  restored = saver.restore(5, *blank)
+  saver.close()
+  assert restored["meta"] == {"step": 5}
+  for x, y in zip(jax.tree.leaves((params, opt_state)),
+                  jax.tree.leaves((restored["params"], restored["opt_state"]))):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path, corpus_root, data_dir):
+  with pytest.raises(FileNotFoundError, match="model_config.json"):
+    load_trained_model(str(tmp_path / "empty"))
+  run = tmp_path / "run"
+  train(_config(corpus_root, data_dir, num_steps=2, eval_every=2), str(run),
+        echo=lambda _: None)
+  with pytest.raises(FileNotFoundError, match="no checkpoint for step 9 in .*checkpoints"):
+    load_trained_model(str(run), step=9)
+  # Corrupt every data file of the params item.
+  params_dir = run / "checkpoints" / "2" / "params"
+  for directory, _, files in os.walk(params_dir):
+    for name in files:
+      if not name.startswith("_"):
+        with open(os.path.join(directory, name), "r+b") as f:
+          f.write(b"\0" * 64)
+  with pytest.raises(CheckpointError, match=f"cannot restore checkpoint {run}/checkpoints/2"):
+    load_trained_model(str(run))
+  # A run directory without checkpoints names the directory it looked in.
+  shutil.rmtree(run / "checkpoints")
+  with pytest.raises(FileNotFoundError, match=f"no checkpoint directory {run}/checkpoints"):
+    load_trained_model(str(run))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(loss="js"), r"config.loss must be one of \('ce', 'kl', 'tv', 'kl\+tv'\)"),
+    (dict(loss="kl"), "config.teacher .* must be set exactly when"),
+    (dict(teacher="/some/run"), "config.teacher .* must be set exactly when"),
+    (dict(num_steps=0), "config.num_steps must be an integer >= 1"),
+    (dict(warmup_steps=6), r"config.warmup_steps must be an int in \[0, num_steps=6\)"),
+    (dict(learning_rate=0.0), "config.learning_rate must be in"),
+    (dict(seq_len=100), "config.seq_len must be <= config.model.max_seq_len=64"),
+])
+def test_bad_train_config(changes, message):
+  config = train_tiny.get_config()
+  config.update(changes)
+  with pytest.raises(ValueError, match=message):
+    check_config(config)
+
+
+def test_distillation_losses():
+  key1, key2 = jax.random.split(jax.random.key(0))
+  p = jax.random.normal(key1, (2, 3, 7))
+  q = jax.random.normal(key2, (2, 3, 7))
+  assert float(losses.forward_kl(p, p)) == pytest.approx(0.0, abs=1e-6)
+  assert float(losses.total_variation(p, p)) == pytest.approx(0.0, abs=1e-6)
+  pp, qq = jax.nn.softmax(p), jax.nn.softmax(q)
+  assert float(losses.total_variation(p, q)) == pytest.approx(
+      float(0.5 * jnp.abs(pp - qq).sum(-1).mean()), rel=1e-6)
+  agree = losses.agreement(p, q)
+  assert float(agree["alpha_t1"]) == pytest.approx(
+      float(jnp.minimum(pp, qq).sum(-1).mean()), rel=1e-5)  # 1 - TV = sum min(p, q)
+  assert float(agree["alpha_t0"]) == pytest.approx(
+      float((p.argmax(-1) == q.argmax(-1)).mean()))
+
+
+def test_distillation_moves_draft_toward_teacher(tmp_path, corpus_root, data_dir):
+  teacher = str(tmp_path / "teacher")
+  train(_config(corpus_root, data_dir, num_steps=12, learning_rate=1e-2, eval_every=12,
+                checkpoint_every=12), teacher, echo=lambda _: None)
+  records = []
+  train(_config(corpus_root, data_dir, loss="tv", teacher=teacher, num_steps=12,
+                learning_rate=1e-2, eval_every=12, checkpoint_every=12,
+                seed=1), str(tmp_path / "draft"), echo=lambda _: None)
+  with open(tmp_path / "draft" / "metrics.jsonl") as f:
+    records = [json.loads(l) for l in f]
+  steps = [r for r in records if "distill" in r]
+  assert steps[-1]["distill"] < steps[0]["distill"]
+  assert 0 <= records[-1]["val_alpha_t1"] <= 1 and records[-1]["val_alpha_t1"] > steps[0]["alpha_t1"]
