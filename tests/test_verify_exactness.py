@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax.verify import greedy_verify, token_verify
+from specjax.verify import block_verify, greedy_verify, token_verify
 
 CASES = ["generic", "one_hot_q", "p_equals_q", "disjoint_supports", "q_zeros_where_p_positive"]
 NUM_SAMPLES = 10**6
@@ -176,9 +176,9 @@ def _draw(key, probs):
   return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "num_samples"))
-def simulate(key, p_table, q_table, *, gamma, num_samples):
-  """Runs `num_samples` independent iterations of draft + `token_verify` + target completion.
+@functools.partial(jax.jit, static_argnames=("gamma", "num_samples", "verifier"))
+def simulate(key, p_table, q_table, *, gamma, num_samples, verifier=token_verify):
+  """Runs `num_samples` independent iterations of draft + `verifier` + target completion.
 
   Returns:
     `(sequence_counts [V**(gamma+1)], accepted_counts [gamma+1])`: histograms of
@@ -194,8 +194,8 @@ def simulate(key, p_table, q_table, *, gamma, num_samples):
     p_rows.append(p_table[rows])
     drafts.append(_draw(k, q_table[rows]))
   p_rows.append(p_table[_ctx_rows(drafts, vocab, num_samples)])
-  result = token_verify(verify_key, jnp.stack(drafts, 1), jnp.stack(q_rows, 1),
-                        jnp.stack(p_rows, 1))
+  result = verifier(verify_key, jnp.stack(drafts, 1), jnp.stack(q_rows, 1),
+                    jnp.stack(p_rows, 1))
   n, y = result.num_accepted, result.next_token
 
   # Emitted x_1..x_n, y; positions after n+1 are filled by sampling the target.
@@ -212,9 +212,9 @@ def simulate(key, p_table, q_table, *, gamma, num_samples):
           jnp.bincount(n, length=gamma + 1))
 
 
-def run_simulation(p32, q32, gamma, seed):
+def run_simulation(p32, q32, gamma, seed, verifier=token_verify):
   counts, accepted = simulate(jax.random.key(seed), jnp.asarray(p32), jnp.asarray(q32),
-                              gamma=gamma, num_samples=NUM_SAMPLES)
+                              gamma=gamma, num_samples=NUM_SAMPLES, verifier=verifier)
   return np.asarray(counts, np.int64), np.asarray(accepted, np.int64)
 
 
@@ -369,3 +369,107 @@ def test_token_verify_guards():
   # Row 0's correction comes from max(0, p - q) = [0.1, 0, 0, 0]: token 0.
   np.testing.assert_array_equal(result.next_token[:batch // 2], 0)
   np.testing.assert_array_equal(result.next_token[batch // 2:], 1)
+
+
+# ---------------------------------------------------------------------------
+# Block verification (Sun et al. 2024): the same three layers of evidence.
+# ---------------------------------------------------------------------------
+
+def reference_block_emitted(p_table, q_table, gamma):
+  """Exact distribution of one block-verification iteration's emitted tokens, float64.
+
+  Enumerates every draft x_1..x_gamma (probability prod q), computes the
+  weights p_i and coin probabilities h_i, and the law of tau (the last heads
+  among independent coins): P(tau = i) = h_i prod_{j > i} (1 - h_j).
+  """
+  vocab = p_table.shape[-1]
+  emitted = defaultdict(float)
+  for draft in itertools.product(range(vocab), repeat=gamma):
+    prefixes = [draft[:i] for i in range(gamma + 1)]
+    p_rows = [p_table[ctx_index(c, vocab)] for c in prefixes]
+    q_rows = [q_table[ctx_index(c, vocab)] for c in prefixes[:gamma]]
+    weight = np.prod([q_rows[i][draft[i]] for i in range(gamma)])
+    if weight == 0:
+      continue
+    w = [1.0]
+    for i in range(gamma):
+      w.append(min(1.0, w[-1] * p_rows[i][draft[i]] / q_rows[i][draft[i]]))
+    residuals, h = [], []
+    for i in range(gamma):
+      residuals.append(np.maximum(w[i] * p_rows[i] - q_rows[i], 0.0))
+      if i > 0:
+        s = residuals[i].sum()
+        h.append(s / (s + 1 - w[i]) if s + 1 - w[i] > 0 else 1.0)
+    h.append(w[gamma])  # h_1..h_gamma
+    for tau in range(gamma + 1):
+      prob = (h[tau - 1] if tau else 1.0) * np.prod([1 - x for x in h[tau:]])
+      if prob == 0:
+        continue
+      if tau == gamma:
+        dist = p_rows[gamma]
+      else:
+        r = residuals[tau]
+        dist = r / r.sum() if r.sum() > 0 else p_rows[tau]
+      for y in range(vocab):
+        emitted[draft[:tau] + (y,)] += weight * prob * dist[y]
+  return dict(emitted)
+
+
+def expected_accepted(emitted):
+  return sum((len(prefix) - 1) * mass for prefix, mass in emitted.items())
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+def test_block_reference_equals_target_joint(case, gamma):
+  """Block verification, enumerated exactly, reproduces the target's joint to 1e-9,
+  and never accepts fewer tokens in expectation than token verification."""
+  p, q = make_tables(case, vocab=4, gamma=gamma, seed=200 + gamma)
+  emitted = reference_block_emitted(p, q, gamma)
+  assert abs(sum(emitted.values()) - 1.0) < 1e-12
+  np.testing.assert_allclose(complete_with_target(emitted, p, gamma), target_joint(p, gamma),
+                             rtol=0, atol=1e-9)
+  assert expected_accepted(emitted) >= expected_accepted(reference_emitted(p, q, gamma)) - 1e-12
+
+
+def test_block_beats_token_on_random_context_dependent_tables():
+  gains = []
+  for seed in range(8):
+    p, q = make_tables("generic", vocab=3, gamma=3, seed=300 + seed)
+    block = expected_accepted(reference_block_emitted(p, q, 3))
+    token = expected_accepted(reference_emitted(p, q, 3))
+    assert block >= token - 1e-12
+    gains.append(block - token)
+  assert max(gains) > 1e-3  # a real gain, not only equality
+
+
+def test_block_paper_toy_example():
+  """Sun et al.'s binary example: p = (1/3, 2/3), q = (2/3, 1/3) at every position,
+  gamma = 2: token verification accepts 10/9 tokens in expectation, block 11/9."""
+  rows = num_contexts(2, 2)
+  p = np.tile([1 / 3, 2 / 3], (rows, 1))
+  q = np.tile([2 / 3, 1 / 3], (rows, 1))
+  assert expected_accepted(reference_emitted(p, q, 2)) == pytest.approx(10 / 9, abs=1e-12)
+  assert expected_accepted(reference_block_emitted(p, q, 2)) == pytest.approx(11 / 9, abs=1e-12)
+  (p32, q32), _ = to_float32(p, q)
+  _, accepted = run_simulation(p32, q32, 2, seed=5, verifier=block_verify)
+  mean = (accepted * np.arange(3)).sum() / NUM_SAMPLES
+  assert abs(mean - 11 / 9) < 5 * 0.8 / np.sqrt(NUM_SAMPLES)  # sd of tau < 0.8
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("gamma", [2, 3])
+def test_block_verify_matches_target_joint(case, gamma):
+  """10^6 jitted block-verification iterations fit the target joint and the
+  reference law of the accepted length."""
+  vocab, seed = 3, 50 + 10 * gamma + CASES.index(case)
+  (p32, q32), (p64, q64) = to_float32(*make_tables(case, vocab, gamma, seed))
+  counts, accepted = run_simulation(p32, q32, gamma, seed, verifier=block_verify)
+  assert counts.sum() == NUM_SAMPLES
+  assert chisquare_pvalue(counts, target_joint(p64, gamma)) > MIN_PVALUE
+  expected = acceptance_distribution(reference_block_emitted(p64, q64, gamma), gamma)
+  assert chisquare_pvalue(accepted, expected) > MIN_PVALUE
+  if case == "p_equals_q":
+    assert accepted[gamma] == NUM_SAMPLES
+  if case == "disjoint_supports":
+    assert accepted[0] == NUM_SAMPLES

@@ -211,7 +211,8 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
     sampling: the warp shared by draft and target; temperature 0 is greedy.
     key: PRNG key; required unless sampling is greedy.
     eos_id: stop a row after it emits this id (kept and counted).
-    verifier: "auto" (greedy at temperature 0, else token), "token" or "greedy".
+    verifier: "auto" (greedy at temperature 0, else token), "token", "block" or
+      "greedy".
     pad_id: value of `tokens` past each row's `num_generated`.
 
   Returns:
@@ -231,7 +232,7 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
     verifier = "greedy" if sampling.greedy else "token"
   verify_lib.get_verifier(verifier)  # raises on an unknown name
   if verifier == "greedy" and not sampling.greedy:
-    raise ValueError("verifier='greedy' needs temperature 0; use 'token' or 'auto'.")
+    raise ValueError("verifier='greedy' needs temperature 0; use 'token', 'block' or 'auto'.")
   key = validation.check_key(key, sampling)
   config = SpecConfig(gamma=int(gamma), max_new_tokens=int(max_new_tokens),
                       sampling=sampling, verifier=verifier, eos_id=eos_id,

@@ -11,7 +11,9 @@ row of `target_probs` is the target's distribution after all g drafted tokens.
 """
 
 from specjax.verify.base import VerifyResult, Verifier, get_verifier
+from specjax.verify.block import block_verify
 from specjax.verify.greedy import greedy_verify
 from specjax.verify.token import token_verify
 
-__all__ = ["VerifyResult", "Verifier", "get_verifier", "greedy_verify", "token_verify"]
+__all__ = ["VerifyResult", "Verifier", "block_verify", "get_verifier", "greedy_verify",
+           "token_verify"]

@@ -33,10 +33,11 @@ def accepted_prefix_length(accept: jax.Array) -> jax.Array:
 
 
 def get_verifier(name: str) -> Verifier:
-  """Looks a verifier up by name: "token" or "greedy"."""
+  """Looks a verifier up by name: "token", "block" or "greedy"."""
+  from specjax.verify.block import block_verify
   from specjax.verify.greedy import greedy_verify
   from specjax.verify.token import token_verify
-  verifiers = {"token": token_verify, "greedy": greedy_verify}
+  verifiers = {"token": token_verify, "block": block_verify, "greedy": greedy_verify}
   if name not in verifiers:
     raise ValueError(f"verifier must be one of {sorted(verifiers)}, got {name!r}.")
   return verifiers[name]
