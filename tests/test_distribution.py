@@ -107,3 +107,38 @@ def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
   assert int(np.max(spec.tokens)) < V
   joint = exact_joint(target, sampling, prompt=PROMPT % min(V, draft_vocab))
   assert chi_square_pvalue(spec.tokens, joint) > 1e-3
+
+
+def _drafter(name, target, draft):
+  from specjax.drafting import NGramDrafter, layer_skip
+  return {"ngram": lambda: NGramDrafter(V, max_ngram=2),
+          "layer_skip": lambda: layer_skip(target, 1),
+          "model": lambda: draft}[name]()
+
+
+@pytest.mark.parametrize("name, verifier, adaptive", [
+    ("model", "block", None),
+    ("ngram", "token", None),
+    ("ngram", "block", None),
+    ("layer_skip", "token", None),
+    ("layer_skip", "block", None),
+    ("model", "token", "schedule"),
+    ("model", "block", "confidence"),
+])
+def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
+  """Each sampling drafter x {token, block} verification (and both adaptive draft
+  lengths) reproduces the target's law of the first three tokens."""
+  target, draft = pair
+  sampling = specjax.SamplingParams(temperature=1.0)
+  prompts = jnp.tile(PROMPT, (ROWS, 1))
+  lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
+  spec = specjax.speculative_generate(
+      target, _drafter(name, target, draft), prompts, lengths, gamma=2, max_new_tokens=NEW,
+      sampling=sampling, key=jax.random.key(21), verifier=verifier, adaptive=adaptive,
+      confidence_threshold=0.6)
+  stats = spec.stats
+  assert 0.05 < float(stats.acceptance_rate) < 0.95  # verification really decides
+  if adaptive == "confidence":
+    # The threshold bites: some rows propose fewer than gamma tokens.
+    assert 0 < np.sum(stats.proposed) < 2 * np.sum(stats.row_iterations)
+  assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3

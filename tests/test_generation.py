@@ -165,7 +165,7 @@ def test_speculative_step_is_pure(target, draft, prompts):
   jax.tree.map(np.testing.assert_array_equal, a, b)
   assert np.all(np.asarray(a.num_generated) >= 2)
   np.testing.assert_array_equal(a.target_cache.lengths, lengths + a.num_generated - 1)
-  np.testing.assert_array_equal(a.draft_cache.lengths, a.target_cache.lengths - 1)
+  np.testing.assert_array_equal(a.drafter_state.lengths, a.target_cache.lengths - 1)
 
 
 def test_bfloat16_models_generate(tiny_cfg, prompts):

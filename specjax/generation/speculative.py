@@ -1,7 +1,7 @@
 """Speculative decoding: one pure `speculative_step` inside one jitted while-loop.
 
 An iteration reads like the algorithm (Leviathan et al. 2023, Chen et al. 2023):
-  1. draft  - gamma draft calls (`lax.scan`) propose x_1..x_gamma with their q;
+  1. draft  - a drafter (`specjax.drafting`) proposes up to gamma tokens with their q;
   2. score  - one target call over gamma + 1 positions gives p;
   3. verify - a verifier keeps n tokens and draws one more;
   4. commit - per-row output buffer, cache lengths (rollback is bookkeeping),
@@ -22,20 +22,12 @@ from specjax.generation.autoregressive import (TRACE_COUNTS, finalize, first_don
                                                zero_padding)
 from specjax.generation.state import (GenerateOutput, SpecConfig, SpeculativeStats,
                                       SpecState)
+from specjax.drafting import Drafter, ModelDrafter, fit_ids, proposal_probs
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_tokens, warp_probs
+from specjax.sampling import SamplingParams, warp_probs
 
-
-def fit_ids(tokens: jax.Array, model: Transformer) -> jax.Array:
-  """Maps ids the model's vocabulary lacks to 0 before feeding them to it.
-
-  With draft and target of different vocabulary sizes the other model can emit
-  such ids. Whatever the draft reads, its q is still the law its proposal was
-  drawn from, so exactness is unaffected; a target never keeps an id it lacks
-  (its p there is 0).
-  """
-  return jnp.where(tokens < model.cfg.vocab_size, tokens, 0)
+ADAPTIVE = (None, "schedule", "confidence")
 
 
 def pad_vocab(probs: jax.Array, vocab_size: int) -> jax.Array:
@@ -44,56 +36,38 @@ def pad_vocab(probs: jax.Array, vocab_size: int) -> jax.Array:
   return jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, extra)]) if extra else probs
 
 
-def draft_block(draft: Transformer, state: SpecState, key: jax.Array,
-                config: SpecConfig):
-  """Proposes gamma tokens per row with the draft model.
-
-  The first call feeds `state.recent = [s[-2], s[-1]]` (2 tokens, re-syncing the
-  cache), the other gamma - 1 calls one token each inside a `lax.scan`.
-
-  Returns:
-    `(tokens [B, gamma] int32, probs [B, gamma, V_draft] float32, draft_cache)`;
-    probs[:, i] is the distribution tokens[:, i] was drawn from.
-  """
-  keys = jax.random.split(key, config.gamma)
-  logits, cache = draft.forward_cached(
-      fit_ids(state.recent, draft), state.draft_cache,
-      logit_indices=jnp.ones((state.recent.shape[0], 1), jnp.int32))
-  first, first_probs = sample_tokens(keys[0], logits[:, 0], config.sampling)
-
-  def one(carry, step_key):
-    token, cache = carry
-    logits, cache = draft.forward_cached(token[:, None], cache)
-    token, probs = sample_tokens(step_key, logits[:, 0], config.sampling)
-    return (token, cache), (token, probs)
-
-  (_, cache), (rest, rest_probs) = jax.lax.scan(one, (first, cache), keys[1:])
-  tokens = jnp.concatenate([first[:, None], rest.T], axis=1)
-  probs = jnp.concatenate([first_probs[:, None], jnp.swapaxes(rest_probs, 0, 1)], axis=1)
-  return tokens, probs, cache
+def as_drafter(draft: Transformer | Drafter) -> Drafter:
+  """A `Transformer` becomes a `ModelDrafter`; drafters pass through."""
+  return ModelDrafter(draft) if isinstance(draft, Transformer) else draft
 
 
-def speculative_step(target: Transformer, draft: Transformer, state: SpecState,
+def speculative_step(target: Transformer, drafter: Drafter | Transformer, state: SpecState,
                      config: SpecConfig) -> SpecState:
   """One speculative iteration for every row: draft, score, verify, commit.
 
-  Pure: same models, state and config give the same new state. Rows already
-  done run along (static shapes) but commit nothing and keep their lengths.
+  Pure: same models, drafter, state and config give the same new state. Rows
+  already done run along (static shapes) but commit nothing and keep their
+  lengths. Any `Drafter` plugs in; a row whose drafter proposed k < gamma
+  tokens is verified as a block of k (q = 0 past them).
   """
   g = config.gamma
+  drafter = as_drafter(drafter)
   key, draft_key, verify_key = jax.random.split(state.key, 3)
   active = ~state.done
 
   # 1. Draft.
-  draft_tokens, draft_probs, draft_cache = draft_block(draft, state, draft_key, config)
+  proposal, drafter_state = drafter.propose(state.drafter_state, state.recent, draft_key,
+                                            state.draft_limit, config)
+  draft_tokens, proposed = proposal.tokens, proposal.lengths
 
   # 2. Score gamma + 1 positions: s[-1] then the drafted tokens.
   block = jnp.concatenate([state.recent[:, 1:], draft_tokens], axis=1)  # [B, g+1]
-  logits, target_cache = target.forward_cached(fit_ids(block, target), state.target_cache)
-  target_probs = warp_probs(logits, config.sampling)
+  logits, target_cache = target.forward_cached(fit_ids(block, target.cfg.vocab_size),
+                                               state.target_cache)
   # Both laws over one vocabulary: ids a model lacks get probability 0 there.
-  vocab = max(target.cfg.vocab_size, draft.cfg.vocab_size)
-  draft_probs, target_probs = pad_vocab(draft_probs, vocab), pad_vocab(target_probs, vocab)
+  vocab = max(target.cfg.vocab_size, drafter.vocab_size)
+  target_probs = pad_vocab(warp_probs(logits, config.sampling), vocab)
+  draft_probs = proposal_probs(proposal, vocab)
 
   # 3. Verify.
   verifier = verify_lib.get_verifier(config.verifier)
@@ -115,59 +89,66 @@ def speculative_step(target: Transformer, draft: Transformer, state: SpecState,
   num_generated = state.num_generated + count
   done = state.done | (num_generated >= config.max_new_tokens) | (active & hit_eos)
 
-  # Caches: target holds s'[:-1], draft s'[:-2], for rows that go on. Rows that
-  # stopped keep their old lengths so later (discarded) writes stay in bounds.
-  old = state.target_cache.lengths
+  # The target cache holds s'[:-1] for rows that go on. Rows that stopped keep
+  # their old lengths so later (discarded) writes stay in bounds.
   goes_on = ~done
-  target_cache = target_cache.with_lengths(jnp.where(goes_on, old + n + 1, old))
-  draft_cache = draft_cache.with_lengths(
-      jnp.where(goes_on, old + n, state.draft_cache.lengths))
+  old_length = state.target_cache.lengths + 1  # len(s)
+  new_length = old_length + n + 1
+  target_cache = target_cache.with_lengths(
+      jnp.where(goes_on, new_length - 1, old_length - 1))
+  drafter_state = drafter.commit(drafter_state, emitted, old_length, new_length, goes_on)
   history = jnp.concatenate([state.recent[:, 1:], emitted], axis=1)  # s[-1], emitted
   recent = jnp.take_along_axis(history, jnp.stack([n, n + 1], axis=1), axis=1)
   recent = jnp.where(goes_on[:, None], recent, state.recent)
+
+  draft_limit = state.draft_limit
+  if config.adaptive == "schedule":
+    # Leviathan-style heuristic: +2 after a fully accepted block, -1 otherwise.
+    longer = jnp.minimum(draft_limit + 2, g)
+    shorter = jnp.maximum(draft_limit - 1, 1)
+    draft_limit = jnp.where(active, jnp.where(n >= proposed, longer, shorter), draft_limit)
 
   stats = state.stats
   counted = active.astype(jnp.int32)
   stats = stats.replace(
       iterations=stats.iterations + 1,
       target_calls=stats.target_calls + 1,
-      draft_calls=stats.draft_calls + g,
+      draft_calls=stats.draft_calls + proposal.calls,
+      proposed=stats.proposed + counted * proposed,
       accepted=stats.accepted + counted * n,
-      evaluated=stats.evaluated + counted * (n + (n < g)),
+      evaluated=stats.evaluated + counted * (n + (n < proposed)),
       row_iterations=stats.row_iterations + counted,
       generated=stats.generated + count,
       accepted_at_position=stats.accepted_at_position + jnp.sum(
           (jnp.arange(g)[None, :] < n[:, None]) & active[:, None], axis=0,
           dtype=jnp.int32),
   )
-  return SpecState(target_cache=target_cache, draft_cache=draft_cache, recent=recent,
-                   tokens=tokens, num_generated=num_generated, done=done, key=key,
-                   stats=stats)
+  return SpecState(target_cache=target_cache, drafter_state=drafter_state, recent=recent,
+                   draft_limit=draft_limit, tokens=tokens, num_generated=num_generated,
+                   done=done, key=key, stats=stats)
 
 
-def init_state(target: Transformer, draft: Transformer, prompts: jax.Array,
+def init_state(target: Transformer, drafter: Drafter | Transformer, prompts: jax.Array,
                prompt_lengths: jax.Array, key: jax.Array, config: SpecConfig
                ) -> SpecState:
-  """Prefills both models and samples the first token from the target.
+  """Prefills the target and the drafter and samples the first token from the target.
 
   Args:
     prompts: `[B, P]` right-padded (padding already zeroed); prompt_lengths `[B]`.
   """
   b, width = prompts.shape
+  drafter = as_drafter(drafter)
   capacity = width + config.max_new_tokens + config.gamma + 1
   key, first_key = jax.random.split(key)
   first, target_cache = prefill(target, prompts, prompt_lengths, capacity, first_key,
                                 config.sampling)
-  # The draft needs no logits here; one position keeps the head cheap.
-  _, draft_cache = draft.forward_cached(fit_ids(prompts, draft),
-                                        draft.init_cache(b, capacity),
-                                        logit_indices=jnp.zeros((b, 1), jnp.int32))
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
       target_cache=target_cache,
-      draft_cache=draft_cache.with_lengths(prompt_lengths - 1),
+      drafter_state=drafter.init(prompts, prompt_lengths, first, capacity),
       recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
+      draft_limit=jnp.full((b,), config.gamma, jnp.int32),
       tokens=tokens.at[:, 0].set(first),
       num_generated=jnp.ones((b,), jnp.int32),
       done=first_done(first, config.max_new_tokens, config.eos_id),
@@ -176,34 +157,37 @@ def init_state(target: Transformer, draft: Transformer, prompts: jax.Array,
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _speculative_program(target, draft, prompts, prompt_lengths, key, *,
+def _speculative_program(target, drafter, prompts, prompt_lengths, key, *,
                          config: SpecConfig) -> GenerateOutput:
   TRACE_COUNTS["speculative"] += 1
   prompts = zero_padding(prompts, prompt_lengths)
-  state = init_state(target, draft, prompts, prompt_lengths, key, config)
+  state = init_state(target, drafter, prompts, prompt_lengths, key, config)
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done),
-                             lambda s: speculative_step(target, draft, s, config), state)
+                             lambda s: speculative_step(target, drafter, s, config), state)
   return GenerateOutput(
       tokens=finalize(state.tokens, state.num_generated, config.max_new_tokens,
                       config.pad_id),
       num_generated=state.num_generated, stats=state.stats)
 
 
-def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.Array,
-                         prompt_lengths: jax.Array, *, gamma: int, max_new_tokens: int,
-                         sampling: SamplingParams = SamplingParams(),
+def speculative_generate(target: Transformer, draft: Transformer | Drafter,
+                         prompts: jax.Array, prompt_lengths: jax.Array, *, gamma: int,
+                         max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                          key: jax.Array | None = None, eos_id: int | None = None,
-                         verifier: str = "auto", pad_id: int = 0) -> GenerateOutput:
+                         verifier: str = "auto", pad_id: int = 0,
+                         adaptive: str | None = None,
+                         confidence_threshold: float = 0.5) -> GenerateOutput:
   """Exact speculative decoding of up to `max_new_tokens` tokens per row.
 
   The output has the target's own distribution under `sampling` (token
   verification), and at temperature 0 equals the target's greedy decoding.
 
   Args:
-    target, draft: `specjax.Transformer`s over the same tokenizer; their
-      vocabulary sizes may differ (ids a model lacks get probability 0 in its
-      law). The same object twice is allowed: a perfect draft that exposes the
-      overhead.
+    target: the `specjax.Transformer` whose distribution the output follows.
+    draft: a `Transformer` over the same tokenizer (vocabulary sizes may
+      differ: ids a model lacks get probability 0 in its law; the target itself
+      is allowed, a perfect draft that exposes the overhead), or any
+      `specjax.drafting` drafter (`NGramDrafter`, `layer_skip(target, k)`, ...).
     prompts: `[B, P]` int32, right-padded; the padding is ignored.
     prompt_lengths: `[B]` int32 in [1, P].
     gamma: drafted tokens per iteration (>= 1, static).
@@ -214,12 +198,18 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
     verifier: "auto" (greedy at temperature 0, else token), "token", "block" or
       "greedy".
     pad_id: value of `tokens` past each row's `num_generated`.
+    adaptive: per-row draft length within `gamma`: None (always gamma),
+      "schedule" (+2 after a fully accepted block, -1 otherwise, from gamma) or
+      "confidence" (a model drafter stops when its top probability falls below
+      `confidence_threshold`). Exactness is unchanged.
+    confidence_threshold: in (0, 1], for adaptive="confidence".
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
     stats: SpeculativeStats)`.
   """
-  tcfg, dcfg = target.cfg, draft.cfg
+  tcfg = target.cfg
+  drafter = as_drafter(draft)
   validation.check_positive_int("gamma", gamma)
   validation.check_positive_int("max_new_tokens", max_new_tokens)
   validation.check_sampling(sampling, tcfg.vocab_size)
@@ -227,7 +217,18 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
   validation.check_token_id("eos_id", eos_id, tcfg.vocab_size)
   slack = gamma + 1
   validation.check_capacity("target", tcfg, prompts.shape[1], max_new_tokens, slack)
-  validation.check_capacity("draft", dcfg, prompts.shape[1], max_new_tokens, slack)
+  if isinstance(drafter, ModelDrafter):
+    validation.check_capacity("draft", drafter.model.cfg, prompts.shape[1], max_new_tokens,
+                              slack)
+  if adaptive not in ADAPTIVE:
+    raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
+  if adaptive == "confidence":
+    if not isinstance(drafter, ModelDrafter):
+      raise ValueError("adaptive='confidence' needs a model drafter (a Transformer, "
+                       f"ModelDrafter or layer_skip), got {type(drafter).__name__}.")
+    if not 0 < confidence_threshold <= 1:
+      raise ValueError(f"confidence_threshold must be in (0, 1], got {confidence_threshold!r}.")
+    drafter = drafter.replace(confidence=float(confidence_threshold))
   if verifier == "auto":
     verifier = "greedy" if sampling.greedy else "token"
   verify_lib.get_verifier(verifier)  # raises on an unknown name
@@ -236,7 +237,7 @@ def speculative_generate(target: Transformer, draft: Transformer, prompts: jax.A
   key = validation.check_key(key, sampling)
   config = SpecConfig(gamma=int(gamma), max_new_tokens=int(max_new_tokens),
                       sampling=sampling, verifier=verifier, eos_id=eos_id,
-                      pad_id=int(pad_id))
-  # Modules are passed as pytrees, as in autoregressive_generate.
-  return _speculative_program(target, draft, jnp.asarray(prompts, jnp.int32),
+                      pad_id=int(pad_id), adaptive=adaptive)
+  # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
+  return _speculative_program(target, drafter, jnp.asarray(prompts, jnp.int32),
                               jnp.asarray(prompt_lengths, jnp.int32), key, config=config)

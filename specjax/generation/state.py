@@ -25,6 +25,8 @@ class SpecConfig:
     verifier: "token", "greedy" or another name known to `verify.get_verifier`.
     eos_id: a row stops after emitting this id; None disables it.
     pad_id: the value written to `tokens` past each row's `num_generated`.
+    adaptive: None, or "schedule" to adapt each row's draft limit (+2 after a
+      fully accepted block, -1 otherwise). "confidence" lives in the drafter.
   """
 
   gamma: int
@@ -33,6 +35,7 @@ class SpecConfig:
   verifier: str = "token"
   eos_id: int | None = None
   pad_id: int = 0
+  adaptive: str | None = None
 
 
 @struct.dataclass
@@ -42,11 +45,13 @@ class SpeculativeStats:
   Attributes:
     iterations: scalar, speculative iterations the loop ran (batch-wide).
     target_calls: scalar, target forward calls including the prefill.
-    draft_calls: scalar, draft forward calls including the prefill (gamma per
-      iteration).
+    draft_calls: scalar, draft model forward calls including the prefill (up
+      to gamma per iteration; 0 per iteration for model-free drafters).
+    proposed: `[B]` drafted tokens offered for verification per row.
     accepted: `[B]` drafted tokens accepted per row.
     evaluated: `[B]` accepted + number of the row's iterations that had a
-      rejection; accepted / evaluated is the unbiased estimate of alpha.
+      rejection among proposed tokens; accepted / evaluated is the unbiased
+      estimate of alpha.
     row_iterations: `[B]` iterations in which the row was still generating.
     generated: `[B]` tokens the iterations committed (after budget and EOS
       truncation; the prefill's first token is not an iteration's).
@@ -57,6 +62,7 @@ class SpeculativeStats:
   iterations: jax.Array
   target_calls: jax.Array
   draft_calls: jax.Array
+  proposed: jax.Array
   accepted: jax.Array
   evaluated: jax.Array
   row_iterations: jax.Array
@@ -67,7 +73,8 @@ class SpeculativeStats:
   def zeros(cls, batch: int, gamma: int) -> "SpeculativeStats":
     z = jnp.zeros((batch,), jnp.int32)
     return cls(iterations=jnp.int32(0), target_calls=jnp.int32(1),
-               draft_calls=jnp.int32(1), accepted=z, evaluated=z, row_iterations=z,
+               draft_calls=jnp.int32(1), proposed=z, accepted=z, evaluated=z,
+               row_iterations=z,
                generated=z,
                accepted_at_position=jnp.zeros((gamma,), jnp.int32))
 
@@ -91,6 +98,7 @@ class SpeculativeStats:
         "iterations": int(self.iterations),
         "target_calls": int(self.target_calls),
         "draft_calls": int(self.draft_calls),
+        "proposed": np.asarray(self.proposed).tolist(),
         "accepted": np.asarray(self.accepted).tolist(),
         "evaluated": np.asarray(self.evaluated).tolist(),
         "generated": np.asarray(self.generated).tolist(),
@@ -139,12 +147,13 @@ class SpecState:
 
   With s the committed sequence of a row (prompt + generated tokens):
     target_cache holds s[:-1] (lengths = len(s) - 1);
-    draft_cache holds s[:-2] (lengths = len(s) - 2);
-    recent = [s[-2], s[-1]] `[B, 2]`, fed to the draft at the next iteration,
-    which both re-syncs the draft cache after a fully accepted block (the last
-    drafted token was never fed to the draft) and starts the new draft, with
-    one static shape whatever was accepted.
+    drafter_state is the drafter's own (a model drafter's cache holds s[:-2]);
+    recent = [s[-2], s[-1]] `[B, 2]`, handed to the drafter at the next
+    iteration (a model drafter feeds both, which re-syncs its cache after a
+    fully accepted block with one static shape whatever was accepted).
   Attributes besides those:
+    draft_limit: `[B]` int32 in [1, gamma], the most tokens each row may
+      draft next (gamma unless the draft length is adaptive).
     tokens: `[B, max_new_tokens + gamma + 1]` output buffer (slack so a whole
       block can always be written).
     num_generated: `[B]` int32.
@@ -154,8 +163,9 @@ class SpecState:
   """
 
   target_cache: KVCache
-  draft_cache: KVCache
+  drafter_state: Any
   recent: jax.Array
+  draft_limit: jax.Array
   tokens: jax.Array
   num_generated: jax.Array
   done: jax.Array

@@ -245,13 +245,14 @@ class Transformer(nnx.Module):
           _normal(cfg, ("embed", "vocab"))(rngs.params(), (cfg.d_model, cfg.vocab_size),
                                            cfg.weight_dtype))
 
-  def init_cache(self, batch: int, capacity: int) -> KVCache:
-    """An empty `KVCache` of `capacity` slots per row, in the compute dtype."""
+  def init_cache(self, batch: int, capacity: int, num_layers: int | None = None) -> KVCache:
+    """An empty `KVCache` of `capacity` slots per row, in the compute dtype, for
+    all layers or the first `num_layers` (layer-skip drafting)."""
     cfg = self.cfg
     if not 1 <= capacity <= cfg.max_seq_len:
       raise ValueError(f"capacity must be in [1, max_seq_len={cfg.max_seq_len}], "
                        f"got {capacity}.")
-    return KVCache.zeros(n_layers=cfg.n_layers, batch=batch, capacity=capacity,
+    return KVCache.zeros(n_layers=num_layers or cfg.n_layers, batch=batch, capacity=capacity,
                          n_kv_heads=cfg.n_kv_heads, head_dim=cfg.resolved_head_dim,
                          dtype=cfg.compute_dtype)
 
@@ -280,8 +281,8 @@ class Transformer(nnx.Module):
     return self._logits(x)
 
   def forward_cached(self, tokens: jax.Array, cache: KVCache,
-                     logit_indices: jax.Array | None = None
-                     ) -> tuple[jax.Array, KVCache]:
+                     logit_indices: jax.Array | None = None,
+                     num_layers: int | None = None) -> tuple[jax.Array, KVCache]:
     """Feeds T >= 1 new tokens per row after each row's cached prefix.
 
     Args:
@@ -290,6 +291,9 @@ class Transformer(nnx.Module):
       cache: a `KVCache` with `lengths + T <= capacity` for every row.
       logit_indices: optional `[B, R]` indices into T; only those positions get
         logits (prefill needs one per row, not `[B, P, V]`).
+      num_layers: run only the first `num_layers` blocks, then the final norm
+        and head (layer-skip self-speculation); `cache` must have that many
+        layers. None runs all.
 
     Returns:
       `(logits [B, T or R, V] float32, cache)` with the new keys/values written
@@ -301,7 +305,10 @@ class Transformer(nnx.Module):
     mask = attention_mask(self.cfg, positions, jnp.arange(cache.capacity, dtype=jnp.int32))
     x = self._embed(tokens, positions)
     new_k, new_v = [], []
-    for layer, k, v in zip(self.layers, cache.k, cache.v):
+    layers = self.layers if num_layers is None else self.layers[:num_layers]
+    if len(cache.k) != len(layers):
+      raise ValueError(f"the cache has {len(cache.k)} layers; this call runs {len(layers)}.")
+    for layer, k, v in zip(layers, cache.k, cache.v):
       x, (k, v) = layer(x, positions, mask, (k, v), starts)
       new_k.append(k)
       new_v.append(v)

@@ -13,8 +13,9 @@ def greedy_verify(key: jax.Array | None, draft_tokens: jax.Array,
                   ) -> VerifyResult:
   """Accepts the longest prefix of `draft_tokens` that matches the target's argmax.
 
-  Deterministic: `key` and `draft_probs` are ignored (kept for the common
-  verifier signature). Ties break to the lowest token id, as `jnp.argmax` does
+  Deterministic: `key` is ignored (kept for the common verifier signature);
+  `draft_probs` (may be None) only marks positions with q(x) = 0 as not
+  proposed, i.e. rejected, as every verifier does. Ties break to the lowest token id, as `jnp.argmax` does
   in autoregressive greedy decoding, so the output equals it token for token.
 
   Args:
@@ -25,8 +26,11 @@ def greedy_verify(key: jax.Array | None, draft_tokens: jax.Array,
     `VerifyResult(num_accepted [B], next_token [B])`; next_token is the target's
     argmax at the first mismatch, or at position g when all g match.
   """
-  del key, draft_probs
+  del key
   best = jnp.argmax(target_probs, axis=-1).astype(jnp.int32)  # [B, g+1]
-  n = accepted_prefix_length(draft_tokens == best[:, :-1])
+  match = draft_tokens == best[:, :-1]
+  if draft_probs is not None:
+    match &= jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0] > 0
+  n = accepted_prefix_length(match)
   next_token = jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
   return VerifyResult(n, next_token)

@@ -1,0 +1,15 @@
+"""Drafters: the ways of proposing tokens that `speculative_step` verifies.
+
+  ModelDrafter(model)           a small draft model (any `Transformer`)
+  layer_skip(target, k)         the target's first k layers + its head (self-speculation)
+  NGramDrafter(vocab_size, n)   prompt lookup: copy what followed the last n-gram
+
+All share the `Drafter` protocol (`specjax.drafting.base`).
+"""
+
+from specjax.drafting.base import Drafter, Proposal, proposal_probs
+from specjax.drafting.model import ModelDrafter, fit_ids, layer_skip
+from specjax.drafting.ngram import NGramDrafter, lookup
+
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "Proposal", "fit_ids", "layer_skip",
+           "lookup", "proposal_probs"]

@@ -1,0 +1,91 @@
+"""Model-free drafting by prompt lookup (n-gram matching).
+
+The drafter keeps each row's committed sequence s (prompt + generated tokens)
+in a static `[B, S]` buffer. To propose, it looks for the most recent earlier
+occurrence of the last n tokens of s, for n from `max_ngram` down to
+`min_ngram`, and proposes the tokens that followed that occurrence (at most
+gamma, and only tokens already in s). Rows without a match propose nothing and
+the iteration degenerates to one exact target step.
+
+The proposal is deterministic (q is one-hot at the proposed token), so token
+and block verification stay exact under sampling: a proposed x is accepted
+with probability p(x), and the correction comes from p with x removed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.drafting.base import Proposal
+from specjax.models.kv_cache import write_rows
+
+
+@struct.dataclass
+class NGramState:
+  """history `[B, S]` holds s in its first `lengths[b]` slots."""
+
+  history: jax.Array
+  lengths: jax.Array
+
+
+def lookup(history: jax.Array, lengths: jax.Array, max_ngram: int,
+           min_ngram: int) -> tuple[jax.Array, jax.Array]:
+  """Where to copy from: `(start [B], n [B])`, start = index after the most recent
+  earlier match of the longest matching suffix n-gram; start = -1 if none.
+
+  An earlier occurrence at j must end before the suffix starts being itself
+  (j + n <= length - 1), so at least one continuation token exists.
+  """
+  b, s = history.shape
+  start = jnp.full((b,), -1, jnp.int32)
+  size = jnp.zeros((b,), jnp.int32)
+  for n in range(max_ngram, min_ngram - 1, -1):  # longest match wins
+    tail = lengths[:, None] - n + jnp.arange(n)[None, :]
+    suffix = jnp.take_along_axis(history, jnp.clip(tail, 0, s - 1), axis=1)  # [B, n]
+    match = jnp.ones((b, s - n), bool)
+    for t in range(n):
+      match &= history[:, t:s - n + t] == suffix[:, t:t + 1]
+    j = jnp.arange(s - n)[None, :]
+    valid = match & (j + n <= lengths[:, None] - 1) & (lengths[:, None] > n)
+    last = jnp.max(jnp.where(valid, j, -1), axis=1)
+    take = (start < 0) & (last >= 0)
+    start = jnp.where(take, last + n, start)
+    size = jnp.where(take, n, size)
+  return start, size
+
+
+@struct.dataclass
+class NGramDrafter:
+  """Prompt-lookup drafter.
+
+  Attributes:
+    vocab_size: the target's vocabulary size (proposals are ids in it).
+    max_ngram: longest suffix to match (static).
+    min_ngram: shortest suffix to match, >= 1.
+  """
+
+  vocab_size: int = struct.field(pytree_node=False)
+  max_ngram: int = struct.field(pytree_node=False, default=3)
+  min_ngram: int = struct.field(pytree_node=False, default=1)
+
+  def init(self, prompts, prompt_lengths, first, capacity) -> NGramState:
+    b, width = prompts.shape
+    history = jnp.zeros((b, capacity), jnp.int32).at[:, :width].set(prompts)
+    history = write_rows(history, first[:, None], prompt_lengths)
+    return NGramState(history, prompt_lengths + 1)
+
+  def propose(self, state: NGramState, recent, key, limit, config):
+    del recent, key  # the history already ends with recent; nothing is random
+    g = config.gamma
+    start, _ = lookup(state.history, state.lengths, self.max_ngram, self.min_ngram)
+    index = jnp.clip(start[:, None] + jnp.arange(g)[None, :], 0, state.history.shape[1] - 1)
+    tokens = jnp.take_along_axis(state.history, index, axis=1)
+    available = state.lengths - start  # continuation tokens already in s
+    lengths = jnp.where(start >= 0, jnp.minimum(jnp.minimum(available, g), limit), 0)
+    return Proposal(tokens, None, lengths.astype(jnp.int32), calls=jnp.int32(0)), state
+
+  def commit(self, state: NGramState, emitted, old_length, new_length, goes_on):
+    history = write_rows(state.history, emitted, old_length)
+    return NGramState(history, jnp.where(goes_on, new_length, old_length))

@@ -1,0 +1,149 @@
+"""Every drafter x every verifier through the one `speculative_step` (issue 5).
+
+Greedy decoding must equal autoregressive decoding for each combination, in a
+batch with ragged prompts and ragged acceptance; sampling exactness per
+drafter is in test_distribution.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax.drafting import ModelDrafter, NGramDrafter, layer_skip, lookup
+
+GREEDY = specjax.SamplingParams(temperature=0.0)
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  # Repeating patterns, so prompt lookup has something to find.
+  pattern = jnp.array([[3, 17, 99, 4, 3, 17, 99, 4, 3],
+                       [250, 251, 250, 251, 250, 0, 0, 0, 0],
+                       [7, 8, 9, 10, 11, 12, 0, 0, 0],
+                       [42, 0, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
+  return pattern, jnp.array([9, 5, 6, 1], jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def noisy(tiny_cfg, target):
+  model = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
+  leaves, treedef = jax.tree.flatten(nnx.state(target, nnx.Param))
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  nnx.update(model, jax.tree.unflatten(
+      treedef, [x + 0.01 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]))
+  return model
+
+
+@pytest.fixture(scope="module")
+def reference(target, prompts):
+  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
+                                         sampling=GREEDY)
+
+
+def make_drafter(name, target, noisy):
+  return {"model": lambda: noisy,
+          "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=3),
+          "layer_skip": lambda: layer_skip(target, 1)}[name]()
+
+
+def test_lookup_finds_the_most_recent_longest_match():
+  history = jnp.array([[5, 6, 7, 8, 5, 6, 0, 0, 0, 0],
+                       [1, 2, 3, 1, 2, 9, 1, 2, 0, 0],
+                       [4, 4, 4, 4, 0, 0, 0, 0, 0, 0],
+                       [1, 2, 3, 4, 0, 0, 0, 0, 0, 0]], jnp.int32)
+  start, size = lookup(history, jnp.array([6, 8, 4, 4]), max_ngram=3, min_ngram=1)
+  # [5, 6] -> 7; [1, 2] last seen at 3 -> 9; [4, 4, 4] at 0 -> 4; nothing.
+  np.testing.assert_array_equal(start, [2, 5, 3, -1])
+  np.testing.assert_array_equal(size, [2, 2, 3, 0])
+
+
+@pytest.mark.parametrize("verifier", ["token", "block", "greedy"])
+@pytest.mark.parametrize("name", ["model", "ngram", "layer_skip"])
+def test_greedy_equals_autoregressive(target, noisy, prompts, reference, name, verifier):
+  drafter = make_drafter(name, target, noisy)
+  out = specjax.speculative_generate(target, drafter, *prompts, gamma=3,
+                                     max_new_tokens=MAX_NEW, sampling=GREEDY,
+                                     verifier=verifier)
+  np.testing.assert_array_equal(out.tokens, reference.tokens)
+  np.testing.assert_array_equal(out.num_generated, reference.num_generated)
+  stats = out.stats
+  proposed, accepted = np.asarray(stats.proposed), np.asarray(stats.accepted)
+  assert (accepted <= proposed).all() and proposed.sum() > 0
+  if name in ("model", "ngram"):
+    assert 0 < float(stats.acceptance_rate) < 1  # ragged acceptance really happened
+  if name == "ngram":
+    assert int(stats.draft_calls) == 1  # no model calls after the (counted) prefill
+
+
+@pytest.mark.parametrize("adaptive", ["schedule", "confidence"])
+@pytest.mark.parametrize("name", ["model", "layer_skip"])
+def test_adaptive_greedy_equals_autoregressive(target, noisy, prompts, reference, name,
+                                               adaptive):
+  out = specjax.speculative_generate(target, make_drafter(name, target, noisy), *prompts,
+                                     gamma=4, max_new_tokens=MAX_NEW, sampling=GREEDY,
+                                     adaptive=adaptive, confidence_threshold=0.9)
+  np.testing.assert_array_equal(out.tokens, reference.tokens)
+
+
+def test_schedule_adapts_the_draft_length(target, draft, prompts):
+  kwargs = dict(gamma=6, max_new_tokens=32, sampling=GREEDY, adaptive="schedule")
+  perfect = specjax.speculative_generate(target, target, *prompts, **kwargs).stats
+  # Everything accepted: the limit stays at gamma.
+  np.testing.assert_array_equal(perfect.proposed, np.asarray(perfect.row_iterations) * 6)
+  poor = specjax.speculative_generate(target, draft, *prompts, **kwargs).stats
+  assert float(poor.acceptance_rate) < 0.2
+  # Mostly rejected: the limit falls toward 1 (gamma 6 would propose 6 per iteration).
+  assert np.sum(poor.proposed) / np.sum(poor.row_iterations) < 2.5
+
+
+def test_confidence_threshold_stops_drafting(target, noisy, prompts):
+  sampled = specjax.SamplingParams(temperature=1.0)
+  kwargs = dict(gamma=4, max_new_tokens=16, sampling=sampled, key=jax.random.key(2))
+  fixed = specjax.speculative_generate(target, noisy, *prompts, **kwargs).stats
+  strict = specjax.speculative_generate(target, noisy, *prompts, adaptive="confidence",
+                                        confidence_threshold=0.999, **kwargs).stats
+  assert np.sum(fixed.proposed) == 4 * np.sum(fixed.row_iterations)
+  # A flat random draft is never 99.9% sure: nothing is proposed, no draft calls
+  # after the first of each iteration.
+  assert np.sum(strict.proposed) == 0
+  assert int(strict.draft_calls) == int(strict.iterations) + 1
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(adaptive="oracle"), ValueError, r"adaptive must be one of \(None, 'schedule', 'confidence'\)"),
+    (dict(adaptive="confidence", confidence_threshold=0.0), ValueError,
+     r"confidence_threshold must be in \(0, 1\]"),
+])
+def test_adaptive_arguments_rejected(target, draft, prompts, changes, error, message):
+  with pytest.raises(error, match=message):
+    specjax.speculative_generate(target, draft, *prompts, gamma=2, max_new_tokens=4,
+                                 **changes)
+
+
+def test_confidence_needs_a_model_drafter(target, prompts):
+  with pytest.raises(ValueError, match="adaptive='confidence' needs a model drafter"):
+    specjax.speculative_generate(target, NGramDrafter(512), *prompts, gamma=2,
+                                 max_new_tokens=4, adaptive="confidence")
+
+
+def test_layer_skip_shares_the_target_weights(target):
+  drafter = layer_skip(target, 1)
+  assert drafter.model is target  # the same parameters, no copy
+  tokens = jnp.array([[5, 9, 2]], jnp.int32)
+  logits, cache = target.forward_cached(tokens, target.init_cache(1, 8, num_layers=1),
+                                        num_layers=1)
+  assert len(cache.k) == 1
+  # By hand: first block, final norm, tied or untied head.
+  positions = jnp.arange(3)[None]
+  from specjax.models.transformer import attention_mask
+  x = target._embed(tokens, positions)
+  x, _ = target.layers[0](x, positions, attention_mask(target.cfg, positions, positions[0]),
+                          None, None)
+  np.testing.assert_allclose(logits, target._logits(x), atol=1e-5)
+  for bad in (0, 2, 1.5):
+    with pytest.raises(ValueError, match=r"num_layers must be an int in \[1, 1\]"):
+      layer_skip(target, bad)
