@@ -3,13 +3,16 @@
 Public surface:
   ModelConfig, Transformer, KVCache           -- models (specjax.models)
   SamplingParams, warp_probs                  -- sampling warps (specjax.sampling)
-  verify.token_verify, verify.greedy_verify   -- verification rules (specjax.verify)
+  verify.token_verify, verify.block_verify, verify.greedy_verify
+                                              -- verification rules (specjax.verify)
+  drafting.NGramDrafter, drafting.layer_skip  -- drafters besides a draft model
+  pretrained.load_pair                        -- the bundled trained pair (lazy import)
   speculative_generate, autoregressive_generate, speculative_step
                                               -- generation loops (specjax.generation)
   theory                                      -- Leviathan et al. formulas
 """
 
-from specjax import theory, verify
+from specjax import drafting, theory, verify
 from specjax.generation import (GenerateOutput, SpecConfig, SpeculativeStats, SpecState,
                                 autoregressive_generate, speculative_generate,
                                 speculative_step)
@@ -21,5 +24,5 @@ __version__ = "0.1.0"
 __all__ = [
     "GREEDY", "GenerateOutput", "KVCache", "ModelConfig", "SamplingParams", "SpecConfig",
     "SpecState", "SpeculativeStats", "Transformer", "autoregressive_generate",
-    "speculative_generate", "speculative_step", "theory", "verify", "warp_probs",
+    "speculative_generate", "speculative_step", "theory", "verify", "warp_probs", "drafting",
 ]

@@ -60,3 +60,49 @@ def test_load_pair_names_a_missing_file(monkeypatch, tmp_path):
   monkeypatch.setattr(pretrained, "DRAFT_DIR", str(tmp_path / "draft"))
   with pytest.raises(FileNotFoundError, match=str(tmp_path / "draft")):
     pretrained.load_pair()
+
+
+def test_drafter_comparison_runs_on_the_bundled_pair():
+  from configs import compare_drafters as compare_config
+  from experiments import compare_drafters
+  config = compare_config.get_config()
+  config.update(num_prompts=1, max_new_tokens=8, temperatures=(0.0,), layer_skip=(2,),
+                gamma_sweep=(2,), gamma_max=4)
+  rows = compare_drafters.run(config)
+  names = {(r["drafter"], r["verifier"], r["gamma"], r["adaptive"]) for r in rows}
+  assert ("prompt lookup (n<=3)", "block", 4, "fixed") in names
+  assert ("layer skip k=2", "greedy", 4, "fixed") in names
+  assert ("draft model", "greedy", 4, "schedule") in names
+  assert len(rows) == 3 * 3 + 1 + 2
+  for r in rows:
+    assert 0 <= r["acceptance_rate"] <= 1 and r["speedup"] > 0
+  assert "| 0 | draft model | greedy | 4 | fixed |" in compare_drafters.markdown(rows)
+
+
+def test_block_verification_accepts_more_on_the_bundled_pair(pair):
+  """On real drafted blocks (draft sampled at temperature 1 after test-split
+  contexts), the closed-form expected accepted tokens of block verification
+  are at least token verification's on average."""
+  from specjax.data import corpus_files
+  from specjax.data.corpus import read_source
+  from specjax.verify.expected import expected_accepted
+  width, gamma = 48, 4
+  contexts = []
+  for path in corpus_files("test"):
+    ids = pair.tokenizer.encode(read_source(path))
+    if len(ids) >= width:
+      contexts.append(ids[:width])
+    if len(contexts) == 64:
+      break
+  ctx = jax.numpy.asarray(contexts, jax.numpy.int32)
+  sampling = specjax.SamplingParams(temperature=1.0)
+  drafted = specjax.autoregressive_generate(
+      pair.draft, ctx, jax.numpy.full((len(ctx),), width), max_new_tokens=gamma,
+      sampling=sampling, key=jax.random.key(3)).tokens
+  seq = jax.numpy.concatenate([ctx, drafted], axis=1)
+  q = specjax.warp_probs(pair.draft(seq), sampling)[:, width - 1:width - 1 + gamma]
+  p = specjax.warp_probs(pair.target(seq), sampling)[:, width - 1:width + gamma]
+  token = float(expected_accepted("token", drafted, q, p).mean())
+  block = float(expected_accepted("block", drafted, q, p).mean())
+  assert 0.5 < token < gamma  # a trained pair with real, partial agreement
+  assert block >= token

@@ -473,3 +473,18 @@ def test_block_verify_matches_target_joint(case, gamma):
     assert accepted[gamma] == NUM_SAMPLES
   if case == "disjoint_supports":
     assert accepted[0] == NUM_SAMPLES
+
+
+def test_expected_accepted_closed_forms_match_enumeration():
+  """specjax.verify.expected's closed forms equal the enumerated expectations on
+  the paper's toy example (10/9 and 11/9), averaged over the drafted blocks."""
+  from specjax.verify.expected import expected_accepted
+  p, q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
+  drafts = np.array(list(itertools.product(range(2), repeat=2)), np.int32)  # all 4 blocks
+  weight = np.prod(q[drafts], axis=1)
+  target_probs = jnp.asarray(np.tile(p, (4, 3, 1)), jnp.float32)
+  draft_probs = jnp.asarray(np.tile(q, (4, 2, 1)), jnp.float32)
+  for rule, value in (("token", 10 / 9), ("block", 11 / 9)):
+    per_block = np.asarray(expected_accepted(rule, jnp.asarray(drafts), draft_probs,
+                                             target_probs))
+    assert float(np.sum(weight * per_block)) == pytest.approx(value, abs=1e-6)

@@ -1,0 +1,127 @@
+"""Compare drafters, verifiers and adaptive draft lengths on the bundled pair.
+
+  python -m experiments.compare_drafters [--config=configs/compare_drafters.py] \
+      [--output_json=PATH] [--output_md=PATH]
+
+For each temperature: autoregressive decoding (the baseline) and speculative
+decoding with every drafter (the bundled draft model, prompt lookup, the
+target's first k layers) x every verifier that applies (greedy only at
+temperature 0), at gamma = config.gamma; then the draft model at each fixed
+gamma of `gamma_sweep` and with both adaptive draft lengths. Each variant
+decodes the same held-out test-split prompts one by one (batch 1); times are
+medians of `num_runs` interleaved runs after a warm-up. Prints JSON and a
+markdown table (the README's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+import specjax
+from specjax import benchmarking, pretrained
+from specjax.data.prompts import test_prompts
+from specjax.drafting import NGramDrafter, layer_skip
+from specjax.generation import validation
+from specjax.training.evaluate import encode_prompts
+
+
+def _variants(config, target, draft, temperature):
+  """(name fields, drafter, verifier, gamma, adaptive) for one temperature."""
+  verifiers = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
+  drafters = [("draft model", draft), (f"prompt lookup (n<={config.ngram})",
+                                       NGramDrafter(target.cfg.vocab_size, config.ngram))]
+  drafters += [(f"layer skip k={k}", layer_skip(target, k)) for k in config.layer_skip]
+  out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
+  default = verifiers[0]
+  out += [("draft model", draft, default, g, None) for g in config.gamma_sweep
+          if g != config.gamma]
+  out += [("draft model", draft, default, config.gamma_max, a)
+          for a in ("schedule", "confidence")]
+  return out
+
+
+def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
+    validation.check_positive_int(f"config.{name}", config[name])
+  validation.check_positive_int("config.num_runs", config.num_runs, 3)
+  target, draft, tokenizer = pretrained.load_pair()
+  prompts, lengths = encode_prompts(tokenizer, test_prompts(config.num_prompts))
+  rows = []
+  for temperature in config.temperatures:
+    sampling = specjax.SamplingParams(temperature=float(temperature))
+    key = jax.random.key(config.seed)
+    one = lambda i: (prompts[i:i + 1], lengths[i:i + 1])
+    calls = {"ar": lambda: [specjax.autoregressive_generate(
+        target, *one(i), max_new_tokens=config.max_new_tokens, sampling=sampling, key=key)
+        for i in range(len(lengths))]}
+    meta = {}
+    for name, drafter, verifier, gamma, adaptive in _variants(config, target, draft,
+                                                              temperature):
+      label = f"{name}|{verifier}|{gamma}|{adaptive}"
+      meta[label] = dict(drafter=name, verifier=verifier, gamma=gamma,
+                         adaptive=adaptive or "fixed")
+      calls[label] = (lambda d=drafter, v=verifier, g=gamma, a=adaptive: [
+          specjax.speculative_generate(
+              target, d, *one(i), gamma=g, max_new_tokens=config.max_new_tokens,
+              sampling=sampling, key=key, verifier=v, adaptive=a,
+              confidence_threshold=config.confidence_threshold)
+          for i in range(len(lengths))])
+    timings, outputs = benchmarking.time_calls(calls, config.num_runs)
+    tokens = lambda outs: sum(int(np.asarray(o.num_generated).sum()) for o in outs)
+    ar_ms = timings["ar"].median_s * 1e3 / tokens(outputs["ar"])
+    for label, fields in meta.items():
+      outs = outputs[label]
+      s = lambda field: sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
+      ms = timings[label].median_s * 1e3 / tokens(outs)
+      rows.append({
+          "temperature": float(temperature), **fields,
+          "acceptance_rate": s("accepted") / max(s("evaluated"), 1),
+          "tokens_per_iteration": s("generated") / max(s("row_iterations"), 1),
+          "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
+          "ms_per_token": ms, "ar_ms_per_token": ar_ms, "speedup": ar_ms / ms,
+      })
+  return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+  lines = ["| T | drafter | verifier | γ | draft length | α | tokens/iter | ms/token | speedup |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['temperature']:g} | {r['drafter']} | {r['verifier']} | {r['gamma']} | "
+                 f"{r['adaptive']} | {r['acceptance_rate']:.3f} | "
+                 f"{r['tokens_per_iteration']:.2f} | {r['ms_per_token']:.3f} | "
+                 f"{r['speedup']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  rows = run(flags.FLAGS.config)
+  result = {"rows": rows, **benchmarking.environment_info()}
+  print(json.dumps(result, indent=2))
+  table = markdown(rows)
+  print(table)
+  if flags.FLAGS.output_json:
+    with open(flags.FLAGS.output_json, "w") as f:
+      json.dump(result, f, indent=2)
+  if flags.FLAGS.output_md:
+    with open(flags.FLAGS.output_md, "w") as f:
+      f.write(table + "\n")
+
+
+if __name__ == "__main__":
+  config_flags.DEFINE_config_file(
+      "config", os.path.join(os.path.dirname(__file__), "..", "configs", "compare_drafters.py"),
+      "Comparison configuration.", lock_config=True)
+  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  flags.DEFINE_string("output_md", None, "Also write the markdown table here.")
+  app.run(main)
