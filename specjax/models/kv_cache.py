@@ -14,6 +14,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.distributed.mesh import constrain
+
+CACHE_AXES = ("batch", "cache_heads", "cache_seq", "head_dim")  # logical names of k and v
+
 
 @struct.dataclass
 class KVCache:
@@ -35,10 +39,12 @@ class KVCache:
             head_dim: int, dtype) -> "KVCache":
     """An empty cache of `capacity` slots per row (all lengths 0)."""
     shape = (batch, n_kv_heads, capacity, head_dim)
+    # Under a mesh: rows over data, kv heads over model (a no-op without one).
+    zeros = lambda: constrain(jnp.zeros(shape, dtype), CACHE_AXES)
     return cls(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
-        lengths=jnp.zeros((batch,), jnp.int32),
+        k=tuple(zeros() for _ in range(n_layers)),
+        v=tuple(zeros() for _ in range(n_layers)),
+        lengths=constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
     )
 
   @property

@@ -12,6 +12,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import optax
 from flax import nnx
 
 from specjax.data import TokenDataset, Tokenizer, corpus_files, prepare_splits, train_tokenizer
+from specjax.distributed import make_mesh, shard_batch, shard_model, shard_process_batch
 from specjax.generation.validation import check_positive_int
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
@@ -133,7 +135,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   if cfg.vocab_size < tokenizer.vocab_size:
     raise ValueError(f"config.model.vocab_size ({cfg.vocab_size}) must be >= the "
                      f"tokenizer's {tokenizer.vocab_size} ids.")
-  ckpt.save_model_config(workdir, cfg)
+  mesh = make_mesh(tuple(config.mesh_shape))
+  if config.batch_size % mesh.shape["data"]:
+    raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
+                     f"mesh's data axis ({mesh.shape['data']}).")
+  if jax.process_index() == 0:
+    ckpt.save_model_config(workdir, cfg)
+  # Models are built outside the mesh context (their logical axis names are not
+  # mesh axes) and then placed by the rules.
   teacher = None
   if config.loss != "ce":
     teacher, teacher_step = ckpt.load_trained_model(config.teacher, dtype="float32")
@@ -141,8 +150,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
       raise ValueError(f"the teacher's vocab_size {teacher.cfg.vocab_size} differs from "
                        f"config.model.vocab_size {cfg.vocab_size}.")
     echo(f"teacher: {config.teacher} step {teacher_step}, {teacher.num_params:,} params")
+    teacher = shard_model(teacher, mesh)
+  model = shard_model(Transformer(cfg, rngs=nnx.Rngs(config.seed)), mesh)
+  with jax.set_mesh(mesh):
+    return _train_on_mesh(config, workdir, mesh, model, teacher, paths, stop_after, echo)
 
-  model = Transformer(cfg, rngs=nnx.Rngs(config.seed))
+
+def _train_on_mesh(config, workdir, mesh, model, teacher, paths, stop_after, echo):
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(params)
@@ -170,7 +184,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     metrics.update(distill=distill, **losses.agreement(teacher_logits, logits))
     return distill + config.ce_weight * ce, metrics
 
-  @jax.jit
+  # Parameters and optimizer state are donated: updated in place, not copied.
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch, teacher):
     (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
         params, batch, teacher)
@@ -189,7 +204,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     sums, count = {}, 0
     for batch in val_data.eval_batches(config.batch_size, config.seq_len,
                                        config.eval_batches):
-      for k, v in jax.device_get(eval_step(params, batch, teacher)).items():
+      metrics = eval_step(params, shard_batch(batch, mesh), teacher)
+      for k, v in jax.device_get(metrics).items():
         sums[k] = sums.get(k, 0.0) + float(v)
       count += 1
     result = {f"val_{k}": v / count for k, v in sums.items()}
@@ -203,9 +219,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   last = stop_after if stop_after is not None else config.num_steps
   timer_start, timed_steps = time.perf_counter(), 0
   for step in range(start + 1, min(last, config.num_steps) + 1):
-    batch = train_data.batch(step, config.batch_size, config.seq_len, config.seed,
-                             jax.process_index(), jax.process_count())
-    params, opt_state, metrics = train_step(params, opt_state, batch, teacher)
+    # Each process reads only its own rows of the global batch.
+    rows = train_data.batch(step, config.batch_size, config.seq_len, config.seed,
+                            jax.process_index(), jax.process_count())
+    params, opt_state, metrics = train_step(params, opt_state,
+                                            shard_process_batch(rows, mesh), teacher)
     record = {"step": step, **{k: float(v) for k, v in jax.device_get(metrics).items()}}
     history.append(record)
     if step == start + 1:  # the first step compiles; time from the second on
