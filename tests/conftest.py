@@ -8,6 +8,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
+# tests/multidevice needs 8 devices from its first jax import: it runs in its own
+# process (tests/test_multidevice.py), never inside this one.
+if "device_count=8" not in os.environ.get("XLA_FLAGS", ""):
+  collect_ignore = ["multidevice"]
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402

@@ -55,9 +55,15 @@ def resolve_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(shape: Sequence[int] = (-1, 1), axis_names: Sequence[str] = (DATA, MODEL),
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A mesh of `shape` (one entry may be -1: "the rest") over all (global) devices."""
-  devices = list(jax.devices() if devices is None else devices)
+              devices: Sequence[jax.Device] | int | None = None) -> Mesh:
+  """A mesh of `shape` (one entry may be -1: "the rest").
+
+  `devices`: the devices to use, or an int n for the first n of `jax.devices()`
+  (None: all global devices; the shape must then account for every one).
+  """
+  if devices is None or isinstance(devices, int):
+    devices = jax.devices()[:devices] if devices else jax.devices()
+  devices = list(devices)
   if len(shape) != len(axis_names):
     raise ValueError(f"mesh shape {tuple(shape)} and axis names {tuple(axis_names)} "
                      "differ in length.")

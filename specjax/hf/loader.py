@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax.hf import config as hf_config
@@ -39,7 +41,7 @@ def load_tokenizer(path: str):
   return Tokenizer.from_file(file)
 
 
-def load_model(path: str, dtype=jnp.bfloat16):
+def load_model(path: str, dtype=jnp.bfloat16, mesh=None, rules=None):
   """Loads a Llama, Mistral, Qwen2 or GPT-2 checkpoint from a local directory.
 
   Reads `config.json`, `model.safetensors` (or the shards listed in
@@ -49,6 +51,9 @@ def load_model(path: str, dtype=jnp.bfloat16):
   Args:
     path: directory as written by `save_pretrained`.
     dtype: jnp.float32, jnp.bfloat16 or jnp.float16.
+    mesh: optional `jax.sharding.Mesh`: each tensor goes straight into its
+      sharding under `rules` (default `specjax.distributed.LOGICAL_RULES`);
+      every device receives only its own shard, one tensor at a time.
 
   Returns:
     `(model, tokenizer)`: a `specjax.Transformer` and a `tokenizers.Tokenizer`
@@ -63,8 +68,20 @@ def load_model(path: str, dtype=jnp.bfloat16):
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   flat = nnx.to_flat_state(state)
+  place = None
+  if mesh is not None:
+    from specjax.distributed.mesh import LOGICAL_RULES, named_sharding
+    shardings = {p: named_sharding(mesh, v.get_metadata().get("out_sharding")
+                                   or (None,) * len(v.get_value().shape),
+                                   v.get_value().shape, rules or LOGICAL_RULES)
+                 for p, v in flat}
+
+    def place(param_path, value):
+      host = np.asarray(value)  # one tensor on the host; devices get slices of it
+      return jax.make_array_from_callback(host.shape, shardings[param_path],
+                                          lambda index: host[index])
   params = weights.load_params(hf["model_type"], cfg,
-                               {p: v.get_value() for p, v in flat}, files)
+                               {p: v.get_value() for p, v in flat}, files, place)
   loaded = nnx.from_flat_state([(p, v.replace(params[p])) for p, v in flat])
   return nnx.merge(graphdef, loaded), load_tokenizer(path)
 

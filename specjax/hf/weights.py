@@ -125,11 +125,14 @@ def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
 
 
 def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.ShapeDtypeStruct],
-                files: list[str]) -> dict[Path, jax.Array]:
+                files: list[str], place: Callable[[Path, jax.Array], jax.Array] | None = None
+                ) -> dict[Path, jax.Array]:
   """Reads every tensor of `files` into the parameter paths of `abstract`.
 
   Args:
     abstract: parameter path -> expected shape and dtype.
+    place: optional (path, array) -> array that puts each converted tensor where
+      it belongs (its shards on a mesh) before the next tensor is read.
 
   Returns:
     parameter path -> array in the expected dtype.
@@ -156,7 +159,9 @@ def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.Shap
             f"{path}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, which gives "
             f"{tuple(value.shape)} for {'/'.join(map(str, target))}; config.json implies "
             f"{tuple(expected.shape)}.")
-      params[target] = value.astype(expected.dtype)
+      value = value.astype(expected.dtype)
+      params[target] = place(target, value) if place is not None else value
+      del value
     del tensor
   missing = [n for n, targets in names.items() if any(t not in params for t, _ in targets)]
   if missing:

@@ -38,6 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.teacher = ""       # run directory of the frozen target (distillation only)
   c.ce_weight = 0.0    # weight of the corpus cross-entropy added to a distillation loss
   c.mesh_shape = (-1, 1)  # (data, model) axes; -1 = the rest of the devices
+  c.mesh_devices = 0      # use the first n devices; 0 = all (global) devices
   c.log_every = 20
   c.eval_every = 200
   c.eval_batches = 16

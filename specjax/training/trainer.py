@@ -135,7 +135,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   if cfg.vocab_size < tokenizer.vocab_size:
     raise ValueError(f"config.model.vocab_size ({cfg.vocab_size}) must be >= the "
                      f"tokenizer's {tokenizer.vocab_size} ids.")
-  mesh = make_mesh(tuple(config.mesh_shape))
+  mesh = make_mesh(tuple(config.mesh_shape), devices=config.get("mesh_devices") or None)
   if config.batch_size % mesh.shape["data"]:
     raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
                      f"mesh's data axis ({mesh.shape['data']}).")
