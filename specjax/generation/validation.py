@@ -44,23 +44,43 @@ def check_prompts(prompts, prompt_lengths, vocab_size: int) -> tuple[int, int]:
         f"prompt_lengths has {prompt_lengths.shape[0]} rows but prompts has {batch}; "
         "they must match.")
   if _is_concrete(prompt_lengths):
-    lengths = np.asarray(prompt_lengths)
+    rows, lengths = _local_rows(prompt_lengths)
     bad = (lengths < 1) | (lengths > width)
     if bad.any():
       raise ValueError(
           f"prompt_lengths must be in [1, P={width}], got {lengths[bad].tolist()} "
-          f"at rows {np.nonzero(bad)[0].tolist()}.")
+          f"at rows {rows[bad].tolist()}.")
     if _is_concrete(prompts):
-      tokens = np.asarray(prompts)
+      prompt_rows, tokens = _local_rows(prompts)
+      length_of = dict(zip(rows.tolist(), lengths.tolist()))
+      # Multi-host: check the rows this process holds of both arrays.
+      keep = [i for i, r in enumerate(prompt_rows.tolist()) if r in length_of]
+      prompt_rows, tokens = prompt_rows[keep], tokens[keep]
+      lengths = np.asarray([length_of[r] for r in prompt_rows.tolist()], np.int64)
       valid = np.arange(width)[None, :] < lengths[:, None]
       bad = valid & ((tokens < 0) | (tokens >= vocab_size))
       if bad.any():
         rows, cols = np.nonzero(bad)
         raise ValueError(
             f"prompts must hold token ids in [0, vocab_size={vocab_size}) within "
-            f"prompt_lengths; got {tokens[rows[0], cols[0]]} at row {rows[0]}, "
-            f"column {cols[0]}.")
+            f"prompt_lengths; got {tokens[rows[0], cols[0]]} at row "
+            f"{prompt_rows[rows[0]]}, column {cols[0]}.")
   return batch, width
+
+
+def _local_rows(x) -> tuple[np.ndarray, np.ndarray]:
+  """(row indices, values) of the rows this process holds: all of them for host
+  or fully addressable arrays; on multi-host meshes each process checks its own."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    values = np.asarray(x)
+    return np.arange(values.shape[0]), values
+  rows = {}
+  for shard in x.addressable_shards:
+    start = shard.index[0].start or 0
+    for i, row in enumerate(np.asarray(shard.data)):
+      rows[start + i] = row
+  order = sorted(rows)
+  return np.asarray(order), np.stack([rows[r] for r in order])
 
 
 def check_sampling(sampling, vocab_size: int) -> None:
