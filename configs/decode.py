@@ -32,4 +32,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.stop_at_eos = True  # timing runs with compare_transformers use a fixed length
   config.num_runs = 3
   config.compare_transformers = False
+  config.mesh_shape = (-1, 1)     # (data, model) over all devices; batch splits over data
+  config.replicate_draft = True   # a full draft copy per device (no communication to draft)
   return config

@@ -27,6 +27,7 @@ import specjax.hf
 from specjax import benchmarking, pretrained
 from specjax.data.prompts import test_prompts
 from specjax.data.tokenizer import Tokenizer
+from specjax.distributed import launch, make_mesh, shard_batch, shard_model
 from specjax.generation import validation
 
 def _eos_id(path: str) -> int | None:
@@ -66,6 +67,14 @@ def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   return texts, jnp.asarray(tokens), jnp.asarray([len(i) for i in ids], jnp.int32)
 
 
+def _to_host(x) -> np.ndarray:
+  """A (possibly multi-host) array as one numpy array on every process."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
   validation.check_positive_int("config.batch_size", config.batch_size)
@@ -77,10 +86,17 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   if dtype is None:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
   target, draft, tokenizer, target_path, draft_path = _load(config, dtype)
+  mesh = make_mesh(tuple(config.mesh_shape))
+  if config.batch_size % mesh.shape["data"]:
+    raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
+                     f"mesh's data axis ({mesh.shape['data']}).")
+  target = shard_model(target, mesh)
+  draft = shard_model(draft, mesh, replicate=config.replicate_draft)
   sampling = specjax.SamplingParams(temperature=float(config.temperature),
                                     top_k=config.top_k, top_p=float(config.top_p))
   texts_in, prompts, lengths = _prompt_batch(config, tokenizer)
   ids = np.asarray(prompts[0, :lengths[0]]).tolist()
+  prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
   eos = _eos_id(target_path) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
   calls = {
@@ -91,11 +107,13 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
           target, draft, prompts, lengths, gamma=config.gamma,
           max_new_tokens=config.max_new_tokens, sampling=sampling, key=key, eos_id=eos),
   }
-  timings, outputs = benchmarking.time_calls(calls, config.num_runs)
-  texts, ms = {}, {}
+  with jax.set_mesh(mesh):
+    timings, outputs = benchmarking.time_calls(calls, config.num_runs)
+  texts, ms, host_tokens = {}, {}, {}
   for name, out in outputs.items():
-    n = np.asarray(out.num_generated)
-    texts[name] = tokenizer.decode(np.asarray(out.tokens[0, :n[0]]).tolist())
+    n = _to_host(out.num_generated)
+    host_tokens[name] = _to_host(out.tokens)
+    texts[name] = tokenizer.decode(host_tokens[name][0, :n[0]].tolist())
     # The loop runs until its longest row is done.
     ms[name] = timings[name].median_s * 1e3 / int(n.max())
   stats = outputs["spec"].stats
@@ -113,8 +131,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       **benchmarking.environment_info(),
   }
   if sampling.greedy:
-    result["texts_identical"] = bool(np.array_equal(np.asarray(outputs["ar"].tokens),
-                                                    np.asarray(outputs["spec"].tokens)))
+    result["texts_identical"] = bool(np.array_equal(host_tokens["ar"], host_tokens["spec"]))
   if config.compare_transformers:
     from specjax.hf.transformers_baseline import time_transformers
     hf = time_transformers(target_path, draft_path, ids, gamma=config.gamma,
@@ -126,14 +143,17 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                   ar_over_hf=ms["ar"] / hf["hf_ms_per_token"])
     if sampling.greedy and eos is None:
       result["hf_assisted_matches_spec"] = (
-          hf["hf_assisted_tokens"] == np.asarray(outputs["spec"].tokens[0]).tolist())
+          hf["hf_assisted_tokens"] == host_tokens["spec"][0].tolist())
   return result
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  launch.maybe_initialize()
   result = run(flags.FLAGS.config)
+  if jax.process_index() != 0:
+    return  # every process decodes; only the first reports
   print(f"--- prompt ({result['prompt_tokens']} tokens) ---\n{result['prompt']}")
   print(f"--- continuation, autoregressive ---\n{result['ar_text']}")
   print(f"--- continuation, speculative ---\n{result['spec_text']}")
@@ -154,6 +174,7 @@ def define_flags() -> None:
       "config", os.path.join(os.path.dirname(__file__), "..", "configs", "decode.py"),
       "Decode configuration (configs/decode.py).", lock_config=True)
   flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  launch.define_flags()
 
 
 if __name__ == "__main__":
