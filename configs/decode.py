@@ -22,6 +22,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.draft = ""
   config.prompt = ""
   config.gamma = 4
+  config.verifier = "auto"        # auto (greedy at T=0, else token) | token | block | greedy
+  config.drafter = "model"        # model (the draft) | ngram | layer_skip (the target's first layers)
+  config.ngram = 3                # longest n-gram matched by the ngram drafter
+  config.layer_skip = 2           # target layers the layer_skip drafter keeps
+  config.adaptive = ""            # "" (fixed gamma) | schedule | confidence
+  config.confidence_threshold = 0.5
   config.temperature = 0.0
   config.top_k = 0
   config.top_p = 1.0

@@ -28,6 +28,7 @@ from specjax import benchmarking, pretrained
 from specjax.data.prompts import test_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
+from specjax.drafting import NGramDrafter, layer_skip
 from specjax.generation import validation
 
 def _eos_id(path: str) -> int | None:
@@ -67,6 +68,15 @@ def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   return texts, jnp.asarray(tokens), jnp.asarray([len(i) for i in ids], jnp.int32)
 
 
+def _drafter(config: ml_collections.ConfigDict, target, draft):
+  """The drafter named by `config.drafter`."""
+  if config.drafter == "ngram":
+    return NGramDrafter(target.cfg.vocab_size, max_ngram=config.ngram)
+  if config.drafter == "layer_skip":
+    return layer_skip(target, config.layer_skip)
+  return draft
+
+
 def _to_host(x) -> np.ndarray:
   """A (possibly multi-host) array as one numpy array on every process."""
   if x.is_fully_addressable:
@@ -79,6 +89,12 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
   validation.check_positive_int("config.batch_size", config.batch_size)
   validation.check_positive_int("config.num_runs", config.num_runs, 3)
+  if config.drafter not in ("model", "ngram", "layer_skip"):
+    raise ValueError(f"config.drafter must be one of model, ngram, layer_skip; got "
+                     f"{config.drafter!r}.")
+  if config.compare_transformers and config.drafter != "model":
+    raise ValueError("config.compare_transformers needs config.drafter='model' "
+                     "(transformers' assisted generation drafts with a model).")
   if config.compare_transformers and config.batch_size != 1:
     raise ValueError("config.batch_size must be 1 with compare_transformers "
                      "(transformers' assisted generation supports batch 1 only).")
@@ -99,13 +115,16 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
   eos = _eos_id(target_path) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
+  drafter = _drafter(config, target, draft)
   calls = {
       "ar": lambda: specjax.autoregressive_generate(
           target, prompts, lengths, max_new_tokens=config.max_new_tokens,
           sampling=sampling, key=key, eos_id=eos),
       "spec": lambda: specjax.speculative_generate(
-          target, draft, prompts, lengths, gamma=config.gamma,
-          max_new_tokens=config.max_new_tokens, sampling=sampling, key=key, eos_id=eos),
+          target, drafter, prompts, lengths, gamma=config.gamma,
+          max_new_tokens=config.max_new_tokens, sampling=sampling, key=key, eos_id=eos,
+          verifier=config.verifier, adaptive=config.adaptive or None,
+          confidence_threshold=config.confidence_threshold),
   }
   with jax.set_mesh(mesh):
     timings, outputs = benchmarking.time_calls(calls, config.num_runs)
@@ -123,6 +142,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "prompt": texts_in[0], "prompt_tokens": len(ids),
       "ar_text": texts["ar"], "spec_text": texts["spec"],
       "gamma": config.gamma, "temperature": float(config.temperature),
+      "drafter": config.drafter, "verifier": config.verifier,
+      "adaptive": config.adaptive or "fixed",
       "batch_size": config.batch_size,
       "ar_ms_per_token": ms["ar"], "spec_ms_per_token": ms["spec"],
       "speedup": ms["ar"] / ms["spec"],

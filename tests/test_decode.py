@@ -39,7 +39,8 @@ def test_decode_compares_with_transformers(pair):
 
 
 def test_decode_sampled_batch(pair):
-  result = decode.run(_config(pair, temperature=1.0, top_p=0.9, batch_size=2))
+  result = decode.run(_config(pair, temperature=1.0, top_p=0.9, batch_size=2,
+                              verifier="block", drafter="layer_skip", layer_skip=1))
   assert "texts_identical" not in result
   assert 0 <= result["acceptance_rate"] <= 1
 
@@ -49,6 +50,8 @@ def test_decode_sampled_batch(pair):
     (dict(compare_transformers=True, batch_size=2), "config.batch_size must be 1"),
     (dict(dtype="int8"), "config.dtype must be float32 or bfloat16"),
     (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),
+    (dict(drafter="eagle"), "config.drafter must be one of model, ngram, layer_skip"),
+    (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
 ])
 def test_decode_rejects(pair, changes, message):
   with pytest.raises(ValueError, match=message):
