@@ -41,3 +41,14 @@ def target(tiny_cfg):
 def draft(tiny_cfg):
   small = tiny_cfg.replace(d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, n_layers=1)
   return specjax.Transformer(small, rngs=nnx.Rngs(1))
+
+
+@pytest.fixture(scope="session")
+def noisy_target(tiny_cfg, target):
+  """The target with noise on its weights: agrees often, not always (ragged acceptance)."""
+  model = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
+  leaves, treedef = jax.tree.flatten(nnx.state(target, nnx.Param))
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  leaves = [x + 0.01 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  nnx.update(model, jax.tree.unflatten(treedef, leaves))
+  return model

@@ -29,23 +29,13 @@ def prompts():
 
 
 @pytest.fixture(scope="module")
-def noisy(tiny_cfg, target):
-  model = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
-  leaves, treedef = jax.tree.flatten(nnx.state(target, nnx.Param))
-  keys = jax.random.split(jax.random.key(5), len(leaves))
-  nnx.update(model, jax.tree.unflatten(
-      treedef, [x + 0.01 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]))
-  return model
-
-
-@pytest.fixture(scope="module")
 def reference(target, prompts):
   return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
                                          sampling=GREEDY)
 
 
-def make_drafter(name, target, noisy):
-  return {"model": lambda: noisy,
+def make_drafter(name, target, noisy_target):
+  return {"model": lambda: noisy_target,
           "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=3),
           "layer_skip": lambda: layer_skip(target, 1)}[name]()
 
@@ -63,8 +53,8 @@ def test_lookup_finds_the_most_recent_longest_match():
 
 @pytest.mark.parametrize("verifier", ["token", "block", "greedy"])
 @pytest.mark.parametrize("name", ["model", "ngram", "layer_skip"])
-def test_greedy_equals_autoregressive(target, noisy, prompts, reference, name, verifier):
-  drafter = make_drafter(name, target, noisy)
+def test_greedy_equals_autoregressive(target, noisy_target, prompts, reference, name, verifier):
+  drafter = make_drafter(name, target, noisy_target)
   out = specjax.speculative_generate(target, drafter, *prompts, gamma=3,
                                      max_new_tokens=MAX_NEW, sampling=GREEDY,
                                      verifier=verifier)
@@ -81,9 +71,9 @@ def test_greedy_equals_autoregressive(target, noisy, prompts, reference, name, v
 
 @pytest.mark.parametrize("adaptive", ["schedule", "confidence"])
 @pytest.mark.parametrize("name", ["model", "layer_skip"])
-def test_adaptive_greedy_equals_autoregressive(target, noisy, prompts, reference, name,
+def test_adaptive_greedy_equals_autoregressive(target, noisy_target, prompts, reference, name,
                                                adaptive):
-  out = specjax.speculative_generate(target, make_drafter(name, target, noisy), *prompts,
+  out = specjax.speculative_generate(target, make_drafter(name, target, noisy_target), *prompts,
                                      gamma=4, max_new_tokens=MAX_NEW, sampling=GREEDY,
                                      adaptive=adaptive, confidence_threshold=0.9)
   np.testing.assert_array_equal(out.tokens, reference.tokens)
@@ -100,11 +90,11 @@ def test_schedule_adapts_the_draft_length(target, draft, prompts):
   assert np.sum(poor.proposed) / np.sum(poor.row_iterations) < 2.5
 
 
-def test_confidence_threshold_stops_drafting(target, noisy, prompts):
+def test_confidence_threshold_stops_drafting(target, noisy_target, prompts):
   sampled = specjax.SamplingParams(temperature=1.0)
   kwargs = dict(gamma=4, max_new_tokens=16, sampling=sampled, key=jax.random.key(2))
-  fixed = specjax.speculative_generate(target, noisy, *prompts, **kwargs).stats
-  strict = specjax.speculative_generate(target, noisy, *prompts, adaptive="confidence",
+  fixed = specjax.speculative_generate(target, noisy_target, *prompts, **kwargs).stats
+  strict = specjax.speculative_generate(target, noisy_target, *prompts, adaptive="confidence",
                                         confidence_threshold=0.999, **kwargs).stats
   assert np.sum(fixed.proposed) == 4 * np.sum(fixed.row_iterations)
   # A flat random draft is never 99.9% sure: nothing is proposed, no draft calls

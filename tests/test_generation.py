@@ -21,18 +21,6 @@ def prompts():
 
 
 @pytest.fixture(scope="module")
-def noisy_target(tiny_cfg, target):
-  """The target with noise on its weights: agrees often, not always (ragged acceptance)."""
-  model = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
-  state = nnx.state(target, nnx.Param)
-  leaves, treedef = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(5), len(leaves))
-  leaves = [x + 0.01 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  nnx.update(model, jax.tree.unflatten(treedef, leaves))
-  return model
-
-
-@pytest.fixture(scope="module")
 def greedy_reference(target, prompts):
   return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
                                          sampling=GREEDY)

@@ -37,7 +37,7 @@ def build_token_file(split: str, tokenizer: Tokenizer, path: str,
     for ids in tokenizer.encode_batch(texts):
       chunks.append(np.asarray(ids + [tokenizer.eos_id], _DTYPE))
   tokens = np.concatenate(chunks) if chunks else np.zeros((0,), _DTYPE)
-  tmp = path + ".tmp"
+  tmp = f"{path}.tmp{os.getpid()}"  # unique: several hosts may share data_dir
   tokens.tofile(tmp)
   os.replace(tmp, path)  # a crash never leaves a truncated .bin behind
   meta = {"split": split, "files": len(files), "tokens": int(tokens.size),
