@@ -229,3 +229,22 @@ def test_distillation_moves_draft_toward_teacher(tmp_path, corpus_root, data_dir
   steps = [r for r in records if "distill" in r]
   assert steps[-1]["distill"] < steps[0]["distill"]
   assert 0 <= records[-1]["val_alpha_t1"] <= 1 and records[-1]["val_alpha_t1"] > steps[0]["alpha_t1"]
+
+
+def test_init_from_starts_from_another_run(tmp_path, corpus_root, data_dir):
+  base = str(tmp_path / "base")
+  train(_config(corpus_root, data_dir, num_steps=4, checkpoint_every=4, eval_every=4), base,
+        echo=lambda _: None)
+  lines = []
+  history = train(_config(corpus_root, data_dir, num_steps=2, init_from=base, eval_every=2,
+                          learning_rate=1e-9, warmup_steps=0), str(tmp_path / "fine"),
+                  echo=lines.append)
+  assert any(f"initialised from {base} step 4" in l for l in lines)
+  base_model, _ = load_trained_model(base)
+  fine_model, _ = load_trained_model(str(tmp_path / "fine"))
+  for x, y in zip(jax.tree.leaves(nnx.state(base_model)), jax.tree.leaves(nnx.state(fine_model))):
+    np.testing.assert_allclose(x, y, atol=1e-6)  # a tiny learning rate barely moves it
+  bad = _config(corpus_root, data_dir, num_steps=2, init_from=base)
+  bad.model.d_model = 64
+  with pytest.raises(ValueError, match="holds a different model"):
+    train(bad, str(tmp_path / "bad"), echo=lambda _: None)

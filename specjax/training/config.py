@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss = "ce"        # or a distillation loss: "kl", "tv", "kl+tv"
   c.teacher = ""       # run directory of the frozen target (distillation only)
   c.ce_weight = 0.0    # weight of the corpus cross-entropy added to a distillation loss
+  c.init_from = ""     # a run directory whose latest parameters start this run (fine-tuning)
   c.mesh_shape = (-1, 1)  # (data, model) axes; -1 = the rest of the devices
   c.mesh_devices = 0      # use the first n devices; 0 = all (global) devices
   c.log_every = 20

@@ -151,7 +151,17 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
                        f"config.model.vocab_size {cfg.vocab_size}.")
     echo(f"teacher: {config.teacher} step {teacher_step}, {teacher.num_params:,} params")
     teacher = shard_model(teacher, mesh)
-  model = shard_model(Transformer(cfg, rngs=nnx.Rngs(config.seed)), mesh)
+  if config.get("init_from"):
+    # Fine-tuning: start from another run's parameters (fresh optimizer and
+    # schedule); a checkpoint of this run, once there is one, takes precedence.
+    model, init_step = ckpt.load_trained_model(config.init_from, dtype=cfg.param_dtype)
+    if model.cfg.replace(dtype=cfg.dtype) != cfg:
+      raise ValueError(f"config.init_from={config.init_from!r} holds a different model "
+                       f"({model.cfg}) than config.model ({cfg}).")
+    echo(f"initialised from {config.init_from} step {init_step}")
+  else:
+    model = Transformer(cfg, rngs=nnx.Rngs(config.seed))
+  model = shard_model(model, mesh)
   with jax.set_mesh(mesh):
     return _train_on_mesh(config, workdir, mesh, model, teacher, paths, stop_after, echo)
 
