@@ -56,6 +56,12 @@ def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
     save_model(model, os.path.join(out, name), dtype="bfloat16", bos_id=tokenizer.bos_id,
                eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     card[name] = {"params": model.num_params, "run": run, **run_record(run)}
+    # A fine-tuned run records the runs it started from, phase by phase.
+    entry = card[name]
+    while entry["config"].get("init_from"):
+      parent = entry["config"]["init_from"]
+      entry["init_from"] = {"run": parent, **run_record(parent)}
+      entry = entry["init_from"]
     os.chmod(os.path.join(out, name, "model.safetensors"), 0o644)  # safetensors writes 0600
   shutil.copyfile(os.path.join(data_dir, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
   with open(os.path.join(out, "card.json"), "w") as f:
