@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 import specjax
@@ -105,6 +105,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # keep backend probing out of the output
   rows = run(flags.FLAGS.config)
   result = {"rows": rows, **benchmarking.environment_info()}
   print(json.dumps(result, indent=2))

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 import specjax
@@ -171,6 +171,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # keep backend probing out of the output
   launch.maybe_initialize()
   result = run(flags.FLAGS.config)
   if jax.process_index() != 0:
