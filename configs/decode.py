@@ -7,8 +7,9 @@
 `target` and `draft` are local Hugging Face checkpoint directories (config.json,
 safetensors, tokenizer.json); both empty (the default) means the pair bundled
 in `specjax/pretrained`. An empty `prompt` gives row i of the batch the i-th
-prompt of the held-out test split (`specjax.data.prompts.test_prompts`). `compare_transformers=True` also times
-transformers' `generate`, plain and with `assistant_model=draft` (batch 1).
+prompt of the held-out test split (`specjax.data.prompts.held_out_prompts`).
+`compare_transformers=True` also times transformers' `generate`, plain and
+with `assistant_model=draft` (batch 1).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.prompt = ""
   config.gamma = 4
   config.verifier = "auto"        # auto (greedy at T=0, else token) | token | block | greedy
-  config.drafter = "model"        # model (the draft) | ngram | layer_skip (the target's first layers)
+  config.drafter = "model"        # model (the draft) | ngram | layer_skip (target's first layers)
   config.ngram = 3                # longest n-gram matched by the ngram drafter
   config.layer_skip = 2           # target layers the layer_skip drafter keeps
   config.adaptive = ""            # "" (fixed gamma) | schedule | confidence

@@ -27,7 +27,7 @@ from ml_collections import config_flags
 
 import specjax
 from specjax import benchmarking, pretrained
-from specjax.data.prompts import test_prompts
+from specjax.data.prompts import held_out_prompts
 from specjax.drafting import NGramDrafter, layer_skip
 from specjax.generation import validation
 from specjax.training.evaluate import encode_prompts
@@ -53,7 +53,7 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
     validation.check_positive_int(f"config.{name}", config[name])
   validation.check_positive_int("config.num_runs", config.num_runs, 3)
   target, draft, tokenizer = pretrained.load_pair()
-  prompts, lengths = encode_prompts(tokenizer, test_prompts(config.num_prompts))
+  prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
   rows = []
   for temperature in config.temperatures:
     sampling = specjax.SamplingParams(temperature=float(temperature))

@@ -25,7 +25,7 @@ from ml_collections import config_flags
 import specjax
 import specjax.hf
 from specjax import benchmarking, pretrained
-from specjax.data.prompts import test_prompts
+from specjax.data.prompts import held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
 from specjax.drafting import NGramDrafter, layer_skip
@@ -57,7 +57,7 @@ def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   """(texts, tokens [B, P], lengths [B]): `config.prompt` on every row, or when it
   is empty, row i holds the i-th held-out test-split prompt."""
   texts = ([config.prompt] * config.batch_size if config.prompt
-           else test_prompts(config.batch_size))
+           else held_out_prompts(config.batch_size))
   ids = [tokenizer.encode(t) for t in texts]
   if not all(ids):
     raise ValueError("config.prompt encodes to no tokens.")

@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import specjax
-from specjax.drafting import ModelDrafter, NGramDrafter, layer_skip, lookup
+from specjax.drafting import NGramDrafter, layer_skip, lookup
 
 GREEDY = specjax.SamplingParams(temperature=0.0)
 MAX_NEW = 16

@@ -10,7 +10,7 @@ import specjax
 from configs import decode as decode_config
 from experiments import decode
 from specjax import pretrained
-from specjax.data.prompts import test_prompts
+from specjax.data.prompts import held_out_prompts
 from specjax.training.evaluate import encode_prompts
 
 
@@ -31,10 +31,10 @@ def test_bundle_sizes(pair):
   assert card["draft"]["params"] == pair.draft.num_params
 
 
-def test_greedy_speculative_equals_autoregressive_on_test_prompts(pair):
-  prompts, lengths = encode_prompts(pair.tokenizer, test_prompts(3))
+def test_greedy_speculative_equals_autoregressive_on_held_out_prompts(pair):
+  prompts, lengths = encode_prompts(pair.tokenizer, held_out_prompts(3))
   assert len(set(np.asarray(lengths).tolist())) > 1  # ragged rows
-  kwargs = dict(max_new_tokens=32, key=jax.random.key(0))
+  kwargs = dict(max_new_tokens=32, sampling=specjax.GREEDY)
   ar = specjax.autoregressive_generate(pair.target, prompts, lengths, **kwargs)
   spec = specjax.speculative_generate(pair.target, pair.draft, prompts, lengths, gamma=4,
                                       **kwargs)
@@ -47,7 +47,7 @@ def test_main_job_runs_with_no_arguments():
   config = decode_config.get_config()
   config.max_new_tokens = 16
   result = decode.run(config)
-  assert result["prompt"] == test_prompts(1)[0]
+  assert result["prompt"] == held_out_prompts(1)[0]
   assert result["target"] == pretrained.TARGET_DIR
   assert result["texts_identical"] is True and result["ar_text"] == result["spec_text"]
   for key in ("acceptance_rate", "tokens_per_iteration", "speedup", "ar_ms_per_token",

@@ -236,7 +236,7 @@ def test_init_from_starts_from_another_run(tmp_path, corpus_root, data_dir):
   train(_config(corpus_root, data_dir, num_steps=4, checkpoint_every=4, eval_every=4), base,
         echo=lambda _: None)
   lines = []
-  history = train(_config(corpus_root, data_dir, num_steps=2, init_from=base, eval_every=2,
+  train(_config(corpus_root, data_dir, num_steps=2, init_from=base, eval_every=2,
                           learning_rate=1e-9, warmup_steps=0), str(tmp_path / "fine"),
                   echo=lines.append)
   assert any(f"initialised from {base} step 4" in l for l in lines)

@@ -9,7 +9,7 @@ from specjax.data.corpus import corpus_files, read_source
 _DEF = re.compile(r"^[ \t]*def \w+\(.*\):[ \t]*$")
 
 
-def test_prompts(count: int, lines: int = 4, root: str | None = None) -> list[str]:
+def held_out_prompts(count: int, lines: int = 4, root: str | None = None) -> list[str]:
   """`count` prompts, each a complete one-line `def` plus the `lines - 1` lines after it.
 
   Taken in order from the sorted test-split files (the first such function of

@@ -68,13 +68,12 @@ def load_model(path: str, dtype=jnp.bfloat16, mesh=None, rules=None):
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   flat = nnx.to_flat_state(state)
-  place = None
+  place = None  # without a mesh, tensors stay where they were read
   if mesh is not None:
-    from specjax.distributed.mesh import LOGICAL_RULES, named_sharding
-    shardings = {p: named_sharding(mesh, v.get_metadata().get("out_sharding")
-                                   or (None,) * len(v.get_value().shape),
-                                   v.get_value().shape, rules or LOGICAL_RULES)
-                 for p, v in flat}
+    from specjax.distributed.mesh import LOGICAL_RULES
+    from specjax.distributed.placement import param_shardings
+    shardings = {p: v.get_value() for p, v in nnx.to_flat_state(
+        param_shardings(abstract, mesh, rules or LOGICAL_RULES))}
 
     def place(param_path, value):
       host = np.asarray(value)  # one tensor on the host; devices get slices of it

@@ -20,9 +20,7 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import nnx
 

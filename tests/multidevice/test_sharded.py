@@ -1,6 +1,5 @@
 """The same programs on meshes 8x1, 2x4 and 1x8 give one device's results."""
 
-import json
 import os
 
 import jax
