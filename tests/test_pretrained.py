@@ -106,3 +106,12 @@ def test_block_verification_accepts_more_on_the_bundled_pair(pair):
   block = float(expected_accepted("block", drafted, q, p).mean())
   assert 0.5 < token < gamma  # a trained pair with real, partial agreement
   assert block >= token
+
+
+def test_iteration_profile_runs():
+  from experiments.profile_iteration import profile
+  result = profile(gamma=2, repeats=2, max_new_tokens=8)
+  for key in ("target_forward_1_ms", "target_forward_gamma_plus_1_ms", "draft_propose_ms",
+              "verify_ms", "ar_ms_per_token", "spec_ms_per_iteration"):
+    assert result[key] > 0, key
+  assert result["iterations"] >= 1
