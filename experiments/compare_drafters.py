@@ -27,10 +27,9 @@ from ml_collections import config_flags
 
 import specjax
 from specjax import benchmarking, pretrained
-from specjax.data.prompts import held_out_prompts
+from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import NGramDrafter, layer_skip
 from specjax.generation import validation
-from specjax.training.evaluate import encode_prompts
 
 
 def _variants(config, target, draft, temperature):

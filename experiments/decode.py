@@ -25,7 +25,7 @@ from ml_collections import config_flags
 import specjax
 import specjax.hf
 from specjax import benchmarking, pretrained
-from specjax.data.prompts import held_out_prompts
+from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
 from specjax.drafting import NGramDrafter, layer_skip
@@ -58,14 +58,7 @@ def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   is empty, row i holds the i-th held-out test-split prompt."""
   texts = ([config.prompt] * config.batch_size if config.prompt
            else held_out_prompts(config.batch_size))
-  ids = [tokenizer.encode(t) for t in texts]
-  if not all(ids):
-    raise ValueError("config.prompt encodes to no tokens.")
-  width = max(len(i) for i in ids)
-  tokens = np.zeros((len(ids), width), np.int32)
-  for row, row_ids in enumerate(ids):
-    tokens[row, :len(row_ids)] = row_ids
-  return texts, jnp.asarray(tokens), jnp.asarray([len(i) for i in ids], jnp.int32)
+  return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"))
 
 
 def _drafter(config: ml_collections.ConfigDict, target, draft):

@@ -17,7 +17,7 @@ import os
 from absl import app, flags
 
 from specjax.data import TokenDataset, Tokenizer
-from specjax.data.prompts import held_out_prompts
+from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.training import evaluate
 from specjax.training.checkpoint import load_trained_model
 
@@ -29,7 +29,7 @@ def compare(target_run: str, draft_runs: list[str], data_dir: str, gamma: int = 
   target, _ = load_trained_model(target_run, dtype="float32")
   tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
   validation = TokenDataset(os.path.join(data_dir, "validation.bin"))
-  prompts, lengths = evaluate.encode_prompts(tokenizer, held_out_prompts(num_prompts))
+  prompts, lengths = encode_prompts(tokenizer, held_out_prompts(num_prompts))
   rows = []
   for run in draft_runs:
     draft, step = load_trained_model(run, dtype="float32")

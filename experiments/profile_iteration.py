@@ -21,10 +21,9 @@ from absl import app, flags, logging
 
 import specjax
 from specjax import pretrained
-from specjax.data.prompts import held_out_prompts
+from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import ModelDrafter
 from specjax.generation.state import SpecConfig
-from specjax.training.evaluate import encode_prompts
 
 
 def _median_ms(fn, *args, repeats: int) -> float:

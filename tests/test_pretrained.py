@@ -10,8 +10,7 @@ import specjax
 from configs import decode as decode_config
 from experiments import decode
 from specjax import pretrained
-from specjax.data.prompts import held_out_prompts
-from specjax.training.evaluate import encode_prompts
+from specjax.data.prompts import encode_prompts, held_out_prompts
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.data.dataset import TokenDataset
-from specjax.data.tokenizer import Tokenizer
 from specjax.generation.speculative import speculative_generate
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
@@ -34,15 +32,6 @@ def teacher_forced_agreement(target: Transformer, draft: Transformer, data: Toke
       sums[k] = sums.get(k, 0.0) + float(v)
     count += 1
   return {k: v / count for k, v in sums.items()}
-
-
-def encode_prompts(tokenizer: Tokenizer, texts: list[str]) -> tuple[jax.Array, jax.Array]:
-  """Right-padded prompt ids `[B, P]` (pad 0) and their lengths `[B]`."""
-  ids = [tokenizer.encode(t) for t in texts]
-  tokens = np.zeros((len(ids), max(map(len, ids))), np.int32)
-  for row, row_ids in enumerate(ids):
-    tokens[row, :len(row_ids)] = row_ids
-  return jnp.asarray(tokens), jnp.asarray([len(i) for i in ids], jnp.int32)
 
 
 def decoding_acceptance(target: Transformer, draft: Transformer, prompts: jax.Array,
