@@ -81,6 +81,13 @@ def warp_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
   return probs
 
 
+def pad_vocab(probs: jax.Array, vocab_size: int) -> jax.Array:
+  """Zero-pads probabilities `[..., V_model]` to `[..., vocab_size]` (a model's law
+  over a larger shared vocabulary: ids it lacks get probability 0)."""
+  extra = vocab_size - probs.shape[-1]
+  return jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, extra)]) if extra else probs
+
+
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
   """Draws one token per row from probabilities `[..., V]` -> int32 `[...]`.
 

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
+from specjax.sampling import pad_vocab
+
 
 class Proposal(NamedTuple):
   """What a drafter proposes for one iteration.
@@ -66,9 +68,7 @@ def proposal_probs(proposal: Proposal, vocab_size: int) -> jax.Array:
   if proposal.probs is None:
     probs = jax.nn.one_hot(proposal.tokens, vocab_size, dtype=jnp.float32)
   else:
-    probs = proposal.probs.astype(jnp.float32)
-    extra = vocab_size - probs.shape[-1]
-    if extra:  # a draft with a smaller vocabulary: its q is 0 on the ids it lacks
-      probs = jnp.pad(probs, ((0, 0), (0, 0), (0, extra)))
+    # A draft with a smaller vocabulary: its q is 0 on the ids it lacks.
+    probs = pad_vocab(proposal.probs.astype(jnp.float32), vocab_size)
   valid = jnp.arange(g)[None, :] < proposal.lengths[:, None]
   return probs * valid[..., None]

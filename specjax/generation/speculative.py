@@ -25,15 +25,9 @@ from specjax.generation.state import (GenerateOutput, SpecConfig, SpeculativeSta
 from specjax.drafting import Drafter, ModelDrafter, fit_ids, proposal_probs
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, warp_probs
+from specjax.sampling import SamplingParams, pad_vocab, warp_probs
 
 ADAPTIVE = (None, "schedule", "confidence")
-
-
-def pad_vocab(probs: jax.Array, vocab_size: int) -> jax.Array:
-  """Zero-pads probabilities `[..., V_model]` to `[..., vocab_size]`."""
-  extra = vocab_size - probs.shape[-1]
-  return jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, extra)]) if extra else probs
 
 
 def as_drafter(draft: Transformer | Drafter) -> Drafter:
