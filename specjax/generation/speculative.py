@@ -147,8 +147,8 @@ def init_state(target: Transformer, drafter: Drafter | Transformer, prompts: jax
       num_generated=jnp.ones((b,), jnp.int32),
       done=first_done(first, config.max_new_tokens, config.eos_id),
       key=key,
-      stats=SpeculativeStats.zeros(b, config.gamma).replace(
-          draft_calls=jnp.int32(isinstance(drafter, ModelDrafter))))  # its prefill
+      stats=SpeculativeStats.zeros(b, config.gamma,
+                                   draft_calls=int(isinstance(drafter, ModelDrafter))))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

@@ -70,10 +70,12 @@ class SpeculativeStats:
   accepted_at_position: jax.Array
 
   @classmethod
-  def zeros(cls, batch: int, gamma: int) -> "SpeculativeStats":
+  def zeros(cls, batch: int, gamma: int, draft_calls: int = 1) -> "SpeculativeStats":
+    """Counters before the first iteration; the prefill counts one target call
+    and `draft_calls` draft calls (1 for a model drafter, 0 for model-free ones)."""
     z = jnp.zeros((batch,), jnp.int32)
     return cls(iterations=jnp.int32(0), target_calls=jnp.int32(1),
-               draft_calls=jnp.int32(1), proposed=z, accepted=z, evaluated=z,
+               draft_calls=jnp.int32(draft_calls), proposed=z, accepted=z, evaluated=z,
                row_iterations=z,
                generated=z,
                accepted_at_position=jnp.zeros((gamma,), jnp.int32))

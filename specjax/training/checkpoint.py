@@ -120,15 +120,13 @@ def load_trained_model(workdir: str, step: int | None = None,
 
   `dtype` ("float32", "bfloat16") overrides the compute and parameter dtype.
   """
-  cfg = load_model_config(workdir)
-  if dtype is not None:
-    cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+  saved = load_model_config(workdir)
+  cfg = saved if dtype is None else saved.replace(dtype=dtype, param_dtype=dtype)
   checkpointer = Checkpointer(workdir, create=False)
   if step is None:
     step = checkpointer.latest_step()
     if step is None:
       raise FileNotFoundError(f"no checkpoints in {checkpointer.directory}")
-  saved = load_model_config(workdir)
   graphdef, abstract = abstract_model(saved)
   restored = checkpointer.restore(step, abstract)["params"]
   checkpointer.close()

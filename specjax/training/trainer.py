@@ -58,7 +58,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError("config.teacher (the run directory of the target) must be set "
                      f"exactly when config.loss is a distillation loss; loss={config.loss!r}, "
                      f"teacher={config.teacher!r}.")
-  if config.seq_len + 1 > config.model.max_seq_len + 1:
+  if config.seq_len > config.model.max_seq_len:
     raise ValueError(f"config.seq_len must be <= config.model.max_seq_len="
                      f"{config.model.max_seq_len}, got {config.seq_len}.")
 
