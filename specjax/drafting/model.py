@@ -53,10 +53,6 @@ class ModelDrafter:
   def vocab_size(self) -> int:
     return self.model.cfg.vocab_size
 
-  @property
-  def layers(self) -> int:
-    return self.num_layers or self.model.cfg.n_layers
-
   def _forward(self, tokens, cache, logit_indices=None):
     return self.model.forward_cached(fit_ids(tokens, self.vocab_size), cache,
                                      logit_indices=logit_indices, num_layers=self.num_layers)
