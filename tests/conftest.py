@@ -18,14 +18,11 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import specjax  # noqa: E402
+from helpers import TINY, TINY_DRAFT  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
-            max_seq_len=128)
-
 
 @pytest.fixture(scope="session")
 def tiny_cfg():
@@ -39,8 +36,7 @@ def target(tiny_cfg):
 
 @pytest.fixture(scope="session")
 def draft(tiny_cfg):
-  small = tiny_cfg.replace(d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, n_layers=1)
-  return specjax.Transformer(small, rngs=nnx.Rngs(1))
+  return specjax.Transformer(tiny_cfg.replace(**TINY_DRAFT), rngs=nnx.Rngs(1))
 
 
 @pytest.fixture(scope="session")

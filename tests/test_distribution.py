@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from scipy import stats
+from helpers import chisquare_pvalue, make_drafter, sequence_counts
 
 import specjax
 
@@ -48,15 +48,7 @@ def exact_joint(target, sampling, prompt=PROMPT):
 
 
 def chi_square_pvalue(tokens, joint):
-  flat = np.ravel_multi_index(tuple(np.asarray(tokens).T), (V, V, V))
-  observed = np.bincount(flat, minlength=V ** 3).astype(np.float64)
-  expected = joint.ravel() * len(flat)
-  assert observed[expected == 0].sum() == 0, "sampled a token of probability zero"
-  small = expected < 5
-  obs = np.append(observed[~small], observed[small].sum())
-  exp = np.append(expected[~small], expected[small].sum())
-  keep = exp > 0
-  return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+  return chisquare_pvalue(sequence_counts(tokens, V), joint)
 
 
 @pytest.mark.parametrize("sampling", [
@@ -109,13 +101,6 @@ def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
   assert chi_square_pvalue(spec.tokens, joint) > 1e-3
 
 
-def _drafter(name, target, draft):
-  from specjax.drafting import NGramDrafter, layer_skip
-  return {"ngram": lambda: NGramDrafter(V, max_ngram=2),
-          "layer_skip": lambda: layer_skip(target, 1),
-          "model": lambda: draft}[name]()
-
-
 @pytest.mark.parametrize("name, verifier, adaptive", [
     ("model", "block", None),
     ("ngram", "token", None),
@@ -133,7 +118,7 @@ def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
   prompts = jnp.tile(PROMPT, (ROWS, 1))
   lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
   spec = specjax.speculative_generate(
-      target, _drafter(name, target, draft), prompts, lengths, gamma=2, max_new_tokens=NEW,
+      target, make_drafter(name, target, draft, max_ngram=2), prompts, lengths, gamma=2, max_new_tokens=NEW,
       sampling=sampling, key=jax.random.key(21), verifier=verifier, adaptive=adaptive,
       confidence_threshold=0.6)
   stats = spec.stats

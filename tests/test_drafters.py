@@ -9,11 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
+from helpers import make_drafter
 
 import specjax
-from specjax.drafting import NGramDrafter, layer_skip, lookup
+from specjax import GREEDY
+from specjax.drafting import DrafterBase, NGramDrafter, Proposal, layer_skip, lookup
 
-GREEDY = specjax.SamplingParams(temperature=0.0)
 MAX_NEW = 16
 
 
@@ -31,12 +33,6 @@ def prompts():
 def reference(target, prompts):
   return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
                                          sampling=GREEDY)
-
-
-def make_drafter(name, target, noisy_target):
-  return {"model": lambda: noisy_target,
-          "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=3),
-          "layer_skip": lambda: layer_skip(target, 1)}[name]()
 
 
 def test_lookup_finds_the_most_recent_longest_match():
@@ -136,3 +132,65 @@ def test_layer_skip_shares_the_target_weights(target):
   for bad in (0, 2, 1.5):
     with pytest.raises(ValueError, match=r"num_layers must be an int in \[1, 1\]"):
       layer_skip(target, bad)
+
+
+def test_a_verifier_function_works_like_its_name(target, noisy_target, prompts):
+  kwargs = dict(gamma=3, max_new_tokens=MAX_NEW, sampling=specjax.SamplingParams(),
+                key=jax.random.key(4))
+  by_name = specjax.speculative_generate(target, noisy_target, *prompts, verifier="block",
+                                         **kwargs)
+  by_function = specjax.speculative_generate(target, noisy_target, *prompts,
+                                             verifier=specjax.verify.block_verify, **kwargs)
+  np.testing.assert_array_equal(by_function.tokens, by_name.tokens)
+  with pytest.raises(ValueError, match="verifier='greedy' needs temperature 0"):
+    specjax.speculative_generate(target, noisy_target, *prompts,
+                                 verifier=specjax.verify.greedy_verify, **kwargs)
+
+
+@struct.dataclass
+class _Repeat(DrafterBase):
+  """Proposes s[-1] gamma times; keeps what `commit` hands it as its state."""
+
+  vocab_size: int = struct.field(pytree_node=False)
+  needs_target_hidden: bool = struct.field(pytree_node=False, default=True)
+  tree: bool = struct.field(pytree_node=False, default=False)
+
+  def init(self, prompts, prompt_lengths, first, capacity):
+    return None
+
+  def propose(self, state, recent, key, limit, *, gamma, sampling):
+    b = recent.shape[0]
+    parents = jnp.zeros((b, gamma), jnp.int32) - 1 if self.tree else None
+    return Proposal(jnp.tile(recent[:, 1:], (1, gamma)), None, jnp.full((b,), gamma),
+                    jnp.int32(0), parents), state
+
+  def commit(self, state, commit):
+    return commit.hidden
+
+
+def test_commit_hands_the_target_hidden_states(target, prompts):
+  gamma = 3
+  config = specjax.SpecConfig(gamma=gamma, max_new_tokens=MAX_NEW, sampling=GREEDY,
+                              verifier="greedy")
+  drafter = _Repeat(target.cfg.vocab_size)
+  prompt, lengths = prompts
+  state = jax.jit(lambda: specjax.generation.init_state(
+      target, drafter, prompt, lengths, jax.random.key(0), config))()
+  new = jax.jit(lambda s: specjax.speculative_step(target, drafter, s, config))(state)
+  hidden = new.drafter_state
+  assert hidden.shape == (4, gamma + 1, target.cfg.d_model)
+  # The hidden states are the head's input at s[-1], x_1..x_g: the head gives
+  # the target's own logits there, as a full forward over the sequence does.
+  block = jnp.tile(state.recent[:, 1:], (1, gamma + 1))
+  logits, _ = target.forward_cached(block, state.target_cache)
+  np.testing.assert_allclose(target._head(hidden), logits, atol=1e-4)
+  row = 0  # prompt of 9 + the first token + 3 repeats: compare with no cache at all
+  full = jnp.concatenate([prompt[row, :9], block[row]])[None]
+  np.testing.assert_allclose(target._head(hidden[row:row + 1]), target(full)[:, -4:],
+                             atol=1e-4)
+
+
+def test_tree_proposals_are_refused_by_the_chain_step(target, prompts):
+  with pytest.raises(NotImplementedError, match="token tree"):
+    specjax.speculative_generate(target, _Repeat(512, tree=True), *prompts, gamma=2,
+                                 max_new_tokens=4, sampling=GREEDY)

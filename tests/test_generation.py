@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 
 import specjax
-from specjax.generation.autoregressive import TRACE_COUNTS
+from specjax import GREEDY
+from specjax.generation.common import TRACE_COUNTS
 
-GREEDY = specjax.SamplingParams(temperature=0.0)
 SAMPLED = specjax.SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
 MAX_NEW = 16
 

@@ -79,3 +79,49 @@ def test_sample_never_draws_zero_probability_tokens():
   np.testing.assert_array_equal(draws[:, 0], 999)
   np.testing.assert_array_equal(draws[:, 1], 0)
   assert abs(np.mean(draws[:, 2] == 500) - 0.5) < 0.02
+
+
+@pytest.mark.parametrize("temperature", [1e-8, 1e-10, 1e-20, 1e-37])
+@pytest.mark.parametrize("vocab", [16, 256])
+def test_tiny_temperatures_stay_finite(temperature, vocab):
+  """Any positive temperature gives a law (issue 10: NaN and token 0 under jit)."""
+  logits = 40.0 * jax.random.normal(jax.random.key(3), (8, vocab))
+  params = specjax.SamplingParams(temperature=temperature)
+  probs = np.asarray(jax.jit(lambda x: warp_probs(x, params))(logits))
+  assert np.all(np.isfinite(probs))
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+  # No ties among random logits: all the mass is on the argmax.
+  np.testing.assert_array_equal(probs.argmax(-1), np.asarray(logits).argmax(-1))
+  assert probs.max(-1).min() > 0.999
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-45, 1e-300])
+def test_temperature_below_float32_resolution_is_greedy(temperature):
+  params = specjax.SamplingParams(temperature=temperature)
+  assert params.greedy
+  logits = jnp.array([[0.0, 2.0, 2.0, 1.0]])  # a tie breaks to the lowest id, as argmax
+  np.testing.assert_array_equal(jax.jit(lambda x: warp_probs(x, params))(logits),
+                                [[0.0, 1.0, 0.0, 0.0]])
+
+
+def test_tiny_temperature_generation_is_greedy(target):
+  prompts = jnp.array([[5, 17, 3, 9]], jnp.int32)
+  lengths = jnp.array([4], jnp.int32)
+  greedy = specjax.autoregressive_generate(target, prompts, lengths, max_new_tokens=8,
+                                           sampling=specjax.GREEDY)
+  for t in (1e-10, 1e-40):
+    out = specjax.autoregressive_generate(target, prompts, lengths, max_new_tokens=8,
+                                          sampling=specjax.SamplingParams(temperature=t),
+                                          key=jax.random.key(0))
+    np.testing.assert_array_equal(out.tokens, greedy.tokens)
+
+
+def test_numpy_scalars_are_numbers():
+  params = specjax.SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3),
+                                  top_p=np.float64(0.9))
+  assert params == specjax.SamplingParams(temperature=0.5, top_k=3, top_p=0.9)
+  assert hash(params) == hash(specjax.SamplingParams(temperature=0.5, top_k=3, top_p=0.9))
+  with pytest.raises(ValueError, match="temperature must be a number"):
+    specjax.SamplingParams(temperature=float("inf"))
+  with pytest.raises(ValueError, match="top_k must be an integer"):
+    specjax.SamplingParams(top_k=True)

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from specjax.generation.autoregressive import TRACE_COUNTS
+from specjax.generation.common import TRACE_COUNTS
 
 PROMPTS = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0]], jnp.int32)
 LENGTHS = jnp.array([3, 2], jnp.int32)
@@ -90,3 +90,46 @@ def test_padding_beyond_lengths_is_ignored(target):
   b = specjax.autoregressive_generate(target, padded, LENGTHS, max_new_tokens=4,
                                       sampling=specjax.GREEDY)
   np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(key=jax.random.split(KEY, 2)), r"key must be a single jax.random.key"),
+    (dict(pad_id=2**31), r"pad_id must be an integer in \[-2147483648, 2147483647\]"),
+    (dict(pad_id=0.5), r"pad_id must be an integer"),
+    (dict(adaptive="confidence", confidence_threshold=0.0), r"confidence_threshold must be"),
+])
+def test_more_arguments_are_named(target, draft, overrides, message):
+  before = dict(TRACE_COUNTS)
+  with pytest.raises(ValueError, match=message):
+    _spec(target, draft, **overrides)
+  assert dict(TRACE_COUNTS) == before
+
+
+@pytest.mark.parametrize("draft", [None, "draft", 3])
+def test_draft_must_be_a_model_or_drafter(target, draft):
+  with pytest.raises(ValueError, match="draft must be a specjax.Transformer or a"):
+    _spec(target, draft)
+
+
+def test_numpy_scalars_are_accepted(target, draft):
+  """np.int64 / np.float32 arguments work like Python numbers, and compile once."""
+  plain = _spec(target, draft, gamma=2, max_new_tokens=6, eos_id=7, pad_id=1,
+                sampling=specjax.SamplingParams(temperature=0.5, top_k=20))
+  before = dict(TRACE_COUNTS)
+  numpy = _spec(target, draft, gamma=np.int64(2), max_new_tokens=np.int32(6),
+                eos_id=np.int64(7), pad_id=np.int64(1),
+                sampling=specjax.SamplingParams(temperature=np.float32(0.5),
+                                                top_k=np.int64(20)))
+  np.testing.assert_array_equal(numpy.tokens, plain.tokens)
+  assert dict(TRACE_COUNTS) == before  # the same static configuration
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_ngram=0), r"max_ngram must be an integer in \[1, inf\]"),
+    (dict(min_ngram=0), r"min_ngram must be an integer in \[1, inf\]"),
+    (dict(max_ngram=2, min_ngram=3), r"max_ngram must be an integer in \[3, inf\]"),
+    (dict(max_ngram=2.0), r"max_ngram must be an integer"),
+])
+def test_ngram_drafter_settings_are_checked(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    specjax.drafting.NGramDrafter(512, **kwargs)

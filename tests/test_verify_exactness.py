@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
+from helpers import chisquare_pvalue
 
 from specjax.verify import block_verify, greedy_verify, token_verify
 
@@ -216,28 +216,6 @@ def run_simulation(p32, q32, gamma, seed, verifier=token_verify):
   counts, accepted = simulate(jax.random.key(seed), jnp.asarray(p32), jnp.asarray(q32),
                               gamma=gamma, num_samples=NUM_SAMPLES, verifier=verifier)
   return np.asarray(counts, np.int64), np.asarray(accepted, np.int64)
-
-
-def chisquare_pvalue(observed, probs):
-  """Chi-square goodness-of-fit p-value, merging cells with expected count < 5.
-
-  Cells of probability zero must never be observed (asserted) and are dropped.
-  """
-  observed, probs = np.asarray(observed).ravel(), np.asarray(probs).ravel()
-  impossible = probs <= 0
-  assert observed[impossible].sum() == 0, "observed an outcome of probability zero"
-  observed, probs = observed[~impossible], probs[~impossible]
-  expected = probs / probs.sum() * observed.sum()
-  order = np.argsort(expected)
-  observed, expected = observed[order], expected[order]
-  # Pool the smallest cells (ascending) until the pool reaches 5 expected counts.
-  small = int(np.searchsorted(np.cumsum(expected), 5.0)) + 1 if expected[0] < 5 else 0
-  if small:
-    observed = np.concatenate([[observed[:small].sum()], observed[small:]])
-    expected = np.concatenate([[expected[:small].sum()], expected[small:]])
-  if len(observed) < 2:
-    return 1.0  # a single possible cell: nothing to test beyond the zero cells
-  return stats.chisquare(observed, expected).pvalue
 
 
 # ---------------------------------------------------------------------------

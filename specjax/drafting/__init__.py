@@ -4,12 +4,13 @@
   layer_skip(target, k)         the target's first k layers + its head (self-speculation)
   NGramDrafter(vocab_size, n)   prompt lookup: copy what followed the last n-gram
 
-All share the `Drafter` protocol (`specjax.drafting.base`).
+All share the `Drafter` protocol (`specjax.drafting.base`); `as_drafter` turns a
+plain `Transformer` into a `ModelDrafter`.
 """
 
-from specjax.drafting.base import Drafter, Proposal, proposal_probs
-from specjax.drafting.model import ModelDrafter, fit_ids, layer_skip
+from specjax.drafting.base import Commit, Drafter, DrafterBase, Proposal, proposal_probs
+from specjax.drafting.model import ModelDrafter, as_drafter, layer_skip
 from specjax.drafting.ngram import NGramDrafter, lookup
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "Proposal", "fit_ids", "layer_skip",
-           "lookup", "proposal_probs"]
+__all__ = ["Commit", "Drafter", "DrafterBase", "ModelDrafter", "NGramDrafter", "Proposal",
+           "as_drafter", "layer_skip", "lookup", "proposal_probs"]

@@ -1,19 +1,28 @@
 """The drafter protocol: what `speculative_step` needs from any way of drafting.
 
 A drafter is a pytree (a `flax.struct` dataclass: arrays and modules as
-children, settings static) with three pure methods:
+children, settings static and fixed at construction) with three pure methods:
 
   init(prompts [B, P], prompt_lengths [B], first [B], capacity) -> state
       Prepare for the committed sequence s = prompt + first token.
-  propose(state, recent [B, 2], key, limit [B], config) -> (Proposal, state)
-      Propose up to `config.gamma` tokens per row continuing s, at most
-      `limit[b]` for row b. `recent = [s[-2], s[-1]]`.
-  commit(state, emitted [B, gamma+1], old_length [B], new_length [B], goes_on [B]) -> state
-      The iteration kept `emitted[:, :new_length - old_length]`; s grew from
-      `old_length` to `new_length` tokens for rows that go on.
+  propose(state, recent [B, 2], key, limit [B], *, gamma, sampling) -> (Proposal, state)
+      Propose up to `gamma` tokens per row continuing s, at most `limit[b]`
+      for row b, drawn under the `sampling` warp. `recent = [s[-2], s[-1]]`.
+  commit(state, Commit) -> state
+      What the iteration kept; a drafter whose `needs_target_hidden` is True
+      also gets the target's hidden states of the scored block (draft heads).
 
-and a static `vocab_size`. The state is any pytree the drafter likes (a KV
-cache, a token history). One `speculative_step` serves every drafter.
+and what generation asks of it instead of looking at its class:
+
+  vocab_size              static, the ids its proposals are drawn from
+  prefill_calls           model calls `init` spends (statistics)
+  needs_target_hidden     static bool, see `commit`
+  check_capacity(prompt_width, max_new_tokens, gamma)   raises before compiling
+  with_confidence(threshold) -> drafter   the adaptive "confidence" draft length
+
+`DrafterBase` gives the defaults of a model-free drafter. The state is any
+pytree the drafter likes (a KV cache, a token history). One `speculative_step`
+serves every drafter.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import pad_vocab
+from specjax.sampling import SamplingParams
+from specjax.vocab import pad_vocab
 
 
 class Proposal(NamedTuple):
@@ -37,28 +47,78 @@ class Proposal(NamedTuple):
       Verification sees q = 0 past them, which every verifier treats as a
       rejection there, so a row with lengths k is verified as a block of k.
     calls: scalar int32, model forward calls spent (for statistics).
+    parents: None for a chain (token i continues token i - 1). A token tree
+      sets `[B, g]` int32, the index of each token's parent node (-1: it
+      continues s[-1]), with parents before children; `speculative_step`
+      verifies chains and refuses trees until a tree verifier plugs in.
   """
 
   tokens: jax.Array
   probs: jax.Array | None
   lengths: jax.Array
   calls: jax.Array
+  parents: jax.Array | None = None
+
+
+class Commit(NamedTuple):
+  """What one iteration committed, as handed to `Drafter.commit`.
+
+  With s the committed sequence before the iteration:
+    emitted: `[B, g+1]` int32, the accepted draft tokens then the verifier's
+      token; row b kept `emitted[b, :new_length[b] - old_length[b]]`.
+    old_length: `[B]` int32, len(s).
+    new_length: `[B]` int32, len(s') for rows that go on.
+    goes_on: `[B]` bool; rows that stopped keep old_length.
+    hidden: None, or `[B, g+1, D]` the target's final hidden states (the head's
+      input) at the scored positions s[-1], x_1..x_g, only for drafters with
+      `needs_target_hidden`; position j predicted `emitted[:, j]`.
+  """
+
+  emitted: jax.Array
+  old_length: jax.Array
+  new_length: jax.Array
+  goes_on: jax.Array
+  hidden: jax.Array | None = None
 
 
 class Drafter(Protocol):
+  """The protocol `speculative_step` drafts through (see the module docstring)."""
+
   vocab_size: int
+  prefill_calls: int
+  needs_target_hidden: bool
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    ...
+
+  def with_confidence(self, threshold: float) -> "Drafter":
+    ...
 
   def init(self, prompts: jax.Array, prompt_lengths: jax.Array, first: jax.Array,
            capacity: int) -> Any:
     ...
 
-  def propose(self, state: Any, recent: jax.Array, key: jax.Array, limit: jax.Array,
-              config) -> tuple[Proposal, Any]:
+  def propose(self, state: Any, recent: jax.Array, key: jax.Array, limit: jax.Array, *,
+              gamma: int, sampling: SamplingParams) -> tuple[Proposal, Any]:
     ...
 
-  def commit(self, state: Any, emitted: jax.Array, old_length: jax.Array,
-             new_length: jax.Array, goes_on: jax.Array) -> Any:
+  def commit(self, state: Any, commit: Commit) -> Any:
     ...
+
+
+class DrafterBase:
+  """Defaults for drafters that run no model: no prefill calls, no capacity of
+  their own to check, no hidden states, no confidence-based length."""
+
+  prefill_calls = 0
+  needs_target_hidden = False
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    del prompt_width, max_new_tokens, gamma
+
+  def with_confidence(self, threshold: float):
+    raise ValueError("adaptive='confidence' needs a model drafter (a Transformer, "
+                     f"ModelDrafter or layer_skip), got {type(self).__name__}.")
 
 
 def proposal_probs(proposal: Proposal, vocab_size: int) -> jax.Array:

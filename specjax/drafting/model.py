@@ -18,20 +18,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Proposal
-from specjax.models.kv_cache import KVCache
+from specjax.drafting.base import Commit, Proposal
+from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import sample_tokens
-
-
-def fit_ids(tokens: jax.Array, vocab_size: int) -> jax.Array:
-  """Maps ids a model's vocabulary lacks to 0 before feeding them to it.
-
-  With draft and target of different vocabulary sizes the other model can emit
-  such ids. Whatever the draft reads, its q is still the law its proposal was
-  drawn from, so exactness is unaffected.
-  """
-  return jnp.where(tokens < vocab_size, tokens, 0)
+from specjax.sampling import SamplingParams, sample_tokens
+from specjax.validation import is_int, is_real
+from specjax.vocab import fit_ids
 
 
 @struct.dataclass
@@ -49,9 +41,25 @@ class ModelDrafter:
   num_layers: int | None = struct.field(pytree_node=False, default=None)
   confidence: float = struct.field(pytree_node=False, default=0.0)
 
+  prefill_calls = 1  # init runs the prompt through the draft once
+  needs_target_hidden = False
+
+  def __post_init__(self):
+    if not is_real(self.confidence) or not 0 <= self.confidence <= 1:
+      raise ValueError(f"confidence must be in [0, 1] (0 = off), got {self.confidence!r}.")
+
   @property
   def vocab_size(self) -> int:
     return self.model.cfg.vocab_size
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    check_capacity("draft", self.model.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
+
+  def with_confidence(self, threshold: float) -> "ModelDrafter":
+    """The same drafter stopping a row once its top probability falls below `threshold`."""
+    if not is_real(threshold) or not 0 < threshold <= 1:
+      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
+    return self.replace(confidence=float(threshold))
 
   def _forward(self, tokens, cache, logit_indices=None):
     return self.model.forward_cached(fit_ids(tokens, self.vocab_size), cache,
@@ -64,15 +72,16 @@ class ModelDrafter:
     _, cache = self._forward(prompts, cache, jnp.zeros((b, 1), jnp.int32))
     return cache.with_lengths(prompt_lengths - 1)
 
-  def propose(self, cache: KVCache, recent, key, limit, config):
+  def propose(self, cache: KVCache, recent: jax.Array, key: jax.Array, limit: jax.Array, *,
+              gamma: int, sampling: SamplingParams) -> tuple[Proposal, KVCache]:
     """Samples up to min(gamma, limit[b]) tokens per row; stops early once no
     row needs more (every call after the first is one token per row)."""
-    b, g = recent.shape[0], config.gamma
+    b, g = recent.shape[0], gamma
     keys = jax.random.split(key, g)
     logits, cache = self._forward(recent, cache, jnp.ones((b, 1), jnp.int32))
 
     def draw(i, logits, tokens, probs, active):
-      token, q = sample_tokens(keys[i], logits[:, 0], config.sampling)
+      token, q = sample_tokens(keys[i], logits[:, 0], sampling)
       active = active & (i < limit)
       if self.confidence > 0:
         active = active & (jnp.max(q, axis=-1) >= self.confidence)
@@ -98,15 +107,30 @@ class ModelDrafter:
         cond, body, (jnp.int32(1), token, cache, tokens, probs, active, lengths))
     return Proposal(tokens, probs, lengths, calls=i), cache
 
-  def commit(self, cache: KVCache, emitted, old_length, new_length, goes_on) -> KVCache:
+  def commit(self, cache: KVCache, commit: Commit) -> KVCache:
     # Holds s'[:-2] for rows that go on; stopped rows keep s[:-2] (in bounds).
-    return cache.with_lengths(jnp.where(goes_on, new_length - 2, old_length - 2))
+    return cache.with_lengths(
+        jnp.where(commit.goes_on, commit.new_length - 2, commit.old_length - 2))
 
 
 def layer_skip(target: Transformer, num_layers: int, confidence: float = 0.0) -> ModelDrafter:
   """Self-speculation: the target's first `num_layers` layers + final norm + head."""
-  if not isinstance(num_layers, int) or not 1 <= num_layers < target.cfg.n_layers:
+  if not is_int(num_layers) or not 1 <= num_layers < target.cfg.n_layers:
     raise ValueError(f"num_layers must be an int in [1, {target.cfg.n_layers - 1}] "
                      f"(fewer than the target's {target.cfg.n_layers} layers), "
                      f"got {num_layers!r}.")
-  return ModelDrafter(target, num_layers=num_layers, confidence=confidence)
+  return ModelDrafter(target, num_layers=int(num_layers), confidence=confidence)
+
+
+def as_drafter(draft) -> "ModelDrafter":
+  """A `Transformer` becomes a `ModelDrafter`; anything with the `Drafter`
+  methods passes through; anything else is a ValueError naming `draft`."""
+  if isinstance(draft, Transformer):
+    return ModelDrafter(draft)
+  needed = ("vocab_size", "prefill_calls", "needs_target_hidden", "check_capacity",
+            "with_confidence", "init", "propose", "commit")
+  missing = [name for name in needed if not hasattr(draft, name)]
+  if not missing:
+    return draft
+  raise ValueError("draft must be a specjax.Transformer or a specjax.drafting.Drafter, got "
+                   f"{type(draft).__name__} (missing {', '.join(missing)}).")

@@ -18,8 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Proposal
+from specjax.drafting.base import Commit, DrafterBase, Proposal
 from specjax.models.kv_cache import write_rows
+from specjax.sampling import SamplingParams
+from specjax.validation import check_int
 
 
 @struct.dataclass
@@ -57,7 +59,7 @@ def lookup(history: jax.Array, lengths: jax.Array, max_ngram: int,
 
 
 @struct.dataclass
-class NGramDrafter:
+class NGramDrafter(DrafterBase):
   """Prompt-lookup drafter.
 
   Attributes:
@@ -70,15 +72,23 @@ class NGramDrafter:
   max_ngram: int = struct.field(pytree_node=False, default=3)
   min_ngram: int = struct.field(pytree_node=False, default=1)
 
+  def __post_init__(self):
+    check_int("vocab_size", self.vocab_size, 1)
+    check_int("min_ngram", self.min_ngram, 1)
+    check_int("max_ngram", self.max_ngram, self.min_ngram)
+
   def init(self, prompts, prompt_lengths, first, capacity) -> NGramState:
     b, width = prompts.shape
     history = jnp.zeros((b, capacity), jnp.int32).at[:, :width].set(prompts)
     history = write_rows(history, first[:, None], prompt_lengths)
     return NGramState(history, prompt_lengths + 1)
 
-  def propose(self, state: NGramState, recent, key, limit, config):
-    del recent, key  # the history already ends with recent; nothing is random
-    g = config.gamma
+  def propose(self, state: NGramState, recent: jax.Array, key: jax.Array, limit: jax.Array,
+              *, gamma: int, sampling: SamplingParams) -> tuple[Proposal, NGramState]:
+    # The history already ends with recent; nothing is random, and a
+    # deterministic proposal is exact under any warp.
+    del recent, key, sampling
+    g = gamma
     start, _ = lookup(state.history, state.lengths, self.max_ngram, self.min_ngram)
     index = jnp.clip(start[:, None] + jnp.arange(g)[None, :], 0, state.history.shape[1] - 1)
     tokens = jnp.take_along_axis(state.history, index, axis=1)
@@ -86,6 +96,6 @@ class NGramDrafter:
     lengths = jnp.where(start >= 0, jnp.minimum(jnp.minimum(available, g), limit), 0)
     return Proposal(tokens, None, lengths.astype(jnp.int32), calls=jnp.int32(0)), state
 
-  def commit(self, state: NGramState, emitted, old_length, new_length, goes_on):
-    history = write_rows(state.history, emitted, old_length)
-    return NGramState(history, jnp.where(goes_on, new_length, old_length))
+  def commit(self, state: NGramState, commit: Commit) -> NGramState:
+    history = write_rows(state.history, commit.emitted, commit.old_length)
+    return NGramState(history, jnp.where(commit.goes_on, commit.new_length, commit.old_length))

@@ -5,7 +5,7 @@ An iteration reads like the algorithm (Leviathan et al. 2023, Chen et al. 2023):
   2. score  - one target call over gamma + 1 positions gives p;
   3. verify - a verifier keeps n tokens and draws one more;
   4. commit - per-row output buffer, cache lengths (rollback is bookkeeping),
-              EOS / budget, statistics.
+              EOS / budget, the drafter's own state, draft limit, statistics.
 Rows accept different numbers of tokens and stay in one compiled program.
 """
 
@@ -17,22 +17,17 @@ import jax
 import jax.numpy as jnp
 
 from specjax import verify as verify_lib
+from specjax.drafting import Commit, Drafter, Proposal, as_drafter, proposal_probs
 from specjax.generation import validation
-from specjax.generation.autoregressive import (TRACE_COUNTS, finalize, first_done, prefill,
-                                               zero_padding)
-from specjax.generation.state import (GenerateOutput, SpecConfig, SpeculativeStats,
-                                      SpecState)
-from specjax.drafting import Drafter, ModelDrafter, fit_ids, proposal_probs
-from specjax.models.kv_cache import write_rows
+from specjax.generation.common import TRACE_COUNTS, finalize, first_done, prefill, zero_padding
+from specjax.generation.state import GenerateOutput, SpecConfig, SpeculativeStats, SpecState
+from specjax.models.kv_cache import KVCache, cache_capacity, check_capacity, write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, pad_vocab, warp_probs
+from specjax.sampling import SamplingParams, warp_probs
+from specjax.validation import check_positive_int, check_token_id
+from specjax.vocab import fit_ids, pad_vocab
 
 ADAPTIVE = (None, "schedule", "confidence")
-
-
-def as_drafter(draft: Transformer | Drafter) -> Drafter:
-  """A `Transformer` becomes a `ModelDrafter`; drafters pass through."""
-  return ModelDrafter(draft) if isinstance(draft, Transformer) else draft
 
 
 def speculative_step(target: Transformer, drafter: Drafter | Transformer, state: SpecState,
@@ -44,36 +39,85 @@ def speculative_step(target: Transformer, drafter: Drafter | Transformer, state:
   lengths. Any `Drafter` plugs in; a row whose drafter proposed k < gamma
   tokens is verified as a block of k (q = 0 past them).
   """
-  g = config.gamma
   drafter = as_drafter(drafter)
   key, draft_key, verify_key = jax.random.split(state.key, 3)
-  active = ~state.done
+  vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
 
-  # 1. Draft.
-  proposal, drafter_state = drafter.propose(state.drafter_state, state.recent, draft_key,
-                                            state.draft_limit, config)
-  draft_tokens, proposed = proposal.tokens, proposal.lengths
+  # 1. Draft up to gamma tokens per row, with the laws q they were drawn from.
+  proposal, drafter_state = drafter.propose(
+      state.drafter_state, state.recent, draft_key, state.draft_limit, gamma=config.gamma,
+      sampling=config.sampling)
+  _check_chain(proposal)
 
-  # 2. Score gamma + 1 positions: s[-1] then the drafted tokens.
-  block = jnp.concatenate([state.recent[:, 1:], draft_tokens], axis=1)  # [B, g+1]
-  logits, target_cache = target.forward_cached(fit_ids(block, target.cfg.vocab_size),
-                                               state.target_cache)
-  # Both laws over one vocabulary: ids a model lacks get probability 0 there.
-  vocab = max(target.cfg.vocab_size, drafter.vocab_size)
-  target_probs = pad_vocab(warp_probs(logits, config.sampling), vocab)
-  draft_probs = proposal_probs(proposal, vocab)
+  # 2. Score s[-1], x_1..x_g in one target call: p at gamma + 1 positions.
+  block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
+  target_probs, target_cache, hidden = score(target, block, state.target_cache,
+                                             config.sampling, vocab,
+                                             return_hidden=drafter.needs_target_hidden)
 
-  # 3. Verify.
+  # 3. Verify: keep n drafted tokens, then the token the verifier draws.
   verifier = verify_lib.get_verifier(config.verifier)
-  n, next_token = verifier(verify_key, draft_tokens, draft_probs, target_probs)
+  n, next_token = verifier(verify_key, proposal.tokens, proposal_probs(proposal, vocab),
+                           target_probs)
 
-  # 4. Commit. emitted = x_1..x_n, y (then junk up to g + 1 slots).
-  slots = jnp.arange(g + 1)[None, :]
-  emitted = jnp.where(slots == n[:, None], next_token[:, None],
-                      jnp.pad(draft_tokens, ((0, 0), (0, 1))))
+  # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, limit, statistics.
+  emitted = emitted_tokens(proposal.tokens, n, next_token)
+  tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  old_length = state.target_cache.lengths + 1  # len(s)
+  commit = Commit(emitted, old_length, new_length=old_length + n + 1, goes_on=~done,
+                  hidden=hidden)
+  return SpecState(
+      target_cache=commit_cache(target_cache, commit),
+      drafter_state=drafter.commit(drafter_state, commit),
+      recent=next_recent(state.recent, emitted, n, commit.goes_on),
+      draft_limit=next_draft_limit(state.draft_limit, n, proposal.lengths, ~state.done,
+                                   config),
+      tokens=tokens, num_generated=num_generated, done=done, key=key,
+      stats=state.stats.record(active=~state.done, proposed=proposal.lengths, accepted=n,
+                               generated=count, draft_calls=proposal.calls))
+
+
+def _check_chain(proposal: Proposal) -> None:
+  if proposal.parents is not None:
+    raise NotImplementedError("this drafter proposes a token tree; speculative_step "
+                              "verifies chains (Proposal.parents=None) only.")
+
+
+def score(target: Transformer, block: jax.Array, cache: KVCache, sampling: SamplingParams,
+          vocab_size: int, return_hidden: bool = False
+          ) -> tuple[jax.Array, KVCache, jax.Array | None]:
+  """The target's warped law at every position of `block [B, g+1]` in one call.
+
+  Returns:
+    `(target_probs [B, g+1, vocab_size], cache, hidden [B, g+1, D] or None)`;
+    ids the target lacks get probability 0, and it reads them as 0.
+  """
+  out = target.forward_cached(fit_ids(block, target.cfg.vocab_size), cache,
+                              return_hidden=return_hidden)
+  hidden = out[2] if return_hidden else None
+  return pad_vocab(warp_probs(out[0], sampling), vocab_size), out[1], hidden
+
+
+def emitted_tokens(draft_tokens: jax.Array, n: jax.Array, next_token: jax.Array) -> jax.Array:
+  """`[B, g+1]`: x_1..x_n, then the verifier's token, then junk up to g + 1 slots."""
+  slots = jnp.arange(draft_tokens.shape[1] + 1)[None, :]
+  return jnp.where(slots == n[:, None], next_token[:, None],
+                   jnp.pad(draft_tokens, ((0, 0), (0, 1))))
+
+
+def commit_tokens(state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
+                  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Appends each active row's n + 1 new tokens, cut at EOS and at the budget.
+
+  Returns:
+    `(tokens [B, max_new_tokens + g + 1], num_generated [B], done [B],
+    count [B])`, count being the tokens each row committed (0 if done before).
+  """
+  active = ~state.done
   count = n + 1
   hit_eos = jnp.zeros_like(active)
   if config.eos_id is not None:
+    slots = jnp.arange(emitted.shape[1])[None, :]
     is_eos = (emitted == config.eos_id) & (slots < count[:, None])
     hit_eos = jnp.any(is_eos, axis=1)
     count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
@@ -82,44 +126,33 @@ def speculative_step(target: Transformer, drafter: Drafter | Transformer, state:
   tokens = write_rows(state.tokens, emitted, state.num_generated)
   num_generated = state.num_generated + count
   done = state.done | (num_generated >= config.max_new_tokens) | (active & hit_eos)
+  return tokens, num_generated, done, count
 
-  # The target cache holds s'[:-1] for rows that go on. Rows that stopped keep
-  # their old lengths so later (discarded) writes stay in bounds.
-  goes_on = ~done
-  old_length = state.target_cache.lengths + 1  # len(s)
-  new_length = old_length + n + 1
-  target_cache = target_cache.with_lengths(
-      jnp.where(goes_on, new_length - 1, old_length - 1))
-  drafter_state = drafter.commit(drafter_state, emitted, old_length, new_length, goes_on)
-  history = jnp.concatenate([state.recent[:, 1:], emitted], axis=1)  # s[-1], emitted
-  recent = jnp.take_along_axis(history, jnp.stack([n, n + 1], axis=1), axis=1)
-  recent = jnp.where(goes_on[:, None], recent, state.recent)
 
-  draft_limit = state.draft_limit
-  if config.adaptive == "schedule":
-    # Leviathan-style heuristic: +2 after a fully accepted block, -1 otherwise.
-    longer = jnp.minimum(draft_limit + 2, g)
-    shorter = jnp.maximum(draft_limit - 1, 1)
-    draft_limit = jnp.where(active, jnp.where(n >= proposed, longer, shorter), draft_limit)
+def commit_cache(cache: KVCache, commit: Commit) -> KVCache:
+  """The target cache holds s'[:-1] for rows that go on; rows that stopped keep
+  their old lengths so later (discarded) writes stay in bounds."""
+  return cache.with_lengths(
+      jnp.where(commit.goes_on, commit.new_length - 1, commit.old_length - 1))
 
-  stats = state.stats
-  counted = active.astype(jnp.int32)
-  stats = stats.replace(
-      iterations=stats.iterations + 1,
-      target_calls=stats.target_calls + 1,
-      draft_calls=stats.draft_calls + proposal.calls,
-      proposed=stats.proposed + counted * proposed,
-      accepted=stats.accepted + counted * n,
-      evaluated=stats.evaluated + counted * (n + (n < proposed)),
-      row_iterations=stats.row_iterations + counted,
-      generated=stats.generated + count,
-      accepted_at_position=stats.accepted_at_position + jnp.sum(
-          (jnp.arange(g)[None, :] < n[:, None]) & active[:, None], axis=0,
-          dtype=jnp.int32),
-  )
-  return SpecState(target_cache=target_cache, drafter_state=drafter_state, recent=recent,
-                   draft_limit=draft_limit, tokens=tokens, num_generated=num_generated,
-                   done=done, key=key, stats=stats)
+
+def next_recent(recent: jax.Array, emitted: jax.Array, n: jax.Array, goes_on: jax.Array
+                ) -> jax.Array:
+  """`[B, 2]` = the last two tokens of s' for rows that go on (others keep theirs)."""
+  history = jnp.concatenate([recent[:, 1:], emitted], axis=1)  # s[-1], emitted
+  new = jnp.take_along_axis(history, jnp.stack([n, n + 1], axis=1), axis=1)
+  return jnp.where(goes_on[:, None], new, recent)
+
+
+def next_draft_limit(limit: jax.Array, n: jax.Array, proposed: jax.Array, active: jax.Array,
+                     config: SpecConfig) -> jax.Array:
+  """Adaptive draft length "schedule" (Leviathan-style heuristic): +2 after a fully
+  accepted block, -1 otherwise, within [1, gamma]; unchanged otherwise."""
+  if config.adaptive != "schedule":
+    return limit
+  longer = jnp.minimum(limit + 2, config.gamma)
+  shorter = jnp.maximum(limit - 1, 1)
+  return jnp.where(active, jnp.where(n >= proposed, longer, shorter), limit)
 
 
 def init_state(target: Transformer, drafter: Drafter | Transformer, prompts: jax.Array,
@@ -132,7 +165,7 @@ def init_state(target: Transformer, drafter: Drafter | Transformer, prompts: jax
   """
   b, width = prompts.shape
   drafter = as_drafter(drafter)
-  capacity = width + config.max_new_tokens + config.gamma + 1
+  capacity = cache_capacity(width, config.max_new_tokens, config.gamma)
   key, first_key = jax.random.split(key)
   first, target_cache = prefill(target, prompts, prompt_lengths, capacity, first_key,
                                 config.sampling)
@@ -147,8 +180,7 @@ def init_state(target: Transformer, drafter: Drafter | Transformer, prompts: jax
       num_generated=jnp.ones((b,), jnp.int32),
       done=first_done(first, config.max_new_tokens, config.eos_id),
       key=key,
-      stats=SpeculativeStats.zeros(b, config.gamma,
-                                   draft_calls=int(isinstance(drafter, ModelDrafter))))
+      stats=SpeculativeStats.zeros(b, config.gamma, draft_calls=drafter.prefill_calls))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -169,7 +201,7 @@ def speculative_generate(target: Transformer, draft: Transformer | Drafter,
                          prompts: jax.Array, prompt_lengths: jax.Array, *, gamma: int,
                          max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                          key: jax.Array | None = None, eos_id: int | None = None,
-                         verifier: str = "auto", pad_id: int = 0,
+                         verifier: str | verify_lib.Verifier = "auto", pad_id: int = 0,
                          adaptive: str | None = None,
                          confidence_threshold: float = 0.5) -> GenerateOutput:
   """Exact speculative decoding of up to `max_new_tokens` tokens per row.
@@ -188,11 +220,11 @@ def speculative_generate(target: Transformer, draft: Transformer | Drafter,
     gamma: drafted tokens per iteration (>= 1, static).
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
-    key: PRNG key; required unless sampling is greedy.
+    key: one PRNG key; required unless sampling is greedy.
     eos_id: stop a row after it emits this id (kept and counted).
-    verifier: "auto" (greedy at temperature 0, else token), "token", "block" or
-      "greedy".
-    pad_id: value of `tokens` past each row's `num_generated`.
+    verifier: "auto" (greedy at temperature 0, else token), "token", "block",
+      "greedy", or a verifier function with the `specjax.verify` signature.
+    pad_id: value of `tokens` past each row's `num_generated` (an int32).
     adaptive: per-row draft length within `gamma`: None (always gamma),
       "schedule" (+2 after a fully accepted block, -1 otherwise, from gamma) or
       "confidence" (a model drafter stops when its top probability falls below
@@ -205,34 +237,25 @@ def speculative_generate(target: Transformer, draft: Transformer | Drafter,
   """
   tcfg = target.cfg
   drafter = as_drafter(draft)
-  validation.check_positive_int("gamma", gamma)
-  validation.check_positive_int("max_new_tokens", max_new_tokens)
+  gamma = check_positive_int("gamma", gamma)
+  max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
   validation.check_sampling(sampling, tcfg.vocab_size)
-  validation.check_prompts(prompts, prompt_lengths, tcfg.vocab_size)
-  validation.check_token_id("eos_id", eos_id, tcfg.vocab_size)
-  slack = gamma + 1
-  validation.check_capacity("target", tcfg, prompts.shape[1], max_new_tokens, slack)
-  if isinstance(drafter, ModelDrafter):
-    validation.check_capacity("draft", drafter.model.cfg, prompts.shape[1], max_new_tokens,
-                              slack)
+  _, width = validation.check_prompts(prompts, prompt_lengths, tcfg.vocab_size)
+  eos_id = check_token_id("eos_id", eos_id, tcfg.vocab_size)
+  pad_id = validation.check_pad_id(pad_id)
+  check_capacity("target", tcfg.max_seq_len, width, max_new_tokens, gamma)
+  drafter.check_capacity(width, max_new_tokens, gamma)
   if adaptive not in ADAPTIVE:
     raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
   if adaptive == "confidence":
-    if not isinstance(drafter, ModelDrafter):
-      raise ValueError("adaptive='confidence' needs a model drafter (a Transformer, "
-                       f"ModelDrafter or layer_skip), got {type(drafter).__name__}.")
-    if not 0 < confidence_threshold <= 1:
-      raise ValueError(f"confidence_threshold must be in (0, 1], got {confidence_threshold!r}.")
-    drafter = drafter.replace(confidence=float(confidence_threshold))
+    drafter = drafter.with_confidence(confidence_threshold)
   if verifier == "auto":
     verifier = "greedy" if sampling.greedy else "token"
-  verify_lib.get_verifier(verifier)  # raises on an unknown name
-  if verifier == "greedy" and not sampling.greedy:
+  if verify_lib.get_verifier(verifier) is verify_lib.greedy_verify and not sampling.greedy:
     raise ValueError("verifier='greedy' needs temperature 0; use 'token', 'block' or 'auto'.")
   key = validation.check_key(key, sampling)
-  config = SpecConfig(gamma=int(gamma), max_new_tokens=int(max_new_tokens),
-                      sampling=sampling, verifier=verifier, eos_id=eos_id,
-                      pad_id=int(pad_id), adaptive=adaptive)
+  config = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                      verifier=verifier, eos_id=eos_id, pad_id=pad_id, adaptive=adaptive)
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
   return _speculative_program(target, drafter, jnp.asarray(prompts, jnp.int32),
                               jnp.asarray(prompt_lengths, jnp.int32), key, config=config)

@@ -22,7 +22,8 @@ class SpecConfig:
     gamma: drafted tokens per iteration, >= 1.
     max_new_tokens: generation budget per row, >= 1.
     sampling: the warp shared by draft and target.
-    verifier: "token", "greedy" or another name known to `verify.get_verifier`.
+    verifier: "token", "block", "greedy" (names of `verify.VERIFIERS`) or a
+      verifier function.
     eos_id: a row stops after emitting this id; None disables it.
     pad_id: the value written to `tokens` past each row's `num_generated`.
     adaptive: None, or "schedule" to adapt each row's draft limit (+2 after a
@@ -32,7 +33,7 @@ class SpecConfig:
   gamma: int
   max_new_tokens: int
   sampling: SamplingParams
-  verifier: str = "token"
+  verifier: Any = "token"
   eos_id: int | None = None
   pad_id: int = 0
   adaptive: str | None = None
@@ -76,9 +77,36 @@ class SpeculativeStats:
     z = jnp.zeros((batch,), jnp.int32)
     return cls(iterations=jnp.int32(0), target_calls=jnp.int32(1),
                draft_calls=jnp.int32(draft_calls), proposed=z, accepted=z, evaluated=z,
-               row_iterations=z,
-               generated=z,
-               accepted_at_position=jnp.zeros((gamma,), jnp.int32))
+               row_iterations=z, generated=z, accepted_at_position=jnp.zeros((gamma,), jnp.int32))
+
+  def record(self, *, active: jax.Array, proposed: jax.Array, accepted: jax.Array,
+             generated: jax.Array, draft_calls: jax.Array) -> "SpeculativeStats":
+    """The counters after one iteration.
+
+    Args:
+      active: `[B]` bool, rows still generating when the iteration began (only
+        they count).
+      proposed: `[B]` drafted tokens offered for verification.
+      accepted: `[B]` drafted tokens accepted (n).
+      generated: `[B]` tokens committed (0 for rows not active).
+      draft_calls: scalar, draft model calls of the iteration.
+    """
+    counted = active.astype(jnp.int32)
+    rejected = (accepted < proposed).astype(jnp.int32)
+    gamma = self.accepted_at_position.shape[0]
+    at_position = (jnp.arange(gamma)[None, :] < accepted[:, None]) & active[:, None]
+    return self.replace(
+        iterations=self.iterations + 1,
+        target_calls=self.target_calls + 1,
+        draft_calls=self.draft_calls + draft_calls,
+        proposed=self.proposed + counted * proposed,
+        accepted=self.accepted + counted * accepted,
+        evaluated=self.evaluated + counted * (accepted + rejected),
+        row_iterations=self.row_iterations + counted,
+        generated=self.generated + generated,
+        accepted_at_position=self.accepted_at_position + jnp.sum(at_position, axis=0,
+                                                                 dtype=jnp.int32),
+    )
 
   @property
   def acceptance_rate(self) -> jax.Array:
@@ -121,9 +149,6 @@ class AutoregressiveStats:
 
   iterations: jax.Array
   target_calls: jax.Array
-
-  def summary(self) -> dict[str, Any]:
-    return {"iterations": int(self.iterations), "target_calls": int(self.target_calls)}
 
 
 @struct.dataclass

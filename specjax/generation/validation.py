@@ -1,8 +1,9 @@
-"""Argument checks run on the host before anything is compiled.
+"""Checks of the generation calls' arguments, run on the host before compiling.
 
 Each failure is a `ValueError` that names the argument and its allowed range.
 Value checks (token ids, lengths) need concrete arrays; when a caller traces the
-generate functions inside its own `jax.jit`, only the static checks run.
+generate functions inside its own `jax.jit`, only the static checks run. Checks
+that launchers and other modules share live in `specjax.validation`.
 """
 
 from __future__ import annotations
@@ -10,17 +11,14 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
+from specjax.validation import check_int
+
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
 def _is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
-
-
-def check_positive_int(name: str, value, minimum: int = 1) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
 
 
 def check_prompts(prompts, prompt_lengths, vocab_size: int) -> tuple[int, int]:
@@ -89,37 +87,27 @@ def check_sampling(sampling, vocab_size: int) -> None:
   sampling.check_vocab(vocab_size)
 
 
-def check_token_id(name: str, value, vocab_size: int) -> None:
-  if value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
-      0 <= value < vocab_size):
-    raise ValueError(
-        f"{name} must be None or an integer in [0, vocab_size={vocab_size}), got {value!r}.")
-
-
-def check_capacity(role: str, cfg: ModelConfig, width: int, max_new_tokens: int,
-                   slack: int) -> int:
-  """Returns the cache capacity needed; raises if it exceeds `cfg.max_seq_len`."""
-  needed = width + max_new_tokens + slack
-  if needed > cfg.max_seq_len:
-    extra = f" + gamma + 1 ({slack})" if slack else ""
-    raise ValueError(
-        f"{role}: prompt width ({width}) + max_new_tokens ({max_new_tokens}){extra} = "
-        f"{needed} exceeds max_seq_len={cfg.max_seq_len}; shorten the prompt or lower "
-        "max_new_tokens.")
-  return needed
+def check_pad_id(pad_id) -> int:
+  """The output buffer is int32: pad_id must fit in it."""
+  return check_int("pad_id", pad_id, INT32_MIN, INT32_MAX)
 
 
 def check_key(key, sampling: SamplingParams) -> jax.Array:
-  """Returns a typed PRNG key; raises unless one is given (or sampling is greedy)."""
+  """Returns one typed PRNG key; raises unless one is given (or sampling is greedy).
+
+  Accepts a typed key of shape () or raw `uint32[2]` key data; a batch of keys
+  (e.g. from `jax.random.split`) is refused: one generate call takes one key.
+  """
   if key is None:
     if not sampling.greedy:
       raise ValueError("key must be a jax.random key when temperature > 0.")
     return jax.random.key(0)
-  if not isinstance(key, jax.Array) or not jax.dtypes.issubdtype(key.dtype,
-                                                                 jax.dtypes.prng_key):
-    if isinstance(key, jax.Array) and key.dtype == np.uint32 and key.shape == (2,):
+  if isinstance(key, jax.Array):
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+      if key.shape == ():
+        return key
+      raise ValueError(f"key must be a single jax.random.key (shape ()), got a batch of "
+                       f"keys of shape {tuple(key.shape)}; pass one of them.")
+    if key.dtype == np.uint32 and key.shape == (2,):
       return jax.random.wrap_key_data(key)
-    raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")
-  return key
+  raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")

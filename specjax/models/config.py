@@ -19,7 +19,8 @@ from typing import Literal
 
 import jax.numpy as jnp
 
-_DTYPES = ("float32", "bfloat16", "float16")
+from specjax.dtypes import DTYPES, to_dtype
+from specjax.validation import is_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +103,11 @@ class ModelConfig:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                  "d_ff", "max_seq_len"):
       value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      if not is_int(value) or value < 1:
         raise ValueError(
             f"ModelConfig.{name} must be a positive integer (>= 1), got {value!r}.")
-    if self.head_dim is not None and (
-        not isinstance(self.head_dim, int) or self.head_dim < 1):
+      object.__setattr__(self, name, int(value))  # numpy integers hash like ints
+    if self.head_dim is not None and (not is_int(self.head_dim) or self.head_dim < 1):
       raise ValueError(
           f"ModelConfig.head_dim must be None or a positive integer, got {self.head_dim!r}.")
     if self.head_dim is None and self.d_model % self.n_heads:
@@ -121,7 +122,7 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.head_dim must be even for RoPE, got {self.resolved_head_dim}.")
     if self.sliding_window is not None and (
-        not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+        not is_int(self.sliding_window) or self.sliding_window < 1):
       raise ValueError(
           f"ModelConfig.sliding_window must be None or an integer >= 1, got "
           f"{self.sliding_window!r}.")
@@ -132,8 +133,8 @@ class ModelConfig:
     if not self.init_std > 0:
       raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std!r}.")
     choices = {"norm": ("rmsnorm", "layernorm"), "mlp": ("swiglu", "gelu"),
-               "positions": ("rope", "learned"), "dtype": _DTYPES,
-               "param_dtype": _DTYPES}
+               "positions": ("rope", "learned"), "dtype": tuple(DTYPES),
+               "param_dtype": tuple(DTYPES)}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(
@@ -146,11 +147,11 @@ class ModelConfig:
 
   @property
   def compute_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.dtype)
+    return to_dtype(self.dtype, "ModelConfig.dtype")
 
   @property
   def weight_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.param_dtype)
+    return to_dtype(self.param_dtype, "ModelConfig.param_dtype")
 
   def replace(self, **changes) -> "ModelConfig":
     """A copy with `changes` applied (validated again)."""

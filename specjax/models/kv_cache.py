@@ -57,6 +57,31 @@ class KVCache:
     return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
 
+def cache_capacity(prompt_width: int, max_new_tokens: int, gamma: int | None = None) -> int:
+  """KV-cache slots per row for one generate call: the one formula for it.
+
+  Autoregressive decoding (`gamma=None`) needs the prompt and the budget;
+  speculative decoding also the slack of one verification block (gamma + 1
+  positions written past the committed sequence before rollback).
+  """
+  slack = 0 if gamma is None else gamma + 1
+  return int(prompt_width) + int(max_new_tokens) + slack
+
+
+def check_capacity(role: str, max_seq_len: int, prompt_width: int, max_new_tokens: int,
+                   gamma: int | None = None) -> int:
+  """Returns `cache_capacity(...)`; raises a ValueError naming `role` (e.g. "target")
+  when it exceeds that model's `max_seq_len`."""
+  needed = cache_capacity(prompt_width, max_new_tokens, gamma)
+  if needed > max_seq_len:
+    extra = "" if gamma is None else f" + gamma + 1 ({gamma + 1})"
+    raise ValueError(
+        f"{role}: prompt width ({prompt_width}) + max_new_tokens ({max_new_tokens}){extra} = "
+        f"{needed} exceeds max_seq_len={max_seq_len}; shorten the prompt or lower "
+        "max_new_tokens.")
+  return needed
+
+
 def write_rows(buffer: jax.Array, update: jax.Array, starts: jax.Array,
                axis: int = 1) -> jax.Array:
   """Writes `update[b]` into `buffer[b]` at offset `starts[b]` along `axis`.

@@ -263,7 +263,10 @@ class Transformer(nnx.Module):
     return x
 
   def _logits(self, x: jax.Array) -> jax.Array:
-    x = self.final_norm(x)
+    return self._head(self.final_norm(x))
+
+  def _head(self, x: jax.Array) -> jax.Array:
+    """Final hidden states `[B, T, D]` (after the final norm) -> logits `[B, T, V]` float32."""
     if self.cfg.tie_embeddings:
       w = self.embed.embedding[...].astype(x.dtype)
       return jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
@@ -282,7 +285,8 @@ class Transformer(nnx.Module):
 
   def forward_cached(self, tokens: jax.Array, cache: KVCache,
                      logit_indices: jax.Array | None = None,
-                     num_layers: int | None = None) -> tuple[jax.Array, KVCache]:
+                     num_layers: int | None = None, return_hidden: bool = False
+                     ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
     """Feeds T >= 1 new tokens per row after each row's cached prefix.
 
     Args:
@@ -294,10 +298,13 @@ class Transformer(nnx.Module):
       num_layers: run only the first `num_layers` blocks, then the final norm
         and head (layer-skip self-speculation); `cache` must have that many
         layers. None runs all.
+      return_hidden: also return the final hidden states (the head's input,
+        after the final norm) at the same positions as the logits.
 
     Returns:
       `(logits [B, T or R, V] float32, cache)` with the new keys/values written
-      and `lengths` advanced by T. Roll back by `cache.with_lengths(...)`.
+      and `lengths` advanced by T, then `hidden [B, T or R, D]` if
+      `return_hidden`. Roll back by `cache.with_lengths(...)`.
     """
     b, t = tokens.shape
     starts = cache.lengths
@@ -315,7 +322,10 @@ class Transformer(nnx.Module):
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)
     cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=starts + t)
-    return self._logits(x), cache
+    hidden = self.final_norm(x)
+    if return_hidden:
+      return self._head(hidden), cache, hidden
+    return self._head(hidden), cache
 
   @property
   def num_params(self) -> int:

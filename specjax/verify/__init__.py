@@ -8,12 +8,20 @@ Every verifier has one signature, so `speculative_step` can take any of them:
 `draft_probs[:, i]` is the distribution `draft_tokens[:, i]` was drawn from and
 `target_probs[:, i]` the target's (same warp) at that position; the extra last
 row of `target_probs` is the target's distribution after all g drafted tokens.
+
+  base.py      result type, protocol, input checks and the rejection conventions
+  token.py     token_verify   (Leviathan et al. 2023; Chen et al. 2023)
+  block.py     block_verify   (Sun et al. 2024)
+  greedy.py    greedy_verify  (temperature 0)
+  expected.py  closed-form expected accepted tokens per rule
+  registry.py  names -> functions (`get_verifier`)
 """
 
-from specjax.verify.base import VerifyResult, Verifier, get_verifier
+from specjax.verify.base import VerifyResult, Verifier
 from specjax.verify.block import block_verify
 from specjax.verify.greedy import greedy_verify
+from specjax.verify.registry import VERIFIERS, get_verifier
 from specjax.verify.token import token_verify
 
-__all__ = ["VerifyResult", "Verifier", "block_verify", "get_verifier", "greedy_verify",
-           "token_verify"]
+__all__ = ["VERIFIERS", "VerifyResult", "Verifier", "block_verify", "get_verifier",
+           "greedy_verify", "token_verify"]

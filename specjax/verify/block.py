@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
-from specjax.verify.base import VerifyResult
+from specjax.verify.base import VerifyResult, check_inputs, check_key, drafted_laws
 
 
 def block_weights(draft_tokens: jax.Array, draft_probs: jax.Array,
@@ -33,13 +33,11 @@ def block_weights(draft_tokens: jax.Array, draft_probs: jax.Array,
     for i = 0..g-1) and `h [B, g]` (h_1..h_g, the acceptance-coin probabilities).
   """
   g = draft_tokens.shape[1]
-  p = target_probs.astype(jnp.float32)
-  q = draft_probs.astype(jnp.float32)
-  p_x = jnp.take_along_axis(p[:, :g], draft_tokens[..., None], axis=-1)[..., 0]
-  q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
-  # q(x) = 0 means x cannot have come from q: give it weight 0 (a rejection).
+  p, q, p_x, q_x = drafted_laws(draft_tokens, draft_probs, target_probs)
+  # q(x) = 0 means x cannot have come from q: give it weight 0, so S_i = 0 and
+  # h_i = 0 (a rejection).
   ratio = jnp.where(q_x > 0, p_x / jnp.where(q_x > 0, q_x, 1.0), 0.0)
-  weights = [jnp.ones_like(ratio[:, 0])]
+  weights = [jnp.ones(ratio.shape[:1], jnp.float32)]
   for i in range(g):  # g is static and small
     weights.append(jnp.minimum(1.0, weights[-1] * ratio[:, i]))
   weights = jnp.stack(weights, axis=1)
@@ -58,15 +56,22 @@ def block_verify(key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array
 
   Args:
     key: PRNG key; all randomness of this call comes from it.
-    draft_tokens: `[B, g]` int32, x_i drawn from `draft_probs[:, i]`.
+    draft_tokens: `[B, g]` int32, x_i drawn from `draft_probs[:, i]` (g >= 0).
     draft_probs: `[B, g, V]` q at each drafted position.
     target_probs: `[B, g+1, V]` p at the same positions plus one.
 
   Returns:
     `VerifyResult(num_accepted [B] in [0, g], next_token [B])`.
+
+  Raises:
+    ValueError naming the argument when shapes or dtypes disagree.
   """
-  b, g = draft_tokens.shape
+  b, g, _ = check_inputs(draft_tokens, draft_probs, target_probs)
+  check_key(key)
   coin_key, sample_key = jax.random.split(key)
+  if g == 0:  # nothing drafted: the bonus token alone
+    return VerifyResult(jnp.zeros((b,), jnp.int32),
+                        sample(sample_key, target_probs[:, 0].astype(jnp.float32)))
   _, residual, h = block_weights(draft_tokens, draft_probs, target_probs)
   # Every coin is drawn (no early stop): tau is the last heads, 0 if none.
   heads = jax.random.uniform(coin_key, (b, g), jnp.float32) < h

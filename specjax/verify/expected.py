@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.verify.base import drafted_laws
 from specjax.verify.block import block_weights
 
 
@@ -26,8 +27,7 @@ def expected_accepted(rule: str, draft_tokens: jax.Array, draft_probs: jax.Array
   target_probs `[B, g+1, V]`.
   """
   if rule == "token":
-    p = jnp.take_along_axis(target_probs[:, :-1], draft_tokens[..., None], axis=-1)[..., 0]
-    q = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    _, _, p, q = drafted_laws(draft_tokens, draft_probs, target_probs)
     keep = jnp.where(q > 0, jnp.minimum(1.0, p / jnp.where(q > 0, q, 1.0)), 0.0)
     return jnp.sum(jnp.cumprod(keep, axis=1), axis=1)
   if rule == "block":

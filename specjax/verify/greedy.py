@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.verify.base import VerifyResult, accepted_prefix_length
+from specjax.verify.base import VerifyResult, accepted_prefix_length, check_inputs, drafted_laws
 
 
 def greedy_verify(key: jax.Array | None, draft_tokens: jax.Array,
@@ -13,24 +13,31 @@ def greedy_verify(key: jax.Array | None, draft_tokens: jax.Array,
                   ) -> VerifyResult:
   """Accepts the longest prefix of `draft_tokens` that matches the target's argmax.
 
-  Deterministic: `key` is ignored (kept for the common verifier signature);
-  `draft_probs` (may be None) only marks positions with q(x) = 0 as not
-  proposed, i.e. rejected, as every verifier does. Ties break to the lowest token id, as `jnp.argmax` does
-  in autoregressive greedy decoding, so the output equals it token for token.
+  Deterministic: `key` is ignored (kept for the common verifier signature).
+  `draft_probs` (may be None) only marks positions where x cannot have come
+  from q (q(x) = 0 or non-finite) as rejected, as every verifier does; a token
+  outside [0, V) is always rejected. Ties break to the lowest token id, as
+  `jnp.argmax` does in autoregressive greedy decoding, so the output equals it
+  token for token.
 
   Args:
-    draft_tokens: `[B, g]` int32.
+    draft_tokens: `[B, g]` int32 (g >= 0).
+    draft_probs: `[B, g, V]` or None.
     target_probs: `[B, g+1, V]` (probabilities or logits; only the argmax is used).
 
   Returns:
     `VerifyResult(num_accepted [B], next_token [B])`; next_token is the target's
     argmax at the first mismatch, or at position g when all g match.
+
+  Raises:
+    ValueError naming the argument when shapes or dtypes disagree.
   """
   del key
+  check_inputs(draft_tokens, draft_probs, target_probs, probs_optional=True)
   best = jnp.argmax(target_probs, axis=-1).astype(jnp.int32)  # [B, g+1]
-  match = draft_tokens == best[:, :-1]
+  match = draft_tokens == best[:, :-1]  # an id outside [0, V) never equals an argmax
   if draft_probs is not None:
-    match &= jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0] > 0
+    match &= drafted_laws(draft_tokens, draft_probs, target_probs).q_x > 0
   n = accepted_prefix_length(match)
   next_token = jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
   return VerifyResult(n, next_token)

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
-from specjax.verify.base import VerifyResult, accepted_prefix_length
+from specjax.verify.base import (VerifyResult, accepted_prefix_length, check_inputs, check_key,
+                                 drafted_laws)
 
 
 def token_verify(key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
@@ -21,31 +22,32 @@ def token_verify(key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array
 
   Args:
     key: PRNG key; all randomness of this call comes from it.
-    draft_tokens: `[B, g]` int32, x_i drawn from `draft_probs[:, i]`.
+    draft_tokens: `[B, g]` int32, x_i drawn from `draft_probs[:, i]` (g >= 0).
     draft_probs: `[B, g, V]` q, the distribution each draft token was drawn from.
     target_probs: `[B, g+1, V]` p at the same positions plus one.
 
   Returns:
     `VerifyResult(num_accepted [B] in [0, g], next_token [B])`.
 
-  Guards: a drafted token with q(x) = 0 (impossible if x really came from q) is
-  treated as rejected; a residual max(0, p - q) that sums to zero (p == q, where
-  rejection has probability zero) falls back to p instead of dividing by zero.
+  Raises:
+    ValueError naming the argument when shapes or dtypes disagree.
+
+  Guards: a drafted token that cannot have come from q (outside [0, V), q(x)
+  non-finite or 0) is rejected; a residual max(0, p - q) that sums to zero
+  (p == q, where rejection has probability zero) falls back to p instead of
+  dividing by zero.
   """
-  b, g = draft_tokens.shape
+  b, g, _ = check_inputs(draft_tokens, draft_probs, target_probs)
+  check_key(key)
   accept_key, sample_key = jax.random.split(key)
-  p = target_probs.astype(jnp.float32)
-  q = draft_probs.astype(jnp.float32)
-  p_x = jnp.take_along_axis(p[:, :g], draft_tokens[..., None], axis=-1)[..., 0]
-  q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
+  p, q, p_x, q_x = drafted_laws(draft_tokens, draft_probs, target_probs)
   u = jax.random.uniform(accept_key, (b, g), jnp.float32)
   # u < p/q without dividing; q_x > 0 rejects impossible drafts.
-  accept = (q_x > 0) & (u * q_x < p_x)
-  n = accepted_prefix_length(accept)
+  n = accepted_prefix_length((q_x > 0) & (u * q_x < p_x))
 
   # The distribution of the emitted token: residual at the rejected position,
   # or p itself at position g (append a zero q row so both cases are one gather).
-  q_padded = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  q_padded = jnp.concatenate([q, jnp.zeros_like(p[:, :1])], axis=1)
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [B, V]
   q_n = jnp.take_along_axis(q_padded, n[:, None, None], axis=1)[:, 0]
   residual = jnp.maximum(p_n - q_n, 0.0)

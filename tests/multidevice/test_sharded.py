@@ -7,14 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import TINY, tiny_pair
 from jax.sharding import NamedSharding, PartitionSpec
 
 import specjax
 from specjax import distributed as dist
 
 MESHES = [(8, 1), (2, 4), (1, 8)]
-TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
-            max_seq_len=128)
 
 
 def test_eight_devices():
@@ -23,11 +22,7 @@ def test_eight_devices():
 
 @pytest.fixture(scope="module")
 def models():
-  cfg = specjax.ModelConfig(**TINY)
-  target = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
-  draft = specjax.Transformer(cfg.replace(d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
-                                          n_layers=1), rngs=nnx.Rngs(1))
-  return target, draft
+  return tiny_pair()
 
 
 @pytest.fixture(scope="module")

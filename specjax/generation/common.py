@@ -1,0 +1,63 @@
+"""What both generation loops share: cache capacity, prefill, padding, output.
+
+  cache_capacity  slots a generate call needs (defined in specjax.models.kv_cache)
+  prefill         prompt through a fresh cache, first token sampled
+  zero_padding    prompt ids past each row's length set to a valid id
+  first_done      rows finished by the prefill's token alone
+  finalize        output buffer cut to the budget, padded past each row's count
+  TRACE_COUNTS    traces of the jitted programs (tests prove no recompilation)
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+
+from specjax.models.kv_cache import cache_capacity  # noqa: F401  (re-exported)
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams, sample_tokens
+
+# Traces of the jitted programs, by name: tests use it to prove no recompilation.
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+def prefill(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array,
+            capacity: int, key: jax.Array, sampling: SamplingParams):
+  """Runs the prompt through a fresh cache and samples the first new token.
+
+  Args:
+    prompts: `[B, P]` right-padded; prompt_lengths `[B]` in [1, P].
+
+  Returns:
+    `(first_token [B], cache)`; the cache holds the prompt (lengths =
+    prompt_lengths), so the first token is the next to feed.
+  """
+  cache = model.init_cache(prompts.shape[0], capacity)
+  logits, cache = model.forward_cached(prompts, cache,
+                                       logit_indices=(prompt_lengths - 1)[:, None])
+  first, _ = sample_tokens(key, logits[:, 0], sampling)
+  return first, cache.with_lengths(prompt_lengths)
+
+
+def zero_padding(prompts: jax.Array, prompt_lengths: jax.Array) -> jax.Array:
+  """`[B, P]` prompts with every id past a row's length set to 0 (a valid id)."""
+  valid = jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None]
+  return jnp.where(valid, prompts, 0)
+
+
+def first_done(first: jax.Array, max_new_tokens: int, eos_id: int | None) -> jax.Array:
+  """`[B]` bool: the prefill's token already ends the row (budget 1 or EOS)."""
+  done = jnp.full(first.shape, max_new_tokens <= 1)
+  if eos_id is not None:
+    done = done | (first == eos_id)
+  return done
+
+
+def finalize(tokens: jax.Array, num_generated: jax.Array, max_new_tokens: int,
+             pad_id: int) -> jax.Array:
+  """Cuts the buffer to `[B, max_new_tokens]` and pads past each row's count."""
+  tokens = tokens[:, :max_new_tokens]
+  valid = jnp.arange(max_new_tokens)[None, :] < num_generated[:, None]
+  return jnp.where(valid, tokens, pad_id)

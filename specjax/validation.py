@@ -1,0 +1,73 @@
+"""Argument checks shared by the library and the launchers, run on the host.
+
+Each failure is a `ValueError` that names the argument and its allowed range.
+Numbers may be Python or numpy scalars (`np.int64(3)`, `np.float32(0.5)`);
+booleans are never numbers here.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+
+import numpy as np
+
+
+def is_int(value) -> bool:
+  """True for Python and numpy integers, False for bools."""
+  return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
+      value, (bool, np.bool_))
+
+
+def is_real(value) -> bool:
+  """True for Python and numpy integers and floats (NaN included), False for bools."""
+  return isinstance(value, (numbers.Real, np.integer, np.floating)) and not isinstance(
+      value, (bool, np.bool_))
+
+
+def check_int(name: str, value, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+  """Returns `value` as a Python int; raises unless it is an integer in range."""
+  if (not is_int(value) or (minimum is not None and value < minimum)
+      or (maximum is not None and value > maximum)):
+    low = "-inf" if minimum is None else minimum
+    high = "inf" if maximum is None else maximum
+    raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}.")
+  return int(value)
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+  """Returns `value` as a Python int; raises unless it is an integer >= minimum."""
+  if not is_int(value) or value < minimum:
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+  return int(value)
+
+
+def check_token_id(name: str, value, vocab_size: int) -> int | None:
+  """None, or `value` as an int in [0, vocab_size)."""
+  if value is None:
+    return None
+  if not is_int(value) or not 0 <= value < vocab_size:
+    raise ValueError(
+        f"{name} must be None or an integer in [0, vocab_size={vocab_size}), got {value!r}.")
+  return int(value)
+
+
+def check_output_path(name: str, path: str | None) -> str | None:
+  """Makes sure a result can be written to `path` before any work starts.
+
+  Creates missing parent directories; raises naming `name` when the path is a
+  directory or its parent cannot be created or written.
+  """
+  if not path:
+    return path
+  if os.path.isdir(path):
+    raise ValueError(f"{name} must be a file path, got the directory {path!r}.")
+  parent = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(parent, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"{name}: cannot create the directory {parent!r} ({e}).") from e
+  if not os.access(parent, os.W_OK):
+    raise ValueError(f"{name}: the directory {parent!r} is not writable.")
+  return path

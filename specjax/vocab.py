@@ -1,0 +1,31 @@
+"""Draft and target over one shared vocabulary of possibly different sizes.
+
+Two models of one tokenizer can have different vocabulary sizes (embedding
+tables padded differently). Verification compares their laws over the larger
+vocabulary, and each model must only be fed ids it has:
+
+  pad_vocab(probs, V)   a model's law `[..., V_model]` over `[..., V]`: ids it lacks get 0
+  fit_ids(tokens, V)    ids a model lacks mapped to 0 before it reads them
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def pad_vocab(probs: jax.Array, vocab_size: int) -> jax.Array:
+  """Zero-pads probabilities `[..., V_model]` to `[..., vocab_size]` (a model's law
+  over a larger shared vocabulary: ids it lacks get probability 0)."""
+  extra = vocab_size - probs.shape[-1]
+  return jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, extra)]) if extra else probs
+
+
+def fit_ids(tokens: jax.Array, vocab_size: int) -> jax.Array:
+  """Maps ids a model's vocabulary lacks to 0 before feeding them to it.
+
+  With draft and target of different vocabulary sizes the other model can emit
+  such ids. Whatever the draft reads, its q is still the law its proposal was
+  drawn from, so exactness is unaffected.
+  """
+  return jnp.where(tokens < vocab_size, tokens, 0)

@@ -1,0 +1,64 @@
+"""Test helpers shared across test files (tiny configs, statistics, drafters).
+
+Importable as `helpers` from any test: pytest puts tests/ on sys.path because
+tests/conftest.py lives there.
+"""
+
+import numpy as np
+from flax import nnx
+from scipy import stats
+
+import specjax
+from specjax.drafting import NGramDrafter, layer_skip
+
+# The tiny target every generation test shares, and the draft's overrides of it.
+TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+            max_seq_len=128)
+TINY_DRAFT = dict(d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, n_layers=1)
+
+
+def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:
+  """(target, draft) of the TINY config (with `overrides` on both), seeds 0 and 1."""
+  cfg = specjax.ModelConfig(**{**TINY, **overrides})
+  return (specjax.Transformer(cfg, rngs=nnx.Rngs(0)),
+          specjax.Transformer(cfg.replace(**TINY_DRAFT), rngs=nnx.Rngs(1)))
+
+
+def make_drafter(name: str, target, draft, max_ngram: int = 3):
+  """The drafter called `name` ("model", "ngram" or "layer_skip") for `target`."""
+  return {"model": lambda: draft,
+          "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
+          "layer_skip": lambda: layer_skip(target, 1)}[name]()
+
+
+def chisquare_pvalue(observed, probs) -> float:
+  """Chi-square goodness-of-fit p-value, merging cells with expected count < 5.
+
+  Args:
+    observed: counts per cell (any shape).
+    probs: the law of the cells (same size; need not be normalised).
+
+  Cells of probability zero must never be observed (asserted) and are dropped.
+  """
+  observed, probs = np.asarray(observed).ravel(), np.asarray(probs).ravel()
+  impossible = probs <= 0
+  assert observed[impossible].sum() == 0, "observed an outcome of probability zero"
+  observed, probs = observed[~impossible], probs[~impossible]
+  expected = probs / probs.sum() * observed.sum()
+  order = np.argsort(expected)
+  observed, expected = observed[order], expected[order]
+  # Pool the smallest cells (ascending) until the pool reaches 5 expected counts.
+  small = int(np.searchsorted(np.cumsum(expected), 5.0)) + 1 if expected[0] < 5 else 0
+  if small:
+    observed = np.concatenate([[observed[:small].sum()], observed[small:]])
+    expected = np.concatenate([[expected[:small].sum()], expected[small:]])
+  if len(observed) < 2:
+    return 1.0  # a single possible cell: nothing to test beyond the zero cells
+  return stats.chisquare(observed, expected).pvalue
+
+
+def sequence_counts(tokens, vocab_size: int) -> np.ndarray:
+  """`[N, T]` sampled sequences -> counts `[V ** T]` of each sequence (row-major)."""
+  tokens = np.asarray(tokens)
+  flat = np.ravel_multi_index(tuple(tokens.T), (vocab_size,) * tokens.shape[1])
+  return np.bincount(flat, minlength=vocab_size ** tokens.shape[1])
