@@ -1,4 +1,4 @@
-"""A tiny run for tests and smoke checks (seconds on a CPU)."""
+"""A tiny run for tests and smoke checks, small enough for a CPU."""
 
 from specjax.training.config import base_config, model_fields
 

@@ -2,7 +2,7 @@
 
 The corpus fixture copies a few real standard-library files per split into a
 temporary root, keeping their relative paths (so their split is unchanged),
-and trains a 512-token BPE on them: the whole pipeline runs in seconds.
+and trains a 512-token BPE on them, keeping the whole pipeline small.
 """
 
 import json
@@ -135,8 +135,8 @@ def test_resume_continues_with_identical_losses(tmp_path, corpus_root, data_dir)
   for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
     np.testing.assert_array_equal(x, y)
   # metrics.jsonl holds each step once, although step 3 ran twice.
-  steps = [json.loads(l)["step"] for l in open(tmp_path / "b" / "metrics.jsonl")
-           if "loss" in l]
+  steps = [json.loads(line)["step"] for line in open(tmp_path / "b" / "metrics.jsonl")
+           if "loss" in line]
   assert steps == sorted(set(steps))
 
 
@@ -220,15 +220,15 @@ def test_distillation_moves_draft_toward_teacher(tmp_path, corpus_root, data_dir
   teacher = str(tmp_path / "teacher")
   train(_config(corpus_root, data_dir, num_steps=12, learning_rate=1e-2, eval_every=12,
                 checkpoint_every=12), teacher, echo=lambda _: None)
-  records = []
   train(_config(corpus_root, data_dir, loss="tv", teacher=teacher, num_steps=12,
                 learning_rate=1e-2, eval_every=12, checkpoint_every=12,
                 seed=1), str(tmp_path / "draft"), echo=lambda _: None)
   with open(tmp_path / "draft" / "metrics.jsonl") as f:
-    records = [json.loads(l) for l in f]
+    records = [json.loads(line) for line in f]
   steps = [r for r in records if "distill" in r]
   assert steps[-1]["distill"] < steps[0]["distill"]
-  assert 0 <= records[-1]["val_alpha_t1"] <= 1 and records[-1]["val_alpha_t1"] > steps[0]["alpha_t1"]
+  assert 0 <= records[-1]["val_alpha_t1"] <= 1
+  assert records[-1]["val_alpha_t1"] > steps[0]["alpha_t1"]
 
 
 def test_init_from_starts_from_another_run(tmp_path, corpus_root, data_dir):
@@ -237,9 +237,8 @@ def test_init_from_starts_from_another_run(tmp_path, corpus_root, data_dir):
         echo=lambda _: None)
   lines = []
   train(_config(corpus_root, data_dir, num_steps=2, init_from=base, eval_every=2,
-                          learning_rate=1e-9, warmup_steps=0), str(tmp_path / "fine"),
-                  echo=lines.append)
-  assert any(f"initialised from {base} step 4" in l for l in lines)
+                learning_rate=1e-9, warmup_steps=0), str(tmp_path / "fine"), echo=lines.append)
+  assert any(f"initialised from {base} step 4" in line for line in lines)
   base_model, _ = load_trained_model(base)
   fine_model, _ = load_trained_model(str(tmp_path / "fine"))
   for x, y in zip(jax.tree.leaves(nnx.state(base_model)), jax.tree.leaves(nnx.state(fine_model))):
@@ -248,3 +247,172 @@ def test_init_from_starts_from_another_run(tmp_path, corpus_root, data_dir):
   bad.model.d_model = 64
   with pytest.raises(ValueError, match="holds a different model"):
     train(bad, str(tmp_path / "bad"), echo=lambda _: None)
+
+
+def _copy_data(data_dir, dest):
+  shutil.copytree(data_dir, dest)
+  return str(dest)
+
+
+def _silent(_):
+  pass
+
+
+def test_stale_token_files_are_refused(tmp_path, corpus_root, data_dir):
+  # Token files of a 600-id tokenizer whose tokenizer.json is gone: a 512-id run
+  # must not train a new tokenizer next to them and feed it their ids.
+  stale = str(tmp_path / "stale")
+  prepare_splits(stale, train_tokenizer(corpus_files("train", corpus_root), vocab_size=600),
+                 corpus_root, log=_silent)
+  with pytest.raises(ValueError, match=f"{stale}/train.bin .*600 ids.*512 ids"):
+    train(_config(corpus_root, stale), str(tmp_path / "run"), echo=_silent)
+  assert not os.path.exists(os.path.join(stale, "tokenizer.json"))
+  # The same vocabulary size but another tokenizer: the hashes differ.
+  from specjax.data.dataset import tokenizer_sha256
+  other = train_tokenizer(corpus_files("train", corpus_root)[:12], vocab_size=512)
+  other_path = str(tmp_path / "other.json")
+  other.save(other_path)
+  copy = _copy_data(data_dir, tmp_path / "copy")
+  config = _config(corpus_root, copy)
+  config.data.tokenizer = other_path
+  with pytest.raises(ValueError, match=f"{copy}/train.bin .*sha256 [0-9a-f]{{64}}.*"
+                                       f"sha256 {tokenizer_sha256(other)}"):
+    train(config, str(tmp_path / "run2"), echo=_silent)
+
+
+def test_validation_smaller_than_one_eval_batch(tmp_path, corpus_root, data_dir):
+  small = _copy_data(data_dir, tmp_path / "data")
+  val = os.path.join(small, "validation.bin")
+  np.fromfile(val, np.uint16)[:100].tofile(val)
+  meta = json.load(open(os.path.join(small, "validation.json")))
+  with open(os.path.join(small, "validation.json"), "w") as f:
+    json.dump(dict(meta, tokens=100), f)
+  run = tmp_path / "run"
+  with pytest.raises(ValueError, match=f"{val} holds 100 tokens.*batch_size 4 .*seq_len 32"):
+    train(_config(corpus_root, small), str(run), echo=_silent)
+  assert not os.path.exists(run / "checkpoints")
+
+
+def test_failed_run_leaves_no_temporary_checkpoint(tmp_path, corpus_root, data_dir):
+  def interrupt(line):
+    if line.startswith("step 3/"):  # step 2's checkpoint is still being written
+      raise RuntimeError("interrupted")
+  with pytest.raises(RuntimeError, match="interrupted"):
+    train(_config(corpus_root, data_dir), str(tmp_path), echo=interrupt)
+  names = os.listdir(tmp_path / "checkpoints")
+  assert "2" in names and not [n for n in names if "tmp" in n], names
+  # A killed run's leftover is removed by the next start.
+  leftover = tmp_path / "checkpoints" / "4.orbax-checkpoint-tmp"
+  leftover.mkdir()
+  train(_config(corpus_root, data_dir), str(tmp_path), stop_after=3, echo=_silent)
+  assert not leftover.exists()
+
+
+def test_resume_drops_a_partial_last_metrics_line(tmp_path, corpus_root, data_dir):
+  config = _config(corpus_root, data_dir)
+  train(config, str(tmp_path), stop_after=3, echo=_silent)
+  path = tmp_path / "metrics.jsonl"
+  with open(path, "a") as f:
+    f.write('{"step": 4, "loss": 2.')  # killed during an append
+  resumed = train(config, str(tmp_path), stop_after=4, echo=_silent)
+  assert [r["step"] for r in resumed] == [3, 4]
+  steps = [json.loads(line)["step"] for line in open(path)]
+  assert steps == sorted(steps) and steps[-1] == 4
+  lines = open(path).readlines()
+  lines[1] = "garbage\n"
+  path.write_text("".join(lines))
+  with pytest.raises(ValueError, match=f"{path}:2"):
+    train(config, str(tmp_path), echo=_silent)
+
+
+def test_resume_with_another_model_is_refused_before_writing(tmp_path, corpus_root, data_dir):
+  train(_config(corpus_root, data_dir, num_steps=2, eval_every=2), str(tmp_path), echo=_silent)
+  files = ("model_config.json", "metrics.jsonl")
+  before = {name: (tmp_path / name).read_bytes() for name in files}
+  other = _config(corpus_root, data_dir, num_steps=4, eval_every=2)
+  other.model.d_model = 64
+  with pytest.raises(ValueError, match=r"model_config.json.*d_model \(32 saved, 64 configured\)"):
+    train(other, str(tmp_path), echo=_silent)
+  assert {name: (tmp_path / name).read_bytes() for name in files} == before
+  assert load_trained_model(str(tmp_path))[1] == 2
+
+
+def test_a_non_finite_loss_stops_the_run(tmp_path, corpus_root, data_dir, monkeypatch):
+  monkeypatch.setattr(losses, "cross_entropy", lambda logits, targets: jnp.float32(jnp.nan))
+  with pytest.raises(FloatingPointError, match="step 1: the loss is nan"):
+    train(_config(corpus_root, data_dir), str(tmp_path), echo=_silent)
+
+
+def test_bad_token_files_name_the_path(tmp_path, data_dir):
+  copy = _copy_data(data_dir, tmp_path / "data")
+  path = os.path.join(copy, "train.bin")
+  size = os.path.getsize(path)
+  os.truncate(path, size - 1)
+  with pytest.raises(ValueError, match=f"{path} .*{size - 1} bytes.*not a multiple of 2"):
+    TokenDataset(path)
+  os.truncate(path, size - 2)
+  with pytest.raises(ValueError, match=f"{path} holds {size // 2 - 1} tokens.*"
+                                       f"train.json records {size // 2}"):
+    TokenDataset(path)
+  val = os.path.join(copy, "validation.bin")
+  os.truncate(val, 0)
+  with pytest.raises(ValueError, match=f"{val} holds no tokens"):
+    TokenDataset(val)
+
+
+def test_train_and_eval_steps_run_without_a_run_directory(tiny_cfg):
+  from specjax.models.transformer import Transformer
+  from specjax.training import trainer
+  graphdef, params = nnx.split(Transformer(tiny_cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  optimizer = optax.adam(1e-2)
+  opt_state = optimizer.init(params)
+  batch = jax.random.randint(jax.random.key(0), (2, 17), 0, tiny_cfg.vocab_size)
+  loss, metrics = trainer.objective(params, batch, graphdef=graphdef)
+  assert set(metrics) == {"ce"} and float(loss) == pytest.approx(float(metrics["ce"]))
+  first = trainer.eval_step(params, batch, graphdef=graphdef)
+  assert set(first) == {"ce"}
+  for _ in range(5):
+    params, opt_state, metrics = trainer.train_step(params, opt_state, batch,
+                                                    graphdef=graphdef, optimizer=optimizer)
+  assert set(metrics) == {"ce", "loss", "grad_norm"}
+  last = trainer.eval_step(params, batch, graphdef=graphdef)
+  assert float(last["ce"]) < float(first["ce"]) - 0.5
+  teacher = Transformer(tiny_cfg, rngs=nnx.Rngs(1))
+  distill = trainer.eval_step(params, batch, teacher, graphdef=graphdef, loss="kl+tv")
+  assert set(distill) == {"ce", "distill", "alpha_t0", "alpha_t1"}
+
+
+def test_generated_data_ends_samples_with_the_tokenizers_eos(tmp_path, corpus_root):
+  from tokenizers import ByteLevelBPETokenizer
+
+  from experiments import generate_data
+  # Specials in another order: <eos> is id 0 here, not 2.
+  bpe = ByteLevelBPETokenizer()
+  bpe.train_from_iterator((read_source(p) for p in corpus_files("train", corpus_root)),
+                          vocab_size=512, special_tokens=["<eos>", "<pad>", "<bos>"],
+                          show_progress=False)
+  tokenizer = Tokenizer(bpe._tokenizer)
+  assert tokenizer.eos_id == 0
+  data = str(tmp_path / "data")
+  os.makedirs(data)
+  tokenizer.save(os.path.join(data, "tokenizer.json"))
+  prepare_splits(data, tokenizer, corpus_root, log=_silent)
+  run = str(tmp_path / "run")
+  train(_config(corpus_root, data, num_steps=2, eval_every=2), run, echo=_silent)
+  out = str(tmp_path / "gen")
+  meta = generate_data.generate(run, data, out, num_batches=2, batch_size=2, prompt_tokens=8,
+                                new_tokens=4, seed=0)
+  tokens = np.fromfile(os.path.join(out, "train.bin"), np.uint16).reshape(4, 13)
+  assert meta["tokens"] == tokens.size and (tokens[:, -1] == 0).all()
+  assert TokenDataset(os.path.join(out, "train.bin")).path.endswith("train.bin")
+  prepare_splits(out, tokenizer, corpus_root, log=_silent)  # its files match the tokenizer
+
+
+def test_dtype_names_are_checked(tmp_path):
+  config = train_tiny.get_config()
+  config.model.param_dtype = "fp32"
+  with pytest.raises(ValueError, match=r"config.model.param_dtype must be one of "
+                                       r"\['bfloat16', 'float16', 'float32'\]"):
+    check_config(config)
+  with pytest.raises(ValueError, match=r"^dtype must be one of"):
+    load_trained_model(str(tmp_path / "nowhere"), dtype="fp16")

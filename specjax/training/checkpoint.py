@@ -17,10 +17,10 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from specjax.dtypes import to_dtype
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.transformer import Transformer
 
@@ -33,10 +33,13 @@ class CheckpointError(ValueError):
 
 
 def save_model_config(workdir: str, cfg: ModelConfig) -> None:
-  """Writes `cfg` as `workdir/model_config.json`."""
+  """Writes `cfg` as `workdir/model_config.json` (atomically: never half-written)."""
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w") as f:
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
     json.dump(dataclasses.asdict(cfg), f, indent=2)
+  os.replace(tmp, path)
 
 
 def load_model_config(workdir: str) -> ModelConfig:
@@ -55,18 +58,52 @@ def load_model_config(workdir: str) -> ModelConfig:
     raise CheckpointError(f"cannot read model config {path}: {e}") from e
 
 
+def has_checkpoints(workdir: str) -> bool:
+  """Whether `workdir` holds at least one finished checkpoint (`checkpoints/<step>/`)."""
+  directory = os.path.join(workdir, CHECKPOINT_DIR)
+  return os.path.isdir(directory) and any(
+      name.isdigit() and os.path.isdir(os.path.join(directory, name))
+      for name in os.listdir(directory))
+
+
+def check_resumable(workdir: str, cfg: ModelConfig) -> None:
+  """Raises ValueError when `workdir` holds checkpoints of a model other than `cfg`.
+
+  A resume restores those checkpoints into `cfg`'s model: this check reads
+  only, so a refused resume leaves the run directory as it was.
+  """
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not (os.path.isfile(path) and has_checkpoints(workdir)):
+    return
+  saved = load_model_config(workdir)
+  if saved != cfg:
+    diff = ", ".join(f"{f.name} ({getattr(saved, f.name)!r} saved, "
+                     f"{getattr(cfg, f.name)!r} configured)"
+                     for f in dataclasses.fields(cfg)
+                     if getattr(saved, f.name) != getattr(cfg, f.name))
+    raise ValueError(f"cannot resume {workdir}: its checkpoints are of the model in {path}, "
+                     f"which differs from config.model in {diff}. Train this model in "
+                     "another workdir.")
+
+
 class Checkpointer:
-  """An orbax `CheckpointManager` saving every `save_every` steps, keeping `keep`."""
+  """An orbax `CheckpointManager` saving every `save_every` steps, keeping `keep`.
+
+  `cleanup_tmp` deletes unfinished saves (`<step>.orbax-checkpoint-tmp`) left
+  by a killed run; only the run that writes `workdir` may set it, since a
+  reader would delete a save in flight.
+  """
 
   def __init__(self, workdir: str, save_every: int = 1, keep: int = 3,
-               create: bool = True):
+               create: bool = True, cleanup_tmp: bool = False):
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     if not create and not os.path.isdir(self.directory):
       raise FileNotFoundError(f"no checkpoint directory {self.directory}")
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(save_interval_steps=save_every,
-                                             max_to_keep=keep, create=create))
+                                             max_to_keep=keep, create=create,
+                                             cleanup_tmp_directories=cleanup_tmp))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -102,9 +139,11 @@ class Checkpointer:
     return dict(restored)
 
   def wait(self) -> None:
+    """Blocks until the save in flight (if any) is finished."""
     self.manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for the save in flight, then releases the manager."""
     self.manager.close()
 
 
@@ -118,27 +157,34 @@ def load_trained_model(workdir: str, step: int | None = None,
                        dtype: str | None = None) -> tuple[Transformer, int]:
   """The model a training run saved: `(Transformer, step)` at `step` (default latest).
 
-  `dtype` ("float32", "bfloat16") overrides the compute and parameter dtype.
+  `dtype` (a name in `specjax.dtypes.DTYPES`) overrides the compute and
+  parameter dtype.
   """
+  if dtype is not None:
+    to_dtype(dtype, "dtype")
   saved = load_model_config(workdir)
   cfg = saved if dtype is None else saved.replace(dtype=dtype, param_dtype=dtype)
   checkpointer = Checkpointer(workdir, create=False)
-  if step is None:
-    step = checkpointer.latest_step()
+  try:
     if step is None:
-      raise FileNotFoundError(f"no checkpoints in {checkpointer.directory}")
-  graphdef, abstract = abstract_model(saved)
-  restored = checkpointer.restore(step, abstract)["params"]
-  checkpointer.close()
-  params = jax.tree.map(lambda x: x.astype(jnp.dtype(cfg.param_dtype)), restored)
-  model = nnx.merge(graphdef, params)
-  if cfg != saved:
-    model = _with_config(model, cfg)
-  return model, step
+      step = checkpointer.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"no checkpoints in {checkpointer.directory}")
+    graphdef, abstract = abstract_model(saved)
+    restored = checkpointer.restore(step, abstract)["params"]
+  finally:
+    checkpointer.close()
+  model = nnx.merge(graphdef, restored)
+  return (model if cfg == saved else with_config(model, cfg)), step
 
 
-def _with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
-  # Compute dtype is read from the config at construction, so rebuild the
-  # module tree for `cfg` and move the (already cast) parameters over.
+def with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
+  """`model`'s parameters in a `Transformer(cfg)`, cast to `cfg.param_dtype`.
+
+  For a `cfg` that differs from `model.cfg` in dtypes only: the compute dtype
+  is read from the config at construction, so the module tree is rebuilt.
+  """
   graphdef, _ = abstract_model(cfg)
-  return nnx.merge(graphdef, nnx.state(model, nnx.Param))
+  dtype = to_dtype(cfg.param_dtype, "cfg.param_dtype")
+  params = jax.tree.map(lambda x: x.astype(dtype), nnx.state(model, nnx.Param))
+  return nnx.merge(graphdef, params)

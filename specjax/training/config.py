@@ -21,7 +21,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       root="",         # corpus root; "" -> the running interpreter's stdlib
       dir="",          # token files + tokenizer; "" -> <workdir>/data
-      tokenizer="",    # an existing tokenizer.json; "" -> <data dir>/tokenizer.json (trained if missing)
+      # An existing tokenizer.json; "" -> <data dir>/tokenizer.json, trained if missing.
+      tokenizer="",
       vocab_size=4096))
   c.model = model_fields(4096, 128, 2, 2, 344, 512)
   c.batch_size = 16

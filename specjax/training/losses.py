@@ -53,8 +53,6 @@ def agreement(target_logits: jax.Array, draft_logits: jax.Array) -> dict[str, ja
   `alpha_t1` = mean (1 - TV(p, q)): the acceptance probability at temperature 1.
   `alpha_t0` = mean [argmax p == argmax q]: greedy acceptance.
   """
-  p = jax.nn.softmax(target_logits)
-  q = jax.nn.softmax(draft_logits)
   same = target_logits.argmax(-1) == draft_logits.argmax(-1)
-  return {"alpha_t1": 1.0 - 0.5 * jnp.abs(p - q).sum(-1).mean(),
+  return {"alpha_t1": 1.0 - total_variation(target_logits, draft_logits),
           "alpha_t0": same.mean(dtype=jnp.float32)}

@@ -18,7 +18,8 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """The training optimizer from the `optim` fields of a train config."""
+  """Clipping then AdamW on `learning_rate_schedule(config)`, from a train config's
+  `clip_norm`, `b1`, `b2` and `weight_decay`."""
   return optax.chain(
       optax.clip_by_global_norm(config.clip_norm),
       optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
