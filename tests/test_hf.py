@@ -244,7 +244,7 @@ def test_tokenizer_is_loaded_and_pairs_are_checked(llama_dir, tmp_path):
   _word_tokenizer(["<unk>", "world", "hello"]).save(str(b / "tokenizer.json"))
   _, tok_a = specjax.hf.load_model(str(a))
   _, tok_b = specjax.hf.load_model(str(b))
-  assert tok_a.encode("hello world").ids == [1, 2]
+  assert tok_a.encode("hello world") == [1, 2]
   specjax.hf.check_same_tokenizer(tok_a, tok_a, str(a), str(a))
   with pytest.raises(ValueError, match=r"target \(.*a\) and draft \(.*b\) use different "
                                        r"tokenizers"):
@@ -287,3 +287,113 @@ def test_legacy_rope_keys_and_refusals():
   with pytest.raises(ValueError, match="qwen2 use_sliding_window=true"):
     specjax.hf.model_config(dict(legacy, model_type="qwen2", use_sliding_window=True),
                             "float32")
+
+
+def test_load_model_returns_the_library_tokenizer(llama_dir, tmp_path):
+  """The same `Tokenizer` class as `specjax.pretrained.load_pair` returns."""
+  from specjax.data.tokenizer import Tokenizer
+  path = _copy(llama_dir, tmp_path / "tok")
+  _word_tokenizer(["<pad>", "<bos>", "<eos>", "hello"]).save(str(path / "tokenizer.json"))
+  _, tokenizer = specjax.hf.load_model(str(path))
+  assert isinstance(tokenizer, Tokenizer)
+  assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2)
+  assert tokenizer.encode("hello") == [3] and tokenizer.vocab_size == 4
+
+
+def test_corrupt_tokenizer_json_names_the_path(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path / "bad_tokenizer")
+  (path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+  with pytest.raises(ValueError, match=r"cannot read tokenizer .*bad_tokenizer.tokenizer.json"):
+    specjax.hf.load_model(str(path))
+
+
+@pytest.mark.parametrize("arch, field", [("llama", "hidden_size"), ("llama", "vocab_size"),
+                                         ("gpt2", "n_embd")])
+def test_config_without_a_required_field_names_file_and_field(llama_dir, tmp_path, arch, field):
+  path = _copy(llama_dir, tmp_path / "cfg")
+  file = path / "config.json"
+  config = json.loads(file.read_text())
+  config["model_type"] = arch
+  config.pop(field, None)
+  file.write_text(json.dumps(config))
+  with pytest.raises(ValueError, match=rf"cfg.config\.json.* '{field}'"):
+    specjax.hf.load_model(str(path))
+
+
+@pytest.mark.parametrize("text", ['{"model_type": "llama",', "[1, 2]", "\udcff"])
+def test_config_that_is_not_a_json_object_names_the_file(llama_dir, tmp_path, text):
+  path = _copy(llama_dir, tmp_path / "cfg")
+  (path / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+  with pytest.raises(ValueError, match=r"cfg.config\.json"):
+    specjax.hf.load_model(str(path))
+
+
+def test_config_with_a_bad_field_value_names_the_field(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path / "cfg")
+  _edit_config(path, num_hidden_layers="2")
+  with pytest.raises(ValueError, match=r"cfg.config\.json.*num_hidden_layers"):
+    specjax.hf.load_model(str(path))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_weights_are_refused(llama_dir, tmp_path, bad):
+  from safetensors.numpy import load_file
+  path = _copy(llama_dir, tmp_path / "nan")
+  tensors = load_file(str(path / "model.safetensors"))
+  tensors["model.layers.0.mlp.up_proj.weight"][3, 5] = bad
+  save_file(tensors, str(path / "model.safetensors"))
+  with pytest.raises(ValueError, match=r"nan.model\.safetensors: tensor "
+                                       r"'model.layers.0.mlp.up_proj.weight' .*non-finite"):
+    specjax.hf.load_model(str(path))
+
+
+def test_corrupt_safetensors_header_names_the_path(llama_dir, tmp_path):
+  """A changed dtype in the header reinterprets the float bytes as integers."""
+  path = _copy(llama_dir, tmp_path / "header")
+  raw = (path / "model.safetensors").read_bytes()
+  header = raw.index(b'"F32"')
+  (path / "model.safetensors").write_bytes(raw[:header] + b'"I32"' + raw[header + 5:])
+  with pytest.raises(ValueError, match=r"header.model\.safetensors: tensor .* has dtype int32"):
+    specjax.hf.load_model(str(path))
+  (path / "model.safetensors").write_bytes(raw[:-3])  # truncated
+  with pytest.raises(ValueError, match=r"cannot read safetensors file .*header"):
+    specjax.hf.load_model(str(path))
+
+
+def test_corrupt_shard_index_names_the_path(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path / "index")
+  (path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+  with pytest.raises(ValueError, match=r"index.model\.safetensors\.index\.json.*weight_map"):
+    specjax.hf.load_model(str(path))
+
+
+def test_dtype_names_come_from_the_one_table(llama_dir, tmp_path, tokens, target):
+  """float16 is in `specjax.dtypes`, so export writes it; other names are refused early."""
+  from specjax.hf.export import save_model
+  from specjax.hf.transformers_baseline import time_transformers
+  model = target  # conftest's tiny Llama-style model
+  save_model(model, str(tmp_path / "f16"), dtype="float16")
+  half, _ = specjax.hf.load_model(str(tmp_path / "f16"), dtype=jnp.float32)
+  x = jnp.asarray(tokens, jnp.int32)
+  assert np.max(np.abs(np.asarray(half(x)) - np.asarray(model(x)))) < 0.05
+  with pytest.raises(ValueError, match="dtype must be one of"):
+    save_model(model, str(tmp_path / "int8"), dtype="int8")
+  with pytest.raises(ValueError, match="dtype must be one of"):
+    specjax.hf.load_model(str(llama_dir), dtype=jnp.int8)
+  with pytest.raises(ValueError, match="dtype must be one of"):
+    time_transformers(str(tmp_path / "nowhere"), str(tmp_path / "nowhere"), [1], gamma=2,
+                      max_new_tokens=4, sampling=specjax.GREEDY, dtype="int8", num_runs=3)
+
+
+def test_make_hf_checkpoint_uses_the_library_tokenizer(tmp_path):
+  from experiments import make_hf_checkpoint
+  from specjax.data import tokenizer as tokenizer_lib
+  assert make_hf_checkpoint.train_tokenizer is tokenizer_lib.train_tokenizer
+  # The library's check: the BPE needs 256 byte ids plus the specials.
+  with pytest.raises(ValueError, match=r"vocab_size must be >= 259"):
+    make_hf_checkpoint.make_checkpoint(str(tmp_path / "small"), "llama", "tiny", 100)
+  with pytest.raises(ValueError, match=r"arch must be one of"):
+    make_hf_checkpoint.make_checkpoint(str(tmp_path / "bert"), "bert", "tiny", 300)
+  with pytest.raises(ValueError, match=r"size must be one of"):
+    make_hf_checkpoint.make_checkpoint(str(tmp_path / "huge"), "llama", "huge", 300)
+  assert not os.path.exists(tmp_path / "small")

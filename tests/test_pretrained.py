@@ -1,6 +1,9 @@
 """The bundled trained pair: sizes, one-call loading, greedy exactness, the main job."""
 
+import hashlib
+import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -114,3 +117,63 @@ def test_iteration_profile_runs():
               "verify_ms", "ar_ms_per_token", "spec_ms_per_iteration"):
     assert result[key] > 0, key
   assert result["iterations"] >= 1
+
+
+def test_load_pair_and_hf_load_model_return_the_same_tokenizer_type(pair):
+  import specjax.hf
+  tokenizer = specjax.hf.load_tokenizer(pretrained.PAIR_DIR)
+  assert type(tokenizer) is type(pair.tokenizer)
+  assert tokenizer.encode("def f(x):") == pair.tokenizer.encode("def f(x):")
+
+
+def _pair_copy(monkeypatch, tmp_path):
+  """A copy of the bundled pair under `tmp_path`, with `pretrained` pointing at it."""
+  root = tmp_path / "pair"
+  shutil.copytree(pretrained.PAIR_DIR, root)
+  for name, rel in (("PAIR_DIR", ""), ("TARGET_DIR", "target"), ("DRAFT_DIR", "draft"),
+                    ("TOKENIZER_FILE", "tokenizer.json"), ("CARD_FILE", "card.json")):
+    monkeypatch.setattr(pretrained, name, str(root / rel) if rel else str(root))
+  return root
+
+
+def test_card_records_the_sha256_of_every_bundled_file():
+  sums = pretrained.model_card()["sha256"]
+  assert sorted(sums) == sorted(pretrained.BUNDLED_FILES)
+  for rel, digest in sums.items():
+    with open(os.path.join(pretrained.PAIR_DIR, rel), "rb") as f:
+      assert hashlib.sha256(f.read()).hexdigest() == digest, rel
+
+
+def test_load_pair_refuses_a_flipped_byte(monkeypatch, tmp_path):
+  root = _pair_copy(monkeypatch, tmp_path)
+  weights = root / "draft" / "model.safetensors"
+  raw = bytearray(weights.read_bytes())
+  before = hashlib.sha256(raw).hexdigest()
+  raw[-2] ^= 0x01  # the lowest mantissa bit of a bfloat16 weight: still finite
+  weights.write_bytes(bytes(raw))
+  after = hashlib.sha256(raw).hexdigest()
+  with pytest.raises(ValueError, match=rf"draft.model\.safetensors.*{before}.*{after}"):
+    pretrained.load_pair()
+
+
+def test_bundle_pair_writes_the_sums_load_pair_checks(monkeypatch, tmp_path):
+  from experiments import bundle_pair
+  root = _pair_copy(monkeypatch, tmp_path)
+  (root / "tokenizer.json").write_text((root / "tokenizer.json").read_text() + "\n")
+  card = {k: v for k, v in pretrained.model_card().items() if k != "sha256"}
+  with pytest.raises(ValueError, match=r"tokenizer\.json"):
+    pretrained.load_pair()
+  bundle_pair.write_card(str(root), card)
+  assert pretrained.model_card()["sha256"]["tokenizer.json"] == hashlib.sha256(
+      (root / "tokenizer.json").read_bytes()).hexdigest()
+  pair = pretrained.load_pair()
+  assert pair.tokenizer.encode("x") and pair.draft.num_params
+
+
+def test_load_pair_names_a_card_without_sums(monkeypatch, tmp_path):
+  root = _pair_copy(monkeypatch, tmp_path)
+  card = json.loads((root / "card.json").read_text())
+  card.pop("sha256", None)
+  (root / "card.json").write_text(json.dumps(card))
+  with pytest.raises(ValueError, match=r"card\.json.*sha256"):
+    pretrained.load_pair()

@@ -1,8 +1,10 @@
-"""A byte-level BPE tokenizer (Hugging Face `tokenizers`) behind a small API.
+"""A Hugging Face `tokenizers` tokenizer behind a small API.
 
-Both models of a pair share one `tokenizer.json`. Ids 0, 1, 2 are the specials
-`<pad>`, `<bos>`, `<eos>`. Byte-level BPE round-trips any text exactly:
-`decode(encode(text)) == text`.
+The one tokenizer type specjax hands out: `train_tokenizer`,
+`specjax.pretrained.load_pair` and `specjax.hf.load_model` all return it. Both
+models of a pair share one `tokenizer.json`. In the byte-level BPEs trained here
+ids 0, 1, 2 are the specials `<pad>`, `<bos>`, `<eos>`, and `decode(encode(text))
+== text` for any text.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 
 
 class Tokenizer:
-  """`encode(text) -> list[int]`, `decode(ids) -> str`, and the special ids."""
+  """`encode(text) -> list[int]`, `decode(ids) -> str`, and the special ids.
+
+  `pad_id`, `bos_id` and `eos_id` are the ids of `<pad>`, `<bos>` and `<eos>`,
+  None for a tokenizer without that token (most downloaded checkpoints name their
+  specials differently; their `config.json` holds the ids).
+  """
 
   def __init__(self, backend):
     self._backend = backend  # a `tokenizers.Tokenizer`
@@ -36,10 +43,9 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._backend.get_vocab_size()
 
-  @property
-  def backend(self):
-    """The underlying `tokenizers.Tokenizer`."""
-    return self._backend
+  def get_vocab(self) -> dict[str, int]:
+    """Token string -> id, specials included."""
+    return self._backend.get_vocab()
 
   def encode(self, text: str) -> list[int]:
     return self._backend.encode(text).ids

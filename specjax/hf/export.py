@@ -11,13 +11,11 @@ from __future__ import annotations
 import json
 import os
 
-import jax.numpy as jnp
 from flax import nnx
 
+from specjax.dtypes import to_dtype
 from specjax.hf import weights
 from specjax.models.transformer import Transformer
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def hf_config(model: Transformer, dtype: str, bos_id: int | None = None,
@@ -48,9 +46,11 @@ def hf_config(model: Transformer, dtype: str, bos_id: int | None = None,
 def save_model(model: Transformer, path: str, dtype: str = "bfloat16",
                bos_id: int | None = None, eos_id: int | None = None,
                pad_id: int | None = None) -> None:
-  """Writes `model` to directory `path` as a Llama checkpoint with `dtype` weights."""
-  if dtype not in _DTYPES:
-    raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, got {dtype!r}.")
+  """Writes `model` to directory `path` as a Llama checkpoint with `dtype` weights.
+
+  `dtype` is a name from `specjax.dtypes.DTYPES` ("float32", "bfloat16", "float16").
+  """
+  weight_dtype = to_dtype(dtype)
   from safetensors.flax import save_file  # imported here: only exporting needs it
   config = hf_config(model, dtype, bos_id, eos_id, pad_id)
   params = {path_: v.get_value() for path_, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
@@ -59,7 +59,7 @@ def save_model(model: Transformer, path: str, dtype: str = "bfloat16",
     (param_path, transform), = entries
     value = params[param_path]
     tensors[name] = (value.T if transform is weights._transpose else value).astype(
-        _DTYPES[dtype])
+        weight_dtype)
   os.makedirs(path, exist_ok=True)
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(path, "config.json"), "w") as f:

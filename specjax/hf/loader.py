@@ -1,4 +1,4 @@
-"""`load_model`: a local Hugging Face checkpoint directory -> (Transformer, tokenizer)."""
+"""`load_model`: a local Hugging Face checkpoint directory -> (Transformer, Tokenizer)."""
 
 from __future__ import annotations
 
@@ -10,34 +10,42 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.data.tokenizer import Tokenizer
+from specjax.dtypes import dtype_name
 from specjax.hf import config as hf_config
 from specjax.hf import weights
 from specjax.models.transformer import Transformer
 
-_DTYPE_NAMES = {jnp.dtype(jnp.float32): "float32", jnp.dtype(jnp.bfloat16): "bfloat16",
-                jnp.dtype(jnp.float16): "float16"}
-
 
 def read_config(path: str) -> dict:
-  """The parsed `config.json` of checkpoint directory `path`."""
+  """The parsed `config.json` of checkpoint directory `path`.
+
+  Raises FileNotFoundError for a missing directory or file and ValueError naming
+  the file when it is not a JSON object.
+  """
   if not os.path.isdir(path):
     raise FileNotFoundError(f"checkpoint directory {path} does not exist")
   file = os.path.join(path, "config.json")
   if not os.path.exists(file):
     raise FileNotFoundError(f"no config.json in {path}")
   try:
-    with open(file) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
+    with open(file, encoding="utf-8") as f:
+      config = json.load(f)
+  except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for binary bytes
     raise ValueError(f"{file} is not valid JSON: {e}") from e
+  if not isinstance(config, dict):
+    raise ValueError(f"{file} must hold a JSON object, got a {type(config).__name__}.")
+  return config
 
 
-def load_tokenizer(path: str):
-  """`tokenizers.Tokenizer` from `path/tokenizer.json`, or None when there is none."""
+def load_tokenizer(path: str) -> Tokenizer | None:
+  """The `Tokenizer` of `path/tokenizer.json`, or None when there is none.
+
+  Raises ValueError naming the file when it cannot be parsed.
+  """
   file = os.path.join(path, "tokenizer.json")
   if not os.path.exists(file):
     return None
-  from tokenizers import Tokenizer  # imported here: only real checkpoints need it
   return Tokenizer.from_file(file)
 
 
@@ -56,14 +64,19 @@ def load_model(path: str, dtype=jnp.bfloat16, mesh=None, rules=None):
       every device receives only its own shard, one tensor at a time.
 
   Returns:
-    `(model, tokenizer)`: a `specjax.Transformer` and a `tokenizers.Tokenizer`
-    (None if the directory has no tokenizer.json).
+    `(model, tokenizer)`: a `specjax.Transformer` and a
+    `specjax.data.tokenizer.Tokenizer` (None if the directory has no tokenizer.json).
+
+  Raises:
+    FileNotFoundError: a missing directory, config.json or weights file.
+    ValueError: a bad dtype, config.json, tokenizer.json or weights file (the
+      message names the file, and the field or tensor).
   """
-  dtype_name = _DTYPE_NAMES.get(jnp.dtype(dtype))
-  if dtype_name is None:
-    raise ValueError(f"dtype must be one of float32, bfloat16, float16; got {dtype!r}.")
+  name = dtype_name(dtype)
   hf = read_config(path)
-  cfg = hf_config.model_config(hf, dtype_name)
+  cfg = hf_config.model_config(hf, name, source=os.path.join(path, "config.json"))
+  # Everything cheap is checked before any tensor is read.
+  tokenizer = load_tokenizer(path)
   files = weights.shard_files(path)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
@@ -82,15 +95,16 @@ def load_model(path: str, dtype=jnp.bfloat16, mesh=None, rules=None):
   params = weights.load_params(hf["model_type"], cfg,
                                {p: v.get_value() for p, v in flat}, files, place)
   loaded = nnx.from_flat_state([(p, v.replace(params[p])) for p, v in flat])
-  return nnx.merge(graphdef, loaded), load_tokenizer(path)
+  return nnx.merge(graphdef, loaded), tokenizer
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_path: str,
                          draft_path: str) -> None:
   """Raises unless both tokenizers map the same strings to the same ids.
 
-  Drafts with a different vocabulary *size* but the same tokenizer (Qwen2.5 0.5B
-  vs 7B) pass; different tokenizers would need a token mapping.
+  Takes the `Tokenizer`s `load_model` returns; None (no tokenizer.json) skips the
+  check. Drafts with a different vocabulary *size* but the same tokenizer
+  (Qwen2.5 0.5B vs 7B) pass; different tokenizers would need a token mapping.
   """
   if target_tokenizer is None or draft_tokenizer is None:
     return

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from specjax import benchmarking
+from specjax.dtypes import to_dtype
 from specjax.sampling import SamplingParams
 
 
@@ -22,19 +23,20 @@ def time_transformers(target_path: str, draft_path: str, prompt_ids: list[int], 
 
   Args:
     prompt_ids: one prompt's token ids (batch 1).
-    dtype: "float32" or "bfloat16" (both models).
+    dtype: a name from `specjax.dtypes.DTYPES`, e.g. "float32" or "bfloat16"
+      (both models).
 
   Returns:
     {"hf_ms_per_token", "hf_assisted_ms_per_token", "hf_tokens", "hf_assisted_tokens"}
     where the token lists are the last run's generated ids.
   """
+  to_dtype(dtype)  # validates the name before the heavy imports
   import torch  # optional dependency: only this comparison needs it
   import transformers
 
-  torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-  load = lambda p: transformers.AutoModelForCausalLM.from_pretrained(
-      p, dtype=torch_dtype).eval()
-  target, draft = load(target_path), load(draft_path)
+  torch_dtype = getattr(torch, dtype)  # the DTYPES names are torch's names too
+  target, draft = (transformers.AutoModelForCausalLM.from_pretrained(
+      p, dtype=torch_dtype).eval() for p in (target_path, draft_path))
   for model in (target, draft):  # fixed length: no EOS stop (specjax runs eos_id=None)
     model.generation_config.eos_token_id = None
   draft.generation_config.num_assistant_tokens = gamma

@@ -98,9 +98,18 @@ def shard_files(directory: str) -> list[str]:
   index = os.path.join(directory, "model.safetensors.index.json")
   single = os.path.join(directory, "model.safetensors")
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    files = [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
+    try:
+      with open(index, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+      names = sorted(set(weight_map.values()))
+    except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for binary bytes
+      raise ValueError(f"{index} is not valid JSON: {e}") from e
+    except (KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"{index} must hold a JSON object with a 'weight_map' of tensor "
+                       "name -> shard file name.") from e
+    if not names or not all(isinstance(name, str) for name in names):
+      raise ValueError(f"{index}: 'weight_map' must map tensor names to shard file names.")
+    files = [os.path.join(directory, name) for name in names]
     missing = [f for f in files if not os.path.exists(f)]
     if missing:
       raise FileNotFoundError(f"{index} lists shard files that do not exist: {missing}")
@@ -112,7 +121,11 @@ def shard_files(directory: str) -> list[str]:
 
 
 def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
-  """Yields (file, name, array) one tensor at a time, shard after shard."""
+  """Yields (file, name, array) one tensor at a time, shard after shard.
+
+  A file safetensors cannot parse (bad header, truncated) raises ValueError
+  naming it.
+  """
   from safetensors import safe_open  # imported here: only loading needs it
   for path in files:
     try:
@@ -121,7 +134,26 @@ def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
       raise ValueError(f"cannot read safetensors file {path}: {e}") from e
     with handle as f:
       for name in f.keys():
-        yield path, name, f.get_tensor(name)
+        try:
+          tensor = f.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types
+          raise ValueError(f"cannot read tensor {name!r} of safetensors file {path}: {e}"
+                           ) from e
+        yield path, name, tensor
+
+
+def _check_values(path: str, name: str, tensor: jax.Array) -> None:
+  """Raises ValueError naming `path` and `name` unless `tensor` holds finite floats.
+
+  An integer dtype in a weights file means a corrupt header (the float bytes
+  would be reinterpreted); NaN or inf would silently poison every logit.
+  """
+  if not jnp.issubdtype(tensor.dtype, jnp.floating):
+    raise ValueError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, not a float "
+                     "dtype; the file is corrupt or not a model checkpoint.")
+  bad = int(jnp.sum(~jnp.isfinite(tensor)))
+  if bad:
+    raise ValueError(f"{path}: tensor {name!r} holds {bad} non-finite values (NaN or inf).")
 
 
 def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.ShapeDtypeStruct],
@@ -138,8 +170,9 @@ def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.Shap
     parameter path -> array in the expected dtype.
 
   Raises:
-    ValueError: a tensor name the architecture does not have, a shape that does
-      not match the config, or parameters no file provided.
+    ValueError: an unreadable file, a tensor name the architecture does not
+      have, a shape that does not match the config, a tensor that is not finite
+      floats, or parameters no file provided.
   """
   names = tensor_map(model_type, cfg)
   params: dict[Path, jax.Array] = {}
@@ -151,6 +184,7 @@ def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.Shap
         continue
       raise ValueError(f"{path}: tensor {raw_name!r} does not belong to a "
                        f"{model_type} model with this config.json.")
+    _check_values(path, raw_name, tensor)
     for target, transform in names[name]:
       value = transform(tensor)
       expected = abstract[target]
