@@ -18,6 +18,7 @@ import ml_collections
 
 
 def get_config() -> ml_collections.ConfigDict:
+  """The decode configuration (no presets)."""
   config = ml_collections.ConfigDict()
   config.target = ""
   config.draft = ""
@@ -35,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_new_tokens = 64
   config.batch_size = 1
   config.seed = 0
-  config.dtype = "float32"  # float32 keeps greedy outputs comparable bit for bit
+  config.dtype = "float32"  # float32 | bfloat16; float32 keeps greedy outputs comparable
   config.stop_at_eos = True  # timing runs with compare_transformers use a fixed length
   config.num_runs = 3
   config.compare_transformers = False

@@ -11,21 +11,18 @@ JSON and writes it to --output_json when given.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from flax import nnx
-from ml_collections import config_flags
 
 import specjax
-from specjax import benchmarking
-from specjax.generation import validation
-
-_DTYPES = ("float32", "bfloat16", "float16")
+from experiments import common
+from specjax import benchmarking, dtypes
+from specjax.generation.common import cache_capacity
+from specjax.validation import check_output_path, check_positive_int
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -33,12 +30,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name, minimum in (("batch_size", 1), ("prompt_len", 1), ("max_new_tokens", 1),
                         ("gamma", 1), ("num_runs", 3), ("step_timing_steps", 1),
                         ("top_k", 0), ("seed", 0)):
-    validation.check_positive_int(f"config.{name}", config[name], minimum)
+    check_positive_int(f"config.{name}", config[name], minimum)
   if not isinstance(config.draft_is_target, bool):
     raise ValueError(
         f"config.draft_is_target must be a bool, got {config.draft_is_target!r}.")
-  if config.dtype not in _DTYPES:
-    raise ValueError(f"config.dtype must be one of {_DTYPES}, got {config.dtype!r}.")
+  dtypes.to_dtype(config.dtype, "config.dtype")
   for name in ("target", "draft"):
     if "dtype" in config[name] or "param_dtype" in config[name]:
       raise ValueError(f"config.{name} must not set dtype/param_dtype; use config.dtype.")
@@ -54,7 +50,7 @@ def model_config(fields: ml_collections.ConfigDict, config: ml_collections.Confi
   """`ModelConfig` from a preset's fields, with max_seq_len and dtypes filled in."""
   kwargs = fields.to_dict()
   kwargs.setdefault("max_seq_len",
-                    config.prompt_len + config.max_new_tokens + config.gamma + 1)
+                    cache_capacity(config.prompt_len, config.max_new_tokens, config.gamma))
   return specjax.ModelConfig(dtype=config.dtype, param_dtype=config.dtype, **kwargs)
 
 
@@ -70,22 +66,15 @@ def build_models(config: ml_collections.ConfigDict
   return target, draft
 
 
-def make_prompts(config: ml_collections.ConfigDict, vocab_size: int):
-  """Random token ids `[batch_size, prompt_len]`; every row is full length."""
-  key = jax.random.fold_in(jax.random.key(config.seed), 1)
-  prompts = jax.random.randint(key, (config.batch_size, config.prompt_len), 0, vocab_size,
-                               dtype=jnp.int32)
-  lengths = jnp.full((config.batch_size,), config.prompt_len, jnp.int32)
-  return prompts, lengths
-
-
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Runs the benchmark described by `config`; returns the JSON-ready result."""
   check_config(config)
   sampling = specjax.SamplingParams(temperature=float(config.temperature),
                                     top_k=config.top_k, top_p=float(config.top_p))
   target, draft = build_models(config)
-  prompts, lengths = make_prompts(config, target.cfg.vocab_size)
+  prompts, lengths = benchmarking.random_prompts(
+      jax.random.fold_in(jax.random.key(config.seed), 1), config.batch_size,
+      config.prompt_len, target.cfg.vocab_size)
   result = {
       "preset": config.preset,
       "config": config.to_dict(),
@@ -103,26 +92,17 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  common.check_no_args(argv)
+  output_json = check_output_path("--output_json", flags.FLAGS.output_json)
   result = run(flags.FLAGS.config)
-  text = json.dumps(result, indent=2)
-  print(text)
-  if flags.FLAGS.output_json:
-    directory = os.path.dirname(flags.FLAGS.output_json)
-    if directory:
-      os.makedirs(directory, exist_ok=True)
-    with open(flags.FLAGS.output_json, "w") as f:
-      f.write(text + "\n")
+  print(json.dumps(result, indent=2))
+  common.write_json(output_json, result)
 
 
 def define_flags() -> None:
-  """Flags live here, not at import, so tests can import several launchers."""
-  config_flags.DEFINE_config_file(
-      "config", None, "Benchmark configuration file (configs/benchmark.py[:preset]).",
-      lock_config=True)
-  flags.DEFINE_string("output_json", None, "Also write the result JSON to this path.")
-  flags.mark_flags_as_required(["config"])
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  common.define_config_flag("Benchmark configuration file (configs/benchmark.py[:preset]).")
+  common.define_output_flags()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 Writes bfloat16 Hugging Face Llama checkpoints `target/` and `draft/`, the
 shared `tokenizer.json`, and `card.json`: each run's train config, steps,
 tokens seen, final validation perplexity and wall time, plus the corpus
-statistics, so the README's model card can be checked against the files.
+statistics, so the README's model card can be checked against the files, and
+the sha256 of every bundled file, which `specjax.pretrained.load_pair` verifies.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def run_record(run: str) -> dict:
 
 
 def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
+  """Writes the pair of `target_run` and `draft_run` into `out`; returns its card."""
   os.makedirs(out, exist_ok=True)
   tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
   card = {"python": sys.version.split()[0], "corpus": {}}
@@ -64,6 +66,15 @@ def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
       entry = entry["init_from"]
     os.chmod(os.path.join(out, name, "model.safetensors"), 0o644)  # safetensors writes 0600
   shutil.copyfile(os.path.join(data_dir, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
+  return write_card(out, card)
+
+
+def write_card(out: str, card: dict) -> dict:
+  """Writes `out/card.json`: `card` plus the sha256 of every bundled file under `out`.
+
+  `specjax.pretrained.load_pair` checks the files against these sums before loading.
+  """
+  card = {**card, "sha256": pretrained.file_sums(out)}
   with open(os.path.join(out, "card.json"), "w") as f:
     json.dump(card, f, indent=2)
   return card
@@ -76,10 +87,15 @@ def main(argv):
   print(json.dumps({k: card[k] for k in ("target", "draft")}, indent=2, default=str))
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
   flags.DEFINE_string("draft", None, "Run directory of the draft.", required=True)
   flags.DEFINE_string("data_dir", None, "Data directory (tokenizer.json, <split>.json).",
                       required=True)
   flags.DEFINE_string("out", pretrained.PAIR_DIR, "Output directory.")
+
+
+if __name__ == "__main__":
+  define_flags()
   app.run(main)

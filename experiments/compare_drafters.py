@@ -16,20 +16,25 @@ markdown table (the README's).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 import specjax
+from experiments import common
 from specjax import benchmarking, pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import NGramDrafter, layer_skip
-from specjax.generation import validation
+from specjax.validation import check_output_path, check_positive_int
+
+# The README's table: one line per variant.
+COLUMNS = (("T", "{temperature:g}"), ("drafter", "{drafter}"), ("verifier", "{verifier}"),
+           ("γ", "{gamma}"), ("draft length", "{adaptive}"), ("α", "{acceptance_rate:.3f}"),
+           ("tokens/iter", "{tokens_per_iteration:.2f}"), ("ms/token", "{ms_per_token:.3f}"),
+           ("speedup", "{speedup:.2f}"))
 
 
 def _variants(config, target, draft, temperature):
@@ -48,16 +53,23 @@ def _variants(config, target, draft, temperature):
 
 
 def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  """Times every variant of `config` on the bundled pair; one JSON-ready row each."""
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
-    validation.check_positive_int(f"config.{name}", config[name])
-  validation.check_positive_int("config.num_runs", config.num_runs, 3)
+    check_positive_int(f"config.{name}", config[name])
+  check_positive_int("config.num_runs", config.num_runs, 3)
   target, draft, tokenizer = pretrained.load_pair()
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
+
+  def one(i):  # prompt i alone: every variant decodes batch 1
+    return prompts[i:i + 1], lengths[i:i + 1]
+
+  def tokens(outs):
+    return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
+
   rows = []
   for temperature in config.temperatures:
     sampling = specjax.SamplingParams(temperature=float(temperature))
     key = jax.random.key(config.seed)
-    one = lambda i: (prompts[i:i + 1], lengths[i:i + 1])
     calls = {"ar": lambda: [specjax.autoregressive_generate(
         target, *one(i), max_new_tokens=config.max_new_tokens, sampling=sampling, key=key)
         for i in range(len(lengths))]}
@@ -74,11 +86,13 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
               confidence_threshold=config.confidence_threshold)
           for i in range(len(lengths))])
     timings, outputs = benchmarking.time_calls(calls, config.num_runs)
-    tokens = lambda outs: sum(int(np.asarray(o.num_generated).sum()) for o in outs)
     ar_ms = timings["ar"].median_s * 1e3 / tokens(outputs["ar"])
     for label, fields in meta.items():
       outs = outputs[label]
-      s = lambda field: sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
+
+      def s(field):
+        return sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
+
       ms = timings[label].median_s * 1e3 / tokens(outs)
       rows.append({
           "temperature": float(temperature), **fields,
@@ -91,37 +105,31 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-  lines = ["| T | drafter | verifier | γ | draft length | α | tokens/iter | ms/token | speedup |",
-           "|---|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {r['temperature']:g} | {r['drafter']} | {r['verifier']} | {r['gamma']} | "
-                 f"{r['adaptive']} | {r['acceptance_rate']:.3f} | "
-                 f"{r['tokens_per_iteration']:.2f} | {r['ms_per_token']:.3f} | "
-                 f"{r['speedup']:.2f} |")
-  return "\n".join(lines)
+  """The rows as the README's markdown table."""
+  return common.markdown_table(rows, COLUMNS)
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  common.check_no_args(argv)
+  output_json = check_output_path("--output_json", flags.FLAGS.output_json)
+  output_md = check_output_path("--output_md", flags.FLAGS.output_md)
   logging.set_verbosity(logging.WARNING)  # keep backend probing out of the output
   rows = run(flags.FLAGS.config)
   result = {"rows": rows, **benchmarking.environment_info()}
   print(json.dumps(result, indent=2))
   table = markdown(rows)
   print(table)
-  if flags.FLAGS.output_json:
-    with open(flags.FLAGS.output_json, "w") as f:
-      json.dump(result, f, indent=2)
-  if flags.FLAGS.output_md:
-    with open(flags.FLAGS.output_md, "w") as f:
-      f.write(table + "\n")
+  common.write_json(output_json, result)
+  common.write_text(output_md, table)
+
+
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  common.define_config_flag("Comparison configuration (configs/compare_drafters.py).",
+                            "compare_drafters.py")
+  common.define_output_flags(markdown=True)
 
 
 if __name__ == "__main__":
-  config_flags.DEFINE_config_file(
-      "config", os.path.join(os.path.dirname(__file__), "..", "configs", "compare_drafters.py"),
-      "Comparison configuration.", lock_config=True)
-  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
-  flags.DEFINE_string("output_md", None, "Also write the markdown table here.")
+  define_flags()
   app.run(main)

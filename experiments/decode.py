@@ -12,24 +12,27 @@ after a warm-up.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 import specjax
 import specjax.hf
-from specjax import benchmarking, pretrained
+from experiments import common
+from specjax import benchmarking, dtypes, pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
 from specjax.drafting import NGramDrafter, layer_skip
-from specjax.generation import validation
+from specjax.validation import check_output_path, check_positive_int
+
+# float16 is not offered: the transformers comparison
+# (`specjax.hf.transformers_baseline`) loads float32 and bfloat16 only.
+DECODE_DTYPES = ("float32", "bfloat16")
+
 
 def _eos_id(path: str) -> int | None:
   eos = specjax.hf.read_config(path).get("eos_token_id")
@@ -45,12 +48,12 @@ def _load(config: ml_collections.ConfigDict, dtype):
   if not config.target:
     target, draft, tokenizer = pretrained.load_pair(dtype)
     return target, draft, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
-  target, backend = specjax.hf.load_model(config.target, dtype=dtype)
-  draft, draft_backend = specjax.hf.load_model(config.draft, dtype=dtype)
-  if backend is None:
+  target, tokenizer = specjax.hf.load_model(config.target, dtype=dtype)
+  draft, draft_tokenizer = specjax.hf.load_model(config.draft, dtype=dtype)
+  if tokenizer is None:
     raise ValueError(f"{config.target} has no tokenizer.json; text prompts need one.")
-  specjax.hf.check_same_tokenizer(backend, draft_backend, config.target, config.draft)
-  return target, draft, Tokenizer(backend), config.target, config.draft
+  specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, config.target, config.draft)
+  return target, draft, tokenizer, config.target, config.draft
 
 
 def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
@@ -80,8 +83,8 @@ def _to_host(x) -> np.ndarray:
 
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
-  validation.check_positive_int("config.batch_size", config.batch_size)
-  validation.check_positive_int("config.num_runs", config.num_runs, 3)
+  check_positive_int("config.batch_size", config.batch_size)
+  check_positive_int("config.num_runs", config.num_runs, 3)
   if config.drafter not in ("model", "ngram", "layer_skip"):
     raise ValueError(f"config.drafter must be one of model, ngram, layer_skip; got "
                      f"{config.drafter!r}.")
@@ -91,9 +94,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   if config.compare_transformers and config.batch_size != 1:
     raise ValueError("config.batch_size must be 1 with compare_transformers "
                      "(transformers' assisted generation supports batch 1 only).")
-  dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(config.dtype)
-  if dtype is None:
+  if config.dtype not in DECODE_DTYPES:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
+  dtype = dtypes.to_dtype(config.dtype, "config.dtype")
   target, draft, tokenizer, target_path, draft_path = _load(config, dtype)
   mesh = make_mesh(tuple(config.mesh_shape))
   if config.batch_size % mesh.shape["data"]:
@@ -162,13 +165,23 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  common.check_no_args(argv)
   logging.set_verbosity(logging.WARNING)  # keep backend probing out of the output
-  launch.maybe_initialize()
-  result = run(flags.FLAGS.config)
+  launch.maybe_initialize()  # --distributed: join the multi-host job first
+  decode_and_report(flags.FLAGS.config, flags.FLAGS.output_json)
+
+
+def decode_and_report(config: ml_collections.ConfigDict, output_json: str | None = None
+                      ) -> dict[str, Any]:
+  """What `main` does once flags are read: decodes, prints, writes `output_json`.
+
+  The output path is checked first: the JSON is written only after the whole
+  run, too late to learn that the path is unusable.
+  """
+  output_json = check_output_path("--output_json", output_json)
+  result = run(config)
   if jax.process_index() != 0:
-    return  # every process decodes; only the first reports
+    return result  # every process decodes; only the first reports
   print(f"--- prompt ({result['prompt_tokens']} tokens) ---\n{result['prompt']}")
   print(f"--- continuation, autoregressive ---\n{result['ar_text']}")
   print(f"--- continuation, speculative ---\n{result['spec_text']}")
@@ -176,19 +189,15 @@ def main(argv):
         f"  speedup {result['speedup']:.2f}  acceptance {result['acceptance_rate']:.3f}"
         f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"
         f"  temperature {result['temperature']}")
-  text = json.dumps(result, indent=2)
-  print(text)
-  if flags.FLAGS.output_json:
-    with open(flags.FLAGS.output_json, "w") as f:
-      f.write(text + "\n")
+  print(json.dumps(result, indent=2))
+  common.write_json(output_json, result)
+  return result
 
 
 def define_flags() -> None:
-  """Flags live here, not at import, so tests can import several launchers."""
-  config_flags.DEFINE_config_file(
-      "config", os.path.join(os.path.dirname(__file__), "..", "configs", "decode.py"),
-      "Decode configuration (configs/decode.py).", lock_config=True)
-  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  common.define_config_flag("Decode configuration (configs/decode.py).", "decode.py")
+  common.define_output_flags()
   launch.define_flags()
 
 

@@ -16,10 +16,21 @@ import os
 
 from absl import app, flags
 
+from experiments import common
 from specjax.data import TokenDataset, Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.training import evaluate
 from specjax.training.checkpoint import load_trained_model
+from specjax.validation import check_output_path, check_positive_int
+
+COLUMNS = (
+    ("draft", lambda r: os.path.basename(r["draft"].rstrip("/"))),
+    ("val CE", "{draft_ce:.3f}"),
+    ("α T=0 (teacher-forced)", "{alpha_t0:.3f}"), ("α T=1 (teacher-forced)", "{alpha_t1:.3f}"),
+    ("α T=0 (decode)", "{decode_alpha_t0:.3f}"), ("α T=1 (decode)", "{decode_alpha_t1:.3f}"),
+    ("tokens/iter T=0", "{decode_tokens_per_iter_t0:.2f}"),
+    ("tokens/iter T=1", "{decode_tokens_per_iter_t1:.2f}"),
+)
 
 
 def compare(target_run: str, draft_runs: list[str], data_dir: str, gamma: int = 4,
@@ -46,29 +57,24 @@ def compare(target_run: str, draft_runs: list[str], data_dir: str, gamma: int = 
 
 
 def markdown(rows: list[dict]) -> str:
-  lines = ["| draft | val CE | α T=0 (teacher-forced) | α T=1 (teacher-forced) | "
-           "α T=0 (decode) | α T=1 (decode) | tokens/iter T=0 | tokens/iter T=1 |",
-           "|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {os.path.basename(r['draft'].rstrip('/'))} | {r['draft_ce']:.3f} | "
-                 f"{r['alpha_t0']:.3f} | {r['alpha_t1']:.3f} | {r['decode_alpha_t0']:.3f} | "
-                 f"{r['decode_alpha_t1']:.3f} | {r['decode_tokens_per_iter_t0']:.2f} | "
-                 f"{r['decode_tokens_per_iter_t1']:.2f} |")
-  return "\n".join(lines)
+  """The rows as a markdown table, one line per draft."""
+  return common.markdown_table(rows, COLUMNS)
 
 
 def main(argv):
-  del argv
+  common.check_no_args(argv)
   f = flags.FLAGS
+  output_json = check_output_path("--output_json", f.output_json)
+  for name in ("gamma", "num_prompts", "max_new_tokens"):
+    check_positive_int(f"--{name}", f[name].value)
   rows = compare(f.target, f.drafts, f.data_dir, f.gamma, f.num_prompts, f.max_new_tokens)
   print(json.dumps(rows, indent=2))
   print(markdown(rows))
-  if f.output_json:
-    with open(f.output_json, "w") as out:
-      json.dump(rows, out, indent=2)
+  common.write_json(output_json, rows)
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
   flags.DEFINE_list("drafts", None, "Run directories of the drafts.", required=True)
   flags.DEFINE_string("data_dir", None, "Data directory (tokenizer.json, *.bin).",
@@ -76,5 +82,9 @@ if __name__ == "__main__":
   flags.DEFINE_integer("gamma", 4, "Draft length.")
   flags.DEFINE_integer("num_prompts", 8, "Test-split prompts decoded as one batch.")
   flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per prompt.")
-  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  common.define_output_flags()
+
+
+if __name__ == "__main__":
+  define_flags()
   app.run(main)

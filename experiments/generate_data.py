@@ -24,16 +24,45 @@ import numpy as np
 from absl import app, flags
 
 import specjax
-from specjax.data import TokenDataset
+from specjax.data import TokenDataset, Tokenizer
+from specjax.data.dataset import check_tokenizer, tokenizer_record, write_meta
 from specjax.training.checkpoint import load_trained_model
+from specjax.validation import check_int, check_positive_int
+
+_COPIED = ("validation.bin", "validation.json", "test.bin", "test.json")
 
 
 def generate(target_run: str, data_dir: str, out: str, num_batches: int, batch_size: int,
              prompt_tokens: int, new_tokens: int, seed: int) -> dict:
+  """Writes `out/train.bin` of target continuations (and copies the rest); returns its meta.
+
+  Samples are `[prompt_tokens + new_tokens + 1]` rows ending in the tokenizer's
+  `<eos>`. Every argument and input file is checked before the target runs.
+  """
+  for name, value in (("num_batches", num_batches), ("batch_size", batch_size),
+                      ("prompt_tokens", prompt_tokens), ("new_tokens", new_tokens)):
+    check_positive_int(name, value)
+  check_int("seed", seed, minimum=0)
+  if os.path.abspath(out) == os.path.abspath(data_dir):
+    raise ValueError(f"out must be another directory than data_dir, got {out!r} for both: "
+                     "it would overwrite the corpus token files.")
+  tokenizer_path = os.path.join(data_dir, "tokenizer.json")
+  tokenizer = Tokenizer.from_file(tokenizer_path)
+  if tokenizer.eos_id is None:
+    raise ValueError(f"{tokenizer_path} has no <eos> token to end each sample with.")
+  for name in _COPIED:
+    if not os.path.isfile(os.path.join(data_dir, name)):
+      raise FileNotFoundError(f"data_dir lacks {os.path.join(data_dir, name)}")
+  train_path = os.path.join(data_dir, "train.bin")
+  check_tokenizer(train_path, tokenizer)
+  train = TokenDataset(train_path)
   target, step = load_trained_model(target_run, dtype="float32")
-  train = TokenDataset(os.path.join(data_dir, "train.bin"))
-  os.makedirs(out, exist_ok=True)
-  eos = 2
+  if target.cfg.vocab_size < tokenizer.vocab_size:
+    raise ValueError(f"the target's vocab_size {target.cfg.vocab_size} is below the "
+                     f"{tokenizer.vocab_size} ids of {tokenizer_path}.")
+  if prompt_tokens + new_tokens > target.cfg.max_seq_len:
+    raise ValueError(f"prompt_tokens + new_tokens = {prompt_tokens + new_tokens} exceeds the "
+                     f"target's max_seq_len {target.cfg.max_seq_len}.")
   chunks, start = [], time.perf_counter()
   for i in range(num_batches):
     prompts = train.batch(i, batch_size, prompt_tokens - 1, seed)  # [B, prompt_tokens]
@@ -42,20 +71,28 @@ def generate(target_run: str, data_dir: str, out: str, num_batches: int, batch_s
         target, jnp.asarray(prompts), jnp.full((batch_size,), prompt_tokens, jnp.int32),
         max_new_tokens=new_tokens, sampling=sampling, key=jax.random.key(seed * 100003 + i))
     body = np.concatenate([prompts, np.asarray(result.tokens),
-                           np.full((batch_size, 1), eos, np.int32)], axis=1)
-    chunks.append(body.astype(np.uint16).ravel())
+                           np.full((batch_size, 1), tokenizer.eos_id, np.int32)], axis=1)
+    chunks.append(body.ravel())
     if i % 10 == 0:
       print(f"batch {i + 1}/{num_batches}: {time.perf_counter() - start:.0f} s", flush=True)
   tokens = np.concatenate(chunks)
-  tokens.tofile(os.path.join(out, "train.bin"))
+  if tokens.max() >= tokenizer.vocab_size:
+    raise ValueError(f"the target generated id {tokens.max()}, outside the "
+                     f"{tokenizer.vocab_size} ids of {tokenizer_path}.")
+  os.makedirs(out, exist_ok=True)
+  out_train = os.path.join(out, "train.bin")
+  tmp = f"{out_train}.tmp{os.getpid()}"
+  tokens.astype(np.uint16).tofile(tmp)
+  os.replace(tmp, out_train)
   meta = {"split": "train", "source": "target continuations", "target_run": target_run,
           "target_step": step, "samples": num_batches * batch_size,
           "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "tokens": int(tokens.size),
           "greedy_batches": (num_batches + 1) // 2, "seed": seed,
-          "seconds": time.perf_counter() - start}
-  with open(os.path.join(out, "train.json"), "w") as f:
-    json.dump(meta, f, indent=2)
-  for name in ("validation.bin", "validation.json", "test.bin", "test.json", "tokenizer.json"):
+          "seconds": time.perf_counter() - start, **tokenizer_record(tokenizer)}
+  write_meta(out_train, meta)
+  # After train.bin's meta: copied splits without it would make a training run on
+  # `out` encode the corpus train split there instead of using these samples.
+  for name in _COPIED + ("tokenizer.json",):
     shutil.copyfile(os.path.join(data_dir, name), os.path.join(out, name))
   return meta
 
@@ -67,7 +104,8 @@ def main(argv):
                             f.prompt_tokens, f.new_tokens, f.seed), indent=2))
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
   flags.DEFINE_string("data_dir", None, "Corpus data directory (train.bin, tokenizer.json).",
                       required=True)
@@ -77,4 +115,8 @@ if __name__ == "__main__":
   flags.DEFINE_integer("prompt_tokens", 32, "Corpus tokens before each continuation.")
   flags.DEFINE_integer("new_tokens", 96, "Tokens the target generates per prompt.")
   flags.DEFINE_integer("seed", 0, "Seed of prompt windows and sampling.")
+
+
+if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -2,7 +2,8 @@
 
   python -m experiments.gpu_check [--scale=full|smoke] [--output_json=PATH]
 
-Run once on a lent GPU (about 5 minutes on an H200 at --scale=full):
+Run once on a lent GPU at --scale=full (the cases are chosen to fit one
+device-time budget):
   1. measures copy bandwidth (read + write of a 2 GiB buffer);
   2. builds a TinyLlama-1.1B-shaped bfloat16 target (d_model 2048, 22 layers,
      32 heads, 4 kv heads, d_ff 5632, vocab 32000) and a 68M-shaped draft
@@ -10,8 +11,9 @@ Run once on a lent GPU (about 5 minutes on an H200 at --scale=full):
   3. times autoregressive decoding at batch 1 and 8 against the memory floor
      (parameter bytes / bandwidth per decode step), and speculative decoding
      with the 68M draft and with draft = target (alpha = 1 at temperature 0).
-Prints a short table and the JSON. `--scale=smoke` shrinks every size so the
-script can be checked on a CPU.
+Prints a markdown table and the JSON, and writes the JSON to --output_json
+(default: $OUT/gpu_check.json when $OUT is set). `--scale=smoke` shrinks every
+size so the script can be checked on a CPU.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 from flax import nnx
 
 import specjax
+from experiments import common
 from specjax import benchmarking
-
+from specjax.generation.common import cache_capacity
+from specjax.validation import check_output_path
 
 SIZES = {
     "full": dict(
@@ -47,6 +50,11 @@ SIZES = {
 GAMMA = 4
 # (batch, draft): the cases that fit the device-time budget.
 CASES = ((1, "68m"), (1, "self"), (8, "68m"))
+COLUMNS = (("batch", "{batch}"), ("draft", "{draft}"), ("AR ms/token", "{ar_ms_per_token:.3f}"),
+           ("AR / floor", "{ar_over_floor:.2f}"), ("spec ms/token", "{spec_ms_per_token:.3f}"),
+           ("speedup", "{speedup:.2f}"), ("α", "{acceptance_rate:.2f}"),
+           ("tokens/iter", "{tokens_per_iteration:.2f}"), ("c", "{c:.3f}"),
+           ("verify cost ratio", "{verify_cost_ratio:.2f}"))
 
 
 def copy_bandwidth(num_bytes: int, num_runs: int) -> float:
@@ -58,6 +66,7 @@ def copy_bandwidth(num_bytes: int, num_runs: int) -> float:
 
 
 def build(sizes: dict, max_seq_len: int):
+  """(target, draft) with random bfloat16 weights, shaped by `sizes`."""
   def make(fields, seed):
     cfg = specjax.ModelConfig(max_seq_len=max_seq_len, dtype="bfloat16",
                               param_dtype="bfloat16", **fields)
@@ -66,15 +75,19 @@ def build(sizes: dict, max_seq_len: int):
 
 
 def param_bytes(model: specjax.Transformer) -> int:
+  """Bytes of the model's parameters: what every decode step reads at least once."""
   return sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def main(argv):
-  del argv
+  common.check_no_args(argv)
+  # On the lent machine, files under $OUT are what comes back.
+  default = os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None
+  output_json = check_output_path("--output_json", flags.FLAGS.output_json or default)
   sizes = SIZES[flags.FLAGS.scale]
   start = time.perf_counter()
   bandwidth = copy_bandwidth(sizes["copy_bytes"], sizes["num_runs"])
-  max_seq_len = sizes["prompt_len"] + sizes["max_new_tokens"] + GAMMA + 1
+  max_seq_len = cache_capacity(sizes["prompt_len"], sizes["max_new_tokens"], GAMMA)
   target, draft = build(sizes, max_seq_len)
   floor_ms = param_bytes(target) / bandwidth * 1e3
   result = {**benchmarking.environment_info(), "scale": flags.FLAGS.scale,
@@ -83,9 +96,8 @@ def main(argv):
             "memory_floor_ms_per_step": floor_ms, "gamma": GAMMA, "cases": []}
   vocab = sizes["target"]["vocab_size"]
   for batch, which in CASES:
-    prompts = jax.random.randint(jax.random.key(batch), (batch, sizes["prompt_len"]), 0,
-                                 vocab, jnp.int32)
-    lengths = jnp.full((batch,), sizes["prompt_len"], jnp.int32)
+    prompts, lengths = benchmarking.random_prompts(jax.random.key(batch), batch,
+                                                   sizes["prompt_len"], vocab)
     case = benchmarking.benchmark_generation(
         target, target if which == "self" else draft, prompts, lengths, gamma=GAMMA,
         max_new_tokens=sizes["max_new_tokens"], sampling=specjax.GREEDY,
@@ -99,23 +111,18 @@ def main(argv):
 
   print(f"{jax.devices()[0].device_kind}: copy {bandwidth / 1e9:.0f} GB/s, target "
         f"{target.num_params / 1e6:.0f}M params, floor {floor_ms:.3f} ms/step")
-  print("batch draft  ar_ms  floor_x  spec_ms  speedup  alpha  tok/it  c      verify_x")
-  for c in result["cases"]:
-    print(f"{c['batch']:5d} {c['draft']:5s} {c['ar_ms_per_token']:6.3f} "
-          f"{c['ar_over_floor']:7.2f} {c['spec_ms_per_token']:8.3f} {c['speedup']:7.2f} "
-          f"{c['acceptance_rate']:6.2f} {c['tokens_per_iteration']:6.2f} "
-          f"{c['c']:6.3f} {c['verify_cost_ratio']:6.2f}")
-  text = json.dumps(result, indent=2)
-  print(text)
-  path = flags.FLAGS.output_json or (os.path.join(os.environ["OUT"], "gpu_check.json")
-                                if os.environ.get("OUT") else None)
-  if path:
-    with open(path, "w") as f:
-      f.write(text + "\n")
+  print(common.markdown_table(result["cases"], COLUMNS))
+  print(json.dumps(result, indent=2))
+  common.write_json(output_json, result)
+
+
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  flags.DEFINE_enum("scale", "full", ["full", "smoke"],
+                    "full: 1.1B target (GPU); smoke: tiny sizes (CPU check).")
+  common.define_output_flags()
 
 
 if __name__ == "__main__":
-  flags.DEFINE_enum("scale", "full", ["full", "smoke"],
-                    "full: 1.1B target (GPU); smoke: tiny sizes (CPU check).")
-  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  define_flags()
   app.run(main)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import glob
 import os
-import sysconfig
 
 from absl import app, flags
+
+from specjax.data.corpus import stdlib_root
+from specjax.data.tokenizer import train_tokenizer
 
 SIZES = {
     # hidden, intermediate, layers, heads, kv heads
@@ -22,38 +24,43 @@ SIZES = {
     "draft": (128, 256, 1, 2, 1),
     "medium": (512, 1408, 6, 8, 4),
 }
-
-def train_tokenizer(vocab_size: int, num_files: int = 20):
-  """A byte-level BPE (at most vocab_size ids) trained on standard-library sources."""
-  from tokenizers import ByteLevelBPETokenizer
-  stdlib = sysconfig.get_paths()["stdlib"]
-  files = sorted(glob.glob(os.path.join(stdlib, "*.py")))[:num_files]
-  tokenizer = ByteLevelBPETokenizer()
-  tokenizer.train(files, vocab_size=vocab_size, min_frequency=2,
-                  special_tokens=["<pad>", "<bos>", "<eos>"], show_progress=False)
-  return tokenizer
+ARCHS = ("llama", "mistral", "qwen2", "gpt2")
+_TOKENIZER_FILES = 20  # top-level stdlib modules the BPE is trained on
 
 
 def make_checkpoint(out: str, arch: str, size: str, vocab_size: int, seed: int = 0) -> str:
-  """Saves a random `arch` model of preset `size` and a tokenizer into `out`."""
+  """Saves a random `arch` model of preset `size` and a tokenizer into `out`.
+
+  The tokenizer is `specjax.data.tokenizer.train_tokenizer` on the first
+  standard-library modules, with the specials `<pad>`, `<bos>`, `<eos>` at ids
+  0, 1, 2 (the model config's pad, bos and eos ids).
+  """
+  if arch not in ARCHS:
+    raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}.")
+  if size not in SIZES:
+    raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}.")
+  files = sorted(glob.glob(os.path.join(stdlib_root(), "*.py")))[:_TOKENIZER_FILES]
+  # Trained first: it checks vocab_size before the model is built or anything written.
+  tokenizer = train_tokenizer(files, vocab_size)
+  pad_id, bos_id, eos_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
   import torch
   import transformers
   hidden, inter, layers, heads, kv = SIZES[size]
   torch.manual_seed(seed)
   common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter,
                 num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=kv, max_position_embeddings=1024, eos_token_id=2,
-                bos_token_id=1, pad_token_id=0)
+                num_key_value_heads=kv, max_position_embeddings=1024, eos_token_id=eos_id,
+                bos_token_id=bos_id, pad_token_id=pad_id)
   if arch == "gpt2":
     config = transformers.GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers,
-                                     n_head=heads, n_positions=1024, eos_token_id=2,
-                                     bos_token_id=1)
+                                     n_head=heads, n_positions=1024, eos_token_id=eos_id,
+                                     bos_token_id=bos_id)
   else:
     config = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
               "qwen2": transformers.Qwen2Config}[arch](**common)
   model = transformers.AutoModelForCausalLM.from_config(config)
   model.save_pretrained(out)
-  train_tokenizer(vocab_size).save(os.path.join(out, "tokenizer.json"))
+  tokenizer.save(os.path.join(out, "tokenizer.json"))
   return out
 
 
@@ -63,10 +70,15 @@ def main(argv):
   print(make_checkpoint(f.out, f.arch, f.size, f.vocab_size, f.seed))
 
 
-if __name__ == "__main__":
-  flags.DEFINE_enum("arch", "llama", ["llama", "mistral", "qwen2", "gpt2"], "Architecture.")
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  flags.DEFINE_enum("arch", "llama", list(ARCHS), "Architecture.")
   flags.DEFINE_enum("size", "tiny", list(SIZES), "Preset size.")
   flags.DEFINE_integer("vocab_size", 4096, "Vocabulary size (model and BPE).")
   flags.DEFINE_integer("seed", 0, "torch seed of the random weights.")
   flags.DEFINE_string("out", None, "Output directory.", required=True)
+
+
+if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -6,25 +6,30 @@ For the bundled target, a 1.1B Llama shape (TinyLlama) and a 70B Llama shape,
 on meshes 1, 2x4 and 1x8 (data x model), with the default logical-axis rules
 (`specjax.distributed.LOGICAL_RULES`): parameters tensor-parallel over
 `model`, caches over `data` (rows) and `model` (kv heads). Nothing is
-allocated: shapes come from `nnx.eval_shape`, blocks from the partition specs
-(a dimension the mesh axis does not divide is replicated, as `shard_model`
-does).
+allocated: shapes come from `nnx.eval_shape`, and the shardings from the same
+functions that place real models (`param_shardings`, `named_sharding`), here
+on an abstract mesh, which needs no devices.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
+import jax
 import jax.numpy as jnp
 from absl import app, flags
 from flax import nnx
+from jax.sharding import AbstractMesh
 
+from experiments import common
 from specjax import pretrained
-from specjax.distributed.mesh import logical_to_spec, shard_shape
+from specjax.distributed import DATA, MODEL, named_sharding, param_shardings
 from specjax.hf import model_config, read_config
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import CACHE_AXES
 from specjax.models.transformer import Transformer
+from specjax.validation import check_output_path, check_positive_int
 
 MESHES = ((1, 1), (2, 4), (1, 8))
 SHAPES = {
@@ -39,23 +44,23 @@ SHAPES = {
 
 def per_device_bytes(cfg: ModelConfig, mesh_shape: tuple[int, int], batch: int,
                      capacity: int) -> dict[str, float]:
-  axes = {"data": mesh_shape[0], "model": mesh_shape[1]}
+  """GiB of parameters and K/V caches one device holds on a (data, model) mesh."""
+  mesh = AbstractMesh(tuple(mesh_shape), (DATA, MODEL))
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  params = 0
-  for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    value = v.get_value()
-    names = v.get_metadata().get("out_sharding") or (None,) * value.ndim
-    block = shard_shape(value.shape, logical_to_spec(names, value.shape, axes), axes)
-    params += int(jnp.prod(jnp.array(block))) * value.dtype.itemsize
+  values = jax.tree.leaves(nnx.state(model, nnx.Param))
+  shardings = jax.tree.leaves(param_shardings(model, mesh))
+  params = sum(math.prod(sharding.shard_shape(value.shape)) * value.dtype.itemsize
+               for value, sharding in zip(values, shardings, strict=True))
   cache_shape = (batch, cfg.n_kv_heads, capacity, cfg.resolved_head_dim)
-  block = shard_shape(cache_shape, logical_to_spec(CACHE_AXES, cache_shape, axes), axes)
+  block = named_sharding(mesh, CACHE_AXES, cache_shape).shard_shape(cache_shape)
   itemsize = jnp.dtype(cfg.compute_dtype).itemsize
-  cache = 2 * cfg.n_layers * int(jnp.prod(jnp.array(block))) * itemsize
+  cache = 2 * cfg.n_layers * math.prod(block) * itemsize  # keys and values
   return {"params_gib": params / 2**30, "cache_gib": cache / 2**30,
           "total_gib": (params + cache) / 2**30}
 
 
 def table(batch: int) -> list[dict]:
+  """One row per (model shape, mesh), each model's cache at its max_seq_len."""
   shapes = {"bundled target": model_config(read_config(pretrained.TARGET_DIR), "float32"),
             **SHAPES}
   rows = []
@@ -68,27 +73,33 @@ def table(batch: int) -> list[dict]:
   return rows
 
 
+COLUMNS = (("model", "{model}"), ("mesh (data×model)", "{mesh}"), ("dtype", "{dtype}"),
+           ("params / device", "{params_gib:.3f} GiB"),
+           ("KV cache / device (batch, capacity)",
+            "{cache_gib:.3f} GiB ({batch}, {cache_capacity})"),
+           ("total / device", "{total_gib:.3f} GiB"))
+
+
 def markdown(rows: list[dict]) -> str:
-  lines = ["| model | mesh (data×model) | dtype | params / device | KV cache / device "
-           "(batch, capacity) | total / device |", "|---|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {r['model']} | {r['mesh']} | {r['dtype']} | {r['params_gib']:.3f} GiB | "
-                 f"{r['cache_gib']:.3f} GiB ({r['batch']}, {r['cache_capacity']}) | "
-                 f"{r['total_gib']:.3f} GiB |")
-  return "\n".join(lines)
+  """The rows as a markdown table."""
+  return common.markdown_table(rows, COLUMNS)
 
 
 def main(argv):
-  del argv
-  rows = table(flags.FLAGS.batch)
+  common.check_no_args(argv)
+  output_json = check_output_path("--output_json", flags.FLAGS.output_json)
+  rows = table(check_positive_int("--batch", flags.FLAGS.batch))
   print(json.dumps(rows, indent=2))
   print(markdown(rows))
-  if flags.FLAGS.output_json:
-    with open(flags.FLAGS.output_json, "w") as f:
-      json.dump(rows, f, indent=2)
+  common.write_json(output_json, rows)
+
+
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  flags.DEFINE_integer("batch", 8, "Rows of the KV cache.")
+  common.define_output_flags()
 
 
 if __name__ == "__main__":
-  flags.DEFINE_integer("batch", 8, "Rows of the KV cache.")
-  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  define_flags()
   app.run(main)

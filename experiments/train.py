@@ -12,8 +12,8 @@ a multi-host job first (see the README's scale-out section).
 from __future__ import annotations
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
+from experiments import common
 from specjax.distributed import launch
 from specjax.training import train
 
@@ -27,10 +27,9 @@ def main(argv):
 
 
 def define_flags() -> None:
-  config_flags.DEFINE_config_file("config", None, "A train config (configs/train_*.py).",
-                                  lock_config=True)
-  flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
-  flags.mark_flags_as_required(["config", "workdir"])
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  common.define_config_flag("A train config (configs/train_*.py).")
+  flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).", required=True)
   launch.define_flags()
 
 

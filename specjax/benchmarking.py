@@ -30,12 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import theory
-from specjax.generation.autoregressive import autoregressive_generate, prefill
-from specjax.generation.validation import check_positive_int
-from specjax.generation.speculative import speculative_generate
+from specjax.generation import autoregressive_generate, speculative_generate
+from specjax.generation.common import cache_capacity, prefill
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
+from specjax.validation import check_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +163,20 @@ def call_seconds(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Arr
   return timings["loop"].median_s / num_steps
 
 
+def random_prompts(key: jax.Array, batch_size: int, width: int, vocab_size: int
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Uniform random token ids `[batch_size, width]` int32 and lengths `[batch_size]`.
+
+  Every row is full width, so timings do not depend on padding. For synthetic
+  (random-weight) models, where real text would mean nothing.
+  """
+  check_positive_int("batch_size", batch_size)
+  check_positive_int("width", width)
+  check_positive_int("vocab_size", vocab_size)
+  prompts = jax.random.randint(key, (batch_size, width), 0, vocab_size, dtype=jnp.int32)
+  return prompts, jnp.full((batch_size,), width, jnp.int32)
+
+
 def environment_info() -> dict[str, Any]:
   """Backend, device and library versions, and the UTC date, for a result file."""
   device = jax.devices()[0]
@@ -203,7 +217,7 @@ def benchmark_generation(target: Transformer, draft: Transformer, prompts: jax.A
   check_positive_int("max_new_tokens", max_new_tokens)
   check_positive_int("num_runs", num_runs)
   check_positive_int("step_timing_steps", step_timing_steps)
-  capacity = prompts.shape[1] + max_new_tokens + gamma + 1  # as speculative_generate
+  capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)  # as speculative_generate
   generate = {
       "ar": lambda: autoregressive_generate(target, prompts, prompt_lengths,
                                             max_new_tokens=max_new_tokens,
@@ -234,7 +248,7 @@ def benchmark_generation(target: Transformer, draft: Transformer, prompts: jax.A
   speedup = ar_ms / spec_ms
 
   ttft = prefill_timing(target, prompts, prompt_lengths, capacity=capacity,
-                           sampling=sampling, key=key, num_runs=num_runs)
+                        sampling=sampling, key=key, num_runs=num_runs)
   greedy_match = None
   if sampling.greedy:  # exactness check for free: both must be the target's greedy output
     greedy_match = bool(np.array_equal(np.asarray(outputs["ar"].tokens),

@@ -56,3 +56,12 @@ def test_decode_sampled_batch(pair):
 def test_decode_rejects(pair, changes, message):
   with pytest.raises(ValueError, match=message):
     decode.run(_config(pair, **changes))
+
+
+def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
+  """An unusable --output_json fails at once, not after the whole decode."""
+  blocker = tmp_path / "blocker"
+  blocker.write_text("")  # a regular file where the JSON's directory should be
+  monkeypatch.setattr(decode, "run", lambda config: pytest.fail("decoded before the check"))
+  with pytest.raises(ValueError, match="--output_json"):
+    decode.decode_and_report(decode_config.get_config(), str(blocker / "result.json"))

@@ -1,0 +1,89 @@
+"""What the launchers share: flag definitions, result files and markdown tables.
+
+The one flag pattern: each launcher defines all of its flags in a module-level
+`define_flags()`, built from the helpers here where flags are shared, and calls
+it only under `if __name__ == "__main__":`. Importing a launcher therefore
+defines no flags, so tests can import several launchers in one process without
+absl raising DuplicateFlagError.
+
+Every `main` checks its output paths (`specjax.validation.check_output_path`)
+before any work: results are written only at the end of a run, which is too
+late to learn that the path is unusable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+from absl import app, flags
+from ml_collections import config_flags
+
+# Flags defined by the helpers here belong to the launcher that calls them, so
+# that its --help lists them.
+flags.disclaim_key_flags()
+
+CONFIG_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "configs"))
+
+# A markdown column: (header, cell). A cell is a `str.format` template over the
+# row's keys ("{speedup:.2f}") or a function from the row to the cell's text.
+Column = tuple[str, str | Callable[[Mapping[str, Any]], str]]
+
+
+def define_config_flag(help_text: str, default_file: str | None = None) -> None:
+  """Defines --config, an ml_collections config file (`PATH[:preset]`), locked.
+
+  Fields are overridden with `--config.FIELD=VALUE`; locking makes a misspelt
+  field an error instead of a silently ignored new field.
+
+  Args:
+    help_text: the flag's help.
+    default_file: a file name in configs/ used when --config is absent; None
+      makes --config required.
+  """
+  default = None if default_file is None else os.path.join(CONFIG_DIR, default_file)
+  config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
+  if default is None:
+    flags.mark_flag_as_required("config")
+
+
+def define_output_flags(markdown: bool = False) -> None:
+  """Defines --output_json, and --output_md when the launcher prints a markdown table."""
+  flags.DEFINE_string("output_json", None, "Also write the result JSON to this path.")
+  if markdown:
+    flags.DEFINE_string("output_md", None, "Also write the markdown table to this path.")
+
+
+def check_no_args(argv: Sequence[str]) -> None:
+  """Raises a usage error for positional arguments (a flag typo often leaves one)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {list(argv[1:])}")
+
+
+def write_text(path: str | None, text: str) -> None:
+  """Writes `text` and a final newline to `path`; does nothing when `path` is empty."""
+  if path:
+    with open(path, "w") as f:
+      f.write(text + "\n")
+
+
+def write_json(path: str | None, result: Any) -> None:
+  """Writes `result` as indented JSON to `path`; does nothing when `path` is empty."""
+  write_text(path, json.dumps(result, indent=2))
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+  """A GitHub markdown table of `rows`, one line each, one cell per column.
+
+  Args:
+    rows: the records (e.g. a launcher's JSON rows).
+    columns: `(header, cell)` pairs; `cell` is a `str.format` template over a
+      row's keys, e.g. `"{acceptance_rate:.3f}"`, or a function row -> text.
+  """
+  lines = ["| " + " | ".join(header for header, _ in columns) + " |",
+           "|" + "---|" * len(columns)]
+  for row in rows:
+    cells = [cell(row) if callable(cell) else cell.format_map(row) for _, cell in columns]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
