@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import ml_collections
 
-_TINY_TARGET = dict(vocab_size=512, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
-                    d_ff=256)
-_TINY_DRAFT = dict(vocab_size=512, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                   d_ff=64)
+_TINY_TARGET = dict(vocab_size=512, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256)
+_TINY_DRAFT = dict(vocab_size=512, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
 # 24,910,336 parameters; d_ff a multiple of 128 keeps the matmuls tile-friendly.
-_MEDIUM_TARGET = dict(vocab_size=8192, d_model=512, n_layers=6, n_heads=8, n_kv_heads=4,
-                      d_ff=1280)
+_MEDIUM_TARGET = dict(vocab_size=8192, d_model=512, n_layers=6, n_heads=8, n_kv_heads=4, d_ff=1280)
 # 1,122,624 parameters, of which the embedding and the untied head are 1,048,576:
 # with the target's vocabulary the draft's cost is mostly its output head.
-_MEDIUM_DRAFT = dict(vocab_size=8192, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1,
-                     d_ff=128)
+_MEDIUM_DRAFT = dict(vocab_size=8192, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=128)
 
 PRESETS = {
-    "tiny": (_TINY_TARGET, _TINY_DRAFT, False),
-    "medium": (_MEDIUM_TARGET, _MEDIUM_DRAFT, False),
-    "self": (_TINY_TARGET, _TINY_TARGET, True),
+  "tiny": (_TINY_TARGET, _TINY_DRAFT, False),
+  "medium": (_MEDIUM_TARGET, _MEDIUM_DRAFT, False),
+  "self": (_TINY_TARGET, _TINY_TARGET, True),
 }
 
 

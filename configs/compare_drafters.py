@@ -12,15 +12,15 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   """The comparison's configuration (no presets)."""
   c = ml_collections.ConfigDict()
-  c.gamma = 4                       # fixed draft length of the drafter x verifier grid
+  c.gamma = 4  # fixed draft length of the drafter x verifier grid
   c.max_new_tokens = 64
-  c.num_prompts = 4                 # held-out test-split prompts, decoded one by one (batch 1)
-  c.num_runs = 3                    # timed runs per variant (median), after a warm-up
+  c.num_prompts = 4  # held-out test-split prompts, decoded one by one (batch 1)
+  c.num_runs = 3  # timed runs per variant (median), after a warm-up
   c.temperatures = (0.0, 1.0)
-  c.ngram = 3                       # longest n-gram the prompt-lookup drafter matches
-  c.layer_skip = (1, 2, 3, 4, 5)    # target layers kept by the self-speculation drafter
+  c.ngram = 3  # longest n-gram the prompt-lookup drafter matches
+  c.layer_skip = (1, 2, 3, 4, 5)  # target layers kept by the self-speculation drafter
   c.gamma_sweep = (1, 2, 3, 4, 6, 8)  # fixed gammas the adaptive lengths are compared with
-  c.gamma_max = 8                   # adaptive draft lengths choose within this
+  c.gamma_max = 8  # adaptive draft lengths choose within this
   c.confidence_threshold = 0.5
   c.seed = 0
   return c

@@ -24,11 +24,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.draft = ""
   config.prompt = ""
   config.gamma = 4
-  config.verifier = "auto"        # auto (greedy at T=0, else token) | token | block | greedy
-  config.drafter = "model"        # model (the draft) | ngram | layer_skip (target's first layers)
-  config.ngram = 3                # longest n-gram matched by the ngram drafter
-  config.layer_skip = 2           # target layers the layer_skip drafter keeps
-  config.adaptive = ""            # "" (fixed gamma) | schedule | confidence
+  config.verifier = "auto"  # auto (greedy at T=0, else token) | token | block | greedy
+  config.drafter = "model"  # model (the draft) | ngram | layer_skip (target's first layers)
+  config.ngram = 3  # longest n-gram matched by the ngram drafter
+  config.layer_skip = 2  # target layers the layer_skip drafter keeps
+  config.adaptive = ""  # "" (fixed gamma) | schedule | confidence
   config.confidence_threshold = 0.5
   config.temperature = 0.0
   config.top_k = 0
@@ -40,6 +40,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.stop_at_eos = True  # timing runs with compare_transformers use a fixed length
   config.num_runs = 3
   config.compare_transformers = False
-  config.mesh_shape = (-1, 1)     # (data, model) over all devices; batch splits over data
-  config.replicate_draft = True   # a full draft copy per device (no communication to draft)
+  config.mesh_shape = (-1, 1)  # (data, model) over all devices; batch splits over data
+  config.replicate_draft = True  # a full draft copy per device (no communication to draft)
   return config

@@ -27,67 +27,90 @@ from specjax.validation import check_output_path, check_positive_int
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises a ValueError naming the first invalid field of `config`."""
-  for name, minimum in (("batch_size", 1), ("prompt_len", 1), ("max_new_tokens", 1),
-                        ("gamma", 1), ("num_runs", 3), ("step_timing_steps", 1),
-                        ("top_k", 0), ("seed", 0)):
+  for name, minimum in (
+    ("batch_size", 1),
+    ("prompt_len", 1),
+    ("max_new_tokens", 1),
+    ("gamma", 1),
+    ("num_runs", 3),
+    ("step_timing_steps", 1),
+    ("top_k", 0),
+    ("seed", 0),
+  ):
     check_positive_int(f"config.{name}", config[name], minimum)
   if not isinstance(config.draft_is_target, bool):
-    raise ValueError(
-        f"config.draft_is_target must be a bool, got {config.draft_is_target!r}.")
+    raise ValueError(f"config.draft_is_target must be a bool, got {config.draft_is_target!r}.")
   dtypes.to_dtype(config.dtype, "config.dtype")
   for name in ("target", "draft"):
     if "dtype" in config[name] or "param_dtype" in config[name]:
       raise ValueError(f"config.{name} must not set dtype/param_dtype; use config.dtype.")
-  if (not config.draft_is_target
-      and config.draft.get("vocab_size") != config.target.get("vocab_size")):
-    raise ValueError(f"config.draft.vocab_size ({config.draft.get('vocab_size')}) must "
-                     f"equal config.target.vocab_size ({config.target.get('vocab_size')}).")
+  if not config.draft_is_target and config.draft.get("vocab_size") != config.target.get(
+    "vocab_size"
+  ):
+    raise ValueError(
+      f"config.draft.vocab_size ({config.draft.get('vocab_size')}) must "
+      f"equal config.target.vocab_size ({config.target.get('vocab_size')})."
+    )
   # temperature, top_k and top_p get SamplingParams' own range checks.
 
 
-def model_config(fields: ml_collections.ConfigDict, config: ml_collections.ConfigDict
-                 ) -> specjax.ModelConfig:
+def model_config(
+  fields: ml_collections.ConfigDict, config: ml_collections.ConfigDict
+) -> specjax.ModelConfig:
   """`ModelConfig` from a preset's fields, with max_seq_len and dtypes filled in."""
   kwargs = fields.to_dict()
-  kwargs.setdefault("max_seq_len",
-                    cache_capacity(config.prompt_len, config.max_new_tokens, config.gamma))
+  kwargs.setdefault(
+    "max_seq_len", cache_capacity(config.prompt_len, config.max_new_tokens, config.gamma)
+  )
   return specjax.ModelConfig(dtype=config.dtype, param_dtype=config.dtype, **kwargs)
 
 
-def build_models(config: ml_collections.ConfigDict
-                 ) -> tuple[specjax.Transformer, specjax.Transformer]:
+def build_models(
+  config: ml_collections.ConfigDict,
+) -> tuple[specjax.Transformer, specjax.Transformer]:
   """(target, draft); the same object twice when `config.draft_is_target`."""
-  target = specjax.Transformer(model_config(config.target, config),
-                               rngs=nnx.Rngs(config.seed))
+  target = specjax.Transformer(model_config(config.target, config), rngs=nnx.Rngs(config.seed))
   if config.draft_is_target:
     return target, target
-  draft = specjax.Transformer(model_config(config.draft, config),
-                              rngs=nnx.Rngs(config.seed + 1))
+  draft = specjax.Transformer(model_config(config.draft, config), rngs=nnx.Rngs(config.seed + 1))
   return target, draft
 
 
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Runs the benchmark described by `config`; returns the JSON-ready result."""
   check_config(config)
-  sampling = specjax.SamplingParams(temperature=float(config.temperature),
-                                    top_k=config.top_k, top_p=float(config.top_p))
+  sampling = specjax.SamplingParams(
+    temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
+  )
   target, draft = build_models(config)
   prompts, lengths = benchmarking.random_prompts(
-      jax.random.fold_in(jax.random.key(config.seed), 1), config.batch_size,
-      config.prompt_len, target.cfg.vocab_size)
+    jax.random.fold_in(jax.random.key(config.seed), 1),
+    config.batch_size,
+    config.prompt_len,
+    target.cfg.vocab_size,
+  )
   result = {
-      "preset": config.preset,
-      "config": config.to_dict(),
-      "target_params": target.num_params,
-      "draft_params": draft.num_params,
-      "max_seq_len": target.cfg.max_seq_len,
-      **benchmarking.environment_info(),
+    "preset": config.preset,
+    "config": config.to_dict(),
+    "target_params": target.num_params,
+    "draft_params": draft.num_params,
+    "max_seq_len": target.cfg.max_seq_len,
+    **benchmarking.environment_info(),
   }
-  result.update(benchmarking.benchmark_generation(
-      target, draft, prompts, lengths, gamma=config.gamma,
-      max_new_tokens=config.max_new_tokens, sampling=sampling,
-      key=jax.random.fold_in(jax.random.key(config.seed), 2), num_runs=config.num_runs,
-      step_timing_steps=config.step_timing_steps))
+  result.update(
+    benchmarking.benchmark_generation(
+      target,
+      draft,
+      prompts,
+      lengths,
+      gamma=config.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      key=jax.random.fold_in(jax.random.key(config.seed), 2),
+      num_runs=config.num_runs,
+      step_timing_steps=config.step_timing_steps,
+    )
+  )
   return result
 
 

@@ -38,10 +38,12 @@ def run_record(run: str) -> dict:
   started = os.path.getmtime(os.path.join(run, MODEL_CONFIG_FILE))
   ended = os.path.getmtime(os.path.join(run, CHECKPOINT_DIR, str(last_step)))
   return {
-      "steps": last_step, "tokens_seen": meta["tokens_seen"], "config": meta["config"],
-      "final_eval": evals[-1] if evals else None,
-      "tokens_per_second": steps[-1].get("tokens_per_second") if steps else None,
-      "wall_seconds": round(ended - started, 1),
+    "steps": last_step,
+    "tokens_seen": meta["tokens_seen"],
+    "config": meta["config"],
+    "final_eval": evals[-1] if evals else None,
+    "tokens_per_second": steps[-1].get("tokens_per_second") if steps else None,
+    "wall_seconds": round(ended - started, 1),
   }
 
 
@@ -55,8 +57,14 @@ def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
       card["corpus"][split] = json.load(f)
   for name, run in (("target", target_run), ("draft", draft_run)):
     model, _ = load_trained_model(run, dtype="float32")
-    save_model(model, os.path.join(out, name), dtype="bfloat16", bos_id=tokenizer.bos_id,
-               eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    save_model(
+      model,
+      os.path.join(out, name),
+      dtype="bfloat16",
+      bos_id=tokenizer.bos_id,
+      eos_id=tokenizer.eos_id,
+      pad_id=tokenizer.pad_id,
+    )
     card[name] = {"params": model.num_params, "run": run, **run_record(run)}
     # A fine-tuned run records the runs it started from, phase by phase.
     entry = card[name]
@@ -91,8 +99,9 @@ def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
   flags.DEFINE_string("draft", None, "Run directory of the draft.", required=True)
-  flags.DEFINE_string("data_dir", None, "Data directory (tokenizer.json, <split>.json).",
-                      required=True)
+  flags.DEFINE_string(
+    "data_dir", None, "Data directory (tokenizer.json, <split>.json).", required=True
+  )
   flags.DEFINE_string("out", pretrained.PAIR_DIR, "Output directory.")
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -81,8 +82,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column])
     columns: `(header, cell)` pairs; `cell` is a `str.format` template over a
       row's keys, e.g. `"{acceptance_rate:.3f}"`, or a function row -> text.
   """
-  lines = ["| " + " | ".join(header for header, _ in columns) + " |",
-           "|" + "---|" * len(columns)]
+  lines = ["| " + " | ".join(header for header, _ in columns) + " |", "|" + "---|" * len(columns)]
   for row in rows:
     cells = [cell(row) if callable(cell) else cell.format_map(row) for _, cell in columns]
     lines.append("| " + " | ".join(cells) + " |")

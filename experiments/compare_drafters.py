@@ -31,24 +31,31 @@ from specjax.drafting import NGramDrafter, layer_skip
 from specjax.validation import check_output_path, check_positive_int
 
 # The README's table: one line per variant.
-COLUMNS = (("T", "{temperature:g}"), ("drafter", "{drafter}"), ("verifier", "{verifier}"),
-           ("γ", "{gamma}"), ("draft length", "{adaptive}"), ("α", "{acceptance_rate:.3f}"),
-           ("tokens/iter", "{tokens_per_iteration:.2f}"), ("ms/token", "{ms_per_token:.3f}"),
-           ("speedup", "{speedup:.2f}"))
+COLUMNS = (
+  ("T", "{temperature:g}"),
+  ("drafter", "{drafter}"),
+  ("verifier", "{verifier}"),
+  ("γ", "{gamma}"),
+  ("draft length", "{adaptive}"),
+  ("α", "{acceptance_rate:.3f}"),
+  ("tokens/iter", "{tokens_per_iteration:.2f}"),
+  ("ms/token", "{ms_per_token:.3f}"),
+  ("speedup", "{speedup:.2f}"),
+)
 
 
 def _variants(config, target, draft, temperature):
   """(name fields, drafter, verifier, gamma, adaptive) for one temperature."""
   verifiers = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
-  drafters = [("draft model", draft), (f"prompt lookup (n<={config.ngram})",
-                                       NGramDrafter(target.cfg.vocab_size, config.ngram))]
+  drafters = [
+    ("draft model", draft),
+    (f"prompt lookup (n<={config.ngram})", NGramDrafter(target.cfg.vocab_size, config.ngram)),
+  ]
   drafters += [(f"layer skip k={k}", layer_skip(target, k)) for k in config.layer_skip]
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
-  out += [("draft model", draft, default, g, None) for g in config.gamma_sweep
-          if g != config.gamma]
-  out += [("draft model", draft, default, config.gamma_max, a)
-          for a in ("schedule", "confidence")]
+  out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
+  out += [("draft model", draft, default, config.gamma_max, a) for a in ("schedule", "confidence")]
   return out
 
 
@@ -61,7 +68,7 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
 
   def one(i):  # prompt i alone: every variant decodes batch 1
-    return prompts[i:i + 1], lengths[i:i + 1]
+    return prompts[i : i + 1], lengths[i : i + 1]
 
   def tokens(outs):
     return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
@@ -70,37 +77,54 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   for temperature in config.temperatures:
     sampling = specjax.SamplingParams(temperature=float(temperature))
     key = jax.random.key(config.seed)
-    calls = {"ar": lambda: [specjax.autoregressive_generate(
-        target, *one(i), max_new_tokens=config.max_new_tokens, sampling=sampling, key=key)
-        for i in range(len(lengths))]}
+    calls = {
+      "ar": lambda sampling=sampling, key=key: [
+        specjax.autoregressive_generate(
+          target, *one(i), max_new_tokens=config.max_new_tokens, sampling=sampling, key=key
+        )
+        for i in range(len(lengths))
+      ]
+    }
     meta = {}
-    for name, drafter, verifier, gamma, adaptive in _variants(config, target, draft,
-                                                              temperature):
+    for name, drafter, verifier, gamma, adaptive in _variants(config, target, draft, temperature):
       label = f"{name}|{verifier}|{gamma}|{adaptive}"
-      meta[label] = dict(drafter=name, verifier=verifier, gamma=gamma,
-                         adaptive=adaptive or "fixed")
-      calls[label] = (lambda d=drafter, v=verifier, g=gamma, a=adaptive: [
-          specjax.speculative_generate(
-              target, d, *one(i), gamma=g, max_new_tokens=config.max_new_tokens,
-              sampling=sampling, key=key, verifier=v, adaptive=a,
-              confidence_threshold=config.confidence_threshold)
-          for i in range(len(lengths))])
+      meta[label] = dict(drafter=name, verifier=verifier, gamma=gamma, adaptive=adaptive or "fixed")
+      calls[label] = lambda d=drafter, v=verifier, g=gamma, a=adaptive, s=sampling, k=key: [
+        specjax.speculative_generate(
+          target,
+          d,
+          *one(i),
+          gamma=g,
+          max_new_tokens=config.max_new_tokens,
+          sampling=s,
+          key=k,
+          verifier=v,
+          adaptive=a,
+          confidence_threshold=config.confidence_threshold,
+        )
+        for i in range(len(lengths))
+      ]
     timings, outputs = benchmarking.time_calls(calls, config.num_runs)
     ar_ms = timings["ar"].median_s * 1e3 / tokens(outputs["ar"])
     for label, fields in meta.items():
       outs = outputs[label]
 
-      def s(field):
+      def s(field, outs=outs):
         return sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
 
       ms = timings[label].median_s * 1e3 / tokens(outs)
-      rows.append({
-          "temperature": float(temperature), **fields,
+      rows.append(
+        {
+          "temperature": float(temperature),
+          **fields,
           "acceptance_rate": s("accepted") / max(s("evaluated"), 1),
           "tokens_per_iteration": s("generated") / max(s("row_iterations"), 1),
           "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
-          "ms_per_token": ms, "ar_ms_per_token": ar_ms, "speedup": ar_ms / ms,
-      })
+          "ms_per_token": ms,
+          "ar_ms_per_token": ar_ms,
+          "speedup": ar_ms / ms,
+        }
+      )
   return rows
 
 
@@ -125,8 +149,9 @@ def main(argv):
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
-  common.define_config_flag("Comparison configuration (configs/compare_drafters.py).",
-                            "compare_drafters.py")
+  common.define_config_flag(
+    "Comparison configuration (configs/compare_drafters.py).", "compare_drafters.py"
+  )
   common.define_output_flags(markdown=True)
 
 

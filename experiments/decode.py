@@ -42,9 +42,11 @@ def _eos_id(path: str) -> int | None:
 def _load(config: ml_collections.ConfigDict, dtype):
   """(target, draft, tokenizer, target_path, draft_path): the bundled pair or two HF dirs."""
   if bool(config.target) != bool(config.draft):
-    raise ValueError("config.target and config.draft must both name local Hugging Face "
-                     "checkpoint directories (config.json, *.safetensors, tokenizer.json), "
-                     "or both be empty for the bundled pair.")
+    raise ValueError(
+      "config.target and config.draft must both name local Hugging Face "
+      "checkpoint directories (config.json, *.safetensors, tokenizer.json), "
+      "or both be empty for the bundled pair."
+    )
   if not config.target:
     target, draft, tokenizer = pretrained.load_pair(dtype)
     return target, draft, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
@@ -59,8 +61,9 @@ def _load(config: ml_collections.ConfigDict, dtype):
 def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   """(texts, tokens [B, P], lengths [B]): `config.prompt` on every row, or when it
   is empty, row i holds the i-th held-out test-split prompt."""
-  texts = ([config.prompt] * config.batch_size if config.prompt
-           else held_out_prompts(config.batch_size))
+  texts = (
+    [config.prompt] * config.batch_size if config.prompt else held_out_prompts(config.batch_size)
+  )
   return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"))
 
 
@@ -78,6 +81,7 @@ def _to_host(x) -> np.ndarray:
   if x.is_fully_addressable:
     return np.asarray(x)
   from jax.experimental import multihost_utils
+
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -86,41 +90,64 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   check_positive_int("config.batch_size", config.batch_size)
   check_positive_int("config.num_runs", config.num_runs, 3)
   if config.drafter not in ("model", "ngram", "layer_skip"):
-    raise ValueError(f"config.drafter must be one of model, ngram, layer_skip; got "
-                     f"{config.drafter!r}.")
+    raise ValueError(
+      f"config.drafter must be one of model, ngram, layer_skip; got {config.drafter!r}."
+    )
   if config.compare_transformers and config.drafter != "model":
-    raise ValueError("config.compare_transformers needs config.drafter='model' "
-                     "(transformers' assisted generation drafts with a model).")
+    raise ValueError(
+      "config.compare_transformers needs config.drafter='model' "
+      "(transformers' assisted generation drafts with a model)."
+    )
   if config.compare_transformers and config.batch_size != 1:
-    raise ValueError("config.batch_size must be 1 with compare_transformers "
-                     "(transformers' assisted generation supports batch 1 only).")
+    raise ValueError(
+      "config.batch_size must be 1 with compare_transformers "
+      "(transformers' assisted generation supports batch 1 only)."
+    )
   if config.dtype not in DECODE_DTYPES:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
   dtype = dtypes.to_dtype(config.dtype, "config.dtype")
   target, draft, tokenizer, target_path, draft_path = _load(config, dtype)
   mesh = make_mesh(tuple(config.mesh_shape))
   if config.batch_size % mesh.shape["data"]:
-    raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
-                     f"mesh's data axis ({mesh.shape['data']}).")
+    raise ValueError(
+      f"config.batch_size ({config.batch_size}) must be divisible by the "
+      f"mesh's data axis ({mesh.shape['data']})."
+    )
   target = shard_model(target, mesh)
   draft = shard_model(draft, mesh, replicate=config.replicate_draft)
-  sampling = specjax.SamplingParams(temperature=float(config.temperature),
-                                    top_k=config.top_k, top_p=float(config.top_p))
+  sampling = specjax.SamplingParams(
+    temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
+  )
   texts_in, prompts, lengths = _prompt_batch(config, tokenizer)
-  ids = np.asarray(prompts[0, :lengths[0]]).tolist()
+  ids = np.asarray(prompts[0, : lengths[0]]).tolist()
   prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
   eos = _eos_id(target_path) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
   drafter = _drafter(config, target, draft)
   calls = {
-      "ar": lambda: specjax.autoregressive_generate(
-          target, prompts, lengths, max_new_tokens=config.max_new_tokens,
-          sampling=sampling, key=key, eos_id=eos),
-      "spec": lambda: specjax.speculative_generate(
-          target, drafter, prompts, lengths, gamma=config.gamma,
-          max_new_tokens=config.max_new_tokens, sampling=sampling, key=key, eos_id=eos,
-          verifier=config.verifier, adaptive=config.adaptive or None,
-          confidence_threshold=config.confidence_threshold),
+    "ar": lambda: specjax.autoregressive_generate(
+      target,
+      prompts,
+      lengths,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      key=key,
+      eos_id=eos,
+    ),
+    "spec": lambda: specjax.speculative_generate(
+      target,
+      drafter,
+      prompts,
+      lengths,
+      gamma=config.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      key=key,
+      eos_id=eos,
+      verifier=config.verifier,
+      adaptive=config.adaptive or None,
+      confidence_threshold=config.confidence_threshold,
+    ),
   }
   with jax.set_mesh(mesh):
     timings, outputs = benchmarking.time_calls(calls, config.num_runs)
@@ -128,39 +155,58 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   for name, out in outputs.items():
     n = _to_host(out.num_generated)
     host_tokens[name] = _to_host(out.tokens)
-    texts[name] = tokenizer.decode(host_tokens[name][0, :n[0]].tolist())
+    texts[name] = tokenizer.decode(host_tokens[name][0, : n[0]].tolist())
     # The loop runs until its longest row is done.
     ms[name] = timings[name].median_s * 1e3 / int(n.max())
   stats = outputs["spec"].stats
   result = {
-      "target": target_path, "draft": draft_path,
-      "target_params": target.num_params, "draft_params": draft.num_params,
-      "prompt": texts_in[0], "prompt_tokens": len(ids),
-      "ar_text": texts["ar"], "spec_text": texts["spec"],
-      "gamma": config.gamma, "temperature": float(config.temperature),
-      "drafter": config.drafter, "verifier": config.verifier,
-      "adaptive": config.adaptive or "fixed",
-      "batch_size": config.batch_size,
-      "ar_ms_per_token": ms["ar"], "spec_ms_per_token": ms["spec"],
-      "speedup": ms["ar"] / ms["spec"],
-      "acceptance_rate": float(stats.acceptance_rate),
-      "tokens_per_iteration": float(stats.tokens_per_iteration),
-      **benchmarking.environment_info(),
+    "target": target_path,
+    "draft": draft_path,
+    "target_params": target.num_params,
+    "draft_params": draft.num_params,
+    "prompt": texts_in[0],
+    "prompt_tokens": len(ids),
+    "ar_text": texts["ar"],
+    "spec_text": texts["spec"],
+    "gamma": config.gamma,
+    "temperature": float(config.temperature),
+    "drafter": config.drafter,
+    "verifier": config.verifier,
+    "adaptive": config.adaptive or "fixed",
+    "batch_size": config.batch_size,
+    "ar_ms_per_token": ms["ar"],
+    "spec_ms_per_token": ms["spec"],
+    "speedup": ms["ar"] / ms["spec"],
+    "acceptance_rate": float(stats.acceptance_rate),
+    "tokens_per_iteration": float(stats.tokens_per_iteration),
+    **benchmarking.environment_info(),
   }
   if sampling.greedy:
     result["texts_identical"] = bool(np.array_equal(host_tokens["ar"], host_tokens["spec"]))
   if config.compare_transformers:
     from specjax.hf.transformers_baseline import time_transformers
-    hf = time_transformers(target_path, draft_path, ids, gamma=config.gamma,
-                           max_new_tokens=config.max_new_tokens, sampling=sampling,
-                           dtype=config.dtype, num_runs=config.num_runs, seed=config.seed)
-    result.update(hf_ms_per_token=hf["hf_ms_per_token"],
-                  hf_assisted_ms_per_token=hf["hf_assisted_ms_per_token"],
-                  spec_over_hf_assisted=ms["spec"] / hf["hf_assisted_ms_per_token"],
-                  ar_over_hf=ms["ar"] / hf["hf_ms_per_token"])
+
+    hf = time_transformers(
+      target_path,
+      draft_path,
+      ids,
+      gamma=config.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      dtype=config.dtype,
+      num_runs=config.num_runs,
+      seed=config.seed,
+    )
+    result.update(
+      hf_ms_per_token=hf["hf_ms_per_token"],
+      hf_assisted_ms_per_token=hf["hf_assisted_ms_per_token"],
+      spec_over_hf_assisted=ms["spec"] / hf["hf_assisted_ms_per_token"],
+      ar_over_hf=ms["ar"] / hf["hf_ms_per_token"],
+    )
     if sampling.greedy and eos is None:
       result["hf_assisted_matches_spec"] = (
-          hf["hf_assisted_tokens"] == host_tokens["spec"][0].tolist())
+        hf["hf_assisted_tokens"] == host_tokens["spec"][0].tolist()
+      )
   return result
 
 
@@ -171,8 +217,9 @@ def main(argv):
   decode_and_report(flags.FLAGS.config, flags.FLAGS.output_json)
 
 
-def decode_and_report(config: ml_collections.ConfigDict, output_json: str | None = None
-                      ) -> dict[str, Any]:
+def decode_and_report(
+  config: ml_collections.ConfigDict, output_json: str | None = None
+) -> dict[str, Any]:
   """What `main` does once flags are read: decodes, prints, writes `output_json`.
 
   The output path is checked first: the JSON is written only after the whole
@@ -185,10 +232,12 @@ def decode_and_report(config: ml_collections.ConfigDict, output_json: str | None
   print(f"--- prompt ({result['prompt_tokens']} tokens) ---\n{result['prompt']}")
   print(f"--- continuation, autoregressive ---\n{result['ar_text']}")
   print(f"--- continuation, speculative ---\n{result['spec_text']}")
-  print(f"ms/token ar {result['ar_ms_per_token']:.3f}  spec {result['spec_ms_per_token']:.3f}"
-        f"  speedup {result['speedup']:.2f}  acceptance {result['acceptance_rate']:.3f}"
-        f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"
-        f"  temperature {result['temperature']}")
+  print(
+    f"ms/token ar {result['ar_ms_per_token']:.3f}  spec {result['spec_ms_per_token']:.3f}"
+    f"  speedup {result['speedup']:.2f}  acceptance {result['acceptance_rate']:.3f}"
+    f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"
+    f"  temperature {result['temperature']}"
+  )
   print(json.dumps(result, indent=2))
   common.write_json(output_json, result)
   return result

@@ -24,18 +24,26 @@ from specjax.training.checkpoint import load_trained_model
 from specjax.validation import check_output_path, check_positive_int
 
 COLUMNS = (
-    ("draft", lambda r: os.path.basename(r["draft"].rstrip("/"))),
-    ("val CE", "{draft_ce:.3f}"),
-    ("α T=0 (teacher-forced)", "{alpha_t0:.3f}"), ("α T=1 (teacher-forced)", "{alpha_t1:.3f}"),
-    ("α T=0 (decode)", "{decode_alpha_t0:.3f}"), ("α T=1 (decode)", "{decode_alpha_t1:.3f}"),
-    ("tokens/iter T=0", "{decode_tokens_per_iter_t0:.2f}"),
-    ("tokens/iter T=1", "{decode_tokens_per_iter_t1:.2f}"),
+  ("draft", lambda r: os.path.basename(r["draft"].rstrip("/"))),
+  ("val CE", "{draft_ce:.3f}"),
+  ("α T=0 (teacher-forced)", "{alpha_t0:.3f}"),
+  ("α T=1 (teacher-forced)", "{alpha_t1:.3f}"),
+  ("α T=0 (decode)", "{decode_alpha_t0:.3f}"),
+  ("α T=1 (decode)", "{decode_alpha_t1:.3f}"),
+  ("tokens/iter T=0", "{decode_tokens_per_iter_t0:.2f}"),
+  ("tokens/iter T=1", "{decode_tokens_per_iter_t1:.2f}"),
 )
 
 
-def compare(target_run: str, draft_runs: list[str], data_dir: str, gamma: int = 4,
-            num_prompts: int = 8, max_new_tokens: int = 64,
-            num_batches: int = 8) -> list[dict]:
+def compare(
+  target_run: str,
+  draft_runs: list[str],
+  data_dir: str,
+  gamma: int = 4,
+  num_prompts: int = 8,
+  max_new_tokens: int = 64,
+  num_batches: int = 8,
+) -> list[dict]:
   """One result dict per draft run."""
   target, _ = load_trained_model(target_run, dtype="float32")
   tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
@@ -44,12 +52,16 @@ def compare(target_run: str, draft_runs: list[str], data_dir: str, gamma: int = 
   rows = []
   for run in draft_runs:
     draft, step = load_trained_model(run, dtype="float32")
-    row = {"draft": run, "step": step, "draft_params": draft.num_params,
-           **evaluate.teacher_forced_agreement(target, draft, validation,
-                                               num_batches=num_batches)}
+    row = {
+      "draft": run,
+      "step": step,
+      "draft_params": draft.num_params,
+      **evaluate.teacher_forced_agreement(target, draft, validation, num_batches=num_batches),
+    }
     for temperature in (0.0, 1.0):
-      r = evaluate.decoding_acceptance(target, draft, prompts, lengths, temperature, gamma,
-                                       max_new_tokens)
+      r = evaluate.decoding_acceptance(
+        target, draft, prompts, lengths, temperature, gamma, max_new_tokens
+      )
       row[f"decode_alpha_t{temperature:g}"] = r["acceptance_rate"]
       row[f"decode_tokens_per_iter_t{temperature:g}"] = r["tokens_per_iteration"]
     rows.append(row)
@@ -77,8 +89,7 @@ def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
   flags.DEFINE_list("drafts", None, "Run directories of the drafts.", required=True)
-  flags.DEFINE_string("data_dir", None, "Data directory (tokenizer.json, *.bin).",
-                      required=True)
+  flags.DEFINE_string("data_dir", None, "Data directory (tokenizer.json, *.bin).", required=True)
   flags.DEFINE_integer("gamma", 4, "Draft length.")
   flags.DEFINE_integer("num_prompts", 8, "Test-split prompts decoded as one batch.")
   flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per prompt.")

@@ -32,20 +32,34 @@ from specjax.validation import check_int, check_positive_int
 _COPIED = ("validation.bin", "validation.json", "test.bin", "test.json")
 
 
-def generate(target_run: str, data_dir: str, out: str, num_batches: int, batch_size: int,
-             prompt_tokens: int, new_tokens: int, seed: int) -> dict:
+def generate(
+  target_run: str,
+  data_dir: str,
+  out: str,
+  num_batches: int,
+  batch_size: int,
+  prompt_tokens: int,
+  new_tokens: int,
+  seed: int,
+) -> dict:
   """Writes `out/train.bin` of target continuations (and copies the rest); returns its meta.
 
   Samples are `[prompt_tokens + new_tokens + 1]` rows ending in the tokenizer's
   `<eos>`. Every argument and input file is checked before the target runs.
   """
-  for name, value in (("num_batches", num_batches), ("batch_size", batch_size),
-                      ("prompt_tokens", prompt_tokens), ("new_tokens", new_tokens)):
+  for name, value in (
+    ("num_batches", num_batches),
+    ("batch_size", batch_size),
+    ("prompt_tokens", prompt_tokens),
+    ("new_tokens", new_tokens),
+  ):
     check_positive_int(name, value)
   check_int("seed", seed, minimum=0)
   if os.path.abspath(out) == os.path.abspath(data_dir):
-    raise ValueError(f"out must be another directory than data_dir, got {out!r} for both: "
-                     "it would overwrite the corpus token files.")
+    raise ValueError(
+      f"out must be another directory than data_dir, got {out!r} for both: "
+      "it would overwrite the corpus token files."
+    )
   tokenizer_path = os.path.join(data_dir, "tokenizer.json")
   tokenizer = Tokenizer.from_file(tokenizer_path)
   if tokenizer.eos_id is None:
@@ -58,37 +72,59 @@ def generate(target_run: str, data_dir: str, out: str, num_batches: int, batch_s
   train = TokenDataset(train_path)
   target, step = load_trained_model(target_run, dtype="float32")
   if target.cfg.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"the target's vocab_size {target.cfg.vocab_size} is below the "
-                     f"{tokenizer.vocab_size} ids of {tokenizer_path}.")
+    raise ValueError(
+      f"the target's vocab_size {target.cfg.vocab_size} is below the "
+      f"{tokenizer.vocab_size} ids of {tokenizer_path}."
+    )
   if prompt_tokens + new_tokens > target.cfg.max_seq_len:
-    raise ValueError(f"prompt_tokens + new_tokens = {prompt_tokens + new_tokens} exceeds the "
-                     f"target's max_seq_len {target.cfg.max_seq_len}.")
+    raise ValueError(
+      f"prompt_tokens + new_tokens = {prompt_tokens + new_tokens} exceeds the "
+      f"target's max_seq_len {target.cfg.max_seq_len}."
+    )
   chunks, start = [], time.perf_counter()
   for i in range(num_batches):
     prompts = train.batch(i, batch_size, prompt_tokens - 1, seed)  # [B, prompt_tokens]
     sampling = specjax.SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0)
     result = specjax.autoregressive_generate(
-        target, jnp.asarray(prompts), jnp.full((batch_size,), prompt_tokens, jnp.int32),
-        max_new_tokens=new_tokens, sampling=sampling, key=jax.random.key(seed * 100003 + i))
-    body = np.concatenate([prompts, np.asarray(result.tokens),
-                           np.full((batch_size, 1), tokenizer.eos_id, np.int32)], axis=1)
+      target,
+      jnp.asarray(prompts),
+      jnp.full((batch_size,), prompt_tokens, jnp.int32),
+      max_new_tokens=new_tokens,
+      sampling=sampling,
+      key=jax.random.key(seed * 100003 + i),
+    )
+    body = np.concatenate(
+      [prompts, np.asarray(result.tokens), np.full((batch_size, 1), tokenizer.eos_id, np.int32)],
+      axis=1,
+    )
     chunks.append(body.ravel())
     if i % 10 == 0:
       print(f"batch {i + 1}/{num_batches}: {time.perf_counter() - start:.0f} s", flush=True)
   tokens = np.concatenate(chunks)
   if tokens.max() >= tokenizer.vocab_size:
-    raise ValueError(f"the target generated id {tokens.max()}, outside the "
-                     f"{tokenizer.vocab_size} ids of {tokenizer_path}.")
+    raise ValueError(
+      f"the target generated id {tokens.max()}, outside the "
+      f"{tokenizer.vocab_size} ids of {tokenizer_path}."
+    )
   os.makedirs(out, exist_ok=True)
   out_train = os.path.join(out, "train.bin")
   tmp = f"{out_train}.tmp{os.getpid()}"
   tokens.astype(np.uint16).tofile(tmp)
   os.replace(tmp, out_train)
-  meta = {"split": "train", "source": "target continuations", "target_run": target_run,
-          "target_step": step, "samples": num_batches * batch_size,
-          "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "tokens": int(tokens.size),
-          "greedy_batches": (num_batches + 1) // 2, "seed": seed,
-          "seconds": time.perf_counter() - start, **tokenizer_record(tokenizer)}
+  meta = {
+    "split": "train",
+    "source": "target continuations",
+    "target_run": target_run,
+    "target_step": step,
+    "samples": num_batches * batch_size,
+    "prompt_tokens": prompt_tokens,
+    "new_tokens": new_tokens,
+    "tokens": int(tokens.size),
+    "greedy_batches": (num_batches + 1) // 2,
+    "seed": seed,
+    "seconds": time.perf_counter() - start,
+    **tokenizer_record(tokenizer),
+  }
   write_meta(out_train, meta)
   # After train.bin's meta: copied splits without it would make a training run on
   # `out` encode the corpus train split there instead of using these samples.
@@ -100,15 +136,29 @@ def generate(target_run: str, data_dir: str, out: str, num_batches: int, batch_s
 def main(argv):
   del argv
   f = flags.FLAGS
-  print(json.dumps(generate(f.target, f.data_dir, f.out, f.num_batches, f.batch_size,
-                            f.prompt_tokens, f.new_tokens, f.seed), indent=2))
+  print(
+    json.dumps(
+      generate(
+        f.target,
+        f.data_dir,
+        f.out,
+        f.num_batches,
+        f.batch_size,
+        f.prompt_tokens,
+        f.new_tokens,
+        f.seed,
+      ),
+      indent=2,
+    )
+  )
 
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
-  flags.DEFINE_string("data_dir", None, "Corpus data directory (train.bin, tokenizer.json).",
-                      required=True)
+  flags.DEFINE_string(
+    "data_dir", None, "Corpus data directory (train.bin, tokenizer.json).", required=True
+  )
   flags.DEFINE_string("out", None, "Output data directory.", required=True)
   flags.DEFINE_integer("num_batches", 80, "Generation batches (even: greedy, odd: T=1).")
   flags.DEFINE_integer("batch_size", 128, "Prompts per batch.")

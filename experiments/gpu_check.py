@@ -34,27 +34,38 @@ from specjax.generation.common import cache_capacity
 from specjax.validation import check_output_path
 
 SIZES = {
-    "full": dict(
-        target=dict(vocab_size=32000, d_model=2048, n_layers=22, n_heads=32, n_kv_heads=4,
-                    d_ff=5632),
-        draft=dict(vocab_size=32000, d_model=768, n_layers=2, n_heads=12, n_kv_heads=12,
-                   d_ff=3072),
-        prompt_len=64, max_new_tokens=1 + 25 * 5, copy_bytes=2 << 30, num_runs=3),
-    "smoke": dict(
-        target=dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                    d_ff=128),
-        draft=dict(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2,
-                   d_ff=64),
-        prompt_len=8, max_new_tokens=1 + 3 * 5, copy_bytes=8 << 20, num_runs=3),
+  "full": dict(
+    target=dict(vocab_size=32000, d_model=2048, n_layers=22, n_heads=32, n_kv_heads=4, d_ff=5632),
+    draft=dict(vocab_size=32000, d_model=768, n_layers=2, n_heads=12, n_kv_heads=12, d_ff=3072),
+    prompt_len=64,
+    max_new_tokens=1 + 25 * 5,
+    copy_bytes=2 << 30,
+    num_runs=3,
+  ),
+  "smoke": dict(
+    target=dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128),
+    draft=dict(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=64),
+    prompt_len=8,
+    max_new_tokens=1 + 3 * 5,
+    copy_bytes=8 << 20,
+    num_runs=3,
+  ),
 }
 GAMMA = 4
 # (batch, draft): the cases that fit the device-time budget.
 CASES = ((1, "68m"), (1, "self"), (8, "68m"))
-COLUMNS = (("batch", "{batch}"), ("draft", "{draft}"), ("AR ms/token", "{ar_ms_per_token:.3f}"),
-           ("AR / floor", "{ar_over_floor:.2f}"), ("spec ms/token", "{spec_ms_per_token:.3f}"),
-           ("speedup", "{speedup:.2f}"), ("α", "{acceptance_rate:.2f}"),
-           ("tokens/iter", "{tokens_per_iteration:.2f}"), ("c", "{c:.3f}"),
-           ("verify cost ratio", "{verify_cost_ratio:.2f}"))
+COLUMNS = (
+  ("batch", "{batch}"),
+  ("draft", "{draft}"),
+  ("AR ms/token", "{ar_ms_per_token:.3f}"),
+  ("AR / floor", "{ar_over_floor:.2f}"),
+  ("spec ms/token", "{spec_ms_per_token:.3f}"),
+  ("speedup", "{speedup:.2f}"),
+  ("α", "{acceptance_rate:.2f}"),
+  ("tokens/iter", "{tokens_per_iteration:.2f}"),
+  ("c", "{c:.3f}"),
+  ("verify cost ratio", "{verify_cost_ratio:.2f}"),
+)
 
 
 def copy_bandwidth(num_bytes: int, num_runs: int) -> float:
@@ -67,10 +78,13 @@ def copy_bandwidth(num_bytes: int, num_runs: int) -> float:
 
 def build(sizes: dict, max_seq_len: int):
   """(target, draft) with random bfloat16 weights, shaped by `sizes`."""
+
   def make(fields, seed):
-    cfg = specjax.ModelConfig(max_seq_len=max_seq_len, dtype="bfloat16",
-                              param_dtype="bfloat16", **fields)
+    cfg = specjax.ModelConfig(
+      max_seq_len=max_seq_len, dtype="bfloat16", param_dtype="bfloat16", **fields
+    )
     return specjax.Transformer(cfg, rngs=nnx.Rngs(seed))
+
   return make(sizes["target"], 0), make(sizes["draft"], 1)
 
 
@@ -90,27 +104,48 @@ def main(argv):
   max_seq_len = cache_capacity(sizes["prompt_len"], sizes["max_new_tokens"], GAMMA)
   target, draft = build(sizes, max_seq_len)
   floor_ms = param_bytes(target) / bandwidth * 1e3
-  result = {**benchmarking.environment_info(), "scale": flags.FLAGS.scale,
-            "copy_bandwidth_gb_s": bandwidth / 1e9, "target_params": target.num_params,
-            "draft_params": draft.num_params, "target_param_bytes": param_bytes(target),
-            "memory_floor_ms_per_step": floor_ms, "gamma": GAMMA, "cases": []}
+  result = {
+    **benchmarking.environment_info(),
+    "scale": flags.FLAGS.scale,
+    "copy_bandwidth_gb_s": bandwidth / 1e9,
+    "target_params": target.num_params,
+    "draft_params": draft.num_params,
+    "target_param_bytes": param_bytes(target),
+    "memory_floor_ms_per_step": floor_ms,
+    "gamma": GAMMA,
+    "cases": [],
+  }
   vocab = sizes["target"]["vocab_size"]
   for batch, which in CASES:
-    prompts, lengths = benchmarking.random_prompts(jax.random.key(batch), batch,
-                                                   sizes["prompt_len"], vocab)
+    prompts, lengths = benchmarking.random_prompts(
+      jax.random.key(batch), batch, sizes["prompt_len"], vocab
+    )
     case = benchmarking.benchmark_generation(
-        target, target if which == "self" else draft, prompts, lengths, gamma=GAMMA,
-        max_new_tokens=sizes["max_new_tokens"], sampling=specjax.GREEDY,
-        key=jax.random.key(0), num_runs=sizes["num_runs"], step_timing_steps=8)
+      target,
+      target if which == "self" else draft,
+      prompts,
+      lengths,
+      gamma=GAMMA,
+      max_new_tokens=sizes["max_new_tokens"],
+      sampling=specjax.GREEDY,
+      key=jax.random.key(0),
+      num_runs=sizes["num_runs"],
+      step_timing_steps=8,
+    )
     case = {k: v for k, v in case.items() if not k.endswith("_runs_ms")}
-    case.update(batch=batch, draft=which,
-                ar_over_floor=case["ar_ms_per_token"] / floor_ms,
-                target_step_over_floor=case["target_step_ms"] / floor_ms)
+    case.update(
+      batch=batch,
+      draft=which,
+      ar_over_floor=case["ar_ms_per_token"] / floor_ms,
+      target_step_over_floor=case["target_step_ms"] / floor_ms,
+    )
     result["cases"].append(case)
   result["wall_seconds"] = time.perf_counter() - start
 
-  print(f"{jax.devices()[0].device_kind}: copy {bandwidth / 1e9:.0f} GB/s, target "
-        f"{target.num_params / 1e6:.0f}M params, floor {floor_ms:.3f} ms/step")
+  print(
+    f"{jax.devices()[0].device_kind}: copy {bandwidth / 1e9:.0f} GB/s, target "
+    f"{target.num_params / 1e6:.0f}M params, floor {floor_ms:.3f} ms/step"
+  )
   print(common.markdown_table(result["cases"], COLUMNS))
   print(json.dumps(result, indent=2))
   common.write_json(output_json, result)
@@ -118,8 +153,9 @@ def main(argv):
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
-  flags.DEFINE_enum("scale", "full", ["full", "smoke"],
-                    "full: 1.1B target (GPU); smoke: tiny sizes (CPU check).")
+  flags.DEFINE_enum(
+    "scale", "full", ["full", "smoke"], "full: 1.1B target (GPU); smoke: tiny sizes (CPU check)."
+  )
   common.define_output_flags()
 
 

@@ -19,10 +19,10 @@ from specjax.data.corpus import stdlib_root
 from specjax.data.tokenizer import train_tokenizer
 
 SIZES = {
-    # hidden, intermediate, layers, heads, kv heads
-    "tiny": (64, 128, 2, 4, 2),
-    "draft": (128, 256, 1, 2, 1),
-    "medium": (512, 1408, 6, 8, 4),
+  # hidden, intermediate, layers, heads, kv heads
+  "tiny": (64, 128, 2, 4, 2),
+  "draft": (128, 256, 1, 2, 1),
+  "medium": (512, 1408, 6, 8, 4),
 }
 ARCHS = ("llama", "mistral", "qwen2", "gpt2")
 _TOKENIZER_FILES = 20  # top-level stdlib modules the BPE is trained on
@@ -45,19 +45,37 @@ def make_checkpoint(out: str, arch: str, size: str, vocab_size: int, seed: int =
   pad_id, bos_id, eos_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
   import torch
   import transformers
+
   hidden, inter, layers, heads, kv = SIZES[size]
   torch.manual_seed(seed)
-  common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter,
-                num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=kv, max_position_embeddings=1024, eos_token_id=eos_id,
-                bos_token_id=bos_id, pad_token_id=pad_id)
+  common = dict(
+    vocab_size=vocab_size,
+    hidden_size=hidden,
+    intermediate_size=inter,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    num_key_value_heads=kv,
+    max_position_embeddings=1024,
+    eos_token_id=eos_id,
+    bos_token_id=bos_id,
+    pad_token_id=pad_id,
+  )
   if arch == "gpt2":
-    config = transformers.GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers,
-                                     n_head=heads, n_positions=1024, eos_token_id=eos_id,
-                                     bos_token_id=bos_id)
+    config = transformers.GPT2Config(
+      vocab_size=vocab_size,
+      n_embd=hidden,
+      n_layer=layers,
+      n_head=heads,
+      n_positions=1024,
+      eos_token_id=eos_id,
+      bos_token_id=bos_id,
+    )
   else:
-    config = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-              "qwen2": transformers.Qwen2Config}[arch](**common)
+    config = {
+      "llama": transformers.LlamaConfig,
+      "mistral": transformers.MistralConfig,
+      "qwen2": transformers.Qwen2Config,
+    }[arch](**common)
   model = transformers.AutoModelForCausalLM.from_config(config)
   model.save_pretrained(out)
   tokenizer.save(os.path.join(out, "tokenizer.json"))

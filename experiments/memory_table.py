@@ -33,51 +33,82 @@ from specjax.validation import check_output_path, check_positive_int
 
 MESHES = ((1, 1), (2, 4), (1, 8))
 SHAPES = {
-    "1.1B (TinyLlama shape)": ModelConfig(
-        vocab_size=32000, d_model=2048, n_layers=22, n_heads=32, n_kv_heads=4, d_ff=5632,
-        max_seq_len=2048, dtype="bfloat16", param_dtype="bfloat16"),
-    "70B (Llama 2 70B shape)": ModelConfig(
-        vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672,
-        max_seq_len=4096, dtype="bfloat16", param_dtype="bfloat16"),
+  "1.1B (TinyLlama shape)": ModelConfig(
+    vocab_size=32000,
+    d_model=2048,
+    n_layers=22,
+    n_heads=32,
+    n_kv_heads=4,
+    d_ff=5632,
+    max_seq_len=2048,
+    dtype="bfloat16",
+    param_dtype="bfloat16",
+  ),
+  "70B (Llama 2 70B shape)": ModelConfig(
+    vocab_size=32000,
+    d_model=8192,
+    n_layers=80,
+    n_heads=64,
+    n_kv_heads=8,
+    d_ff=28672,
+    max_seq_len=4096,
+    dtype="bfloat16",
+    param_dtype="bfloat16",
+  ),
 }
 
 
-def per_device_bytes(cfg: ModelConfig, mesh_shape: tuple[int, int], batch: int,
-                     capacity: int) -> dict[str, float]:
+def per_device_bytes(
+  cfg: ModelConfig, mesh_shape: tuple[int, int], batch: int, capacity: int
+) -> dict[str, float]:
   """GiB of parameters and K/V caches one device holds on a (data, model) mesh."""
   mesh = AbstractMesh(tuple(mesh_shape), (DATA, MODEL))
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   values = jax.tree.leaves(nnx.state(model, nnx.Param))
   shardings = jax.tree.leaves(param_shardings(model, mesh))
-  params = sum(math.prod(sharding.shard_shape(value.shape)) * value.dtype.itemsize
-               for value, sharding in zip(values, shardings, strict=True))
+  params = sum(
+    math.prod(sharding.shard_shape(value.shape)) * value.dtype.itemsize
+    for value, sharding in zip(values, shardings, strict=True)
+  )
   cache_shape = (batch, cfg.n_kv_heads, capacity, cfg.resolved_head_dim)
   block = named_sharding(mesh, CACHE_AXES, cache_shape).shard_shape(cache_shape)
   itemsize = jnp.dtype(cfg.compute_dtype).itemsize
   cache = 2 * cfg.n_layers * math.prod(block) * itemsize  # keys and values
-  return {"params_gib": params / 2**30, "cache_gib": cache / 2**30,
-          "total_gib": (params + cache) / 2**30}
+  return {
+    "params_gib": params / 2**30,
+    "cache_gib": cache / 2**30,
+    "total_gib": (params + cache) / 2**30,
+  }
 
 
 def table(batch: int) -> list[dict]:
   """One row per (model shape, mesh), each model's cache at its max_seq_len."""
-  shapes = {"bundled target": model_config(read_config(pretrained.TARGET_DIR), "float32"),
-            **SHAPES}
+  shapes = {"bundled target": model_config(read_config(pretrained.TARGET_DIR), "float32"), **SHAPES}
   rows = []
   for name, cfg in shapes.items():
     capacity = cfg.max_seq_len
     for mesh in MESHES:
-      rows.append({"model": name, "mesh": f"{mesh[0]}x{mesh[1]}", "batch": batch,
-                   "cache_capacity": capacity, "dtype": cfg.param_dtype,
-                   **per_device_bytes(cfg, mesh, batch, capacity)})
+      rows.append(
+        {
+          "model": name,
+          "mesh": f"{mesh[0]}x{mesh[1]}",
+          "batch": batch,
+          "cache_capacity": capacity,
+          "dtype": cfg.param_dtype,
+          **per_device_bytes(cfg, mesh, batch, capacity),
+        }
+      )
   return rows
 
 
-COLUMNS = (("model", "{model}"), ("mesh (data×model)", "{mesh}"), ("dtype", "{dtype}"),
-           ("params / device", "{params_gib:.3f} GiB"),
-           ("KV cache / device (batch, capacity)",
-            "{cache_gib:.3f} GiB ({batch}, {cache_capacity})"),
-           ("total / device", "{total_gib:.3f} GiB"))
+COLUMNS = (
+  ("model", "{model}"),
+  ("mesh (data×model)", "{mesh}"),
+  ("dtype", "{dtype}"),
+  ("params / device", "{params_gib:.3f} GiB"),
+  ("KV cache / device (batch, capacity)", "{cache_gib:.3f} GiB ({batch}, {cache_capacity})"),
+  ("total / device", "{total_gib:.3f} GiB"),
+)
 
 
 def markdown(rows: list[dict]) -> str:

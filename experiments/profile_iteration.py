@@ -37,8 +37,9 @@ def profile(gamma: int = 4, repeats: int = 100, max_new_tokens: int = 64) -> dic
   check_positive_int("max_new_tokens", max_new_tokens)
   target, draft, tokenizer = pretrained.load_pair()
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(1))
-  config = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=specjax.GREEDY,
-                      verifier="greedy")
+  config = SpecConfig(
+    gamma=gamma, max_new_tokens=max_new_tokens, sampling=specjax.GREEDY, verifier="greedy"
+  )
   drafter = ModelDrafter(draft)
   capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)
   width = int(lengths[0])
@@ -48,18 +49,30 @@ def profile(gamma: int = 4, repeats: int = 100, max_new_tokens: int = 64) -> dic
     return target.forward_cached(prompts, cache)[1].with_lengths(lengths)
 
   def forward_ms(t):
-    return 1e3 * benchmarking.call_seconds(target, prompts, lengths, tokens_per_call=t,
-                                           capacity=capacity, num_steps=repeats,
-                                           num_runs=NUM_RUNS)
+    return 1e3 * benchmarking.call_seconds(
+      target,
+      prompts,
+      lengths,
+      tokens_per_call=t,
+      capacity=capacity,
+      num_steps=repeats,
+      num_runs=NUM_RUNS,
+    )
 
   @jax.jit
   def propose(drafter, state):
     def body(i, acc):
       recent = jnp.stack([prompts[:, width - 2], jnp.full((1,), i % 97)], axis=1)
-      proposal, _ = drafter.propose(state, recent.astype(jnp.int32), jax.random.key(0),
-                                    jnp.full((1,), gamma, jnp.int32), gamma=gamma,
-                                    sampling=config.sampling)
+      proposal, _ = drafter.propose(
+        state,
+        recent.astype(jnp.int32),
+        jax.random.key(0),
+        jnp.full((1,), gamma, jnp.int32),
+        gamma=gamma,
+        sampling=config.sampling,
+      )
       return acc + proposal.tokens[0, 0]
+
     return jax.lax.fori_loop(0, repeats, body, 0)
 
   @jax.jit
@@ -70,38 +83,49 @@ def profile(gamma: int = 4, repeats: int = 100, max_new_tokens: int = 64) -> dic
       probs = specjax.warp_probs(logits, config.sampling)
       n, y = specjax.verify.greedy_verify(None, block[:, 1:], None, probs)
       return acc + n[0] + y[0]
+
     return jax.lax.fori_loop(0, repeats, body, 0)
 
   draft_state = drafter.init(prompts, lengths, jnp.zeros((1,), jnp.int32), capacity)
   result = {
-      "gamma": gamma, "target_params": target.num_params, "draft_params": draft.num_params,
-      "target_forward_1_ms": forward_ms(1),
-      "target_forward_gamma_plus_1_ms": forward_ms(gamma + 1),
+    "gamma": gamma,
+    "target_params": target.num_params,
+    "draft_params": draft.num_params,
+    "target_forward_1_ms": forward_ms(1),
+    "target_forward_gamma_plus_1_ms": forward_ms(gamma + 1),
   }
 
   def ar():
-    return specjax.autoregressive_generate(target, prompts, lengths,
-                                           max_new_tokens=max_new_tokens, sampling=specjax.GREEDY)
+    return specjax.autoregressive_generate(
+      target, prompts, lengths, max_new_tokens=max_new_tokens, sampling=specjax.GREEDY
+    )
 
   def spec():
-    return specjax.speculative_generate(target, draft, prompts, lengths, gamma=gamma,
-                                        max_new_tokens=max_new_tokens, sampling=specjax.GREEDY)
+    return specjax.speculative_generate(
+      target,
+      draft,
+      prompts,
+      lengths,
+      gamma=gamma,
+      max_new_tokens=max_new_tokens,
+      sampling=specjax.GREEDY,
+    )
 
   iterations = int(spec().stats.iterations)
   verify_cache = target_cache()
   # name -> (call, units of work per call): a call's time / units is the figure.
   parts = {
-      "draft_propose_ms": (lambda: propose(drafter, draft_state), repeats),
-      "verify_ms": (lambda: verify(target, verify_cache), repeats),
-      "ar_ms_per_token": (lambda: ar().tokens, max_new_tokens),
-      "spec_ms_per_iteration": (lambda: spec().tokens, iterations),
+    "draft_propose_ms": (lambda: propose(drafter, draft_state), repeats),
+    "verify_ms": (lambda: verify(target, verify_cache), repeats),
+    "ar_ms_per_token": (lambda: ar().tokens, max_new_tokens),
+    "spec_ms_per_iteration": (lambda: spec().tokens, iterations),
   }
-  timings, _ = benchmarking.time_calls({name: fn for name, (fn, _) in parts.items()},
-                                       NUM_RUNS)
+  timings, _ = benchmarking.time_calls({name: fn for name, (fn, _) in parts.items()}, NUM_RUNS)
   for name, (_, units) in parts.items():
     result[name] = timings[name].median_s * 1e3 / units
-  result["rest_of_iteration_ms"] = (result["spec_ms_per_iteration"] - result["draft_propose_ms"]
-                                    - result["verify_ms"])
+  result["rest_of_iteration_ms"] = (
+    result["spec_ms_per_iteration"] - result["draft_propose_ms"] - result["verify_ms"]
+  )
   result["iterations"] = iterations
   return {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
 

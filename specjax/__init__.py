@@ -6,7 +6,8 @@ Public surface:
   verify.token_verify, verify.block_verify, verify.greedy_verify
                                               -- verification rules (specjax.verify)
   drafting.NGramDrafter, drafting.layer_skip  -- drafters besides a draft model
-  pretrained.load_pair                        -- the bundled trained pair (`from specjax import pretrained`)
+  pretrained.load_pair                        -- the bundled trained pair
+                                                 (`from specjax import pretrained`)
   distributed.make_mesh, distributed.shard_model -- meshes and placement (specjax.distributed)
   speculative_generate, autoregressive_generate, speculative_step
                                               -- generation loops (specjax.generation)
@@ -19,18 +20,37 @@ import jax as _jax
 # same samples as one device for the same key (the default in recent JAX).
 _jax.config.update("jax_threefry_partitionable", True)
 
-from specjax import distributed, drafting, theory, verify  # noqa: E402
-from specjax.generation import (GenerateOutput, SpecConfig, SpeculativeStats, SpecState,
-                                autoregressive_generate, speculative_generate,
-                                speculative_step)
+from specjax import distributed, drafting, theory, verify
+from specjax.generation import (
+  GenerateOutput,
+  SpecConfig,
+  SpecState,
+  SpeculativeStats,
+  autoregressive_generate,
+  speculative_generate,
+  speculative_step,
+)
 from specjax.models import KVCache, ModelConfig, Transformer
 from specjax.sampling import GREEDY, SamplingParams, warp_probs
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GREEDY", "GenerateOutput", "KVCache", "ModelConfig", "SamplingParams", "SpecConfig",
-    "SpecState", "SpeculativeStats", "Transformer", "autoregressive_generate",
-    "speculative_generate", "speculative_step", "theory", "verify", "warp_probs", "distributed",
-    "drafting",
+  "GREEDY",
+  "GenerateOutput",
+  "KVCache",
+  "ModelConfig",
+  "SamplingParams",
+  "SpecConfig",
+  "SpecState",
+  "SpeculativeStats",
+  "Transformer",
+  "autoregressive_generate",
+  "speculative_generate",
+  "speculative_step",
+  "theory",
+  "verify",
+  "warp_probs",
+  "distributed",
+  "drafting",
 ]

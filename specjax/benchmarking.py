@@ -22,7 +22,8 @@ import datetime
 import functools
 import statistics
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax
 import jax
@@ -70,8 +71,9 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
   return time.perf_counter() - start, out
 
 
-def time_calls(fns: Mapping[str, Callable[[], Any]], num_runs: int
-               ) -> tuple[dict[str, Timing], dict[str, Any]]:
+def time_calls(
+  fns: Mapping[str, Callable[[], Any]], num_runs: int
+) -> tuple[dict[str, Timing], dict[str, Any]]:
   """Times several zero-argument functions, one warm-up call each, then `num_runs` rounds.
 
   The rounds interleave the functions (a, b, a, b, ...) rather than running
@@ -120,24 +122,39 @@ def _decode_loop(model, tokens, cache: KVCache, *, num_steps: int):
   return jax.lax.fori_loop(0, num_steps, body, (tokens, cache))
 
 
-def prefill_timing(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array, *,
-                   capacity: int, sampling: SamplingParams, key: jax.Array,
-                   num_runs: int) -> Timing:
+def prefill_timing(
+  model: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  capacity: int,
+  sampling: SamplingParams,
+  key: jax.Array,
+  num_runs: int,
+) -> Timing:
   """Times one jitted `prefill` (time to first token, without the Python wrapper).
 
   Args:
     prompts: `[B, P]` int32; prompt_lengths `[B]`.
     capacity: cache slots S to allocate, as the generate call would.
   """
-  run = functools.partial(_prefill_program, model, prompts, prompt_lengths,
-                          key, capacity=capacity, sampling=sampling)
+  run = functools.partial(
+    _prefill_program, model, prompts, prompt_lengths, key, capacity=capacity, sampling=sampling
+  )
   timings, _ = time_calls({"prefill": run}, num_runs)
   return timings["prefill"]
 
 
-def call_seconds(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array, *,
-                 tokens_per_call: int, capacity: int, num_steps: int = 16,
-                 num_runs: int = 3) -> float:
+def call_seconds(
+  model: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  tokens_per_call: int,
+  capacity: int,
+  num_steps: int = 16,
+  num_runs: int = 3,
+) -> float:
   """Median seconds of one `model.forward_cached` call over `tokens_per_call` tokens.
 
   The cache is first prefilled with the prompts (so attention reads a realistic
@@ -153,18 +170,25 @@ def call_seconds(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Arr
   """
   check_positive_int("tokens_per_call", tokens_per_call)
   check_positive_int("num_steps", num_steps)
-  first, cache = jax.block_until_ready(_prefill_program(
-      model, prompts, prompt_lengths, jax.random.key(0), capacity=capacity,
-      sampling=SamplingParams(temperature=0.0)))
+  first, cache = jax.block_until_ready(
+    _prefill_program(
+      model,
+      prompts,
+      prompt_lengths,
+      jax.random.key(0),
+      capacity=capacity,
+      sampling=SamplingParams(temperature=0.0),
+    )
+  )
   tokens = jnp.tile(first[:, None], (1, tokens_per_call))
-  run = functools.partial(_decode_loop, model, tokens, cache,
-                          num_steps=num_steps)
+  run = functools.partial(_decode_loop, model, tokens, cache, num_steps=num_steps)
   timings, _ = time_calls({"loop": run}, num_runs)
   return timings["loop"].median_s / num_steps
 
 
-def random_prompts(key: jax.Array, batch_size: int, width: int, vocab_size: int
-                   ) -> tuple[jax.Array, jax.Array]:
+def random_prompts(
+  key: jax.Array, batch_size: int, width: int, vocab_size: int
+) -> tuple[jax.Array, jax.Array]:
   """Uniform random token ids `[batch_size, width]` int32 and lengths `[batch_size]`.
 
   Every row is full width, so timings do not depend on padding. For synthetic
@@ -181,19 +205,28 @@ def environment_info() -> dict[str, Any]:
   """Backend, device and library versions, and the UTC date, for a result file."""
   device = jax.devices()[0]
   return {
-      "backend": jax.default_backend(),
-      "device_kind": device.device_kind,
-      "device_count": jax.device_count(),
-      "jax_version": jax.__version__,
-      "flax_version": flax.__version__,
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "backend": jax.default_backend(),
+    "device_kind": device.device_kind,
+    "device_count": jax.device_count(),
+    "jax_version": jax.__version__,
+    "flax_version": flax.__version__,
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
   }
 
 
-def benchmark_generation(target: Transformer, draft: Transformer, prompts: jax.Array,
-                         prompt_lengths: jax.Array, *, gamma: int, max_new_tokens: int,
-                         sampling: SamplingParams, key: jax.Array, num_runs: int,
-                         step_timing_steps: int = 16) -> dict[str, Any]:
+def benchmark_generation(
+  target: Transformer,
+  draft: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams,
+  key: jax.Array,
+  num_runs: int,
+  step_timing_steps: int = 16,
+) -> dict[str, Any]:
   """Measures autoregressive vs speculative decoding and the costs that predict it.
 
   Runs without an EOS, so every row generates exactly `max_new_tokens` tokens
@@ -219,26 +252,40 @@ def benchmark_generation(target: Transformer, draft: Transformer, prompts: jax.A
   check_positive_int("step_timing_steps", step_timing_steps)
   capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)  # as speculative_generate
   generate = {
-      "ar": lambda: autoregressive_generate(target, prompts, prompt_lengths,
-                                            max_new_tokens=max_new_tokens,
-                                            sampling=sampling, key=key),
-      "spec": lambda: speculative_generate(target, draft, prompts, prompt_lengths,
-                                           gamma=gamma, max_new_tokens=max_new_tokens,
-                                           sampling=sampling, key=key),
+    "ar": lambda: autoregressive_generate(
+      target, prompts, prompt_lengths, max_new_tokens=max_new_tokens, sampling=sampling, key=key
+    ),
+    "spec": lambda: speculative_generate(
+      target,
+      draft,
+      prompts,
+      prompt_lengths,
+      gamma=gamma,
+      max_new_tokens=max_new_tokens,
+      sampling=sampling,
+      key=key,
+    ),
   }
   timings, outputs = time_calls(generate, num_runs)
   for name, out in outputs.items():
     if not np.all(np.asarray(out.num_generated) == max_new_tokens):
-      raise RuntimeError(f"{name} generated {np.asarray(out.num_generated).tolist()} "
-                         f"tokens per row, expected {max_new_tokens} (no EOS is set).")
+      raise RuntimeError(
+        f"{name} generated {np.asarray(out.num_generated).tolist()} "
+        f"tokens per row, expected {max_new_tokens} (no EOS is set)."
+      )
   ar_ms = timings["ar"].median_s * 1e3 / max_new_tokens
   spec_ms = timings["spec"].median_s * 1e3 / max_new_tokens
   stats = outputs["spec"].stats.summary()
   alpha = stats["acceptance_rate"]
 
-  step = functools.partial(call_seconds, prompts=prompts, prompt_lengths=prompt_lengths,
-                           capacity=capacity, num_steps=step_timing_steps,
-                           num_runs=num_runs)
+  step = functools.partial(
+    call_seconds,
+    prompts=prompts,
+    prompt_lengths=prompt_lengths,
+    capacity=capacity,
+    num_steps=step_timing_steps,
+    num_runs=num_runs,
+  )
   target_s = step(target, tokens_per_call=1)
   draft_s = target_s if draft is target else step(draft, tokens_per_call=1)
   verify_s = step(target, tokens_per_call=gamma + 1)
@@ -247,32 +294,40 @@ def benchmark_generation(target: Transformer, draft: Transformer, prompts: jax.A
   predicted = theory.predicted_speedup(alpha, gamma, c, verify_cost=verify_cost)
   speedup = ar_ms / spec_ms
 
-  ttft = prefill_timing(target, prompts, prompt_lengths, capacity=capacity,
-                        sampling=sampling, key=key, num_runs=num_runs)
+  ttft = prefill_timing(
+    target,
+    prompts,
+    prompt_lengths,
+    capacity=capacity,
+    sampling=sampling,
+    key=key,
+    num_runs=num_runs,
+  )
   greedy_match = None
   if sampling.greedy:  # exactness check for free: both must be the target's greedy output
-    greedy_match = bool(np.array_equal(np.asarray(outputs["ar"].tokens),
-                                       np.asarray(outputs["spec"].tokens)))
+    greedy_match = bool(
+      np.array_equal(np.asarray(outputs["ar"].tokens), np.asarray(outputs["spec"].tokens))
+    )
   return {
-      "ar_ms_per_token": ar_ms,
-      "spec_ms_per_token": spec_ms,
-      "speedup": speedup,
-      "acceptance_rate": alpha,
-      "tokens_per_iteration": stats["tokens_per_iteration"],
-      "expected_tokens_per_iteration": theory.expected_tokens_per_iteration(alpha, gamma),
-      "target_step_ms": target_s * 1e3,
-      "draft_step_ms": draft_s * 1e3,
-      "target_verify_ms": verify_s * 1e3,
-      "c": c,
-      "verify_cost_ratio": verify_cost,
-      "predicted_speedup": predicted,
-      "measured_over_predicted": speedup / predicted,
-      # First generate call (trace + compile + run) minus the median steady call.
-      "ar_compile_seconds": timings["ar"].compile_s,
-      "spec_compile_seconds": timings["spec"].compile_s,
-      "prefill_ms": ttft.median_s * 1e3,
-      "greedy_outputs_match": greedy_match,
-      "spec_stats": stats,
-      "ar_runs_ms": [s * 1e3 for s in timings["ar"].runs_s],
-      "spec_runs_ms": [s * 1e3 for s in timings["spec"].runs_s],
+    "ar_ms_per_token": ar_ms,
+    "spec_ms_per_token": spec_ms,
+    "speedup": speedup,
+    "acceptance_rate": alpha,
+    "tokens_per_iteration": stats["tokens_per_iteration"],
+    "expected_tokens_per_iteration": theory.expected_tokens_per_iteration(alpha, gamma),
+    "target_step_ms": target_s * 1e3,
+    "draft_step_ms": draft_s * 1e3,
+    "target_verify_ms": verify_s * 1e3,
+    "c": c,
+    "verify_cost_ratio": verify_cost,
+    "predicted_speedup": predicted,
+    "measured_over_predicted": speedup / predicted,
+    # First generate call (trace + compile + run) minus the median steady call.
+    "ar_compile_seconds": timings["ar"].compile_s,
+    "spec_compile_seconds": timings["spec"].compile_s,
+    "prefill_ms": ttft.median_s * 1e3,
+    "greedy_outputs_match": greedy_match,
+    "spec_stats": stats,
+    "ar_runs_ms": [s * 1e3 for s in timings["ar"].runs_s],
+    "spec_runs_ms": [s * 1e3 for s in timings["spec"].runs_s],
   }

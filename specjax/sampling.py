@@ -47,7 +47,8 @@ class SamplingParams:
   def __post_init__(self):
     if not is_real(self.temperature) or not 0 <= self.temperature < float("inf"):
       raise ValueError(
-          f"temperature must be a number >= 0 and finite (0 = greedy), got {self.temperature!r}.")
+        f"temperature must be a number >= 0 and finite (0 = greedy), got {self.temperature!r}."
+      )
     if not is_int(self.top_k) or self.top_k < 0:
       raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}.")
     if not is_real(self.top_p) or not 0 < self.top_p <= 1:
@@ -64,8 +65,7 @@ class SamplingParams:
   def check_vocab(self, vocab_size: int) -> None:
     """Raises if top_k exceeds the vocabulary (it would silently mean 'off')."""
     if self.top_k > vocab_size:
-      raise ValueError(
-          f"top_k must be in [0, vocab_size={vocab_size}], got {self.top_k}.")
+      raise ValueError(f"top_k must be in [0, vocab_size={vocab_size}], got {self.top_k}.")
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -75,8 +75,7 @@ def warp_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
   """Turns logits `[..., V]` into warped float32 probabilities `[..., V]`."""
   logits = logits.astype(jnp.float32)
   if params.greedy:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
-                          dtype=jnp.float32)
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
   if params.top_k and params.top_k < logits.shape[-1]:
     kth = jax.lax.top_k(logits, params.top_k)[0][..., -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
@@ -110,13 +109,15 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
   cdf = jnp.cumsum(probs, axis=-1)
   u = jax.random.uniform(key, probs.shape[:-1] + (1,), probs.dtype) * cdf[..., -1:]
   hit = (cdf > u) & (probs > 0)
-  token = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1),
-                    jnp.argmax(probs, axis=-1))  # unreachable unless u rounds up to total
+  token = jnp.where(
+    jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), jnp.argmax(probs, axis=-1)
+  )  # unreachable unless u rounds up to total
   return token.astype(jnp.int32)
 
 
-def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams
-                  ) -> tuple[jax.Array, jax.Array]:
+def sample_tokens(
+  key: jax.Array, logits: jax.Array, params: SamplingParams
+) -> tuple[jax.Array, jax.Array]:
   """Warps logits `[..., V]` and draws from them.
 
   Returns:

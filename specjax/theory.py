@@ -21,8 +21,7 @@ def expected_tokens_per_iteration(alpha: float, gamma: int) -> float:
   return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0
-                      ) -> float:
+def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
   """Walltime improvement over autoregressive decoding.
 
   Leviathan's S = E(alpha, gamma) / (gamma c + 1) assumes scoring gamma + 1

@@ -16,20 +16,24 @@ import numpy as np
 def is_int(value) -> bool:
   """True for Python and numpy integers, False for bools."""
   return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
-      value, (bool, np.bool_))
+    value, (bool, np.bool_)
+  )
 
 
 def is_real(value) -> bool:
   """True for Python and numpy integers and floats (NaN included), False for bools."""
   return isinstance(value, (numbers.Real, np.integer, np.floating)) and not isinstance(
-      value, (bool, np.bool_))
+    value, (bool, np.bool_)
+  )
 
 
-def check_int(name: str, value, minimum: int | None = None,
-              maximum: int | None = None) -> int:
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
   """Returns `value` as a Python int; raises unless it is an integer in range."""
-  if (not is_int(value) or (minimum is not None and value < minimum)
-      or (maximum is not None and value > maximum)):
+  if (
+    not is_int(value)
+    or (minimum is not None and value < minimum)
+    or (maximum is not None and value > maximum)
+  ):
     low = "-inf" if minimum is None else minimum
     high = "inf" if maximum is None else maximum
     raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}.")
@@ -49,7 +53,8 @@ def check_token_id(name: str, value, vocab_size: int) -> int | None:
     return None
   if not is_int(value) or not 0 <= value < vocab_size:
     raise ValueError(
-        f"{name} must be None or an integer in [0, vocab_size={vocab_size}), got {value!r}.")
+      f"{name} must be None or an integer in [0, vocab_size={vocab_size}), got {value!r}."
+    )
   return int(value)
 
 

@@ -3,8 +3,9 @@
 import os
 
 # Set before jax is imported anywhere in the test process.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
+os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")
+)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -13,16 +14,17 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 if "device_count=8" not in os.environ.get("XLA_FLAGS", ""):
   collect_ignore = ["multidevice"]
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import pytest
+from flax import nnx
 
-import specjax  # noqa: E402
-from helpers import TINY, TINY_DRAFT  # noqa: E402
+import specjax
+from helpers import TINY, TINY_DRAFT
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 
 @pytest.fixture(scope="session")
 def tiny_cfg():

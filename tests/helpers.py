@@ -12,23 +12,28 @@ import specjax
 from specjax.drafting import NGramDrafter, layer_skip
 
 # The tiny target every generation test shares, and the draft's overrides of it.
-TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
-            max_seq_len=128)
+TINY = dict(
+  vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128
+)
 TINY_DRAFT = dict(d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, n_layers=1)
 
 
 def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:
   """(target, draft) of the TINY config (with `overrides` on both), seeds 0 and 1."""
   cfg = specjax.ModelConfig(**{**TINY, **overrides})
-  return (specjax.Transformer(cfg, rngs=nnx.Rngs(0)),
-          specjax.Transformer(cfg.replace(**TINY_DRAFT), rngs=nnx.Rngs(1)))
+  return (
+    specjax.Transformer(cfg, rngs=nnx.Rngs(0)),
+    specjax.Transformer(cfg.replace(**TINY_DRAFT), rngs=nnx.Rngs(1)),
+  )
 
 
 def make_drafter(name: str, target, draft, max_ngram: int = 3):
   """The drafter called `name` ("model", "ngram" or "layer_skip") for `target`."""
-  return {"model": lambda: draft,
-          "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
-          "layer_skip": lambda: layer_skip(target, 1)}[name]()
+  return {
+    "model": lambda: draft,
+    "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
+    "layer_skip": lambda: layer_skip(target, 1),
+  }[name]()
 
 
 def chisquare_pvalue(observed, probs) -> float:

@@ -15,13 +15,14 @@ import sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
 def main(process_id: int, port: str, out: str) -> None:
   from specjax.distributed.launch import initialize
+
   initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
   assert jax.process_count() == 2 and jax.device_count() == 8
   assert jax.local_device_count() == 4
@@ -30,16 +31,18 @@ def main(process_id: int, port: str, out: str) -> None:
 
   import specjax
   from specjax import distributed as dist
+
   sys.path.insert(0, os.path.dirname(__file__))
-  from test_multiprocess import make_inputs  # noqa: E402 - shared with the test
+  from test_multiprocess import make_inputs
 
   target, draft, prompts, lengths, kwargs = make_inputs()
   mesh = dist.make_mesh((2, 4))
   target = dist.shard_model(target, mesh)
   draft = dist.shard_model(draft, mesh, replicate=True)
   with jax.set_mesh(mesh):
-    result = specjax.speculative_generate(target, draft, dist.shard_batch(prompts, mesh),
-                                          dist.shard_batch(lengths, mesh), **kwargs)
+    result = specjax.speculative_generate(
+      target, draft, dist.shard_batch(prompts, mesh), dist.shard_batch(lengths, mesh), **kwargs
+    )
   tokens = multihost_utils.process_allgather(result.tokens, tiled=True)
   if jax.process_index() == 0:
     with open(out, "w") as f:

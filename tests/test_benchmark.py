@@ -10,18 +10,35 @@ from configs import benchmark as benchmark_config
 from experiments import benchmark
 
 KEYS = [
-    "preset", "config", "target_params", "draft_params", "max_seq_len", "backend",
-    "device_kind", "jax_version", "date", "ar_ms_per_token", "spec_ms_per_token",
-    "speedup", "acceptance_rate", "tokens_per_iteration", "c", "verify_cost_ratio",
-    "predicted_speedup", "measured_over_predicted", "ar_compile_seconds",
-    "spec_compile_seconds", "prefill_ms",
+  "preset",
+  "config",
+  "target_params",
+  "draft_params",
+  "max_seq_len",
+  "backend",
+  "device_kind",
+  "jax_version",
+  "date",
+  "ar_ms_per_token",
+  "spec_ms_per_token",
+  "speedup",
+  "acceptance_rate",
+  "tokens_per_iteration",
+  "c",
+  "verify_cost_ratio",
+  "predicted_speedup",
+  "measured_over_predicted",
+  "ar_compile_seconds",
+  "spec_compile_seconds",
+  "prefill_ms",
 ]
 
 
 def test_self_draft_benchmark_smoke():
   config = benchmark_config.get_config("self")
-  config.target.update(dict(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
-                            n_kv_heads=1, d_ff=64))
+  config.target.update(
+    dict(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
+  )
   config.gamma = 2
   config.prompt_len = 8
   config.max_new_tokens = 1 + 2 * (config.gamma + 1)

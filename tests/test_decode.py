@@ -26,33 +26,53 @@ def _config(pair, **changes):
 
 
 def test_decode_compares_with_transformers(pair):
-  result = json.loads(json.dumps(decode.run(_config(
-      pair, compare_transformers=True, stop_at_eos=False))))
+  result = json.loads(
+    json.dumps(decode.run(_config(pair, compare_transformers=True, stop_at_eos=False)))
+  )
   assert result["texts_identical"] is True
   assert result["hf_assisted_matches_spec"] is True  # same greedy tokens as transformers
   assert result["ar_text"] == result["spec_text"] and result["ar_text"]
-  for key in ("acceptance_rate", "tokens_per_iteration", "speedup", "ar_ms_per_token",
-              "spec_ms_per_token", "hf_ms_per_token", "hf_assisted_ms_per_token",
-              "spec_over_hf_assisted"):
+  for key in (
+    "acceptance_rate",
+    "tokens_per_iteration",
+    "speedup",
+    "ar_ms_per_token",
+    "spec_ms_per_token",
+    "hf_ms_per_token",
+    "hf_assisted_ms_per_token",
+    "spec_over_hf_assisted",
+  ):
     assert result[key] >= 0, key
   assert result["speedup"] == result["ar_ms_per_token"] / result["spec_ms_per_token"]
 
 
 def test_decode_sampled_batch(pair):
-  result = decode.run(_config(pair, temperature=1.0, top_p=0.9, batch_size=2,
-                              verifier="block", drafter="layer_skip", layer_skip=1))
+  result = decode.run(
+    _config(
+      pair,
+      temperature=1.0,
+      top_p=0.9,
+      batch_size=2,
+      verifier="block",
+      drafter="layer_skip",
+      layer_skip=1,
+    )
+  )
   assert "texts_identical" not in result
   assert 0 <= result["acceptance_rate"] <= 1
 
 
-@pytest.mark.parametrize("changes, message", [
+@pytest.mark.parametrize(
+  "changes, message",
+  [
     (dict(target=""), "config.target and config.draft must both name"),
     (dict(compare_transformers=True, batch_size=2), "config.batch_size must be 1"),
     (dict(dtype="int8"), "config.dtype must be float32 or bfloat16"),
     (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),
     (dict(drafter="eagle"), "config.drafter must be one of model, ngram, layer_skip"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
-])
+  ],
+)
 def test_decode_rejects(pair, changes, message):
   with pytest.raises(ValueError, match=message):
     decode.run(_config(pair, **changes))

@@ -26,8 +26,7 @@ def test_rules_map_logical_names_and_replicate_what_does_not_divide():
   # 2 kv heads cannot split 4 ways: replicated, not refused.
   cache = ("batch", "cache_heads", "cache_seq", "head_dim")
   assert logical_to_spec(cache, (8, 2, 16, 16), axes) == PartitionSpec("data", None, None, None)
-  assert logical_to_spec(cache, (8, 4, 16, 16), axes) == PartitionSpec("data", "model", None,
-                                                                        None)
+  assert logical_to_spec(cache, (8, 4, 16, 16), axes) == PartitionSpec("data", "model", None, None)
   # A mesh axis is used once per array.
   assert logical_to_spec(("heads", "mlp"), (8, 8), axes) == PartitionSpec("model", None)
   assert shard_shape((8, 4, 16, 16), PartitionSpec("data", "model"), axes) == (4, 1, 16, 16)
@@ -35,8 +34,10 @@ def test_rules_map_logical_names_and_replicate_what_does_not_divide():
 
 def test_memory_table_shrinks_with_tensor_parallelism():
   from experiments.memory_table import per_device_bytes
-  cfg = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=8, n_kv_heads=8, d_ff=256,
-                    max_seq_len=128)
+
+  cfg = ModelConfig(
+    vocab_size=512, d_model=64, n_layers=2, n_heads=8, n_kv_heads=8, d_ff=256, max_seq_len=128
+  )
   one = per_device_bytes(cfg, (1, 1), batch=8, capacity=128)
   tp = per_device_bytes(cfg, (1, 8), batch=8, capacity=128)
   dp = per_device_bytes(cfg, (8, 1), batch=8, capacity=128)

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import chisquare_pvalue, make_drafter, sequence_counts
 
 import specjax
+from helpers import chisquare_pvalue, make_drafter, sequence_counts
 
 V, ROWS, NEW = 8, 30_000, 3
 PROMPT = jnp.array([1, 5, 2, 7], jnp.int32)
@@ -23,8 +23,16 @@ PROMPT = jnp.array([1, 5, 2, 7], jnp.int32)
 
 @pytest.fixture(scope="module")
 def pair():
-  cfg = specjax.ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
-                            d_ff=64, max_seq_len=16, init_std=0.4)
+  cfg = specjax.ModelConfig(
+    vocab_size=V,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    d_ff=64,
+    max_seq_len=16,
+    init_std=0.4,
+  )
   target = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
   # The draft is the target with heavy noise: it agrees often, not always, so
   # both acceptance and the residual correction are exercised.
@@ -41,9 +49,9 @@ def exact_joint(target, sampling, prompt=PROMPT):
   seqs = jnp.concatenate([jnp.tile(prompt, (V * V, 1)), pairs], axis=1)
   probs = np.asarray(specjax.warp_probs(target(seqs), sampling), np.float64)
   n = len(prompt)
-  p1 = probs[0, n - 1]                           # same for every row
-  p2 = probs[::V, n].reshape(V, V)               # [t1, t2]
-  p3 = probs[:, n + 1].reshape(V, V, V)          # [t1, t2, t3]
+  p1 = probs[0, n - 1]  # same for every row
+  p2 = probs[::V, n].reshape(V, V)  # [t1, t2]
+  p3 = probs[:, n + 1].reshape(V, V, V)  # [t1, t2, t3]
   return p1[:, None, None] * p2[:, :, None] * p3
 
 
@@ -51,21 +59,33 @@ def chi_square_pvalue(tokens, joint):
   return chisquare_pvalue(sequence_counts(tokens, V), joint)
 
 
-@pytest.mark.parametrize("sampling", [
+@pytest.mark.parametrize(
+  "sampling",
+  [
     specjax.SamplingParams(temperature=1.0),
     specjax.SamplingParams(temperature=0.7, top_k=3),
     specjax.SamplingParams(temperature=1.0, top_p=0.8),
-], ids=["temperature", "top_k", "top_p"])
+  ],
+  ids=["temperature", "top_k", "top_p"],
+)
 def test_speculative_sampling_matches_target_law(pair, sampling):
   target, draft = pair
   joint = exact_joint(target, sampling)
   prompts = jnp.tile(PROMPT, (ROWS, 1))
   lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
-  spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=2,
-                                      max_new_tokens=NEW, sampling=sampling,
-                                      key=jax.random.key(11))
-  ar = specjax.autoregressive_generate(target, prompts, lengths, max_new_tokens=NEW,
-                                       sampling=sampling, key=jax.random.key(12))
+  spec = specjax.speculative_generate(
+    target,
+    draft,
+    prompts,
+    lengths,
+    gamma=2,
+    max_new_tokens=NEW,
+    sampling=sampling,
+    key=jax.random.key(11),
+  )
+  ar = specjax.autoregressive_generate(
+    target, prompts, lengths, max_new_tokens=NEW, sampling=sampling, key=jax.random.key(12)
+  )
   rate = float(spec.stats.acceptance_rate)
   assert 0.1 < rate < 0.95, f"draft should agree sometimes, not always: {rate}"
   assert chi_square_pvalue(ar.tokens, joint) > 1e-3  # the harness itself is right
@@ -78,8 +98,9 @@ def test_harness_detects_a_wrong_law(pair):
   sampling = specjax.SamplingParams(temperature=1.0)
   prompts = jnp.tile(PROMPT, (ROWS, 1))
   lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
-  wrong = specjax.autoregressive_generate(draft, prompts, lengths, max_new_tokens=NEW,
-                                          sampling=sampling, key=jax.random.key(12))
+  wrong = specjax.autoregressive_generate(
+    draft, prompts, lengths, max_new_tokens=NEW, sampling=sampling, key=jax.random.key(12)
+  )
   assert chi_square_pvalue(wrong.tokens, exact_joint(target, sampling)) < 1e-6
 
 
@@ -92,16 +113,25 @@ def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
   sampling = specjax.SamplingParams(temperature=1.0)
   prompts = jnp.tile(PROMPT % min(V, draft_vocab), (ROWS, 1))
   lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
-  spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=2,
-                                      max_new_tokens=NEW, sampling=sampling,
-                                      key=jax.random.key(13))
+  spec = specjax.speculative_generate(
+    target,
+    draft,
+    prompts,
+    lengths,
+    gamma=2,
+    max_new_tokens=NEW,
+    sampling=sampling,
+    key=jax.random.key(13),
+  )
   assert 0.05 < float(spec.stats.acceptance_rate) < 0.95
   assert int(np.max(spec.tokens)) < V
   joint = exact_joint(target, sampling, prompt=PROMPT % min(V, draft_vocab))
   assert chi_square_pvalue(spec.tokens, joint) > 1e-3
 
 
-@pytest.mark.parametrize("name, verifier, adaptive", [
+@pytest.mark.parametrize(
+  "name, verifier, adaptive",
+  [
     ("model", "block", None),
     ("ngram", "token", None),
     ("ngram", "block", None),
@@ -109,7 +139,8 @@ def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
     ("layer_skip", "block", None),
     ("model", "token", "schedule"),
     ("model", "block", "confidence"),
-])
+  ],
+)
 def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
   """Each sampling drafter x {token, block} verification (and both adaptive draft
   lengths) reproduces the target's law of the first three tokens."""
@@ -118,9 +149,18 @@ def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
   prompts = jnp.tile(PROMPT, (ROWS, 1))
   lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
   spec = specjax.speculative_generate(
-      target, make_drafter(name, target, draft, max_ngram=2), prompts, lengths, gamma=2, max_new_tokens=NEW,
-      sampling=sampling, key=jax.random.key(21), verifier=verifier, adaptive=adaptive,
-      confidence_threshold=0.6)
+    target,
+    make_drafter(name, target, draft, max_ngram=2),
+    prompts,
+    lengths,
+    gamma=2,
+    max_new_tokens=NEW,
+    sampling=sampling,
+    key=jax.random.key(21),
+    verifier=verifier,
+    adaptive=adaptive,
+    confidence_threshold=0.6,
+  )
   stats = spec.stats
   assert 0.05 < float(stats.acceptance_rate) < 0.95  # verification really decides
   if adaptive == "confidence":

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from helpers import make_drafter
 
 import specjax
+from helpers import make_drafter
 from specjax import GREEDY
 from specjax.drafting import DrafterBase, NGramDrafter, Proposal, layer_skip, lookup
 
@@ -22,24 +22,33 @@ MAX_NEW = 16
 @pytest.fixture(scope="module")
 def prompts():
   # Repeating patterns, so prompt lookup has something to find.
-  pattern = jnp.array([[3, 17, 99, 4, 3, 17, 99, 4, 3],
-                       [250, 251, 250, 251, 250, 0, 0, 0, 0],
-                       [7, 8, 9, 10, 11, 12, 0, 0, 0],
-                       [42, 0, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
+  pattern = jnp.array(
+    [
+      [3, 17, 99, 4, 3, 17, 99, 4, 3],
+      [250, 251, 250, 251, 250, 0, 0, 0, 0],
+      [7, 8, 9, 10, 11, 12, 0, 0, 0],
+      [42, 0, 0, 0, 0, 0, 0, 0, 0],
+    ],
+    jnp.int32,
+  )
   return pattern, jnp.array([9, 5, 6, 1], jnp.int32)
 
 
 @pytest.fixture(scope="module")
 def reference(target, prompts):
-  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
-                                         sampling=GREEDY)
+  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
 
 
 def test_lookup_finds_the_most_recent_longest_match():
-  history = jnp.array([[5, 6, 7, 8, 5, 6, 0, 0, 0, 0],
-                       [1, 2, 3, 1, 2, 9, 1, 2, 0, 0],
-                       [4, 4, 4, 4, 0, 0, 0, 0, 0, 0],
-                       [1, 2, 3, 4, 0, 0, 0, 0, 0, 0]], jnp.int32)
+  history = jnp.array(
+    [
+      [5, 6, 7, 8, 5, 6, 0, 0, 0, 0],
+      [1, 2, 3, 1, 2, 9, 1, 2, 0, 0],
+      [4, 4, 4, 4, 0, 0, 0, 0, 0, 0],
+      [1, 2, 3, 4, 0, 0, 0, 0, 0, 0],
+    ],
+    jnp.int32,
+  )
   start, size = lookup(history, jnp.array([6, 8, 4, 4]), max_ngram=3, min_ngram=1)
   # [5, 6] -> 7; [1, 2] last seen at 3 -> 9; [4, 4, 4] at 0 -> 4; nothing.
   np.testing.assert_array_equal(start, [2, 5, 3, -1])
@@ -50,9 +59,9 @@ def test_lookup_finds_the_most_recent_longest_match():
 @pytest.mark.parametrize("name", ["model", "ngram", "layer_skip"])
 def test_greedy_equals_autoregressive(target, noisy_target, prompts, reference, name, verifier):
   drafter = make_drafter(name, target, noisy_target)
-  out = specjax.speculative_generate(target, drafter, *prompts, gamma=3,
-                                     max_new_tokens=MAX_NEW, sampling=GREEDY,
-                                     verifier=verifier)
+  out = specjax.speculative_generate(
+    target, drafter, *prompts, gamma=3, max_new_tokens=MAX_NEW, sampling=GREEDY, verifier=verifier
+  )
   np.testing.assert_array_equal(out.tokens, reference.tokens)
   np.testing.assert_array_equal(out.num_generated, reference.num_generated)
   stats = out.stats
@@ -66,11 +75,19 @@ def test_greedy_equals_autoregressive(target, noisy_target, prompts, reference, 
 
 @pytest.mark.parametrize("adaptive", ["schedule", "confidence"])
 @pytest.mark.parametrize("name", ["model", "layer_skip"])
-def test_adaptive_greedy_equals_autoregressive(target, noisy_target, prompts, reference, name,
-                                               adaptive):
-  out = specjax.speculative_generate(target, make_drafter(name, target, noisy_target), *prompts,
-                                     gamma=4, max_new_tokens=MAX_NEW, sampling=GREEDY,
-                                     adaptive=adaptive, confidence_threshold=0.9)
+def test_adaptive_greedy_equals_autoregressive(
+  target, noisy_target, prompts, reference, name, adaptive
+):
+  out = specjax.speculative_generate(
+    target,
+    make_drafter(name, target, noisy_target),
+    *prompts,
+    gamma=4,
+    max_new_tokens=MAX_NEW,
+    sampling=GREEDY,
+    adaptive=adaptive,
+    confidence_threshold=0.9,
+  )
   np.testing.assert_array_equal(out.tokens, reference.tokens)
 
 
@@ -89,8 +106,9 @@ def test_confidence_threshold_stops_drafting(target, noisy_target, prompts):
   sampled = specjax.SamplingParams(temperature=1.0)
   kwargs = dict(gamma=4, max_new_tokens=16, sampling=sampled, key=jax.random.key(2))
   fixed = specjax.speculative_generate(target, noisy_target, *prompts, **kwargs).stats
-  strict = specjax.speculative_generate(target, noisy_target, *prompts, adaptive="confidence",
-                                        confidence_threshold=0.999, **kwargs).stats
+  strict = specjax.speculative_generate(
+    target, noisy_target, *prompts, adaptive="confidence", confidence_threshold=0.999, **kwargs
+  ).stats
   assert np.sum(fixed.proposed) == 4 * np.sum(fixed.row_iterations)
   # A flat random draft is never 99.9% sure: nothing is proposed, no draft calls
   # after the first of each iteration.
@@ -98,36 +116,47 @@ def test_confidence_threshold_stops_drafting(target, noisy_target, prompts):
   assert int(strict.draft_calls) == int(strict.iterations) + 1
 
 
-@pytest.mark.parametrize("changes, error, message", [
-    (dict(adaptive="oracle"), ValueError, r"adaptive must be one of \(None, 'schedule', 'confidence'\)"),
-    (dict(adaptive="confidence", confidence_threshold=0.0), ValueError,
-     r"confidence_threshold must be in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+  "changes, error, message",
+  [
+    (
+      dict(adaptive="oracle"),
+      ValueError,
+      r"adaptive must be one of \(None, 'schedule', 'confidence'\)",
+    ),
+    (
+      dict(adaptive="confidence", confidence_threshold=0.0),
+      ValueError,
+      r"confidence_threshold must be in \(0, 1\]",
+    ),
+  ],
+)
 def test_adaptive_arguments_rejected(target, draft, prompts, changes, error, message):
   with pytest.raises(error, match=message):
-    specjax.speculative_generate(target, draft, *prompts, gamma=2, max_new_tokens=4,
-                                 **changes)
+    specjax.speculative_generate(target, draft, *prompts, gamma=2, max_new_tokens=4, **changes)
 
 
 def test_confidence_needs_a_model_drafter(target, prompts):
   with pytest.raises(ValueError, match="adaptive='confidence' needs a model drafter"):
-    specjax.speculative_generate(target, NGramDrafter(512), *prompts, gamma=2,
-                                 max_new_tokens=4, adaptive="confidence")
+    specjax.speculative_generate(
+      target, NGramDrafter(512), *prompts, gamma=2, max_new_tokens=4, adaptive="confidence"
+    )
 
 
 def test_layer_skip_shares_the_target_weights(target):
   drafter = layer_skip(target, 1)
   assert drafter.model is target  # the same parameters, no copy
   tokens = jnp.array([[5, 9, 2]], jnp.int32)
-  logits, cache = target.forward_cached(tokens, target.init_cache(1, 8, num_layers=1),
-                                        num_layers=1)
+  logits, cache = target.forward_cached(tokens, target.init_cache(1, 8, num_layers=1), num_layers=1)
   assert len(cache.k) == 1
   # By hand: first block, final norm, tied or untied head.
   positions = jnp.arange(3)[None]
   from specjax.models.transformer import attention_mask
+
   x = target._embed(tokens, positions)
-  x, _ = target.layers[0](x, positions, attention_mask(target.cfg, positions, positions[0]),
-                          None, None)
+  x, _ = target.layers[0](
+    x, positions, attention_mask(target.cfg, positions, positions[0]), None, None
+  )
   np.testing.assert_allclose(logits, target._logits(x), atol=1e-5)
   for bad in (0, 2, 1.5):
     with pytest.raises(ValueError, match=r"num_layers must be an int in \[1, 1\]"):
@@ -135,16 +164,18 @@ def test_layer_skip_shares_the_target_weights(target):
 
 
 def test_a_verifier_function_works_like_its_name(target, noisy_target, prompts):
-  kwargs = dict(gamma=3, max_new_tokens=MAX_NEW, sampling=specjax.SamplingParams(),
-                key=jax.random.key(4))
-  by_name = specjax.speculative_generate(target, noisy_target, *prompts, verifier="block",
-                                         **kwargs)
-  by_function = specjax.speculative_generate(target, noisy_target, *prompts,
-                                             verifier=specjax.verify.block_verify, **kwargs)
+  kwargs = dict(
+    gamma=3, max_new_tokens=MAX_NEW, sampling=specjax.SamplingParams(), key=jax.random.key(4)
+  )
+  by_name = specjax.speculative_generate(target, noisy_target, *prompts, verifier="block", **kwargs)
+  by_function = specjax.speculative_generate(
+    target, noisy_target, *prompts, verifier=specjax.verify.block_verify, **kwargs
+  )
   np.testing.assert_array_equal(by_function.tokens, by_name.tokens)
   with pytest.raises(ValueError, match="verifier='greedy' needs temperature 0"):
-    specjax.speculative_generate(target, noisy_target, *prompts,
-                                 verifier=specjax.verify.greedy_verify, **kwargs)
+    specjax.speculative_generate(
+      target, noisy_target, *prompts, verifier=specjax.verify.greedy_verify, **kwargs
+    )
 
 
 @struct.dataclass
@@ -161,8 +192,9 @@ class _Repeat(DrafterBase):
   def propose(self, state, recent, key, limit, *, gamma, sampling):
     b = recent.shape[0]
     parents = jnp.zeros((b, gamma), jnp.int32) - 1 if self.tree else None
-    return Proposal(jnp.tile(recent[:, 1:], (1, gamma)), None, jnp.full((b,), gamma),
-                    jnp.int32(0), parents), state
+    return Proposal(
+      jnp.tile(recent[:, 1:], (1, gamma)), None, jnp.full((b,), gamma), jnp.int32(0), parents
+    ), state
 
   def commit(self, state, commit):
     return commit.hidden
@@ -170,12 +202,16 @@ class _Repeat(DrafterBase):
 
 def test_commit_hands_the_target_hidden_states(target, prompts):
   gamma = 3
-  config = specjax.SpecConfig(gamma=gamma, max_new_tokens=MAX_NEW, sampling=GREEDY,
-                              verifier="greedy")
+  config = specjax.SpecConfig(
+    gamma=gamma, max_new_tokens=MAX_NEW, sampling=GREEDY, verifier="greedy"
+  )
   drafter = _Repeat(target.cfg.vocab_size)
   prompt, lengths = prompts
-  state = jax.jit(lambda: specjax.generation.init_state(
-      target, drafter, prompt, lengths, jax.random.key(0), config))()
+  state = jax.jit(
+    lambda: specjax.generation.init_state(
+      target, drafter, prompt, lengths, jax.random.key(0), config
+    )
+  )()
   new = jax.jit(lambda s: specjax.speculative_step(target, drafter, s, config))(state)
   hidden = new.drafter_state
   assert hidden.shape == (4, gamma + 1, target.cfg.d_model)
@@ -186,11 +222,11 @@ def test_commit_hands_the_target_hidden_states(target, prompts):
   np.testing.assert_allclose(target._head(hidden), logits, atol=1e-4)
   row = 0  # prompt of 9 + the first token + 3 repeats: compare with no cache at all
   full = jnp.concatenate([prompt[row, :9], block[row]])[None]
-  np.testing.assert_allclose(target._head(hidden[row:row + 1]), target(full)[:, -4:],
-                             atol=1e-4)
+  np.testing.assert_allclose(target._head(hidden[row : row + 1]), target(full)[:, -4:], atol=1e-4)
 
 
 def test_tree_proposals_are_refused_by_the_chain_step(target, prompts):
   with pytest.raises(NotImplementedError, match="token tree"):
-    specjax.speculative_generate(target, _Repeat(512, tree=True), *prompts, gamma=2,
-                                 max_new_tokens=4, sampling=GREEDY)
+    specjax.speculative_generate(
+      target, _Repeat(512, tree=True), *prompts, gamma=2, max_new_tokens=4, sampling=GREEDY
+    )

@@ -22,30 +22,35 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def greedy_reference(target, prompts):
-  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
-                                         sampling=GREEDY)
+  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
 
 
 def test_autoregressive_greedy_matches_full_forward(target, prompts, greedy_reference):
   """Greedy cached decoding == argmax of a teacher-forced full forward, row by row."""
   tokens, lengths = prompts
   for b in range(4):
-    seq = np.concatenate([np.asarray(tokens[b, :lengths[b]]),
-                          np.asarray(greedy_reference.tokens[b])])
+    seq = np.concatenate(
+      [np.asarray(tokens[b, : lengths[b]]), np.asarray(greedy_reference.tokens[b])]
+    )
     logits = target(jnp.asarray(seq)[None])[0]
-    expected = np.argmax(np.asarray(logits), axis=-1)[lengths[b] - 1:-1]
+    expected = np.argmax(np.asarray(logits), axis=-1)[lengths[b] - 1 : -1]
     np.testing.assert_array_equal(greedy_reference.tokens[b], expected)
   np.testing.assert_array_equal(greedy_reference.num_generated, [MAX_NEW] * 4)
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 @pytest.mark.parametrize("which", ["independent", "noisy_target", "self"])
-def test_greedy_speculative_equals_autoregressive(request, target, draft, prompts,
-                                                  greedy_reference, gamma, which):
-  drafter = {"independent": draft, "self": target,
-             "noisy_target": request.getfixturevalue("noisy_target")}[which]
-  out = specjax.speculative_generate(target, drafter, *prompts, gamma=gamma,
-                                     max_new_tokens=MAX_NEW, sampling=GREEDY)
+def test_greedy_speculative_equals_autoregressive(
+  request, target, draft, prompts, greedy_reference, gamma, which
+):
+  drafter = {
+    "independent": draft,
+    "self": target,
+    "noisy_target": request.getfixturevalue("noisy_target"),
+  }[which]
+  out = specjax.speculative_generate(
+    target, drafter, *prompts, gamma=gamma, max_new_tokens=MAX_NEW, sampling=GREEDY
+  )
   np.testing.assert_array_equal(out.tokens, greedy_reference.tokens)
   np.testing.assert_array_equal(out.num_generated, greedy_reference.num_generated)
   stats = out.stats
@@ -57,8 +62,7 @@ def test_greedy_speculative_equals_autoregressive(request, target, draft, prompt
     assert float(stats.acceptance_rate) == 1.0
     assert float(stats.tokens_per_iteration) == pytest.approx((MAX_NEW - 1) / iterations)
     np.testing.assert_array_equal(stats.accepted, row_iters * gamma)
-    np.testing.assert_array_equal(stats.accepted_at_position,
-                                  [row_iters.sum()] * gamma)
+    np.testing.assert_array_equal(stats.accepted_at_position, [row_iters.sum()] * gamma)
   if which == "noisy_target":
     assert 0 < float(stats.acceptance_rate) < 1  # ragged acceptance really happened
   # Bookkeeping identities hold for every draft.
@@ -82,14 +86,30 @@ def test_eos_stops_rows_and_pads(target, noisy_target, prompts, greedy_reference
     expected_n.append(hits[0] + 1 if len(hits) else MAX_NEW)
   pad = 511
   for run in (
-      lambda: specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
-                                              sampling=GREEDY, eos_id=eos, pad_id=pad),
-      lambda: specjax.speculative_generate(target, target, *prompts, gamma=4,
-                                           max_new_tokens=MAX_NEW, sampling=GREEDY,
-                                           eos_id=eos, pad_id=pad),
-      lambda: specjax.speculative_generate(target, noisy_target, *prompts, gamma=3,
-                                           max_new_tokens=MAX_NEW, sampling=GREEDY,
-                                           eos_id=eos, pad_id=pad)):
+    lambda: specjax.autoregressive_generate(
+      target, *prompts, max_new_tokens=MAX_NEW, sampling=GREEDY, eos_id=eos, pad_id=pad
+    ),
+    lambda: specjax.speculative_generate(
+      target,
+      target,
+      *prompts,
+      gamma=4,
+      max_new_tokens=MAX_NEW,
+      sampling=GREEDY,
+      eos_id=eos,
+      pad_id=pad,
+    ),
+    lambda: specjax.speculative_generate(
+      target,
+      noisy_target,
+      *prompts,
+      gamma=3,
+      max_new_tokens=MAX_NEW,
+      sampling=GREEDY,
+      eos_id=eos,
+      pad_id=pad,
+    ),
+  ):
     out = run()
     np.testing.assert_array_equal(out.num_generated, expected_n)
     for b, n in enumerate(expected_n):
@@ -98,24 +118,35 @@ def test_eos_stops_rows_and_pads(target, noisy_target, prompts, greedy_reference
 
 
 def test_budget_of_one_token(target, draft, prompts, greedy_reference):
-  out = specjax.speculative_generate(target, draft, *prompts, gamma=2, max_new_tokens=1,
-                                     sampling=GREEDY)
+  out = specjax.speculative_generate(
+    target, draft, *prompts, gamma=2, max_new_tokens=1, sampling=GREEDY
+  )
   np.testing.assert_array_equal(out.tokens[:, 0], greedy_reference.tokens[:, 0])
   assert int(out.stats.iterations) == 0
 
 
 def test_same_key_same_output_different_key_different_output(target, draft, prompts):
   def run(seed):
-    return specjax.speculative_generate(target, draft, *prompts, gamma=3,
-                                        max_new_tokens=MAX_NEW, sampling=SAMPLED,
-                                        key=jax.random.key(seed))
+    return specjax.speculative_generate(
+      target,
+      draft,
+      *prompts,
+      gamma=3,
+      max_new_tokens=MAX_NEW,
+      sampling=SAMPLED,
+      key=jax.random.key(seed),
+    )
+
   a, b, c = run(0), run(0), run(1)
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_array_equal(a.stats.accepted, b.stats.accepted)
   assert not np.array_equal(a.tokens, c.tokens)
-  ar = [specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW,
-                                        sampling=SAMPLED, key=jax.random.key(s))
-        for s in (0, 0, 1)]
+  ar = [
+    specjax.autoregressive_generate(
+      target, *prompts, max_new_tokens=MAX_NEW, sampling=SAMPLED, key=jax.random.key(s)
+    )
+    for s in (0, 0, 1)
+  ]
   np.testing.assert_array_equal(ar[0].tokens, ar[1].tokens)
   assert not np.array_equal(ar[0].tokens, ar[2].tokens)
 
@@ -124,20 +155,28 @@ def test_no_recompilation_on_second_call(target, draft, prompts):
   """Same shapes and static settings: new prompts, lengths and keys reuse the program."""
   tokens, lengths = prompts
   kwargs = dict(gamma=3, max_new_tokens=MAX_NEW, sampling=SAMPLED)
-  specjax.speculative_generate(target, draft, tokens, lengths, key=jax.random.key(0),
-                               **kwargs)
-  specjax.autoregressive_generate(target, tokens, lengths, max_new_tokens=MAX_NEW,
-                                  sampling=SAMPLED, key=jax.random.key(0))
+  specjax.speculative_generate(target, draft, tokens, lengths, key=jax.random.key(0), **kwargs)
+  specjax.autoregressive_generate(
+    target, tokens, lengths, max_new_tokens=MAX_NEW, sampling=SAMPLED, key=jax.random.key(0)
+  )
   before = dict(TRACE_COUNTS)
   other = (tokens + 1) % 512
-  specjax.speculative_generate(target, draft, other, lengths[::-1],
-                               key=jax.random.key(9), **kwargs)
-  specjax.autoregressive_generate(target, other, lengths[::-1], max_new_tokens=MAX_NEW,
-                                  sampling=SAMPLED, key=jax.random.key(9))
+  specjax.speculative_generate(target, draft, other, lengths[::-1], key=jax.random.key(9), **kwargs)
+  specjax.autoregressive_generate(
+    target, other, lengths[::-1], max_new_tokens=MAX_NEW, sampling=SAMPLED, key=jax.random.key(9)
+  )
   assert dict(TRACE_COUNTS) == before
   # A different static setting does compile a new program (the counter works).
-  specjax.speculative_generate(target, draft, tokens, lengths, key=jax.random.key(0),
-                               gamma=2, max_new_tokens=MAX_NEW, sampling=SAMPLED)
+  specjax.speculative_generate(
+    target,
+    draft,
+    tokens,
+    lengths,
+    key=jax.random.key(0),
+    gamma=2,
+    max_new_tokens=MAX_NEW,
+    sampling=SAMPLED,
+  )
   assert TRACE_COUNTS["speculative"] == before["speculative"] + 1
 
 
@@ -145,8 +184,9 @@ def test_speculative_step_is_pure(target, draft, prompts):
   """The step is a function of (models, state, config): same inputs, same state."""
   tokens, lengths = prompts
   config = specjax.SpecConfig(gamma=3, max_new_tokens=MAX_NEW, sampling=SAMPLED)
-  state = jax.jit(lambda key: specjax.generation.init_state(
-      target, draft, tokens, lengths, key, config))(jax.random.key(3))
+  state = jax.jit(
+    lambda key: specjax.generation.init_state(target, draft, tokens, lengths, key, config)
+  )(jax.random.key(3))
   step = jax.jit(lambda s: specjax.speculative_step(target, draft, s, config))
   a, b = step(state), step(state)
   a, b = (x.replace(key=jax.random.key_data(x.key)) for x in (a, b))
@@ -161,9 +201,15 @@ def test_bfloat16_models_generate(tiny_cfg, prompts):
   cfg = tiny_cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
   target = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
   draft = specjax.Transformer(cfg.replace(n_layers=1), rngs=nnx.Rngs(1))
-  out = specjax.speculative_generate(target, draft, *prompts, gamma=3,
-                                     max_new_tokens=MAX_NEW, sampling=SAMPLED,
-                                     key=jax.random.key(0))
+  out = specjax.speculative_generate(
+    target,
+    draft,
+    *prompts,
+    gamma=3,
+    max_new_tokens=MAX_NEW,
+    sampling=SAMPLED,
+    key=jax.random.key(0),
+  )
   np.testing.assert_array_equal(out.num_generated, [MAX_NEW] * 4)
   assert np.all((np.asarray(out.tokens) >= 0) & (np.asarray(out.tokens) < 512))
   assert int(out.stats.iterations) >= (MAX_NEW - 1) // 4
@@ -171,7 +217,11 @@ def test_bfloat16_models_generate(tiny_cfg, prompts):
 
 def test_callable_inside_a_user_jit(target, noisy_target, prompts, greedy_reference):
   """Traced prompts skip the host value checks but give the same tokens."""
-  run = jax.jit(lambda tokens, lengths: specjax.speculative_generate(
-      target, noisy_target, tokens, lengths, gamma=3, max_new_tokens=MAX_NEW,
-      sampling=GREEDY).tokens)
+  run = jax.jit(
+    lambda tokens, lengths: (
+      specjax.speculative_generate(
+        target, noisy_target, tokens, lengths, gamma=3, max_new_tokens=MAX_NEW, sampling=GREEDY
+      ).tokens
+    )
+  )
   np.testing.assert_array_equal(run(*prompts), greedy_reference.tokens)

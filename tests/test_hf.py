@@ -22,19 +22,37 @@ import specjax
 import specjax.hf
 
 VOCAB, WIDTH, NEW = 256, 32, 24
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+SMALL = dict(
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  max_position_embeddings=128,
+)
+TINY = dict(
+  hidden_size=32,
+  intermediate_size=64,
+  num_hidden_layers=1,
+  num_attention_heads=2,
+  num_key_value_heads=1,
+  max_position_embeddings=128,
+)
+LLAMA3_ROPE = {
+  "rope_type": "llama3",
+  "factor": 8.0,
+  "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0,
+  "original_max_position_embeddings": 16,
+}
 
 
 def hf_model(arch: str, size: dict, seed: int):
   torch.manual_seed(seed)
   if arch == "llama":  # Llama 3.2 style: tied embeddings, llama3 rope scaling
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, tie_word_embeddings=True,
-                                   rope_scaling=LLAMA3_ROPE, **size)
+    cfg = transformers.LlamaConfig(
+      vocab_size=VOCAB, tie_word_embeddings=True, rope_scaling=LLAMA3_ROPE, **size
+    )
     model = transformers.LlamaForCausalLM(cfg)
   elif arch == "mistral":  # window well below the 56 positions the tests reach
     cfg = transformers.MistralConfig(vocab_size=VOCAB, sliding_window=8, **size)
@@ -43,10 +61,15 @@ def hf_model(arch: str, size: dict, seed: int):
     cfg = transformers.Qwen2Config(vocab_size=VOCAB, **size)
     model = transformers.Qwen2ForCausalLM(cfg)
   else:
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=size["hidden_size"],
-                                  n_layer=size["num_hidden_layers"],
-                                  n_head=size["num_attention_heads"], n_positions=128,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+      vocab_size=VOCAB,
+      n_embd=size["hidden_size"],
+      n_layer=size["num_hidden_layers"],
+      n_head=size["num_attention_heads"],
+      n_positions=128,
+      bos_token_id=0,
+      eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(cfg)
   with torch.no_grad():
     for param in model.parameters():
@@ -87,7 +110,7 @@ def test_full_and_cached_logits_match_transformers(checkpoint, tokens):
   cache = model.init_cache(2, WIDTH)
   outs, start = [], 0
   for size in [12] + [1] * 12 + [8]:
-    logits, cache = forward(jnp.asarray(tokens[:, start:start + size], jnp.int32), cache)
+    logits, cache = forward(jnp.asarray(tokens[:, start : start + size], jnp.int32), cache)
     outs.append(np.asarray(logits))
     start += size
   assert np.max(np.abs(np.concatenate(outs, axis=1) - expected)) < 1e-4
@@ -100,15 +123,18 @@ def test_greedy_and_speculative_match_transformers_generate(checkpoint, tokens):
   with torch.no_grad():
     # An explicit mask: otherwise generate masks every prompt id equal to pad.
     ids = torch.tensor(tokens)
-    expected = reference.generate(ids, attention_mask=torch.ones_like(ids),
-                                  max_new_tokens=NEW, do_sample=False)[:, WIDTH:].numpy()
+    expected = reference.generate(
+      ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False
+    )[:, WIDTH:].numpy()
   prompts = jnp.asarray(tokens, jnp.int32)
   lengths = jnp.full((2,), WIDTH, jnp.int32)
-  ar = specjax.autoregressive_generate(model, prompts, lengths, max_new_tokens=NEW,
-                                       sampling=specjax.GREEDY)
+  ar = specjax.autoregressive_generate(
+    model, prompts, lengths, max_new_tokens=NEW, sampling=specjax.GREEDY
+  )
   np.testing.assert_array_equal(ar.tokens, expected)
-  spec = specjax.speculative_generate(model, draft, prompts, lengths, gamma=3,
-                                      max_new_tokens=NEW, sampling=specjax.GREEDY)
+  spec = specjax.speculative_generate(
+    model, draft, prompts, lengths, gamma=3, max_new_tokens=NEW, sampling=specjax.GREEDY
+  )
   np.testing.assert_array_equal(spec.tokens, expected)
 
 
@@ -127,10 +153,10 @@ def test_config_translation(checkpoint):
   arch, _, path, _ = checkpoint
   cfg = specjax.hf.model_config(specjax.hf.read_config(path), "float32")
   expected = {
-      "llama": dict(tie_embeddings=True, qkv_bias=False, n_kv_heads=2),
-      "mistral": dict(sliding_window=8, tie_embeddings=False),
-      "qwen2": dict(qkv_bias=True, out_bias=False),
-      "gpt2": dict(norm="layernorm", positions="learned", mlp="gelu", tie_embeddings=True),
+    "llama": dict(tie_embeddings=True, qkv_bias=False, n_kv_heads=2),
+    "mistral": dict(sliding_window=8, tie_embeddings=False),
+    "qwen2": dict(qkv_bias=True, out_bias=False),
+    "gpt2": dict(norm="layernorm", positions="learned", mlp="gelu", tie_embeddings=True),
   }[arch]
   for key, value in expected.items():
     assert getattr(cfg, key) == value, key
@@ -138,8 +164,7 @@ def test_config_translation(checkpoint):
     assert cfg.rope_scaling == specjax.models.config.RopeScaling(8.0, 1.0, 4.0, 16)
 
 
-@pytest.mark.parametrize("arch, change", [("llama", "rope_scaling"),
-                                          ("mistral", "sliding_window")])
+@pytest.mark.parametrize("arch, change", [("llama", "rope_scaling"), ("mistral", "sliding_window")])
 def test_features_change_the_logits(arch, change, tmp_path, tokens):
   """Without rope scaling or the window the logits differ: the parity tests above
   do exercise both features."""
@@ -190,13 +215,15 @@ def test_errors_name_the_problem(llama_dir, tmp_path):
 
   bert = _copy(llama_dir, tmp_path / "bert")
   _edit_config(bert, model_type="bert")
-  with pytest.raises(ValueError, match=r"model_type 'bert' is not supported; supported: "
-                                       r"llama, mistral, qwen2, gpt2"):
+  with pytest.raises(
+    ValueError,
+    match=r"model_type 'bert' is not supported; supported: "
+    r"llama, mistral, qwen2, gpt2",
+  ):
     specjax.hf.load_model(str(bert))
 
   yarn = _copy(llama_dir, tmp_path / "yarn")
-  _edit_config(yarn, rope_parameters={"rope_type": "yarn", "factor": 4.0,
-                                      "rope_theta": 10000.0})
+  _edit_config(yarn, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
   with pytest.raises(ValueError, match="rope scaling type 'yarn' is not supported"):
     specjax.hf.load_model(str(yarn))
 
@@ -207,20 +234,29 @@ def test_errors_name_the_problem(llama_dir, tmp_path):
 
   wrong_shape = _copy(llama_dir, tmp_path / "wrong_shape")
   _edit_config(wrong_shape, intermediate_size=96)
-  with pytest.raises(ValueError, match=r"tensor 'model.layers.0.mlp.down_proj.weight' has "
-                                       r"shape \(32, 64\).*implies \(96, 32\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"tensor 'model.layers.0.mlp.down_proj.weight' has "
+    r"shape \(32, 64\).*implies \(96, 32\)",
+  ):
     specjax.hf.load_model(str(wrong_shape))
 
   extra = _copy(llama_dir, tmp_path / "extra")
-  save_file({"model.embed_tokens.weight": np.zeros((VOCAB, 32), np.float32),
-             "model.vision_tower.weight": np.zeros((2, 2), np.float32)},
-            str(extra / "model.safetensors"))
+  save_file(
+    {
+      "model.embed_tokens.weight": np.zeros((VOCAB, 32), np.float32),
+      "model.vision_tower.weight": np.zeros((2, 2), np.float32),
+    },
+    str(extra / "model.safetensors"),
+  )
   with pytest.raises(ValueError, match="tensor 'model.vision_tower.weight' does not belong"):
     specjax.hf.load_model(str(extra))
 
   missing = _copy(llama_dir, tmp_path / "missing")
-  save_file({"model.embed_tokens.weight": np.zeros((VOCAB, 32), np.float32)},
-            str(missing / "model.safetensors"))
+  save_file(
+    {"model.embed_tokens.weight": np.zeros((VOCAB, 32), np.float32)},
+    str(missing / "model.safetensors"),
+  )
   with pytest.raises(ValueError, match=r"lacks tensors: \['model.norm.weight'"):
     specjax.hf.load_model(str(missing))
 
@@ -232,6 +268,7 @@ def test_errors_name_the_problem(llama_dir, tmp_path):
 
 def _word_tokenizer(words):
   from tokenizers import Tokenizer, models, pre_tokenizers
+
   tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
   return tok
@@ -246,8 +283,11 @@ def test_tokenizer_is_loaded_and_pairs_are_checked(llama_dir, tmp_path):
   _, tok_b = specjax.hf.load_model(str(b))
   assert tok_a.encode("hello world") == [1, 2]
   specjax.hf.check_same_tokenizer(tok_a, tok_a, str(a), str(a))
-  with pytest.raises(ValueError, match=r"target \(.*a\) and draft \(.*b\) use different "
-                                       r"tokenizers"):
+  with pytest.raises(
+    ValueError,
+    match=r"target \(.*a\) and draft \(.*b\) use different "
+    r"tokenizers",
+  ):
     specjax.hf.check_same_tokenizer(tok_a, tok_b, str(a), str(b))
 
 
@@ -256,27 +296,42 @@ def test_draft_with_smaller_vocabulary(tmp_path, tokens):
   target_dir, draft_dir = tmp_path / "t", tmp_path / "d"
   hf_model("qwen2", SMALL, 0).save_pretrained(target_dir)
   torch.manual_seed(1)
-  transformers.Qwen2ForCausalLM(transformers.Qwen2Config(vocab_size=200, **TINY)
-                                ).save_pretrained(draft_dir)
+  transformers.Qwen2ForCausalLM(transformers.Qwen2Config(vocab_size=200, **TINY)).save_pretrained(
+    draft_dir
+  )
   target, _ = specjax.hf.load_model(str(target_dir), dtype=jnp.float32)
   draft, _ = specjax.hf.load_model(str(draft_dir), dtype=jnp.float32)
   prompts = jnp.asarray(tokens % 200, jnp.int32)
   lengths = jnp.full((2,), WIDTH, jnp.int32)
-  ar = specjax.autoregressive_generate(target, prompts, lengths, max_new_tokens=NEW,
-                                       sampling=specjax.GREEDY)
-  spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=3,
-                                      max_new_tokens=NEW, sampling=specjax.GREEDY)
+  ar = specjax.autoregressive_generate(
+    target, prompts, lengths, max_new_tokens=NEW, sampling=specjax.GREEDY
+  )
+  spec = specjax.speculative_generate(
+    target, draft, prompts, lengths, gamma=3, max_new_tokens=NEW, sampling=specjax.GREEDY
+  )
   np.testing.assert_array_equal(spec.tokens, ar.tokens)
 
 
 def test_legacy_rope_keys_and_refusals():
   """Older config.json files keep rope_theta / rope_scaling at the top level."""
-  legacy = dict(model_type="llama", vocab_size=VOCAB, hidden_size=64,
-                intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=128, rope_theta=500000.0,
-                rope_scaling={"type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0,
-                              "original_max_position_embeddings": 8192})
+  legacy = dict(
+    model_type="llama",
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rope_theta=500000.0,
+    rope_scaling={
+      "type": "llama3",
+      "factor": 32.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192,
+    },
+  )
   cfg = specjax.hf.model_config(legacy, "float32")
   assert cfg.rope_theta == 500000.0
   assert cfg.rope_scaling == specjax.models.config.RopeScaling(32.0, 1.0, 4.0, 8192)
@@ -285,13 +340,13 @@ def test_legacy_rope_keys_and_refusals():
   with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported"):
     specjax.hf.model_config(dict(legacy, hidden_act="gelu"), "float32")
   with pytest.raises(ValueError, match="qwen2 use_sliding_window=true"):
-    specjax.hf.model_config(dict(legacy, model_type="qwen2", use_sliding_window=True),
-                            "float32")
+    specjax.hf.model_config(dict(legacy, model_type="qwen2", use_sliding_window=True), "float32")
 
 
 def test_load_model_returns_the_library_tokenizer(llama_dir, tmp_path):
   """The same `Tokenizer` class as `specjax.pretrained.load_pair` returns."""
   from specjax.data.tokenizer import Tokenizer
+
   path = _copy(llama_dir, tmp_path / "tok")
   _word_tokenizer(["<pad>", "<bos>", "<eos>", "hello"]).save(str(path / "tokenizer.json"))
   _, tokenizer = specjax.hf.load_model(str(path))
@@ -307,8 +362,9 @@ def test_corrupt_tokenizer_json_names_the_path(llama_dir, tmp_path):
     specjax.hf.load_model(str(path))
 
 
-@pytest.mark.parametrize("arch, field", [("llama", "hidden_size"), ("llama", "vocab_size"),
-                                         ("gpt2", "n_embd")])
+@pytest.mark.parametrize(
+  "arch, field", [("llama", "hidden_size"), ("llama", "vocab_size"), ("gpt2", "n_embd")]
+)
 def test_config_without_a_required_field_names_file_and_field(llama_dir, tmp_path, arch, field):
   path = _copy(llama_dir, tmp_path / "cfg")
   file = path / "config.json"
@@ -338,12 +394,16 @@ def test_config_with_a_bad_field_value_names_the_field(llama_dir, tmp_path):
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_weights_are_refused(llama_dir, tmp_path, bad):
   from safetensors.numpy import load_file
+
   path = _copy(llama_dir, tmp_path / "nan")
   tensors = load_file(str(path / "model.safetensors"))
   tensors["model.layers.0.mlp.up_proj.weight"][3, 5] = bad
   save_file(tensors, str(path / "model.safetensors"))
-  with pytest.raises(ValueError, match=r"nan.model\.safetensors: tensor "
-                                       r"'model.layers.0.mlp.up_proj.weight' .*non-finite"):
+  with pytest.raises(
+    ValueError,
+    match=r"nan.model\.safetensors: tensor "
+    r"'model.layers.0.mlp.up_proj.weight' .*non-finite",
+  ):
     specjax.hf.load_model(str(path))
 
 
@@ -352,7 +412,7 @@ def test_corrupt_safetensors_header_names_the_path(llama_dir, tmp_path):
   path = _copy(llama_dir, tmp_path / "header")
   raw = (path / "model.safetensors").read_bytes()
   header = raw.index(b'"F32"')
-  (path / "model.safetensors").write_bytes(raw[:header] + b'"I32"' + raw[header + 5:])
+  (path / "model.safetensors").write_bytes(raw[:header] + b'"I32"' + raw[header + 5 :])
   with pytest.raises(ValueError, match=r"header.model\.safetensors: tensor .* has dtype int32"):
     specjax.hf.load_model(str(path))
   (path / "model.safetensors").write_bytes(raw[:-3])  # truncated
@@ -371,6 +431,7 @@ def test_dtype_names_come_from_the_one_table(llama_dir, tmp_path, tokens, target
   """float16 is in `specjax.dtypes`, so export writes it; other names are refused early."""
   from specjax.hf.export import save_model
   from specjax.hf.transformers_baseline import time_transformers
+
   model = target  # conftest's tiny Llama-style model
   save_model(model, str(tmp_path / "f16"), dtype="float16")
   half, _ = specjax.hf.load_model(str(tmp_path / "f16"), dtype=jnp.float32)
@@ -381,13 +442,22 @@ def test_dtype_names_come_from_the_one_table(llama_dir, tmp_path, tokens, target
   with pytest.raises(ValueError, match="dtype must be one of"):
     specjax.hf.load_model(str(llama_dir), dtype=jnp.int8)
   with pytest.raises(ValueError, match="dtype must be one of"):
-    time_transformers(str(tmp_path / "nowhere"), str(tmp_path / "nowhere"), [1], gamma=2,
-                      max_new_tokens=4, sampling=specjax.GREEDY, dtype="int8", num_runs=3)
+    time_transformers(
+      str(tmp_path / "nowhere"),
+      str(tmp_path / "nowhere"),
+      [1],
+      gamma=2,
+      max_new_tokens=4,
+      sampling=specjax.GREEDY,
+      dtype="int8",
+      num_runs=3,
+    )
 
 
 def test_make_hf_checkpoint_uses_the_library_tokenizer(tmp_path):
   from experiments import make_hf_checkpoint
   from specjax.data import tokenizer as tokenizer_lib
+
   assert make_hf_checkpoint.train_tokenizer is tokenizer_lib.train_tokenizer
   # The library's check: the BPE needs 256 byte ids plus the specials.
   with pytest.raises(ValueError, match=r"vocab_size must be >= 259"):

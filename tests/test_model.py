@@ -8,8 +8,15 @@ from flax import nnx
 
 import specjax
 
-GPT2_STYLE = dict(norm="layernorm", mlp="gelu", positions="learned", qkv_bias=True,
-                  out_bias=True, mlp_bias=True, tie_embeddings=True)
+GPT2_STYLE = dict(
+  norm="layernorm",
+  mlp="gelu",
+  positions="learned",
+  qkv_bias=True,
+  out_bias=True,
+  mlp_bias=True,
+  tie_embeddings=True,
+)
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
@@ -29,8 +36,10 @@ def _perturb_biases_and_norms(model):
   state = nnx.state(model, nnx.Param)
   leaves, treedef = jax.tree.flatten(state)
   keys = jax.random.split(jax.random.key(7), len(leaves))
-  leaves = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) if x.ndim == 1 else x
-            for x, k in zip(leaves, keys)]
+  leaves = [
+    x + 0.1 * jax.random.normal(k, x.shape, x.dtype) if x.ndim == 1 else x
+    for x, k in zip(leaves, keys)
+  ]
   nnx.update(model, jax.tree.unflatten(treedef, leaves))
 
 
@@ -40,8 +49,7 @@ def test_full_forward_shape_and_dtype(model, tokens):
   assert logits.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("chunks", [(4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
-                                    (5, 3, 8), (16,)])
+@pytest.mark.parametrize("chunks", [(4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), (5, 3, 8), (16,)])
 def test_cached_decoding_matches_full_forward(model, tokens, chunks):
   """Prefill then single tokens or multi-token chunks give the full forward's logits."""
   full = model(tokens)
@@ -49,7 +57,7 @@ def test_cached_decoding_matches_full_forward(model, tokens, chunks):
   forward = jax.jit(model.forward_cached)  # one compile per chunk size, not op by op
   outs, start = [], 0
   for size in chunks:
-    logits, cache = forward(tokens[:, start:start + size], cache)
+    logits, cache = forward(tokens[:, start : start + size], cache)
     outs.append(logits)
     start += size
   np.testing.assert_allclose(np.concatenate(outs, axis=1), full, atol=1e-5, rtol=0)
@@ -69,10 +77,10 @@ def test_ragged_rows_and_rollback(tokens, tiny_cfg):
   junk = jnp.full((3, 4), 7, jnp.int32)
   _, cache = model.forward_cached(junk, cache)
   cache = cache.with_lengths(lengths)
-  nxt = jnp.stack([tokens[b, int(l):int(l) + 5] for b, l in enumerate(lengths)])
+  nxt = jnp.stack([tokens[b, int(n) : int(n) + 5] for b, n in enumerate(lengths)])
   logits, cache = model.forward_cached(nxt, cache)
-  for b, l in enumerate(np.asarray(lengths)):
-    np.testing.assert_allclose(logits[b], full[b, l:l + 5], atol=1e-5, rtol=0)
+  for b, n in enumerate(np.asarray(lengths)):
+    np.testing.assert_allclose(logits[b], full[b, n : n + 5], atol=1e-5, rtol=0)
   np.testing.assert_array_equal(cache.lengths, lengths + 5)
 
 
@@ -81,8 +89,9 @@ def test_logit_indices_select_positions(target, tokens):
   idx = jnp.array([[0, 15], [3, 3], [7, 1]], jnp.int32)
   logits, _ = target.forward_cached(tokens, cache, logit_indices=idx)
   full = target(tokens)
-  np.testing.assert_allclose(logits, jnp.take_along_axis(full, idx[:, :, None], axis=1),
-                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    logits, jnp.take_along_axis(full, idx[:, :, None], axis=1), atol=1e-5, rtol=0
+  )
 
 
 def test_bfloat16_model_runs_with_float32_logits(tiny_cfg, tokens):
@@ -91,8 +100,7 @@ def test_bfloat16_model_runs_with_float32_logits(tiny_cfg, tokens):
   assert nnx.state(model, nnx.Param).layers[0].attn.q_proj.kernel.dtype == jnp.bfloat16
   # Give it the float32 model's weights, rounded, to compare like with like.
   ref = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
-  nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.bfloat16),
-                                 nnx.state(ref, nnx.Param)))
+  nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(ref, nnx.Param)))
   logits, cache = model.forward_cached(tokens, model.init_cache(3, 16))
   assert logits.dtype == jnp.float32
   assert cache.k[0].dtype == jnp.bfloat16
@@ -107,14 +115,17 @@ def test_params_carry_logical_axis_names(target):
   assert tuple(specs.embed.embedding.get_value()) == ("vocab", "embed")
 
 
-@pytest.mark.parametrize("field, value, message", [
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
     ("n_heads", 3, "divisible by n_heads"),
     ("n_kv_heads", 3, "divisible by n_kv_heads"),
     ("d_model", 0, "d_model must be a positive integer"),
     ("vocab_size", -1, "vocab_size must be a positive integer"),
     ("norm", "batchnorm", "norm must be one of"),
     ("dtype", "int8", "dtype must be one of"),
-])
+  ],
+)
 def test_config_validation(tiny_cfg, field, value, message):
   with pytest.raises(ValueError, match=message):
     tiny_cfg.replace(**{field: value})

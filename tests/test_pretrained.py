@@ -22,8 +22,11 @@ def pair():
 
 
 def test_bundle_sizes(pair):
-  size = sum(os.path.getsize(os.path.join(d, f))
-             for d, _, files in os.walk(pretrained.PAIR_DIR) for f in files)
+  size = sum(
+    os.path.getsize(os.path.join(d, f))
+    for d, _, files in os.walk(pretrained.PAIR_DIR)
+    for f in files
+  )
   assert size <= 25 * 2**20
   assert pair.target.num_params >= 5_000_000
   assert pair.draft.num_params * 8 <= pair.target.num_params
@@ -38,8 +41,7 @@ def test_greedy_speculative_equals_autoregressive_on_held_out_prompts(pair):
   assert len(set(np.asarray(lengths).tolist())) > 1  # ragged rows
   kwargs = dict(max_new_tokens=32, sampling=specjax.GREEDY)
   ar = specjax.autoregressive_generate(pair.target, prompts, lengths, **kwargs)
-  spec = specjax.speculative_generate(pair.target, pair.draft, prompts, lengths, gamma=4,
-                                      **kwargs)
+  spec = specjax.speculative_generate(pair.target, pair.draft, prompts, lengths, gamma=4, **kwargs)
   np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
   # A trained, distilled draft: far above what random weights accept (~0).
   assert float(spec.stats.acceptance_rate) > 0.5
@@ -52,8 +54,15 @@ def test_main_job_runs_with_no_arguments():
   assert result["prompt"] == held_out_prompts(1)[0]
   assert result["target"] == pretrained.TARGET_DIR
   assert result["texts_identical"] is True and result["ar_text"] == result["spec_text"]
-  for key in ("acceptance_rate", "tokens_per_iteration", "speedup", "ar_ms_per_token",
-              "spec_ms_per_token", "gamma", "temperature"):
+  for key in (
+    "acceptance_rate",
+    "tokens_per_iteration",
+    "speedup",
+    "ar_ms_per_token",
+    "spec_ms_per_token",
+    "gamma",
+    "temperature",
+  ):
     assert key in result
   assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
 
@@ -67,9 +76,16 @@ def test_load_pair_names_a_missing_file(monkeypatch, tmp_path):
 def test_drafter_comparison_runs_on_the_bundled_pair():
   from configs import compare_drafters as compare_config
   from experiments import compare_drafters
+
   config = compare_config.get_config()
-  config.update(num_prompts=1, max_new_tokens=8, temperatures=(0.0,), layer_skip=(2,),
-                gamma_sweep=(2,), gamma_max=4)
+  config.update(
+    num_prompts=1,
+    max_new_tokens=8,
+    temperatures=(0.0,),
+    layer_skip=(2,),
+    gamma_sweep=(2,),
+    gamma_max=4,
+  )
   rows = compare_drafters.run(config)
   names = {(r["drafter"], r["verifier"], r["gamma"], r["adaptive"]) for r in rows}
   assert ("prompt lookup (n<=3)", "block", 4, "fixed") in names
@@ -88,6 +104,7 @@ def test_block_verification_accepts_more_on_the_bundled_pair(pair):
   from specjax.data import corpus_files
   from specjax.data.corpus import read_source
   from specjax.verify.expected import expected_accepted
+
   width, gamma = 48, 4
   contexts = []
   for path in corpus_files("test"):
@@ -99,11 +116,16 @@ def test_block_verification_accepts_more_on_the_bundled_pair(pair):
   ctx = jax.numpy.asarray(contexts, jax.numpy.int32)
   sampling = specjax.SamplingParams(temperature=1.0)
   drafted = specjax.autoregressive_generate(
-      pair.draft, ctx, jax.numpy.full((len(ctx),), width), max_new_tokens=gamma,
-      sampling=sampling, key=jax.random.key(3)).tokens
+    pair.draft,
+    ctx,
+    jax.numpy.full((len(ctx),), width),
+    max_new_tokens=gamma,
+    sampling=sampling,
+    key=jax.random.key(3),
+  ).tokens
   seq = jax.numpy.concatenate([ctx, drafted], axis=1)
-  q = specjax.warp_probs(pair.draft(seq), sampling)[:, width - 1:width - 1 + gamma]
-  p = specjax.warp_probs(pair.target(seq), sampling)[:, width - 1:width + gamma]
+  q = specjax.warp_probs(pair.draft(seq), sampling)[:, width - 1 : width - 1 + gamma]
+  p = specjax.warp_probs(pair.target(seq), sampling)[:, width - 1 : width + gamma]
   token = float(expected_accepted("token", drafted, q, p).mean())
   block = float(expected_accepted("block", drafted, q, p).mean())
   assert 0.5 < token < gamma  # a trained pair with real, partial agreement
@@ -112,15 +134,23 @@ def test_block_verification_accepts_more_on_the_bundled_pair(pair):
 
 def test_iteration_profile_runs():
   from experiments.profile_iteration import profile
+
   result = profile(gamma=2, repeats=2, max_new_tokens=8)
-  for key in ("target_forward_1_ms", "target_forward_gamma_plus_1_ms", "draft_propose_ms",
-              "verify_ms", "ar_ms_per_token", "spec_ms_per_iteration"):
+  for key in (
+    "target_forward_1_ms",
+    "target_forward_gamma_plus_1_ms",
+    "draft_propose_ms",
+    "verify_ms",
+    "ar_ms_per_token",
+    "spec_ms_per_iteration",
+  ):
     assert result[key] > 0, key
   assert result["iterations"] >= 1
 
 
 def test_load_pair_and_hf_load_model_return_the_same_tokenizer_type(pair):
   import specjax.hf
+
   tokenizer = specjax.hf.load_tokenizer(pretrained.PAIR_DIR)
   assert type(tokenizer) is type(pair.tokenizer)
   assert tokenizer.encode("def f(x):") == pair.tokenizer.encode("def f(x):")
@@ -130,8 +160,13 @@ def _pair_copy(monkeypatch, tmp_path):
   """A copy of the bundled pair under `tmp_path`, with `pretrained` pointing at it."""
   root = tmp_path / "pair"
   shutil.copytree(pretrained.PAIR_DIR, root)
-  for name, rel in (("PAIR_DIR", ""), ("TARGET_DIR", "target"), ("DRAFT_DIR", "draft"),
-                    ("TOKENIZER_FILE", "tokenizer.json"), ("CARD_FILE", "card.json")):
+  for name, rel in (
+    ("PAIR_DIR", ""),
+    ("TARGET_DIR", "target"),
+    ("DRAFT_DIR", "draft"),
+    ("TOKENIZER_FILE", "tokenizer.json"),
+    ("CARD_FILE", "card.json"),
+  ):
     monkeypatch.setattr(pretrained, name, str(root / rel) if rel else str(root))
   return root
 
@@ -158,14 +193,17 @@ def test_load_pair_refuses_a_flipped_byte(monkeypatch, tmp_path):
 
 def test_bundle_pair_writes_the_sums_load_pair_checks(monkeypatch, tmp_path):
   from experiments import bundle_pair
+
   root = _pair_copy(monkeypatch, tmp_path)
   (root / "tokenizer.json").write_text((root / "tokenizer.json").read_text() + "\n")
   card = {k: v for k, v in pretrained.model_card().items() if k != "sha256"}
   with pytest.raises(ValueError, match=r"tokenizer\.json"):
     pretrained.load_pair()
   bundle_pair.write_card(str(root), card)
-  assert pretrained.model_card()["sha256"]["tokenizer.json"] == hashlib.sha256(
-      (root / "tokenizer.json").read_bytes()).hexdigest()
+  assert (
+    pretrained.model_card()["sha256"]["tokenizer.json"]
+    == hashlib.sha256((root / "tokenizer.json").read_bytes()).hexdigest()
+  )
   pair = pretrained.load_pair()
   assert pair.tokenizer.encode("x") and pair.draft.num_params
 

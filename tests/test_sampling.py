@@ -25,9 +25,18 @@ def _reference(logits, temperature, top_k, top_p):
   return p
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [
-    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.6), (0.8, 10, 0.9),
-    (1.0, 1, 1.0), (1.0, 0, 1e-6)])
+@pytest.mark.parametrize(
+  "temperature, top_k, top_p",
+  [
+    (1.0, 0, 1.0),
+    (0.7, 0, 1.0),
+    (1.3, 5, 1.0),
+    (1.0, 0, 0.6),
+    (0.8, 10, 0.9),
+    (1.0, 1, 1.0),
+    (1.0, 0, 1e-6),
+  ],
+)
 def test_warp_matches_reference(temperature, top_k, top_p):
   logits = np.asarray(jax.random.normal(jax.random.key(1), (6, 40))) * 3
   params = specjax.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -69,8 +78,8 @@ def test_sample_tokens_draws_from_the_returned_probs():
 def test_sample_never_draws_zero_probability_tokens():
   """Mass at the edges and tiny masses next to zeros: only positive tokens come out."""
   probs = np.zeros((4, 1000), np.float32)
-  probs[0, -1] = 1.0                          # all mass on the last id
-  probs[1, 0] = 1.0                           # all mass on the first id
+  probs[0, -1] = 1.0  # all mass on the last id
+  probs[1, 0] = 1.0  # all mass on the first id
   probs[2, [3, 500, 999]] = [1e-7, 0.5, 0.5 - 1e-7]
   probs[3, ::97] = 1.0 / len(range(0, 1000, 97))
   keys = jax.random.split(jax.random.key(0), 20_000)
@@ -100,25 +109,33 @@ def test_temperature_below_float32_resolution_is_greedy(temperature):
   params = specjax.SamplingParams(temperature=temperature)
   assert params.greedy
   logits = jnp.array([[0.0, 2.0, 2.0, 1.0]])  # a tie breaks to the lowest id, as argmax
-  np.testing.assert_array_equal(jax.jit(lambda x: warp_probs(x, params))(logits),
-                                [[0.0, 1.0, 0.0, 0.0]])
+  np.testing.assert_array_equal(
+    jax.jit(lambda x: warp_probs(x, params))(logits), [[0.0, 1.0, 0.0, 0.0]]
+  )
 
 
 def test_tiny_temperature_generation_is_greedy(target):
   prompts = jnp.array([[5, 17, 3, 9]], jnp.int32)
   lengths = jnp.array([4], jnp.int32)
-  greedy = specjax.autoregressive_generate(target, prompts, lengths, max_new_tokens=8,
-                                           sampling=specjax.GREEDY)
+  greedy = specjax.autoregressive_generate(
+    target, prompts, lengths, max_new_tokens=8, sampling=specjax.GREEDY
+  )
   for t in (1e-10, 1e-40):
-    out = specjax.autoregressive_generate(target, prompts, lengths, max_new_tokens=8,
-                                          sampling=specjax.SamplingParams(temperature=t),
-                                          key=jax.random.key(0))
+    out = specjax.autoregressive_generate(
+      target,
+      prompts,
+      lengths,
+      max_new_tokens=8,
+      sampling=specjax.SamplingParams(temperature=t),
+      key=jax.random.key(0),
+    )
     np.testing.assert_array_equal(out.tokens, greedy.tokens)
 
 
 def test_numpy_scalars_are_numbers():
-  params = specjax.SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3),
-                                  top_p=np.float64(0.9))
+  params = specjax.SamplingParams(
+    temperature=np.float32(0.5), top_k=np.int64(3), top_p=np.float64(0.9)
+  )
   assert params == specjax.SamplingParams(temperature=0.5, top_k=3, top_p=0.9)
   assert hash(params) == hash(specjax.SamplingParams(temperature=0.5, top_k=3, top_p=0.9))
   with pytest.raises(ValueError, match="temperature must be a number"):

@@ -20,7 +20,8 @@ def test_limits():
   assert theory.expected_tokens_per_iteration(0.0, 4) == 1
   # A verify that costs twice a single step halves the prediction.
   assert theory.predicted_speedup(0.5, 3, 0.1, verify_cost=2.0) == pytest.approx(
-      theory.predicted_speedup(0.5, 3, 0.1) * 1.3 / 2.3)
+    theory.predicted_speedup(0.5, 3, 0.1) * 1.3 / 2.3
+  )
 
 
 @pytest.mark.parametrize("alpha", [-0.1, 1.5])

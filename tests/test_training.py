@@ -7,6 +7,7 @@ and trains a 512-token BPE on them, keeping the whole pipeline small.
 
 import json
 import os
+import pathlib
 import shutil
 
 import jax
@@ -17,12 +18,25 @@ import pytest
 from flax import nnx
 
 from configs import train_tiny
-from specjax.data import (SPLITS, TokenDataset, Tokenizer, corpus_files, prepare_splits,
-                          split_of, stdlib_root, train_tokenizer)
+from specjax.data import (
+  SPLITS,
+  TokenDataset,
+  Tokenizer,
+  corpus_files,
+  prepare_splits,
+  split_of,
+  stdlib_root,
+  train_tokenizer,
+)
 from specjax.data.corpus import read_source
-from specjax.training import (CheckpointError, Checkpointer, check_config, load_trained_model,
-                              train)
-from specjax.training import losses
+from specjax.training import (
+  Checkpointer,
+  CheckpointError,
+  check_config,
+  load_trained_model,
+  losses,
+  train,
+)
 
 FILES_PER_SPLIT = {"train": 24, "validation": 3, "test": 3}
 
@@ -78,6 +92,7 @@ def test_tokenizer_round_trips_real_files(data_dir):
 
 def test_bundled_tokenizer_round_trips_test_split():
   from specjax import pretrained
+
   tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
   assert tokenizer.vocab_size == 4096
   for path in corpus_files("test")[:10]:
@@ -95,7 +110,7 @@ def test_tokenizer_errors_name_the_path(tmp_path):
 
 
 def test_token_files_and_batches(data_dir):
-  meta = json.load(open(os.path.join(data_dir, "train.json")))
+  meta = json.loads(pathlib.Path(data_dir, "train.json").read_text())
   data = TokenDataset(os.path.join(data_dir, "train.bin"))
   assert len(data) == meta["tokens"] and meta["files"] == FILES_PER_SPLIT["train"]
   a = data.batch(7, 4, 32, seed=0)
@@ -109,9 +124,19 @@ def test_token_files_and_batches(data_dir):
 
 
 def test_few_steps_lower_the_loss(tmp_path, corpus_root, data_dir):
-  history = train(_config(corpus_root, data_dir, num_steps=12, learning_rate=1e-2,
-                          eval_every=12, log_every=12, checkpoint_every=12),
-                  str(tmp_path), echo=lambda _: None)
+  history = train(
+    _config(
+      corpus_root,
+      data_dir,
+      num_steps=12,
+      learning_rate=1e-2,
+      eval_every=12,
+      log_every=12,
+      checkpoint_every=12,
+    ),
+    str(tmp_path),
+    echo=lambda _: None,
+  )
   losses_ = [r["loss"] for r in history]
   assert len(losses_) == 12 and all(np.isfinite(losses_))
   assert np.mean(losses_[-3:]) < losses_[0] - 0.5
@@ -135,16 +160,24 @@ def test_resume_continues_with_identical_losses(tmp_path, corpus_root, data_dir)
   for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
     np.testing.assert_array_equal(x, y)
   # metrics.jsonl holds each step once, although step 3 ran twice.
-  steps = [json.loads(line)["step"] for line in open(tmp_path / "b" / "metrics.jsonl")
-           if "loss" in line]
+  steps = [
+    json.loads(line)["step"]
+    for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    if "loss" in line
+  ]
   assert steps == sorted(set(steps))
 
 
 def test_checkpoint_save_restore_identical(tmp_path):
   from specjax.models.config import ModelConfig
   from specjax.models.transformer import Transformer
-  model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
-                                  n_kv_heads=2, d_ff=64, max_seq_len=32), rngs=nnx.Rngs(3))
+
+  model = Transformer(
+    ModelConfig(
+      vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=64, max_seq_len=32
+    ),
+    rngs=nnx.Rngs(3),
+  )
   _, params = nnx.split(model, nnx.Param)
   tx = optax.adam(1e-3)
   opt_state = tx.init(params)
@@ -156,8 +189,10 @@ def test_checkpoint_save_restore_identical(tmp_path):
   restored = saver.restore(5, *blank)
   saver.close()
   assert restored["meta"] == {"step": 5}
-  for x, y in zip(jax.tree.leaves((params, opt_state)),
-                  jax.tree.leaves((restored["params"], restored["opt_state"]))):
+  for x, y in zip(
+    jax.tree.leaves((params, opt_state)),
+    jax.tree.leaves((restored["params"], restored["opt_state"])),
+  ):
     np.testing.assert_array_equal(x, y)
 
 
@@ -165,8 +200,7 @@ def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path, corpus_root, da
   with pytest.raises(FileNotFoundError, match="model_config.json"):
     load_trained_model(str(tmp_path / "empty"))
   run = tmp_path / "run"
-  train(_config(corpus_root, data_dir, num_steps=2, eval_every=2), str(run),
-        echo=lambda _: None)
+  train(_config(corpus_root, data_dir, num_steps=2, eval_every=2), str(run), echo=lambda _: None)
   with pytest.raises(FileNotFoundError, match="no checkpoint for step 9 in .*checkpoints"):
     load_trained_model(str(run), step=9)
   # Corrupt every data file of the params item.
@@ -184,7 +218,9 @@ def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path, corpus_root, da
     load_trained_model(str(run))
 
 
-@pytest.mark.parametrize("changes, message", [
+@pytest.mark.parametrize(
+  "changes, message",
+  [
     (dict(loss="js"), r"config.loss must be one of \('ce', 'kl', 'tv', 'kl\+tv'\)"),
     (dict(loss="kl"), "config.teacher .* must be set exactly when"),
     (dict(teacher="/some/run"), "config.teacher .* must be set exactly when"),
@@ -192,7 +228,8 @@ def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path, corpus_root, da
     (dict(warmup_steps=6), r"config.warmup_steps must be an int in \[0, num_steps=6\)"),
     (dict(learning_rate=0.0), "config.learning_rate must be in"),
     (dict(seq_len=100), "config.seq_len must be <= config.model.max_seq_len=64"),
-])
+  ],
+)
 def test_bad_train_config(changes, message):
   config = train_tiny.get_config()
   config.update(changes)
@@ -208,21 +245,39 @@ def test_distillation_losses():
   assert float(losses.total_variation(p, p)) == pytest.approx(0.0, abs=1e-6)
   pp, qq = jax.nn.softmax(p), jax.nn.softmax(q)
   assert float(losses.total_variation(p, q)) == pytest.approx(
-      float(0.5 * jnp.abs(pp - qq).sum(-1).mean()), rel=1e-6)
+    float(0.5 * jnp.abs(pp - qq).sum(-1).mean()), rel=1e-6
+  )
   agree = losses.agreement(p, q)
   assert float(agree["alpha_t1"]) == pytest.approx(
-      float(jnp.minimum(pp, qq).sum(-1).mean()), rel=1e-5)  # 1 - TV = sum min(p, q)
-  assert float(agree["alpha_t0"]) == pytest.approx(
-      float((p.argmax(-1) == q.argmax(-1)).mean()))
+    float(jnp.minimum(pp, qq).sum(-1).mean()), rel=1e-5
+  )  # 1 - TV = sum min(p, q)
+  assert float(agree["alpha_t0"]) == pytest.approx(float((p.argmax(-1) == q.argmax(-1)).mean()))
 
 
 def test_distillation_moves_draft_toward_teacher(tmp_path, corpus_root, data_dir):
   teacher = str(tmp_path / "teacher")
-  train(_config(corpus_root, data_dir, num_steps=12, learning_rate=1e-2, eval_every=12,
-                checkpoint_every=12), teacher, echo=lambda _: None)
-  train(_config(corpus_root, data_dir, loss="tv", teacher=teacher, num_steps=12,
-                learning_rate=1e-2, eval_every=12, checkpoint_every=12,
-                seed=1), str(tmp_path / "draft"), echo=lambda _: None)
+  train(
+    _config(
+      corpus_root, data_dir, num_steps=12, learning_rate=1e-2, eval_every=12, checkpoint_every=12
+    ),
+    teacher,
+    echo=lambda _: None,
+  )
+  train(
+    _config(
+      corpus_root,
+      data_dir,
+      loss="tv",
+      teacher=teacher,
+      num_steps=12,
+      learning_rate=1e-2,
+      eval_every=12,
+      checkpoint_every=12,
+      seed=1,
+    ),
+    str(tmp_path / "draft"),
+    echo=lambda _: None,
+  )
   with open(tmp_path / "draft" / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]
   steps = [r for r in records if "distill" in r]
@@ -233,11 +288,25 @@ def test_distillation_moves_draft_toward_teacher(tmp_path, corpus_root, data_dir
 
 def test_init_from_starts_from_another_run(tmp_path, corpus_root, data_dir):
   base = str(tmp_path / "base")
-  train(_config(corpus_root, data_dir, num_steps=4, checkpoint_every=4, eval_every=4), base,
-        echo=lambda _: None)
+  train(
+    _config(corpus_root, data_dir, num_steps=4, checkpoint_every=4, eval_every=4),
+    base,
+    echo=lambda _: None,
+  )
   lines = []
-  train(_config(corpus_root, data_dir, num_steps=2, init_from=base, eval_every=2,
-                learning_rate=1e-9, warmup_steps=0), str(tmp_path / "fine"), echo=lines.append)
+  train(
+    _config(
+      corpus_root,
+      data_dir,
+      num_steps=2,
+      init_from=base,
+      eval_every=2,
+      learning_rate=1e-9,
+      warmup_steps=0,
+    ),
+    str(tmp_path / "fine"),
+    echo=lines.append,
+  )
   assert any(f"initialised from {base} step 4" in line for line in lines)
   base_model, _ = load_trained_model(base)
   fine_model, _ = load_trained_model(str(tmp_path / "fine"))
@@ -262,21 +331,27 @@ def test_stale_token_files_are_refused(tmp_path, corpus_root, data_dir):
   # Token files of a 600-id tokenizer whose tokenizer.json is gone: a 512-id run
   # must not train a new tokenizer next to them and feed it their ids.
   stale = str(tmp_path / "stale")
-  prepare_splits(stale, train_tokenizer(corpus_files("train", corpus_root), vocab_size=600),
-                 corpus_root, log=_silent)
+  prepare_splits(
+    stale,
+    train_tokenizer(corpus_files("train", corpus_root), vocab_size=600),
+    corpus_root,
+    log=_silent,
+  )
   with pytest.raises(ValueError, match=f"{stale}/train.bin .*600 ids.*512 ids"):
     train(_config(corpus_root, stale), str(tmp_path / "run"), echo=_silent)
   assert not os.path.exists(os.path.join(stale, "tokenizer.json"))
   # The same vocabulary size but another tokenizer: the hashes differ.
   from specjax.data.dataset import tokenizer_sha256
+
   other = train_tokenizer(corpus_files("train", corpus_root)[:12], vocab_size=512)
   other_path = str(tmp_path / "other.json")
   other.save(other_path)
   copy = _copy_data(data_dir, tmp_path / "copy")
   config = _config(corpus_root, copy)
   config.data.tokenizer = other_path
-  with pytest.raises(ValueError, match=f"{copy}/train.bin .*sha256 [0-9a-f]{{64}}.*"
-                                       f"sha256 {tokenizer_sha256(other)}"):
+  with pytest.raises(
+    ValueError, match=f"{copy}/train.bin .*sha256 [0-9a-f]{{64}}.*sha256 {tokenizer_sha256(other)}"
+  ):
     train(config, str(tmp_path / "run2"), echo=_silent)
 
 
@@ -284,7 +359,7 @@ def test_validation_smaller_than_one_eval_batch(tmp_path, corpus_root, data_dir)
   small = _copy_data(data_dir, tmp_path / "data")
   val = os.path.join(small, "validation.bin")
   np.fromfile(val, np.uint16)[:100].tofile(val)
-  meta = json.load(open(os.path.join(small, "validation.json")))
+  meta = json.loads(pathlib.Path(small, "validation.json").read_text())
   with open(os.path.join(small, "validation.json"), "w") as f:
     json.dump(dict(meta, tokens=100), f)
   run = tmp_path / "run"
@@ -297,6 +372,7 @@ def test_failed_run_leaves_no_temporary_checkpoint(tmp_path, corpus_root, data_d
   def interrupt(line):
     if line.startswith("step 3/"):  # step 2's checkpoint is still being written
       raise RuntimeError("interrupted")
+
   with pytest.raises(RuntimeError, match="interrupted"):
     train(_config(corpus_root, data_dir), str(tmp_path), echo=interrupt)
   names = os.listdir(tmp_path / "checkpoints")
@@ -316,9 +392,9 @@ def test_resume_drops_a_partial_last_metrics_line(tmp_path, corpus_root, data_di
     f.write('{"step": 4, "loss": 2.')  # killed during an append
   resumed = train(config, str(tmp_path), stop_after=4, echo=_silent)
   assert [r["step"] for r in resumed] == [3, 4]
-  steps = [json.loads(line)["step"] for line in open(path)]
+  steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
   assert steps == sorted(steps) and steps[-1] == 4
-  lines = open(path).readlines()
+  lines = path.read_text().splitlines(keepends=True)
   lines[1] = "garbage\n"
   path.write_text("".join(lines))
   with pytest.raises(ValueError, match=f"{path}:2"):
@@ -351,8 +427,9 @@ def test_bad_token_files_name_the_path(tmp_path, data_dir):
   with pytest.raises(ValueError, match=f"{path} .*{size - 1} bytes.*not a multiple of 2"):
     TokenDataset(path)
   os.truncate(path, size - 2)
-  with pytest.raises(ValueError, match=f"{path} holds {size // 2 - 1} tokens.*"
-                                       f"train.json records {size // 2}"):
+  with pytest.raises(
+    ValueError, match=f"{path} holds {size // 2 - 1} tokens.*train.json records {size // 2}"
+  ):
     TokenDataset(path)
   val = os.path.join(copy, "validation.bin")
   os.truncate(val, 0)
@@ -363,6 +440,7 @@ def test_bad_token_files_name_the_path(tmp_path, data_dir):
 def test_train_and_eval_steps_run_without_a_run_directory(tiny_cfg):
   from specjax.models.transformer import Transformer
   from specjax.training import trainer
+
   graphdef, params = nnx.split(Transformer(tiny_cfg, rngs=nnx.Rngs(0)), nnx.Param)
   optimizer = optax.adam(1e-2)
   opt_state = optimizer.init(params)
@@ -372,8 +450,9 @@ def test_train_and_eval_steps_run_without_a_run_directory(tiny_cfg):
   first = trainer.eval_step(params, batch, graphdef=graphdef)
   assert set(first) == {"ce"}
   for _ in range(5):
-    params, opt_state, metrics = trainer.train_step(params, opt_state, batch,
-                                                    graphdef=graphdef, optimizer=optimizer)
+    params, opt_state, metrics = trainer.train_step(
+      params, opt_state, batch, graphdef=graphdef, optimizer=optimizer
+    )
   assert set(metrics) == {"ce", "loss", "grad_norm"}
   last = trainer.eval_step(params, batch, graphdef=graphdef)
   assert float(last["ce"]) < float(first["ce"]) - 0.5
@@ -386,11 +465,15 @@ def test_generated_data_ends_samples_with_the_tokenizers_eos(tmp_path, corpus_ro
   from tokenizers import ByteLevelBPETokenizer
 
   from experiments import generate_data
+
   # Specials in another order: <eos> is id 0 here, not 2.
   bpe = ByteLevelBPETokenizer()
-  bpe.train_from_iterator((read_source(p) for p in corpus_files("train", corpus_root)),
-                          vocab_size=512, special_tokens=["<eos>", "<pad>", "<bos>"],
-                          show_progress=False)
+  bpe.train_from_iterator(
+    (read_source(p) for p in corpus_files("train", corpus_root)),
+    vocab_size=512,
+    special_tokens=["<eos>", "<pad>", "<bos>"],
+    show_progress=False,
+  )
   tokenizer = Tokenizer(bpe._tokenizer)
   assert tokenizer.eos_id == 0
   data = str(tmp_path / "data")
@@ -400,8 +483,9 @@ def test_generated_data_ends_samples_with_the_tokenizers_eos(tmp_path, corpus_ro
   run = str(tmp_path / "run")
   train(_config(corpus_root, data, num_steps=2, eval_every=2), run, echo=_silent)
   out = str(tmp_path / "gen")
-  meta = generate_data.generate(run, data, out, num_batches=2, batch_size=2, prompt_tokens=8,
-                                new_tokens=4, seed=0)
+  meta = generate_data.generate(
+    run, data, out, num_batches=2, batch_size=2, prompt_tokens=8, new_tokens=4, seed=0
+  )
   tokens = np.fromfile(os.path.join(out, "train.bin"), np.uint16).reshape(4, 13)
   assert meta["tokens"] == tokens.size and (tokens[:, -1] == 0).all()
   assert TokenDataset(os.path.join(out, "train.bin")).path.endswith("train.bin")
@@ -411,8 +495,11 @@ def test_generated_data_ends_samples_with_the_tokenizers_eos(tmp_path, corpus_ro
 def test_dtype_names_are_checked(tmp_path):
   config = train_tiny.get_config()
   config.model.param_dtype = "fp32"
-  with pytest.raises(ValueError, match=r"config.model.param_dtype must be one of "
-                                       r"\['bfloat16', 'float16', 'float32'\]"):
+  with pytest.raises(
+    ValueError,
+    match=r"config.model.param_dtype must be one of "
+    r"\['bfloat16', 'float16', 'float32'\]",
+  ):
     check_config(config)
   with pytest.raises(ValueError, match=r"^dtype must be one of"):
     load_trained_model(str(tmp_path / "nowhere"), dtype="fp16")

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import chisquare_pvalue
 
+from helpers import chisquare_pvalue
 from specjax.verify import block_verify, greedy_verify, token_verify
 
 CASES = ["generic", "one_hot_q", "p_equals_q", "disjoint_supports", "q_zeros_where_p_positive"]
@@ -38,9 +38,10 @@ MIN_PVALUE = 1e-4
 # Context-dependent distributions: one row of p and q per drafted prefix.
 # ---------------------------------------------------------------------------
 
+
 def num_contexts(vocab, gamma):
   """Prefixes of length 0..gamma: every context a length-(gamma+1) sequence needs."""
-  return (vocab**(gamma + 1) - 1) // (vocab - 1)
+  return (vocab ** (gamma + 1) - 1) // (vocab - 1)
 
 
 def ctx_index(prefix, vocab):
@@ -48,7 +49,7 @@ def ctx_index(prefix, vocab):
   value = 0
   for token in prefix:
     value = value * vocab + token
-  return (vocab**len(prefix) - 1) // (vocab - 1) + value
+  return (vocab ** len(prefix) - 1) // (vocab - 1) + value
 
 
 def make_tables(case, vocab, gamma, seed):
@@ -74,7 +75,7 @@ def make_tables(case, vocab, gamma, seed):
     # p has full support; q misses one or more tokens (the residual must cover them).
     q = rng.dirichlet(np.ones(vocab), size=rows)
     for r in range(rows):
-      q[r, rng.permutation(vocab)[:rng.integers(1, vocab)]] = 0.0
+      q[r, rng.permutation(vocab)[: rng.integers(1, vocab)]] = 0.0
     q /= q.sum(axis=-1, keepdims=True)
   else:
     raise ValueError(case)
@@ -99,6 +100,7 @@ def to_float32(p, q):
 # ---------------------------------------------------------------------------
 # Independent float64 reference: exact enumeration of one iteration.
 # ---------------------------------------------------------------------------
+
 
 def reference_emitted(p_table, q_table, gamma):
   """Exact distribution of one iteration's emitted tokens (x_1..x_n, y) as {tuple: prob}.
@@ -163,12 +165,13 @@ def acceptance_distribution(emitted, gamma):
 # The JAX sampling pipeline: draft, verify, complete - one jit.
 # ---------------------------------------------------------------------------
 
+
 def _ctx_rows(prefix, vocab, num_samples):
   """`ctx_index` for a batch: `prefix` is a list of `[N]` int32 token columns -> `[N]`."""
   value = jnp.zeros((num_samples,), jnp.int32)
   for token in prefix:
     value = value * vocab + token
-  return (vocab**len(prefix) - 1) // (vocab - 1) + value
+  return (vocab ** len(prefix) - 1) // (vocab - 1) + value
 
 
 def _draw(key, probs):
@@ -194,8 +197,7 @@ def simulate(key, p_table, q_table, *, gamma, num_samples, verifier=token_verify
     p_rows.append(p_table[rows])
     drafts.append(_draw(k, q_table[rows]))
   p_rows.append(p_table[_ctx_rows(drafts, vocab, num_samples)])
-  result = verifier(verify_key, jnp.stack(drafts, 1), jnp.stack(q_rows, 1),
-                    jnp.stack(p_rows, 1))
+  result = verifier(verify_key, jnp.stack(drafts, 1), jnp.stack(q_rows, 1), jnp.stack(p_rows, 1))
   n, y = result.num_accepted, result.next_token
 
   # Emitted x_1..x_n, y; positions after n+1 are filled by sampling the target.
@@ -208,19 +210,25 @@ def simulate(key, p_table, q_table, *, gamma, num_samples, verifier=token_verify
     seq.append(token)
   # Row of a length-(gamma+1) prefix minus the rows of shorter ones: its base-V code.
   code = _ctx_rows(seq, vocab, num_samples) - num_contexts(vocab, gamma)
-  return (jnp.bincount(code, length=vocab**(gamma + 1)),
-          jnp.bincount(n, length=gamma + 1))
+  return (jnp.bincount(code, length=vocab ** (gamma + 1)), jnp.bincount(n, length=gamma + 1))
 
 
 def run_simulation(p32, q32, gamma, seed, verifier=token_verify):
-  counts, accepted = simulate(jax.random.key(seed), jnp.asarray(p32), jnp.asarray(q32),
-                              gamma=gamma, num_samples=NUM_SAMPLES, verifier=verifier)
+  counts, accepted = simulate(
+    jax.random.key(seed),
+    jnp.asarray(p32),
+    jnp.asarray(q32),
+    gamma=gamma,
+    num_samples=NUM_SAMPLES,
+    verifier=verifier,
+  )
   return np.asarray(counts, np.int64), np.asarray(accepted, np.int64)
 
 
 # ---------------------------------------------------------------------------
 # (c-i) The rule itself, exactly, in float64.
 # ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("gamma", [1, 2, 3])
@@ -229,8 +237,9 @@ def test_reference_enumeration_equals_target_joint(case, gamma):
   p, q = make_tables(case, vocab=4, gamma=gamma, seed=100 + gamma)
   emitted = reference_emitted(p, q, gamma)
   assert abs(sum(emitted.values()) - 1.0) < 1e-12
-  np.testing.assert_allclose(complete_with_target(emitted, p, gamma), target_joint(p, gamma),
-                             rtol=0, atol=1e-9)
+  np.testing.assert_allclose(
+    complete_with_target(emitted, p, gamma), target_joint(p, gamma), rtol=0, atol=1e-9
+  )
   accepted = acceptance_distribution(emitted, gamma)
   # Edge cases with a known acceptance length: everything / nothing is accepted.
   if case == "p_equals_q":
@@ -242,6 +251,7 @@ def test_reference_enumeration_equals_target_joint(case, gamma):
 # ---------------------------------------------------------------------------
 # (c-ii) The jitted verifier, statistically.
 # ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("gamma", [2, 3])
@@ -267,13 +277,14 @@ def test_token_verify_matches_target_joint(case, gamma):
 # (d) Geometric acceptance for context-independent p and q.
 # ---------------------------------------------------------------------------
 
+
 def test_reference_acceptance_is_geometric():
   """Exact enumeration: P(num_accepted >= k) = beta^k, beta = sum_x min(p, q), to 1e-12."""
   for gamma in (1, 2, 3):
     p, q = context_free_tables(vocab=4, gamma=gamma, seed=7)
     beta = np.minimum(p[0], q[0]).sum()
     tail = np.cumsum(acceptance_distribution(reference_emitted(p, q, gamma), gamma)[::-1])[::-1]
-    np.testing.assert_allclose(tail, beta**np.arange(gamma + 1), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(tail, beta ** np.arange(gamma + 1), rtol=0, atol=1e-12)
 
 
 def test_token_verify_acceptance_is_geometric():
@@ -284,7 +295,7 @@ def test_token_verify_acceptance_is_geometric():
   beta = np.minimum(p64[0], q64[0]).sum()
   assert 0.2 < beta < 0.9  # a non-degenerate case, so every k carries information
   tail = np.cumsum(accepted[::-1])[::-1] / NUM_SAMPLES
-  expected = beta**np.arange(gamma + 1)
+  expected = beta ** np.arange(gamma + 1)
   stderr = np.sqrt(expected * (1 - expected) / NUM_SAMPLES)
   np.testing.assert_array_less(np.abs(tail - expected), 5 * stderr + 1e-12)
   assert chisquare_pvalue(counts, target_joint(p64, gamma)) > MIN_PVALUE
@@ -294,17 +305,23 @@ def test_token_verify_acceptance_is_geometric():
 # Greedy verification.
 # ---------------------------------------------------------------------------
 
+
 def test_greedy_verify_hand_built():
   """Argmax matching: all match -> bonus = last row's argmax; else the argmax at the mismatch."""
-  argmaxes = np.array([[2, 0, 4, 1],   # drafts all match -> n = 3, bonus = 1
-                       [2, 0, 4, 1],   # first draft wrong -> n = 0, next = 2
-                       [3, 3, 0, 2]])  # second draft wrong -> n = 1, next = 3
+  argmaxes = np.array(
+    [
+      [2, 0, 4, 1],  # drafts all match -> n = 3, bonus = 1
+      [2, 0, 4, 1],  # first draft wrong -> n = 0, next = 2
+      [3, 3, 0, 2],
+    ]
+  )  # second draft wrong -> n = 1, next = 3
   drafts = np.array([[2, 0, 4], [1, 0, 4], [3, 1, 0]], np.int32)
   target = np.full((3, 4, 5), 0.1, np.float32)
   np.put_along_axis(target, argmaxes[..., None], 0.6, axis=-1)
   draft_probs = np.full((3, 3, 5), 0.2, np.float32)
-  result = greedy_verify(jax.random.key(0), jnp.asarray(drafts), jnp.asarray(draft_probs),
-                         jnp.asarray(target))
+  result = greedy_verify(
+    jax.random.key(0), jnp.asarray(drafts), jnp.asarray(draft_probs), jnp.asarray(target)
+  )
   np.testing.assert_array_equal(result.num_accepted, [3, 0, 1])
   np.testing.assert_array_equal(result.next_token, [1, 2, 3])
 
@@ -338,20 +355,22 @@ def test_token_verify_guards():
   one_hot_1 = np.eye(vocab, dtype=np.float32)[1]
   # Row 0: p(0) > 0 = q(0), which u * q < p alone would accept.
   # Row 1: p == q one-hot at 1, so max(0, p - q) is all zero and y must come from p.
-  draft_probs = np.stack([q_zero_at_0, one_hot_1])[:, None]           # [2, 1, V]
-  target_probs = np.stack([[p, p], [one_hot_1, one_hot_1]])            # [2, 2, V]
+  draft_probs = np.stack([q_zero_at_0, one_hot_1])[:, None]  # [2, 1, V]
+  target_probs = np.stack([[p, p], [one_hot_1, one_hot_1]])  # [2, 2, V]
   tile = lambda a: jnp.asarray(np.repeat(a, batch // 2, axis=0))
-  result = token_verify(jax.random.key(5), tile(np.zeros((2, 1), np.int32)),
-                        tile(draft_probs), tile(target_probs))
+  result = token_verify(
+    jax.random.key(5), tile(np.zeros((2, 1), np.int32)), tile(draft_probs), tile(target_probs)
+  )
   np.testing.assert_array_equal(result.num_accepted, 0)
   # Row 0's correction comes from max(0, p - q) = [0.1, 0, 0, 0]: token 0.
-  np.testing.assert_array_equal(result.next_token[:batch // 2], 0)
-  np.testing.assert_array_equal(result.next_token[batch // 2:], 1)
+  np.testing.assert_array_equal(result.next_token[: batch // 2], 0)
+  np.testing.assert_array_equal(result.next_token[batch // 2 :], 1)
 
 
 # ---------------------------------------------------------------------------
 # Block verification (Sun et al. 2024): the same three layers of evidence.
 # ---------------------------------------------------------------------------
+
 
 def reference_block_emitted(p_table, q_table, gamma):
   """Exact distribution of one block-verification iteration's emitted tokens, float64.
@@ -405,8 +424,9 @@ def test_block_reference_equals_target_joint(case, gamma):
   p, q = make_tables(case, vocab=4, gamma=gamma, seed=200 + gamma)
   emitted = reference_block_emitted(p, q, gamma)
   assert abs(sum(emitted.values()) - 1.0) < 1e-12
-  np.testing.assert_allclose(complete_with_target(emitted, p, gamma), target_joint(p, gamma),
-                             rtol=0, atol=1e-9)
+  np.testing.assert_allclose(
+    complete_with_target(emitted, p, gamma), target_joint(p, gamma), rtol=0, atol=1e-9
+  )
   assert expected_accepted(emitted) >= expected_accepted(reference_emitted(p, q, gamma)) - 1e-12
 
 
@@ -457,12 +477,12 @@ def test_expected_accepted_closed_forms_match_enumeration():
   """specjax.verify.expected's closed forms equal the enumerated expectations on
   the paper's toy example (10/9 and 11/9), averaged over the drafted blocks."""
   from specjax.verify.expected import expected_accepted
+
   p, q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
   drafts = np.array(list(itertools.product(range(2), repeat=2)), np.int32)  # all 4 blocks
   weight = np.prod(q[drafts], axis=1)
   target_probs = jnp.asarray(np.tile(p, (4, 3, 1)), jnp.float32)
   draft_probs = jnp.asarray(np.tile(q, (4, 2, 1)), jnp.float32)
   for rule, value in (("token", 10 / 9), ("block", 11 / 9)):
-    per_block = np.asarray(expected_accepted(rule, jnp.asarray(drafts), draft_probs,
-                                             target_probs))
+    per_block = np.asarray(expected_accepted(rule, jnp.asarray(drafts), draft_probs, target_probs))
     assert float(np.sum(weight * per_block)) == pytest.approx(value, abs=1e-6)

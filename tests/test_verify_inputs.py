@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.verify import (VERIFIERS, block_verify, get_verifier, greedy_verify,
-                            token_verify)
+from specjax.verify import VERIFIERS, block_verify, get_verifier, greedy_verify, token_verify
 
 B, G, V = 4, 3, 8
 ALL = [token_verify, block_verify, greedy_verify]
@@ -41,7 +40,7 @@ def test_nan_draft_probs_are_rejected(verify, first_bad):
   for seed in range(8):
     n, y = jax.jit(verify)(jax.random.key(seed), tokens, q, p)
     np.testing.assert_array_equal(n, first_bad)
-    assert np.all((0 <= np.asarray(y)) & (np.asarray(y) < V))
+    assert np.all((np.asarray(y) >= 0) & (np.asarray(y) < V))
 
 
 @pytest.mark.parametrize("verify", ALL, ids=IDS)
@@ -55,27 +54,31 @@ def test_out_of_range_draft_tokens_are_rejected(verify, bad):
   tokens = tokens.at[:, 0].set(bad)
   n, y = jax.jit(verify)(jax.random.key(0), tokens, q, p)
   np.testing.assert_array_equal(n, 0)
-  assert np.all((0 <= np.asarray(y)) & (np.asarray(y) < V))
+  assert np.all((np.asarray(y) >= 0) & (np.asarray(y) < V))
 
 
 @pytest.mark.parametrize("verify", ALL, ids=IDS)
 def test_zero_drafted_tokens_give_the_bonus_token(verify):
   p = jax.nn.one_hot(jnp.arange(B) + 2, V, dtype=jnp.float32)[:, None, :]  # [B, 1, V]
-  n, y = verify(jax.random.key(0), jnp.zeros((B, 0), jnp.int32),
-                jnp.zeros((B, 0, V), jnp.float32), p)
+  n, y = verify(
+    jax.random.key(0), jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0, V), jnp.float32), p
+  )
   np.testing.assert_array_equal(n, 0)
   np.testing.assert_array_equal(y, np.arange(B) + 2)
 
 
 @pytest.mark.parametrize("verify", ALL, ids=IDS)
-@pytest.mark.parametrize("change, name", [
-    (lambda t, q, p: (t, q, p[:, :G]), "target_probs"),              # no bonus row
-    (lambda t, q, p: (t, q, p[:, :, :V - 1]), "draft_probs"),        # V disagrees
-    (lambda t, q, p: (t, q[:B - 1], p), "draft_probs"),              # batch disagrees
-    (lambda t, q, p: (t[:B - 1], q, p), "target_probs"),             # batch disagrees
+@pytest.mark.parametrize(
+  "change, name",
+  [
+    (lambda t, q, p: (t, q, p[:, :G]), "target_probs"),  # no bonus row
+    (lambda t, q, p: (t, q, p[:, :, : V - 1]), "draft_probs"),  # V disagrees
+    (lambda t, q, p: (t, q[: B - 1], p), "draft_probs"),  # batch disagrees
+    (lambda t, q, p: (t[: B - 1], q, p), "target_probs"),  # batch disagrees
     (lambda t, q, p: (t.astype(jnp.float32), q, p), "draft_tokens"),  # not ids
-    (lambda t, q, p: (t[0], q, p), "draft_tokens"),                  # rank
-])
+    (lambda t, q, p: (t[0], q, p), "draft_tokens"),  # rank
+  ],
+)
 def test_shapes_are_checked_naming_the_argument(verify, change, name):
   tokens, q, p = change(*_inputs())
   with pytest.raises(ValueError, match=name):

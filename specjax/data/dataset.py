@@ -19,7 +19,8 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -78,14 +79,17 @@ def _write_atomically(path: str, write: Callable[[str], None]) -> None:
 
 def write_meta(path: str, meta: dict[str, Any]) -> None:
   """Writes `meta` as token file `path`'s .json (last: it marks the .bin complete)."""
+
   def write(tmp):
     with open(tmp, "w") as f:
       json.dump(meta, f, indent=2)
+
   _write_atomically(meta_path(path), write)
 
 
-def build_token_file(split: str, tokenizer: Tokenizer, path: str,
-                     root: str | None = None) -> dict[str, Any]:
+def build_token_file(
+  split: str, tokenizer: Tokenizer, path: str, root: str | None = None
+) -> dict[str, Any]:
   """Encodes the `split` files into `path` (.bin) and writes `path`'s .json meta."""
   if tokenizer.vocab_size > np.iinfo(_DTYPE).max + 1:
     raise ValueError(f"vocab_size {tokenizer.vocab_size} does not fit uint16 ids.")
@@ -94,20 +98,24 @@ def build_token_file(split: str, tokenizer: Tokenizer, path: str,
   files = corpus_files(split, root)
   chunks = []
   for start in range(0, len(files), 64):
-    texts = [read_source(p) for p in files[start:start + 64]]
+    texts = [read_source(p) for p in files[start : start + 64]]
     for ids in tokenizer.encode_batch(texts):
       chunks.append(np.asarray(ids + [tokenizer.eos_id], _DTYPE))
   tokens = np.concatenate(chunks) if chunks else np.zeros((0,), _DTYPE)
   _write_atomically(path, tokens.tofile)
-  meta = {"split": split, "files": len(files), "tokens": int(tokens.size),
-          "bytes": int(sum(os.path.getsize(p) for p in files)),
-          "python": sys.version.split()[0], **tokenizer_record(tokenizer)}
+  meta = {
+    "split": split,
+    "files": len(files),
+    "tokens": int(tokens.size),
+    "bytes": int(sum(os.path.getsize(p) for p in files)),
+    "python": sys.version.split()[0],
+    **tokenizer_record(tokenizer),
+  }
   write_meta(path, meta)
   return meta
 
 
-def check_tokenizer(path: str, tokenizer: Tokenizer,
-                    log: Callable[[str], None] = print) -> None:
+def check_tokenizer(path: str, tokenizer: Tokenizer, log: Callable[[str], None] = print) -> None:
   """Raises ValueError unless token file `path` was encoded with `tokenizer`.
 
   The meta's recorded vocabulary size and tokenizer sha256 must equal
@@ -116,26 +124,31 @@ def check_tokenizer(path: str, tokenizer: Tokenizer,
   """
   meta = read_meta(path)
   if meta is None:
-    raise ValueError(f"{path} has no {meta_path(path)}: cannot tell which tokenizer "
-                     "encoded it.")
+    raise ValueError(f"{path} has no {meta_path(path)}: cannot tell which tokenizer encoded it.")
   want_vocab, want_sha = tokenizer.vocab_size, tokenizer_sha256(tokenizer)
   vocab, sha = meta.get("vocab_size"), meta.get("tokenizer_sha256")
   if (vocab is not None and vocab != want_vocab) or (sha is not None and sha != want_sha):
     raise ValueError(
-        f"{path} was encoded with a tokenizer of {vocab} ids (sha256 {sha}), but the "
-        f"tokenizer in use has {want_vocab} ids (sha256 {want_sha}); use the tokenizer that "
-        "encoded it (config.data.tokenizer) or encode the corpus into another directory.")
+      f"{path} was encoded with a tokenizer of {vocab} ids (sha256 {sha}), but the "
+      f"tokenizer in use has {want_vocab} ids (sha256 {want_sha}); use the tokenizer that "
+      "encoded it (config.data.tokenizer) or encode the corpus into another directory."
+    )
   if sha is None:
     largest = int(TokenDataset(path).tokens.max())
     if largest >= want_vocab:
-      raise ValueError(f"{path} holds token id {largest}, outside the tokenizer's "
-                       f"{want_vocab} ids; encode the corpus into another directory.")
-    log(f"{meta_path(path)} records no tokenizer sha256 (an older file): checked only "
-        "that its ids fit the tokenizer")
+      raise ValueError(
+        f"{path} holds token id {largest}, outside the tokenizer's "
+        f"{want_vocab} ids; encode the corpus into another directory."
+      )
+    log(
+      f"{meta_path(path)} records no tokenizer sha256 (an older file): checked only "
+      "that its ids fit the tokenizer"
+    )
 
 
-def prepare_splits(data_dir: str, tokenizer: Tokenizer, root: str | None = None,
-                   log: Callable[[str], None] = print) -> dict[str, str]:
+def prepare_splits(
+  data_dir: str, tokenizer: Tokenizer, root: str | None = None, log: Callable[[str], None] = print
+) -> dict[str, str]:
   """`<data_dir>/<split>.bin` for every split, encoding those that are missing.
 
   Existing token files are checked against `tokenizer` (`check_tokenizer`)
@@ -150,8 +163,10 @@ def prepare_splits(data_dir: str, tokenizer: Tokenizer, root: str | None = None,
   for split, path in paths.items():
     if split not in done:
       meta = build_token_file(split, tokenizer, path, root)
-      log(f"encoded {split}: {meta['files']} files, {meta['bytes'] / 1e6:.1f} MB "
-          f"-> {meta['tokens']:,} tokens")
+      log(
+        f"encoded {split}: {meta['files']} files, {meta['bytes'] / 1e6:.1f} MB "
+        f"-> {meta['tokens']:,} tokens"
+      )
   return paths
 
 
@@ -168,16 +183,20 @@ class TokenDataset:
       raise FileNotFoundError(f"token file not found: {path}")
     size = os.path.getsize(path)
     if size % _TOKEN_BYTES:
-      raise ValueError(f"{path} is {size} bytes, not a multiple of {_TOKEN_BYTES} "
-                       f"({np.dtype(_DTYPE).name} token ids): it is truncated.")
+      raise ValueError(
+        f"{path} is {size} bytes, not a multiple of {_TOKEN_BYTES} "
+        f"({np.dtype(_DTYPE).name} token ids): it is truncated."
+      )
     if not size:
       raise ValueError(f"{path} holds no tokens.")
     self.path = path
     self.meta = read_meta(path)
     count = size // _TOKEN_BYTES
     if self.meta is not None and self.meta.get("tokens", count) != count:
-      raise ValueError(f"{path} holds {count} tokens but {meta_path(path)} records "
-                       f"{self.meta['tokens']}: the file is truncated or was overwritten.")
+      raise ValueError(
+        f"{path} holds {count} tokens but {meta_path(path)} records "
+        f"{self.meta['tokens']}: the file is truncated or was overwritten."
+      )
     self.tokens = np.memmap(path, dtype=_DTYPE, mode="r")
 
   def __len__(self) -> int:
@@ -186,19 +205,29 @@ class TokenDataset:
   def check_window(self, seq_len: int) -> None:
     """Raises ValueError unless one window of `seq_len + 1` tokens fits."""
     if seq_len + 1 > len(self):
-      raise ValueError(f"seq_len + 1 = {seq_len + 1} exceeds the {len(self)} tokens "
-                       f"of {self.path}.")
+      raise ValueError(
+        f"seq_len + 1 = {seq_len + 1} exceeds the {len(self)} tokens of {self.path}."
+      )
 
   def check_eval(self, batch_size: int, seq_len: int) -> None:
     """Raises ValueError unless one eval batch (`batch_size` disjoint windows) fits."""
     needed = batch_size * (seq_len + 1)
     if needed > len(self):
-      raise ValueError(f"{self.path} holds {len(self)} tokens, fewer than one eval batch of "
-                       f"batch_size {batch_size} windows of seq_len {seq_len} + 1 tokens "
-                       f"({needed} tokens).")
+      raise ValueError(
+        f"{self.path} holds {len(self)} tokens, fewer than one eval batch of "
+        f"batch_size {batch_size} windows of seq_len {seq_len} + 1 tokens "
+        f"({needed} tokens)."
+      )
 
-  def batch(self, step: int, batch_size: int, seq_len: int, seed: int,
-            process_index: int = 0, process_count: int = 1) -> np.ndarray:
+  def batch(
+    self,
+    step: int,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+  ) -> np.ndarray:
     """Rows of the global batch for `step`: int32 `[batch_size // process_count, seq_len + 1]`.
 
     Inputs are `[:, :-1]`, targets `[:, 1:]`. Window starts are uniform over the
@@ -206,16 +235,16 @@ class TokenDataset:
     """
     self.check_window(seq_len)
     if batch_size % process_count:
-      raise ValueError(f"batch_size {batch_size} must be divisible by the process "
-                       f"count {process_count}.")
+      raise ValueError(
+        f"batch_size {batch_size} must be divisible by the process count {process_count}."
+      )
     rng = np.random.default_rng((seed, step))
     starts = rng.integers(0, len(self) - seq_len, size=batch_size)
     per = batch_size // process_count
-    mine = starts[process_index * per:(process_index + 1) * per]
-    return np.stack([self.tokens[s:s + seq_len + 1] for s in mine]).astype(np.int32)
+    mine = starts[process_index * per : (process_index + 1) * per]
+    return np.stack([self.tokens[s : s + seq_len + 1] for s in mine]).astype(np.int32)
 
-  def eval_batches(self, batch_size: int, seq_len: int,
-                   num_batches: int) -> Iterator[np.ndarray]:
+  def eval_batches(self, batch_size: int, seq_len: int, num_batches: int) -> Iterator[np.ndarray]:
     """Up to `num_batches` int32 `[batch_size, seq_len + 1]` batches of consecutive
     non-overlapping windows from the start: the same every call, at least one.
 
@@ -224,6 +253,9 @@ class TokenDataset:
     self.check_eval(batch_size, seq_len)
     stride = seq_len + 1
     usable = min(num_batches * batch_size, len(self) // stride)
-    return (np.stack([self.tokens[(start + r) * stride:(start + r + 1) * stride]
-                      for r in range(batch_size)]).astype(np.int32)
-            for start in range(0, usable - batch_size + 1, batch_size))
+    return (
+      np.stack(
+        [self.tokens[(start + r) * stride : (start + r + 1) * stride] for r in range(batch_size)]
+      ).astype(np.int32)
+      for start in range(0, usable - batch_size + 1, batch_size)
+    )

@@ -26,7 +26,7 @@ def held_out_prompts(count: int, lines: int = 4, root: str | None = None) -> lis
     source = read_source(path).splitlines(keepends=True)
     for i, line in enumerate(source):
       if _DEF.match(line) and i + lines <= len(source):
-        prompts.append("".join(source[i:i + lines]))
+        prompts.append("".join(source[i : i + lines]))
         break
     if len(prompts) == count:
       return prompts
@@ -43,5 +43,5 @@ def encode_prompts(tokenizer, texts: list[str], name: str = "prompts"):
     raise ValueError(f"{name} encodes to no tokens.")
   tokens = np.zeros((len(ids), max(map(len, ids))), np.int32)
   for row, row_ids in enumerate(ids):
-    tokens[row, :len(row_ids)] = row_ids
+    tokens[row, : len(row_ids)] = row_ids
   return jnp.asarray(tokens), jnp.asarray([len(i) for i in ids], jnp.int32)

@@ -10,7 +10,7 @@ ids 0, 1, 2 are the specials `<pad>`, `<bos>`, `<eos>`, and `decode(encode(text)
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 
@@ -29,9 +29,10 @@ class Tokenizer:
     self.pad_id, self.bos_id, self.eos_id = ids
 
   @classmethod
-  def from_file(cls, path: str) -> "Tokenizer":
+  def from_file(cls, path: str) -> Tokenizer:
     """Loads a `tokenizer.json`; a missing or unreadable file names the path."""
     from tokenizers import Tokenizer as Backend
+
     if not os.path.isfile(path):
       raise FileNotFoundError(f"tokenizer file not found: {path}")
     try:
@@ -61,20 +62,28 @@ class Tokenizer:
     self._backend.save(path)
 
 
-def train_tokenizer(files: Sequence[str], vocab_size: int = 4096,
-                    min_frequency: int = 2) -> Tokenizer:
+def train_tokenizer(
+  files: Sequence[str], vocab_size: int = 4096, min_frequency: int = 2
+) -> Tokenizer:
   """Trains a byte-level BPE with the specials on `files` (deterministic)."""
   from tokenizers import ByteLevelBPETokenizer
+
   if vocab_size < 256 + len(SPECIAL_TOKENS):
-    raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} "
-                     f"(256 bytes + specials), got {vocab_size}.")
+    raise ValueError(
+      f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (256 bytes + specials), got {vocab_size}."
+    )
   if not files:
     raise ValueError("train_tokenizer needs at least one file.")
   from specjax.data.corpus import read_source
+
   bpe = ByteLevelBPETokenizer()
   # From text, not paths: a few stdlib test fixtures are not valid UTF-8.
-  bpe.train_from_iterator((read_source(p) for p in files), vocab_size=vocab_size,
-                          min_frequency=min_frequency,
-                          special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+  bpe.train_from_iterator(
+    (read_source(p) for p in files),
+    vocab_size=vocab_size,
+    min_frequency=min_frequency,
+    special_tokens=list(SPECIAL_TOKENS),
+    show_progress=False,
+  )
   # The wrapper class only adds Python helpers; keep the plain Rust tokenizer.
   return Tokenizer(bpe._tokenizer)

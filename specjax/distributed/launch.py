@@ -14,8 +14,11 @@ import jax
 from absl import flags
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> None:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+) -> None:
   """Joins this process to the job; arguments left None come from the environment
   (`SPECJAX_*`) or, failing that, JAX's own cluster detection."""
   env = os.environ
@@ -27,17 +30,22 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   if jax.config.jax_platforms in (None, "", "cpu") and num_processes:
     # CPU devices talk over gloo; GPUs and TPUs bring their own collectives.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )
 
 
 def define_flags() -> None:
   """--distributed, --coordinator_address, --num_processes, --process_id."""
-  flags.DEFINE_bool("distributed", False,
-                    "Call jax.distributed.initialize() before anything else (multi-host).")
-  flags.DEFINE_string("coordinator_address", None,
-                      "host:port of process 0; default from SPECJAX_COORDINATOR or JAX's "
-                      "cluster detection (TPU pods, SLURM).")
+  flags.DEFINE_bool(
+    "distributed", False, "Call jax.distributed.initialize() before anything else (multi-host)."
+  )
+  flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "host:port of process 0; default from SPECJAX_COORDINATOR or JAX's "
+    "cluster detection (TPU pods, SLURM).",
+  )
   flags.DEFINE_integer("num_processes", None, "Processes in the job (default: detected).")
   flags.DEFINE_integer("process_id", None, "This process's index (default: detected).")
 

@@ -16,7 +16,7 @@ partitioner propagates the shardings of the inputs (parameters placed by
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -25,15 +25,15 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 DATA, MODEL = "data", "model"
 
 LOGICAL_RULES: Mapping[str, str | None] = {
-    "batch": DATA,
-    "embed": None,
-    "heads": MODEL,
-    "kv_heads": MODEL,
-    "mlp": MODEL,
-    "vocab": MODEL,
-    "cache_heads": MODEL,
-    "cache_seq": None,
-    "head_dim": None,
+  "batch": DATA,
+  "embed": None,
+  "heads": MODEL,
+  "kv_heads": MODEL,
+  "mlp": MODEL,
+  "vocab": MODEL,
+  "cache_heads": MODEL,
+  "cache_seq": None,
+  "head_dim": None,
 }
 
 
@@ -45,17 +45,20 @@ def resolve_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
   known = math.prod(s for s in shape if s != -1)
   if -1 in shape:
     if num_devices % known:
-      raise ValueError(f"mesh shape {shape}: {num_devices} devices are not divisible by "
-                       f"{known}.")
+      raise ValueError(f"mesh shape {shape}: {num_devices} devices are not divisible by {known}.")
     shape = tuple(num_devices // known if s == -1 else s for s in shape)
   if math.prod(shape) != num_devices:
-    raise ValueError(f"mesh shape {shape} needs {math.prod(shape)} devices; "
-                     f"{num_devices} are available.")
+    raise ValueError(
+      f"mesh shape {shape} needs {math.prod(shape)} devices; {num_devices} are available."
+    )
   return shape
 
 
-def make_mesh(shape: Sequence[int] = (-1, 1), axis_names: Sequence[str] = (DATA, MODEL),
-              devices: Sequence[jax.Device] | int | None = None) -> Mesh:
+def make_mesh(
+  shape: Sequence[int] = (-1, 1),
+  axis_names: Sequence[str] = (DATA, MODEL),
+  devices: Sequence[jax.Device] | int | None = None,
+) -> Mesh:
   """A mesh of `shape` (one entry may be -1: "the rest").
 
   `devices`: the devices to use, or an int n for the first n of `jax.devices()`
@@ -65,16 +68,21 @@ def make_mesh(shape: Sequence[int] = (-1, 1), axis_names: Sequence[str] = (DATA,
     devices = jax.devices()[:devices] if devices else jax.devices()
   devices = list(devices)
   if len(shape) != len(axis_names):
-    raise ValueError(f"mesh shape {tuple(shape)} and axis names {tuple(axis_names)} "
-                     "differ in length.")
+    raise ValueError(
+      f"mesh shape {tuple(shape)} and axis names {tuple(axis_names)} differ in length."
+    )
   shape = resolve_shape(shape, len(devices))
-  return jax.make_mesh(shape, tuple(axis_names), axis_types=(AxisType.Auto,) * len(shape),
-                       devices=devices)
+  return jax.make_mesh(
+    shape, tuple(axis_names), axis_types=(AxisType.Auto,) * len(shape), devices=devices
+  )
 
 
-def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,
-                    mesh_shape: Mapping[str, int] | None = None,
-                    rules: Mapping[str, str | None] = LOGICAL_RULES) -> PartitionSpec:
+def logical_to_spec(
+  names: Sequence[str | None],
+  shape: Sequence[int] | None = None,
+  mesh_shape: Mapping[str, int] | None = None,
+  rules: Mapping[str, str | None] = LOGICAL_RULES,
+) -> PartitionSpec:
   """The mesh `PartitionSpec` of an array whose axes carry logical `names`.
 
   With `shape` and `mesh_shape`, a dimension that the mesh axis does not divide
@@ -94,13 +102,18 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = N
   return PartitionSpec(*spec)
 
 
-def named_sharding(mesh: Mesh, names: Sequence[str | None], shape: Sequence[int],
-                   rules: Mapping[str, str | None] = LOGICAL_RULES) -> NamedSharding:
+def named_sharding(
+  mesh: Mesh,
+  names: Sequence[str | None],
+  shape: Sequence[int],
+  rules: Mapping[str, str | None] = LOGICAL_RULES,
+) -> NamedSharding:
   return NamedSharding(mesh, logical_to_spec(names, shape, dict(mesh.shape), rules))
 
 
-def shard_shape(shape: Sequence[int], spec: PartitionSpec,
-                mesh_shape: Mapping[str, int]) -> tuple[int, ...]:
+def shard_shape(
+  shape: Sequence[int], spec: PartitionSpec, mesh_shape: Mapping[str, int]
+) -> tuple[int, ...]:
   """The per-device block of an array of `shape` under `spec` (no devices needed)."""
   out = []
   for i, size in enumerate(shape):
@@ -110,8 +123,9 @@ def shard_shape(shape: Sequence[int], spec: PartitionSpec,
   return tuple(out)
 
 
-def constrain(x: jax.Array, names: Sequence[str | None],
-              rules: Mapping[str, str | None] = LOGICAL_RULES) -> jax.Array:
+def constrain(
+  x: jax.Array, names: Sequence[str | None], rules: Mapping[str, str | None] = LOGICAL_RULES
+) -> jax.Array:
   """Pins `x`'s sharding by logical names under the current mesh (`jax.set_mesh`);
   an identity when no mesh is set, so one code path serves every device count."""
   mesh = jax.sharding.get_abstract_mesh()

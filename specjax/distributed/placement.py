@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -12,8 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from specjax.distributed.mesh import DATA, LOGICAL_RULES, named_sharding
 
 
-def param_shardings(model: nnx.Module, mesh: Mesh,
-                    rules: Mapping[str, str | None] = LOGICAL_RULES):
+def param_shardings(model: nnx.Module, mesh: Mesh, rules: Mapping[str, str | None] = LOGICAL_RULES):
   """nnx.State of `NamedSharding`s for `model`'s parameters, from their logical names."""
   state = nnx.state(model, nnx.Param)
 
@@ -25,9 +24,12 @@ def param_shardings(model: nnx.Module, mesh: Mesh,
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def shard_model(model: nnx.Module, mesh: Mesh,
-                rules: Mapping[str, str | None] = LOGICAL_RULES,
-                replicate: bool = False) -> nnx.Module:
+def shard_model(
+  model: nnx.Module,
+  mesh: Mesh,
+  rules: Mapping[str, str | None] = LOGICAL_RULES,
+  replicate: bool = False,
+) -> nnx.Module:
   """`model` with every parameter placed by the rules (or replicated on the mesh).
 
   Returns a new module; `model` is left as it was. A draft model is small:

@@ -12,5 +12,15 @@ from specjax.drafting.base import Commit, Drafter, DrafterBase, Proposal, propos
 from specjax.drafting.model import ModelDrafter, as_drafter, layer_skip
 from specjax.drafting.ngram import NGramDrafter, lookup
 
-__all__ = ["Commit", "Drafter", "DrafterBase", "ModelDrafter", "NGramDrafter", "Proposal",
-           "as_drafter", "layer_skip", "lookup", "proposal_probs"]
+__all__ = [
+  "Commit",
+  "Drafter",
+  "DrafterBase",
+  "ModelDrafter",
+  "NGramDrafter",
+  "Proposal",
+  "as_drafter",
+  "layer_skip",
+  "lookup",
+  "proposal_probs",
+]

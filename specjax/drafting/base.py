@@ -88,22 +88,26 @@ class Drafter(Protocol):
   prefill_calls: int
   needs_target_hidden: bool
 
-  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
-    ...
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None: ...
 
-  def with_confidence(self, threshold: float) -> "Drafter":
-    ...
+  def with_confidence(self, threshold: float) -> Drafter: ...
 
-  def init(self, prompts: jax.Array, prompt_lengths: jax.Array, first: jax.Array,
-           capacity: int) -> Any:
-    ...
+  def init(
+    self, prompts: jax.Array, prompt_lengths: jax.Array, first: jax.Array, capacity: int
+  ) -> Any: ...
 
-  def propose(self, state: Any, recent: jax.Array, key: jax.Array, limit: jax.Array, *,
-              gamma: int, sampling: SamplingParams) -> tuple[Proposal, Any]:
-    ...
+  def propose(
+    self,
+    state: Any,
+    recent: jax.Array,
+    key: jax.Array,
+    limit: jax.Array,
+    *,
+    gamma: int,
+    sampling: SamplingParams,
+  ) -> tuple[Proposal, Any]: ...
 
-  def commit(self, state: Any, commit: Commit) -> Any:
-    ...
+  def commit(self, state: Any, commit: Commit) -> Any: ...
 
 
 class DrafterBase:
@@ -117,8 +121,10 @@ class DrafterBase:
     del prompt_width, max_new_tokens, gamma
 
   def with_confidence(self, threshold: float):
-    raise ValueError("adaptive='confidence' needs a model drafter (a Transformer, "
-                     f"ModelDrafter or layer_skip), got {type(self).__name__}.")
+    raise ValueError(
+      "adaptive='confidence' needs a model drafter (a Transformer, "
+      f"ModelDrafter or layer_skip), got {type(self).__name__}."
+    )
 
 
 def proposal_probs(proposal: Proposal, vocab_size: int) -> jax.Array:

@@ -55,15 +55,19 @@ class ModelDrafter:
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     check_capacity("draft", self.model.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
 
-  def with_confidence(self, threshold: float) -> "ModelDrafter":
+  def with_confidence(self, threshold: float) -> ModelDrafter:
     """The same drafter stopping a row once its top probability falls below `threshold`."""
     if not is_real(threshold) or not 0 < threshold <= 1:
       raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
     return self.replace(confidence=float(threshold))
 
   def _forward(self, tokens, cache, logit_indices=None):
-    return self.model.forward_cached(fit_ids(tokens, self.vocab_size), cache,
-                                     logit_indices=logit_indices, num_layers=self.num_layers)
+    return self.model.forward_cached(
+      fit_ids(tokens, self.vocab_size),
+      cache,
+      logit_indices=logit_indices,
+      num_layers=self.num_layers,
+    )
 
   def init(self, prompts, prompt_lengths, first, capacity) -> KVCache:
     b = prompts.shape[0]
@@ -72,8 +76,16 @@ class ModelDrafter:
     _, cache = self._forward(prompts, cache, jnp.zeros((b, 1), jnp.int32))
     return cache.with_lengths(prompt_lengths - 1)
 
-  def propose(self, cache: KVCache, recent: jax.Array, key: jax.Array, limit: jax.Array, *,
-              gamma: int, sampling: SamplingParams) -> tuple[Proposal, KVCache]:
+  def propose(
+    self,
+    cache: KVCache,
+    recent: jax.Array,
+    key: jax.Array,
+    limit: jax.Array,
+    *,
+    gamma: int,
+    sampling: SamplingParams,
+  ) -> tuple[Proposal, KVCache]:
     """Samples up to min(gamma, limit[b]) tokens per row; stops early once no
     row needs more (every call after the first is one token per row)."""
     b, g = recent.shape[0], gamma
@@ -104,33 +116,47 @@ class ModelDrafter:
       return i + 1, token, cache, tokens, probs, active, lengths + active
 
     i, _, cache, tokens, probs, _, lengths = jax.lax.while_loop(
-        cond, body, (jnp.int32(1), token, cache, tokens, probs, active, lengths))
+      cond, body, (jnp.int32(1), token, cache, tokens, probs, active, lengths)
+    )
     return Proposal(tokens, probs, lengths, calls=i), cache
 
   def commit(self, cache: KVCache, commit: Commit) -> KVCache:
     # Holds s'[:-2] for rows that go on; stopped rows keep s[:-2] (in bounds).
     return cache.with_lengths(
-        jnp.where(commit.goes_on, commit.new_length - 2, commit.old_length - 2))
+      jnp.where(commit.goes_on, commit.new_length - 2, commit.old_length - 2)
+    )
 
 
 def layer_skip(target: Transformer, num_layers: int, confidence: float = 0.0) -> ModelDrafter:
   """Self-speculation: the target's first `num_layers` layers + final norm + head."""
   if not is_int(num_layers) or not 1 <= num_layers < target.cfg.n_layers:
-    raise ValueError(f"num_layers must be an int in [1, {target.cfg.n_layers - 1}] "
-                     f"(fewer than the target's {target.cfg.n_layers} layers), "
-                     f"got {num_layers!r}.")
+    raise ValueError(
+      f"num_layers must be an int in [1, {target.cfg.n_layers - 1}] "
+      f"(fewer than the target's {target.cfg.n_layers} layers), "
+      f"got {num_layers!r}."
+    )
   return ModelDrafter(target, num_layers=int(num_layers), confidence=confidence)
 
 
-def as_drafter(draft) -> "ModelDrafter":
+def as_drafter(draft) -> ModelDrafter:
   """A `Transformer` becomes a `ModelDrafter`; anything with the `Drafter`
   methods passes through; anything else is a ValueError naming `draft`."""
   if isinstance(draft, Transformer):
     return ModelDrafter(draft)
-  needed = ("vocab_size", "prefill_calls", "needs_target_hidden", "check_capacity",
-            "with_confidence", "init", "propose", "commit")
+  needed = (
+    "vocab_size",
+    "prefill_calls",
+    "needs_target_hidden",
+    "check_capacity",
+    "with_confidence",
+    "init",
+    "propose",
+    "commit",
+  )
   missing = [name for name in needed if not hasattr(draft, name)]
   if not missing:
     return draft
-  raise ValueError("draft must be a specjax.Transformer or a specjax.drafting.Drafter, got "
-                   f"{type(draft).__name__} (missing {', '.join(missing)}).")
+  raise ValueError(
+    "draft must be a specjax.Transformer or a specjax.drafting.Drafter, got "
+    f"{type(draft).__name__} (missing {', '.join(missing)})."
+  )

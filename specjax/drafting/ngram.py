@@ -32,8 +32,9 @@ class NGramState:
   lengths: jax.Array
 
 
-def lookup(history: jax.Array, lengths: jax.Array, max_ngram: int,
-           min_ngram: int) -> tuple[jax.Array, jax.Array]:
+def lookup(
+  history: jax.Array, lengths: jax.Array, max_ngram: int, min_ngram: int
+) -> tuple[jax.Array, jax.Array]:
   """Where to copy from: `(start [B], n [B])`, start = index after the most recent
   earlier match of the longest matching suffix n-gram; start = -1 if none.
 
@@ -48,7 +49,7 @@ def lookup(history: jax.Array, lengths: jax.Array, max_ngram: int,
     suffix = jnp.take_along_axis(history, jnp.clip(tail, 0, s - 1), axis=1)  # [B, n]
     match = jnp.ones((b, s - n), bool)
     for t in range(n):
-      match &= history[:, t:s - n + t] == suffix[:, t:t + 1]
+      match &= history[:, t : s - n + t] == suffix[:, t : t + 1]
     j = jnp.arange(s - n)[None, :]
     valid = match & (j + n <= lengths[:, None] - 1) & (lengths[:, None] > n)
     last = jnp.max(jnp.where(valid, j, -1), axis=1)
@@ -83,8 +84,16 @@ class NGramDrafter(DrafterBase):
     history = write_rows(history, first[:, None], prompt_lengths)
     return NGramState(history, prompt_lengths + 1)
 
-  def propose(self, state: NGramState, recent: jax.Array, key: jax.Array, limit: jax.Array,
-              *, gamma: int, sampling: SamplingParams) -> tuple[Proposal, NGramState]:
+  def propose(
+    self,
+    state: NGramState,
+    recent: jax.Array,
+    key: jax.Array,
+    limit: jax.Array,
+    *,
+    gamma: int,
+    sampling: SamplingParams,
+  ) -> tuple[Proposal, NGramState]:
     # The history already ends with recent; nothing is random, and a
     # deterministic proposal is exact under any warp.
     del recent, key, sampling

@@ -1,20 +1,33 @@
 """Generation loops: autoregressive baseline and speculative decoding.
 
-  speculative.py     speculative_step (draft, score, verify, commit) and its loop
-  autoregressive.py  the baseline loop, one target call per token
-  common.py          what both loops share: prefill, padding, output, trace counts
-  state.py           loop states, statistics, outputs, SpecConfig
-  validation.py      argument checks of the generate calls
+speculative.py     speculative_step (draft, score, verify, commit) and its loop
+autoregressive.py  the baseline loop, one target call per token
+common.py          what both loops share: prefill, padding, output, trace counts
+state.py           loop states, statistics, outputs, SpecConfig
+validation.py      argument checks of the generate calls
 """
 
 from specjax.drafting import as_drafter
 from specjax.generation.autoregressive import autoregressive_generate, autoregressive_step
 from specjax.generation.speculative import init_state, speculative_generate, speculative_step
-from specjax.generation.state import (AutoregressiveStats, GenerateOutput, SpecConfig,
-                                      SpeculativeStats, SpecState)
+from specjax.generation.state import (
+  AutoregressiveStats,
+  GenerateOutput,
+  SpecConfig,
+  SpecState,
+  SpeculativeStats,
+)
 
 __all__ = [
-    "autoregressive_generate", "autoregressive_step", "as_drafter", "init_state",
-    "speculative_generate", "speculative_step", "AutoregressiveStats", "GenerateOutput",
-    "SpecConfig", "SpeculativeStats", "SpecState",
+  "autoregressive_generate",
+  "autoregressive_step",
+  "as_drafter",
+  "init_state",
+  "speculative_generate",
+  "speculative_step",
+  "AutoregressiveStats",
+  "GenerateOutput",
+  "SpecConfig",
+  "SpeculativeStats",
+  "SpecState",
 ]

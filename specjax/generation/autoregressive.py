@@ -19,8 +19,14 @@ from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
 from specjax.validation import check_positive_int, check_token_id
 
-def autoregressive_step(model: Transformer, state: ARState, sampling: SamplingParams,
-                        max_new_tokens: int, eos_id: int | None) -> ARState:
+
+def autoregressive_step(
+  model: Transformer,
+  state: ARState,
+  sampling: SamplingParams,
+  max_new_tokens: int,
+  eos_id: int | None,
+) -> ARState:
   """Feeds each row's last token, samples the next, commits it for active rows."""
   key, step_key = jax.random.split(state.key)
   active = ~state.done
@@ -34,19 +40,29 @@ def autoregressive_step(model: Transformer, state: ARState, sampling: SamplingPa
   done = state.done | (num_generated >= max_new_tokens)
   if eos_id is not None:
     done = done | (active & (token == eos_id))
-  stats = AutoregressiveStats(iterations=state.stats.iterations + 1,
-                              target_calls=state.stats.target_calls + 1)
-  return ARState(cache=cache, last=jnp.where(active, token, state.last), tokens=tokens,
-                 num_generated=num_generated, done=done, key=key, stats=stats)
+  stats = AutoregressiveStats(
+    iterations=state.stats.iterations + 1, target_calls=state.stats.target_calls + 1
+  )
+  return ARState(
+    cache=cache,
+    last=jnp.where(active, token, state.last),
+    tokens=tokens,
+    num_generated=num_generated,
+    done=done,
+    key=key,
+    stats=stats,
+  )
 
 
 # Models go into jit as pytrees (Flax NNX modules are pytrees): flattening them
 # costs far less per call than nnx.split, and the module structure and config
 # become part of the cache key.
-@functools.partial(jax.jit, static_argnames=("sampling", "max_new_tokens", "eos_id",
-                                             "pad_id", "capacity"))
-def _autoregressive_program(model, prompts, prompt_lengths, key, *, sampling,
-                            max_new_tokens, eos_id, pad_id, capacity) -> GenerateOutput:
+@functools.partial(
+  jax.jit, static_argnames=("sampling", "max_new_tokens", "eos_id", "pad_id", "capacity")
+)
+def _autoregressive_program(
+  model, prompts, prompt_lengths, key, *, sampling, max_new_tokens, eos_id, pad_id, capacity
+) -> GenerateOutput:
   TRACE_COUNTS["autoregressive"] += 1
   prompts = zero_padding(prompts, prompt_lengths)
   key, first_key = jax.random.split(key)
@@ -54,24 +70,38 @@ def _autoregressive_program(model, prompts, prompt_lengths, key, *, sampling,
   b = prompts.shape[0]
   # One slot of slack: finished rows keep writing at num_generated <= max_new_tokens.
   tokens = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(first)
-  state = ARState(cache=cache, last=first, tokens=tokens,
-                  num_generated=jnp.ones((b,), jnp.int32),
-                  done=first_done(first, max_new_tokens, eos_id), key=key,
-                  stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)))
+  state = ARState(
+    cache=cache,
+    last=first,
+    tokens=tokens,
+    num_generated=jnp.ones((b,), jnp.int32),
+    done=first_done(first, max_new_tokens, eos_id),
+    key=key,
+    stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)),
+  )
   state = jax.lax.while_loop(
-      lambda s: jnp.any(~s.done),
-      lambda s: autoregressive_step(model, s, sampling, max_new_tokens, eos_id),
-      state)
-  return GenerateOutput(tokens=finalize(state.tokens, state.num_generated,
-                                        max_new_tokens, pad_id),
-                        num_generated=state.num_generated, stats=state.stats)
+    lambda s: jnp.any(~s.done),
+    lambda s: autoregressive_step(model, s, sampling, max_new_tokens, eos_id),
+    state,
+  )
+  return GenerateOutput(
+    tokens=finalize(state.tokens, state.num_generated, max_new_tokens, pad_id),
+    num_generated=state.num_generated,
+    stats=state.stats,
+  )
 
 
-def autoregressive_generate(model: Transformer, prompts: jax.Array,
-                            prompt_lengths: jax.Array, *, max_new_tokens: int,
-                            sampling: SamplingParams = SamplingParams(),
-                            key: jax.Array | None = None, eos_id: int | None = None,
-                            pad_id: int = 0) -> GenerateOutput:
+def autoregressive_generate(
+  model: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  max_new_tokens: int,
+  sampling: SamplingParams = SamplingParams(),
+  key: jax.Array | None = None,
+  eos_id: int | None = None,
+  pad_id: int = 0,
+) -> GenerateOutput:
   """Decodes up to `max_new_tokens` tokens per row, one model call per token.
 
   Args:
@@ -96,7 +126,13 @@ def autoregressive_generate(model: Transformer, prompts: jax.Array,
   capacity = check_capacity("model", cfg.max_seq_len, width, max_new_tokens)
   key = validation.check_key(key, sampling)
   return _autoregressive_program(
-      model, jnp.asarray(prompts, jnp.int32),
-      jnp.asarray(prompt_lengths, jnp.int32), key, sampling=sampling,
-      max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, capacity=capacity)
-
+    model,
+    jnp.asarray(prompts, jnp.int32),
+    jnp.asarray(prompt_lengths, jnp.int32),
+    key,
+    sampling=sampling,
+    max_new_tokens=max_new_tokens,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    capacity=capacity,
+  )

@@ -1,11 +1,11 @@
 """What both generation loops share: cache capacity, prefill, padding, output.
 
-  cache_capacity  slots a generate call needs (defined in specjax.models.kv_cache)
-  prefill         prompt through a fresh cache, first token sampled
-  zero_padding    prompt ids past each row's length set to a valid id
-  first_done      rows finished by the prefill's token alone
-  finalize        output buffer cut to the budget, padded past each row's count
-  TRACE_COUNTS    traces of the jitted programs (tests prove no recompilation)
+cache_capacity  slots a generate call needs (defined in specjax.models.kv_cache)
+prefill         prompt through a fresh cache, first token sampled
+zero_padding    prompt ids past each row's length set to a valid id
+first_done      rows finished by the prefill's token alone
+finalize        output buffer cut to the budget, padded past each row's count
+TRACE_COUNTS    traces of the jitted programs (tests prove no recompilation)
 """
 
 from __future__ import annotations
@@ -23,8 +23,14 @@ from specjax.sampling import SamplingParams, sample_tokens
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
 
-def prefill(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array,
-            capacity: int, key: jax.Array, sampling: SamplingParams):
+def prefill(
+  model: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  capacity: int,
+  key: jax.Array,
+  sampling: SamplingParams,
+):
   """Runs the prompt through a fresh cache and samples the first new token.
 
   Args:
@@ -35,8 +41,7 @@ def prefill(model: Transformer, prompts: jax.Array, prompt_lengths: jax.Array,
     prompt_lengths), so the first token is the next to feed.
   """
   cache = model.init_cache(prompts.shape[0], capacity)
-  logits, cache = model.forward_cached(prompts, cache,
-                                       logit_indices=(prompt_lengths - 1)[:, None])
+  logits, cache = model.forward_cached(prompts, cache, logit_indices=(prompt_lengths - 1)[:, None])
   first, _ = sample_tokens(key, logits[:, 0], sampling)
   return first, cache.with_lengths(prompt_lengths)
 
@@ -55,8 +60,9 @@ def first_done(first: jax.Array, max_new_tokens: int, eos_id: int | None) -> jax
   return done
 
 
-def finalize(tokens: jax.Array, num_generated: jax.Array, max_new_tokens: int,
-             pad_id: int) -> jax.Array:
+def finalize(
+  tokens: jax.Array, num_generated: jax.Array, max_new_tokens: int, pad_id: int
+) -> jax.Array:
   """Cuts the buffer to `[B, max_new_tokens]` and pads past each row's count."""
   tokens = tokens[:, :max_new_tokens]
   valid = jnp.arange(max_new_tokens)[None, :] < num_generated[:, None]

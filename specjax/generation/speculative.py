@@ -20,7 +20,7 @@ from specjax import verify as verify_lib
 from specjax.drafting import Commit, Drafter, Proposal, as_drafter, proposal_probs
 from specjax.generation import validation
 from specjax.generation.common import TRACE_COUNTS, finalize, first_done, prefill, zero_padding
-from specjax.generation.state import GenerateOutput, SpecConfig, SpeculativeStats, SpecState
+from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats
 from specjax.models.kv_cache import KVCache, cache_capacity, check_capacity, write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, warp_probs
@@ -30,8 +30,9 @@ from specjax.vocab import fit_ids, pad_vocab
 ADAPTIVE = (None, "schedule", "confidence")
 
 
-def speculative_step(target: Transformer, drafter: Drafter | Transformer, state: SpecState,
-                     config: SpecConfig) -> SpecState:
+def speculative_step(
+  target: Transformer, drafter: Drafter | Transformer, state: SpecState, config: SpecConfig
+) -> SpecState:
   """One speculative iteration for every row: draft, score, verify, commit.
 
   Pure: same models, drafter, state and config give the same new state. Rows
@@ -45,55 +46,81 @@ def speculative_step(target: Transformer, drafter: Drafter | Transformer, state:
 
   # 1. Draft up to gamma tokens per row, with the laws q they were drawn from.
   proposal, drafter_state = drafter.propose(
-      state.drafter_state, state.recent, draft_key, state.draft_limit, gamma=config.gamma,
-      sampling=config.sampling)
+    state.drafter_state,
+    state.recent,
+    draft_key,
+    state.draft_limit,
+    gamma=config.gamma,
+    sampling=config.sampling,
+  )
   _check_chain(proposal)
 
   # 2. Score s[-1], x_1..x_g in one target call: p at gamma + 1 positions.
   block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
-  target_probs, target_cache, hidden = score(target, block, state.target_cache,
-                                             config.sampling, vocab,
-                                             return_hidden=drafter.needs_target_hidden)
+  target_probs, target_cache, hidden = score(
+    target,
+    block,
+    state.target_cache,
+    config.sampling,
+    vocab,
+    return_hidden=drafter.needs_target_hidden,
+  )
 
   # 3. Verify: keep n drafted tokens, then the token the verifier draws.
   verifier = verify_lib.get_verifier(config.verifier)
-  n, next_token = verifier(verify_key, proposal.tokens, proposal_probs(proposal, vocab),
-                           target_probs)
+  n, next_token = verifier(
+    verify_key, proposal.tokens, proposal_probs(proposal, vocab), target_probs
+  )
 
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, limit, statistics.
   emitted = emitted_tokens(proposal.tokens, n, next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
   old_length = state.target_cache.lengths + 1  # len(s)
-  commit = Commit(emitted, old_length, new_length=old_length + n + 1, goes_on=~done,
-                  hidden=hidden)
+  commit = Commit(emitted, old_length, new_length=old_length + n + 1, goes_on=~done, hidden=hidden)
   return SpecState(
-      target_cache=commit_cache(target_cache, commit),
-      drafter_state=drafter.commit(drafter_state, commit),
-      recent=next_recent(state.recent, emitted, n, commit.goes_on),
-      draft_limit=next_draft_limit(state.draft_limit, n, proposal.lengths, ~state.done,
-                                   config),
-      tokens=tokens, num_generated=num_generated, done=done, key=key,
-      stats=state.stats.record(active=~state.done, proposed=proposal.lengths, accepted=n,
-                               generated=count, draft_calls=proposal.calls))
+    target_cache=commit_cache(target_cache, commit),
+    drafter_state=drafter.commit(drafter_state, commit),
+    recent=next_recent(state.recent, emitted, n, commit.goes_on),
+    draft_limit=next_draft_limit(state.draft_limit, n, proposal.lengths, ~state.done, config),
+    tokens=tokens,
+    num_generated=num_generated,
+    done=done,
+    key=key,
+    stats=state.stats.record(
+      active=~state.done,
+      proposed=proposal.lengths,
+      accepted=n,
+      generated=count,
+      draft_calls=proposal.calls,
+    ),
+  )
 
 
 def _check_chain(proposal: Proposal) -> None:
   if proposal.parents is not None:
-    raise NotImplementedError("this drafter proposes a token tree; speculative_step "
-                              "verifies chains (Proposal.parents=None) only.")
+    raise NotImplementedError(
+      "this drafter proposes a token tree; speculative_step "
+      "verifies chains (Proposal.parents=None) only."
+    )
 
 
-def score(target: Transformer, block: jax.Array, cache: KVCache, sampling: SamplingParams,
-          vocab_size: int, return_hidden: bool = False
-          ) -> tuple[jax.Array, KVCache, jax.Array | None]:
+def score(
+  target: Transformer,
+  block: jax.Array,
+  cache: KVCache,
+  sampling: SamplingParams,
+  vocab_size: int,
+  return_hidden: bool = False,
+) -> tuple[jax.Array, KVCache, jax.Array | None]:
   """The target's warped law at every position of `block [B, g+1]` in one call.
 
   Returns:
     `(target_probs [B, g+1, vocab_size], cache, hidden [B, g+1, D] or None)`;
     ids the target lacks get probability 0, and it reads them as 0.
   """
-  out = target.forward_cached(fit_ids(block, target.cfg.vocab_size), cache,
-                              return_hidden=return_hidden)
+  out = target.forward_cached(
+    fit_ids(block, target.cfg.vocab_size), cache, return_hidden=return_hidden
+  )
   hidden = out[2] if return_hidden else None
   return pad_vocab(warp_probs(out[0], sampling), vocab_size), out[1], hidden
 
@@ -101,12 +128,14 @@ def score(target: Transformer, block: jax.Array, cache: KVCache, sampling: Sampl
 def emitted_tokens(draft_tokens: jax.Array, n: jax.Array, next_token: jax.Array) -> jax.Array:
   """`[B, g+1]`: x_1..x_n, then the verifier's token, then junk up to g + 1 slots."""
   slots = jnp.arange(draft_tokens.shape[1] + 1)[None, :]
-  return jnp.where(slots == n[:, None], next_token[:, None],
-                   jnp.pad(draft_tokens, ((0, 0), (0, 1))))
+  return jnp.where(
+    slots == n[:, None], next_token[:, None], jnp.pad(draft_tokens, ((0, 0), (0, 1)))
+  )
 
 
-def commit_tokens(state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
-                  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def commit_tokens(
+  state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Appends each active row's n + 1 new tokens, cut at EOS and at the budget.
 
   Returns:
@@ -132,20 +161,21 @@ def commit_tokens(state: SpecState, emitted: jax.Array, n: jax.Array, config: Sp
 def commit_cache(cache: KVCache, commit: Commit) -> KVCache:
   """The target cache holds s'[:-1] for rows that go on; rows that stopped keep
   their old lengths so later (discarded) writes stay in bounds."""
-  return cache.with_lengths(
-      jnp.where(commit.goes_on, commit.new_length - 1, commit.old_length - 1))
+  return cache.with_lengths(jnp.where(commit.goes_on, commit.new_length - 1, commit.old_length - 1))
 
 
-def next_recent(recent: jax.Array, emitted: jax.Array, n: jax.Array, goes_on: jax.Array
-                ) -> jax.Array:
+def next_recent(
+  recent: jax.Array, emitted: jax.Array, n: jax.Array, goes_on: jax.Array
+) -> jax.Array:
   """`[B, 2]` = the last two tokens of s' for rows that go on (others keep theirs)."""
   history = jnp.concatenate([recent[:, 1:], emitted], axis=1)  # s[-1], emitted
   new = jnp.take_along_axis(history, jnp.stack([n, n + 1], axis=1), axis=1)
   return jnp.where(goes_on[:, None], new, recent)
 
 
-def next_draft_limit(limit: jax.Array, n: jax.Array, proposed: jax.Array, active: jax.Array,
-                     config: SpecConfig) -> jax.Array:
+def next_draft_limit(
+  limit: jax.Array, n: jax.Array, proposed: jax.Array, active: jax.Array, config: SpecConfig
+) -> jax.Array:
   """Adaptive draft length "schedule" (Leviathan-style heuristic): +2 after a fully
   accepted block, -1 otherwise, within [1, gamma]; unchanged otherwise."""
   if config.adaptive != "schedule":
@@ -155,9 +185,14 @@ def next_draft_limit(limit: jax.Array, n: jax.Array, proposed: jax.Array, active
   return jnp.where(active, jnp.where(n >= proposed, longer, shorter), limit)
 
 
-def init_state(target: Transformer, drafter: Drafter | Transformer, prompts: jax.Array,
-               prompt_lengths: jax.Array, key: jax.Array, config: SpecConfig
-               ) -> SpecState:
+def init_state(
+  target: Transformer,
+  drafter: Drafter | Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  key: jax.Array,
+  config: SpecConfig,
+) -> SpecState:
   """Prefills the target and the drafter and samples the first token from the target.
 
   Args:
@@ -167,43 +202,57 @@ def init_state(target: Transformer, drafter: Drafter | Transformer, prompts: jax
   drafter = as_drafter(drafter)
   capacity = cache_capacity(width, config.max_new_tokens, config.gamma)
   key, first_key = jax.random.split(key)
-  first, target_cache = prefill(target, prompts, prompt_lengths, capacity, first_key,
-                                config.sampling)
+  first, target_cache = prefill(
+    target, prompts, prompt_lengths, capacity, first_key, config.sampling
+  )
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
-      target_cache=target_cache,
-      drafter_state=drafter.init(prompts, prompt_lengths, first, capacity),
-      recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
-      draft_limit=jnp.full((b,), config.gamma, jnp.int32),
-      tokens=tokens.at[:, 0].set(first),
-      num_generated=jnp.ones((b,), jnp.int32),
-      done=first_done(first, config.max_new_tokens, config.eos_id),
-      key=key,
-      stats=SpeculativeStats.zeros(b, config.gamma, draft_calls=drafter.prefill_calls))
+    target_cache=target_cache,
+    drafter_state=drafter.init(prompts, prompt_lengths, first, capacity),
+    recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
+    draft_limit=jnp.full((b,), config.gamma, jnp.int32),
+    tokens=tokens.at[:, 0].set(first),
+    num_generated=jnp.ones((b,), jnp.int32),
+    done=first_done(first, config.max_new_tokens, config.eos_id),
+    key=key,
+    stats=SpeculativeStats.zeros(b, config.gamma, draft_calls=drafter.prefill_calls),
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _speculative_program(target, drafter, prompts, prompt_lengths, key, *,
-                         config: SpecConfig) -> GenerateOutput:
+def _speculative_program(
+  target, drafter, prompts, prompt_lengths, key, *, config: SpecConfig
+) -> GenerateOutput:
   TRACE_COUNTS["speculative"] += 1
   prompts = zero_padding(prompts, prompt_lengths)
   state = init_state(target, drafter, prompts, prompt_lengths, key, config)
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done),
-                             lambda s: speculative_step(target, drafter, s, config), state)
+  state = jax.lax.while_loop(
+    lambda s: jnp.any(~s.done), lambda s: speculative_step(target, drafter, s, config), state
+  )
   return GenerateOutput(
-      tokens=finalize(state.tokens, state.num_generated, config.max_new_tokens,
-                      config.pad_id),
-      num_generated=state.num_generated, stats=state.stats)
+    tokens=finalize(state.tokens, state.num_generated, config.max_new_tokens, config.pad_id),
+    num_generated=state.num_generated,
+    stats=state.stats,
+  )
 
 
-def speculative_generate(target: Transformer, draft: Transformer | Drafter,
-                         prompts: jax.Array, prompt_lengths: jax.Array, *, gamma: int,
-                         max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-                         key: jax.Array | None = None, eos_id: int | None = None,
-                         verifier: str | verify_lib.Verifier = "auto", pad_id: int = 0,
-                         adaptive: str | None = None,
-                         confidence_threshold: float = 0.5) -> GenerateOutput:
+def speculative_generate(
+  target: Transformer,
+  draft: Transformer | Drafter,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams = SamplingParams(),
+  key: jax.Array | None = None,
+  eos_id: int | None = None,
+  verifier: str | verify_lib.Verifier = "auto",
+  pad_id: int = 0,
+  adaptive: str | None = None,
+  confidence_threshold: float = 0.5,
+) -> GenerateOutput:
   """Exact speculative decoding of up to `max_new_tokens` tokens per row.
 
   The output has the target's own distribution under `sampling` (token
@@ -254,8 +303,21 @@ def speculative_generate(target: Transformer, draft: Transformer | Drafter,
   if verify_lib.get_verifier(verifier) is verify_lib.greedy_verify and not sampling.greedy:
     raise ValueError("verifier='greedy' needs temperature 0; use 'token', 'block' or 'auto'.")
   key = validation.check_key(key, sampling)
-  config = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
-                      verifier=verifier, eos_id=eos_id, pad_id=pad_id, adaptive=adaptive)
+  config = SpecConfig(
+    gamma=gamma,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    verifier=verifier,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    adaptive=adaptive,
+  )
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
-  return _speculative_program(target, drafter, jnp.asarray(prompts, jnp.int32),
-                              jnp.asarray(prompt_lengths, jnp.int32), key, config=config)
+  return _speculative_program(
+    target,
+    drafter,
+    jnp.asarray(prompts, jnp.int32),
+    jnp.asarray(prompt_lengths, jnp.int32),
+    key,
+    config=config,
+  )

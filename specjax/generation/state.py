@@ -71,16 +71,31 @@ class SpeculativeStats:
   accepted_at_position: jax.Array
 
   @classmethod
-  def zeros(cls, batch: int, gamma: int, draft_calls: int = 1) -> "SpeculativeStats":
+  def zeros(cls, batch: int, gamma: int, draft_calls: int = 1) -> SpeculativeStats:
     """Counters before the first iteration; the prefill counts one target call
     and `draft_calls` draft calls (1 for a model drafter, 0 for model-free ones)."""
     z = jnp.zeros((batch,), jnp.int32)
-    return cls(iterations=jnp.int32(0), target_calls=jnp.int32(1),
-               draft_calls=jnp.int32(draft_calls), proposed=z, accepted=z, evaluated=z,
-               row_iterations=z, generated=z, accepted_at_position=jnp.zeros((gamma,), jnp.int32))
+    return cls(
+      iterations=jnp.int32(0),
+      target_calls=jnp.int32(1),
+      draft_calls=jnp.int32(draft_calls),
+      proposed=z,
+      accepted=z,
+      evaluated=z,
+      row_iterations=z,
+      generated=z,
+      accepted_at_position=jnp.zeros((gamma,), jnp.int32),
+    )
 
-  def record(self, *, active: jax.Array, proposed: jax.Array, accepted: jax.Array,
-             generated: jax.Array, draft_calls: jax.Array) -> "SpeculativeStats":
+  def record(
+    self,
+    *,
+    active: jax.Array,
+    proposed: jax.Array,
+    accepted: jax.Array,
+    generated: jax.Array,
+    draft_calls: jax.Array,
+  ) -> SpeculativeStats:
     """The counters after one iteration.
 
     Args:
@@ -96,16 +111,16 @@ class SpeculativeStats:
     gamma = self.accepted_at_position.shape[0]
     at_position = (jnp.arange(gamma)[None, :] < accepted[:, None]) & active[:, None]
     return self.replace(
-        iterations=self.iterations + 1,
-        target_calls=self.target_calls + 1,
-        draft_calls=self.draft_calls + draft_calls,
-        proposed=self.proposed + counted * proposed,
-        accepted=self.accepted + counted * accepted,
-        evaluated=self.evaluated + counted * (accepted + rejected),
-        row_iterations=self.row_iterations + counted,
-        generated=self.generated + generated,
-        accepted_at_position=self.accepted_at_position + jnp.sum(at_position, axis=0,
-                                                                 dtype=jnp.int32),
+      iterations=self.iterations + 1,
+      target_calls=self.target_calls + 1,
+      draft_calls=self.draft_calls + draft_calls,
+      proposed=self.proposed + counted * proposed,
+      accepted=self.accepted + counted * accepted,
+      evaluated=self.evaluated + counted * (accepted + rejected),
+      row_iterations=self.row_iterations + counted,
+      generated=self.generated + generated,
+      accepted_at_position=self.accepted_at_position
+      + jnp.sum(at_position, axis=0, dtype=jnp.int32),
     )
 
   @property
@@ -125,16 +140,16 @@ class SpeculativeStats:
   def summary(self) -> dict[str, Any]:
     """Plain Python numbers for logs and JSON."""
     return {
-        "iterations": int(self.iterations),
-        "target_calls": int(self.target_calls),
-        "draft_calls": int(self.draft_calls),
-        "proposed": np.asarray(self.proposed).tolist(),
-        "accepted": np.asarray(self.accepted).tolist(),
-        "evaluated": np.asarray(self.evaluated).tolist(),
-        "generated": np.asarray(self.generated).tolist(),
-        "acceptance_rate": float(self.acceptance_rate),
-        "tokens_per_iteration": float(self.tokens_per_iteration),
-        "accepted_at_position": np.asarray(self.accepted_at_position).tolist(),
+      "iterations": int(self.iterations),
+      "target_calls": int(self.target_calls),
+      "draft_calls": int(self.draft_calls),
+      "proposed": np.asarray(self.proposed).tolist(),
+      "accepted": np.asarray(self.accepted).tolist(),
+      "evaluated": np.asarray(self.evaluated).tolist(),
+      "generated": np.asarray(self.generated).tolist(),
+      "acceptance_rate": float(self.acceptance_rate),
+      "tokens_per_iteration": float(self.tokens_per_iteration),
+      "accepted_at_position": np.asarray(self.accepted_at_position).tolist(),
     }
 
 

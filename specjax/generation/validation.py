@@ -14,7 +14,7 @@ import numpy as np
 from specjax.sampling import SamplingParams
 from specjax.validation import check_int
 
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _is_concrete(x) -> bool:
@@ -39,15 +39,16 @@ def check_prompts(prompts, prompt_lengths, vocab_size: int) -> tuple[int, int]:
     raise ValueError(f"prompts must have shape [B >= 1, P >= 1], got {tuple(prompts.shape)}.")
   if prompt_lengths.shape[0] != batch:
     raise ValueError(
-        f"prompt_lengths has {prompt_lengths.shape[0]} rows but prompts has {batch}; "
-        "they must match.")
+      f"prompt_lengths has {prompt_lengths.shape[0]} rows but prompts has {batch}; they must match."
+    )
   if _is_concrete(prompt_lengths):
     rows, lengths = _local_rows(prompt_lengths)
     bad = (lengths < 1) | (lengths > width)
     if bad.any():
       raise ValueError(
-          f"prompt_lengths must be in [1, P={width}], got {lengths[bad].tolist()} "
-          f"at rows {rows[bad].tolist()}.")
+        f"prompt_lengths must be in [1, P={width}], got {lengths[bad].tolist()} "
+        f"at rows {rows[bad].tolist()}."
+      )
     if _is_concrete(prompts):
       prompt_rows, tokens = _local_rows(prompts)
       length_of = dict(zip(rows.tolist(), lengths.tolist()))
@@ -60,9 +61,10 @@ def check_prompts(prompts, prompt_lengths, vocab_size: int) -> tuple[int, int]:
       if bad.any():
         rows, cols = np.nonzero(bad)
         raise ValueError(
-            f"prompts must hold token ids in [0, vocab_size={vocab_size}) within "
-            f"prompt_lengths; got {tokens[rows[0], cols[0]]} at row "
-            f"{prompt_rows[rows[0]]}, column {cols[0]}.")
+          f"prompts must hold token ids in [0, vocab_size={vocab_size}) within "
+          f"prompt_lengths; got {tokens[rows[0], cols[0]]} at row "
+          f"{prompt_rows[rows[0]]}, column {cols[0]}."
+        )
   return batch, width
 
 
@@ -106,8 +108,10 @@ def check_key(key, sampling: SamplingParams) -> jax.Array:
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
       if key.shape == ():
         return key
-      raise ValueError(f"key must be a single jax.random.key (shape ()), got a batch of "
-                       f"keys of shape {tuple(key.shape)}; pass one of them.")
+      raise ValueError(
+        f"key must be a single jax.random.key (shape ()), got a batch of "
+        f"keys of shape {tuple(key.shape)}; pass one of them."
+      )
     if key.dtype == np.uint32 and key.shape == (2,):
       return jax.random.wrap_key_data(key)
   raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")

@@ -27,8 +27,9 @@ def _int(hf: dict[str, Any], key: str, source: str, required: bool = True) -> in
   value = hf.get(key)
   if value is None:
     if required:
-      raise ValueError(f"{source} lacks the required field {key!r} "
-                       f"(model_type {hf.get('model_type')!r}).")
+      raise ValueError(
+        f"{source} lacks the required field {key!r} (model_type {hf.get('model_type')!r})."
+      )
     return None
   return check_positive_int(f"{source}: field {key!r}", value)
 
@@ -44,12 +45,15 @@ def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
     return float(theta), None
   if kind != "llama3":
     raise UnsupportedConfigError(
-        f"{source}: rope scaling type {kind!r} is not supported (supported: default, llama3).")
+      f"{source}: rope scaling type {kind!r} is not supported (supported: default, llama3)."
+    )
   try:
     return float(theta), RopeScaling(
-        factor=float(spec["factor"]), low_freq_factor=float(spec["low_freq_factor"]),
-        high_freq_factor=float(spec["high_freq_factor"]),
-        original_max_len=int(spec["original_max_position_embeddings"]))
+      factor=float(spec["factor"]),
+      low_freq_factor=float(spec["low_freq_factor"]),
+      high_freq_factor=float(spec["high_freq_factor"]),
+      original_max_len=int(spec["original_max_position_embeddings"]),
+    )
   except KeyError as e:
     raise ValueError(f"{source}: the llama3 rope scaling lacks the field {e}.") from e
 
@@ -68,13 +72,16 @@ def model_config(hf: dict[str, Any], dtype: str, source: str = "config.json") ->
   """
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED:
-    raise UnsupportedConfigError(f"{source}: model_type {model_type!r} is not supported; "
-                                 f"supported: {', '.join(SUPPORTED)}.")
+    raise UnsupportedConfigError(
+      f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}."
+    )
   if model_type == "gpt2":
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
-      raise UnsupportedConfigError(f"{source}: gpt2 activation_function {act!r} is not "
-                                   "supported (gelu_new, gelu_pytorch_tanh).")
+      raise UnsupportedConfigError(
+        f"{source}: gpt2 activation_function {act!r} is not "
+        "supported (gelu_new, gelu_pytorch_tanh)."
+      )
     for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
       if hf.get(key):
         raise UnsupportedConfigError(f"{source}: gpt2 {key}=true is not supported.")
@@ -83,37 +90,57 @@ def model_config(hf: dict[str, Any], dtype: str, source: str = "config.json") ->
     d = _int(hf, "n_embd", source)
     n_heads = _int(hf, "n_head", source)
     return ModelConfig(
-        vocab_size=_int(hf, "vocab_size", source), d_model=d,
-        n_layers=_int(hf, "n_layer", source), n_heads=n_heads, n_kv_heads=n_heads,
-        d_ff=_int(hf, "n_inner", source, required=False) or 4 * d,
-        max_seq_len=_int(hf, "n_positions", source),
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5), norm="layernorm", mlp="gelu",
-        positions="learned", qkv_bias=True, out_bias=True, mlp_bias=True,
-        tie_embeddings=True, dtype=dtype, param_dtype=dtype)
+      vocab_size=_int(hf, "vocab_size", source),
+      d_model=d,
+      n_layers=_int(hf, "n_layer", source),
+      n_heads=n_heads,
+      n_kv_heads=n_heads,
+      d_ff=_int(hf, "n_inner", source, required=False) or 4 * d,
+      max_seq_len=_int(hf, "n_positions", source),
+      norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+      norm="layernorm",
+      mlp="gelu",
+      positions="learned",
+      qkv_bias=True,
+      out_bias=True,
+      mlp_bias=True,
+      tie_embeddings=True,
+      dtype=dtype,
+      param_dtype=dtype,
+    )
 
   act = hf.get("hidden_act", "silu")
   if act != "silu":
     raise UnsupportedConfigError(
-        f"{source}: {model_type} hidden_act {act!r} is not supported (silu).")
+      f"{source}: {model_type} hidden_act {act!r} is not supported (silu)."
+    )
   sliding_window = None
   if model_type == "mistral":
     sliding_window = _int(hf, "sliding_window", source, required=False)
   if model_type == "qwen2" and hf.get("use_sliding_window"):
     raise UnsupportedConfigError(
-        f"{source}: qwen2 use_sliding_window=true (per-layer windows) is not supported.")
+      f"{source}: qwen2 use_sliding_window=true (per-layer windows) is not supported."
+    )
   theta, scaling = _rope(hf, source)
   n_heads = _int(hf, "num_attention_heads", source)
   attention_bias = bool(hf.get("attention_bias", False))
   return ModelConfig(
-      vocab_size=_int(hf, "vocab_size", source), d_model=_int(hf, "hidden_size", source),
-      n_layers=_int(hf, "num_hidden_layers", source), n_heads=n_heads,
-      n_kv_heads=_int(hf, "num_key_value_heads", source, required=False) or n_heads,
-      d_ff=_int(hf, "intermediate_size", source),
-      max_seq_len=_int(hf, "max_position_embeddings", source),
-      head_dim=_int(hf, "head_dim", source, required=False),
-      rope_theta=theta, rope_scaling=scaling, sliding_window=sliding_window,
-      norm_eps=hf.get("rms_norm_eps", 1e-6),
-      qkv_bias=model_type == "qwen2" or attention_bias, out_bias=attention_bias,
-      mlp_bias=bool(hf.get("mlp_bias", False)),
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      dtype=dtype, param_dtype=dtype)
+    vocab_size=_int(hf, "vocab_size", source),
+    d_model=_int(hf, "hidden_size", source),
+    n_layers=_int(hf, "num_hidden_layers", source),
+    n_heads=n_heads,
+    n_kv_heads=_int(hf, "num_key_value_heads", source, required=False) or n_heads,
+    d_ff=_int(hf, "intermediate_size", source),
+    max_seq_len=_int(hf, "max_position_embeddings", source),
+    head_dim=_int(hf, "head_dim", source, required=False),
+    rope_theta=theta,
+    rope_scaling=scaling,
+    sliding_window=sliding_window,
+    norm_eps=hf.get("rms_norm_eps", 1e-6),
+    qkv_bias=model_type == "qwen2" or attention_bias,
+    out_bias=attention_bias,
+    mlp_bias=bool(hf.get("mlp_bias", False)),
+    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    dtype=dtype,
+    param_dtype=dtype,
+  )

@@ -85,21 +85,28 @@ def load_model(path: str, dtype=jnp.bfloat16, mesh=None, rules=None):
   if mesh is not None:
     from specjax.distributed.mesh import LOGICAL_RULES
     from specjax.distributed.placement import param_shardings
-    shardings = {p: v.get_value() for p, v in nnx.to_flat_state(
-        param_shardings(abstract, mesh, rules or LOGICAL_RULES))}
+
+    shardings = {
+      p: v.get_value()
+      for p, v in nnx.to_flat_state(param_shardings(abstract, mesh, rules or LOGICAL_RULES))
+    }
 
     def place(param_path, value):
       host = np.asarray(value)  # one tensor on the host; devices get slices of it
-      return jax.make_array_from_callback(host.shape, shardings[param_path],
-                                          lambda index: host[index])
-  params = weights.load_params(hf["model_type"], cfg,
-                               {p: v.get_value() for p, v in flat}, files, place)
+      return jax.make_array_from_callback(
+        host.shape, shardings[param_path], lambda index: host[index]
+      )
+
+  params = weights.load_params(
+    hf["model_type"], cfg, {p: v.get_value() for p, v in flat}, files, place
+  )
   loaded = nnx.from_flat_state([(p, v.replace(params[p])) for p, v in flat])
   return nnx.merge(graphdef, loaded), tokenizer
 
 
-def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_path: str,
-                         draft_path: str) -> None:
+def check_same_tokenizer(
+  target_tokenizer, draft_tokenizer, target_path: str, draft_path: str
+) -> None:
   """Raises unless both tokenizers map the same strings to the same ids.
 
   Takes the `Tokenizer`s `load_model` returns; None (no tokenizer.json) skips the
@@ -109,5 +116,7 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_path: str,
   if target_tokenizer is None or draft_tokenizer is None:
     return
   if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-    raise ValueError(f"the target ({target_path}) and draft ({draft_path}) use different "
-                     "tokenizers; speculative decoding needs one shared vocabulary.")
+    raise ValueError(
+      f"the target ({target_path}) and draft ({draft_path}) use different "
+      "tokenizers; speculative decoding needs one shared vocabulary."
+    )

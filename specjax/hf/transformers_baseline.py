@@ -16,9 +16,18 @@ from specjax.dtypes import to_dtype
 from specjax.sampling import SamplingParams
 
 
-def time_transformers(target_path: str, draft_path: str, prompt_ids: list[int], *,
-                      gamma: int, max_new_tokens: int, sampling: SamplingParams,
-                      dtype: str, num_runs: int, seed: int = 0) -> dict[str, Any]:
+def time_transformers(
+  target_path: str,
+  draft_path: str,
+  prompt_ids: list[int],
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams,
+  dtype: str,
+  num_runs: int,
+  seed: int = 0,
+) -> dict[str, Any]:
   """Median ms per generated token of transformers' generate, without and with the draft.
 
   Args:
@@ -35,29 +44,35 @@ def time_transformers(target_path: str, draft_path: str, prompt_ids: list[int], 
   import transformers
 
   torch_dtype = getattr(torch, dtype)  # the DTYPES names are torch's names too
-  target, draft = (transformers.AutoModelForCausalLM.from_pretrained(
-      p, dtype=torch_dtype).eval() for p in (target_path, draft_path))
+  target, draft = (
+    transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype).eval()
+    for p in (target_path, draft_path)
+  )
   for model in (target, draft):  # fixed length: no EOS stop (specjax runs eos_id=None)
     model.generation_config.eos_token_id = None
   draft.generation_config.num_assistant_tokens = gamma
   draft.generation_config.num_assistant_tokens_schedule = "constant"
   draft.generation_config.assistant_confidence_threshold = 0.0
   ids = torch.tensor([prompt_ids])
-  kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                pad_token_id=0)
+  kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, pad_token_id=0)
   if sampling.greedy:
     kwargs.update(do_sample=False)
   else:
-    kwargs.update(do_sample=True, temperature=sampling.temperature,
-                  top_k=sampling.top_k or None, top_p=sampling.top_p)
+    kwargs.update(
+      do_sample=True,
+      temperature=sampling.temperature,
+      top_k=sampling.top_k or None,
+      top_p=sampling.top_p,
+    )
 
   def generate(**extra):
     torch.manual_seed(seed)
     with torch.no_grad():
-      return target.generate(ids, **kwargs, **extra)[0, ids.shape[1]:]
+      return target.generate(ids, **kwargs, **extra)[0, ids.shape[1] :]
 
   timings, outputs = benchmarking.time_calls(
-      {"plain": generate, "assisted": lambda: generate(assistant_model=draft)}, num_runs)
+    {"plain": generate, "assisted": lambda: generate(assistant_model=draft)}, num_runs
+  )
   result = {}
   for name, key in (("plain", "hf"), ("assisted", "hf_assisted")):
     tokens = outputs[name].numpy().tolist()

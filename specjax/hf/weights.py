@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -39,16 +39,22 @@ def _split(index: int, parts: int, axis: int) -> Transform:
 
 
 def _llama_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
-  names = {"model.embed_tokens.weight": [(("embed", "embedding"), _same)],
-           "model.norm.weight": [(("final_norm", "scale"), _same)]}
+  names = {
+    "model.embed_tokens.weight": [(("embed", "embedding"), _same)],
+    "model.norm.weight": [(("final_norm", "scale"), _same)],
+  }
   if not cfg.tie_embeddings:
     names["lm_head.weight"] = [(("lm_head",), _transpose)]
   for i in range(cfg.n_layers):
     hf, ours = f"model.layers.{i}.", ("layers", i)
     names[hf + "input_layernorm.weight"] = [(ours + ("attn_norm", "scale"), _same)]
     names[hf + "post_attention_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
-    for proj, bias in (("q_proj", cfg.qkv_bias), ("k_proj", cfg.qkv_bias),
-                       ("v_proj", cfg.qkv_bias), ("o_proj", cfg.out_bias)):
+    for proj, bias in (
+      ("q_proj", cfg.qkv_bias),
+      ("k_proj", cfg.qkv_bias),
+      ("v_proj", cfg.qkv_bias),
+      ("o_proj", cfg.out_bias),
+    ):
       names[f"{hf}self_attn.{proj}.weight"] = [(ours + ("attn", proj, "kernel"), _transpose)]
       if bias:
         names[f"{hf}self_attn.{proj}.bias"] = [(ours + ("attn", proj, "bias"), _same)]
@@ -60,10 +66,12 @@ def _llama_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
 
 
 def _gpt2_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
-  names = {"wte.weight": [(("embed", "embedding"), _same)],
-           "wpe.weight": [(("pos_embed", "embedding"), _same)],
-           "ln_f.weight": [(("final_norm", "scale"), _same)],
-           "ln_f.bias": [(("final_norm", "bias"), _same)]}
+  names = {
+    "wte.weight": [(("embed", "embedding"), _same)],
+    "wpe.weight": [(("pos_embed", "embedding"), _same)],
+    "ln_f.weight": [(("final_norm", "scale"), _same)],
+    "ln_f.bias": [(("final_norm", "bias"), _same)],
+  }
   for i in range(cfg.n_layers):
     hf, ours = f"h.{i}.", ("layers", i)
     for norm, target in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
@@ -72,16 +80,16 @@ def _gpt2_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
     for kind, axis in (("weight", 1), ("bias", 0)):
       leaf = "kernel" if kind == "weight" else "bias"
       names[f"{hf}attn.c_attn.{kind}"] = [
-          (ours + ("attn", proj, leaf), _split(j, 3, axis))
-          for j, proj in enumerate(("q_proj", "k_proj", "v_proj"))]
+        (ours + ("attn", proj, leaf), _split(j, 3, axis))
+        for j, proj in enumerate(("q_proj", "k_proj", "v_proj"))
+      ]
       names[f"{hf}attn.c_proj.{kind}"] = [(ours + ("attn", "o_proj", leaf), _same)]
       names[f"{hf}mlp.c_fc.{kind}"] = [(ours + ("mlp", "up_proj", leaf), _same)]
       names[f"{hf}mlp.c_proj.{kind}"] = [(ours + ("mlp", "down_proj", leaf), _same)]
   return names
 
 
-def tensor_map(model_type: str, cfg: ModelConfig
-               ) -> dict[str, list[tuple[Path, Transform]]]:
+def tensor_map(model_type: str, cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
   """Hugging Face tensor name -> [(parameter path, transform)] for `model_type`."""
   return _gpt2_names(cfg) if model_type == "gpt2" else _llama_names(cfg)
 
@@ -89,7 +97,7 @@ def tensor_map(model_type: str, cfg: ModelConfig
 def _canonical(model_type: str, name: str) -> str:
   # GPT2LMHeadModel saves "transformer.h.0...", GPT2Model "h.0...".
   if model_type == "gpt2" and name.startswith("transformer."):
-    return name[len("transformer."):]
+    return name[len("transformer.") :]
   return name
 
 
@@ -105,8 +113,9 @@ def shard_files(directory: str) -> list[str]:
     except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for binary bytes
       raise ValueError(f"{index} is not valid JSON: {e}") from e
     except (KeyError, TypeError, AttributeError) as e:
-      raise ValueError(f"{index} must hold a JSON object with a 'weight_map' of tensor "
-                       "name -> shard file name.") from e
+      raise ValueError(
+        f"{index} must hold a JSON object with a 'weight_map' of tensor name -> shard file name."
+      ) from e
     if not names or not all(isinstance(name, str) for name in names):
       raise ValueError(f"{index}: 'weight_map' must map tensor names to shard file names.")
     files = [os.path.join(directory, name) for name in names]
@@ -116,8 +125,7 @@ def shard_files(directory: str) -> list[str]:
     return files
   if os.path.exists(single):
     return [single]
-  raise FileNotFoundError(
-      f"no model.safetensors or model.safetensors.index.json in {directory}")
+  raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {directory}")
 
 
 def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
@@ -127,18 +135,18 @@ def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
   naming it.
   """
   from safetensors import safe_open  # imported here: only loading needs it
+
   for path in files:
     try:
       handle = safe_open(path, framework="flax")
     except Exception as e:  # safetensors raises its own error types
       raise ValueError(f"cannot read safetensors file {path}: {e}") from e
     with handle as f:
-      for name in f.keys():
+      for name in f.keys():  # noqa: SIM118  (a safetensors handle is not iterable)
         try:
           tensor = f.get_tensor(name)
         except Exception as e:  # safetensors raises its own error types
-          raise ValueError(f"cannot read tensor {name!r} of safetensors file {path}: {e}"
-                           ) from e
+          raise ValueError(f"cannot read tensor {name!r} of safetensors file {path}: {e}") from e
         yield path, name, tensor
 
 
@@ -149,16 +157,22 @@ def _check_values(path: str, name: str, tensor: jax.Array) -> None:
   would be reinterpreted); NaN or inf would silently poison every logit.
   """
   if not jnp.issubdtype(tensor.dtype, jnp.floating):
-    raise ValueError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, not a float "
-                     "dtype; the file is corrupt or not a model checkpoint.")
+    raise ValueError(
+      f"{path}: tensor {name!r} has dtype {tensor.dtype}, not a float "
+      "dtype; the file is corrupt or not a model checkpoint."
+    )
   bad = int(jnp.sum(~jnp.isfinite(tensor)))
   if bad:
     raise ValueError(f"{path}: tensor {name!r} holds {bad} non-finite values (NaN or inf).")
 
 
-def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.ShapeDtypeStruct],
-                files: list[str], place: Callable[[Path, jax.Array], jax.Array] | None = None
-                ) -> dict[Path, jax.Array]:
+def load_params(
+  model_type: str,
+  cfg: ModelConfig,
+  abstract: dict[Path, jax.ShapeDtypeStruct],
+  files: list[str],
+  place: Callable[[Path, jax.Array], jax.Array] | None = None,
+) -> dict[Path, jax.Array]:
   """Reads every tensor of `files` into the parameter paths of `abstract`.
 
   Args:
@@ -179,26 +193,30 @@ def load_params(model_type: str, cfg: ModelConfig, abstract: dict[Path, jax.Shap
   for path, raw_name, tensor in read_tensors(files):
     name = _canonical(model_type, raw_name)
     if name not in names:
-      if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight"
-                                              and cfg.tie_embeddings):
+      if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_embeddings):
         continue
-      raise ValueError(f"{path}: tensor {raw_name!r} does not belong to a "
-                       f"{model_type} model with this config.json.")
+      raise ValueError(
+        f"{path}: tensor {raw_name!r} does not belong to a "
+        f"{model_type} model with this config.json."
+      )
     _check_values(path, raw_name, tensor)
     for target, transform in names[name]:
       value = transform(tensor)
       expected = abstract[target]
       if value.shape != expected.shape:
         raise ValueError(
-            f"{path}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, which gives "
-            f"{tuple(value.shape)} for {'/'.join(map(str, target))}; config.json implies "
-            f"{tuple(expected.shape)}.")
+          f"{path}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, which gives "
+          f"{tuple(value.shape)} for {'/'.join(map(str, target))}; config.json implies "
+          f"{tuple(expected.shape)}."
+        )
       value = value.astype(expected.dtype)
       params[target] = place(target, value) if place is not None else value
       del value
     del tensor
   missing = [n for n, targets in names.items() if any(t not in params for t, _ in targets)]
   if missing:
-    raise ValueError(f"checkpoint {os.path.dirname(files[0])} lacks tensors: "
-                     f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    raise ValueError(
+      f"checkpoint {os.path.dirname(files[0])} lacks tensors: "
+      f"{missing[:8]}{' ...' if len(missing) > 8 else ''}"
+    )
   return params

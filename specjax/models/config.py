@@ -38,11 +38,15 @@ class RopeScaling:
   original_max_len: int
 
   def __post_init__(self):
-    if not (self.factor > 0 and self.original_max_len > 0
-            and 0 < self.low_freq_factor < self.high_freq_factor):
+    if not (
+      self.factor > 0
+      and self.original_max_len > 0
+      and 0 < self.low_freq_factor < self.high_freq_factor
+    ):
       raise ValueError(
-          "RopeScaling needs factor > 0, original_max_len > 0 and "
-          f"0 < low_freq_factor < high_freq_factor, got {self}.")
+        "RopeScaling needs factor > 0, original_max_len > 0 and "
+        f"0 < low_freq_factor < high_freq_factor, got {self}."
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,45 +104,58 @@ class ModelConfig:
   init_std: float = 0.02
 
   def __post_init__(self):
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
-                 "d_ff", "max_seq_len"):
+    for name in (
+      "vocab_size",
+      "d_model",
+      "n_layers",
+      "n_heads",
+      "n_kv_heads",
+      "d_ff",
+      "max_seq_len",
+    ):
       value = getattr(self, name)
       if not is_int(value) or value < 1:
-        raise ValueError(
-            f"ModelConfig.{name} must be a positive integer (>= 1), got {value!r}.")
+        raise ValueError(f"ModelConfig.{name} must be a positive integer (>= 1), got {value!r}.")
       object.__setattr__(self, name, int(value))  # numpy integers hash like ints
     if self.head_dim is not None and (not is_int(self.head_dim) or self.head_dim < 1):
       raise ValueError(
-          f"ModelConfig.head_dim must be None or a positive integer, got {self.head_dim!r}.")
+        f"ModelConfig.head_dim must be None or a positive integer, got {self.head_dim!r}."
+      )
     if self.head_dim is None and self.d_model % self.n_heads:
       raise ValueError(
-          f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads "
-          f"({self.n_heads}) unless head_dim is given.")
+        f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads "
+        f"({self.n_heads}) unless head_dim is given."
+      )
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
-          f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads "
-          f"({self.n_kv_heads}).")
+        f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})."
+      )
     if self.positions == "rope" and self.resolved_head_dim % 2:
-      raise ValueError(
-          f"ModelConfig.head_dim must be even for RoPE, got {self.resolved_head_dim}.")
+      raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.resolved_head_dim}.")
     if self.sliding_window is not None and (
-        not is_int(self.sliding_window) or self.sliding_window < 1):
+      not is_int(self.sliding_window) or self.sliding_window < 1
+    ):
       raise ValueError(
-          f"ModelConfig.sliding_window must be None or an integer >= 1, got "
-          f"{self.sliding_window!r}.")
+        f"ModelConfig.sliding_window must be None or an integer >= 1, got {self.sliding_window!r}."
+      )
     if not self.rope_theta > 0:
       raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}.")
     if not self.norm_eps > 0:
       raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}.")
     if not self.init_std > 0:
       raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std!r}.")
-    choices = {"norm": ("rmsnorm", "layernorm"), "mlp": ("swiglu", "gelu"),
-               "positions": ("rope", "learned"), "dtype": tuple(DTYPES),
-               "param_dtype": tuple(DTYPES)}
+    choices = {
+      "norm": ("rmsnorm", "layernorm"),
+      "mlp": ("swiglu", "gelu"),
+      "positions": ("rope", "learned"),
+      "dtype": tuple(DTYPES),
+      "param_dtype": tuple(DTYPES),
+    }
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(
-            f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}.")
+          f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}."
+        )
 
   @property
   def resolved_head_dim(self) -> int:
@@ -153,6 +170,6 @@ class ModelConfig:
   def weight_dtype(self) -> jnp.dtype:
     return to_dtype(self.param_dtype, "ModelConfig.param_dtype")
 
-  def replace(self, **changes) -> "ModelConfig":
+  def replace(self, **changes) -> ModelConfig:
     """A copy with `changes` applied (validated again)."""
     return dataclasses.replace(self, **changes)

@@ -35,16 +35,17 @@ class KVCache:
   lengths: jax.Array
 
   @classmethod
-  def zeros(cls, *, n_layers: int, batch: int, capacity: int, n_kv_heads: int,
-            head_dim: int, dtype) -> "KVCache":
+  def zeros(
+    cls, *, n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int, dtype
+  ) -> KVCache:
     """An empty cache of `capacity` slots per row (all lengths 0)."""
     shape = (batch, n_kv_heads, capacity, head_dim)
     # Under a mesh: rows over data, kv heads over model (a no-op without one).
     zeros = lambda: constrain(jnp.zeros(shape, dtype), CACHE_AXES)
     return cls(
-        k=tuple(zeros() for _ in range(n_layers)),
-        v=tuple(zeros() for _ in range(n_layers)),
-        lengths=constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
+      k=tuple(zeros() for _ in range(n_layers)),
+      v=tuple(zeros() for _ in range(n_layers)),
+      lengths=constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
     )
 
   @property
@@ -52,7 +53,7 @@ class KVCache:
     """S, the static number of slots per row."""
     return self.k[0].shape[2]
 
-  def with_lengths(self, lengths: jax.Array) -> "KVCache":
+  def with_lengths(self, lengths: jax.Array) -> KVCache:
     """The same slots with new per-row lengths (rollback or commit)."""
     return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
@@ -68,22 +69,23 @@ def cache_capacity(prompt_width: int, max_new_tokens: int, gamma: int | None = N
   return int(prompt_width) + int(max_new_tokens) + slack
 
 
-def check_capacity(role: str, max_seq_len: int, prompt_width: int, max_new_tokens: int,
-                   gamma: int | None = None) -> int:
+def check_capacity(
+  role: str, max_seq_len: int, prompt_width: int, max_new_tokens: int, gamma: int | None = None
+) -> int:
   """Returns `cache_capacity(...)`; raises a ValueError naming `role` (e.g. "target")
   when it exceeds that model's `max_seq_len`."""
   needed = cache_capacity(prompt_width, max_new_tokens, gamma)
   if needed > max_seq_len:
     extra = "" if gamma is None else f" + gamma + 1 ({gamma + 1})"
     raise ValueError(
-        f"{role}: prompt width ({prompt_width}) + max_new_tokens ({max_new_tokens}){extra} = "
-        f"{needed} exceeds max_seq_len={max_seq_len}; shorten the prompt or lower "
-        "max_new_tokens.")
+      f"{role}: prompt width ({prompt_width}) + max_new_tokens ({max_new_tokens}){extra} = "
+      f"{needed} exceeds max_seq_len={max_seq_len}; shorten the prompt or lower "
+      "max_new_tokens."
+    )
   return needed
 
 
-def write_rows(buffer: jax.Array, update: jax.Array, starts: jax.Array,
-               axis: int = 1) -> jax.Array:
+def write_rows(buffer: jax.Array, update: jax.Array, starts: jax.Array, axis: int = 1) -> jax.Array:
   """Writes `update[b]` into `buffer[b]` at offset `starts[b]` along `axis`.
 
   Args:
@@ -95,8 +97,10 @@ def write_rows(buffer: jax.Array, update: jax.Array, starts: jax.Array,
   Returns:
     buffer with the T slots of each row replaced.
   """
+
   def one_row(row, new, start):
     index = [0] * row.ndim
     index[axis - 1] = start
     return jax.lax.dynamic_update_slice(row, new.astype(row.dtype), tuple(index))
+
   return jax.vmap(one_row)(buffer, update, starts)

@@ -52,8 +52,9 @@ class Norm(nnx.Module):
     self.eps = cfg.norm_eps
     self.dtype = cfg.compute_dtype
     key = jax.random.key(0)  # unused by the constant initialisers
-    self.scale = nnx.Param(_logical(nnx.initializers.ones, ("embed",))(
-        key, (cfg.d_model,), cfg.weight_dtype))
+    self.scale = nnx.Param(
+      _logical(nnx.initializers.ones, ("embed",))(key, (cfg.d_model,), cfg.weight_dtype)
+    )
     if cfg.norm == "layernorm":
       self.bias = nnx.Param(_zeros(("embed",))(key, (cfg.d_model,), cfg.weight_dtype))
 
@@ -81,8 +82,9 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
   scaled = jnp.where(wavelength > long_limit, inv_freq / scaling.factor, inv_freq)
   # Between the limits, blend the scaled and unscaled frequencies linearly in
   # original_max_len / wavelength.
-  blend = ((scaling.original_max_len / wavelength - scaling.low_freq_factor)
-           / (scaling.high_freq_factor - scaling.low_freq_factor))
+  blend = (scaling.original_max_len / wavelength - scaling.low_freq_factor) / (
+    scaling.high_freq_factor - scaling.low_freq_factor
+  )
   smoothed = (1 - blend) * scaled / scaling.factor + blend * scaled
   middle = (wavelength >= short_limit) & (wavelength <= long_limit)
   return jnp.where(middle, smoothed, scaled)
@@ -98,8 +100,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return out.astype(x.dtype)
 
 
-def attention_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array
-                   ) -> jax.Array:
+def attention_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
   """`[B, T, S]` bool: query at `q_positions [B, T]` may read key at `k_positions [S]`.
 
   Causal, and limited to the last `sliding_window` positions when that is set.
@@ -127,8 +128,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
   kv_heads = k.shape[1]
   # [B, K, G, T, H]: batch dims (B, K) lead every matmul, no cache transpose.
   q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
-  scores = jnp.einsum("bkgth,bksh->bkgts", q, k,
-                      preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * (h**-0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bksh->bkgth", weights, v, preferred_element_type=jnp.float32)
@@ -142,19 +142,30 @@ class Attention(nnx.Module):
     self.cfg = cfg
     h = cfg.resolved_head_dim
     kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
+
     def linear(d_in, d_out, names, bias):
-      return nnx.Linear(d_in, d_out, use_bias=bias, kernel_init=_normal(cfg, names),
-                        bias_init=_zeros(names[1:]), **kw)
+      return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=bias,
+        kernel_init=_normal(cfg, names),
+        bias_init=_zeros(names[1:]),
+        **kw,
+      )
+
     self.q_proj = linear(cfg.d_model, cfg.n_heads * h, ("embed", "heads"), cfg.qkv_bias)
-    self.k_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"),
-                         cfg.qkv_bias)
-    self.v_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"),
-                         cfg.qkv_bias)
+    self.k_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"), cfg.qkv_bias)
+    self.v_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"), cfg.qkv_bias)
     self.o_proj = linear(cfg.n_heads * h, cfg.d_model, ("heads", "embed"), cfg.out_bias)
 
-  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
-               layer_cache: tuple[jax.Array, jax.Array] | None,
-               starts: jax.Array | None):
+  def __call__(
+    self,
+    x: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    layer_cache: tuple[jax.Array, jax.Array] | None,
+    starts: jax.Array | None,
+  ):
     """x `[B, T, D]`, positions `[B, T]`, mask `[B, T, T or S]`.
 
     With `layer_cache = (k [B, K, S, H], v [B, K, S, H])` the T new keys/values
@@ -184,11 +195,15 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.kind = cfg.mlp
-    kw = dict(use_bias=cfg.mlp_bias, dtype=cfg.compute_dtype,
-              param_dtype=cfg.weight_dtype, rngs=rngs)
+    kw = dict(
+      use_bias=cfg.mlp_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs
+    )
+
     def linear(d_in, d_out, names):
-      return nnx.Linear(d_in, d_out, kernel_init=_normal(cfg, names),
-                        bias_init=_zeros(names[1:]), **kw)
+      return nnx.Linear(
+        d_in, d_out, kernel_init=_normal(cfg, names), bias_init=_zeros(names[1:]), **kw
+      )
+
     if cfg.mlp == "swiglu":
       self.gate_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
     self.up_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
@@ -212,8 +227,7 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x, positions, mask, layer_cache, starts):
-    attn_out, layer_cache = self.attn(self.attn_norm(x), positions, mask,
-                                      layer_cache, starts)
+    attn_out, layer_cache = self.attn(self.attn_norm(x), positions, mask, layer_cache, starts)
     x = x + attn_out
     x = x + self.mlp(self.mlp_norm(x))
     return x, layer_cache
@@ -231,30 +245,46 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
-                           param_dtype=cfg.weight_dtype,
-                           embedding_init=_normal(cfg, ("vocab", "embed")), rngs=rngs)
+    self.embed = nnx.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.weight_dtype,
+      embedding_init=_normal(cfg, ("vocab", "embed")),
+      rngs=rngs,
+    )
     if cfg.positions == "learned":
-      self.pos_embed = nnx.Embed(cfg.max_seq_len, cfg.d_model, dtype=cfg.compute_dtype,
-                                 param_dtype=cfg.weight_dtype,
-                                 embedding_init=_normal(cfg, (None, "embed")), rngs=rngs)
+      self.pos_embed = nnx.Embed(
+        cfg.max_seq_len,
+        cfg.d_model,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        embedding_init=_normal(cfg, (None, "embed")),
+        rngs=rngs,
+      )
     self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
     self.final_norm = Norm(cfg)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Param(
-          _normal(cfg, ("embed", "vocab"))(rngs.params(), (cfg.d_model, cfg.vocab_size),
-                                           cfg.weight_dtype))
+        _normal(cfg, ("embed", "vocab"))(
+          rngs.params(), (cfg.d_model, cfg.vocab_size), cfg.weight_dtype
+        )
+      )
 
   def init_cache(self, batch: int, capacity: int, num_layers: int | None = None) -> KVCache:
     """An empty `KVCache` of `capacity` slots per row, in the compute dtype, for
     all layers or the first `num_layers` (layer-skip drafting)."""
     cfg = self.cfg
     if not 1 <= capacity <= cfg.max_seq_len:
-      raise ValueError(f"capacity must be in [1, max_seq_len={cfg.max_seq_len}], "
-                       f"got {capacity}.")
-    return KVCache.zeros(n_layers=num_layers or cfg.n_layers, batch=batch, capacity=capacity,
-                         n_kv_heads=cfg.n_kv_heads, head_dim=cfg.resolved_head_dim,
-                         dtype=cfg.compute_dtype)
+      raise ValueError(f"capacity must be in [1, max_seq_len={cfg.max_seq_len}], got {capacity}.")
+    return KVCache.zeros(
+      n_layers=num_layers or cfg.n_layers,
+      batch=batch,
+      capacity=capacity,
+      n_kv_heads=cfg.n_kv_heads,
+      head_dim=cfg.resolved_head_dim,
+      dtype=cfg.compute_dtype,
+    )
 
   def _embed(self, tokens, positions):
     x = self.embed(tokens)
@@ -283,10 +313,14 @@ class Transformer(nnx.Module):
       x, _ = layer(x, positions, mask, None, None)
     return self._logits(x)
 
-  def forward_cached(self, tokens: jax.Array, cache: KVCache,
-                     logit_indices: jax.Array | None = None,
-                     num_layers: int | None = None, return_hidden: bool = False
-                     ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
+  def forward_cached(
+    self,
+    tokens: jax.Array,
+    cache: KVCache,
+    logit_indices: jax.Array | None = None,
+    num_layers: int | None = None,
+    return_hidden: bool = False,
+  ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
     """Feeds T >= 1 new tokens per row after each row's cached prefix.
 
     Args:

@@ -29,8 +29,13 @@ DRAFT_DIR = os.path.join(PAIR_DIR, "draft")
 TOKENIZER_FILE = os.path.join(PAIR_DIR, "tokenizer.json")
 CARD_FILE = os.path.join(PAIR_DIR, "card.json")
 # The files whose sha256 `card.json` records, relative to the pair's directory.
-BUNDLED_FILES = ("target/config.json", "target/model.safetensors", "draft/config.json",
-                 "draft/model.safetensors", "tokenizer.json")
+BUNDLED_FILES = (
+  "target/config.json",
+  "target/model.safetensors",
+  "draft/config.json",
+  "draft/model.safetensors",
+  "tokenizer.json",
+)
 _REBUILD = "reinstall specjax, or rebuild it with experiments/bundle_pair.py"
 
 
@@ -65,8 +70,10 @@ def _verify_sums(sums) -> None:
     path = os.path.join(PAIR_DIR, rel)
     actual = file_sha256(path)
     if actual != expected:
-      raise ValueError(f"{path} is corrupt or was changed: card.json records sha256 "
-                       f"{expected}, the file has {actual} ({_REBUILD}).")
+      raise ValueError(
+        f"{path} is corrupt or was changed: card.json records sha256 "
+        f"{expected}, the file has {actual} ({_REBUILD})."
+      )
 
 
 def load_pair(dtype=jnp.float32) -> Pair:
@@ -94,8 +101,7 @@ def load_pair(dtype=jnp.float32) -> Pair:
 def model_card() -> dict:
   """The training record of the bundled pair (commands, steps, tokens, metrics, sha256)."""
   if not os.path.exists(CARD_FILE):
-    raise FileNotFoundError(f"the bundled pair is incomplete: {CARD_FILE} is missing "
-                            f"({_REBUILD})")
+    raise FileNotFoundError(f"the bundled pair is incomplete: {CARD_FILE} is missing ({_REBUILD})")
   try:
     with open(CARD_FILE, encoding="utf-8") as f:
       card = json.load(f)
@@ -106,5 +112,16 @@ def model_card() -> dict:
   return card
 
 
-__all__ = ["BUNDLED_FILES", "CARD_FILE", "DRAFT_DIR", "PAIR_DIR", "Pair", "TARGET_DIR",
-           "TOKENIZER_FILE", "file_sha256", "file_sums", "load_pair", "model_card"]
+__all__ = [
+  "BUNDLED_FILES",
+  "CARD_FILE",
+  "DRAFT_DIR",
+  "PAIR_DIR",
+  "Pair",
+  "TARGET_DIR",
+  "TOKENIZER_FILE",
+  "file_sha256",
+  "file_sums",
+  "load_pair",
+  "model_card",
+]

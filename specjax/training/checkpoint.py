@@ -46,8 +46,9 @@ def load_model_config(workdir: str) -> ModelConfig:
   """The `ModelConfig` a run in `workdir` trained."""
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"no {MODEL_CONFIG_FILE} in run directory {workdir} "
-                            f"(looked for {path})")
+    raise FileNotFoundError(
+      f"no {MODEL_CONFIG_FILE} in run directory {workdir} (looked for {path})"
+    )
   try:
     with open(path) as f:
       fields = json.load(f)
@@ -62,8 +63,9 @@ def has_checkpoints(workdir: str) -> bool:
   """Whether `workdir` holds at least one finished checkpoint (`checkpoints/<step>/`)."""
   directory = os.path.join(workdir, CHECKPOINT_DIR)
   return os.path.isdir(directory) and any(
-      name.isdigit() and os.path.isdir(os.path.join(directory, name))
-      for name in os.listdir(directory))
+    name.isdigit() and os.path.isdir(os.path.join(directory, name))
+    for name in os.listdir(directory)
+  )
 
 
 def check_resumable(workdir: str, cfg: ModelConfig) -> None:
@@ -77,13 +79,16 @@ def check_resumable(workdir: str, cfg: ModelConfig) -> None:
     return
   saved = load_model_config(workdir)
   if saved != cfg:
-    diff = ", ".join(f"{f.name} ({getattr(saved, f.name)!r} saved, "
-                     f"{getattr(cfg, f.name)!r} configured)"
-                     for f in dataclasses.fields(cfg)
-                     if getattr(saved, f.name) != getattr(cfg, f.name))
-    raise ValueError(f"cannot resume {workdir}: its checkpoints are of the model in {path}, "
-                     f"which differs from config.model in {diff}. Train this model in "
-                     "another workdir.")
+    diff = ", ".join(
+      f"{f.name} ({getattr(saved, f.name)!r} saved, {getattr(cfg, f.name)!r} configured)"
+      for f in dataclasses.fields(cfg)
+      if getattr(saved, f.name) != getattr(cfg, f.name)
+    )
+    raise ValueError(
+      f"cannot resume {workdir}: its checkpoints are of the model in {path}, "
+      f"which differs from config.model in {diff}. Train this model in "
+      "another workdir."
+    )
 
 
 class Checkpointer:
@@ -94,27 +99,41 @@ class Checkpointer:
   reader would delete a save in flight.
   """
 
-  def __init__(self, workdir: str, save_every: int = 1, keep: int = 3,
-               create: bool = True, cleanup_tmp: bool = False):
+  def __init__(
+    self,
+    workdir: str,
+    save_every: int = 1,
+    keep: int = 3,
+    create: bool = True,
+    cleanup_tmp: bool = False,
+  ):
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     if not create and not os.path.isdir(self.directory):
       raise FileNotFoundError(f"no checkpoint directory {self.directory}")
     self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(save_interval_steps=save_every,
-                                             max_to_keep=keep, create=create,
-                                             cleanup_tmp_directories=cleanup_tmp))
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        save_interval_steps=save_every,
+        max_to_keep=keep,
+        create=create,
+        cleanup_tmp_directories=cleanup_tmp,
+      ),
+    )
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, params, opt_state, meta: dict[str, Any],
-           force: bool = False) -> bool:
+  def save(self, step: int, params, opt_state, meta: dict[str, Any], force: bool = False) -> bool:
     """Saves (asynchronously) when `step` is due or `force`; True if it saved."""
-    return self.manager.save(step, args=ocp.args.Composite(
+    return self.manager.save(
+      step,
+      args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
-        meta=ocp.args.JsonSave(meta)), force=force)
+        meta=ocp.args.JsonSave(meta),
+      ),
+      force=force,
+    )
 
   def restore(self, step: int, abstract_params, abstract_opt_state=None) -> dict[str, Any]:
     """Restores `params` (and `opt_state` when its abstract tree is given) at `step`.
@@ -127,15 +146,13 @@ class Checkpointer:
     path = os.path.join(self.directory, str(step))
     if step not in self.manager.all_steps():
       raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}")
-    items = {"params": ocp.args.StandardRestore(abstract_params),
-             "meta": ocp.args.JsonRestore()}
+    items = {"params": ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
     if abstract_opt_state is not None:
       items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax/tensorstore raise many types for bad files
-      raise CheckpointError(f"cannot restore checkpoint {path}: "
-                            f"{type(e).__name__}: {e}") from e
+      raise CheckpointError(f"cannot restore checkpoint {path}: {type(e).__name__}: {e}") from e
     return dict(restored)
 
   def wait(self) -> None:
@@ -153,8 +170,9 @@ def abstract_model(cfg: ModelConfig):
   return nnx.split(model, nnx.Param)
 
 
-def load_trained_model(workdir: str, step: int | None = None,
-                       dtype: str | None = None) -> tuple[Transformer, int]:
+def load_trained_model(
+  workdir: str, step: int | None = None, dtype: str | None = None
+) -> tuple[Transformer, int]:
   """The model a training run saved: `(Transformer, step)` at `step` (default latest).
 
   `dtype` (a name in `specjax.dtypes.DTYPES`) overrides the compute and

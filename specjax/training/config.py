@@ -5,25 +5,40 @@ from __future__ import annotations
 import ml_collections
 
 
-def model_fields(vocab_size: int, d_model: int, n_layers: int, n_heads: int,
-                 d_ff: int, max_seq_len: int) -> ml_collections.ConfigDict:
+def model_fields(
+  vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int, max_seq_len: int
+) -> ml_collections.ConfigDict:
   """A Llama-style `ModelConfig` as a ConfigDict (tied embeddings, float32)."""
-  return ml_collections.ConfigDict(dict(
-      vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-      n_kv_heads=n_heads, d_ff=d_ff, max_seq_len=max_seq_len, tie_embeddings=True,
-      dtype="float32", param_dtype="float32", init_std=0.02))
+  return ml_collections.ConfigDict(
+    dict(
+      vocab_size=vocab_size,
+      d_model=d_model,
+      n_layers=n_layers,
+      n_heads=n_heads,
+      n_kv_heads=n_heads,
+      d_ff=d_ff,
+      max_seq_len=max_seq_len,
+      tie_embeddings=True,
+      dtype="float32",
+      param_dtype="float32",
+      init_std=0.02,
+    )
+  )
 
 
 def base_config() -> ml_collections.ConfigDict:
   """Every field `specjax.training.train` reads, with defaults."""
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.data = ml_collections.ConfigDict(dict(
-      root="",         # corpus root; "" -> the running interpreter's stdlib
-      dir="",          # token files + tokenizer; "" -> <workdir>/data
+  c.data = ml_collections.ConfigDict(
+    dict(
+      root="",  # corpus root; "" -> the running interpreter's stdlib
+      dir="",  # token files + tokenizer; "" -> <workdir>/data
       # An existing tokenizer.json; "" -> <data dir>/tokenizer.json, trained if missing.
       tokenizer="",
-      vocab_size=4096))
+      vocab_size=4096,
+    )
+  )
   c.model = model_fields(4096, 128, 2, 2, 344, 512)
   c.batch_size = 16
   c.seq_len = 256
@@ -35,12 +50,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.clip_norm = 1.0
   c.b1 = 0.9
   c.b2 = 0.95
-  c.loss = "ce"        # or a distillation loss: "kl", "tv", "kl+tv"
-  c.teacher = ""       # run directory of the frozen target (distillation only)
-  c.ce_weight = 0.0    # weight of the corpus cross-entropy added to a distillation loss
-  c.init_from = ""     # a run directory whose latest parameters start this run (fine-tuning)
+  c.loss = "ce"  # or a distillation loss: "kl", "tv", "kl+tv"
+  c.teacher = ""  # run directory of the frozen target (distillation only)
+  c.ce_weight = 0.0  # weight of the corpus cross-entropy added to a distillation loss
+  c.init_from = ""  # a run directory whose latest parameters start this run (fine-tuning)
   c.mesh_shape = (-1, 1)  # (data, model) axes; -1 = the rest of the devices
-  c.mesh_devices = 0      # use the first n devices; 0 = all (global) devices
+  c.mesh_devices = 0  # use the first n devices; 0 = all (global) devices
   c.log_every = 20
   c.eval_every = 200
   c.eval_batches = 16

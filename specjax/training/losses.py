@@ -42,8 +42,7 @@ def distill_loss(kind: str, target_logits: jax.Array, draft_logits: jax.Array) -
   if kind == "tv":
     return total_variation(target_logits, draft_logits)
   if kind == "kl+tv":
-    return forward_kl(target_logits, draft_logits) + total_variation(target_logits,
-                                                                     draft_logits)
+    return forward_kl(target_logits, draft_logits) + total_variation(target_logits, draft_logits)
   raise ValueError(f"distill loss must be one of {DISTILL_LOSSES}, got {kind!r}.")
 
 
@@ -54,5 +53,7 @@ def agreement(target_logits: jax.Array, draft_logits: jax.Array) -> dict[str, ja
   `alpha_t0` = mean [argmax p == argmax q]: greedy acceptance.
   """
   same = target_logits.argmax(-1) == draft_logits.argmax(-1)
-  return {"alpha_t1": 1.0 - total_variation(target_logits, draft_logits),
-          "alpha_t0": same.mean(dtype=jnp.float32)}
+  return {
+    "alpha_t1": 1.0 - total_variation(target_logits, draft_logits),
+    "alpha_t0": same.mean(dtype=jnp.float32),
+  }

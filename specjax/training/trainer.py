@@ -23,7 +23,8 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -46,38 +47,59 @@ LOSSES = ("ce",) + losses.DISTILL_LOSSES
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the field and its allowed range (before any compile)."""
-  for name in ("batch_size", "seq_len", "num_steps", "log_every", "eval_every",
-               "eval_batches", "checkpoint_every", "keep_checkpoints"):
+  for name in (
+    "batch_size",
+    "seq_len",
+    "num_steps",
+    "log_every",
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "keep_checkpoints",
+  ):
     check_positive_int(f"config.{name}", config[name])
   check_int("config.seed", config.seed, minimum=0)
   if not is_int(config.warmup_steps) or not 0 <= config.warmup_steps < config.num_steps:
-    raise ValueError(f"config.warmup_steps must be an int in [0, num_steps="
-                     f"{config.num_steps}), got {config.warmup_steps!r}.")
-  for name, low, high in (("learning_rate", 0.0, 1.0), ("min_lr_ratio", 0.0, 1.0),
-                          ("b1", 0.0, 1.0), ("b2", 0.0, 1.0)):
+    raise ValueError(
+      f"config.warmup_steps must be an int in [0, num_steps="
+      f"{config.num_steps}), got {config.warmup_steps!r}."
+    )
+  for name, low, high in (
+    ("learning_rate", 0.0, 1.0),
+    ("min_lr_ratio", 0.0, 1.0),
+    ("b1", 0.0, 1.0),
+    ("b2", 0.0, 1.0),
+  ):
     value = config[name]
     if not low <= value <= high or (name == "learning_rate" and value == 0):
       raise ValueError(f"config.{name} must be in ({low}, {high}], got {value!r}.")
   if config.clip_norm <= 0 or config.weight_decay < 0:
-    raise ValueError(f"config.clip_norm must be > 0 and config.weight_decay >= 0, got "
-                     f"{config.clip_norm!r} and {config.weight_decay!r}.")
+    raise ValueError(
+      f"config.clip_norm must be > 0 and config.weight_decay >= 0, got "
+      f"{config.clip_norm!r} and {config.weight_decay!r}."
+    )
   if not config.ce_weight >= 0:
     raise ValueError(f"config.ce_weight must be >= 0, got {config.ce_weight!r}.")
   if config.loss not in LOSSES:
     raise ValueError(f"config.loss must be one of {LOSSES}, got {config.loss!r}.")
   if (config.loss != "ce") != bool(config.teacher):
-    raise ValueError("config.teacher (the run directory of the target) must be set "
-                     f"exactly when config.loss is a distillation loss; loss={config.loss!r}, "
-                     f"teacher={config.teacher!r}.")
+    raise ValueError(
+      "config.teacher (the run directory of the target) must be set "
+      f"exactly when config.loss is a distillation loss; loss={config.loss!r}, "
+      f"teacher={config.teacher!r}."
+    )
   for name in ("dtype", "param_dtype"):
     to_dtype(config.model[name], f"config.model.{name}")
   if config.seq_len > config.model.max_seq_len:
-    raise ValueError(f"config.seq_len must be <= config.model.max_seq_len="
-                     f"{config.model.max_seq_len}, got {config.seq_len}.")
+    raise ValueError(
+      f"config.seq_len must be <= config.model.max_seq_len="
+      f"{config.model.max_seq_len}, got {config.seq_len}."
+    )
 
 
-def prepare_data(config: ml_collections.ConfigDict, workdir: str,
-                 log: Callable[[str], None] = print) -> tuple[Tokenizer, dict[str, str]]:
+def prepare_data(
+  config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], None] = print
+) -> tuple[Tokenizer, dict[str, str]]:
   """The tokenizer and `<split>.bin` paths, building whatever is missing.
 
   `config.data.tokenizer` names an existing tokenizer.json; when empty, one is
@@ -91,23 +113,32 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str,
   trained = not config.data.tokenizer and not os.path.exists(path)
   if trained:
     log(f"training a {config.data.vocab_size}-token byte-level BPE on the train split")
-    tokenizer = train_tokenizer(corpus_files("train", config.data.root or None),
-                                config.data.vocab_size)
+    tokenizer = train_tokenizer(
+      corpus_files("train", config.data.root or None), config.data.vocab_size
+    )
   else:
     tokenizer = Tokenizer.from_file(path)
   if config.model.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"config.model.vocab_size ({config.model.vocab_size}) must be >= the "
-                     f"{tokenizer.vocab_size} ids of the tokenizer "
-                     f"{'trained for' if trained else 'in'} {path}.")
+    raise ValueError(
+      f"config.model.vocab_size ({config.model.vocab_size}) must be >= the "
+      f"{tokenizer.vocab_size} ids of the tokenizer "
+      f"{'trained for' if trained else 'in'} {path}."
+    )
   paths = prepare_splits(data_dir, tokenizer, config.data.root or None, log=log)
   if trained:
     tokenizer.save(path)
   return tokenizer, paths
 
 
-def objective(params: nnx.State, batch: jax.Array, teacher: Transformer | None = None, *,
-              graphdef: nnx.GraphDef, loss: str = "ce",
-              ce_weight: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+def objective(
+  params: nnx.State,
+  batch: jax.Array,
+  teacher: Transformer | None = None,
+  *,
+  graphdef: nnx.GraphDef,
+  loss: str = "ce",
+  ce_weight: float = 0.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The training loss of the model `nnx.merge(graphdef, params)` on `batch`.
 
   Args:
@@ -123,8 +154,10 @@ def objective(params: nnx.State, batch: jax.Array, teacher: Transformer | None =
     `distill`, `alpha_t0` and `alpha_t1` (see `losses.agreement`).
   """
   if loss not in LOSSES or (loss != "ce") != (teacher is not None):
-    raise ValueError(f"loss must be one of {LOSSES}, with a teacher exactly when it is a "
-                     f"distillation loss; got loss={loss!r}, teacher={type(teacher).__name__}.")
+    raise ValueError(
+      f"loss must be one of {LOSSES}, with a teacher exactly when it is a "
+      f"distillation loss; got loss={loss!r}, teacher={type(teacher).__name__}."
+    )
   model = nnx.merge(graphdef, params)
   inputs, targets = batch[:, :-1], batch[:, 1:]
   logits = model(inputs)
@@ -138,32 +171,48 @@ def objective(params: nnx.State, batch: jax.Array, teacher: Transformer | None =
 
 
 # Parameters and optimizer state are donated: updated in place, not copied.
-@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "loss", "ce_weight"),
-                   donate_argnames=("params", "opt_state"))
-def train_step(params: nnx.State, opt_state: optax.OptState, batch: jax.Array,
-               teacher: Transformer | None = None, *, graphdef: nnx.GraphDef,
-               optimizer: optax.GradientTransformation, loss: str = "ce",
-               ce_weight: float = 0.0) -> tuple[nnx.State, optax.OptState, dict[str, jax.Array]]:
+@functools.partial(
+  jax.jit,
+  static_argnames=("graphdef", "optimizer", "loss", "ce_weight"),
+  donate_argnames=("params", "opt_state"),
+)
+def train_step(
+  params: nnx.State,
+  opt_state: optax.OptState,
+  batch: jax.Array,
+  teacher: Transformer | None = None,
+  *,
+  graphdef: nnx.GraphDef,
+  optimizer: optax.GradientTransformation,
+  loss: str = "ce",
+  ce_weight: float = 0.0,
+) -> tuple[nnx.State, optax.OptState, dict[str, jax.Array]]:
   """One update on `batch` (int32 `[B, T + 1]`): (params, opt_state, metrics).
 
   Metrics are the objective's plus `loss` and the pre-clipping `grad_norm`.
   """
   (value, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
-      params, batch, teacher, graphdef=graphdef, loss=loss, ce_weight=ce_weight)
+    params, batch, teacher, graphdef=graphdef, loss=loss, ce_weight=ce_weight
+  )
   updates, opt_state = optimizer.update(grads, opt_state, params)
   metrics.update(loss=value, grad_norm=optax.tree.norm(grads))
   return optax.apply_updates(params, updates), opt_state, metrics
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "loss"))
-def eval_step(params: nnx.State, batch: jax.Array, teacher: Transformer | None = None, *,
-              graphdef: nnx.GraphDef, loss: str = "ce") -> dict[str, jax.Array]:
+def eval_step(
+  params: nnx.State,
+  batch: jax.Array,
+  teacher: Transformer | None = None,
+  *,
+  graphdef: nnx.GraphDef,
+  loss: str = "ce",
+) -> dict[str, jax.Array]:
   """The objective's metrics on `batch` (int32 `[B, T + 1]`), without an update."""
   return objective(params, batch, teacher, graphdef=graphdef, loss=loss)[1]
 
 
-def kept_metrics(path: str, last_step: int,
-                 log: Callable[[str], None] = print) -> list[str]:
+def kept_metrics(path: str, last_step: int, log: Callable[[str], None] = print) -> list[str]:
   """The lines of metrics file `path` for steps <= `last_step`, each ending in a newline.
 
   A partial last line (a kill during an append) is dropped; any other line that
@@ -179,8 +228,9 @@ def kept_metrics(path: str, last_step: int,
       if number == len(lines) and not line.endswith("\n"):
         log(f"dropped the partial last line of {path}")
         break
-      raise ValueError(f"{path}:{number}: not a metrics record ({type(e).__name__}: {e}): "
-                       f"{line[:80]!r}") from e
+      raise ValueError(
+        f"{path}:{number}: not a metrics record ({type(e).__name__}: {e}): {line[:80]!r}"
+      ) from e
     if step <= last_step:
       kept.append(line if line.endswith("\n") else line + "\n")
   return kept
@@ -216,23 +266,34 @@ def _format_seconds(seconds: float) -> str:
   return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def validation_metrics(params: nnx.State, teacher: Transformer | None, data: TokenDataset,
-                       mesh: jax.sharding.Mesh, config: ml_collections.ConfigDict,
-                       graphdef: nnx.GraphDef) -> dict[str, float]:
+def validation_metrics(
+  params: nnx.State,
+  teacher: Transformer | None,
+  data: TokenDataset,
+  mesh: jax.sharding.Mesh,
+  config: ml_collections.ConfigDict,
+  graphdef: nnx.GraphDef,
+) -> dict[str, float]:
   """`eval_step`'s metrics averaged over `config.eval_batches` batches of `data`.
 
   Keys are prefixed `val_`, plus `val_perplexity` = exp(`val_ce`).
   """
-  result = {f"val_{k}": v for k, v in mean_metrics(
-      lambda batch: eval_step(params, shard_batch(batch, mesh), teacher, graphdef=graphdef,
-                              loss=config.loss),
-      data.eval_batches(config.batch_size, config.seq_len, config.eval_batches)).items()}
+  result = {
+    f"val_{k}": v
+    for k, v in mean_metrics(
+      lambda batch: eval_step(
+        params, shard_batch(batch, mesh), teacher, graphdef=graphdef, loss=config.loss
+      ),
+      data.eval_batches(config.batch_size, config.seq_len, config.eval_batches),
+    ).items()
+  }
   result["val_perplexity"] = math.exp(result["val_ce"])
   return result
 
 
-def _open_splits(config: ml_collections.ConfigDict,
-                 paths: dict[str, str]) -> tuple[TokenDataset, TokenDataset]:
+def _open_splits(
+  config: ml_collections.ConfigDict, paths: dict[str, str]
+) -> tuple[TokenDataset, TokenDataset]:
   """The train and validation datasets, checked to hold a window / an eval batch."""
   train_data, val_data = TokenDataset(paths["train"]), TokenDataset(paths["validation"])
   train_data.check_window(config.seq_len)
@@ -240,9 +301,13 @@ def _open_splits(config: ml_collections.ConfigDict,
   return train_data, val_data
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, *,
-          stop_after: int | None = None,
-          echo: Callable[[str], None] = print) -> list[dict[str, float]]:
+def train(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  stop_after: int | None = None,
+  echo: Callable[[str], None] = print,
+) -> list[dict[str, float]]:
   """Trains (or distills) as `config` says, resuming from `workdir`'s latest checkpoint.
 
   Args:
@@ -267,8 +332,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   ckpt.check_resumable(workdir, cfg)
   mesh = make_mesh(tuple(config.mesh_shape), devices=config.get("mesh_devices") or None)
   if config.batch_size % mesh.shape["data"]:
-    raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
-                     f"mesh's data axis ({mesh.shape['data']}).")
+    raise ValueError(
+      f"config.batch_size ({config.batch_size}) must be divisible by the "
+      f"mesh's data axis ({mesh.shape['data']})."
+    )
   _, paths = prepare_data(config, workdir, echo)
   train_data, val_data = _open_splits(config, paths)
   # Models are built outside the mesh context (their logical axis names are not
@@ -277,11 +344,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   if config.loss != "ce":
     teacher, teacher_step = ckpt.load_trained_model(config.teacher, dtype="float32")
     if teacher.cfg.vocab_size != cfg.vocab_size:
-      raise ValueError(f"the teacher's vocab_size {teacher.cfg.vocab_size} differs from "
-                       f"config.model.vocab_size {cfg.vocab_size}.")
+      raise ValueError(
+        f"the teacher's vocab_size {teacher.cfg.vocab_size} differs from "
+        f"config.model.vocab_size {cfg.vocab_size}."
+      )
     if teacher.cfg.max_seq_len < config.seq_len:
-      raise ValueError(f"the teacher's max_seq_len {teacher.cfg.max_seq_len} is below "
-                       f"config.seq_len {config.seq_len}.")
+      raise ValueError(
+        f"the teacher's max_seq_len {teacher.cfg.max_seq_len} is below "
+        f"config.seq_len {config.seq_len}."
+      )
     echo(f"teacher: {config.teacher} step {teacher_step}, {teacher.num_params:,} params")
     teacher = shard_model(teacher, mesh)
   if config.get("init_from"):
@@ -289,29 +360,39 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     # schedule); a checkpoint of this run, once there is one, takes precedence.
     model, init_step = ckpt.load_trained_model(config.init_from)
     if model.cfg.replace(dtype=cfg.dtype, param_dtype=cfg.param_dtype) != cfg:
-      raise ValueError(f"config.init_from={config.init_from!r} holds a different model "
-                       f"({model.cfg}) than config.model ({cfg}).")
+      raise ValueError(
+        f"config.init_from={config.init_from!r} holds a different model "
+        f"({model.cfg}) than config.model ({cfg})."
+      )
     model = ckpt.with_config(model, cfg)
     echo(f"initialised from {config.init_from} step {init_step}")
   else:
     model = Transformer(cfg, rngs=nnx.Rngs(config.seed))
   model = shard_model(model, mesh)
   with jax.set_mesh(mesh):
-    return _fit(config, workdir, mesh, cfg, model, teacher, train_data, val_data, stop_after,
-                echo)
+    return _fit(config, workdir, mesh, cfg, model, teacher, train_data, val_data, stop_after, echo)
 
 
-def _fit(config: ml_collections.ConfigDict, workdir: str, mesh: jax.sharding.Mesh,
-         cfg: ModelConfig, model: Transformer, teacher: Transformer | None,
-         train_data: TokenDataset, val_data: TokenDataset, stop_after: int | None,
-         echo: Callable[[str], None]) -> list[dict[str, float]]:
+def _fit(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  mesh: jax.sharding.Mesh,
+  cfg: ModelConfig,
+  model: Transformer,
+  teacher: Transformer | None,
+  train_data: TokenDataset,
+  val_data: TokenDataset,
+  stop_after: int | None,
+  echo: Callable[[str], None],
+) -> list[dict[str, float]]:
   """The loop of `train` once everything is checked: restore, step, log, evaluate, save."""
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(params)
   schedule = learning_rate_schedule(config)
-  checkpointer = ckpt.Checkpointer(workdir, config.checkpoint_every, config.keep_checkpoints,
-                                   cleanup_tmp=True)
+  checkpointer = ckpt.Checkpointer(
+    workdir, config.checkpoint_every, config.keep_checkpoints, cleanup_tmp=True
+  )
   # Closing waits for the save in flight: a run failing for any reason leaves
   # its last checkpoint finished, not a `<step>.orbax-checkpoint-tmp`.
   try:
@@ -322,8 +403,10 @@ def _fit(config: ml_collections.ConfigDict, workdir: str, mesh: jax.sharding.Mes
     if jax.process_index() == 0:
       ckpt.save_model_config(workdir, cfg)
     log = _Log(workdir, start, echo)
-    log(f"{'resuming at' if start else 'starting'} step {start}/{config.num_steps}: "
-        f"{model.num_params:,} params, loss {config.loss}, workdir {workdir}")
+    log(
+      f"{'resuming at' if start else 'starting'} step {start}/{config.num_steps}: "
+      f"{model.num_params:,} params, loss {config.loss}, workdir {workdir}"
+    )
 
     history = []
     tokens_per_step = config.batch_size * config.seq_len
@@ -331,15 +414,30 @@ def _fit(config: ml_collections.ConfigDict, workdir: str, mesh: jax.sharding.Mes
     timer_start, timed_steps = time.perf_counter(), 0
     for step in range(start + 1, last + 1):
       # Each process reads only its own rows of the global batch.
-      rows = train_data.batch(step, config.batch_size, config.seq_len, config.seed,
-                              jax.process_index(), jax.process_count())
+      rows = train_data.batch(
+        step,
+        config.batch_size,
+        config.seq_len,
+        config.seed,
+        jax.process_index(),
+        jax.process_count(),
+      )
       params, opt_state, metrics = train_step(
-          params, opt_state, shard_process_batch(rows, mesh), teacher, graphdef=graphdef,
-          optimizer=optimizer, loss=config.loss, ce_weight=config.ce_weight)
+        params,
+        opt_state,
+        shard_process_batch(rows, mesh),
+        teacher,
+        graphdef=graphdef,
+        optimizer=optimizer,
+        loss=config.loss,
+        ce_weight=config.ce_weight,
+      )
       record = {"step": step, **{k: float(v) for k, v in jax.device_get(metrics).items()}}
       if not math.isfinite(record["loss"]):
-        raise FloatingPointError(f"step {step}: the loss is {record['loss']}; the last "
-                                 f"checkpoint in {checkpointer.directory} is unaffected.")
+        raise FloatingPointError(
+          f"step {step}: the loss is {record['loss']}; the last "
+          f"checkpoint in {checkpointer.directory} is unaffected."
+        )
       history.append(record)
       if step == start + 1:  # the first step compiles; time from the second on
         timer_start, timed_steps = time.perf_counter(), 0
@@ -349,21 +447,32 @@ def _fit(config: ml_collections.ConfigDict, workdir: str, mesh: jax.sharding.Mes
         elapsed = time.perf_counter() - timer_start
         rate = timed_steps * tokens_per_step / elapsed if timed_steps else float("nan")
         eta = (config.num_steps - step) * tokens_per_step / rate if timed_steps else 0.0
-        record.update(lr=float(schedule(step - 1)), tokens_per_second=rate,
-                      tokens_seen=step * tokens_per_step, time=time.time())
-        log(f"step {step}/{config.num_steps}  loss {record['loss']:.4f}  "
-            f"lr {record['lr']:.2e}  {rate:,.0f} tok/s  eta {_format_seconds(eta)}", record)
+        record.update(
+          lr=float(schedule(step - 1)),
+          tokens_per_second=rate,
+          tokens_seen=step * tokens_per_step,
+          time=time.time(),
+        )
+        log(
+          f"step {step}/{config.num_steps}  loss {record['loss']:.4f}  "
+          f"lr {record['lr']:.2e}  {rate:,.0f} tok/s  eta {_format_seconds(eta)}",
+          record,
+        )
       if step % config.eval_every == 0 or step == config.num_steps:
         result = validation_metrics(params, teacher, val_data, mesh, config, graphdef)
         parts = "  ".join(f"{k} {v:.4f}" for k, v in result.items())
         log(f"eval step {step}: {parts}", {"step": step, "time": time.time(), **result})
-      checkpointer.save(step, params, opt_state, _meta(config, step),
-                        force=step == config.num_steps)
+      checkpointer.save(
+        step, params, opt_state, _meta(config, step), force=step == config.num_steps
+      )
   finally:
     checkpointer.close()
   return history
 
 
 def _meta(config: ml_collections.ConfigDict, step: int) -> dict[str, Any]:
-  return {"step": step, "tokens_seen": step * config.batch_size * config.seq_len,
-          "config": config.to_dict()}
+  return {
+    "step": step,
+    "tokens_seen": step * config.batch_size * config.seq_len,
+    "config": config.to_dict(),
+  }

@@ -17,11 +17,18 @@ row of `target_probs` is the target's distribution after all g drafted tokens.
   registry.py  names -> functions (`get_verifier`)
 """
 
-from specjax.verify.base import VerifyResult, Verifier
+from specjax.verify.base import Verifier, VerifyResult
 from specjax.verify.block import block_verify
 from specjax.verify.greedy import greedy_verify
 from specjax.verify.registry import VERIFIERS, get_verifier
 from specjax.verify.token import token_verify
 
-__all__ = ["VERIFIERS", "VerifyResult", "Verifier", "block_verify", "get_verifier",
-           "greedy_verify", "token_verify"]
+__all__ = [
+  "VERIFIERS",
+  "VerifyResult",
+  "Verifier",
+  "block_verify",
+  "get_verifier",
+  "greedy_verify",
+  "token_verify",
+]

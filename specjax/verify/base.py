@@ -32,9 +32,9 @@ class VerifyResult(NamedTuple):
 class Verifier(Protocol):
   """verifier(key, draft_tokens [B, g], draft_probs [B, g, V], target_probs [B, g+1, V])."""
 
-  def __call__(self, key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
-               target_probs: jax.Array) -> VerifyResult:
-    ...
+  def __call__(
+    self, key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+  ) -> VerifyResult: ...
 
 
 def _shape(name: str, x) -> tuple[int, ...]:
@@ -43,8 +43,9 @@ def _shape(name: str, x) -> tuple[int, ...]:
   return tuple(x.shape)
 
 
-def check_inputs(draft_tokens, draft_probs, target_probs, *, probs_optional: bool = False
-                 ) -> tuple[int, int, int]:
+def check_inputs(
+  draft_tokens, draft_probs, target_probs, *, probs_optional: bool = False
+) -> tuple[int, int, int]:
   """Checks the verifier arguments' ranks, dtypes and shapes; returns (B, g, V).
 
   Raises:
@@ -54,17 +55,22 @@ def check_inputs(draft_tokens, draft_probs, target_probs, *, probs_optional: boo
   """
   tokens_shape = _shape("draft_tokens", draft_tokens)
   if len(tokens_shape) != 2 or not np.issubdtype(draft_tokens.dtype, np.integer):
-    raise ValueError("draft_tokens must be an integer array [B, g], got "
-                     f"{draft_tokens.dtype}{list(tokens_shape)}.")
+    raise ValueError(
+      f"draft_tokens must be an integer array [B, g], got {draft_tokens.dtype}{list(tokens_shape)}."
+    )
   b, g = tokens_shape
   target_shape = _shape("target_probs", target_probs)
   if len(target_shape) != 3 or not jnp.issubdtype(target_probs.dtype, jnp.floating):
-    raise ValueError("target_probs must be a float array [B, g + 1, V], got "
-                     f"{target_probs.dtype}{list(target_shape)}.")
+    raise ValueError(
+      "target_probs must be a float array [B, g + 1, V], got "
+      f"{target_probs.dtype}{list(target_shape)}."
+    )
   if target_shape[:2] != (b, g + 1):
-    raise ValueError(f"target_probs must have shape [B={b}, g + 1={g + 1}, V] to match "
-                     f"draft_tokens [{b}, {g}] (one row per drafted token plus the bonus "
-                     f"row), got {list(target_shape)}.")
+    raise ValueError(
+      f"target_probs must have shape [B={b}, g + 1={g + 1}, V] to match "
+      f"draft_tokens [{b}, {g}] (one row per drafted token plus the bonus "
+      f"row), got {list(target_shape)}."
+    )
   v = target_shape[2]
   if v < 1:
     raise ValueError(f"target_probs must have a vocabulary axis V >= 1, got {list(target_shape)}.")
@@ -74,11 +80,14 @@ def check_inputs(draft_tokens, draft_probs, target_probs, *, probs_optional: boo
     return b, g, v
   probs_shape = _shape("draft_probs", draft_probs)
   if len(probs_shape) != 3 or not jnp.issubdtype(draft_probs.dtype, jnp.floating):
-    raise ValueError("draft_probs must be a float array [B, g, V], got "
-                     f"{draft_probs.dtype}{list(probs_shape)}.")
+    raise ValueError(
+      f"draft_probs must be a float array [B, g, V], got {draft_probs.dtype}{list(probs_shape)}."
+    )
   if probs_shape != (b, g, v):
-    raise ValueError(f"draft_probs must have shape [B={b}, g={g}, V={v}] to match "
-                     f"draft_tokens and target_probs, got {list(probs_shape)}.")
+    raise ValueError(
+      f"draft_probs must have shape [B={b}, g={g}, V={v}] to match "
+      f"draft_tokens and target_probs, got {list(probs_shape)}."
+    )
   return b, g, v
 
 
@@ -99,8 +108,9 @@ class DraftedLaws(NamedTuple):
   q_x: jax.Array
 
 
-def drafted_laws(draft_tokens: jax.Array, draft_probs: jax.Array,
-                 target_probs: jax.Array) -> DraftedLaws:
+def drafted_laws(
+  draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+) -> DraftedLaws:
   """Gathers p(x_i) and q(x_i), mapping every impossible draft to q(x_i) = 0.
 
   Every verifier treats q(x_i) = 0 as a rejection at i, the same convention

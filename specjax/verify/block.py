@@ -24,8 +24,9 @@ from specjax.sampling import sample
 from specjax.verify.base import VerifyResult, check_inputs, check_key, drafted_laws
 
 
-def block_weights(draft_tokens: jax.Array, draft_probs: jax.Array,
-                  target_probs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def block_weights(
+  draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The quantities of the block rule, exposed for tests and analysis.
 
   Returns:
@@ -50,8 +51,9 @@ def block_weights(draft_tokens: jax.Array, draft_probs: jax.Array,
   return weights, residual, h
 
 
-def block_verify(key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
-                 target_probs: jax.Array) -> VerifyResult:
+def block_verify(
+  key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+) -> VerifyResult:
   """Exact block verification of a drafted block, vectorised over rows.
 
   Args:
@@ -70,8 +72,9 @@ def block_verify(key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array
   check_key(key)
   coin_key, sample_key = jax.random.split(key)
   if g == 0:  # nothing drafted: the bonus token alone
-    return VerifyResult(jnp.zeros((b,), jnp.int32),
-                        sample(sample_key, target_probs[:, 0].astype(jnp.float32)))
+    return VerifyResult(
+      jnp.zeros((b,), jnp.int32), sample(sample_key, target_probs[:, 0].astype(jnp.float32))
+    )
   _, residual, h = block_weights(draft_tokens, draft_probs, target_probs)
   # Every coin is drawn (no early stop): tau is the last heads, 0 if none.
   heads = jax.random.uniform(coin_key, (b, g), jnp.float32) < h

@@ -19,8 +19,9 @@ from specjax.verify.base import drafted_laws
 from specjax.verify.block import block_weights
 
 
-def expected_accepted(rule: str, draft_tokens: jax.Array, draft_probs: jax.Array,
-                      target_probs: jax.Array) -> jax.Array:
+def expected_accepted(
+  rule: str, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+) -> jax.Array:
   """`[B]` expected number of accepted drafted tokens under `rule` ("token" or "block").
 
   Shapes as in the verifiers: draft_tokens `[B, g]`, draft_probs `[B, g, V]`,

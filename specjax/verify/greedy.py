@@ -8,9 +8,12 @@ import jax.numpy as jnp
 from specjax.verify.base import VerifyResult, accepted_prefix_length, check_inputs, drafted_laws
 
 
-def greedy_verify(key: jax.Array | None, draft_tokens: jax.Array,
-                  draft_probs: jax.Array | None, target_probs: jax.Array
-                  ) -> VerifyResult:
+def greedy_verify(
+  key: jax.Array | None,
+  draft_tokens: jax.Array,
+  draft_probs: jax.Array | None,
+  target_probs: jax.Array,
+) -> VerifyResult:
   """Accepts the longest prefix of `draft_tokens` that matches the target's argmax.
 
   Deterministic: `key` is ignored (kept for the common verifier signature).

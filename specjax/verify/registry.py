@@ -8,9 +8,9 @@ from specjax.verify.greedy import greedy_verify
 from specjax.verify.token import token_verify
 
 VERIFIERS: dict[str, Verifier] = {
-    "token": token_verify,
-    "block": block_verify,
-    "greedy": greedy_verify,
+  "token": token_verify,
+  "block": block_verify,
+  "greedy": greedy_verify,
 }
 
 
@@ -24,6 +24,7 @@ def get_verifier(verifier: str | Verifier) -> Verifier:
   if callable(verifier):
     return verifier
   if verifier not in VERIFIERS:
-    raise ValueError(f"verifier must be one of {sorted(VERIFIERS)} or a verifier function, "
-                     f"got {verifier!r}.")
+    raise ValueError(
+      f"verifier must be one of {sorted(VERIFIERS)} or a verifier function, got {verifier!r}."
+    )
   return VERIFIERS[verifier]

@@ -12,12 +12,18 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
-from specjax.verify.base import (VerifyResult, accepted_prefix_length, check_inputs, check_key,
-                                 drafted_laws)
+from specjax.verify.base import (
+  VerifyResult,
+  accepted_prefix_length,
+  check_inputs,
+  check_key,
+  drafted_laws,
+)
 
 
-def token_verify(key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
-                 target_probs: jax.Array) -> VerifyResult:
+def token_verify(
+  key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+) -> VerifyResult:
   """Exact token-by-token verification of a drafted block, vectorised over rows.
 
   Args:

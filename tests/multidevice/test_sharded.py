@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import TINY, tiny_pair
 from jax.sharding import NamedSharding, PartitionSpec
 
 import specjax
+from helpers import TINY, tiny_pair
 from specjax import distributed as dist
 
 MESHES = [(8, 1), (2, 4), (1, 8)]
@@ -37,14 +37,23 @@ SAMPLED = specjax.SamplingParams(temperature=1.0, top_p=0.95)
 def _generate(target, draft, prompts, lengths):
   kw = dict(max_new_tokens=12)
   return {
-      "spec_greedy": specjax.speculative_generate(target, draft, prompts, lengths, gamma=3,
-                                                  sampling=specjax.GREEDY, **kw).tokens,
-      "spec_sampled": specjax.speculative_generate(target, draft, prompts, lengths, gamma=3,
-                                                   sampling=SAMPLED, key=jax.random.key(7),
-                                                   verifier="block", **kw).tokens,
-      "ar_sampled": specjax.autoregressive_generate(target, prompts, lengths,
-                                                    sampling=SAMPLED, key=jax.random.key(7),
-                                                    **kw).tokens,
+    "spec_greedy": specjax.speculative_generate(
+      target, draft, prompts, lengths, gamma=3, sampling=specjax.GREEDY, **kw
+    ).tokens,
+    "spec_sampled": specjax.speculative_generate(
+      target,
+      draft,
+      prompts,
+      lengths,
+      gamma=3,
+      sampling=SAMPLED,
+      key=jax.random.key(7),
+      verifier="block",
+      **kw,
+    ).tokens,
+    "ar_sampled": specjax.autoregressive_generate(
+      target, prompts, lengths, sampling=SAMPLED, key=jax.random.key(7), **kw
+    ).tokens,
   }
 
 
@@ -63,8 +72,12 @@ def test_generation_matches_one_device(models, batch, single, shape, replicate_d
   q = sharded_target.layers[0].attn.q_proj.kernel.get_value()
   assert q.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "model")), 2)
   with jax.set_mesh(mesh):
-    out = _generate(sharded_target, sharded_draft, dist.shard_batch(batch[0], mesh),
-                    dist.shard_batch(batch[1], mesh))
+    out = _generate(
+      sharded_target,
+      sharded_draft,
+      dist.shard_batch(batch[0], mesh),
+      dist.shard_batch(batch[1], mesh),
+    )
   for name, tokens in out.items():
     np.testing.assert_array_equal(np.asarray(tokens), single[name], err_msg=name)
   if shape[0] > 1:
@@ -75,18 +88,22 @@ def test_cache_is_sharded_over_batch_and_kv_heads():
   mesh = dist.make_mesh((2, 4))
   cfg = specjax.ModelConfig(**{**TINY, "n_kv_heads": 4})
   with jax.set_mesh(mesh):
-    cache = jax.jit(lambda: specjax.KVCache.zeros(
-        n_layers=1, batch=8, capacity=16, n_kv_heads=cfg.n_kv_heads, head_dim=16,
-        dtype=jnp.float32))()
+    cache = jax.jit(
+      lambda: specjax.KVCache.zeros(
+        n_layers=1, batch=8, capacity=16, n_kv_heads=cfg.n_kv_heads, head_dim=16, dtype=jnp.float32
+      )
+    )()
   expected = NamedSharding(mesh, PartitionSpec("data", "model", None, None))
   assert cache.k[0].sharding.is_equivalent_to(expected, 4)
   assert cache.k[0].addressable_shards[0].data.shape == (4, 1, 16, 16)
 
 
 def _train_config(tmp_path, shape, devices=0, steps=2):
+  import shutil
+
   from configs import train_tiny
   from specjax.data import corpus_files, stdlib_root
-  import shutil
+
   root = tmp_path / "stdlib"
   if not root.exists():
     for split, count in {"train": 12, "validation": 2, "test": 2}.items():
@@ -96,13 +113,21 @@ def _train_config(tmp_path, shape, devices=0, steps=2):
         shutil.copyfile(path, dest)
   c = train_tiny.get_config()
   c.data.root, c.data.dir = str(root), str(tmp_path / "data")
-  c.update(mesh_shape=shape, mesh_devices=devices, batch_size=8, num_steps=steps,
-           eval_every=steps, checkpoint_every=2, warmup_steps=0)
+  c.update(
+    mesh_shape=shape,
+    mesh_devices=devices,
+    batch_size=8,
+    num_steps=steps,
+    eval_every=steps,
+    checkpoint_every=2,
+    warmup_steps=0,
+  )
   return c
 
 
 def test_train_step_matches_one_device(tmp_path):
   from specjax.training import load_trained_model, train
+
   runs = {}
   for shape, devices in (((1, 1), 1), ((2, 4), 0), ((1, 8), 0), ((8, 1), 0)):
     workdir = str(tmp_path / f"run_{shape[0]}x{shape[1]}")
@@ -120,6 +145,7 @@ def test_train_step_matches_one_device(tmp_path):
 def test_checkpoint_saved_on_2x4_restores_on_1x8(tmp_path):
   from specjax.training import Checkpointer, train
   from specjax.training.checkpoint import abstract_model, load_model_config
+
   workdir = str(tmp_path / "run")
   train(_train_config(tmp_path, (2, 4)), workdir, echo=lambda _: None)
   saved = Checkpointer(workdir, create=False)
@@ -129,8 +155,9 @@ def test_checkpoint_saved_on_2x4_restores_on_1x8(tmp_path):
   plain = saved.restore(2, abstract)["params"]
   mesh = dist.make_mesh((1, 8))
   shardings = dist.param_shardings(specjax.Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
+  target = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
   restored = saved.restore(2, target)["params"]
   saved.close()
   q = restored["layers"][0]["attn"]["q_proj"]["kernel"].get_value()
@@ -143,6 +170,7 @@ def test_checkpoint_saved_on_2x4_restores_on_1x8(tmp_path):
 def test_hf_loader_places_each_tensor_in_its_sharding(tmp_path):
   from specjax.hf import load_model
   from specjax.hf.export import save_model
+
   cfg = specjax.ModelConfig(**TINY)
   model = specjax.Transformer(cfg, rngs=nnx.Rngs(3))
   save_model(model, str(tmp_path / "hf"), dtype="float32")
@@ -153,5 +181,4 @@ def test_hf_loader_places_each_tensor_in_its_sharding(tmp_path):
   assert up.addressable_shards[0].data.shape == (64, 128 // 4)
   tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
   with jax.set_mesh(mesh):
-    np.testing.assert_allclose(np.asarray(loaded(tokens)), np.asarray(model(tokens)),
-                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(loaded(tokens)), np.asarray(model(tokens)), atol=1e-5)
