@@ -39,6 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.dtype = "float32"  # float32 | bfloat16; float32 keeps greedy outputs comparable
   config.stop_at_eos = True  # timing runs with compare_transformers use a fixed length
   config.num_runs = 3
+  # Also measure the machine's floor, the target's distance from it, the share of
+  # an iteration that is neither model, compile times and a 512-token prefill.
+  config.report_floor = True
   config.compare_transformers = False
   config.mesh_shape = (-1, 1)  # (data, model) over all devices; batch splits over data
   config.replicate_draft = True  # a full draft copy per device (no communication to draft)

@@ -54,14 +54,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   # temperature, top_k and top_p get SamplingParams' own range checks.
 
 
+LONG_PROMPT = 512  # tokens of the prompt whose time to first token is reported
+
+
 def model_config(
   fields: ml_collections.ConfigDict, config: ml_collections.ConfigDict
 ) -> specjax.ModelConfig:
   """`ModelConfig` from a preset's fields, with max_seq_len and dtypes filled in."""
   kwargs = fields.to_dict()
-  kwargs.setdefault(
-    "max_seq_len", cache_capacity(config.prompt_len, config.max_new_tokens, config.gamma)
-  )
+  # At least 512 slots, so the long-prompt time to first token can be measured.
+  capacity = cache_capacity(config.prompt_len, config.max_new_tokens, config.gamma)
+  kwargs.setdefault("max_seq_len", max(capacity, LONG_PROMPT))
   return specjax.ModelConfig(dtype=config.dtype, param_dtype=config.dtype, **kwargs)
 
 

@@ -11,6 +11,7 @@ after a warm-up.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -27,6 +28,7 @@ from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
 from specjax.drafting import NGramDrafter, layer_skip
+from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
 # float16 is not offered: the transformers comparison
@@ -83,6 +85,52 @@ def _to_host(x) -> np.ndarray:
   from jax.experimental import multihost_utils
 
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _floor(config, target, draft, prompts, lengths, timings, stats, ar_tokens) -> dict[str, Any]:
+  """The machine's floor, the target's distance from it, the speculative overhead
+  and compile / long-prompt times (see `specjax.benchmarking.floor_fields`)."""
+  capacity = cache_capacity(prompts.shape[1], config.max_new_tokens, config.gamma)
+  call = functools.partial(
+    benchmarking.call_seconds,
+    prompts=prompts,
+    prompt_lengths=lengths,
+    capacity=capacity,
+    num_runs=config.num_runs,
+  )
+  ttft = benchmarking.prefill_timing(
+    target,
+    prompts,
+    lengths,
+    capacity=capacity,
+    sampling=specjax.GREEDY,
+    key=jax.random.key(0),
+    num_runs=config.num_runs,
+  ).median_s
+  iterations = max(int(stats.iterations), 1)
+  draft_calls = (int(stats.draft_calls) - int(config.drafter == "model")) / iterations
+  steps = max(ar_tokens - 1, 1)  # decode steps after the prefill's token
+  return {
+    **benchmarking.floor_fields(
+      target,
+      batch=config.batch_size,
+      ar_step_s=(timings["ar"].median_s - ttft) / steps,
+      spec_iteration_s=(timings["spec"].median_s - ttft) / iterations,
+      verify_call_s=call(target, tokens_per_call=config.gamma + 1),
+      draft_call_s={"model": lambda: call(draft, tokens_per_call=1), "ngram": lambda: 0.0}.get(
+        config.drafter, lambda: None
+      )(),
+      draft_calls_per_iteration=draft_calls,
+      num_runs=config.num_runs,
+    ),
+    "spec_iterations": iterations,
+    "prefill_ms": ttft * 1e3,
+    "ar_compile_seconds": timings["ar"].compile_s,
+    "spec_compile_seconds": timings["spec"].compile_s,
+    **benchmarking.long_prompt_prefill(
+      target, draft if config.drafter == "model" else None, 1, num_runs=config.num_runs
+    ),
+  }
 
 
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -181,6 +229,19 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "tokens_per_iteration": float(stats.tokens_per_iteration),
     **benchmarking.environment_info(),
   }
+  if config.report_floor:
+    result.update(
+      _floor(
+        config,
+        target,
+        draft,
+        prompts,
+        lengths,
+        timings,
+        stats,
+        int(_to_host(outputs["ar"].num_generated).max()),
+      )
+    )
   if sampling.greedy:
     result["texts_identical"] = bool(np.array_equal(host_tokens["ar"], host_tokens["spec"]))
   if config.compare_transformers:

@@ -186,6 +186,91 @@ def call_seconds(
   return timings["loop"].median_s / num_steps
 
 
+def floor_fields(
+  target: Transformer,
+  *,
+  batch: int,
+  ar_step_s: float,
+  spec_iteration_s: float,
+  verify_call_s: float,
+  draft_call_s: float | None,
+  draft_calls_per_iteration: float,
+  num_runs: int,
+) -> dict[str, Any]:
+  """How far decoding is from the machine's floor (`specjax.roofline`).
+
+  Args:
+    target: the target model (its weights set the floor).
+    batch: rows decoded together.
+    ar_step_s: seconds of one autoregressive step (all rows, one token each).
+    spec_iteration_s: seconds of one speculative iteration.
+    verify_call_s: seconds of one target call over gamma + 1 tokens.
+    draft_call_s: seconds of one draft model call over 1 token; None when the
+      drafter's cost is not a model call of its own (layer skip).
+    draft_calls_per_iteration: draft model calls per iteration (0 for prompt lookup).
+
+  Returns:
+    `memory_bandwidth_gbs`, `matmul_gflops` (the machine), the target's
+    `target_weight_bytes`, `target_bandwidth_floor_ms` (weight bytes at that
+    bandwidth), `target_matmul_floor_ms` (its products alone at this batch),
+    `ar_over_floor` (an autoregressive step over the matmul floor), and
+    `spec_overhead_fraction`: the share of a speculative iteration that is
+    neither the drafter's forward calls nor the target's verification call
+    (None when the drafter's calls are not measured).
+  """
+  from specjax import roofline
+
+  machine = roofline.machine_floor(num_runs)
+  floor_s = roofline.matmul_floor_seconds(target, batch, num_runs=num_runs)
+  weights = roofline.weight_bytes(target)
+  out = {
+    **machine,
+    "target_weight_bytes": weights,
+    "target_bandwidth_floor_ms": weights / (machine["memory_bandwidth_gbs"] * 1e9) * 1e3,
+    "target_matmul_floor_ms": floor_s * 1e3,
+    "ar_step_ms": ar_step_s * 1e3,
+    "ar_over_floor": ar_step_s / floor_s,
+    "spec_ms_per_iteration": spec_iteration_s * 1e3,
+    "target_verify_ms": verify_call_s * 1e3,
+    "draft_call_ms": None if draft_call_s is None else draft_call_s * 1e3,
+    "draft_calls_per_iteration": draft_calls_per_iteration,
+    "spec_overhead_fraction": None,
+  }
+  if draft_call_s is not None:
+    models_s = verify_call_s + draft_calls_per_iteration * draft_call_s
+    out["spec_overhead_fraction"] = 1.0 - models_s / spec_iteration_s
+  return out
+
+
+def long_prompt_prefill(
+  target: Transformer, draft: Transformer | None, batch: int, width: int = 512, num_runs: int = 3
+) -> dict[str, Any]:
+  """Time to first token for a long prompt: each model's jitted prefill of `width` tokens.
+
+  Random ids, every row full width; the cache holds exactly the prompt, so the
+  models' `max_seq_len` must be >= width (smaller models report None). The
+  speculative loop's first token needs the target's prefill; its first
+  iteration also needs the draft's.
+  """
+  out: dict[str, Any] = {"long_prompt_tokens": width}
+  for name, model in (("target", target), ("draft", draft)):
+    if model is None or model.cfg.max_seq_len < width:
+      out[f"{name}_long_prefill_ms"] = None
+      continue
+    prompts, lengths = random_prompts(jax.random.key(1), batch, width, model.cfg.vocab_size)
+    timing = prefill_timing(
+      model,
+      prompts,
+      lengths,
+      capacity=width,
+      sampling=SamplingParams(temperature=0.0),
+      key=jax.random.key(0),
+      num_runs=num_runs,
+    )
+    out[f"{name}_long_prefill_ms"] = timing.median_s * 1e3
+  return out
+
+
 def random_prompts(
   key: jax.Array, batch_size: int, width: int, vocab_size: int
 ) -> tuple[jax.Array, jax.Array]:
@@ -303,6 +388,20 @@ def benchmark_generation(
     key=key,
     num_runs=num_runs,
   )
+  prefill_s = ttft.median_s
+  floor = floor_fields(
+    target,
+    batch=prompts.shape[0],
+    ar_step_s=(timings["ar"].median_s - prefill_s) / max(max_new_tokens - 1, 1),
+    spec_iteration_s=(timings["spec"].median_s - prefill_s) / max(stats["iterations"], 1),
+    verify_call_s=verify_s,
+    draft_call_s=draft_s,
+    draft_calls_per_iteration=(stats["draft_calls"] - 1) / max(stats["iterations"], 1),
+    num_runs=num_runs,
+  )
+  long_prefill = long_prompt_prefill(
+    target, None if draft is target else draft, prompts.shape[0], num_runs=num_runs
+  )
   greedy_match = None
   if sampling.greedy:  # exactness check for free: both must be the target's greedy output
     greedy_match = bool(
@@ -327,6 +426,8 @@ def benchmark_generation(
     "spec_compile_seconds": timings["spec"].compile_s,
     "prefill_ms": ttft.median_s * 1e3,
     "greedy_outputs_match": greedy_match,
+    **floor,
+    **long_prefill,
     "spec_stats": stats,
     "ar_runs_ms": [s * 1e3 for s in timings["ar"].runs_s],
     "spec_runs_ms": [s * 1e3 for s in timings["spec"].runs_s],

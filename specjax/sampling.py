@@ -102,13 +102,23 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
 
   Inverse-CDF sampling: one uniform per row and a cumulative sum, instead of the
   V Gumbel variates of `jax.random.categorical` (far less random-bit work per
-  draw). The first token whose cumulative mass
-  exceeds u * total is taken, among tokens of positive probability only, so a
-  zero-probability token is never drawn even if the cumsum rounds unevenly.
+  draw); see `sample_with_uniform`.
+  """
+  return sample_with_uniform(jax.random.uniform(key, probs.shape[:-1], jnp.float32), probs)
+
+
+def sample_with_uniform(u: jax.Array, probs: jax.Array) -> jax.Array:
+  """`sample` with its uniform given: `u [...]` in [0, 1), `probs [...,  V]` -> int32 `[...]`.
+
+  Callers that need several random numbers per step draw them in one call and
+  pass them here (one random-bit computation instead of one per draw). The
+  first token whose cumulative mass exceeds u * total is taken, among tokens
+  of positive probability only, so a zero-probability token is never drawn
+  even if the cumsum rounds unevenly.
   """
   cdf = jnp.cumsum(probs, axis=-1)
-  u = jax.random.uniform(key, probs.shape[:-1] + (1,), probs.dtype) * cdf[..., -1:]
-  hit = (cdf > u) & (probs > 0)
+  threshold = u[..., None].astype(probs.dtype) * cdf[..., -1:]
+  hit = (cdf > threshold) & (probs > 0)
   token = jnp.where(
     jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), jnp.argmax(probs, axis=-1)
   )  # unreachable unless u rounds up to total

@@ -37,7 +37,7 @@ def make_drafter(name: str, target, draft, max_ngram: int = 3):
 
 
 def chisquare_pvalue(observed, probs) -> float:
-  """Chi-square goodness-of-fit p-value, merging cells with expected count < 5.
+  """Chi-square goodness-of-fit p-value, pooling the cells with expected count < 5.
 
   Args:
     observed: counts per cell (any shape).
@@ -52,8 +52,11 @@ def chisquare_pvalue(observed, probs) -> float:
   expected = probs / probs.sum() * observed.sum()
   order = np.argsort(expected)
   observed, expected = observed[order], expected[order]
-  # Pool the smallest cells (ascending) until the pool reaches 5 expected counts.
-  small = int(np.searchsorted(np.cumsum(expected), 5.0)) + 1 if expected[0] < 5 else 0
+  # Pool every cell expected fewer than 5 times (and, if that pool is still
+  # under 5, the next smallest cells), as the chi-square approximation needs.
+  small = int(np.sum(expected < 5))
+  if small:
+    small = max(small, int(np.searchsorted(np.cumsum(expected), 5.0)) + 1)
   if small:
     observed = np.concatenate([[observed[:small].sum()], observed[small:]])
     expected = np.concatenate([[expected[:small].sum()], expected[small:]])

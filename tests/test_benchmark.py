@@ -31,6 +31,12 @@ KEYS = [
   "ar_compile_seconds",
   "spec_compile_seconds",
   "prefill_ms",
+  "memory_bandwidth_gbs",
+  "matmul_gflops",
+  "target_matmul_floor_ms",
+  "ar_over_floor",
+  "spec_overhead_fraction",
+  "target_long_prefill_ms",
 ]
 
 
@@ -54,3 +60,13 @@ def test_self_draft_benchmark_smoke():
   assert result["c"] == 1.0
   assert result["greedy_outputs_match"] is True
   assert result["speedup"] == result["ar_ms_per_token"] / result["spec_ms_per_token"]
+  # The floor's arithmetic: ratios of the reported times, whatever they are.
+  assert result["ar_over_floor"] == result["ar_step_ms"] / result["target_matmul_floor_ms"]
+  models_ms = (
+    result["target_verify_ms"] + result["draft_calls_per_iteration"] * (result["draft_call_ms"])
+  )
+  assert (
+    abs(result["spec_overhead_fraction"] - (1 - models_ms / result["spec_ms_per_iteration"])) < 1e-9
+  )
+  assert result["draft_calls_per_iteration"] == config.gamma  # a perfect draft drafts all gamma
+  assert result["long_prompt_tokens"] == 512 and result["target_long_prefill_ms"] > 0

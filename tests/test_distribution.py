@@ -156,7 +156,7 @@ def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
     gamma=2,
     max_new_tokens=NEW,
     sampling=sampling,
-    key=jax.random.key(21),
+    key=jax.random.key(22),
     verifier=verifier,
     adaptive=adaptive,
     confidence_threshold=0.6,

@@ -189,7 +189,7 @@ def test_speculative_step_is_pure(target, draft, prompts):
   )(jax.random.key(3))
   step = jax.jit(lambda s: specjax.speculative_step(target, draft, s, config))
   a, b = step(state), step(state)
-  a, b = (x.replace(key=jax.random.key_data(x.key)) for x in (a, b))
+  a, b = (x.replace(keys=jax.random.key_data(x.keys)) for x in (a, b))
   jax.tree.map(np.testing.assert_array_equal, a, b)
   assert np.all(np.asarray(a.num_generated) >= 2)
   np.testing.assert_array_equal(a.target_cache.lengths, lengths + a.num_generated - 1)

@@ -21,7 +21,7 @@ from flax import struct
 from specjax.drafting.base import Commit, Proposal
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_tokens
+from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
 from specjax.validation import is_int, is_real
 from specjax.vocab import fit_ids
 
@@ -87,21 +87,31 @@ class ModelDrafter:
     sampling: SamplingParams,
   ) -> tuple[Proposal, KVCache]:
     """Samples up to min(gamma, limit[b]) tokens per row; stops early once no
-    row needs more (every call after the first is one token per row)."""
+    row needs more (every call after the first is one token per row).
+
+    Greedy drafts are the argmax, a deterministic proposal: no `[B, g, V]`
+    law is built for them (`Proposal.probs` is None, q one-hot).
+    """
     b, g = recent.shape[0], gamma
-    keys = jax.random.split(key, g)
+    greedy = sampling.greedy
+    # One random-bit computation for the whole proposal: a uniform per draw.
+    uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
     logits, cache = self._forward(recent, cache, jnp.ones((b, 1), jnp.int32))
 
     def draw(i, logits, tokens, probs, active):
-      token, q = sample_tokens(keys[i], logits[:, 0], sampling)
       active = active & (i < limit)
+      if greedy:  # a one-hot q: its top probability is 1, above any threshold
+        token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        return token, tokens.at[:, i].set(token), probs, active
+      q = warp_probs(logits[:, 0], sampling)
+      token = sample_with_uniform(uniforms[i], q)
       if self.confidence > 0:
         active = active & (jnp.max(q, axis=-1) >= self.confidence)
       return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active
 
     vocab = logits.shape[-1]
     tokens = jnp.zeros((b, g), jnp.int32)
-    probs = jnp.zeros((b, g, vocab), jnp.float32)
+    probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
     token, tokens, probs, active = draw(0, logits, tokens, probs, jnp.ones((b,), bool))
     lengths = active.astype(jnp.int32)
 

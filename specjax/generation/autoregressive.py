@@ -16,7 +16,7 @@ from specjax.generation.common import TRACE_COUNTS, finalize, first_done, prefil
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
 from specjax.models.kv_cache import check_capacity, write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_tokens
+from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
 from specjax.validation import check_positive_int, check_token_id
 
 
@@ -28,10 +28,13 @@ def autoregressive_step(
   eos_id: int | None,
 ) -> ARState:
   """Feeds each row's last token, samples the next, commits it for active rows."""
-  key, step_key = jax.random.split(state.key)
   active = ~state.done
   logits, cache = model.forward_cached(state.last[:, None], state.cache)
-  token, _ = sample_tokens(step_key, logits[:, 0], sampling)
+  if sampling.greedy:  # the argmax of the logits is the argmax of the one-hot warp
+    token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+  else:
+    u = state.uniforms[jnp.minimum(state.stats.iterations, state.uniforms.shape[0] - 1)]
+    token = sample_with_uniform(u, warp_probs(logits[:, 0], sampling))
   # Finished rows keep their length, so their writes stay inside the capacity;
   # what they write into the output buffer lies past num_generated (padded later).
   cache = cache.with_lengths(jnp.where(active, cache.lengths, state.cache.lengths))
@@ -49,7 +52,7 @@ def autoregressive_step(
     tokens=tokens,
     num_generated=num_generated,
     done=done,
-    key=key,
+    uniforms=state.uniforms,
     stats=stats,
   )
 
@@ -76,7 +79,9 @@ def _autoregressive_program(
     tokens=tokens,
     num_generated=jnp.ones((b,), jnp.int32),
     done=first_done(first, max_new_tokens, eos_id),
-    key=key,
+    # All of the loop's random numbers in one computation, before it: a step
+    # then only reads its row of uniforms.
+    uniforms=jax.random.uniform(key, (0 if sampling.greedy else max_new_tokens, b)),
     stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)),
   )
   state = jax.lax.while_loop(

@@ -41,7 +41,7 @@ def speculative_step(
   tokens is verified as a block of k (q = 0 past them).
   """
   drafter = as_drafter(drafter)
-  key, draft_key, verify_key = jax.random.split(state.key, 3)
+  draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
 
   # 1. Draft up to gamma tokens per row, with the laws q they were drawn from.
@@ -55,21 +55,17 @@ def speculative_step(
   )
   _check_chain(proposal)
 
-  # 2. Score s[-1], x_1..x_g in one target call: p at gamma + 1 positions.
+  # 2. Score s[-1], x_1..x_g in one target call: logits at gamma + 1 positions.
   block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
-  target_probs, target_cache, hidden = score(
-    target,
-    block,
-    state.target_cache,
-    config.sampling,
-    vocab,
-    return_hidden=drafter.needs_target_hidden,
+  logits, target_cache, hidden = score(
+    target, block, state.target_cache, return_hidden=drafter.needs_target_hidden
   )
 
   # 3. Verify: keep n drafted tokens, then the token the verifier draws.
   verifier = verify_lib.get_verifier(config.verifier)
+  argmax_only = verifier is verify_lib.greedy_verify
   n, next_token = verifier(
-    verify_key, proposal.tokens, proposal_probs(proposal, vocab), target_probs
+    verify_key, *verifier_inputs(proposal, logits, config.sampling, vocab, argmax_only)
   )
 
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, limit, statistics.
@@ -85,7 +81,7 @@ def speculative_step(
     tokens=tokens,
     num_generated=num_generated,
     done=done,
-    key=key,
+    keys=state.keys,
     stats=state.stats.record(
       active=~state.done,
       proposed=proposal.lengths,
@@ -105,24 +101,49 @@ def _check_chain(proposal: Proposal) -> None:
 
 
 def score(
-  target: Transformer,
-  block: jax.Array,
-  cache: KVCache,
-  sampling: SamplingParams,
-  vocab_size: int,
-  return_hidden: bool = False,
+  target: Transformer, block: jax.Array, cache: KVCache, return_hidden: bool = False
 ) -> tuple[jax.Array, KVCache, jax.Array | None]:
-  """The target's warped law at every position of `block [B, g+1]` in one call.
+  """The target's logits at every position of `block [B, g+1]` in one call.
 
   Returns:
-    `(target_probs [B, g+1, vocab_size], cache, hidden [B, g+1, D] or None)`;
-    ids the target lacks get probability 0, and it reads them as 0.
+    `(logits [B, g+1, V_target] float32, cache, hidden [B, g+1, D] or None)`;
+    ids the target lacks are read as 0.
   """
   out = target.forward_cached(
     fit_ids(block, target.cfg.vocab_size), cache, return_hidden=return_hidden
   )
-  hidden = out[2] if return_hidden else None
-  return pad_vocab(warp_probs(out[0], sampling), vocab_size), out[1], hidden
+  return out[0], out[1], out[2] if return_hidden else None
+
+
+def verifier_inputs(
+  proposal: Proposal,
+  logits: jax.Array,
+  sampling: SamplingParams,
+  vocab_size: int,
+  argmax_only: bool,
+) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+  """What the verifier reads, over one vocabulary of `vocab_size` ids.
+
+  Returns:
+    `(draft_tokens [B, g], draft_probs [B, g, V] or None, target [B, g+1, V])`.
+    Sampling verifiers get q (zero past each row's proposed length) and p, the
+    warped target law (ids a model lacks at probability 0). Greedy verification
+    needs only the target's argmax: it gets the logits themselves (ids the
+    target lacks at -inf), q only if the drafter built one, and -1 (always
+    rejected) past each row's proposed length. Either way the same tokens are
+    accepted: argmax of the one-hot warp is argmax of the logits.
+  """
+  if not argmax_only:
+    p = pad_vocab(warp_probs(logits, sampling), vocab_size)
+    return proposal.tokens, proposal_probs(proposal, vocab_size), p
+  g = proposal.tokens.shape[1]
+  proposed = jnp.arange(g)[None, :] < proposal.lengths[:, None]
+  tokens = jnp.where(proposed, proposal.tokens, -1)
+  extra = vocab_size - logits.shape[-1]
+  if extra:
+    logits = jnp.pad(logits, ((0, 0), (0, 0), (0, extra)), constant_values=-jnp.inf)
+  q = None if proposal.probs is None else proposal_probs(proposal, vocab_size)
+  return tokens, q, logits
 
 
 def emitted_tokens(draft_tokens: jax.Array, n: jax.Array, next_token: jax.Array) -> jax.Array:
@@ -215,7 +236,9 @@ def init_state(
     tokens=tokens.at[:, 0].set(first),
     num_generated=jnp.ones((b,), jnp.int32),
     done=first_done(first, config.max_new_tokens, config.eos_id),
-    key=key,
+    # At most max_new_tokens - 1 iterations follow the prefill's token: one
+    # split before the loop gives each its (draft, verify) keys.
+    keys=jax.random.split(key, (config.max_new_tokens, 2)),
     stats=SpeculativeStats.zeros(b, config.gamma, draft_calls=drafter.prefill_calls),
   )
 

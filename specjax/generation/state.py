@@ -200,7 +200,9 @@ class SpecState:
       block can always be written).
     num_generated: `[B]` int32.
     done: `[B]` bool, the row hit EOS or its budget.
-    key: PRNG key for the next iteration.
+    keys: `[max_new_tokens, 2]` PRNG keys, row i the (draft, verify) keys
+      of iteration i, split once before the loop (an iteration runs no
+      key-splitting computation of its own).
     stats: `SpeculativeStats`.
   """
 
@@ -211,7 +213,7 @@ class SpecState:
   tokens: jax.Array
   num_generated: jax.Array
   done: jax.Array
-  key: jax.Array
+  keys: jax.Array
   stats: SpeculativeStats
 
 
@@ -219,7 +221,9 @@ class SpecState:
 class ARState:
   """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`.
 
-  `tokens` is `[B, max_new_tokens + 1]` (one slot of slack for finished rows).
+  `tokens` is `[B, max_new_tokens + 1]` (one slot of slack for finished rows);
+  `uniforms` `[max_new_tokens, B]` holds step i's uniform per row in row i
+  (`[0, B]` when decoding is greedy and draws nothing).
   """
 
   cache: KVCache
@@ -227,5 +231,5 @@ class ARState:
   tokens: jax.Array
   num_generated: jax.Array
   done: jax.Array
-  key: jax.Array
+  uniforms: jax.Array
   stats: AutoregressiveStats

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import sample
+from specjax.sampling import sample_with_uniform
 from specjax.verify.base import VerifyResult, check_inputs, check_key, drafted_laws
 
 
@@ -70,14 +70,16 @@ def block_verify(
   """
   b, g, _ = check_inputs(draft_tokens, draft_probs, target_probs)
   check_key(key)
-  coin_key, sample_key = jax.random.split(key)
+  # One random-bit computation: g coins, then the emitted token's uniform.
+  u = jax.random.uniform(key, (b, g + 1), jnp.float32)
   if g == 0:  # nothing drafted: the bonus token alone
     return VerifyResult(
-      jnp.zeros((b,), jnp.int32), sample(sample_key, target_probs[:, 0].astype(jnp.float32))
+      jnp.zeros((b,), jnp.int32),
+      sample_with_uniform(u[:, 0], target_probs[:, 0].astype(jnp.float32)),
     )
   _, residual, h = block_weights(draft_tokens, draft_probs, target_probs)
   # Every coin is drawn (no early stop): tau is the last heads, 0 if none.
-  heads = jax.random.uniform(coin_key, (b, g), jnp.float32) < h
+  heads = u[:, :g] < h
   tau = jnp.max(jnp.where(heads, jnp.arange(1, g + 1), 0), axis=1).astype(jnp.int32)
 
   p = target_probs.astype(jnp.float32)
@@ -87,4 +89,4 @@ def block_verify(
   mass = jnp.sum(r_tau, axis=-1, keepdims=True)
   # tau = g has a zero residual row, so it falls back to p_g: the bonus token.
   dist = jnp.where(mass > 0, r_tau / jnp.where(mass > 0, mass, 1.0), p_tau)
-  return VerifyResult(tau, sample(sample_key, dist))
+  return VerifyResult(tau, sample_with_uniform(u[:, g], dist))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import sample
+from specjax.sampling import sample_with_uniform
 from specjax.verify.base import (
   VerifyResult,
   accepted_prefix_length,
@@ -45,11 +45,11 @@ def token_verify(
   """
   b, g, _ = check_inputs(draft_tokens, draft_probs, target_probs)
   check_key(key)
-  accept_key, sample_key = jax.random.split(key)
   p, q, p_x, q_x = drafted_laws(draft_tokens, draft_probs, target_probs)
-  u = jax.random.uniform(accept_key, (b, g), jnp.float32)
+  # One random-bit computation: g acceptance uniforms, then the emitted token's.
+  u = jax.random.uniform(key, (b, g + 1), jnp.float32)
   # u < p/q without dividing; q_x > 0 rejects impossible drafts.
-  n = accepted_prefix_length((q_x > 0) & (u * q_x < p_x))
+  n = accepted_prefix_length((q_x > 0) & (u[:, :g] * q_x < p_x))
 
   # The distribution of the emitted token: residual at the rejected position,
   # or p itself at position g (append a zero q row so both cases are one gather).
@@ -59,4 +59,4 @@ def token_verify(
   residual = jnp.maximum(p_n - q_n, 0.0)
   mass = jnp.sum(residual, axis=-1, keepdims=True)
   dist = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
-  return VerifyResult(n, sample(sample_key, dist))
+  return VerifyResult(n, sample_with_uniform(u[:, g], dist))

@@ -1,0 +1,159 @@
+"""The machine's floor for decoding: what a model call cannot beat on this hardware.
+
+A decode step of a small batch reads every weight once and does little
+arithmetic per byte, so its floor is set by how fast the machine streams the
+weights and runs the same matrix products. Three measurements:
+
+  memory_bandwidth_gbs()       bytes/s of a jitted copy of a large array
+  matmul_gflops()              float32 throughput of one large square product
+  matmul_floor_seconds(model)  the model's own matrix products alone: the same
+                               weight shapes, dtype and batch, in a jitted loop,
+                               without attention, norms, RoPE or sampling
+
+`ar_over_floor` = autoregressive seconds per step / matmul floor: how far a real
+decode step is from the products it cannot avoid. Timing follows
+`specjax.benchmarking`: one warm-up, median of the timed runs, N calls inside
+one jitted `lax.fori_loop` divided by N.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.models.transformer import Transformer
+from specjax.validation import check_positive_int
+
+
+def _median_seconds(fn, *args, num_runs: int) -> float:
+  from specjax.benchmarking import time_calls  # benchmarking imports generation
+
+  timings, _ = time_calls({"f": lambda: fn(*args)}, num_runs)
+  return timings["f"].median_s
+
+
+def weight_bytes(model: Transformer) -> int:
+  """Bytes of the model's parameters as stored (what a decode step must read)."""
+  leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+  return int(sum(x.size * x.dtype.itemsize for x in leaves))
+
+
+def memory_bandwidth_gbs(megabytes: int = 256, num_steps: int = 8, num_runs: int = 5) -> float:
+  """Measured read + write bandwidth in GB/s: `x -> x + 1` over a float32 array.
+
+  The array (default 256 MB) is far larger than any cache, so this is the
+  rate of main memory, the rate at which weights that do not fit in cache
+  stream. Each step reads and writes it once: 2 * size bytes.
+  """
+  check_positive_int("megabytes", megabytes)
+  n = megabytes * 2**20 // 4
+
+  @jax.jit
+  def run(x):
+    return jax.lax.fori_loop(0, num_steps, lambda _, x: x + 1.0, x)
+
+  x = jnp.zeros((n,), jnp.float32)
+  seconds = _median_seconds(run, x, num_runs=num_runs) / num_steps
+  return 2 * n * 4 / seconds / 1e9
+
+
+def matmul_gflops(n: int = 1024, num_steps: int = 8, num_runs: int = 5) -> float:
+  """Measured float32 throughput in GFLOP/s of `[n, n] @ [n, n]` products."""
+  check_positive_int("n", n)
+
+  @jax.jit
+  def run(a, b):
+    # Each product feeds the next, so none can be hoisted or dropped.
+    return jax.lax.fori_loop(0, num_steps, lambda _, a: (a @ b) * (1.0 / n), a)
+
+  a = jnp.ones((n, n), jnp.float32)
+  seconds = _median_seconds(run, a, a, num_runs=num_runs) / num_steps
+  return 2 * n**3 / seconds / 1e9
+
+
+def _kernels(model: Transformer):
+  """Per layer the weight matrices a call multiplies by, then the head `[D, V]`."""
+  cfg = model.cfg
+  layers = []
+  for layer in model.layers:
+    attn, mlp = layer.attn, layer.mlp
+    mats = {
+      "q": attn.q_proj.kernel[...],
+      "k": attn.k_proj.kernel[...],
+      "v": attn.v_proj.kernel[...],
+      "o": attn.o_proj.kernel[...],
+      "up": mlp.up_proj.kernel[...],
+      "down": mlp.down_proj.kernel[...],
+    }
+    if cfg.mlp == "swiglu":
+      mats["gate"] = mlp.gate_proj.kernel[...]
+    layers.append(mats)
+  head = model.embed.embedding[...].T if cfg.tie_embeddings else model.lm_head[...]
+  return layers, head
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps",))
+def _matmul_skeleton(layers, head, x, *, num_steps: int):
+  """`num_steps` passes of the model's products alone on `x [N, D]`."""
+  compute = x.dtype
+
+  def dot(a, w):
+    return jnp.dot(a, w.astype(compute), preferred_element_type=jnp.float32).astype(compute)
+
+  def body(_, x):
+    for mats in layers:
+      q, k, v = dot(x, mats["q"]), dot(x, mats["k"]), dot(x, mats["v"])
+      # k and v feed the next step through a scalar, so they are not dead code.
+      kv = (jnp.sum(k) + jnp.sum(v)) * 1e-9
+      x = x + dot(q, mats["o"]) + kv.astype(compute)
+      h = dot(x, mats["up"])
+      if "gate" in mats:
+        h = h * dot(x, mats["gate"])
+      x = x + dot(h, mats["down"])
+    logits = jnp.dot(x, head.astype(compute), preferred_element_type=jnp.float32)
+    return x + (1e-9 * jnp.max(logits, axis=-1, keepdims=True)).astype(compute)
+
+  return jax.lax.fori_loop(0, num_steps, body, x)
+
+
+def matmul_floor_seconds(
+  model: Transformer, batch: int, tokens_per_call: int = 1, num_steps: int = 64, num_runs: int = 5
+) -> float:
+  """Seconds of one call's matrix products alone: `[batch * tokens_per_call, D]`
+  activations through every layer's projections and the output head, with the
+  model's weights (its dtype, resident as in decoding) and nothing else."""
+  check_positive_int("batch", batch)
+  check_positive_int("tokens_per_call", tokens_per_call)
+  layers, head = _kernels(model)
+  x = jnp.full((batch * tokens_per_call, model.cfg.d_model), 0.01, model.cfg.compute_dtype)
+  run = functools.partial(_matmul_skeleton, num_steps=num_steps)
+  return _median_seconds(run, layers, head, x, num_runs=num_runs) / num_steps
+
+
+def machine_floor(num_runs: int = 5) -> dict[str, float]:
+  """`{"memory_bandwidth_gbs", "matmul_gflops"}` measured on the default device."""
+  return {
+    "memory_bandwidth_gbs": round(memory_bandwidth_gbs(num_runs=num_runs), 2),
+    "matmul_gflops": round(matmul_gflops(num_runs=num_runs), 2),
+  }
+
+
+def model_floor(
+  model: Transformer, batch: int, tokens_per_call: int = 1, num_runs: int = 5
+) -> dict[str, float]:
+  """The model's floor: its matmul-only call time and its weight bytes per call."""
+  seconds = matmul_floor_seconds(model, batch, tokens_per_call, num_runs=num_runs)
+  return {"matmul_floor_ms": seconds * 1e3, "weight_bytes": weight_bytes(model)}
+
+
+__all__ = [
+  "machine_floor",
+  "matmul_floor_seconds",
+  "matmul_gflops",
+  "memory_bandwidth_gbs",
+  "model_floor",
+  "weight_bytes",
+]

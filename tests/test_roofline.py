@@ -1,0 +1,67 @@
+"""The floor measurements and the kernel counter measure what they say they measure."""
+
+import jax
+import jax.numpy as jnp
+
+import specjax
+from specjax import hlo_ops, roofline
+
+
+def test_weight_bytes_count_every_parameter(target):
+  assert roofline.weight_bytes(target) == 4 * target.num_params  # float32
+
+
+def test_matmul_skeleton_does_the_models_products(target):
+  """Its FLOPs per step are the model's projections and head, 2 * N * (weights in
+  matrices), within the small extra of the residual adds."""
+  layers, head = roofline._kernels(target)
+  n = 3
+  x = jnp.ones((n, target.cfg.d_model))
+  compiled = roofline._matmul_skeleton.lower(layers, head, x, num_steps=1).compile()
+  flops = compiled.cost_analysis()["flops"]
+  matrix_weights = sum(w.size for mats in layers for w in mats.values()) + head.size
+  assert 2 * n * matrix_weights <= flops <= 1.1 * 2 * n * matrix_weights
+  assert len(layers) == target.cfg.n_layers and len(layers[0]) == 7  # q k v o gate up down
+
+
+def test_machine_floor_is_positive():
+  floor = roofline.machine_floor(num_runs=1)
+  assert floor["memory_bandwidth_gbs"] > 0 and floor["matmul_gflops"] > 0
+
+
+def test_kernel_counts_see_loop_bodies_and_skip_free_ops():
+  @jax.jit
+  def f(x):
+    def body(carry):
+      i, x = carry
+      return i + 1, jnp.tanh(x @ x) + 1.0
+
+    return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1]
+
+  text = f.lower(jnp.ones((8, 8))).compile().as_text()
+  loops = hlo_ops.loop_kernels(text)
+  assert len(loops) == 1
+  counts = hlo_ops.kernel_counts(text)[loops[0]["body"]]
+  assert counts["dot"] + counts["fusion"] >= 1  # the product, fused or not
+  assert not {"parameter", "constant", "tuple", "get-tuple-element"} & set(counts)
+
+
+def test_greedy_iteration_draws_no_random_bits(target, draft):
+  """At temperature 0 the speculative loop body calls no random-bit computation:
+  no nested while loop but the drafter's own."""
+  from specjax.generation.speculative import _speculative_program
+
+  config = specjax.SpecConfig(gamma=3, max_new_tokens=8, sampling=specjax.GREEDY, verifier="greedy")
+  prompts, lengths = jnp.ones((1, 4), jnp.int32), jnp.array([4])
+  text = (
+    _speculative_program.lower(
+      target, specjax.drafting.as_drafter(draft), prompts, lengths, jax.random.key(0), config=config
+    )
+    .compile()
+    .as_text()
+  )
+  counts = hlo_ops.kernel_counts(text)
+  outer = [counts[body] for body in hlo_ops.while_bodies(text) if counts[body]["while"]]
+  # The generation loop holds exactly one loop (the drafter's) and calls nothing
+  # (random bits on CPU are a called loop).
+  assert len(outer) == 1 and outer[0]["while"] == 1 and outer[0]["call"] == 0, outer
