@@ -146,6 +146,9 @@ def test_iteration_profile_runs():
   ):
     assert result[key] > 0, key
   assert result["iterations"] >= 1
+  # Greedy: the iteration calls no random-bit loop; each loop body launches kernels.
+  assert result["spec_iteration_calls"] == 0
+  assert min(result["ar_step_kernels"], result["spec_iteration_kernels"]) > 0
 
 
 def test_load_pair_and_hf_load_model_return_the_same_tokenizer_type(pair):
