@@ -18,6 +18,7 @@ from absl import app, flags
 
 from experiments import common
 from specjax.data import TokenDataset, Tokenizer
+from specjax.data.dataset import check_tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.training import evaluate
 from specjax.training.checkpoint import load_trained_model
@@ -47,7 +48,9 @@ def compare(
   """One result dict per draft run."""
   target, _ = load_trained_model(target_run, dtype="float32")
   tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
-  validation = TokenDataset(os.path.join(data_dir, "validation.bin"))
+  validation_path = os.path.join(data_dir, "validation.bin")
+  check_tokenizer(validation_path, tokenizer)  # token files of another tokenizer: an error
+  validation = TokenDataset(validation_path)
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(num_prompts))
   rows = []
   for run in draft_runs:
