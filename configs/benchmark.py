@@ -9,7 +9,7 @@ and override fields with flags, e.g. `--config.max_new_tokens=16`.
 
 `target` and `draft` hold `specjax.ModelConfig` keyword arguments. `max_seq_len`
 is left out on purpose: the launcher sets it to the cache capacity speculative
-decoding allocates (`specjax.generation.common.cache_capacity`), so overriding
+decoding allocates (`specjax.models.kv_cache.cache_capacity`), so overriding
 the budget never needs a second override (adding max_seq_len explicitly is
 allowed; it must then be at least that).
 """

@@ -29,7 +29,7 @@ from flax import nnx
 import specjax
 from experiments import common
 from specjax import benchmarking, roofline
-from specjax.generation.common import cache_capacity
+from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path
 
 SIZES = {

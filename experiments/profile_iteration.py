@@ -34,9 +34,9 @@ from specjax import benchmarking, hlo_ops, pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import ModelDrafter, Proposal
 from specjax.generation.autoregressive import _autoregressive_program
-from specjax.generation.common import cache_capacity
 from specjax.generation.speculative import _speculative_program, verifier_inputs
 from specjax.generation.state import SpecConfig
+from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
 NUM_RUNS = 5  # timed runs per part; each figure is their median

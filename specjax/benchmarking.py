@@ -32,8 +32,8 @@ import numpy as np
 
 from specjax import theory
 from specjax.generation import autoregressive_generate, speculative_generate
-from specjax.generation.common import cache_capacity, prefill
-from specjax.models.kv_cache import KVCache
+from specjax.generation.common import prefill
+from specjax.models.kv_cache import KVCache, cache_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
 from specjax.validation import check_positive_int

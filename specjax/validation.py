@@ -76,3 +76,18 @@ def check_output_path(name: str, path: str | None) -> str | None:
   if not os.access(parent, os.W_OK):
     raise ValueError(f"{name}: the directory {parent!r} is not writable.")
   return path
+
+
+def read_json_object(path: str) -> dict:
+  """The JSON object in file `path`; a ValueError naming the file when it is not
+  valid JSON or not an object (FileNotFoundError when it is missing)."""
+  import json
+
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for binary bytes
+    raise ValueError(f"{path} is not valid JSON: {e}") from e
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} must hold a JSON object, got a {type(value).__name__}.")
+  return value

@@ -65,6 +65,15 @@ def test_main_job_runs_with_no_arguments():
   ):
     assert key in result
   assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
+  # The floor report (config.report_floor, on by default): its arithmetic holds.
+  assert result["ar_over_floor"] == result["ar_step_ms"] / result["target_matmul_floor_ms"]
+  models_ms = (
+    result["target_verify_ms"] + result["draft_calls_per_iteration"] * (result["draft_call_ms"])
+  )
+  assert (
+    abs(1 - models_ms / result["spec_ms_per_iteration"] - result["spec_overhead_fraction"]) < 1e-9
+  )
+  assert result["target_long_prefill_ms"] > 0 and result["spec_compile_seconds"] >= 0
 
 
 def test_load_pair_names_a_missing_file(monkeypatch, tmp_path):

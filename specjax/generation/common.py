@@ -1,6 +1,5 @@
-"""What both generation loops share: cache capacity, prefill, padding, output.
+"""What both generation loops share: prefill, padding, output, trace counts.
 
-cache_capacity  slots a generate call needs (defined in specjax.models.kv_cache)
 prefill         prompt through a fresh cache, first token sampled
 zero_padding    prompt ids past each row's length set to a valid id
 first_done      rows finished by the prefill's token alone
@@ -15,7 +14,6 @@ import collections
 import jax
 import jax.numpy as jnp
 
-from specjax.models.kv_cache import cache_capacity  # noqa: F401  (re-exported)
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
@@ -15,6 +14,7 @@ from specjax.dtypes import dtype_name
 from specjax.hf import config as hf_config
 from specjax.hf import weights
 from specjax.models.transformer import Transformer
+from specjax.validation import read_json_object
 
 
 def read_config(path: str) -> dict:
@@ -28,14 +28,7 @@ def read_config(path: str) -> dict:
   file = os.path.join(path, "config.json")
   if not os.path.exists(file):
     raise FileNotFoundError(f"no config.json in {path}")
-  try:
-    with open(file, encoding="utf-8") as f:
-      config = json.load(f)
-  except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for binary bytes
-    raise ValueError(f"{file} is not valid JSON: {e}") from e
-  if not isinstance(config, dict):
-    raise ValueError(f"{file} must hold a JSON object, got a {type(config).__name__}.")
-  return config
+  return read_json_object(file)
 
 
 def load_tokenizer(path: str) -> Tokenizer | None:

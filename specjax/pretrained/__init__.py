@@ -12,7 +12,6 @@ so `specjax.hf.load_model` and transformers read them too.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import NamedTuple
 
@@ -22,6 +21,7 @@ from specjax.data.tokenizer import Tokenizer
 from specjax.dtypes import dtype_name
 from specjax.hf.loader import load_model
 from specjax.models.transformer import Transformer
+from specjax.validation import read_json_object
 
 PAIR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib_pair")
 TARGET_DIR = os.path.join(PAIR_DIR, "target")
@@ -102,14 +102,7 @@ def model_card() -> dict:
   """The training record of the bundled pair (commands, steps, tokens, metrics, sha256)."""
   if not os.path.exists(CARD_FILE):
     raise FileNotFoundError(f"the bundled pair is incomplete: {CARD_FILE} is missing ({_REBUILD})")
-  try:
-    with open(CARD_FILE, encoding="utf-8") as f:
-      card = json.load(f)
-  except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for binary bytes
-    raise ValueError(f"{CARD_FILE} is not valid JSON: {e}") from e
-  if not isinstance(card, dict):
-    raise ValueError(f"{CARD_FILE} must hold a JSON object, got a {type(card).__name__}.")
-  return card
+  return read_json_object(CARD_FILE)
 
 
 __all__ = [
