@@ -17,6 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.num_prompts = 4  # held-out test-split prompts, decoded one by one (batch 1)
   c.num_runs = 3  # timed runs per variant (median), after a warm-up
   c.temperatures = (0.0, 1.0)
+  # Verifiers of the drafter grid (greedy applies at temperature 0 only); the
+  # first that applies also runs the gamma sweep and the adaptive lengths.
+  c.verifiers = ("greedy", "token", "block")
   c.ngram = 3  # longest n-gram the prompt-lookup drafter matches
   c.layer_skip = (1, 2, 3, 4, 5)  # target layers kept by the self-speculation drafter
   c.gamma_sweep = (1, 2, 3, 4, 6, 8)  # fixed gammas the adaptive lengths are compared with

@@ -46,7 +46,8 @@ COLUMNS = (
 
 def _variants(config, target, draft, temperature):
   """(name fields, drafter, verifier, gamma, adaptive) for one temperature."""
-  verifiers = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
+  applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
+  verifiers = [v for v in applicable if v in config.verifiers]
   drafters = [
     ("draft model", draft),
     (f"prompt lookup (n<={config.ngram})", NGramDrafter(target.cfg.vocab_size, config.ngram)),
@@ -63,6 +64,12 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """Times every variant of `config` on the bundled pair; one JSON-ready row each."""
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
+  unknown = set(config.verifiers) - {"greedy", "token", "block"}
+  if unknown or not config.verifiers:
+    raise ValueError(
+      f"config.verifiers must be a non-empty subset of (greedy, token, block), "
+      f"got {tuple(config.verifiers)!r}."
+    )
   check_positive_int("config.num_runs", config.num_runs, 3)
   target, draft, tokenizer = pretrained.load_pair()
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))

@@ -21,6 +21,29 @@ from flax import nnx
 import specjax
 from helpers import TINY, TINY_DRAFT
 
+# Subprocess suites started at collection (see `background`), by start function.
+_BACKGROUND = {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+  """Starts each selected test's `start_in_background` process right away."""
+  for item in items:
+    start = getattr(getattr(item, "function", None), "start_in_background", None)
+    if start is not None and start not in _BACKGROUND:
+      _BACKGROUND[start] = start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+  for process in _BACKGROUND.values():  # started but never collected (deselected, aborted)
+    process.kill()
+
+
+@pytest.fixture
+def background():
+  """`background(start)`: the process collection started with `start`, or a new one."""
+  return lambda start: _BACKGROUND.pop(start, None) or start()
+
+
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -9,7 +9,8 @@ from flax import nnx
 from scipy import stats
 
 import specjax
-from specjax.drafting import NGramDrafter, layer_skip
+from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
+from specjax.models.heads import HeadConfig, make_head
 
 # The tiny target every generation test shares, and the draft's overrides of it.
 TINY = dict(
@@ -27,12 +28,25 @@ def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:
   )
 
 
+HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
+
+
+def head_drafter(kind: str, target, seed: int = 7, **settings):
+  """A drafter of `kind` with a fresh (untrained) head for `target`."""
+  head = make_head(HeadConfig(kind, target.cfg, **settings), rngs=nnx.Rngs(seed))
+  return HEAD_DRAFTERS[kind](target, head)
+
+
 def make_drafter(name: str, target, draft, max_ngram: int = 3):
-  """The drafter called `name` ("model", "ngram" or "layer_skip") for `target`."""
+  """The drafter called `name` ("model", "ngram", "layer_skip", "eagle",
+  "medusa" or "early_exit"; heads fresh) for `target`."""
   return {
     "model": lambda: draft,
     "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
     "layer_skip": lambda: layer_skip(target, 1),
+    "eagle": lambda: head_drafter("eagle", target),
+    "medusa": lambda: head_drafter("medusa", target),
+    "early_exit": lambda: head_drafter("early_exit", target, exit_layer=1),
   }[name]()
 
 

@@ -167,3 +167,28 @@ def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
     # The threshold bites: some rows propose fewer than gamma tokens.
     assert 0 < np.sum(stats.proposed) < 2 * np.sum(stats.row_iterations)
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
+
+
+@pytest.mark.parametrize(
+  "name, verifier", [("eagle", "token"), ("medusa", "block"), ("early_exit", "token")]
+)
+def test_head_drafters_are_exact_with_top_k_and_top_p(pair, name, verifier):
+  """Drafters that read the target's features (fresh heads: they agree sometimes)
+  keep the target's law under a top-k and top-p warp."""
+  target, draft = pair
+  sampling = specjax.SamplingParams(temperature=1.0, top_k=6, top_p=0.9)
+  prompts = jnp.tile(PROMPT, (ROWS, 1))
+  lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
+  spec = specjax.speculative_generate(
+    target,
+    make_drafter(name, target, draft),
+    prompts,
+    lengths,
+    gamma=2,
+    max_new_tokens=NEW,
+    sampling=sampling,
+    key=jax.random.key(23),
+    verifier=verifier,
+  )
+  assert 0.05 < float(spec.stats.acceptance_rate) < 0.95
+  assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3

@@ -183,10 +183,10 @@ class _Repeat(DrafterBase):
   """Proposes s[-1] gamma times; keeps what `commit` hands it as its state."""
 
   vocab_size: int = struct.field(pytree_node=False)
-  needs_target_hidden: bool = struct.field(pytree_node=False, default=True)
+  target_features: bool = struct.field(pytree_node=False, default=True)
   tree: bool = struct.field(pytree_node=False, default=False)
 
-  def init(self, prompts, prompt_lengths, first, capacity):
+  def init(self, prompts, prompt_lengths, first, capacity, hidden=None):
     return None
 
   def propose(self, state, recent, key, limit, *, gamma, sampling):
@@ -215,14 +215,16 @@ def test_commit_hands_the_target_hidden_states(target, prompts):
   new = jax.jit(lambda s: specjax.speculative_step(target, drafter, s, config))(state)
   hidden = new.drafter_state
   assert hidden.shape == (4, gamma + 1, target.cfg.d_model)
-  # The hidden states are the head's input at s[-1], x_1..x_g: the head gives
-  # the target's own logits there, as a full forward over the sequence does.
+  # The features at s[-1], x_1..x_g give, through the final norm and head, the
+  # target's own logits there, as a full forward over the sequence does.
   block = jnp.tile(state.recent[:, 1:], (1, gamma + 1))
   logits, _ = target.forward_cached(block, state.target_cache)
-  np.testing.assert_allclose(target._head(hidden), logits, atol=1e-4)
+  np.testing.assert_allclose(target.features_to_logits(hidden), logits, atol=1e-4)
   row = 0  # prompt of 9 + the first token + 3 repeats: compare with no cache at all
   full = jnp.concatenate([prompt[row, :9], block[row]])[None]
-  np.testing.assert_allclose(target._head(hidden[row : row + 1]), target(full)[:, -4:], atol=1e-4)
+  np.testing.assert_allclose(
+    target.features_to_logits(hidden[row : row + 1]), target(full)[:, -4:], atol=1e-4
+  )
 
 
 def test_tree_proposals_are_refused_by_the_chain_step(target, prompts):

@@ -66,7 +66,8 @@ def test_main_job_runs_with_no_arguments():
     assert key in result
   assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
   # The floor report (config.report_floor, on by default): its arithmetic holds.
-  assert result["ar_over_floor"] == result["ar_step_ms"] / result["target_matmul_floor_ms"]
+  ratio = result["ar_step_ms"] / result["target_matmul_floor_ms"]
+  assert result["ar_over_floor"] == pytest.approx(ratio, rel=1e-9)
   models_ms = (
     result["target_verify_ms"] + result["draft_calls_per_iteration"] * (result["draft_call_ms"])
   )
@@ -94,13 +95,14 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
     layer_skip=(2,),
     gamma_sweep=(2,),
     gamma_max=4,
+    verifiers=("greedy",),  # each variant is a compiled program: CI time
   )
   rows = compare_drafters.run(config)
   names = {(r["drafter"], r["verifier"], r["gamma"], r["adaptive"]) for r in rows}
-  assert ("prompt lookup (n<=3)", "block", 4, "fixed") in names
+  assert ("prompt lookup (n<=3)", "greedy", 4, "fixed") in names
   assert ("layer skip k=2", "greedy", 4, "fixed") in names
   assert ("draft model", "greedy", 4, "schedule") in names
-  assert len(rows) == 3 * 3 + 1 + 2
+  assert len(rows) == 3 + 1 + 2
   for r in rows:
     assert 0 <= r["acceptance_rate"] <= 1 and r["speedup"] > 0
   assert "| 0 | draft model | greedy | 4 | fixed |" in compare_drafters.markdown(rows)

@@ -3,12 +3,18 @@
   ModelDrafter(model)           a small draft model (any `Transformer`)
   layer_skip(target, k)         the target's first k layers + its head (self-speculation)
   NGramDrafter(vocab_size, n)   prompt lookup: copy what followed the last n-gram
+  EagleDrafter(target, head)    EAGLE: a head autoregressing over the target's features
+  MedusaDrafter(target, heads)  Medusa: K heads on the last feature, one call per draft
+  EarlyExitDrafter(target, a)   the target's first layers + a trained adapter + its head
 
 All share the `Drafter` protocol (`specjax.drafting.base`); `as_drafter` turns a
 plain `Transformer` into a `ModelDrafter`.
 """
 
 from specjax.drafting.base import Commit, Drafter, DrafterBase, Proposal, proposal_probs
+from specjax.drafting.eagle import EagleDrafter
+from specjax.drafting.early_exit import EarlyExitDrafter
+from specjax.drafting.medusa import MedusaDrafter
 from specjax.drafting.model import ModelDrafter, as_drafter, layer_skip
 from specjax.drafting.ngram import NGramDrafter, lookup
 
@@ -16,6 +22,9 @@ __all__ = [
   "Commit",
   "Drafter",
   "DrafterBase",
+  "EagleDrafter",
+  "EarlyExitDrafter",
+  "MedusaDrafter",
   "ModelDrafter",
   "NGramDrafter",
   "Proposal",

@@ -3,20 +3,24 @@
 A drafter is a pytree (a `flax.struct` dataclass: arrays and modules as
 children, settings static and fixed at construction) with three pure methods:
 
-  init(prompts [B, P], prompt_lengths [B], first [B], capacity) -> state
-      Prepare for the committed sequence s = prompt + first token.
+  init(prompts [B, P], prompt_lengths [B], first [B], capacity, hidden) -> state
+      Prepare for the committed sequence s = prompt + first token. `hidden` is
+      None, or for drafters with `target_features` the target's features at
+      the P prompt positions, `[B, P, F]` (position t predicted s[t + 1]).
   propose(state, recent [B, 2], key, limit [B], *, gamma, sampling) -> (Proposal, state)
       Propose up to `gamma` tokens per row continuing s, at most `limit[b]`
       for row b, drawn under the `sampling` warp. `recent = [s[-2], s[-1]]`.
   commit(state, Commit) -> state
-      What the iteration kept; a drafter whose `needs_target_hidden` is True
-      also gets the target's hidden states of the scored block (draft heads).
+      What the iteration kept; a drafter with `target_features` also gets
+      the target's features over the scored block (draft heads).
 
 and what generation asks of it instead of looking at its class:
 
   vocab_size              static, the ids its proposals are drawn from
   prefill_calls           model calls `init` spends (statistics)
-  needs_target_hidden     static bool, see `commit`
+  target_features         static: False, True (the features before the final
+                          norm) or a tuple of layer counts (EAGLE-3 fusion); the
+                          `return_hidden` of the target's calls, see `init`/`commit`
   check_capacity(prompt_width, max_new_tokens, gamma)   raises before compiling
   with_confidence(threshold) -> drafter   the adaptive "confidence" draft length
 
@@ -69,9 +73,11 @@ class Commit(NamedTuple):
     old_length: `[B]` int32, len(s).
     new_length: `[B]` int32, len(s') for rows that go on.
     goes_on: `[B]` bool; rows that stopped keep old_length.
-    hidden: None, or `[B, g+1, D]` the target's final hidden states (the head's
-      input) at the scored positions s[-1], x_1..x_g, only for drafters with
-      `needs_target_hidden`; position j predicted `emitted[:, j]`.
+    hidden: None, or `[B, g+1, F]` the target's features (`forward_cached`'s
+      `return_hidden`: the residual stream before the final norm, F = D) at
+      the scored positions s[-1], x_1..x_g, only for drafters with
+      `target_features` (F = D times the layers chosen); position j
+      predicted `emitted[:, j]`.
   """
 
   emitted: jax.Array
@@ -86,14 +92,19 @@ class Drafter(Protocol):
 
   vocab_size: int
   prefill_calls: int
-  needs_target_hidden: bool
+  target_features: bool | tuple[int, ...]
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None: ...
 
   def with_confidence(self, threshold: float) -> Drafter: ...
 
   def init(
-    self, prompts: jax.Array, prompt_lengths: jax.Array, first: jax.Array, capacity: int
+    self,
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    first: jax.Array,
+    capacity: int,
+    hidden: jax.Array | None = None,
   ) -> Any: ...
 
   def propose(
@@ -115,7 +126,7 @@ class DrafterBase:
   their own to check, no hidden states, no confidence-based length."""
 
   prefill_calls = 0
-  needs_target_hidden = False
+  target_features = False
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     del prompt_width, max_new_tokens, gamma

@@ -26,66 +26,34 @@ from specjax.validation import is_int, is_real
 from specjax.vocab import fit_ids
 
 
-@struct.dataclass
-class ModelDrafter:
-  """Proposes tokens by sampling a `Transformer` (optionally its first `num_layers`).
+class CachedDrafting:
+  """`init`/`propose`/`commit` of any drafter that samples one token per cached call.
 
-  Attributes:
-    model: the draft model (or the target itself, for layer skipping).
-    num_layers: layers to run; None runs all of them.
-    confidence: stop drafting a row when the draft's top probability falls
-      below this (0 disables it): the adaptive "confidence" draft length.
+  A subclass says how to make its state (`_new_state`), run a call
+  (`_forward(tokens [B, T], state, logit_indices) -> (logits [B, R, V], state)`)
+  and roll back (`_with_lengths`); `confidence` and `vocab_size` come from it.
+  The state obeys the cache invariant of the module docstring.
   """
 
-  model: Transformer
-  num_layers: int | None = struct.field(pytree_node=False, default=None)
-  confidence: float = struct.field(pytree_node=False, default=0.0)
+  prefill_calls = 1  # init runs the prompt through the drafter once
+  target_features = False
 
-  prefill_calls = 1  # init runs the prompt through the draft once
-  needs_target_hidden = False
-
-  def __post_init__(self):
-    if not is_real(self.confidence) or not 0 <= self.confidence <= 1:
-      raise ValueError(f"confidence must be in [0, 1] (0 = off), got {self.confidence!r}.")
-
-  @property
-  def vocab_size(self) -> int:
-    return self.model.cfg.vocab_size
-
-  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
-    check_capacity("draft", self.model.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
-
-  def with_confidence(self, threshold: float) -> ModelDrafter:
-    """The same drafter stopping a row once its top probability falls below `threshold`."""
-    if not is_real(threshold) or not 0 < threshold <= 1:
-      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
-    return self.replace(confidence=float(threshold))
-
-  def _forward(self, tokens, cache, logit_indices=None):
-    return self.model.forward_cached(
-      fit_ids(tokens, self.vocab_size),
-      cache,
-      logit_indices=logit_indices,
-      num_layers=self.num_layers,
-    )
-
-  def init(self, prompts, prompt_lengths, first, capacity) -> KVCache:
+  def init(self, prompts, prompt_lengths, first, capacity, hidden=None):
     b = prompts.shape[0]
-    cache = self.model.init_cache(b, capacity, num_layers=self.num_layers)
     # No logits are needed here; one position keeps the head cheap.
-    _, cache = self._forward(prompts, cache, jnp.zeros((b, 1), jnp.int32))
-    return cache.with_lengths(prompt_lengths - 1)
+    _, state = self._forward(prompts, self._new_state(b, capacity), jnp.zeros((b, 1), jnp.int32))
+    return self._with_lengths(state, prompt_lengths - 1)
 
   def propose(
     self,
-    cache: KVCache,
+    state,
     recent: jax.Array,
     key: jax.Array,
     limit: jax.Array,
     *,
     gamma: int,
     sampling: SamplingParams,
-  ) -> tuple[Proposal, KVCache]:
+  ):
     """Samples up to min(gamma, limit[b]) tokens per row; stops early once no
     row needs more (every call after the first is one token per row).
 
@@ -96,7 +64,7 @@ class ModelDrafter:
     greedy = sampling.greedy
     # One random-bit computation for the whole proposal: a uniform per draw.
     uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
-    logits, cache = self._forward(recent, cache, jnp.ones((b, 1), jnp.int32))
+    logits, state = self._forward(recent, state, jnp.ones((b, 1), jnp.int32))
 
     def draw(i, logits, tokens, probs, active):
       active = active & (i < limit)
@@ -120,20 +88,71 @@ class ModelDrafter:
       return (i < g) & jnp.any(active)
 
     def body(carry):
-      i, token, cache, tokens, probs, active, lengths = carry
-      logits, cache = self._forward(token[:, None], cache)
+      i, token, state, tokens, probs, active, lengths = carry
+      logits, state = self._forward(token[:, None], state)
       token, tokens, probs, active = draw(i, logits, tokens, probs, active)
-      return i + 1, token, cache, tokens, probs, active, lengths + active
+      return i + 1, token, state, tokens, probs, active, lengths + active
 
-    i, _, cache, tokens, probs, _, lengths = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), token, cache, tokens, probs, active, lengths)
+    i, _, state, tokens, probs, _, lengths = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), token, state, tokens, probs, active, lengths)
     )
-    return Proposal(tokens, probs, lengths, calls=i), cache
+    return Proposal(tokens, probs, lengths, calls=i), state
 
-  def commit(self, cache: KVCache, commit: Commit) -> KVCache:
+  def commit(self, state, commit: Commit):
     # Holds s'[:-2] for rows that go on; stopped rows keep s[:-2] (in bounds).
-    return cache.with_lengths(
-      jnp.where(commit.goes_on, commit.new_length - 2, commit.old_length - 2)
+    return self._with_lengths(
+      state, jnp.where(commit.goes_on, commit.new_length - 2, commit.old_length - 2)
+    )
+
+  def with_confidence(self, threshold: float):
+    """The same drafter stopping a row once its top probability falls below `threshold`."""
+    if not is_real(threshold) or not 0 < threshold <= 1:
+      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
+    return self.replace(confidence=float(threshold))
+
+
+def check_confidence(confidence) -> None:
+  if not is_real(confidence) or not 0 <= confidence <= 1:
+    raise ValueError(f"confidence must be in [0, 1] (0 = off), got {confidence!r}.")
+
+
+@struct.dataclass
+class ModelDrafter(CachedDrafting):
+  """Proposes tokens by sampling a `Transformer` (optionally its first `num_layers`).
+
+  Attributes:
+    model: the draft model (or the target itself, for layer skipping).
+    num_layers: layers to run; None runs all of them.
+    confidence: stop drafting a row when the draft's top probability falls
+      below this (0 disables it): the adaptive "confidence" draft length.
+  """
+
+  model: Transformer
+  num_layers: int | None = struct.field(pytree_node=False, default=None)
+  confidence: float = struct.field(pytree_node=False, default=0.0)
+
+  def __post_init__(self):
+    check_confidence(self.confidence)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.cfg.vocab_size
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    check_capacity("draft", self.model.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
+
+  def _new_state(self, batch: int, capacity: int) -> KVCache:
+    return self.model.init_cache(batch, capacity, num_layers=self.num_layers)
+
+  def _with_lengths(self, cache: KVCache, lengths: jax.Array) -> KVCache:
+    return cache.with_lengths(lengths)
+
+  def _forward(self, tokens, cache, logit_indices=None):
+    return self.model.forward_cached(
+      fit_ids(tokens, self.vocab_size),
+      cache,
+      logit_indices=logit_indices,
+      num_layers=self.num_layers,
     )
 
 
@@ -156,7 +175,7 @@ def as_drafter(draft) -> ModelDrafter:
   needed = (
     "vocab_size",
     "prefill_calls",
-    "needs_target_hidden",
+    "target_features",
     "check_capacity",
     "with_confidence",
     "init",

@@ -78,7 +78,7 @@ class NGramDrafter(DrafterBase):
     check_int("min_ngram", self.min_ngram, 1)
     check_int("max_ngram", self.max_ngram, self.min_ngram)
 
-  def init(self, prompts, prompt_lengths, first, capacity) -> NGramState:
+  def init(self, prompts, prompt_lengths, first, capacity, hidden=None) -> NGramState:
     b, width = prompts.shape
     history = jnp.zeros((b, capacity), jnp.int32).at[:, :width].set(prompts)
     history = write_rows(history, first[:, None], prompt_lengths)

@@ -28,20 +28,27 @@ def prefill(
   capacity: int,
   key: jax.Array,
   sampling: SamplingParams,
+  return_hidden: bool | tuple[int, ...] = False,
 ):
   """Runs the prompt through a fresh cache and samples the first new token.
 
   Args:
     prompts: `[B, P]` right-padded; prompt_lengths `[B]` in [1, P].
+    return_hidden: also return the model's features at every prompt position
+      (`Transformer.forward_cached`), for draft heads.
 
   Returns:
-    `(first_token [B], cache)`; the cache holds the prompt (lengths =
-    prompt_lengths), so the first token is the next to feed.
+    `(first_token [B], cache)`, then `hidden [B, P, F]` if `return_hidden`; the
+    cache holds the prompt (lengths = prompt_lengths), so the first token is
+    the next to feed.
   """
   cache = model.init_cache(prompts.shape[0], capacity)
-  logits, cache = model.forward_cached(prompts, cache, logit_indices=(prompt_lengths - 1)[:, None])
-  first, _ = sample_tokens(key, logits[:, 0], sampling)
-  return first, cache.with_lengths(prompt_lengths)
+  out = model.forward_cached(
+    prompts, cache, logit_indices=(prompt_lengths - 1)[:, None], return_hidden=return_hidden
+  )
+  first, _ = sample_tokens(key, out[0][:, 0], sampling)
+  cache = out[1].with_lengths(prompt_lengths)
+  return (first, cache, out[2]) if return_hidden is not False else (first, cache)
 
 
 def zero_padding(prompts: jax.Array, prompt_lengths: jax.Array) -> jax.Array:

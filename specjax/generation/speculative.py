@@ -58,7 +58,7 @@ def speculative_step(
   # 2. Score s[-1], x_1..x_g in one target call: logits at gamma + 1 positions.
   block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
   logits, target_cache, hidden = score(
-    target, block, state.target_cache, return_hidden=drafter.needs_target_hidden
+    target, block, state.target_cache, return_hidden=drafter.target_features
   )
 
   # 3. Verify: keep n drafted tokens, then the token the verifier draws.
@@ -101,18 +101,22 @@ def _check_chain(proposal: Proposal) -> None:
 
 
 def score(
-  target: Transformer, block: jax.Array, cache: KVCache, return_hidden: bool = False
+  target: Transformer,
+  block: jax.Array,
+  cache: KVCache,
+  return_hidden: bool | tuple[int, ...] = False,
 ) -> tuple[jax.Array, KVCache, jax.Array | None]:
   """The target's logits at every position of `block [B, g+1]` in one call.
 
   Returns:
-    `(logits [B, g+1, V_target] float32, cache, hidden [B, g+1, D] or None)`;
-    ids the target lacks are read as 0.
+    `(logits [B, g+1, V_target] float32, cache, hidden [B, g+1, F] or None)`,
+    the features a drafter asked for (`Drafter.target_features`); ids the
+    target lacks are read as 0.
   """
   out = target.forward_cached(
     fit_ids(block, target.cfg.vocab_size), cache, return_hidden=return_hidden
   )
-  return out[0], out[1], out[2] if return_hidden else None
+  return out[0], out[1], out[2] if return_hidden is not False else None
 
 
 def verifier_inputs(
@@ -223,14 +227,22 @@ def init_state(
   drafter = as_drafter(drafter)
   capacity = cache_capacity(width, config.max_new_tokens, config.gamma)
   key, first_key = jax.random.split(key)
-  first, target_cache = prefill(
-    target, prompts, prompt_lengths, capacity, first_key, config.sampling
+  first, target_cache, *hidden = prefill(
+    target,
+    prompts,
+    prompt_lengths,
+    capacity,
+    first_key,
+    config.sampling,
+    return_hidden=drafter.target_features,
   )
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
     target_cache=target_cache,
-    drafter_state=drafter.init(prompts, prompt_lengths, first, capacity),
+    drafter_state=drafter.init(
+      prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None
+    ),
     recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
     draft_limit=jnp.full((b,), config.gamma, jnp.int32),
     tokens=tokens.at[:, 0].set(first),

@@ -233,6 +233,39 @@ class Block(nnx.Module):
     return x, layer_cache
 
 
+def run_blocks(
+  cfg: ModelConfig,
+  blocks,
+  x: jax.Array,
+  cache: KVCache,
+  feature_layers: tuple[int, ...] = (),
+) -> tuple[jax.Array, KVCache, list[jax.Array]]:
+  """Runs `blocks` over `x [B, T, D]` after each row's cached prefix.
+
+  Row b's T inputs take positions `cache.lengths[b] ..`; each block writes its
+  keys/values there and attends to the cache. Shared by the transformer and by
+  draft heads that keep a cache of their own (EAGLE, early-exit adapters).
+
+  Returns:
+    `(x [B, T, D], cache with lengths + T, features)`: features are the block
+    outputs after the layer counts in `feature_layers` (1 = after the first).
+  """
+  if len(cache.k) != len(blocks):
+    raise ValueError(f"the cache has {len(cache.k)} layers; this call runs {len(blocks)}.")
+  t = x.shape[1]
+  starts = cache.lengths
+  positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  mask = attention_mask(cfg, positions, jnp.arange(cache.capacity, dtype=jnp.int32))
+  new_k, new_v, features = [], [], []
+  for depth, (block, k, v) in enumerate(zip(blocks, cache.k, cache.v), 1):
+    x, (k, v) = block(x, positions, mask, (k, v), starts)
+    new_k.append(k)
+    new_v.append(v)
+    if depth in feature_layers:
+      features.append(x)
+  return x, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=starts + t), features
+
+
 class Transformer(nnx.Module):
   """Decoder-only language model.
 
@@ -296,12 +329,12 @@ class Transformer(nnx.Module):
     return self._head(self.final_norm(x))
 
   def _head(self, x: jax.Array) -> jax.Array:
-    """Final hidden states `[B, T, D]` (after the final norm) -> logits `[B, T, V]` float32."""
+    """Final hidden states `[..., D]` (after the final norm) -> logits `[..., V]` float32."""
     if self.cfg.tie_embeddings:
       w = self.embed.embedding[...].astype(x.dtype)
-      return jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+      return jnp.einsum("...d,vd->...v", x, w, preferred_element_type=jnp.float32)
     w = self.lm_head[...].astype(x.dtype)
-    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", x, w, preferred_element_type=jnp.float32)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Full causal forward without a cache: `tokens [B, T]` -> `logits [B, T, V]`."""
@@ -319,7 +352,7 @@ class Transformer(nnx.Module):
     cache: KVCache,
     logit_indices: jax.Array | None = None,
     num_layers: int | None = None,
-    return_hidden: bool = False,
+    return_hidden: bool | tuple[int, ...] = False,
   ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
     """Feeds T >= 1 new tokens per row after each row's cached prefix.
 
@@ -332,34 +365,50 @@ class Transformer(nnx.Module):
       num_layers: run only the first `num_layers` blocks, then the final norm
         and head (layer-skip self-speculation); `cache` must have that many
         layers. None runs all.
-      return_hidden: also return the final hidden states (the head's input,
-        after the final norm) at the same positions as the logits.
+      return_hidden: also return features for draft heads, at all T positions
+        (whatever `logit_indices` says). True: the residual stream that feeds
+        the final norm, `[B, T, D]`. A static tuple of layer counts (e.g.
+        `(2, 4, 6)`): the residual stream after each of those blocks,
+        concatenated, `[B, T, len * D]` (EAGLE-3-style fusion of lower
+        layers). False (the default) costs nothing.
 
     Returns:
       `(logits [B, T or R, V] float32, cache)` with the new keys/values written
-      and `lengths` advanced by T, then `hidden [B, T or R, D]` if
-      `return_hidden`. Roll back by `cache.with_lengths(...)`.
+      and `lengths` advanced by T, then the features if `return_hidden`. Roll
+      back by `cache.with_lengths(...)`.
     """
-    b, t = tokens.shape
-    starts = cache.lengths
-    positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    mask = attention_mask(self.cfg, positions, jnp.arange(cache.capacity, dtype=jnp.int32))
+    t = tokens.shape[1]
+    positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     x = self._embed(tokens, positions)
-    new_k, new_v = [], []
     layers = self.layers if num_layers is None else self.layers[:num_layers]
-    if len(cache.k) != len(layers):
-      raise ValueError(f"the cache has {len(cache.k)} layers; this call runs {len(layers)}.")
-    for layer, k, v in zip(layers, cache.k, cache.v):
-      x, (k, v) = layer(x, positions, mask, (k, v), starts)
-      new_k.append(k)
-      new_v.append(v)
+    feature_layers = self._feature_layers(return_hidden, len(layers))
+    x, cache, features = run_blocks(self.cfg, layers, x, cache, feature_layers)
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)
-    cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=starts + t)
-    hidden = self.final_norm(x)
-    if return_hidden:
-      return self._head(hidden), cache, hidden
-    return self._head(hidden), cache
+    logits = self._logits(x)
+    if return_hidden is False:
+      return logits, cache
+    return logits, cache, jnp.concatenate(features, axis=-1)
+
+  def _feature_layers(self, return_hidden: bool | tuple[int, ...], depth: int) -> tuple[int, ...]:
+    """The layer counts whose outputs `forward_cached` returns (checked, static)."""
+    if return_hidden is False:
+      return ()
+    if return_hidden is True:
+      return (depth,)
+    layers = tuple(return_hidden)
+    if not layers or any(not isinstance(i, int) or not 1 <= i <= depth for i in layers):
+      raise ValueError(
+        f"return_hidden must be a bool or a non-empty tuple of layer counts in [1, {depth}], "
+        f"got {return_hidden!r}."
+      )
+    return layers
+
+  def features_to_logits(self, features: jax.Array) -> jax.Array:
+    """`[..., D]` features (the residual stream before the final norm) -> float32
+    logits `[..., V]` through the model's own final norm and head: what draft heads
+    (EAGLE, Medusa, early exit) use instead of a head of their own."""
+    return self._logits(features)
 
   @property
   def num_params(self) -> int:

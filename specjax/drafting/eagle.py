@@ -1,0 +1,166 @@
+"""EAGLE drafting (Li et al. 2024, arXiv 2401.15077): a head that autoregresses
+over the target's features.
+
+The head keeps its own one-layer KV cache (static capacity, per-row lengths).
+Its cache slot p holds the pair (feature at position p, token p + 1), and
+`next_feature` is what the head predicts for the position of s[-1].
+
+  propose: q_1 = head_logits(next_feature); then, for i = 1..g-1, the pair
+    (predicted feature, x_i) goes through the head, which predicts the next
+    feature and so q_{i+1}: g - 1 one-token head calls.
+  commit:  the verification call's true features F_0..F_g (at s[-1], x_1..x_g)
+    and the emitted tokens e_0..e_g overwrite the drafted pairs from slot
+    len(s) - 1 in one head call over g + 1 positions; a row that kept n + 1
+    tokens advances by n + 1 and takes the prediction at pair n as its next
+    feature. Rolling back is bookkeeping, as for every cache.
+
+q is exactly the law each token was drawn from, so token and block
+verification are exact at any temperature; at temperature 0 the draft is the
+argmax and the output equals the target's greedy decoding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.drafting.base import Commit, Proposal
+from specjax.drafting.model import check_confidence
+from specjax.models.heads import EagleHead
+from specjax.models.kv_cache import KVCache, check_capacity
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
+from specjax.validation import is_real
+from specjax.vocab import fit_ids
+
+
+@struct.dataclass
+class EagleState:
+  """The EAGLE head's cache (holds s[:-1]) and its predicted feature `[B, D]` at s[-1]."""
+
+  cache: KVCache
+  next_feature: jax.Array
+
+
+@struct.dataclass
+class EagleDrafter:
+  """Drafts with an `EagleHead` over the target's features (see the module docstring).
+
+  Attributes:
+    target: the target itself (its embedding, final norm and head are shared).
+    head: the trained `EagleHead` for this target's shape.
+    confidence: stop drafting a row when q's top probability falls below this.
+  """
+
+  target: Transformer
+  head: EagleHead
+  confidence: float = struct.field(pytree_node=False, default=0.0)
+
+  prefill_calls = 1
+
+  def __post_init__(self):
+    self.head.cfg.check_target(self.target.cfg)
+    check_confidence(self.confidence)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target.cfg.vocab_size
+
+  @property
+  def target_features(self):
+    return self.head.cfg.target_features
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    check_capacity("eagle head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
+
+  def with_confidence(self, threshold: float) -> EagleDrafter:
+    if not is_real(threshold) or not 0 < threshold <= 1:
+      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
+    return self.replace(confidence=float(threshold))
+
+  def _pairs(self, cache: KVCache, features: jax.Array, tokens: jax.Array):
+    return self.head.forward_cached(self.target, features, fit_ids(tokens, self.vocab_size), cache)
+
+  def init(self, prompts, prompt_lengths, first, capacity, hidden=None) -> EagleState:
+    if hidden is None:
+      raise ValueError("EagleDrafter.init needs the target's features at the prompt (hidden).")
+    b, p = prompts.shape
+    slots = jnp.arange(p)[None, :]
+    # Pair t reads the feature at t and token t + 1 of s = prompt + first.
+    shifted = jnp.pad(prompts[:, 1:], ((0, 0), (0, 1)))
+    next_tokens = jnp.where(slots == (prompt_lengths - 1)[:, None], first[:, None], shifted)
+    predicted, cache = self._pairs(
+      self.head.init_cache(b, capacity), self.head.feature_space(hidden), next_tokens
+    )
+    last = jnp.take_along_axis(predicted, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    return EagleState(cache.with_lengths(prompt_lengths), last)
+
+  def propose(
+    self,
+    state: EagleState,
+    recent: jax.Array,
+    key: jax.Array,
+    limit: jax.Array,
+    *,
+    gamma: int,
+    sampling: SamplingParams,
+  ) -> tuple[Proposal, EagleState]:
+    del recent  # the head's state already continues s
+    b, g = limit.shape[0], gamma
+    greedy = sampling.greedy
+    uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
+
+    def draw(i, feature, tokens, probs, active):
+      logits = self.target.features_to_logits(feature)
+      active = active & (i < limit)
+      if greedy:
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return token, tokens.at[:, i].set(token), probs, active
+      q = warp_probs(logits, sampling)
+      token = sample_with_uniform(uniforms[i], q)
+      if self.confidence > 0:
+        active = active & (jnp.max(q, axis=-1) >= self.confidence)
+      return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active
+
+    tokens = jnp.zeros((b, g), jnp.int32)
+    probs = None if greedy else jnp.zeros((b, g, self.vocab_size), jnp.float32)
+    token, tokens, probs, active = draw(0, state.next_feature, tokens, probs, jnp.ones((b,), bool))
+
+    def cond(carry):
+      i, _, _, _, _, active, _ = carry
+      return (i < g) & jnp.any(active)
+
+    def body(carry):
+      i, token, (cache, feature), tokens, probs, active, lengths = carry
+      new_feature, cache = self._pairs(cache, feature[:, None], token[:, None])
+      token, tokens, probs, active = draw(i, new_feature[:, 0], tokens, probs, active)
+      return i + 1, token, (cache, new_feature[:, 0]), tokens, probs, active, lengths + active
+
+    i, _, (cache, _), tokens, probs, _, lengths = jax.lax.while_loop(
+      cond,
+      body,
+      (
+        jnp.int32(1),
+        token,
+        (state.cache, state.next_feature),
+        tokens,
+        probs,
+        active,
+        active.astype(jnp.int32),
+      ),
+    )
+    # The commit's head call is this iteration's last draft call.
+    return Proposal(tokens, probs, lengths, calls=i), state.replace(cache=cache)
+
+  def commit(self, state: EagleState, commit: Commit) -> EagleState:
+    start = commit.old_length - 1  # slot of s[-1]
+    predicted, cache = self._pairs(
+      state.cache.with_lengths(start), self.head.feature_space(commit.hidden), commit.emitted
+    )
+    kept = commit.new_length - commit.old_length  # n + 1
+    feature = jnp.take_along_axis(predicted, (kept - 1)[:, None, None], axis=1)[:, 0]
+    return EagleState(
+      cache.with_lengths(jnp.where(commit.goes_on, start + kept, start)),
+      jnp.where(commit.goes_on[:, None], feature, state.next_feature),
+    )

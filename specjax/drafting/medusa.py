@@ -1,0 +1,97 @@
+"""Medusa drafting (Cai et al. 2024, arXiv 2401.10774): K heads on the last feature.
+
+The state is the target's feature at the position that predicted s[-1] (from
+the prefill, then from each verification call). Head k maps it to a feature
+for the token k positions after s[-1], read through the target's own final
+norm and head: x_k ~ q_k, all g tokens from one call, each independent of the
+earlier drafted tokens given the prefix. Verification uses q_k itself, so
+token and block verification are exact at any temperature (a q that ignores
+x_1..x_{k-1} is still a law for x_k given everything before it).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.drafting.base import Commit, Proposal
+from specjax.drafting.model import check_confidence
+from specjax.models.heads import MedusaHeads
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
+from specjax.validation import is_real
+
+
+@struct.dataclass
+class MedusaDrafter:
+  """Drafts g <= K tokens with `MedusaHeads` in one call (see the module docstring).
+
+  Attributes:
+    target: the target (its final norm and head are shared, not copied).
+    heads: trained `MedusaHeads` for this target's shape.
+    confidence: a row's draft ends at the first head whose top probability
+      falls below this (0 disables it).
+  """
+
+  target: Transformer
+  heads: MedusaHeads
+  confidence: float = struct.field(pytree_node=False, default=0.0)
+
+  prefill_calls = 0  # the prefill's target features are all it needs
+  target_features = True
+
+  def __post_init__(self):
+    self.heads.cfg.check_target(self.target.cfg)
+    check_confidence(self.confidence)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target.cfg.vocab_size
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    del prompt_width, max_new_tokens  # no cache of its own
+    k = self.heads.cfg.num_heads
+    if gamma > k:
+      raise ValueError(f"gamma must be in [1, {k}] for {k} Medusa heads, got {gamma}.")
+
+  def with_confidence(self, threshold: float) -> MedusaDrafter:
+    if not is_real(threshold) or not 0 < threshold <= 1:
+      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
+    return self.replace(confidence=float(threshold))
+
+  def init(self, prompts, prompt_lengths, first, capacity, hidden=None) -> jax.Array:
+    if hidden is None:
+      raise ValueError("MedusaDrafter.init needs the target's features at the prompt (hidden).")
+    return jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+
+  def propose(
+    self,
+    feature: jax.Array,
+    recent: jax.Array,
+    key: jax.Array,
+    limit: jax.Array,
+    *,
+    gamma: int,
+    sampling: SamplingParams,
+  ) -> tuple[Proposal, jax.Array]:
+    del recent
+    b, g = limit.shape[0], gamma
+    logits = self.target.features_to_logits(self.heads(feature, num_heads=g))  # [B, g, V]
+    proposed = jnp.arange(g)[None, :] < limit[:, None]
+    if sampling.greedy:
+      tokens, probs = jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    else:
+      probs = warp_probs(logits, sampling)
+      uniforms = jax.random.uniform(key, (b, g), jnp.float32)
+      tokens = sample_with_uniform(uniforms, probs)
+      if self.confidence > 0:
+        proposed &= jnp.max(probs, axis=-1) >= self.confidence
+    # A row's draft is the leading run of proposed heads.
+    lengths = jnp.sum(jnp.cumprod(proposed, axis=1), axis=1).astype(jnp.int32)
+    return Proposal(tokens, probs, lengths, calls=jnp.int32(1)), feature
+
+  def commit(self, feature: jax.Array, commit: Commit) -> jax.Array:
+    kept = commit.new_length - commit.old_length  # n + 1; hidden[n] predicted s'[-1]
+    new = jnp.take_along_axis(commit.hidden, (kept - 1)[:, None, None], axis=1)[:, 0]
+    return jnp.where(commit.goes_on[:, None], new, feature)

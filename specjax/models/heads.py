@@ -1,0 +1,255 @@
+"""Draft heads: small trainable modules that read the target's features.
+
+Each head drafts through the target's own (frozen, shared, never copied) final
+norm and output head, `Transformer.features_to_logits`; only the head's own
+parameters train.
+
+  EagleHead         one decoder layer at the feature level (EAGLE, Li et al.
+                    2024): fc([feature_t; embed(x_{t+1})]) -> feature_{t+1}
+  MedusaHeads       K residual blocks on the last feature (Medusa, Cai et al.
+                    2024): head k predicts the token k + 1 positions ahead
+  ExitAdapter       one decoder layer after the target's first k layers
+                    (early exit, Kangaroo: Liu et al. 2024)
+
+`HeadConfig` records the kind, its settings and the target shape the head was
+trained for; a head is refused for a target of another shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache
+from specjax.models.transformer import Block, Transformer, run_blocks
+from specjax.validation import is_int
+
+HEAD_KINDS = ("eagle", "medusa", "early_exit")
+# The target fields a head depends on: a head trained for one target works with
+# another only when all of them agree.
+TARGET_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadConfig:
+  """What a draft head is, and the target shape it reads.
+
+  Attributes:
+    kind: "eagle", "medusa" or "early_exit".
+    target: the `ModelConfig` of the target the head was built for.
+    num_heads: Medusa heads K (head k drafts token k + 1 of the iteration;
+      the draft length gamma is at most K).
+    exit_layer: early exit after this many target layers, in [1, n_layers).
+    feature_layers: EAGLE reads the residual stream after these target layer
+      counts (static); `()` means the last layer only (EAGLE-1). Several layers
+      fuse lower-level features as in EAGLE-3.
+    d_ff: MLP width of the head's decoder layer (EAGLE, early exit); 0 means
+      the target's.
+  """
+
+  kind: str
+  target: ModelConfig
+  num_heads: int = 4
+  exit_layer: int = 2
+  feature_layers: tuple[int, ...] = ()
+  d_ff: int = 0
+
+  def __post_init__(self):
+    if self.kind not in HEAD_KINDS:
+      raise ValueError(f"kind must be one of {HEAD_KINDS}, got {self.kind!r}.")
+    n = self.target.n_layers
+    # Each kind's own settings are checked; the others keep their defaults.
+    if self.kind == "medusa" and (not is_int(self.num_heads) or not 1 <= self.num_heads <= 16):
+      raise ValueError(f"num_heads must be an int in [1, 16], got {self.num_heads!r}.")
+    if self.kind == "early_exit" and (not is_int(self.exit_layer) or not 1 <= self.exit_layer < n):
+      raise ValueError(
+        f"exit_layer must be an int in [1, {n - 1}] (the target has {n} layers), "
+        f"got {self.exit_layer!r}."
+      )
+    layers = tuple(self.feature_layers)
+    if any(not is_int(i) or not 1 <= i <= n for i in layers) or len(set(layers)) != len(layers):
+      raise ValueError(
+        f"feature_layers must be distinct layer counts in [1, {n}], got {self.feature_layers!r}."
+      )
+    object.__setattr__(self, "feature_layers", layers)
+    if not is_int(self.d_ff) or self.d_ff < 0:
+      raise ValueError(f"d_ff must be an int >= 0 (0: the target's), got {self.d_ff!r}.")
+
+  @property
+  def block_config(self) -> ModelConfig:
+    """The config of the head's own decoder layer: the target's, one layer."""
+    return self.target.replace(n_layers=1, d_ff=self.d_ff or self.target.d_ff)
+
+  @property
+  def target_features(self) -> bool | tuple[int, ...]:
+    """What the head reads from the target's calls (`forward_cached`'s `return_hidden`)."""
+    if self.kind == "eagle" and self.feature_layers:
+      return self.feature_layers
+    return self.kind != "early_exit"  # early exit runs the target's layers itself
+
+  @property
+  def num_features(self) -> int:
+    """How many D-wide features the head reads per position."""
+    return len(self.feature_layers) or 1
+
+  def check_target(self, target: ModelConfig, name: str = "target") -> None:
+    """ValueError naming every shape field where `target` differs from the trained one."""
+    diffs = [
+      f"{field} {getattr(target, field)} (head trained for {getattr(self.target, field)})"
+      for field in TARGET_SHAPE_FIELDS
+      if getattr(target, field) != getattr(self.target, field)
+    ]
+    if diffs:
+      raise ValueError(f"this {self.kind} head was trained for another {name}: {'; '.join(diffs)}.")
+
+  def to_dict(self) -> dict[str, Any]:
+    out = dataclasses.asdict(self)
+    out["feature_layers"] = list(self.feature_layers)
+    return out
+
+  @classmethod
+  def from_dict(cls, fields: dict[str, Any]) -> HeadConfig:
+    fields = dict(fields)
+    target = dict(fields.pop("target"))
+    if target.get("rope_scaling"):
+      from specjax.models.config import RopeScaling
+
+      target["rope_scaling"] = RopeScaling(**target["rope_scaling"])
+    fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
+    return cls(target=ModelConfig(**target), **fields)
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero: bool = False):
+  init = nnx.initializers.zeros if zero else nnx.initializers.normal(cfg.init_std)
+  return nnx.Linear(
+    d_in,
+    d_out,
+    kernel_init=nnx.with_partitioning(init, (None, "embed"), eager_sharding=False),
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    rngs=rngs,
+  )
+
+
+class EagleHead(nnx.Module):
+  """EAGLE's draft head: autoregression over the target's features.
+
+  Position t reads `fc([f_t; embed(x_{t+1})])` (the embedding is the target's
+  own) and one decoder layer predicts the feature f_{t+1}, which the target's
+  final norm and head turn into q(x_{t+2}). f lives in the target's last-layer
+  feature space (D wide): the target's own features there, or the head's
+  predictions while drafting. With several `feature_layers` (EAGLE-3 fusion),
+  `fuse` first maps the target's concatenated features to D.
+  """
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    if cfg.kind != "eagle":
+      raise ValueError(f"EagleHead needs kind='eagle', got {cfg.kind!r}.")
+    self.cfg = cfg
+    d = cfg.target.d_model
+    if cfg.num_features > 1:
+      self.fuse = _linear(cfg.target, cfg.num_features * d, d, rngs=rngs)
+    self.fc = _linear(cfg.target, 2 * d, d, rngs=rngs)
+    self.block = Block(cfg.block_config, rngs=rngs)
+
+  def feature_space(self, target_features: jax.Array) -> jax.Array:
+    """The target's features `[..., F]` (from `forward_cached(return_hidden=...)`)
+    as head inputs `[..., D]`: unchanged for one layer, fused for several."""
+    if self.cfg.num_features > 1:
+      return self.fuse(target_features)
+    return target_features
+
+  def init_cache(self, batch: int, capacity: int) -> KVCache:
+    c = self.cfg.block_config
+    return KVCache.zeros(
+      n_layers=1,
+      batch=batch,
+      capacity=capacity,
+      n_kv_heads=c.n_kv_heads,
+      head_dim=c.resolved_head_dim,
+      dtype=c.compute_dtype,
+    )
+
+  def _inputs(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
+    emb = target.embed(next_tokens).astype(features.dtype)
+    return self.fc(jnp.concatenate([features, emb], axis=-1))
+
+  def __call__(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
+    """Training form, causal over T without a cache.
+
+    Args:
+      features: `[B, T, D]` features at positions 0..T-1 (`feature_space`).
+      next_tokens: `[B, T]` int32, the token at position t + 1.
+
+    Returns:
+      `[B, T, D]` predicted features at positions 1..T.
+    """
+    b, t = next_tokens.shape
+    cache = self.init_cache(b, t)
+    return self.forward_cached(target, features, next_tokens, cache)[0]
+
+  def forward_cached(
+    self, target: Transformer, features: jax.Array, next_tokens: jax.Array, cache: KVCache
+  ) -> tuple[jax.Array, KVCache]:
+    """As `__call__`, after each row's cached prefix: `([B, T, D], cache)`."""
+    x = self._inputs(target, features, next_tokens)
+    x, cache, _ = run_blocks(self.cfg.block_config, [self.block], x, cache)
+    return x, cache
+
+
+class MedusaHeads(nnx.Module):
+  """Medusa-1 heads: head k maps the feature at t to one for the token at t + k + 1.
+
+  Each head is a residual block `f + silu(W_k f + b_k)`, zero-initialised (a
+  fresh head reproduces the target's next-token law), read through the target's
+  final norm and head.
+  """
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    if cfg.kind != "medusa":
+      raise ValueError(f"MedusaHeads needs kind='medusa', got {cfg.kind!r}.")
+    self.cfg = cfg
+    d = cfg.target.d_model
+    self.heads = nnx.List(
+      [_linear(cfg.target, d, d, rngs=rngs, zero=True) for _ in range(cfg.num_heads)]
+    )
+
+  def __call__(self, features: jax.Array, num_heads: int | None = None) -> jax.Array:
+    """`[..., D]` features -> `[..., K, D]` (the first `num_heads` heads, static)."""
+    heads = self.heads[: num_heads or self.cfg.num_heads]
+    return jnp.stack([features + jax.nn.silu(head(features)) for head in heads], axis=-2)
+
+
+class ExitAdapter(nnx.Module):
+  """Early exit: one decoder layer maps the residual stream after the target's
+  first `exit_layer` layers to an estimate of its last-layer features."""
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    if cfg.kind != "early_exit":
+      raise ValueError(f"ExitAdapter needs kind='early_exit', got {cfg.kind!r}.")
+    self.cfg = cfg
+    self.block = Block(cfg.block_config, rngs=rngs)
+
+  init_cache = EagleHead.init_cache
+
+  def __call__(self, features: jax.Array) -> jax.Array:
+    """Training form: `[B, T, D]` layer-k features -> `[B, T, D]`, causal, no cache."""
+    b, t, _ = features.shape
+    return self.forward_cached(features, self.init_cache(b, t))[0]
+
+  def forward_cached(self, features: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    x, cache, _ = run_blocks(self.cfg.block_config, [self.block], features, cache)
+    return x, cache
+
+
+HEAD_MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "early_exit": ExitAdapter}
+
+
+def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+  """A fresh head of `cfg.kind`."""
+  return HEAD_MODULES[cfg.kind](cfg, rngs=rngs)

@@ -1,0 +1,170 @@
+"""Drafters that read the target (EAGLE, Medusa, early exit) through the one step.
+
+Greedy decoding equals autoregressive decoding on a ragged batch; the heads'
+state after a commit equals recomputing it from scratch over the committed
+text, for fully accepted, partly accepted and finished rows; bad heads and
+arguments are refused before compiling. Sampling exactness is in
+test_distribution.py; training in test_head_training.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from helpers import head_drafter
+from specjax import GREEDY
+from specjax.drafting import Commit
+from specjax.models.heads import HeadConfig
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  tokens = jax.random.randint(jax.random.key(3), (4, 9), 0, 512, dtype=jnp.int32)
+  return tokens, jnp.array([9, 5, 6, 1], jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def reference(target, prompts):
+  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
+
+
+@pytest.mark.parametrize(
+  "kind, settings, verifier",
+  [
+    ("eagle", {}, "greedy"),
+    ("eagle", {"feature_layers": (1, 2)}, "token"),  # EAGLE-3-style fused features
+    ("medusa", {"num_heads": 3}, "block"),
+    ("early_exit", {"exit_layer": 1}, "greedy"),
+  ],
+)
+def test_greedy_equals_autoregressive(target, prompts, reference, kind, settings, verifier):
+  drafter = head_drafter(kind, target, **settings)
+  out = specjax.speculative_generate(
+    target, drafter, *prompts, gamma=3, max_new_tokens=MAX_NEW, sampling=GREEDY, verifier=verifier
+  )
+  np.testing.assert_array_equal(out.tokens, reference.tokens)
+  np.testing.assert_array_equal(out.num_generated, reference.num_generated)
+  assert np.sum(out.stats.proposed) > 0
+
+
+def test_target_features_are_the_residual_stream(target, prompts):
+  tokens, _ = prompts
+  cache = target.init_cache(4, 16)
+  logits, _, last = target.forward_cached(tokens, cache, return_hidden=True)
+  _, _, both = target.forward_cached(tokens, cache, return_hidden=(1, 2))
+  assert last.shape == (4, 9, target.cfg.d_model) and both.shape == (4, 9, 2 * target.cfg.d_model)
+  np.testing.assert_allclose(both[..., target.cfg.d_model :], last, atol=1e-6)
+  np.testing.assert_allclose(target.features_to_logits(last), logits, atol=1e-4)
+  with pytest.raises(ValueError, match=r"return_hidden must be .* in \[1, 2\]"):
+    target.forward_cached(tokens, cache, return_hidden=(3,))
+
+
+def _committed(target, drafter, prompts, gamma, kept, goes_on):
+  """The drafter's state after one commit in which row b kept `kept[b]` tokens,
+  and the committed sequences s' (lists of ids)."""
+  config = specjax.SpecConfig(gamma=gamma, max_new_tokens=MAX_NEW, sampling=GREEDY)
+  state = specjax.generation.init_state(target, drafter, *prompts, jax.random.key(0), config)
+  b = len(kept)
+  block = jnp.concatenate(
+    [state.recent[:, 1:], jax.random.randint(jax.random.key(8), (b, gamma), 0, 512)], axis=1
+  )
+  _, _, hidden = target.forward_cached(
+    block, state.target_cache, return_hidden=drafter.target_features
+  )
+  old = state.target_cache.lengths + 1
+  kept = jnp.asarray(kept, jnp.int32)
+  emitted = jnp.concatenate([block[:, 1:], jnp.full((b, 1), 5, jnp.int32)], axis=1)  # [B, g+1]
+  commit = Commit(emitted, old, old + kept, jnp.asarray(goes_on), hidden)
+  emitted = np.asarray(emitted)
+  # Drafting first writes the head's cache past s; the commit must overwrite it.
+  _, drafted = drafter.propose(
+    state.drafter_state,
+    state.recent,
+    jax.random.key(1),
+    jnp.full((b,), gamma),
+    gamma=gamma,
+    sampling=GREEDY,
+  )
+  new_state = drafter.commit(drafted, commit)
+  tokens, lengths = map(np.asarray, prompts)
+  sequences = []
+  for row in range(b):
+    s = list(tokens[row, : lengths[row]]) + [int(state.recent[row, 1])]
+    if goes_on[row]:
+      s += list(emitted[row, : int(kept[row])])
+    sequences.append(s)
+  return state.drafter_state, new_state, sequences
+
+
+def _scratch_features(target, drafter, sequence):
+  """The target's features over `sequence` (all but its last token), from scratch."""
+  ids = jnp.asarray(sequence[:-1], jnp.int32)[None]
+  cache = target.init_cache(1, len(sequence))
+  return target.forward_cached(ids, cache, return_hidden=drafter.target_features)[2]
+
+
+# Row 0 keeps every drafted token and the bonus (full acceptance), row 1 one
+# drafted token and a correction, row 2 only the correction, row 3 has stopped.
+KEPT, GOES_ON = [4, 2, 1, 3], [True, True, True, False]
+
+
+@pytest.mark.parametrize("settings", [{}, {"feature_layers": (1, 2)}])
+def test_eagle_state_matches_recomputing_from_scratch(target, prompts, settings):
+  drafter = head_drafter("eagle", target, **settings)
+  old, new, sequences = _committed(target, drafter, prompts, 3, KEPT, GOES_ON)
+  head = drafter.head
+  for row, s in enumerate(sequences):
+    if not GOES_ON[row]:
+      assert int(new.cache.lengths[row]) == int(old.cache.lengths[row])
+      np.testing.assert_array_equal(new.next_feature[row], old.next_feature[row])
+      continue
+    # Pairs (feature at t, token t + 1) for t < len(s') - 1, through a fresh head cache.
+    features = head.feature_space(_scratch_features(target, drafter, s))
+    pairs = jnp.asarray(s[1:], jnp.int32)[None]
+    predicted, cache = head.forward_cached(target, features, pairs, head.init_cache(1, len(s)))
+    n = len(s) - 1
+    assert int(new.cache.lengths[row]) == n
+    np.testing.assert_allclose(new.cache.k[0][row, :, :n], cache.k[0][0, :, :n], atol=1e-4)
+    np.testing.assert_allclose(new.cache.v[0][row, :, :n], cache.v[0][0, :, :n], atol=1e-4)
+    np.testing.assert_allclose(new.next_feature[row], predicted[0, -1], atol=1e-4)
+
+
+def test_medusa_state_is_the_feature_before_the_last_token(target, prompts):
+  drafter = head_drafter("medusa", target)
+  old, new, sequences = _committed(target, drafter, prompts, 3, KEPT, GOES_ON)
+  for row, s in enumerate(sequences):
+    if not GOES_ON[row]:
+      np.testing.assert_array_equal(new[row], old[row])
+      continue
+    features = _scratch_features(target, drafter, s)
+    np.testing.assert_allclose(new[row], features[0, -1], atol=1e-4)
+
+
+def test_early_exit_shares_the_target_weights(target):
+  drafter = head_drafter("early_exit", target, exit_layer=1)
+  assert drafter.target is target  # the same parameters, no copy
+  leaves = jax.tree.leaves(drafter.adapter)
+  assert sum(x.size for x in leaves) < target.num_params / 2
+
+
+def test_bad_heads_and_arguments_are_refused(target, prompts):
+  other = target.cfg.replace(d_model=32, n_heads=2, n_kv_heads=1)
+  wrong = head_drafter("eagle", specjax.Transformer(other, rngs=nnx.Rngs(0)))
+  with pytest.raises(ValueError, match=r"trained for another target: d_model 64 \(head trained"):
+    specjax.drafting.EagleDrafter(target, wrong.head)
+  medusa = head_drafter("medusa", target, num_heads=2)
+  with pytest.raises(ValueError, match=r"gamma must be in \[1, 2\] for 2 Medusa heads"):
+    specjax.speculative_generate(
+      target, medusa, *prompts, gamma=3, max_new_tokens=4, sampling=GREEDY
+    )
+  with pytest.raises(ValueError, match=r"exit_layer must be an int in \[1, 1\]"):
+    HeadConfig("early_exit", target.cfg, exit_layer=2)
+  with pytest.raises(ValueError, match="kind must be one of"):
+    HeadConfig("hydra", target.cfg)
+  with pytest.raises(ValueError, match=r"feature_layers must be distinct layer counts in \[1, 2\]"):
+    HeadConfig("eagle", target.cfg, feature_layers=(0, 2))
