@@ -22,6 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.verifiers = ("greedy", "token", "block")
   c.ngram = 3  # longest n-gram the prompt-lookup drafter matches
   c.layer_skip = (1, 2, 3, 4, 5)  # target layers kept by the self-speculation drafter
+  c.heads = ("eagle", "medusa", "early_exit")  # the bundled draft heads on the target
   c.gamma_sweep = (1, 2, 3, 4, 6, 8)  # fixed gammas the adaptive lengths are compared with
   c.gamma_max = 8  # adaptive draft lengths choose within this
   c.confidence_threshold = 0.5

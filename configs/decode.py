@@ -23,9 +23,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.target = ""
   config.draft = ""
   config.prompt = ""
-  config.gamma = 4
+  # Drafted tokens per iteration; 0 picks it from the batch size
+  # (experiments.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on).
+  config.gamma = 0
   config.verifier = "auto"  # auto (greedy at T=0, else token) | token | block | greedy
-  config.drafter = "model"  # model (the draft) | ngram | layer_skip (target's first layers)
+  # model (the draft) | ngram | layer_skip (target's first layers) | eagle | medusa
+  # | early_exit (draft heads on the target; the bundled ones, or config.head)
+  config.drafter = "model"
+  config.head = ""  # a head's training run directory ("": the bundled head)
   config.ngram = 3  # longest n-gram matched by the ngram drafter
   config.layer_skip = 2  # target layers the layer_skip drafter keeps
   config.adaptive = ""  # "" (fixed gamma) | schedule | confidence

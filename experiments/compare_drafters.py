@@ -15,6 +15,7 @@ markdown table (the README's).
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -25,9 +26,10 @@ from absl import app, flags, logging
 
 import specjax
 from experiments import common
-from specjax import benchmarking, pretrained
+from specjax import benchmarking, pretrained, theory
 from specjax.data.prompts import encode_prompts, held_out_prompts
-from specjax.drafting import NGramDrafter, layer_skip
+from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
+from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
 # The README's table: one line per variant.
@@ -39,9 +41,13 @@ COLUMNS = (
   ("draft length", "{adaptive}"),
   ("α", "{acceptance_rate:.3f}"),
   ("tokens/iter", "{tokens_per_iteration:.2f}"),
+  ("c", "{c:.3f}"),
+  ("predicted", "{predicted_speedup:.2f}"),
   ("ms/token", "{ms_per_token:.3f}"),
   ("speedup", "{speedup:.2f}"),
 )
+HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
+HEAD_NAMES = {"eagle": "EAGLE head", "medusa": "Medusa heads", "early_exit": "early exit"}
 
 
 def _variants(config, target, draft, temperature):
@@ -53,6 +59,10 @@ def _variants(config, target, draft, temperature):
     (f"prompt lookup (n<={config.ngram})", NGramDrafter(target.cfg.vocab_size, config.ngram)),
   ]
   drafters += [(f"layer skip k={k}", layer_skip(target, k)) for k in config.layer_skip]
+  drafters += [
+    (HEAD_NAMES[kind], HEAD_DRAFTERS[kind](target, pretrained.load_head(kind, target)))
+    for kind in config.heads
+  ]
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
   out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
@@ -60,10 +70,39 @@ def _variants(config, target, draft, temperature):
   return out
 
 
+def _costs(config, target, drafters, prompt, sampling) -> dict[tuple[str, int], tuple]:
+  """(name, gamma) -> (c, verify cost): drafting one token and scoring gamma + 1
+  tokens, each over one target step, measured on `prompt` (batch 1)."""
+  capacity = cache_capacity(prompt[0].shape[1], config.max_new_tokens, config.gamma_max)
+  call = functools.partial(
+    benchmarking.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
+  )
+  step_s = call(tokens_per_call=1)
+  verify = {g: call(tokens_per_call=g + 1) / step_s for g in {g for _, g in drafters}}
+  out = {}
+  for (name, gamma), drafter in drafters.items():
+    drafting_s = benchmarking.drafting_seconds(
+      target,
+      drafter,
+      *prompt,
+      gamma=gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      num_runs=config.num_runs,
+    )
+    out[(name, gamma)] = (drafting_s / gamma / step_s, verify[gamma])
+  return out
+
+
 def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """Times every variant of `config` on the bundled pair; one JSON-ready row each."""
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
+  unknown_heads = set(config.heads) - set(HEAD_DRAFTERS)
+  if unknown_heads:
+    raise ValueError(
+      f"config.heads must be a subset of {tuple(HEAD_DRAFTERS)}, got {config.heads!r}."
+    )
   unknown = set(config.verifiers) - {"greedy", "token", "block"}
   if unknown or not config.verifiers:
     raise ValueError(
@@ -93,9 +132,11 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
       ]
     }
     meta = {}
+    drafters = {}
     for name, drafter, verifier, gamma, adaptive in _variants(config, target, draft, temperature):
       label = f"{name}|{verifier}|{gamma}|{adaptive}"
       meta[label] = dict(drafter=name, verifier=verifier, gamma=gamma, adaptive=adaptive or "fixed")
+      drafters[(name, gamma)] = drafter
       calls[label] = lambda d=drafter, v=verifier, g=gamma, a=adaptive, s=sampling, k=key: [
         specjax.speculative_generate(
           target,
@@ -113,6 +154,7 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
       ]
     timings, outputs = benchmarking.time_calls(calls, config.num_runs)
     ar_ms = timings["ar"].median_s * 1e3 / tokens(outputs["ar"])
+    costs = _costs(config, target, drafters, one(0), sampling)
     for label, fields in meta.items():
       outs = outputs[label]
 
@@ -120,11 +162,18 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
         return sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
 
       ms = timings[label].median_s * 1e3 / tokens(outs)
+      alpha = s("accepted") / max(s("evaluated"), 1)
+      c, verify_cost = costs[(fields["drafter"], fields["gamma"])]
       rows.append(
         {
           "temperature": float(temperature),
           **fields,
-          "acceptance_rate": s("accepted") / max(s("evaluated"), 1),
+          "acceptance_rate": alpha,
+          "c": c,
+          "verify_cost": verify_cost,
+          "predicted_speedup": theory.predicted_speedup(
+            min(alpha, 1.0), fields["gamma"], c, verify_cost
+          ),
           "tokens_per_iteration": s("generated") / max(s("row_iterations"), 1),
           "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
           "ms_per_token": ms,

@@ -23,17 +23,35 @@ from absl import app, flags, logging
 import specjax
 import specjax.hf
 from experiments import common
-from specjax import benchmarking, dtypes, pretrained
+from specjax import benchmarking, dtypes, pretrained, theory
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
-from specjax.drafting import NGramDrafter, layer_skip
+from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
 # float16 is not offered: the transformers comparison
 # (`specjax.hf.transformers_baseline`) loads float32 and bfloat16 only.
 DECODE_DTYPES = ("float32", "bfloat16")
+
+
+HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
+HEAD_KINDS = tuple(HEAD_DRAFTERS)
+DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS)
+
+# Default draft length by batch size (the largest key <= the batch). Scoring
+# gamma + 1 tokens per row costs about one step while the target is memory-bound
+# (batch 1), but nearly gamma + 1 steps once the batch makes it compute-bound:
+# on the 2-core CPU of the README the bundled pair at batch 8 gave speedups
+# 1.13 / 1.05 / 0.84 at gamma 1 / 2 / 4; at batch 1 the best gamma is 4. Batches
+# in between were not measured and keep 4.
+DEFAULT_GAMMA = {1: 4, 8: 1}
+
+
+def default_gamma(batch_size: int) -> int:
+  """The draft length `config.gamma = 0` means for `batch_size` rows."""
+  return DEFAULT_GAMMA[max(b for b in DEFAULT_GAMMA if b <= batch_size)]
 
 
 def _eos_id(path: str) -> int | None:
@@ -71,6 +89,20 @@ def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
 
 def _drafter(config: ml_collections.ConfigDict, target, draft):
   """The drafter named by `config.drafter`."""
+  if config.drafter in HEAD_KINDS:
+    if config.head:
+      from specjax.training import load_trained_head
+
+      head, _ = load_trained_head(config.head)
+    elif config.target:
+      raise ValueError(
+        f"config.drafter={config.drafter!r} with your own config.target needs "
+        "config.head, the run directory of a head trained for it (the bundled "
+        "heads read the bundled target)."
+      )
+    else:
+      head = pretrained.load_head(config.drafter, target)
+    return HEAD_DRAFTERS[config.drafter](target, head)
   if config.drafter == "ngram":
     return NGramDrafter(target.cfg.vocab_size, max_ngram=config.ngram)
   if config.drafter == "layer_skip":
@@ -87,9 +119,12 @@ def _to_host(x) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _floor(config, target, draft, prompts, lengths, timings, stats, ar_tokens) -> dict[str, Any]:
-  """The machine's floor, the target's distance from it, the speculative overhead
-  and compile / long-prompt times (see `specjax.benchmarking.floor_fields`)."""
+def _floor(
+  config, target, draft, drafter, sampling, prompts, lengths, timings, stats, ar_tokens
+) -> dict[str, Any]:
+  """The machine's floor, the target's distance from it, the speculative overhead,
+  the drafter's cost ratio c with the speedup Leviathan's formula predicts from
+  it, and compile / long-prompt times (see `specjax.benchmarking.floor_fields`)."""
   capacity = cache_capacity(prompts.shape[1], config.max_new_tokens, config.gamma)
   call = functools.partial(
     benchmarking.call_seconds,
@@ -110,18 +145,43 @@ def _floor(config, target, draft, prompts, lengths, timings, stats, ar_tokens) -
   iterations = max(int(stats.iterations), 1)
   draft_calls = (int(stats.draft_calls) - int(config.drafter == "model")) / iterations
   steps = max(ar_tokens - 1, 1)  # decode steps after the prefill's token
+  if config.drafter == "model":
+    draft_call_s = call(draft, tokens_per_call=1)
+  elif config.drafter == "ngram":
+    draft_call_s = 0.0
+  else:  # layer skip and the heads: their whole proposal + commit, per drafted token
+    draft_call_s = (
+      benchmarking.drafting_seconds(
+        target,
+        drafter,
+        prompts,
+        lengths,
+        gamma=config.gamma,
+        max_new_tokens=config.max_new_tokens,
+        sampling=sampling,
+        num_runs=config.num_runs,
+      )
+      / config.gamma
+    )
+    draft_calls = config.gamma
+  step_s, verify_s = call(target, tokens_per_call=1), call(target, tokens_per_call=config.gamma + 1)
+  # Leviathan's c: what drafting one token costs, in target steps.
+  c = draft_calls * draft_call_s / config.gamma / step_s
   return {
     **benchmarking.floor_fields(
       target,
       batch=config.batch_size,
       ar_step_s=(timings["ar"].median_s - ttft) / steps,
       spec_iteration_s=(timings["spec"].median_s - ttft) / iterations,
-      verify_call_s=call(target, tokens_per_call=config.gamma + 1),
-      draft_call_s={"model": lambda: call(draft, tokens_per_call=1), "ngram": lambda: 0.0}.get(
-        config.drafter, lambda: None
-      )(),
+      verify_call_s=verify_s,
+      draft_call_s=draft_call_s,
       draft_calls_per_iteration=draft_calls,
       num_runs=config.num_runs,
+    ),
+    "draft_cost_ratio_c": c,
+    "verify_cost": verify_s / step_s,
+    "predicted_speedup": theory.predicted_speedup(
+      min(float(stats.acceptance_rate), 1.0), config.gamma, c, verify_s / step_s
     ),
     "spec_iterations": iterations,
     "prefill_ms": ttft * 1e3,
@@ -137,9 +197,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
   check_positive_int("config.batch_size", config.batch_size)
   check_positive_int("config.num_runs", config.num_runs, 3)
-  if config.drafter not in ("model", "ngram", "layer_skip"):
+  if config.gamma != 0:
+    check_positive_int("config.gamma (0: by batch size)", config.gamma)
+  if config.drafter not in DRAFTERS:
     raise ValueError(
-      f"config.drafter must be one of model, ngram, layer_skip; got {config.drafter!r}."
+      f"config.drafter must be one of {', '.join(DRAFTERS)}; got {config.drafter!r}."
     )
   if config.compare_transformers and config.drafter != "model":
     raise ValueError(
@@ -172,6 +234,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   eos = _eos_id(target_path) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
   drafter = _drafter(config, target, draft)
+  auto_gamma = config.gamma == 0
+  if auto_gamma:
+    config = config.copy_and_resolve_references()
+    config.gamma = default_gamma(config.batch_size)
   calls = {
     "ar": lambda: specjax.autoregressive_generate(
       target,
@@ -217,6 +283,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "ar_text": texts["ar"],
     "spec_text": texts["spec"],
     "gamma": config.gamma,
+    "gamma_policy": "by batch size" if auto_gamma else "fixed",
     "temperature": float(config.temperature),
     "drafter": config.drafter,
     "verifier": config.verifier,
@@ -235,6 +302,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         config,
         target,
         draft,
+        drafter,
+        sampling,
         prompts,
         lengths,
         timings,

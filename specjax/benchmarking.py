@@ -186,6 +186,77 @@ def call_seconds(
   return timings["loop"].median_s / num_steps
 
 
+@functools.partial(jax.jit, static_argnames=("config", "num_steps"))
+def _drafting_loop(target, drafter, state, *, config, num_steps: int):
+  """`num_steps` x (propose gamma tokens, commit them all) from one prefilled state.
+
+  Every iteration starts from the same drafter state (the commit's result only
+  feeds a checksum), so the work per step is constant whatever the text.
+  """
+  from specjax.drafting import Commit
+
+  b, g = state.recent.shape[0], config.gamma
+  features = drafter.target_features
+  width = (
+    0 if features is False else target.cfg.d_model * (1 if features is True else len(features))
+  )
+  old = state.target_cache.lengths + 1
+
+  def body(i, total):
+    proposal, drafted = drafter.propose(
+      state.drafter_state,
+      state.recent,
+      jax.random.fold_in(jax.random.key(1), i),
+      jnp.full((b,), g, jnp.int32),
+      gamma=g,
+      sampling=config.sampling,
+    )
+    emitted = jnp.pad(proposal.tokens, ((0, 0), (0, 1)))
+    hidden = None if features is False else jnp.zeros((b, g + 1, width), jnp.float32)
+    committed = drafter.commit(drafted, Commit(emitted, old, old + g + 1, old >= 0, hidden))
+    leaves = jax.tree.leaves(committed)
+    return total + jnp.sum(proposal.tokens) + sum(jnp.sum(x[..., :1]) for x in leaves)
+
+  return jax.lax.fori_loop(0, num_steps, body, jnp.float32(0))
+
+
+def drafting_seconds(
+  target: Transformer,
+  drafter,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams,
+  num_steps: int = 16,
+  num_runs: int = 3,
+) -> float:
+  """Median seconds a drafter spends per speculative iteration: proposing
+  `gamma` tokens for every row and committing a fully accepted block.
+
+  Divided by gamma and by one target decode step (`call_seconds(target, 1)`)
+  it is Leviathan's cost ratio c of that drafter. Prompt lookup's is the cost
+  of its host-free lookup; a feature drafter's commit includes its head call.
+  """
+  from specjax.drafting import as_drafter
+  from specjax.generation.speculative import init_state
+  from specjax.generation.state import SpecConfig
+
+  check_positive_int("gamma", gamma)
+  check_positive_int("num_steps", num_steps)
+  config = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
+  drafter = as_drafter(drafter)
+  state = jax.jit(init_state, static_argnames="config")(
+    target, drafter, prompts, prompt_lengths, jax.random.key(0), config=config
+  )
+  run = functools.partial(
+    _drafting_loop, target, drafter, state, config=config, num_steps=num_steps
+  )
+  timings, _ = time_calls({"drafting": run}, num_runs)
+  return timings["drafting"].median_s / num_steps
+
+
 def floor_fields(
   target: Transformer,
   *,

@@ -70,7 +70,8 @@ def test_decode_sampled_batch(pair):
     (dict(compare_transformers=True, batch_size=2), "config.batch_size must be 1"),
     (dict(dtype="int8"), "config.dtype must be float32 or bfloat16"),
     (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),
-    (dict(drafter="eagle"), "config.drafter must be one of model, ngram, layer_skip"),
+    (dict(drafter="hydra"), "config.drafter must be one of model, ngram, layer_skip, eagle"),
+    (dict(drafter="eagle"), "with your own config.target needs config.head"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
   ],
 )
@@ -86,3 +87,7 @@ def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
   monkeypatch.setattr(decode, "run", lambda config: pytest.fail("decoded before the check"))
   with pytest.raises(ValueError, match="--output_json"):
     decode.decode_and_report(decode_config.get_config(), str(blocker / "result.json"))
+
+
+def test_default_gamma_falls_with_the_batch():
+  assert [decode.default_gamma(b) for b in (1, 2, 7, 8, 16, 64)] == [4, 4, 4, 1, 1, 1]

@@ -65,6 +65,7 @@ def test_main_job_runs_with_no_arguments():
   ):
     assert key in result
   assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
+  assert result["gamma"] == 4 and result["gamma_policy"] == "by batch size"
   # The floor report (config.report_floor, on by default): its arithmetic holds.
   ratio = result["ar_step_ms"] / result["target_matmul_floor_ms"]
   assert result["ar_over_floor"] == pytest.approx(ratio, rel=1e-9)
@@ -96,6 +97,7 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
     gamma_sweep=(2,),
     gamma_max=4,
     verifiers=("greedy",),  # each variant is a compiled program: CI time
+    heads=(),
   )
   rows = compare_drafters.run(config)
   names = {(r["drafter"], r["verifier"], r["gamma"], r["adaptive"]) for r in rows}
