@@ -10,7 +10,8 @@ device-time budget):
      (d_model 768, 2 layers, 12 heads, d_ff 3072), random weights;
   3. times autoregressive decoding at batch 1 and 8 against the memory floor
      (parameter bytes / bandwidth per decode step), and speculative decoding
-     with the 68M draft and with draft = target (alpha = 1 at temperature 0).
+     with the 68M draft, with draft = target (alpha = 1 at temperature 0) and
+     with an (untrained) EAGLE head on the target: its cost ratio c.
 Prints a markdown table and the JSON, and writes the JSON to --output_json
 (default: $OUT/gpu_check.json when $OUT is set). `--scale=smoke` shrinks every
 size so the script can be checked on a CPU.
@@ -29,6 +30,8 @@ from flax import nnx
 import specjax
 from experiments import common
 from specjax import benchmarking, roofline
+from specjax.drafting import EagleDrafter
+from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path
 
@@ -51,8 +54,10 @@ SIZES = {
   ),
 }
 GAMMA = 4
-# (batch, draft): the cases that fit the device-time budget.
-CASES = ((1, "68m"), (1, "self"), (8, "68m"))
+# (batch, draft): the cases that fit the device-time budget. "eagle" is an
+# untrained EAGLE head on the target (its cost c matters here; its alpha comes
+# from the bundled pair, not from random weights).
+CASES = ((1, "68m"), (1, "self"), (8, "68m"), (1, "eagle"))
 COLUMNS = (
   ("batch", "{batch}"),
   ("draft", "{draft}"),
@@ -106,13 +111,15 @@ def main(argv):
     "cases": [],
   }
   vocab = sizes["target"]["vocab_size"]
+  eagle = EagleDrafter(target, EagleHead(HeadConfig("eagle", target.cfg), rngs=nnx.Rngs(2)))
+  drafts = {"68m": draft, "self": target, "eagle": eagle}
   for batch, which in CASES:
     prompts, lengths = benchmarking.random_prompts(
       jax.random.key(batch), batch, sizes["prompt_len"], vocab
     )
     case = benchmarking.benchmark_generation(
       target,
-      target if which == "self" else draft,
+      drafts[which],
       prompts,
       lengths,
       gamma=GAMMA,

@@ -443,9 +443,29 @@ def benchmark_generation(
     num_runs=num_runs,
   )
   target_s = step(target, tokens_per_call=1)
-  draft_s = target_s if draft is target else step(draft, tokens_per_call=1)
+  draft_calls = (stats["draft_calls"] - 1) / max(stats["iterations"], 1)
+  if draft is target:
+    draft_s = target_s
+  elif isinstance(draft, Transformer):
+    draft_s = step(draft, tokens_per_call=1)
+  else:  # a drafter (heads, prompt lookup, layer skip): its proposal + commit per token
+    draft_s = (
+      drafting_seconds(
+        target,
+        draft,
+        prompts,
+        prompt_lengths,
+        gamma=gamma,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        num_steps=step_timing_steps,
+        num_runs=num_runs,
+      )
+      / gamma
+    )
+    draft_calls = gamma
   verify_s = step(target, tokens_per_call=gamma + 1)
-  c = draft_s / target_s
+  c = draft_s * draft_calls / gamma / target_s  # drafting one token, in target steps
   verify_cost = verify_s / target_s
   predicted = theory.predicted_speedup(alpha, gamma, c, verify_cost=verify_cost)
   speedup = ar_ms / spec_ms
@@ -467,11 +487,14 @@ def benchmark_generation(
     spec_iteration_s=(timings["spec"].median_s - prefill_s) / max(stats["iterations"], 1),
     verify_call_s=verify_s,
     draft_call_s=draft_s,
-    draft_calls_per_iteration=(stats["draft_calls"] - 1) / max(stats["iterations"], 1),
+    draft_calls_per_iteration=draft_calls,
     num_runs=num_runs,
   )
   long_prefill = long_prompt_prefill(
-    target, None if draft is target else draft, prompts.shape[0], num_runs=num_runs
+    target,
+    draft if isinstance(draft, Transformer) and draft is not target else None,
+    prompts.shape[0],
+    num_runs=num_runs,
   )
   greedy_match = None
   if sampling.greedy:  # exactness check for free: both must be the target's greedy output
