@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import SamplingParams
+from specjax.validation import is_real
 from specjax.vocab import pad_vocab
 
 
@@ -136,6 +137,23 @@ class DrafterBase:
       "adaptive='confidence' needs a model drafter (a Transformer, "
       f"ModelDrafter or layer_skip), got {type(self).__name__}."
     )
+
+
+def check_confidence(confidence) -> None:
+  """ValueError unless `confidence` (a drafter's stopping threshold) is in [0, 1]."""
+  if not is_real(confidence) or not 0 <= confidence <= 1:
+    raise ValueError(f"confidence must be in [0, 1] (0 = off), got {confidence!r}.")
+
+
+class ConfidenceLength:
+  """`with_confidence` for drafters with a `confidence` field (a struct dataclass):
+  the adaptive "confidence" draft length stops a row once q's top probability
+  falls below the threshold."""
+
+  def with_confidence(self, threshold: float):
+    if not is_real(threshold) or not 0 < threshold <= 1:
+      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
+    return self.replace(confidence=float(threshold))
 
 
 def proposal_probs(proposal: Proposal, vocab_size: int) -> jax.Array:

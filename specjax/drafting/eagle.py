@@ -25,13 +25,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Commit, Proposal
-from specjax.drafting.model import check_confidence
+from specjax.drafting.base import Commit, ConfidenceLength, Proposal, check_confidence
 from specjax.models.heads import EagleHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
-from specjax.validation import is_real
 from specjax.vocab import fit_ids
 
 
@@ -44,7 +42,7 @@ class EagleState:
 
 
 @struct.dataclass
-class EagleDrafter:
+class EagleDrafter(ConfidenceLength):
   """Drafts with an `EagleHead` over the target's features (see the module docstring).
 
   Attributes:
@@ -73,11 +71,6 @@ class EagleDrafter:
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     check_capacity("eagle head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
-
-  def with_confidence(self, threshold: float) -> EagleDrafter:
-    if not is_real(threshold) or not 0 < threshold <= 1:
-      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
-    return self.replace(confidence=float(threshold))
 
   def _pairs(self, cache: KVCache, features: jax.Array, tokens: jax.Array):
     return self.head.forward_cached(self.target, features, fit_ids(tokens, self.vocab_size), cache)

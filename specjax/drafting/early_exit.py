@@ -13,7 +13,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.model import CachedDrafting, check_confidence
+from specjax.drafting.base import check_confidence
+from specjax.drafting.model import CachedDrafting
 from specjax.models.heads import ExitAdapter
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer

@@ -15,16 +15,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Commit, Proposal
-from specjax.drafting.model import check_confidence
+from specjax.drafting.base import Commit, ConfidenceLength, Proposal, check_confidence
 from specjax.models.heads import MedusaHeads
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
-from specjax.validation import is_real
 
 
 @struct.dataclass
-class MedusaDrafter:
+class MedusaDrafter(ConfidenceLength):
   """Drafts g <= K tokens with `MedusaHeads` in one call (see the module docstring).
 
   Attributes:
@@ -54,11 +52,6 @@ class MedusaDrafter:
     k = self.heads.cfg.num_heads
     if gamma > k:
       raise ValueError(f"gamma must be in [1, {k}] for {k} Medusa heads, got {gamma}.")
-
-  def with_confidence(self, threshold: float) -> MedusaDrafter:
-    if not is_real(threshold) or not 0 < threshold <= 1:
-      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
-    return self.replace(confidence=float(threshold))
 
   def init(self, prompts, prompt_lengths, first, capacity, hidden=None) -> jax.Array:
     if hidden is None:

@@ -18,15 +18,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Commit, Proposal
+from specjax.drafting.base import Commit, ConfidenceLength, Proposal, check_confidence
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
-from specjax.validation import is_int, is_real
+from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
 
-class CachedDrafting:
+class CachedDrafting(ConfidenceLength):
   """`init`/`propose`/`commit` of any drafter that samples one token per cached call.
 
   A subclass says how to make its state (`_new_state`), run a call
@@ -103,17 +103,6 @@ class CachedDrafting:
     return self._with_lengths(
       state, jnp.where(commit.goes_on, commit.new_length - 2, commit.old_length - 2)
     )
-
-  def with_confidence(self, threshold: float):
-    """The same drafter stopping a row once its top probability falls below `threshold`."""
-    if not is_real(threshold) or not 0 < threshold <= 1:
-      raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
-    return self.replace(confidence=float(threshold))
-
-
-def check_confidence(confidence) -> None:
-  if not is_real(confidence) or not 0 <= confidence <= 1:
-    raise ValueError(f"confidence must be in [0, 1] (0 = off), got {confidence!r}.")
 
 
 @struct.dataclass
