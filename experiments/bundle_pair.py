@@ -22,7 +22,12 @@ from absl import app, flags
 from specjax import pretrained
 from specjax.data import Tokenizer
 from specjax.hf.export import save_model
-from specjax.training.checkpoint import CHECKPOINT_DIR, MODEL_CONFIG_FILE, load_trained_model
+from specjax.training.checkpoint import (
+  CHECKPOINT_DIR,
+  HEAD_CONFIG_FILE,
+  MODEL_CONFIG_FILE,
+  load_trained_model,
+)
 
 
 def run_record(run: str) -> dict:
@@ -34,8 +39,12 @@ def run_record(run: str) -> dict:
   last_step = max(int(d) for d in os.listdir(os.path.join(run, CHECKPOINT_DIR)) if d.isdigit())
   with open(os.path.join(run, CHECKPOINT_DIR, str(last_step), "meta", "metadata")) as f:
     meta = json.load(f)
-  # model_config.json is written when a run starts, the last checkpoint when it ends.
-  started = os.path.getmtime(os.path.join(run, MODEL_CONFIG_FILE))
+  # The run's config file (model_config.json, or head_config.json for a head) is
+  # written when a run starts, the last checkpoint when it ends.
+  config_file = os.path.join(run, MODEL_CONFIG_FILE)
+  if not os.path.exists(config_file):
+    config_file = os.path.join(run, HEAD_CONFIG_FILE)
+  started = os.path.getmtime(config_file)
   ended = os.path.getmtime(os.path.join(run, CHECKPOINT_DIR, str(last_step)))
   return {
     "steps": last_step,

@@ -3,6 +3,12 @@
   python -m experiments.train --config=configs/train_target.py --workdir=runs/target \
       --config.data.dir=runs/data
 
+A config with `config.head.kind` trains a draft head on a frozen target instead
+(configs/train_eagle.py, train_medusa.py, train_early_exit.py; see
+`specjax.training.heads`):
+
+  python -m experiments.train --config=configs/train_eagle.py --workdir=runs/eagle
+
 Resumes from the latest checkpoint in --workdir automatically. Progress lines
 (step, loss, tokens/s, ETA) go to stdout and <workdir>/metrics.jsonl (process 0
 only). `--config.mesh_shape=(data,model)` picks the mesh; `--distributed` joins

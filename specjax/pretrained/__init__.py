@@ -1,25 +1,36 @@
 """The bundled trained draft/target pair, loaded offline in one call.
 
   target, draft, tokenizer = specjax.pretrained.load_pair()
+  head = specjax.pretrained.load_head("eagle", target)   # or "medusa", "early_exit"
 
 Both models were trained on the Python standard library's source (see the
 model card in the README and `stdlib_pair/card.json`); the draft is distilled
 toward the target. The files are ordinary Hugging Face Llama checkpoints
 (`stdlib_pair/target`, `stdlib_pair/draft`) sharing `stdlib_pair/tokenizer.json`,
 so `specjax.hf.load_model` and transformers read them too.
+
+Draft heads trained on the frozen target (configs/train_eagle.py,
+train_medusa.py, train_early_exit.py; `experiments/bundle_heads.py` writes
+them) live in `stdlib_pair/heads/<kind>/`: `head_config.json` (a `HeadConfig`)
+and bfloat16 `model.safetensors`, their sha256 and training record in
+`stdlib_pair/heads/card.json`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from specjax.data.tokenizer import Tokenizer
 from specjax.dtypes import dtype_name
 from specjax.hf.loader import load_model
+from specjax.models.heads import HEAD_KINDS, HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.validation import read_json_object
 
@@ -37,6 +48,11 @@ BUNDLED_FILES = (
   "tokenizer.json",
 )
 _REBUILD = "reinstall specjax, or rebuild it with experiments/bundle_pair.py"
+HEADS_DIR = os.path.join(PAIR_DIR, "heads")
+HEADS_CARD_FILE = os.path.join(HEADS_DIR, "card.json")
+# The files of each bundled head, relative to its directory heads/<kind>/.
+HEAD_FILES = ("head_config.json", "model.safetensors")
+_REBUILD_HEADS = "reinstall specjax, or rebuild it with experiments/bundle_heads.py"
 
 
 class Pair(NamedTuple):
@@ -98,6 +114,113 @@ def load_pair(dtype=jnp.float32) -> Pair:
   return Pair(target, draft, tokenizer)
 
 
+def head_tensors(head: nnx.Module) -> dict[str, jax.Array]:
+  """A head's parameters by safetensors name: the module path joined by dots
+  (`block.attn.q_proj.kernel`, `heads.0.bias`), as bundled heads store them."""
+  return {
+    ".".join(str(part) for part in path): variable.get_value()
+    for path, variable in nnx.to_flat_state(nnx.state(head, nnx.Param))
+  }
+
+
+def head_file_sums(directory: str, kinds=HEAD_KINDS) -> dict[str, str]:
+  """{"<kind>/<file>": sha256} of the bundled files of `kinds` under `directory`."""
+  return {
+    f"{kind}/{name}": file_sha256(os.path.join(directory, kind, name))
+    for kind in kinds
+    for name in HEAD_FILES
+  }
+
+
+def heads_card() -> dict:
+  """The training record of the bundled heads (runs, steps, final metrics, sha256)."""
+  if not os.path.exists(HEADS_CARD_FILE):
+    raise FileNotFoundError(
+      f"the bundled heads are missing: {HEADS_CARD_FILE} does not exist ({_REBUILD_HEADS})"
+    )
+  return read_json_object(HEADS_CARD_FILE)
+
+
+def _read_head_params(path: str, abstract: nnx.State, dtype) -> nnx.State:
+  """The parameters in safetensors file `path`, in `abstract`'s tree, cast to `dtype`.
+
+  Raises ValueError naming the file and tensor for a missing, extra or
+  misshapen tensor.
+  """
+  from specjax.hf.weights import read_tensors
+
+  tensors = {name: value for _, name, value in read_tensors([path])}
+  flat = []
+  for param_path, variable in nnx.to_flat_state(abstract):
+    name = ".".join(str(part) for part in param_path)
+    if name not in tensors:
+      raise ValueError(f"{path} lacks the tensor {name!r} ({_REBUILD_HEADS}).")
+    value = tensors.pop(name)
+    if value.shape != variable.get_value().shape:
+      raise ValueError(
+        f"{path}: tensor {name!r} has shape {value.shape}, the head needs "
+        f"{variable.get_value().shape} ({_REBUILD_HEADS})."
+      )
+    flat.append((param_path, variable.replace(value.astype(dtype))))
+  if tensors:
+    raise ValueError(f"{path} holds tensors this head does not have: {sorted(tensors)}.")
+  return nnx.from_flat_state(flat)
+
+
+def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
+  """The bundled draft head of `kind` for `target` (the bundled pair's target).
+
+  Args:
+    kind: "eagle" (`EagleHead`), "medusa" (`MedusaHeads`) or "early_exit"
+      (`ExitAdapter`).
+    target: the target the head will read, e.g. `load_pair().target`; its
+      shape must be the one the head was trained for.
+    dtype: compute and parameter dtype of the head (the files hold bfloat16).
+
+  Returns:
+    The head module, for `specjax.drafting.eagle.EagleDrafter(target, head)`,
+    `medusa.MedusaDrafter(target, head)` or `early_exit.EarlyExitDrafter(target, head)`.
+
+  Raises:
+    ValueError: an unknown `kind` or bad `dtype`, a target of another shape, or
+      a file whose sha256 differs from `heads/card.json`'s.
+    FileNotFoundError: a bundled file is missing.
+  """
+  if kind not in HEAD_KINDS:
+    raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}.")
+  name = dtype_name(dtype)
+  directory = os.path.join(HEADS_DIR, kind)
+  for file in (*(os.path.join(directory, f) for f in HEAD_FILES), HEADS_CARD_FILE):
+    if not os.path.exists(file):
+      raise FileNotFoundError(
+        f"the bundled {kind} head is incomplete: {file} is missing ({_REBUILD_HEADS})"
+      )
+  sums = heads_card().get("sha256")
+  if not isinstance(sums, dict):
+    raise ValueError(f"{HEADS_CARD_FILE} has no 'sha256' table ({_REBUILD_HEADS}).")
+  for rel in (f"{kind}/{f}" for f in HEAD_FILES):
+    expected, path = sums.get(rel), os.path.join(HEADS_DIR, rel)
+    if not isinstance(expected, str):
+      raise ValueError(f"{HEADS_CARD_FILE}: 'sha256' has no entry for {rel} ({_REBUILD_HEADS}).")
+    actual = file_sha256(path)
+    if actual != expected:
+      raise ValueError(
+        f"{path} is corrupt or was changed: heads/card.json records sha256 "
+        f"{expected}, the file has {actual} ({_REBUILD_HEADS})."
+      )
+  config_file = os.path.join(directory, "head_config.json")
+  try:
+    cfg = HeadConfig.from_dict(read_json_object(config_file))
+  except (TypeError, KeyError) as e:
+    raise ValueError(f"{config_file} is not a head config: {type(e).__name__}: {e}") from e
+  cfg.check_target(target.cfg)
+  # The compute dtype is read from the config when the head is built.
+  cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
+  params = _read_head_params(os.path.join(directory, "model.safetensors"), abstract, dtype)
+  return nnx.merge(graphdef, params)
+
+
 def model_card() -> dict:
   """The training record of the bundled pair (commands, steps, tokens, metrics, sha256)."""
   if not os.path.exists(CARD_FILE):
@@ -109,12 +232,19 @@ __all__ = [
   "BUNDLED_FILES",
   "CARD_FILE",
   "DRAFT_DIR",
+  "HEADS_CARD_FILE",
+  "HEADS_DIR",
+  "HEAD_FILES",
   "PAIR_DIR",
   "Pair",
   "TARGET_DIR",
   "TOKENIZER_FILE",
   "file_sha256",
   "file_sums",
+  "head_file_sums",
+  "head_tensors",
+  "heads_card",
+  "load_head",
   "load_pair",
   "model_card",
 ]

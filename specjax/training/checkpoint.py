@@ -1,7 +1,8 @@
 """Orbax checkpoints of training runs, and loading a trained model from a run.
 
 A run directory (`workdir`) holds:
-  model_config.json        the `ModelConfig` of the trained model
+  model_config.json        the `ModelConfig` of the trained model, or
+  head_config.json         the `HeadConfig` of a trained draft head
   checkpoints/<step>/      orbax items `params`, `opt_state`, `meta` (JSON)
   metrics.jsonl            one JSON object per logged/evaluated step
 
@@ -22,9 +23,11 @@ from flax import nnx
 
 from specjax.dtypes import to_dtype
 from specjax.models.config import ModelConfig, RopeScaling
+from specjax.models.heads import HeadConfig, make_head
 from specjax.models.transformer import Transformer
 
 MODEL_CONFIG_FILE = "model_config.json"
+HEAD_CONFIG_FILE = "head_config.json"
 CHECKPOINT_DIR = "checkpoints"
 
 
@@ -32,14 +35,31 @@ class CheckpointError(ValueError):
   """A checkpoint exists but cannot be read (corrupt, truncated or mismatched)."""
 
 
-def save_model_config(workdir: str, cfg: ModelConfig) -> None:
-  """Writes `cfg` as `workdir/model_config.json` (atomically: never half-written)."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+def _write_json(path: str, fields: dict[str, Any]) -> None:
+  """Writes `fields` to `path` atomically: a kill leaves the old file, never half of it."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
-    json.dump(dataclasses.asdict(cfg), f, indent=2)
+    json.dump(fields, f, indent=2)
   os.replace(tmp, path)
+
+
+def save_model_config(workdir: str, cfg: ModelConfig) -> None:
+  """Writes `cfg` as `workdir/model_config.json` (atomically: never half-written)."""
+  _write_json(os.path.join(workdir, MODEL_CONFIG_FILE), dataclasses.asdict(cfg))
+
+
+def save_head_config(workdir: str, cfg: HeadConfig) -> None:
+  """Writes `cfg` as `workdir/head_config.json` (atomically: never half-written)."""
+  _write_json(os.path.join(workdir, HEAD_CONFIG_FILE), cfg.to_dict())
+
+
+def save_run_config(workdir: str, cfg: ModelConfig | HeadConfig) -> None:
+  """`save_head_config` for a `HeadConfig`, `save_model_config` otherwise."""
+  if isinstance(cfg, HeadConfig):
+    save_head_config(workdir, cfg)
+  else:
+    save_model_config(workdir, cfg)
 
 
 def load_model_config(workdir: str) -> ModelConfig:
@@ -59,6 +79,27 @@ def load_model_config(workdir: str) -> ModelConfig:
     raise CheckpointError(f"cannot read model config {path}: {e}") from e
 
 
+def load_head_config(workdir: str) -> HeadConfig:
+  """The `HeadConfig` a head-training run in `workdir` trained."""
+  path = os.path.join(workdir, HEAD_CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no {HEAD_CONFIG_FILE} in run directory {workdir} (looked for {path})")
+  try:
+    with open(path) as f:
+      return HeadConfig.from_dict(json.load(f))
+  except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
+    raise CheckpointError(f"cannot read head config {path}: {type(e).__name__}: {e}") from e
+
+
+def _flat_fields(cfg: ModelConfig | HeadConfig) -> dict[str, Any]:
+  """The config's fields by name, a head's target fields as `target.<name>`."""
+  if not isinstance(cfg, HeadConfig):
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+  fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "target"}
+  fields.update({f"target.{k}": v for k, v in _flat_fields(cfg.target).items()})
+  return fields
+
+
 def has_checkpoints(workdir: str) -> bool:
   """Whether `workdir` holds at least one finished checkpoint (`checkpoints/<step>/`)."""
   directory = os.path.join(workdir, CHECKPOINT_DIR)
@@ -68,25 +109,37 @@ def has_checkpoints(workdir: str) -> bool:
   )
 
 
-def check_resumable(workdir: str, cfg: ModelConfig) -> None:
-  """Raises ValueError when `workdir` holds checkpoints of a model other than `cfg`.
+def check_resumable(workdir: str, cfg: ModelConfig | HeadConfig) -> None:
+  """Raises ValueError when `workdir` holds checkpoints of a model (or head) other than `cfg`.
 
-  A resume restores those checkpoints into `cfg`'s model: this check reads
+  A resume restores those checkpoints into `cfg`'s module: this check reads
   only, so a refused resume leaves the run directory as it was.
   """
-  path = os.path.join(workdir, MODEL_CONFIG_FILE)
-  if not (os.path.isfile(path) and has_checkpoints(workdir)):
+  if not has_checkpoints(workdir):
     return
-  saved = load_model_config(workdir)
+  is_head = isinstance(cfg, HeadConfig)
+  name, other = (
+    (HEAD_CONFIG_FILE, MODEL_CONFIG_FILE) if is_head else (MODEL_CONFIG_FILE, HEAD_CONFIG_FILE)
+  )
+  what, configured = ("head", "config.head") if is_head else ("model", "config.model")
+  path = os.path.join(workdir, name)
+  if not os.path.isfile(path):
+    if os.path.isfile(os.path.join(workdir, other)):
+      raise ValueError(
+        f"cannot resume {workdir}: its checkpoints are of a "
+        f"{'model' if is_head else 'draft head'} ({other}), not of a {what}. "
+        f"Train this {what} in another workdir."
+      )
+    return
+  saved = load_head_config(workdir) if is_head else load_model_config(workdir)
   if saved != cfg:
+    old, new = _flat_fields(saved), _flat_fields(cfg)
     diff = ", ".join(
-      f"{f.name} ({getattr(saved, f.name)!r} saved, {getattr(cfg, f.name)!r} configured)"
-      for f in dataclasses.fields(cfg)
-      if getattr(saved, f.name) != getattr(cfg, f.name)
+      f"{k} ({old[k]!r} saved, {new[k]!r} configured)" for k in new if old.get(k) != new[k]
     )
     raise ValueError(
-      f"cannot resume {workdir}: its checkpoints are of the model in {path}, "
-      f"which differs from config.model in {diff}. Train this model in "
+      f"cannot resume {workdir}: its checkpoints are of the {what} in {path}, "
+      f"which differs from {configured} in {diff}. Train this {what} in "
       "another workdir."
     )
 
@@ -206,3 +259,29 @@ def with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
   dtype = to_dtype(cfg.param_dtype, "cfg.param_dtype")
   params = jax.tree.map(lambda x: x.astype(dtype), nnx.state(model, nnx.Param))
   return nnx.merge(graphdef, params)
+
+
+def abstract_head(cfg: HeadConfig):
+  """(graphdef, abstract params) of `make_head(cfg)`, allocating nothing."""
+  head = nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(head, nnx.Param)
+
+
+def load_trained_head(workdir: str, step: int | None = None) -> tuple[nnx.Module, int]:
+  """The draft head a head-training run saved: `(head, step)` at `step` (default latest).
+
+  The head (`EagleHead`, `MedusaHeads` or `ExitAdapter`, per `head_config.json`)
+  holds exactly the checkpoint's parameters, in the dtype it was trained in.
+  """
+  cfg = load_head_config(workdir)
+  checkpointer = Checkpointer(workdir, create=False)
+  try:
+    if step is None:
+      step = checkpointer.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"no checkpoints in {checkpointer.directory}")
+    graphdef, abstract = abstract_head(cfg)
+    restored = checkpointer.restore(step, abstract)["params"]
+  finally:
+    checkpointer.close()
+  return nnx.merge(graphdef, restored), step

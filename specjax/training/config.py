@@ -54,6 +54,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.teacher = ""  # run directory of the frozen target (distillation only)
   c.ce_weight = 0.0  # weight of the corpus cross-entropy added to a distillation loss
   c.init_from = ""  # a run directory whose latest parameters start this run (fine-tuning)
+  # A draft head on a frozen target instead of a model (specjax.training.heads);
+  # config.model is then unused: the head's shape follows the target's.
+  c.head = ml_collections.ConfigDict(
+    dict(
+      kind="",  # "eagle", "medusa" or "early_exit"; "" trains config.model
+      # The frozen target: a Hugging Face checkpoint directory or a specjax run
+      # directory; "" -> the bundled pair's target (specjax.pretrained.TARGET_DIR).
+      target="",
+      num_heads=4,  # Medusa heads K
+      exit_layer=2,  # early exit after this many target layers
+      feature_layers=(),  # EAGLE: fuse the features after these layer counts; () = last
+      d_ff=0,  # MLP width of the head's decoder layer (EAGLE, early exit); 0 = the target's
+      feature_weight=0.0,  # smooth-L1 toward the last-layer features (EAGLE, early exit)
+      feature_noise=0.0,  # std of Gaussian noise on EAGLE's input features in training
+    )
+  )
   c.mesh_shape = (-1, 1)  # (data, model) axes; -1 = the rest of the devices
   c.mesh_devices = 0  # use the first n devices; 0 = all (global) devices
   c.log_every = 20
@@ -61,4 +77,25 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_batches = 16
   c.checkpoint_every = 100
   c.keep_checkpoints = 2
+  return c
+
+
+def head_base_config(kind: str) -> ml_collections.ConfigDict:
+  """What the head configs share: a `kind` head on the bundled target, trained on the
+  stdlib corpus tokenized with the bundled tokenizer, forward KL to the target."""
+  from specjax import pretrained  # imported here: only head runs need the bundled files
+
+  c = base_config()
+  c.data.tokenizer = pretrained.TOKENIZER_FILE
+  c.head.kind = kind
+  c.loss = "kl"
+  # Small batches, many updates: the heads are small, and on a CPU the frozen
+  # target's forward pass dominates each step.
+  c.batch_size = 4
+  c.seq_len = 256
+  c.learning_rate = 3e-3
+  c.weight_decay = 0.0
+  c.log_every = 20
+  c.eval_batches = 16
+  c.checkpoint_every = 100
   return c

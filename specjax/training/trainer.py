@@ -1,4 +1,4 @@
-"""The training loop: language modelling or draft distillation, resumable.
+"""The training loop: language modelling, draft distillation or draft heads, resumable.
 
   history = train(config, workdir)
 
@@ -14,6 +14,11 @@ The objective, `train_step` and `eval_step` are module-level functions of
 arguments, so they run without a config or run directory. `train` checks the
 config, the run directory and the data before it writes a checkpoint, metrics
 or model_config.json.
+
+With `config.head.kind` set, the trained module is a draft head (EAGLE, Medusa,
+early exit) on the frozen target `config.head.target`, which takes the
+teacher's place; the objectives are `specjax.training.heads`' and the run
+directory records head_config.json instead of model_config.json.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from specjax.data import TokenDataset, Tokenizer, corpus_files, prepare_splits, 
 from specjax.distributed import make_mesh, shard_batch, shard_model, shard_process_batch
 from specjax.dtypes import to_dtype
 from specjax.models.config import ModelConfig
+from specjax.models.heads import HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.training import checkpoint as ckpt
+from specjax.training import heads as head_training
 from specjax.training import losses
 from specjax.training.evaluate import mean_metrics
 from specjax.training.optimizer import learning_rate_schedule, make_optimizer
@@ -80,6 +87,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   if not config.ce_weight >= 0:
     raise ValueError(f"config.ce_weight must be >= 0, got {config.ce_weight!r}.")
+  if head_training.head_kind(config):
+    # A head's shape, vocabulary and context follow its target, not config.model.
+    head_training.check_config(config)
+    return
   if config.loss not in LOSSES:
     raise ValueError(f"config.loss must be one of {LOSSES}, got {config.loss!r}.")
   if (config.loss != "ce") != bool(config.teacher):
@@ -98,7 +109,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def prepare_data(
-  config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], None] = print
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  log: Callable[[str], None] = print,
+  vocab: tuple[str, int] | None = None,
 ) -> tuple[Tokenizer, dict[str, str]]:
   """The tokenizer and `<split>.bin` paths, building whatever is missing.
 
@@ -107,10 +121,21 @@ def prepare_data(
   `<data dir>/tokenizer.json`. Token files already in the data dir must have
   been encoded with that tokenizer (ValueError otherwise), and a newly trained
   tokenizer is saved only once they are known to match it.
+
+  `vocab` = (name, size) of a pretrained model's vocabulary (a head's target)
+  instead of config.model's: the tokenizer must then exist already, since a
+  new one would not give that model's ids.
   """
   data_dir = config.data.dir or os.path.join(workdir, "data")
   path = config.data.tokenizer or os.path.join(data_dir, "tokenizer.json")
   trained = not config.data.tokenizer and not os.path.exists(path)
+  vocab_name, vocab_size = vocab or ("config.model.vocab_size", config.model.vocab_size)
+  if trained and vocab is not None:
+    raise ValueError(
+      f"config.data.tokenizer must name an existing tokenizer.json for {vocab_name}: the "
+      f"data dir {data_dir} holds none, and a newly trained one would not give that "
+      "model's ids."
+    )
   if trained:
     log(f"training a {config.data.vocab_size}-token byte-level BPE on the train split")
     tokenizer = train_tokenizer(
@@ -118,9 +143,9 @@ def prepare_data(
     )
   else:
     tokenizer = Tokenizer.from_file(path)
-  if config.model.vocab_size < tokenizer.vocab_size:
+  if vocab_size < tokenizer.vocab_size:
     raise ValueError(
-      f"config.model.vocab_size ({config.model.vocab_size}) must be >= the "
+      f"{vocab_name} ({vocab_size}) must be >= the "
       f"{tokenizer.vocab_size} ids of the tokenizer "
       f"{'trained for' if trained else 'in'} {path}."
     )
@@ -134,25 +159,36 @@ def objective(
   params: nnx.State,
   batch: jax.Array,
   teacher: Transformer | None = None,
+  key: jax.Array | None = None,
   *,
   graphdef: nnx.GraphDef,
   loss: str = "ce",
   ce_weight: float = 0.0,
+  head: head_training.HeadLoss | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The training loss of the model `nnx.merge(graphdef, params)` on `batch`.
 
   Args:
     params: the model's `nnx.Param` state.
     batch: int32 `[B, T + 1]` windows: inputs `[:, :-1]`, targets `[:, 1:]`.
-    teacher: the frozen target of a distillation loss; None for "ce".
+    teacher: the frozen target of a distillation loss or of a head; None for "ce".
+    key: PRNG key of a head objective's noise (None: none); unused by models.
     graphdef: the model's graph definition (`nnx.split(model, nnx.Param)[0]`).
     loss: "ce" or one of `losses.DISTILL_LOSSES`.
     ce_weight: weight of the cross-entropy added to a distillation loss.
+    head: for a draft head (graphdef of `make_head`), its loss weights; the
+      objective is then `specjax.training.heads.objective`.
 
   Returns:
     (scalar loss, metrics): metrics holds `ce` (nats), and with a teacher also
     `distill`, `alpha_t0` and `alpha_t1` (see `losses.agreement`).
   """
+  if head is not None:
+    if teacher is None:
+      raise ValueError("a head objective needs its frozen target (teacher), got None.")
+    return head_training.objective(
+      params, batch, teacher, key, graphdef=graphdef, loss=loss, ce_weight=ce_weight, settings=head
+    )
   if loss not in LOSSES or (loss != "ce") != (teacher is not None):
     raise ValueError(
       f"loss must be one of {LOSSES}, with a teacher exactly when it is a "
@@ -173,7 +209,7 @@ def objective(
 # Parameters and optimizer state are donated: updated in place, not copied.
 @functools.partial(
   jax.jit,
-  static_argnames=("graphdef", "optimizer", "loss", "ce_weight"),
+  static_argnames=("graphdef", "optimizer", "loss", "ce_weight", "head"),
   donate_argnames=("params", "opt_state"),
 )
 def train_step(
@@ -181,25 +217,29 @@ def train_step(
   opt_state: optax.OptState,
   batch: jax.Array,
   teacher: Transformer | None = None,
+  key: jax.Array | None = None,
   *,
   graphdef: nnx.GraphDef,
   optimizer: optax.GradientTransformation,
   loss: str = "ce",
   ce_weight: float = 0.0,
+  head: head_training.HeadLoss | None = None,
 ) -> tuple[nnx.State, optax.OptState, dict[str, jax.Array]]:
   """One update on `batch` (int32 `[B, T + 1]`): (params, opt_state, metrics).
 
-  Metrics are the objective's plus `loss` and the pre-clipping `grad_norm`.
+  `key` and `head` are the objective's (a draft head's noise key and loss
+  weights). Metrics are the objective's plus `loss` and the pre-clipping
+  `grad_norm`.
   """
   (value, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
-    params, batch, teacher, graphdef=graphdef, loss=loss, ce_weight=ce_weight
+    params, batch, teacher, key, graphdef=graphdef, loss=loss, ce_weight=ce_weight, head=head
   )
   updates, opt_state = optimizer.update(grads, opt_state, params)
   metrics.update(loss=value, grad_norm=optax.tree.norm(grads))
   return optax.apply_updates(params, updates), opt_state, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "loss"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "loss", "head"))
 def eval_step(
   params: nnx.State,
   batch: jax.Array,
@@ -207,9 +247,11 @@ def eval_step(
   *,
   graphdef: nnx.GraphDef,
   loss: str = "ce",
+  head: head_training.HeadLoss | None = None,
 ) -> dict[str, jax.Array]:
-  """The objective's metrics on `batch` (int32 `[B, T + 1]`), without an update."""
-  return objective(params, batch, teacher, graphdef=graphdef, loss=loss)[1]
+  """The objective's metrics on `batch` (int32 `[B, T + 1]`), without an update
+  (nor a head's training noise)."""
+  return objective(params, batch, teacher, graphdef=graphdef, loss=loss, head=head)[1]
 
 
 def kept_metrics(path: str, last_step: int, log: Callable[[str], None] = print) -> list[str]:
@@ -273,6 +315,7 @@ def validation_metrics(
   mesh: jax.sharding.Mesh,
   config: ml_collections.ConfigDict,
   graphdef: nnx.GraphDef,
+  head: head_training.HeadLoss | None = None,
 ) -> dict[str, float]:
   """`eval_step`'s metrics averaged over `config.eval_batches` batches of `data`.
 
@@ -282,7 +325,12 @@ def validation_metrics(
     f"val_{k}": v
     for k, v in mean_metrics(
       lambda batch: eval_step(
-        params, shard_batch(batch, mesh), teacher, graphdef=graphdef, loss=config.loss
+        params,
+        shard_batch(batch, mesh),
+        teacher,
+        graphdef=graphdef,
+        loss=config.loss,
+        head=head,
       ),
       data.eval_batches(config.batch_size, config.seq_len, config.eval_batches),
     ).items()
@@ -311,7 +359,8 @@ def train(
   """Trains (or distills) as `config` says, resuming from `workdir`'s latest checkpoint.
 
   Args:
-    config: a train config (see configs/train_*.py).
+    config: a train config (see configs/train_*.py); with `config.head.kind`
+      set, a draft head on the frozen target `config.head.target`.
     workdir: run directory; created if missing.
     stop_after: stop after this global step without a final save, as an
       interruption would (tests use it to check resume equivalence).
@@ -321,14 +370,24 @@ def train(
     One record per update run in this call: {"step", "loss", ...metrics}.
 
   Raises:
-    ValueError: a bad config, a resume with another model, token files of
-      another tokenizer, or splits too small for a batch; all before a
-      checkpoint, metrics or model_config.json is written.
+    ValueError: a bad config, a resume with another model or head, a head that
+      does not fit its target, token files of another tokenizer, or splits too
+      small for a batch; all before a checkpoint, metrics or the run's config
+      file is written, and before anything compiles.
     FloatingPointError: the loss stopped being finite (the last checkpoint is
       kept as it was).
   """
   check_config(config)
-  cfg = ModelConfig(**config.model.to_dict())
+  head_dir = None
+  if head_training.head_kind(config):
+    # Only the target's JSON is read here: a bad head config fails before any weights load.
+    head_dir = head_training.target_dir(config)
+    target_cfg = head_training.target_config(head_dir)
+    cfg = head_training.head_config(config, target_cfg)
+    vocab = (f"the target's vocab_size ({head_dir})", target_cfg.vocab_size)
+  else:
+    cfg = ModelConfig(**config.model.to_dict())
+    vocab = None
   ckpt.check_resumable(workdir, cfg)
   mesh = make_mesh(tuple(config.mesh_shape), devices=config.get("mesh_devices") or None)
   if config.batch_size % mesh.shape["data"]:
@@ -336,56 +395,112 @@ def train(
       f"config.batch_size ({config.batch_size}) must be divisible by the "
       f"mesh's data axis ({mesh.shape['data']})."
     )
-  _, paths = prepare_data(config, workdir, echo)
+  tokenizer, paths = prepare_data(config, workdir, echo, vocab)
   train_data, val_data = _open_splits(config, paths)
   # Models are built outside the mesh context (their logical axis names are not
   # mesh axes) and then placed by the rules.
-  teacher = None
-  if config.loss != "ce":
-    teacher, teacher_step = ckpt.load_trained_model(config.teacher, dtype="float32")
-    if teacher.cfg.vocab_size != cfg.vocab_size:
-      raise ValueError(
-        f"the teacher's vocab_size {teacher.cfg.vocab_size} differs from "
-        f"config.model.vocab_size {cfg.vocab_size}."
-      )
-    if teacher.cfg.max_seq_len < config.seq_len:
-      raise ValueError(
-        f"the teacher's max_seq_len {teacher.cfg.max_seq_len} is below "
-        f"config.seq_len {config.seq_len}."
-      )
-    echo(f"teacher: {config.teacher} step {teacher_step}, {teacher.num_params:,} params")
-    teacher = shard_model(teacher, mesh)
-  if config.get("init_from"):
-    # Fine-tuning: start from another run's parameters (fresh optimizer and
-    # schedule); a checkpoint of this run, once there is one, takes precedence.
-    model, init_step = ckpt.load_trained_model(config.init_from)
-    if model.cfg.replace(dtype=cfg.dtype, param_dtype=cfg.param_dtype) != cfg:
-      raise ValueError(
-        f"config.init_from={config.init_from!r} holds a different model "
-        f"({model.cfg}) than config.model ({cfg})."
-      )
-    model = ckpt.with_config(model, cfg)
-    echo(f"initialised from {config.init_from} step {init_step}")
+  head_loss = None
+  if head_dir is not None:
+    teacher, model = _target_and_head(cfg, head_dir, tokenizer, config, echo)
+    head_loss = head_training.HeadLoss.from_config(config)
   else:
-    model = Transformer(cfg, rngs=nnx.Rngs(config.seed))
+    teacher = _teacher(config, cfg, echo) if config.loss != "ce" else None
+    model = _initial_model(config, cfg, echo)
+  if teacher is not None:
+    teacher = shard_model(teacher, mesh)
   model = shard_model(model, mesh)
   with jax.set_mesh(mesh):
-    return _fit(config, workdir, mesh, cfg, model, teacher, train_data, val_data, stop_after, echo)
+    return _fit(
+      config,
+      workdir,
+      mesh,
+      cfg,
+      model,
+      teacher,
+      train_data,
+      val_data,
+      stop_after,
+      echo,
+      head_loss,
+    )
+
+
+def _target_and_head(
+  cfg: HeadConfig,
+  path: str,
+  tokenizer: Tokenizer,
+  config: ml_collections.ConfigDict,
+  echo: Callable[[str], None],
+) -> tuple[Transformer, nnx.Module]:
+  """The frozen target at `path` (float32) and a fresh head of `cfg` (seed `config.seed`)."""
+  from specjax.hf import load_tokenizer
+
+  own = load_tokenizer(path)
+  if own is not None and own.get_vocab() != tokenizer.get_vocab():
+    raise ValueError(
+      f"the data's tokenizer ({config.data.tokenizer or 'in the data dir'}) differs from the "
+      f"target's ({path}/tokenizer.json); set config.data.tokenizer to the target's."
+    )
+  target = head_training.load_target(path)
+  echo(f"target (frozen): {path}, {target.num_params:,} params")
+  return target, make_head(cfg, rngs=nnx.Rngs(config.seed))
+
+
+def _teacher(
+  config: ml_collections.ConfigDict, cfg: ModelConfig, echo: Callable[[str], None]
+) -> Transformer:
+  """The frozen teacher of a distillation run (float32), checked against `cfg`."""
+  teacher, teacher_step = ckpt.load_trained_model(config.teacher, dtype="float32")
+  if teacher.cfg.vocab_size != cfg.vocab_size:
+    raise ValueError(
+      f"the teacher's vocab_size {teacher.cfg.vocab_size} differs from "
+      f"config.model.vocab_size {cfg.vocab_size}."
+    )
+  if teacher.cfg.max_seq_len < config.seq_len:
+    raise ValueError(
+      f"the teacher's max_seq_len {teacher.cfg.max_seq_len} is below "
+      f"config.seq_len {config.seq_len}."
+    )
+  echo(f"teacher: {config.teacher} step {teacher_step}, {teacher.num_params:,} params")
+  return teacher
+
+
+def _initial_model(
+  config: ml_collections.ConfigDict, cfg: ModelConfig, echo: Callable[[str], None]
+) -> Transformer:
+  """A fresh `Transformer(cfg)`, or `config.init_from`'s parameters in one."""
+  if not config.get("init_from"):
+    return Transformer(cfg, rngs=nnx.Rngs(config.seed))
+  # Fine-tuning: start from another run's parameters (fresh optimizer and
+  # schedule); a checkpoint of this run, once there is one, takes precedence.
+  model, init_step = ckpt.load_trained_model(config.init_from)
+  if model.cfg.replace(dtype=cfg.dtype, param_dtype=cfg.param_dtype) != cfg:
+    raise ValueError(
+      f"config.init_from={config.init_from!r} holds a different model "
+      f"({model.cfg}) than config.model ({cfg})."
+    )
+  echo(f"initialised from {config.init_from} step {init_step}")
+  return ckpt.with_config(model, cfg)
 
 
 def _fit(
   config: ml_collections.ConfigDict,
   workdir: str,
   mesh: jax.sharding.Mesh,
-  cfg: ModelConfig,
-  model: Transformer,
+  cfg: ModelConfig | HeadConfig,
+  model: nnx.Module,
   teacher: Transformer | None,
   train_data: TokenDataset,
   val_data: TokenDataset,
   stop_after: int | None,
   echo: Callable[[str], None],
+  head_loss: head_training.HeadLoss | None = None,
 ) -> list[dict[str, float]]:
-  """The loop of `train` once everything is checked: restore, step, log, evaluate, save."""
+  """The loop of `train` once everything is checked: restore, step, log, evaluate, save.
+
+  `model` is a `Transformer` (cfg a `ModelConfig`) or a draft head (cfg a
+  `HeadConfig`, `head_loss` its loss weights, `teacher` its frozen target).
+  """
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(params)
@@ -393,6 +508,10 @@ def _fit(
   checkpointer = ckpt.Checkpointer(
     workdir, config.checkpoint_every, config.keep_checkpoints, cleanup_tmp=True
   )
+  # A head's noise key is a pure function of (seed, step), like its batches, so a
+  # resumed run draws the same noise as an uninterrupted one.
+  noisy = head_loss is not None and head_loss.feature_noise > 0
+  base_key = jax.random.key(config.seed)
   # Closing waits for the save in flight: a run failing for any reason leaves
   # its last checkpoint finished, not a `<step>.orbax-checkpoint-tmp`.
   try:
@@ -401,11 +520,12 @@ def _fit(
       restored = checkpointer.restore(start, params, opt_state)
       params, opt_state = restored["params"], restored["opt_state"]
     if jax.process_index() == 0:
-      ckpt.save_model_config(workdir, cfg)
+      ckpt.save_run_config(workdir, cfg)
     log = _Log(workdir, start, echo)
+    what = f"{cfg.kind} head, " if isinstance(cfg, HeadConfig) else ""
     log(
       f"{'resuming at' if start else 'starting'} step {start}/{config.num_steps}: "
-      f"{model.num_params:,} params, loss {config.loss}, workdir {workdir}"
+      f"{head_training.num_params(model):,} params, {what}loss {config.loss}, workdir {workdir}"
     )
 
     history = []
@@ -427,10 +547,12 @@ def _fit(
         opt_state,
         shard_process_batch(rows, mesh),
         teacher,
+        jax.random.fold_in(base_key, step) if noisy else None,
         graphdef=graphdef,
         optimizer=optimizer,
         loss=config.loss,
         ce_weight=config.ce_weight,
+        head=head_loss,
       )
       record = {"step": step, **{k: float(v) for k, v in jax.device_get(metrics).items()}}
       if not math.isfinite(record["loss"]):
@@ -459,7 +581,7 @@ def _fit(
           record,
         )
       if step % config.eval_every == 0 or step == config.num_steps:
-        result = validation_metrics(params, teacher, val_data, mesh, config, graphdef)
+        result = validation_metrics(params, teacher, val_data, mesh, config, graphdef, head_loss)
         parts = "  ".join(f"{k} {v:.4f}" for k, v in result.items())
         log(f"eval step {step}: {parts}", {"step": step, "time": time.time(), **result})
       checkpointer.save(

@@ -1,0 +1,100 @@
+"""Export trained draft-head runs into the package as the bundled heads.
+
+  python -m experiments.bundle_heads --eagle=runs/eagle --medusa=runs/medusa \
+      --early_exit=runs/early_exit [--out=specjax/pretrained/stdlib_pair/heads]
+
+Writes `<kind>/head_config.json` and `<kind>/model.safetensors` (bfloat16) for
+each run given, and `card.json`: each run's train config, steps, tokens seen,
+final validation metrics and wall time, plus the sha256 of every bundled head
+file, which `specjax.pretrained.load_head` verifies. Kinds not given keep
+their files and card entries. Each head must fit the bundled target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags, logging
+
+from experiments.bundle_pair import run_record
+from specjax import pretrained
+from specjax.models.heads import HEAD_KINDS
+from specjax.training.checkpoint import HEAD_CONFIG_FILE, load_trained_head
+from specjax.training.heads import num_params, target_config
+from specjax.validation import read_json_object
+
+
+def _portable(value):
+  """`value` with paths into the installed package written relative to the repository,
+  so the card reads the same on every machine."""
+  package = os.path.dirname(os.path.dirname(pretrained.PAIR_DIR))  # .../specjax
+  if isinstance(value, dict):
+    return {k: _portable(v) for k, v in value.items()}
+  if isinstance(value, str) and value.startswith(package + os.sep):
+    return os.path.join("specjax", os.path.relpath(value, package))
+  return value
+
+
+def bundle(runs: dict[str, str], out: str) -> dict:
+  """Writes the heads of `runs` ({kind: run directory}) into `out`; returns the card."""
+  from safetensors.flax import save_file  # imported here: only exporting needs it
+
+  target = target_config(pretrained.TARGET_DIR)
+  loaded = {}
+  for kind, run in runs.items():  # every run is checked before anything is written
+    head, _ = load_trained_head(run)
+    if head.cfg.kind != kind:
+      raise ValueError(f"--{kind}={run} holds a {head.cfg.kind} head, not a {kind} head.")
+    head.cfg.check_target(target, name="bundled target")
+    loaded[kind] = head
+  card_path = os.path.join(out, "card.json")
+  card = read_json_object(card_path) if os.path.exists(card_path) else {}
+  heads = dict(card.get("heads", {}))
+  for kind, run in runs.items():
+    head = loaded[kind]
+    directory = os.path.join(out, kind)
+    os.makedirs(directory, exist_ok=True)
+    tensors = {k: v.astype("bfloat16") for k, v in pretrained.head_tensors(head).items()}
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    os.chmod(os.path.join(directory, "model.safetensors"), 0o644)  # safetensors writes 0600
+    with open(os.path.join(run, HEAD_CONFIG_FILE)) as f:
+      head_config = json.load(f)
+    with open(os.path.join(directory, HEAD_CONFIG_FILE), "w") as f:
+      json.dump(head_config, f, indent=2)
+    heads[kind] = _portable({"params": num_params(head), "run": run, **run_record(run)})
+  # The target weights the heads were trained on, as the pair's card records them.
+  target_sum = pretrained.model_card().get("sha256", {}).get("target/model.safetensors")
+  card = {"target": {"dir": "../target", "model.safetensors sha256": target_sum}, "heads": heads}
+  card["sha256"] = pretrained.head_file_sums(out, [k for k in HEAD_KINDS if k in heads])
+  with open(card_path, "w") as f:
+    json.dump(card, f, indent=2)
+  return card
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+  f = flags.FLAGS
+  runs = {kind: f[kind].value for kind in HEAD_KINDS if f[kind].value}
+  if not runs:
+    raise app.UsageError(f"give at least one of --{', --'.join(HEAD_KINDS)}")
+  card = bundle(runs, f.out)
+  summary = {
+    kind: {k: card["heads"][kind][k] for k in ("params", "steps", "final_eval", "wall_seconds")}
+    for kind in runs
+  }
+  print(json.dumps(summary, indent=2))
+
+
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  for kind in HEAD_KINDS:
+    flags.DEFINE_string(kind, None, f"Run directory of a {kind} head (experiments.train).")
+  flags.DEFINE_string("out", pretrained.HEADS_DIR, "Output directory.")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,315 @@
+"""Training draft heads (EAGLE, Medusa, early exit) on a frozen target.
+
+  python -m experiments.train --config=configs/train_eagle.py --workdir=runs/eagle
+
+`config.head.kind` switches `specjax.training.train` (the same loop, optimizer,
+checkpoints and metrics as for models) from training `config.model` to
+training `make_head(HeadConfig(kind, target=target.cfg, ...))` on the frozen
+target named by `config.head.target`. Only the head's parameters train and are
+checkpointed; the run directory records `head_config.json`.
+
+Every objective runs the target once per batch of int32 `[B, T + 1]` windows
+(inputs `[:, :-1]`) for its logits `[B, T, V]` and features, under
+`stop_gradient`, and distils the target's law into the head's through the
+target's own final norm and head (`Transformer.features_to_logits`):
+
+  eagle       f = feature_space(features) (+ N(0, feature_noise^2) in training);
+              the head reads (f_t, x_{t+1}) and predicts the feature at t + 1,
+              whose law is compared with the target's at t + 1 (t = 0..T-2),
+              plus feature_weight * smooth-L1 toward the target's last-layer
+              feature there (one feature layer only: fused features have no
+              regression target).
+  medusa      head k (0-based) at position t against the target's law at
+              t + k + 1 (positions whose target lies past the window are left
+              out); heads weigh equally.
+  early_exit  the adapter on the features after `exit_layer` layers against the
+              full target's law at every position, plus feature_weight *
+              smooth-L1 toward the last-layer features.
+
+The divergence is `config.loss` ("kl" = forward KL(p_target || q_head), "tv",
+"kl+tv"), plus `config.ce_weight` times the head's cross-entropy on the corpus.
+Metrics: `distill`, `ce` (the head's next-token cross-entropy on the corpus),
+`alpha_t0` (argmax agreement) and `alpha_t1` (1 - TV) as `losses.agreement`
+computes them, `feature` (the smooth-L1 term, where there is one), and for
+Medusa the alphas of each head (`alpha_t0_head0`, ...) besides their mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+from specjax.models.heads import HEAD_KINDS, HeadConfig
+from specjax.models.transformer import Transformer
+from specjax.training import losses
+from specjax.validation import is_int, is_real
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadLoss:
+  """The weights of a head objective beyond the divergence (hashable: a jit static argument).
+
+  Attributes:
+    feature_weight: weight of the smooth-L1 regression toward the target's
+      last-layer features (EAGLE with one feature layer, early exit).
+    feature_noise: standard deviation of the Gaussian noise added to EAGLE's
+      input features in training (EAGLE's robustness to its own errors);
+      never added without a key (evaluation).
+  """
+
+  feature_weight: float = 0.0
+  feature_noise: float = 0.0
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> HeadLoss:
+    return cls(float(config.head.feature_weight), float(config.head.feature_noise))
+
+
+def head_kind(config: ml_collections.ConfigDict) -> str:
+  """`config.head.kind`, or "" for a config without a `head` section (a model run)."""
+  head = config.get("head")
+  return head.kind if head else ""
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """The checks of a head run that need no target: ValueError naming the field."""
+  head = config.head
+  if head.kind not in HEAD_KINDS:
+    raise ValueError(f"config.head.kind must be '' or one of {HEAD_KINDS}, got {head.kind!r}.")
+  if config.loss not in losses.DISTILL_LOSSES:
+    raise ValueError(
+      f"config.loss must be one of {losses.DISTILL_LOSSES} when training a head "
+      f"(the head learns the target's law), got {config.loss!r}."
+    )
+  for name, value in (("teacher", config.teacher), ("init_from", config.get("init_from"))):
+    if value:
+      raise ValueError(
+        f"config.{name} must be empty when training a head (the frozen target is "
+        f"config.head.target), got {value!r}."
+      )
+  if not is_int(head.num_heads) or not 1 <= head.num_heads <= 16:
+    raise ValueError(f"config.head.num_heads must be an int in [1, 16], got {head.num_heads!r}.")
+  if head.kind == "medusa" and not head.num_heads < config.seq_len:
+    raise ValueError(
+      f"config.head.num_heads must be < config.seq_len={config.seq_len} (the last head needs "
+      f"a target position in the window), got {head.num_heads!r}."
+    )
+  if not is_int(head.exit_layer) or head.exit_layer < 1:
+    raise ValueError(f"config.head.exit_layer must be an int >= 1, got {head.exit_layer!r}.")
+  layers = tuple(head.feature_layers)
+  if any(not is_int(i) or i < 1 for i in layers) or len(set(layers)) != len(layers):
+    raise ValueError(
+      f"config.head.feature_layers must be distinct layer counts >= 1, got {head.feature_layers!r}."
+    )
+  if not is_int(head.d_ff) or head.d_ff < 0:
+    raise ValueError(f"config.head.d_ff must be an int >= 0 (0: the target's), got {head.d_ff!r}.")
+  for name in ("feature_weight", "feature_noise"):
+    value = head[name]
+    if not is_real(value) or not 0 <= value < float("inf"):
+      raise ValueError(f"config.head.{name} must be a finite number >= 0, got {value!r}.")
+  if config.seq_len < 2:
+    raise ValueError(f"config.seq_len must be >= 2 to train a head, got {config.seq_len}.")
+
+
+def target_dir(config: ml_collections.ConfigDict) -> str:
+  """The directory of the frozen target: `config.head.target` or the bundled pair's."""
+  if config.head.target:
+    return config.head.target
+  from specjax import pretrained  # imported here: only the default needs it
+
+  return pretrained.TARGET_DIR
+
+
+def _is_run(path: str) -> bool:
+  from specjax.training.checkpoint import MODEL_CONFIG_FILE
+
+  return os.path.isfile(os.path.join(path, MODEL_CONFIG_FILE))
+
+
+def target_config(path: str) -> ModelConfig:
+  """The float32 `ModelConfig` of the target at `path`, from its JSON alone (no weights).
+
+  `path` is a Hugging Face checkpoint directory (config.json + safetensors) or
+  a specjax run directory (model_config.json + checkpoints).
+  """
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"config.head.target: the target directory {path} does not exist")
+  if _is_run(path):
+    from specjax.training.checkpoint import load_model_config
+
+    return load_model_config(path).replace(dtype="float32", param_dtype="float32")
+  from specjax.hf import model_config, read_config
+
+  return model_config(read_config(path), "float32", source=os.path.join(path, "config.json"))
+
+
+def load_target(path: str) -> Transformer:
+  """The target at `path` (see `target_config`) in float32."""
+  if _is_run(path):
+    from specjax.training.checkpoint import load_trained_model
+
+    return load_trained_model(path, dtype="float32")[0]
+  from specjax.hf import load_model
+
+  return load_model(path, dtype=jnp.float32)[0]
+
+
+def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadConfig:
+  """The `HeadConfig` `config.head` asks for on `target`; ValueError naming the field."""
+  head, n = config.head, target.n_layers
+  if head.kind == "early_exit" and not head.exit_layer < n:
+    raise ValueError(
+      f"config.head.exit_layer must be in [1, {n - 1}] (the target has {n} layers), "
+      f"got {head.exit_layer!r}."
+    )
+  if any(i > n for i in head.feature_layers):
+    raise ValueError(
+      f"config.head.feature_layers must be layer counts in [1, {n}] (the target has {n} "
+      f"layers), got {head.feature_layers!r}."
+    )
+  if config.seq_len > target.max_seq_len:
+    raise ValueError(
+      f"config.seq_len must be <= the target's max_seq_len={target.max_seq_len}, "
+      f"got {config.seq_len}."
+    )
+  return HeadConfig(
+    kind=head.kind,
+    target=target,
+    num_heads=int(head.num_heads),
+    exit_layer=int(head.exit_layer),
+    feature_layers=tuple(int(i) for i in head.feature_layers),
+    d_ff=int(head.d_ff),
+  )
+
+
+def smooth_l1(pred: jax.Array, target: jax.Array) -> jax.Array:
+  """Mean smooth-L1 (Huber with delta 1) over all elements, as EAGLE's feature loss."""
+  return optax.huber_loss(pred.astype(jnp.float32), target.astype(jnp.float32), delta=1.0).mean()
+
+
+def _target_outputs(target: Transformer, inputs: jax.Array, return_hidden):
+  """The frozen target on `inputs [B, T]`: (logits `[B, T, V]`, features `[B, T, F]`)."""
+  b, t = inputs.shape
+  logits, _, features = target.forward_cached(
+    inputs, target.init_cache(b, t), return_hidden=return_hidden
+  )
+  return jax.lax.stop_gradient(logits), jax.lax.stop_gradient(features)
+
+
+def _law_metrics(loss: str, p_logits, q_logits, labels) -> dict[str, jax.Array]:
+  """Divergence, the head's cross-entropy on `labels` and the agreement of p and q."""
+  return {
+    "distill": losses.distill_loss(loss, p_logits, q_logits),
+    "ce": losses.cross_entropy(q_logits, labels),
+    **losses.agreement(p_logits, q_logits),
+  }
+
+
+def eagle_objective(head, target, batch, key, *, loss, settings):
+  """EAGLE: the head's next feature from (feature, next token); see the module docstring."""
+  inputs = batch[:, :-1]
+  p_logits, features = _target_outputs(target, inputs, head.cfg.target_features)
+  f = head.feature_space(features)
+  if key is not None and settings.feature_noise > 0:
+    f = f + settings.feature_noise * jax.random.normal(key, f.shape, f.dtype)
+  pred = head(target, f[:, :-1], inputs[:, 1:])  # [B, T - 1, D]: positions 1..T-1
+  metrics = _law_metrics(loss, p_logits[:, 1:], target.features_to_logits(pred), batch[:, 2:])
+  value = metrics["distill"]
+  if head.cfg.num_features == 1:  # fused features have no regression target
+    metrics["feature"] = smooth_l1(pred, features[:, 1:])
+    value = value + settings.feature_weight * metrics["feature"]
+  return value, metrics
+
+
+def medusa_objective(head, target, batch, key, *, loss, settings):
+  """Medusa-1: head k at position t against the target's law at t + k + 1."""
+  del key, settings  # no noise, no feature target
+  inputs = batch[:, :-1]
+  t = inputs.shape[1]
+  p_logits, features = _target_outputs(target, inputs, True)
+  drafted = head(features)  # [B, T, K, D]
+  per_head = []
+  for k in range(head.cfg.num_heads):
+    # Positions 0..T-k-2 have their target law (at t + k + 1) inside the window;
+    # the vocabulary projection runs on those only.
+    n = t - k - 1
+    q_logits = target.features_to_logits(drafted[:, :n, k])
+    per_head.append(_law_metrics(loss, p_logits[:, k + 1 :], q_logits, batch[:, k + 2 :]))
+  metrics = {name: jnp.mean(jnp.stack([m[name] for m in per_head])) for name in per_head[0]}
+  for k, m in enumerate(per_head):
+    metrics[f"alpha_t0_head{k}"] = m["alpha_t0"]
+    metrics[f"alpha_t1_head{k}"] = m["alpha_t1"]
+  return metrics["distill"], metrics
+
+
+def early_exit_objective(head, target, batch, key, *, loss, settings):
+  """Early exit: the adapter on layer-`exit_layer` features against the full target."""
+  del key
+  inputs = batch[:, :-1]
+  d, k = target.cfg.d_model, head.cfg.exit_layer
+  # One target call gives the law and both feature sets: layer k, then the last.
+  p_logits, features = _target_outputs(target, inputs, (k, target.cfg.n_layers))
+  pred = head(features[..., :d])
+  metrics = _law_metrics(loss, p_logits, target.features_to_logits(pred), batch[:, 1:])
+  metrics["feature"] = smooth_l1(pred, features[..., d:])
+  return metrics["distill"] + settings.feature_weight * metrics["feature"], metrics
+
+
+OBJECTIVES: dict[str, Callable] = {
+  "eagle": eagle_objective,
+  "medusa": medusa_objective,
+  "early_exit": early_exit_objective,
+}
+
+
+def objective(
+  params: nnx.State,
+  batch: jax.Array,
+  target: Transformer,
+  key: jax.Array | None = None,
+  *,
+  graphdef: nnx.GraphDef,
+  loss: str = "kl",
+  ce_weight: float = 0.0,
+  settings: HeadLoss = HeadLoss(),
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The training loss of the head `nnx.merge(graphdef, params)` on `batch`.
+
+  Args:
+    params: the head's `nnx.Param` state.
+    batch: int32 `[B, T + 1]` windows: inputs `[:, :-1]`.
+    target: the frozen target the head reads (never differentiated).
+    key: PRNG key of EAGLE's feature noise; None adds none (evaluation).
+    graphdef: the head's graph definition (`nnx.split(head, nnx.Param)[0]`).
+    loss: the divergence, one of `losses.DISTILL_LOSSES`.
+    ce_weight: weight of the head's cross-entropy on the corpus.
+    settings: feature-loss weight and noise (`HeadLoss`).
+
+  Returns:
+    (scalar loss, metrics), the metrics of the module docstring.
+
+  Raises:
+    ValueError: `loss` is not a divergence, or the head was built for a target
+      of another shape (at trace time, before anything compiles).
+  """
+  if loss not in losses.DISTILL_LOSSES:
+    raise ValueError(f"loss must be one of {losses.DISTILL_LOSSES} for a head, got {loss!r}.")
+  head = nnx.merge(graphdef, params)
+  head.cfg.check_target(target.cfg)
+  value, metrics = OBJECTIVES[head.cfg.kind](head, target, batch, key, loss=loss, settings=settings)
+  if ce_weight:
+    value = value + ce_weight * metrics["ce"]
+  return value, metrics
+
+
+def num_params(module: nnx.Module) -> int:
+  """Number of parameter scalars of any module (a head has no `num_params`)."""
+  return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
