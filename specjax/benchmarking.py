@@ -188,10 +188,12 @@ def call_seconds(
 
 @functools.partial(jax.jit, static_argnames=("config", "num_steps"))
 def _drafting_loop(target, drafter, state, *, config, num_steps: int):
-  """`num_steps` x (propose gamma tokens, commit them all) from one prefilled state.
+  """`num_steps` x (propose gamma tokens, commit them) from one prefilled state.
 
-  Every iteration starts from the same drafter state (the commit's result only
-  feeds a checksum), so the work per step is constant whatever the text.
+  The commit marks every row as stopped, so the drafter's lengths stay where
+  they were (constant work per step, never past the capacity), but its state
+  is still carried from step to step: otherwise a greedy proposal, which reads
+  no key, would be loop-invariant and XLA would hoist it out of the loop.
   """
   from specjax.drafting import Commit
 
@@ -201,10 +203,12 @@ def _drafting_loop(target, drafter, state, *, config, num_steps: int):
     0 if features is False else target.cfg.d_model * (1 if features is True else len(features))
   )
   old = state.target_cache.lengths + 1
+  stopped = old < 0  # False, but not a constant the compiler could fold away
 
-  def body(i, total):
+  def body(i, carry):
+    total, drafter_state = carry
     proposal, drafted = drafter.propose(
-      state.drafter_state,
+      drafter_state,
       state.recent,
       jax.random.fold_in(jax.random.key(1), i),
       jnp.full((b,), g, jnp.int32),
@@ -213,11 +217,10 @@ def _drafting_loop(target, drafter, state, *, config, num_steps: int):
     )
     emitted = jnp.pad(proposal.tokens, ((0, 0), (0, 1)))
     hidden = None if features is False else jnp.zeros((b, g + 1, width), jnp.float32)
-    committed = drafter.commit(drafted, Commit(emitted, old, old + g + 1, old >= 0, hidden))
-    leaves = jax.tree.leaves(committed)
-    return total + jnp.sum(proposal.tokens) + sum(jnp.sum(x[..., :1]) for x in leaves)
+    committed = drafter.commit(drafted, Commit(emitted, old, old + g + 1, stopped, hidden))
+    return total + jnp.sum(proposal.tokens), committed
 
-  return jax.lax.fori_loop(0, num_steps, body, jnp.float32(0))
+  return jax.lax.fori_loop(0, num_steps, body, (jnp.int32(0), state.drafter_state))[0]
 
 
 def drafting_seconds(

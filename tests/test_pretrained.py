@@ -14,6 +14,7 @@ from configs import decode as decode_config
 from experiments import decode
 from specjax import pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
+from specjax.drafting import EagleDrafter
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,11 @@ def test_greedy_speculative_equals_autoregressive_on_held_out_prompts(pair):
   spec = specjax.speculative_generate(pair.target, pair.draft, prompts, lengths, gamma=4, **kwargs)
   np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
   # A trained, distilled draft: far above what random weights accept (~0).
+  assert float(spec.stats.acceptance_rate) > 0.5
+  # The bundled EAGLE head on the same prompts: exact, and trained.
+  eagle = EagleDrafter(pair.target, pretrained.load_head("eagle", pair.target))
+  spec = specjax.speculative_generate(pair.target, eagle, prompts, lengths, gamma=4, **kwargs)
+  np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
   assert float(spec.stats.acceptance_rate) > 0.5
 
 
