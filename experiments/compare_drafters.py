@@ -59,10 +59,16 @@ def _variants(config, target, draft, temperature):
     (f"prompt lookup (n<={config.ngram})", NGramDrafter(target.cfg.vocab_size, config.ngram)),
   ]
   drafters += [(f"layer skip k={k}", layer_skip(target, k)) for k in config.layer_skip]
-  drafters += [
-    (HEAD_NAMES[kind], HEAD_DRAFTERS[kind](target, pretrained.load_head(kind, target)))
-    for kind in config.heads
-  ]
+  heads = {
+    kind: HEAD_DRAFTERS[kind](target, pretrained.load_head(kind, target)) for kind in config.heads
+  }
+  drafters += [(HEAD_NAMES[kind], d) for kind, d in heads.items()]
+  if config.fr_spec:  # the same heads drafting among the K most frequent ids
+    ids = pretrained.frequent_token_ids(config.fr_spec)
+    drafters += [
+      (f"{HEAD_NAMES[kind]}, K={config.fr_spec}", d.with_vocab_subset(ids))
+      for kind, d in heads.items()
+    ]
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
   out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]

@@ -102,7 +102,14 @@ def _drafter(config: ml_collections.ConfigDict, target, draft):
       )
     else:
       head = pretrained.load_head(config.drafter, target)
-    return HEAD_DRAFTERS[config.drafter](target, head)
+    drafter = HEAD_DRAFTERS[config.drafter](target, head)
+    if config.vocab_subset:
+      if config.target:
+        raise ValueError(
+          "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
+        )
+      drafter = drafter.with_vocab_subset(pretrained.frequent_token_ids(config.vocab_subset))
+    return drafter
   if config.drafter == "ngram":
     return NGramDrafter(target.cfg.vocab_size, max_ngram=config.ngram)
   if config.drafter == "layer_skip":

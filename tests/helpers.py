@@ -47,6 +47,10 @@ def make_drafter(name: str, target, draft, max_ngram: int = 3):
     "eagle": lambda: head_drafter("eagle", target),
     "medusa": lambda: head_drafter("medusa", target),
     "early_exit": lambda: head_drafter("early_exit", target, exit_layer=1),
+    # FR-Spec: drafting among the even ids only (q = 0 on the others).
+    "eagle_subset": lambda: head_drafter("eagle", target).with_vocab_subset(
+      np.arange(0, target.cfg.vocab_size, 2)
+    ),
   }[name]()
 
 

@@ -12,7 +12,11 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+# The optimisation level of tests/conftest.py, so the single-process reference
+# (computed under it) compares like with like.
+os.environ["XLA_FLAGS"] = (
+  "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax

@@ -170,7 +170,8 @@ def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
 
 
 @pytest.mark.parametrize(
-  "name, verifier", [("eagle", "token"), ("medusa", "block"), ("early_exit", "token")]
+  "name, verifier",
+  [("eagle", "token"), ("medusa", "block"), ("early_exit", "token"), ("eagle_subset", "block")],
 )
 def test_head_drafters_are_exact_with_top_k_and_top_p(pair, name, verifier):
   """Drafters that read the target's features (fresh heads: they agree sometimes)

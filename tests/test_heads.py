@@ -40,16 +40,29 @@ def reference(target, prompts):
     ("eagle", {"feature_layers": (1, 2)}, "token"),  # EAGLE-3-style fused features
     ("medusa", {"num_heads": 3}, "block"),
     ("early_exit", {"exit_layer": 1}, "greedy"),
+    ("eagle", {"vocab_subset": 64}, "greedy"),  # FR-Spec: the 64 first ids only
   ],
 )
 def test_greedy_equals_autoregressive(target, prompts, reference, kind, settings, verifier):
+  subset = settings.pop("vocab_subset", None)
   drafter = head_drafter(kind, target, **settings)
+  if subset:
+    drafter = drafter.with_vocab_subset(np.arange(subset))
   out = specjax.speculative_generate(
     target, drafter, *prompts, gamma=3, max_new_tokens=MAX_NEW, sampling=GREEDY, verifier=verifier
   )
   np.testing.assert_array_equal(out.tokens, reference.tokens)
   np.testing.assert_array_equal(out.num_generated, reference.num_generated)
   assert np.sum(out.stats.proposed) > 0
+
+
+def test_a_vocabulary_subset_gives_the_heads_logits_there_and_minus_inf_elsewhere(target):
+  features = jax.random.normal(jax.random.key(4), (3, target.cfg.d_model))
+  ids = jnp.array([7, 1, 300], jnp.int32)
+  full = target.features_to_logits(features)
+  sub = target.features_to_logits(features, ids)
+  np.testing.assert_allclose(sub[:, ids], full[:, ids], atol=1e-5)
+  assert np.isneginf(np.delete(np.asarray(sub), np.asarray(ids), axis=1)).all()
 
 
 def test_target_features_are_the_residual_stream(target, prompts):
@@ -162,6 +175,10 @@ def test_bad_heads_and_arguments_are_refused(target, prompts):
     specjax.speculative_generate(
       target, medusa, *prompts, gamma=3, max_new_tokens=4, sampling=GREEDY
     )
+  eagle = head_drafter("eagle", target)
+  for ids in ([], [[1, 2]], [3, 3], [0, 512], [0.5]):
+    with pytest.raises(ValueError, match=r"vocab_subset must be a non-empty 1-D array of distinct"):
+      eagle.with_vocab_subset(ids)
   with pytest.raises(ValueError, match=r"exit_layer must be an int in \[1, 1\]"):
     HeadConfig("early_exit", target.cfg, exit_layer=2)
   with pytest.raises(ValueError, match="kind must be one of"):

@@ -15,7 +15,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def start_suite() -> subprocess.Popen:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  flags = os.environ.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")
+  env = dict(
+    os.environ,
+    XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8".strip(),
+    JAX_PLATFORMS="cpu",
+  )
   return subprocess.Popen(
     [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/multidevice"],
     cwd=ROOT,

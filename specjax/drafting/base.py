@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.sampling import SamplingParams
 from specjax.validation import is_real
@@ -154,6 +155,36 @@ class ConfidenceLength:
     if not is_real(threshold) or not 0 < threshold <= 1:
       raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
     return self.replace(confidence=float(threshold))
+
+
+class VocabSubset:
+  """FR-Spec for drafters that read the target's head (a struct dataclass with
+  `target` and `vocab_subset` fields): draft only among K frequent ids."""
+
+  def with_vocab_subset(self, ids):
+    """The same drafter drafting only among `ids` (`[K]` distinct ids in [0, V)),
+    e.g. the K most frequent tokens; None drafts over the whole vocabulary.
+    Exact either way: q is 0 outside the subset, and q is what verification reads."""
+    if ids is None:
+      return self.replace(vocab_subset=None)
+    v = self.target.cfg.vocab_size
+    array = np.asarray(ids)
+    if (
+      array.ndim != 1
+      or not array.size
+      or not np.issubdtype(array.dtype, np.integer)
+      or array.min() < 0
+      or array.max() >= v
+      or len(np.unique(array)) != array.size
+    ):
+      raise ValueError(
+        f"vocab_subset must be a non-empty 1-D array of distinct int ids in [0, {v}), "
+        f"got shape {array.shape} dtype {array.dtype}."
+      )
+    return self.replace(vocab_subset=jnp.asarray(array, jnp.int32))
+
+  def _logits(self, features: jax.Array) -> jax.Array:
+    return self.target.features_to_logits(features, self.vocab_subset)
 
 
 def proposal_probs(proposal: Proposal, vocab_size: int) -> jax.Array:

@@ -25,7 +25,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Commit, ConfidenceLength, Proposal, check_confidence
+from specjax.drafting.base import (
+  Commit,
+  ConfidenceLength,
+  Proposal,
+  VocabSubset,
+  check_confidence,
+)
 from specjax.models.heads import EagleHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -42,18 +48,20 @@ class EagleState:
 
 
 @struct.dataclass
-class EagleDrafter(ConfidenceLength):
+class EagleDrafter(ConfidenceLength, VocabSubset):
   """Drafts with an `EagleHead` over the target's features (see the module docstring).
 
   Attributes:
     target: the target itself (its embedding, final norm and head are shared).
     head: the trained `EagleHead` for this target's shape.
     confidence: stop drafting a row when q's top probability falls below this.
+    vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
   """
 
   target: Transformer
   head: EagleHead
   confidence: float = struct.field(pytree_node=False, default=0.0)
+  vocab_subset: jax.Array | None = None
 
   prefill_calls = 1
 
@@ -105,7 +113,7 @@ class EagleDrafter(ConfidenceLength):
     uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
 
     def draw(i, feature, tokens, probs, active):
-      logits = self.target.features_to_logits(feature)
+      logits = self._logits(feature)
       active = active & (i < limit)
       if greedy:
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -10,10 +10,11 @@ verifier stays exact.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import check_confidence
+from specjax.drafting.base import VocabSubset, check_confidence
 from specjax.drafting.model import CachedDrafting
 from specjax.models.heads import ExitAdapter
 from specjax.models.kv_cache import KVCache, check_capacity
@@ -22,18 +23,20 @@ from specjax.vocab import fit_ids
 
 
 @struct.dataclass
-class EarlyExitDrafter(CachedDrafting):
+class EarlyExitDrafter(CachedDrafting, VocabSubset):
   """The target's first layers + an `ExitAdapter` + the target's head.
 
   Attributes:
     target: the target (its first `adapter.cfg.exit_layer` layers run here).
     adapter: the trained `ExitAdapter` for this target's shape.
     confidence: stop drafting a row when q's top probability falls below this.
+    vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
   """
 
   target: Transformer
   adapter: ExitAdapter
   confidence: float = struct.field(pytree_node=False, default=0.0)
+  vocab_subset: jax.Array | None = None
 
   def __post_init__(self):
     self.adapter.cfg.check_target(self.target.cfg)
@@ -71,4 +74,4 @@ class EarlyExitDrafter(CachedDrafting):
     x, adapter = self.adapter.forward_cached(features, adapter)  # every position: its cache
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)
-    return self.target.features_to_logits(x), (layers, adapter)
+    return self._logits(x), (layers, adapter)

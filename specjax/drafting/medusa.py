@@ -15,14 +15,20 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Commit, ConfidenceLength, Proposal, check_confidence
+from specjax.drafting.base import (
+  Commit,
+  ConfidenceLength,
+  Proposal,
+  VocabSubset,
+  check_confidence,
+)
 from specjax.models.heads import MedusaHeads
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
 
 
 @struct.dataclass
-class MedusaDrafter(ConfidenceLength):
+class MedusaDrafter(ConfidenceLength, VocabSubset):
   """Drafts g <= K tokens with `MedusaHeads` in one call (see the module docstring).
 
   Attributes:
@@ -30,11 +36,13 @@ class MedusaDrafter(ConfidenceLength):
     heads: trained `MedusaHeads` for this target's shape.
     confidence: a row's draft ends at the first head whose top probability
       falls below this (0 disables it).
+    vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
   """
 
   target: Transformer
   heads: MedusaHeads
   confidence: float = struct.field(pytree_node=False, default=0.0)
+  vocab_subset: jax.Array | None = None
 
   prefill_calls = 0  # the prefill's target features are all it needs
   target_features = True
@@ -70,7 +78,7 @@ class MedusaDrafter(ConfidenceLength):
   ) -> tuple[Proposal, jax.Array]:
     del recent
     b, g = limit.shape[0], gamma
-    logits = self.target.features_to_logits(self.heads(feature, num_heads=g))  # [B, g, V]
+    logits = self._logits(self.heads(feature, num_heads=g))  # [B, g, V]
     proposed = jnp.arange(g)[None, :] < limit[:, None]
     if sampling.greedy:
       tokens, probs = jnp.argmax(logits, axis=-1).astype(jnp.int32), None

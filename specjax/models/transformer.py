@@ -404,11 +404,28 @@ class Transformer(nnx.Module):
       )
     return layers
 
-  def features_to_logits(self, features: jax.Array) -> jax.Array:
+  def features_to_logits(
+    self, features: jax.Array, vocab_subset: jax.Array | None = None
+  ) -> jax.Array:
     """`[..., D]` features (the residual stream before the final norm) -> float32
     logits `[..., V]` through the model's own final norm and head: what draft heads
-    (EAGLE, Medusa, early exit) use instead of a head of their own."""
-    return self._logits(features)
+    (EAGLE, Medusa, early exit) use instead of a head of their own.
+
+    With `vocab_subset` (`[K]` distinct int32 ids, FR-Spec) only those K rows of
+    the head are multiplied; every other id gets logit -inf, i.e. probability 0
+    in any warp, which keeps a drafter's law exact and cuts the head's cost by
+    V / K.
+    """
+    x = self.final_norm(features)
+    if vocab_subset is None:
+      return self._head(x)
+    if self.cfg.tie_embeddings:
+      w = self.embed.embedding[...][vocab_subset].astype(x.dtype)  # [K, D]
+    else:
+      w = self.lm_head[...][:, vocab_subset].T.astype(x.dtype)
+    sub = jnp.einsum("...d,kd->...k", x, w, preferred_element_type=jnp.float32)
+    full = jnp.full((*sub.shape[:-1], self.cfg.vocab_size), -jnp.inf, jnp.float32)
+    return full.at[..., vocab_subset].set(sub)
 
   @property
   def num_params(self) -> int:

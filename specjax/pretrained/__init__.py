@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax.data.tokenizer import Tokenizer
@@ -32,7 +33,7 @@ from specjax.dtypes import dtype_name
 from specjax.hf.loader import load_model
 from specjax.models.heads import HEAD_KINDS, HeadConfig, make_head
 from specjax.models.transformer import Transformer
-from specjax.validation import read_json_object
+from specjax.validation import is_int, read_json_object
 
 PAIR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib_pair")
 TARGET_DIR = os.path.join(PAIR_DIR, "target")
@@ -130,6 +131,21 @@ def head_file_sums(directory: str, kinds=HEAD_KINDS) -> dict[str, str]:
     for kind in kinds
     for name in HEAD_FILES
   }
+
+
+TOKEN_FREQUENCY_FILE = os.path.join(HEADS_DIR, "token_frequency.json")
+
+
+def frequent_token_ids(k: int) -> np.ndarray:
+  """The `k` most frequent ids of the bundled tokenizer on the stdlib train split,
+  most frequent first (int32 `[k]`): the vocabulary subset for FR-Spec drafting,
+  `drafter.with_vocab_subset(frequent_token_ids(1024))` (84% of train tokens)."""
+  ranked = read_json_object(TOKEN_FREQUENCY_FILE).get("ids_by_frequency")
+  if not isinstance(ranked, list):
+    raise ValueError(f"{TOKEN_FREQUENCY_FILE} has no 'ids_by_frequency' list ({_REBUILD_HEADS}).")
+  if not is_int(k) or not 1 <= k <= len(ranked):
+    raise ValueError(f"k must be an int in [1, {len(ranked)}], got {k!r}.")
+  return np.asarray(ranked[:k], np.int32)
 
 
 def heads_card() -> dict:
