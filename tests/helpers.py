@@ -54,6 +54,34 @@ def make_drafter(name: str, target, draft, max_ngram: int = 3):
   }[name]()
 
 
+def copy_corpus(root, files_per_split: dict[str, int]) -> str:
+  """Copies the first files of each stdlib split under `root` (a pathlib.Path):
+  a corpus small enough to tokenize and train on in a test."""
+  import os
+  import shutil
+
+  from specjax.data import corpus_files, stdlib_root
+
+  for split, count in files_per_split.items():
+    for path in corpus_files(split)[:count]:
+      dest = root / os.path.relpath(path, stdlib_root())
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copyfile(path, dest)
+  return str(root)
+
+
+def tiny_token_data(path: str, corpus_root: str) -> str:
+  """A 512-id tokenizer trained on `corpus_root` and its token files, in `path`."""
+  import os
+
+  from specjax.data import corpus_files, prepare_splits, train_tokenizer
+
+  tokenizer = train_tokenizer(corpus_files("train", corpus_root), vocab_size=512)
+  tokenizer.save(os.path.join(path, "tokenizer.json"))
+  prepare_splits(path, tokenizer, corpus_root, log=lambda _: None)
+  return path
+
+
 def chisquare_pvalue(observed, probs) -> float:
   """Chi-square goodness-of-fit p-value, pooling the cells with expected count < 5.
 

@@ -18,9 +18,9 @@ import pytest
 from flax import nnx
 
 from configs import train_tiny
-from helpers import TINY
+from helpers import TINY, copy_corpus, tiny_token_data
 from specjax import ModelConfig, Transformer, pretrained
-from specjax.data import TokenDataset, corpus_files, prepare_splits, stdlib_root, train_tokenizer
+from specjax.data import TokenDataset
 from specjax.hf.export import save_model
 from specjax.models.heads import EagleHead, ExitAdapter, HeadConfig, MedusaHeads, make_head
 from specjax.training import (
@@ -46,22 +46,12 @@ def _silent(_):
 
 @pytest.fixture(scope="module")
 def corpus_root(tmp_path_factory):
-  root = tmp_path_factory.mktemp("stdlib")
-  for split, count in FILES_PER_SPLIT.items():
-    for path in corpus_files(split)[:count]:
-      dest = root / os.path.relpath(path, stdlib_root())
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(path, dest)
-  return str(root)
+  return copy_corpus(tmp_path_factory.mktemp("stdlib"), FILES_PER_SPLIT)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, corpus_root):
-  path = str(tmp_path_factory.mktemp("data"))
-  tokenizer = train_tokenizer(corpus_files("train", corpus_root), vocab_size=512)
-  tokenizer.save(os.path.join(path, "tokenizer.json"))
-  prepare_splits(path, tokenizer, corpus_root, log=_silent)
-  return path
+  return tiny_token_data(str(tmp_path_factory.mktemp("data")), corpus_root)
 
 
 def _save_target(path, **overrides) -> str:

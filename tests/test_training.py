@@ -18,6 +18,7 @@ import pytest
 from flax import nnx
 
 from configs import train_tiny
+from helpers import copy_corpus, tiny_token_data
 from specjax.data import (
   SPLITS,
   TokenDataset,
@@ -25,7 +26,6 @@ from specjax.data import (
   corpus_files,
   prepare_splits,
   split_of,
-  stdlib_root,
   train_tokenizer,
 )
 from specjax.data.corpus import read_source
@@ -43,22 +43,12 @@ FILES_PER_SPLIT = {"train": 24, "validation": 3, "test": 3}
 
 @pytest.fixture(scope="module")
 def corpus_root(tmp_path_factory):
-  root = tmp_path_factory.mktemp("stdlib")
-  for split, count in FILES_PER_SPLIT.items():
-    for path in corpus_files(split)[:count]:
-      dest = root / os.path.relpath(path, stdlib_root())
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(path, dest)
-  return str(root)
+  return copy_corpus(tmp_path_factory.mktemp("stdlib"), FILES_PER_SPLIT)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, corpus_root):
-  path = str(tmp_path_factory.mktemp("data"))
-  tokenizer = train_tokenizer(corpus_files("train", corpus_root), vocab_size=512)
-  tokenizer.save(os.path.join(path, "tokenizer.json"))
-  prepare_splits(path, tokenizer, corpus_root, log=lambda _: None)
-  return path
+  return tiny_token_data(str(tmp_path_factory.mktemp("data")), corpus_root)
 
 
 def _config(corpus_root, data_dir, **changes):

@@ -235,16 +235,8 @@ def load_trained_model(
     to_dtype(dtype, "dtype")
   saved = load_model_config(workdir)
   cfg = saved if dtype is None else saved.replace(dtype=dtype, param_dtype=dtype)
-  checkpointer = Checkpointer(workdir, create=False)
-  try:
-    if step is None:
-      step = checkpointer.latest_step()
-      if step is None:
-        raise FileNotFoundError(f"no checkpoints in {checkpointer.directory}")
-    graphdef, abstract = abstract_model(saved)
-    restored = checkpointer.restore(step, abstract)["params"]
-  finally:
-    checkpointer.close()
+  graphdef, abstract = abstract_model(saved)
+  restored, step = _restore_params(workdir, step, abstract)
   model = nnx.merge(graphdef, restored)
   return (model if cfg == saved else with_config(model, cfg)), step
 
@@ -274,14 +266,20 @@ def load_trained_head(workdir: str, step: int | None = None) -> tuple[nnx.Module
   holds exactly the checkpoint's parameters, in the dtype it was trained in.
   """
   cfg = load_head_config(workdir)
+  graphdef, abstract = abstract_head(cfg)
+  restored, step = _restore_params(workdir, step, abstract)
+  return nnx.merge(graphdef, restored), step
+
+
+def _restore_params(workdir: str, step: int | None, abstract) -> tuple[Any, int]:
+  """The `params` item of checkpoint `step` (default: the latest) of the run in
+  `workdir`, restored onto `abstract`; FileNotFoundError when there is none."""
   checkpointer = Checkpointer(workdir, create=False)
   try:
     if step is None:
       step = checkpointer.latest_step()
       if step is None:
         raise FileNotFoundError(f"no checkpoints in {checkpointer.directory}")
-    graphdef, abstract = abstract_head(cfg)
-    restored = checkpointer.restore(step, abstract)["params"]
+    return checkpointer.restore(step, abstract)["params"], step
   finally:
     checkpointer.close()
-  return nnx.merge(graphdef, restored), step
