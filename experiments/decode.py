@@ -11,7 +11,6 @@ after a warm-up.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -133,13 +132,6 @@ def _floor(
   the drafter's cost ratio c with the speedup Leviathan's formula predicts from
   it, and compile / long-prompt times (see `specjax.benchmarking.floor_fields`)."""
   capacity = cache_capacity(prompts.shape[1], config.max_new_tokens, config.gamma)
-  call = functools.partial(
-    benchmarking.call_seconds,
-    prompts=prompts,
-    prompt_lengths=lengths,
-    capacity=capacity,
-    num_runs=config.num_runs,
-  )
   ttft = benchmarking.prefill_timing(
     target,
     prompts,
@@ -150,45 +142,33 @@ def _floor(
     num_runs=config.num_runs,
   ).median_s
   iterations = max(int(stats.iterations), 1)
-  draft_calls = (int(stats.draft_calls) - int(config.drafter == "model")) / iterations
   steps = max(ar_tokens - 1, 1)  # decode steps after the prefill's token
-  if config.drafter == "model":
-    draft_call_s = call(draft, tokens_per_call=1)
-  elif config.drafter == "ngram":
-    draft_call_s = 0.0
-  else:  # layer skip and the heads: their whole proposal + commit, per drafted token
-    draft_call_s = (
-      benchmarking.drafting_seconds(
-        target,
-        drafter,
-        prompts,
-        lengths,
-        gamma=config.gamma,
-        max_new_tokens=config.max_new_tokens,
-        sampling=sampling,
-        num_runs=config.num_runs,
-      )
-      / config.gamma
-    )
-    draft_calls = config.gamma
-  step_s, verify_s = call(target, tokens_per_call=1), call(target, tokens_per_call=config.gamma + 1)
-  # Leviathan's c: what drafting one token costs, in target steps.
-  c = draft_calls * draft_call_s / config.gamma / step_s
+  cost = benchmarking.draft_cost(
+    target,
+    draft if config.drafter == "model" else drafter,
+    prompts,
+    lengths,
+    gamma=config.gamma,
+    max_new_tokens=config.max_new_tokens,
+    sampling=sampling,
+    stats=stats.summary(),
+    num_runs=config.num_runs,
+  )
   return {
     **benchmarking.floor_fields(
       target,
       batch=config.batch_size,
       ar_step_s=(timings["ar"].median_s - ttft) / steps,
       spec_iteration_s=(timings["spec"].median_s - ttft) / iterations,
-      verify_call_s=verify_s,
-      draft_call_s=draft_call_s,
-      draft_calls_per_iteration=draft_calls,
+      verify_call_s=cost["verify_s"],
+      draft_call_s=cost["draft_call_s"],
+      draft_calls_per_iteration=cost["draft_calls_per_iteration"],
       num_runs=config.num_runs,
     ),
-    "draft_cost_ratio_c": c,
-    "verify_cost": verify_s / step_s,
+    "draft_cost_ratio_c": cost["c"],
+    "verify_cost": cost["verify_cost"],
     "predicted_speedup": theory.predicted_speedup(
-      min(float(stats.acceptance_rate), 1.0), config.gamma, c, verify_s / step_s
+      min(float(stats.acceptance_rate), 1.0), config.gamma, cost["c"], cost["verify_cost"]
     ),
     "spec_iterations": iterations,
     "prefill_ms": ttft * 1e3,

@@ -26,7 +26,8 @@ from absl import app, flags
 import specjax
 from specjax.data import TokenDataset, Tokenizer
 from specjax.data.dataset import check_tokenizer, tokenizer_record, write_meta
-from specjax.training.checkpoint import load_trained_model
+from specjax.training.checkpoint import MODEL_CONFIG_FILE, load_trained_model
+from specjax.training.heads import load_target
 from specjax.validation import check_int, check_positive_int
 
 _COPIED = ("validation.bin", "validation.json", "test.bin", "test.json")
@@ -70,7 +71,10 @@ def generate(
   train_path = os.path.join(data_dir, "train.bin")
   check_tokenizer(train_path, tokenizer)
   train = TokenDataset(train_path)
-  target, step = load_trained_model(target_run, dtype="float32")
+  if os.path.isfile(os.path.join(target_run, MODEL_CONFIG_FILE)):
+    target, step = load_trained_model(target_run, dtype="float32")
+  else:  # a Hugging Face directory, e.g. the bundled pair's target
+    target, step = load_target(target_run), None
   if target.cfg.vocab_size < tokenizer.vocab_size:
     raise ValueError(
       f"the target's vocab_size {target.cfg.vocab_size} is below the "
@@ -155,7 +159,9 @@ def main(argv):
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
-  flags.DEFINE_string("target", None, "Run directory of the target.", required=True)
+  flags.DEFINE_string(
+    "target", None, "Run directory or Hugging Face directory of the target.", required=True
+  )
   flags.DEFINE_string(
     "data_dir", None, "Corpus data directory (train.bin, tokenizer.json).", required=True
   )

@@ -260,6 +260,76 @@ def drafting_seconds(
   return timings["drafting"].median_s / num_steps
 
 
+def draft_cost(
+  target: Transformer,
+  draft,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams,
+  stats: dict[str, Any],
+  num_steps: int = 16,
+  num_runs: int = 3,
+) -> dict[str, float]:
+  """Leviathan's cost ratio c of `draft`, and the verification's cost, in target steps.
+
+  `draft` is a `Transformer` (its one-token step is timed, times the draft
+  calls per iteration in `stats`, a speculative run's `stats.summary()`) or any
+  other drafter (its whole proposal + commit is timed by `drafting_seconds`:
+  prompt lookup's lookup, a head's forward calls). The target's one-token
+  step and its `gamma + 1`-token verification are timed by `call_seconds`.
+
+  Returns:
+    `target_step_s`, `verify_s`, `draft_call_s` (one draft call, or a
+    drafter's proposal + commit per drafted token), `draft_calls_per_iteration`,
+    `c` (drafting one token / one target step) and `verify_cost` (verify_s /
+    target_step_s).
+  """
+  capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)  # as speculative_generate
+  step = functools.partial(
+    call_seconds,
+    prompts=prompts,
+    prompt_lengths=prompt_lengths,
+    capacity=capacity,
+    num_steps=num_steps,
+    num_runs=num_runs,
+  )
+  target_s = step(target, tokens_per_call=1)
+  if draft is target:  # a perfect draft: c is 1 by definition
+    draft_s, draft_calls = target_s, float(gamma)
+  elif isinstance(draft, Transformer):
+    draft_s = step(draft, tokens_per_call=1)
+    # Less the prefill's draft call, which is not part of an iteration.
+    draft_calls = (stats["draft_calls"] - 1) / max(stats["iterations"], 1)
+  else:
+    draft_s = (
+      drafting_seconds(
+        target,
+        draft,
+        prompts,
+        prompt_lengths,
+        gamma=gamma,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        num_steps=num_steps,
+        num_runs=num_runs,
+      )
+      / gamma
+    )
+    draft_calls = float(gamma)
+  verify_s = step(target, tokens_per_call=gamma + 1)
+  return {
+    "target_step_s": target_s,
+    "verify_s": verify_s,
+    "draft_call_s": draft_s,
+    "draft_calls_per_iteration": draft_calls,
+    "c": 1.0 if draft is target else draft_s * draft_calls / gamma / target_s,
+    "verify_cost": verify_s / target_s,
+  }
+
+
 def floor_fields(
   target: Transformer,
   *,
@@ -437,39 +507,20 @@ def benchmark_generation(
   stats = outputs["spec"].stats.summary()
   alpha = stats["acceptance_rate"]
 
-  step = functools.partial(
-    call_seconds,
-    prompts=prompts,
-    prompt_lengths=prompt_lengths,
-    capacity=capacity,
+  cost = draft_cost(
+    target,
+    draft,
+    prompts,
+    prompt_lengths,
+    gamma=gamma,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    stats=stats,
     num_steps=step_timing_steps,
     num_runs=num_runs,
   )
-  target_s = step(target, tokens_per_call=1)
-  draft_calls = (stats["draft_calls"] - 1) / max(stats["iterations"], 1)
-  if draft is target:
-    draft_s = target_s
-  elif isinstance(draft, Transformer):
-    draft_s = step(draft, tokens_per_call=1)
-  else:  # a drafter (heads, prompt lookup, layer skip): its proposal + commit per token
-    draft_s = (
-      drafting_seconds(
-        target,
-        draft,
-        prompts,
-        prompt_lengths,
-        gamma=gamma,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        num_steps=step_timing_steps,
-        num_runs=num_runs,
-      )
-      / gamma
-    )
-    draft_calls = gamma
-  verify_s = step(target, tokens_per_call=gamma + 1)
-  c = draft_s * draft_calls / gamma / target_s  # drafting one token, in target steps
-  verify_cost = verify_s / target_s
+  target_s, verify_s, draft_s = cost["target_step_s"], cost["verify_s"], cost["draft_call_s"]
+  c, verify_cost = cost["c"], cost["verify_cost"]
   predicted = theory.predicted_speedup(alpha, gamma, c, verify_cost=verify_cost)
   speedup = ar_ms / spec_ms
 
@@ -490,7 +541,7 @@ def benchmark_generation(
     spec_iteration_s=(timings["spec"].median_s - prefill_s) / max(stats["iterations"], 1),
     verify_call_s=verify_s,
     draft_call_s=draft_s,
-    draft_calls_per_iteration=draft_calls,
+    draft_calls_per_iteration=cost["draft_calls_per_iteration"],
     num_runs=num_runs,
   )
   long_prefill = long_prompt_prefill(
