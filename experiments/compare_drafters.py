@@ -71,6 +71,14 @@ def _variants(config, target, draft, temperature):
     ]
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
+  for kind in heads:  # the heads' own draft lengths, e.g. early exit pays off at small gamma
+    twins = [(n, d) for n, d in drafters if n.startswith(HEAD_NAMES[kind])]
+    out += [
+      (name, d, default, g, None)
+      for g in config.head_gammas.get(kind, ())
+      if g != config.gamma
+      for name, d in twins
+    ]
   out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
   out += [("draft model", draft, default, config.gamma_max, a) for a in ("schedule", "confidence")]
   return out
@@ -109,6 +117,14 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
     raise ValueError(
       f"config.heads must be a subset of {tuple(HEAD_DRAFTERS)}, got {config.heads!r}."
     )
+  unknown_heads = set(config.head_gammas) - set(HEAD_DRAFTERS)
+  if unknown_heads:
+    raise ValueError(
+      f"config.head_gammas keys must be among {tuple(HEAD_DRAFTERS)}, got {sorted(unknown_heads)}."
+    )
+  for kind, gammas in config.head_gammas.items():
+    for g in gammas:
+      check_positive_int(f"config.head_gammas.{kind}", g)
   unknown = set(config.verifiers) - {"greedy", "token", "block"}
   if unknown or not config.verifiers:
     raise ValueError(

@@ -22,6 +22,7 @@ if "device_count=8" not in os.environ.get("XLA_FLAGS", ""):
   collect_ignore = ["multidevice"]
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -64,6 +65,22 @@ def tiny_cfg():
 @pytest.fixture(scope="session")
 def target(tiny_cfg):
   return specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="session")
+def prompts():
+  """A ragged batch of 4 random prompts, `[4, 9]` with lengths 9, 2, 6, 1 (a module may
+  override it, e.g. with prompts prompt lookup can match)."""
+  tokens = jax.random.randint(jax.random.key(42), (4, 9), 0, 512, dtype=jnp.int32)
+  return tokens, jnp.array([9, 2, 6, 1], jnp.int32)
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(target, prompts):
+  """The target's greedy decoding of `prompts`, 16 new tokens per row."""
+  return specjax.autoregressive_generate(
+    target, *prompts, max_new_tokens=16, sampling=specjax.GREEDY
+  )
 
 
 @pytest.fixture(scope="session")

@@ -14,17 +14,6 @@ SAMPLED = specjax.SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
 MAX_NEW = 16
 
 
-@pytest.fixture(scope="module")
-def prompts():
-  tokens = jax.random.randint(jax.random.key(42), (4, 9), 0, 512, dtype=jnp.int32)
-  return tokens, jnp.array([9, 2, 6, 1], jnp.int32)
-
-
-@pytest.fixture(scope="module")
-def greedy_reference(target, prompts):
-  return specjax.autoregressive_generate(target, *prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
-
-
 def test_autoregressive_greedy_matches_full_forward(target, prompts, greedy_reference):
   """Greedy cached decoding == argmax of a teacher-forced full forward, row by row."""
   tokens, lengths = prompts
