@@ -24,15 +24,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.draft = ""
   config.prompt = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
-  # (experiments.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on).
+  # (experiments.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
+  # drafter (DRAFTER_GAMMA: early exit drafts 1).
   config.gamma = 0
   config.verifier = "auto"  # auto (greedy at T=0, else token) | token | block | greedy
   # model (the draft) | ngram | layer_skip (target's first layers) | eagle | medusa
   # | early_exit (draft heads on the target; the bundled ones, or config.head)
   config.drafter = "model"
   config.head = ""  # a head's training run directory ("": the bundled head)
-  # FR-Spec for the bundled heads: draft among the K most frequent ids (0: all)
-  config.vocab_subset = 0
+  # FR-Spec for the bundled heads: draft among the K most frequent ids; 0: all;
+  # -1: the bundled head's default (experiments.decode.HEAD_VOCAB_SUBSET).
+  config.vocab_subset = -1
   config.ngram = 3  # longest n-gram matched by the ngram drafter
   config.layer_skip = 2  # target layers the layer_skip drafter keeps
   config.adaptive = ""  # "" (fixed gamma) | schedule | confidence

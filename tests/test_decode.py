@@ -72,6 +72,7 @@ def test_decode_sampled_batch(pair):
     (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),
     (dict(drafter="hydra"), "config.drafter must be one of model, ngram, layer_skip, eagle"),
     (dict(drafter="eagle"), "with your own config.target needs config.head"),
+    (dict(drafter="eagle", vocab_subset=-2), r"config.vocab_subset \(-1: the bundled"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
   ],
 )
@@ -91,3 +92,4 @@ def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
 
 def test_default_gamma_falls_with_the_batch():
   assert [decode.default_gamma(b) for b in (1, 2, 7, 8, 16, 64)] == [4, 4, 4, 1, 1, 1]
+  assert [decode.default_gamma(b, "early_exit") for b in (1, 8)] == [1, 1]
