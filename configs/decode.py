@@ -32,9 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
   # | early_exit (draft heads on the target; the bundled ones, or config.head)
   config.drafter = "model"
   config.head = ""  # a head's training run directory ("": the bundled head)
-  # FR-Spec for the bundled heads: draft among the K most frequent ids; 0: all;
-  # -1: the bundled head's default (experiments.decode.HEAD_VOCAB_SUBSET).
-  config.vocab_subset = -1
+  # FR-Spec for the bundled heads: draft among the K most frequent ids (0: all)
+  config.vocab_subset = 0
   config.ngram = 3  # longest n-gram matched by the ngram drafter
   config.layer_skip = 2  # target layers the layer_skip drafter keeps
   config.adaptive = ""  # "" (fixed gamma) | schedule | confidence

@@ -48,14 +48,9 @@ DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS)
 DEFAULT_GAMMA = {1: 4, 8: 1}
 # Drafters whose draft step costs a large share of a target step draft fewer
 # tokens: early exit (2 of 6 target layers + the adapter + the head, c about
-# 0.5) gave 1.12x at gamma 1, 0.94x at 2 and 0.91x at 3 at T = 0, batch 1.
+# 0.5) gave 1.06x at gamma 1 against 0.72x at gamma 4 (T = 0, batch 1, the
+# README's comparison run).
 DRAFTER_GAMMA = {"early_exit": 1}
-
-
-# FR-Spec by default (config.vocab_subset = -1) for the bundled heads: the kinds
-# whose draft step is mostly the target's 4,096-way output head draft among the
-# 1,024 most frequent ids (84% of the train split's tokens).
-HEAD_VOCAB_SUBSET = {"eagle": 1024}
 
 
 def default_gamma(batch_size: int, drafter: str = "model") -> int:
@@ -113,16 +108,12 @@ def _drafter(config: ml_collections.ConfigDict, target, draft):
     else:
       head = pretrained.load_head(config.drafter, target)
     drafter = HEAD_DRAFTERS[config.drafter](target, head)
-    subset = config.vocab_subset
-    if subset < 0:  # the bundled heads' own default; a head of yours drafts among all ids
-      subset = 0 if config.head or config.target else HEAD_VOCAB_SUBSET.get(config.drafter, 0)
-    if subset:
+    if config.vocab_subset:
       if config.target:
         raise ValueError(
-          "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled "
-          "target (set config.vocab_subset=0 to draft among all ids)."
+          "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
         )
-      drafter = drafter.with_vocab_subset(pretrained.frequent_token_ids(subset))
+      drafter = drafter.with_vocab_subset(pretrained.frequent_token_ids(config.vocab_subset))
     return drafter
   if config.drafter == "ngram":
     return NGramDrafter(target.cfg.vocab_size, max_ngram=config.ngram)
@@ -201,11 +192,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   check_positive_int("config.num_runs", config.num_runs, 3)
   if config.gamma != 0:
     check_positive_int("config.gamma (0: by batch size)", config.gamma)
-  check_int(
-    "config.vocab_subset (-1: the bundled head's default, 0: all ids)",
-    config.vocab_subset,
-    minimum=-1,
-  )
+  check_int("config.vocab_subset (0: all ids)", config.vocab_subset, minimum=0)
   if config.drafter not in DRAFTERS:
     raise ValueError(
       f"config.drafter must be one of {', '.join(DRAFTERS)}; got {config.drafter!r}."

@@ -72,7 +72,7 @@ def test_decode_sampled_batch(pair):
     (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),
     (dict(drafter="hydra"), "config.drafter must be one of model, ngram, layer_skip, eagle"),
     (dict(drafter="eagle"), "with your own config.target needs config.head"),
-    (dict(drafter="eagle", vocab_subset=-2), r"config.vocab_subset \(-1: the bundled"),
+    (dict(drafter="eagle", vocab_subset=-1), r"config.vocab_subset \(0: all ids\)"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
   ],
 )
