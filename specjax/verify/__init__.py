@@ -13,6 +13,7 @@ row of `target_probs` is the target's distribution after all g drafted tokens.
   token.py     token_verify   (Leviathan et al. 2023; Chen et al. 2023)
   block.py     block_verify   (Sun et al. 2024)
   greedy.py    greedy_verify  (temperature 0)
+  tree.py      tree_verify    token trees, own signature (SpecInfer; Jeon et al. 2024)
   expected.py  closed-form expected accepted tokens per rule
   registry.py  names -> functions (`get_verifier`)
 """
@@ -22,13 +23,16 @@ from specjax.verify.block import block_verify
 from specjax.verify.greedy import greedy_verify
 from specjax.verify.registry import VERIFIERS, get_verifier
 from specjax.verify.token import token_verify
+from specjax.verify.tree import TreeVerifyResult, tree_verify
 
 __all__ = [
   "VERIFIERS",
+  "TreeVerifyResult",
   "VerifyResult",
   "Verifier",
   "block_verify",
   "get_verifier",
   "greedy_verify",
   "token_verify",
+  "tree_verify",
 ]

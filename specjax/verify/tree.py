@@ -1,0 +1,261 @@
+"""Exact verification of a token tree (SpecInfer, Miao et al. 2024, arXiv 2305.09781;
+Jeon et al. 2024, "Recursive speculative decoding", arXiv 2402.14160).
+
+A tree drafter proposes N nodes instead of a chain: node i holds `tree_tokens[:, i]`
+and continues node `parents[i]` (-1: the root, the last committed token). The
+verifier walks down from the root. At a node whose target law is p it tries the
+children in index order: child c, holding x drawn from q_c, is accepted with
+probability min(1, p(x) / q_c(x)), and the walk descends into c with p = the
+target's law after c; a rejection replaces p by normalize(max(0, p - q_c)) and
+the next sibling is tried. When no child is accepted (or there is none) the walk
+emits y ~ p. Exactly one path from the root is accepted, plus one token.
+
+What q_c is depends on how the drafter drew the siblings (`mode`):
+
+  iid                  i.i.d. from the parent's q: q_c = q (SpecInfer's multi-step
+                       speculative sampling).
+  without_replacement  from q without replacement (sampled top-k, Gumbel-top-k):
+                       q_c = q with the earlier siblings' tokens removed, renormalised
+                       (Jeon et al.'s recursive rejection sampling).
+  greedy               temperature 0: descend into the first child equal to the
+                       target's argmax (the longest path the target would decode).
+
+Why the without-replacement rule is exact. Let x_1..x_m be the siblings and p_j
+the law when x_j is tried (p_1 = p). Claim: given x_<j, the token the walk emits
+at this depth has law p_j. x_j has law q_j = q(. | x_<j) given x_<j, so it is
+emitted through acceptance with probability min(p_j(y), q_j(y)) for y = x_j; a
+rejection happens with probability sum max(0, q_j - p_j) = sum max(0, p_j - q_j),
+after which the remaining siblings emit p_{j+1} = normalize(max(0, p_j - q_j)) by
+the claim for j + 1 (which holds given any x_<=j, and p_{j+1} depends on x_<j
+only). The sum is min(p_j, q_j) + max(0, p_j - q_j) = p_j; after the last sibling
+y ~ p_{m+1} directly. The proof needs only x_j's law given the earlier siblings,
+which is why the verifier must use q_j: with q itself the ratio test assumes a
+law the later siblings do not have, and the output is biased. An accepted child's
+own subtree was drawn given its prefix alone, so the argument repeats one level
+down and the emitted tokens follow the target's joint law.
+
+Conventions, as in `base.py`: a node whose token cannot have come from q_c (id
+outside [0, V), a non-finite q row, q_c(x) = 0: a duplicate sibling in
+without_replacement mode, a zero-q padding node) is rejected, with the same
+residual update as any rejection, so a padding node with an all-zero q row leaves
+the law unchanged; if removing the earlier siblings leaves q no mass, q_c = 0 (a
+without-replacement drafter cannot draw that node: it is padding). A residual of
+zero mass (rejection had probability zero) falls back to p.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.sampling import sample_with_uniform
+from specjax.verify.base import _shape, check_key
+
+MODES = ("iid", "without_replacement", "greedy")
+
+
+class TreeVerifyResult(NamedTuple):
+  """What one tree verification decides for each row.
+
+  Attributes:
+    path: `[B, D]` int32, the accepted nodes from the top (path[:, d] is at depth
+      d + 1), then -1; D is the tree's depth (static).
+    num_accepted: `[B]` int32 in [0, D], the number of accepted nodes.
+    next_token: `[B]` int32, the correction drawn after the last node's children
+      were all rejected, or the bonus token from the accepted leaf's target row.
+  """
+
+  path: jax.Array
+  num_accepted: jax.Array
+  next_token: jax.Array
+
+
+def check_parents(parents) -> tuple[int, ...]:
+  """Checks a static tree and returns it as a tuple of ints.
+
+  Raises:
+    ValueError naming `parents` unless it is a tuple of ints with
+    -1 <= parents[i] < i (-1: a child of the root; a parent precedes its children).
+  """
+  if not isinstance(parents, tuple) or not all(
+    isinstance(u, (int, np.integer)) and not isinstance(u, bool) for u in parents
+  ):
+    raise ValueError(
+      "parents must be a static tuple of ints (one parent index per node, -1 for "
+      f"the root), got {parents!r}."
+    )
+  for i, u in enumerate(parents):
+    if not -1 <= u < i:
+      raise ValueError(
+        f"parents[{i}] must be in [-1, {i - 1}] (-1: the root; a parent comes before "
+        f"its children), got {u}."
+      )
+  return tuple(int(u) for u in parents)
+
+
+def tree_depths(parents: tuple[int, ...]) -> tuple[int, ...]:
+  """Depth of each node (a child of the root has depth 1; also its RoPE offset)."""
+  depths = []
+  for u in parents:
+    depths.append(1 if u < 0 else depths[u] + 1)
+  return tuple(depths)
+
+
+def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
+  """Checks mode, tree and shapes at trace time; returns (parents, B, N, V)."""
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
+  parents = check_parents(parents)
+  tokens_shape = _shape("tree_tokens", tree_tokens)
+  if len(tokens_shape) != 2 or not np.issubdtype(tree_tokens.dtype, np.integer):
+    raise ValueError(
+      f"tree_tokens must be an integer array [B, N], got {tree_tokens.dtype}{list(tokens_shape)}."
+    )
+  b, n = tokens_shape
+  if len(parents) != n:
+    raise ValueError(
+      f"parents must have one entry per node: len(parents) = N = {n} (tree_tokens "
+      f"{list(tokens_shape)}), got {len(parents)}."
+    )
+  target_shape = _shape("target_probs", target_probs)
+  if len(target_shape) != 3 or not jnp.issubdtype(target_probs.dtype, jnp.floating):
+    raise ValueError(
+      f"target_probs must be a float array [B, N + 1, V], got {target_probs.dtype}"
+      f"{list(target_shape)}."
+    )
+  if target_shape[:2] != (b, n + 1) or target_shape[2] < 1:
+    raise ValueError(
+      f"target_probs must have shape [B={b}, N + 1={n + 1}, V >= 1] (the root's row, "
+      f"then one per node), got {list(target_shape)}."
+    )
+  v = target_shape[2]
+  if draft_probs is None:
+    if mode != "greedy":
+      raise ValueError(f"draft_probs must be a float array [B, N, V] in mode {mode!r}, got None.")
+    return parents, b, n, v
+  probs_shape = _shape("draft_probs", draft_probs)
+  if len(probs_shape) != 3 or not jnp.issubdtype(draft_probs.dtype, jnp.floating):
+    raise ValueError(
+      f"draft_probs must be a float array [B, N, V], got {draft_probs.dtype}{list(probs_shape)}."
+    )
+  if probs_shape != (b, n, v):
+    raise ValueError(
+      f"draft_probs must have shape [B={b}, N={n}, V={v}] to match tree_tokens and "
+      f"target_probs, got {list(probs_shape)}."
+    )
+  return parents, b, n, v
+
+
+def _normalized(residual: jax.Array, fallback: jax.Array) -> jax.Array:
+  """`residual [B, V]` / its mass, or `fallback` where the mass is zero."""
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), fallback)
+
+
+def _without(q: jax.Array, taken: jax.Array) -> jax.Array:
+  """`q [B, V]` with the ids `taken [B, k]` removed, renormalised; all zero if no mass is left."""
+  b, v = q.shape
+  # Ids outside [0, V) were never drawn from q: point them past the end and drop them.
+  taken = jnp.where((taken >= 0) & (taken < v), taken, v)
+  rest = q.at[jnp.arange(b)[:, None], taken].set(0.0, mode="drop")
+  return _normalized(rest, jnp.zeros_like(rest))
+
+
+def _gather(rows: jax.Array, index: jax.Array) -> jax.Array:
+  """`rows [B, V]`, `index [B]` -> `[B]`."""
+  return jnp.take_along_axis(rows, index[:, None], axis=-1)[:, 0]
+
+
+def tree_verify(
+  key: jax.Array | None,
+  tree_tokens: jax.Array,
+  parents: tuple[int, ...],
+  draft_probs: jax.Array | None,
+  target_probs: jax.Array,
+  mode: str = "iid",
+) -> TreeVerifyResult:
+  """Exact verification of a drafted token tree, vectorised over rows.
+
+  The loops run over the static tree (N is small), each step over the batch. With
+  `parents = (-1, 0, ..., g - 2)` (a chain) this is `token_verify`, draw for draw.
+
+  Args:
+    key: PRNG key; all randomness of this call comes from it (ignored, may be None,
+      in mode "greedy").
+    tree_tokens: `[B, N]` int32, the token of each node.
+    parents: static tuple of N ints, node i's parent (-1: the root); parents[i] < i.
+    draft_probs: `[B, N, V]`, row i the law node i's token was drawn from (its
+      parent's q; siblings share it). Mode "greedy" needs no law (None allowed);
+      if given, a node with q(x) = 0 is never accepted, as in `greedy_verify`.
+    target_probs: `[B, N + 1, V]`, row 0 the target after the root, row i + 1 the
+      target after node i (probabilities; in mode "greedy" logits work too).
+    mode: "iid", "without_replacement" or "greedy" (static; see the module doc).
+
+  Returns:
+    `TreeVerifyResult(path [B, D], num_accepted [B], next_token [B])`.
+
+  Raises:
+    ValueError naming the argument (mode, parents, tree_tokens, draft_probs,
+    target_probs, key) when it is out of range or shapes disagree.
+  """
+  parents, b, n, v = _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode)
+  depths = tree_depths(parents)
+  depth = max(depths, default=0)
+  in_vocab = (tree_tokens >= 0) & (tree_tokens < v)
+  tokens = jnp.where(in_vocab, tree_tokens, 0).astype(jnp.int32)  # safe to gather with
+  if draft_probs is None:
+    q, valid_row = None, in_vocab
+  else:
+    q = draft_probs.astype(jnp.float32)
+    finite = jnp.isfinite(q)
+    # A row of q with any non-finite entry is not a law: its node is rejected.
+    valid_row = in_vocab & jnp.all(finite, axis=-1)
+    q = jnp.where(finite, q, 0.0)
+  if mode == "greedy":
+    best = jnp.argmax(target_probs, axis=-1).astype(jnp.int32)  # [B, N + 1]
+  else:
+    check_key(key)
+    p = target_probs.astype(jnp.float32)
+    # One random-bit computation: a uniform per node's test, then the emitted token's.
+    u = jax.random.uniform(key, (b, n + 1), jnp.float32)
+    law = p[:, 0]  # the law of the token after the current node
+    law_is_residual = jnp.zeros((b,), bool)
+
+  current = jnp.full((b,), -1, jnp.int32)  # the deepest accepted node, -1: the root
+  path = [jnp.full((b,), -1, jnp.int32) for _ in range(depth)]
+  for c in range(n):
+    parent = parents[c]
+    # Only rows standing at c's parent try c: an accepted earlier sibling moved on,
+    # and every child of the current node comes after it in index order.
+    tried = current == parent
+    x = tokens[:, c]
+    q_c = None if q is None else q[:, c]
+    if mode == "without_replacement":
+      earlier = [s for s in range(c) if parents[s] == parent]
+      if earlier:
+        q_c = _without(q_c, tree_tokens[:, earlier])
+    q_x = None if q_c is None else _gather(q_c, x)
+    valid = valid_row[:, c] if q_x is None else valid_row[:, c] & (q_x > 0)
+    if mode == "greedy":
+      accept = tried & valid & (x == best[:, parent + 1])
+    else:
+      accept = tried & valid & (u[:, c] * q_x < _gather(law, x))  # u < p/q without dividing
+      reject = tried & ~accept
+      residual = _normalized(jnp.maximum(law - q_c, 0.0), law)
+      law = jnp.where(accept[:, None], p[:, c + 1], jnp.where(reject[:, None], residual, law))
+      law_is_residual = (law_is_residual | reject) & ~accept
+    current = jnp.where(accept, c, current)
+    path[depths[c] - 1] = jnp.where(accept, c, path[depths[c] - 1])
+
+  path = jnp.stack(path, axis=1) if depth else jnp.zeros((b, 0), jnp.int32)
+  num_accepted = jnp.sum(path >= 0, axis=1).astype(jnp.int32)
+  if mode == "greedy":
+    next_token = jnp.take_along_axis(best, (current + 1)[:, None], axis=1)[:, 0]
+    return TreeVerifyResult(path, num_accepted, next_token)
+  # A target row is normalised as token_verify does for its bonus row, so a chain
+  # draws the very same token.
+  dist = jnp.where(law_is_residual[:, None], law, _normalized(jnp.maximum(law, 0.0), law))
+  return TreeVerifyResult(path, num_accepted, sample_with_uniform(u[:, n], dist))
