@@ -6,6 +6,7 @@ Public surface:
   verify.token_verify, verify.block_verify, verify.greedy_verify
                                               -- verification rules (specjax.verify)
   drafting.NGramDrafter, drafting.layer_skip  -- drafters besides a draft model
+  trees, drafting.TreeDrafter, verify.tree_verify -- token trees
   pretrained.load_pair                        -- the bundled trained pair
                                                  (`from specjax import pretrained`)
   distributed.make_mesh, distributed.shard_model -- meshes and placement (specjax.distributed)
@@ -20,7 +21,7 @@ import jax as _jax
 # same samples as one device for the same key (the default in recent JAX).
 _jax.config.update("jax_threefry_partitionable", True)
 
-from specjax import distributed, drafting, theory, verify
+from specjax import distributed, drafting, theory, trees, verify
 from specjax.generation import (
   GenerateOutput,
   SpecConfig,
@@ -49,6 +50,7 @@ __all__ = [
   "speculative_generate",
   "speculative_step",
   "theory",
+  "trees",
   "verify",
   "warp_probs",
   "distributed",

@@ -193,3 +193,47 @@ def test_head_drafters_are_exact_with_top_k_and_top_p(pair, name, verifier):
   )
   assert 0.05 < float(spec.stats.acceptance_rate) < 0.95
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
+
+
+# Depth 2, three children of the root, two under the first: under a top-k = 2 warp
+# the third child of the root is past q's support (a dead node) in without-
+# replacement mode, and i.i.d. siblings repeat tokens.
+TREE = specjax.trees.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
+
+
+@pytest.mark.parametrize(
+  "name, mode, sampling",
+  [
+    ("model", "without_replacement", specjax.SamplingParams(temperature=1.0)),
+    ("model", "iid", specjax.SamplingParams(temperature=1.0)),
+    ("model", "without_replacement", specjax.SamplingParams(temperature=0.8, top_k=2)),
+    ("medusa", "iid", specjax.SamplingParams(temperature=1.0)),
+    ("eagle", "without_replacement", specjax.SamplingParams(temperature=1.0, top_p=0.9)),
+  ],
+  ids=["model_wor", "model_iid", "model_wor_top_k", "medusa_iid", "eagle_wor_top_p"],
+)
+def test_tree_drafting_matches_target_law(pair, name, mode, sampling):
+  """Token trees (the draft model, Medusa and EAGLE heads) drafted and verified in
+  both sibling modes keep the target's law of the first three tokens."""
+  target, draft = pair
+  drafter = (
+    specjax.drafting.TreeDrafter(draft, TREE, tree_mode=mode)
+    if name == "model"
+    else make_drafter(name, target, draft).replace(tree=TREE, tree_mode=mode)
+  )
+  prompts = jnp.tile(PROMPT, (ROWS, 1))
+  lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
+  spec = specjax.speculative_generate(
+    target,
+    drafter,
+    prompts,
+    lengths,
+    gamma=len(TREE),
+    max_new_tokens=NEW,
+    sampling=sampling,
+    key=jax.random.key(31),
+  )
+  # Verification really decides: some first iterations keep a node, some none.
+  accepted = np.asarray(spec.stats.accepted_at_position)
+  assert 0 < accepted[0] < ROWS, accepted
+  assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3

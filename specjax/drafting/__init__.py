@@ -6,6 +6,8 @@
   EagleDrafter(target, head)    EAGLE: a head autoregressing over the target's features
   MedusaDrafter(target, heads)  Medusa: K heads on the last feature, one call per draft
   EarlyExitDrafter(target, a)   the target's first layers + a trained adapter + its head
+  TreeDrafter(model, tree)      a draft model drafting a token tree (`specjax.trees`);
+                                EagleDrafter and MedusaDrafter take `tree=` too
 
 All share the `Drafter` protocol (`specjax.drafting.base`); `as_drafter` turns a
 plain `Transformer` into a `ModelDrafter`.
@@ -17,6 +19,7 @@ from specjax.drafting.early_exit import EarlyExitDrafter
 from specjax.drafting.medusa import MedusaDrafter
 from specjax.drafting.model import ModelDrafter, as_drafter, layer_skip
 from specjax.drafting.ngram import NGramDrafter, lookup
+from specjax.drafting.tree import TreeDrafter
 
 __all__ = [
   "Commit",
@@ -28,6 +31,7 @@ __all__ = [
   "ModelDrafter",
   "NGramDrafter",
   "Proposal",
+  "TreeDrafter",
   "as_drafter",
   "layer_skip",
   "lookup",

@@ -17,6 +17,10 @@ children, settings static and fixed at construction) with three pure methods:
 and what generation asks of it instead of looking at its class:
 
   vocab_size              static, the ids its proposals are drawn from
+  tree                    static: None (chains), or the parents of the token
+                          tree it drafts (then gamma = its N nodes)
+  tree_mode               how a tree's siblings are drawn: "iid" or
+                          "without_replacement" (`specjax.verify.tree_verify`)
   prefill_calls           model calls `init` spends (statistics)
   target_features         static: False, True (the features before the final
                           norm) or a tuple of layer counts (EAGLE-3 fusion); the
@@ -54,16 +58,17 @@ class Proposal(NamedTuple):
       rejection there, so a row with lengths k is verified as a block of k.
     calls: scalar int32, model forward calls spent (for statistics).
     parents: None for a chain (token i continues token i - 1). A token tree
-      sets `[B, g]` int32, the index of each token's parent node (-1: it
-      continues s[-1]), with parents before children; `speculative_step`
-      verifies chains and refuses trees until a tree verifier plugs in.
+      (`Drafter.tree`) sets the static tuple of each node's parent (-1: it
+      continues s[-1]; `specjax.trees`); `probs[:, i]` is then the law node
+      i was drawn from, its parent's q (all zero for a node the drafter could
+      not fill), and `lengths` is g.
   """
 
   tokens: jax.Array
   probs: jax.Array | None
   lengths: jax.Array
   calls: jax.Array
-  parents: jax.Array | None = None
+  parents: tuple[int, ...] | None = None
 
 
 class Commit(NamedTuple):
@@ -79,7 +84,12 @@ class Commit(NamedTuple):
       `return_hidden`: the residual stream before the final norm, F = D) at
       the scored positions s[-1], x_1..x_g, only for drafters with
       `target_features` (F = D times the layers chosen); position j
-      predicted `emitted[:, j]`.
+      predicted `emitted[:, j]`. For a tree, the features along s[-1] and
+      the accepted path, in that (chain) order.
+    path: None for a chain; for a tree `[B, D]` int32, the accepted nodes from
+      the top (-1 padded): node path[:, d] holds emitted[:, d]. A drafter that
+      wrote the tree into a cache of its own moves these nodes next to the
+      prefix (`KVCache.gather_path`).
   """
 
   emitted: jax.Array
@@ -87,6 +97,7 @@ class Commit(NamedTuple):
   new_length: jax.Array
   goes_on: jax.Array
   hidden: jax.Array | None = None
+  path: jax.Array | None = None
 
 
 class Drafter(Protocol):
@@ -129,6 +140,8 @@ class DrafterBase:
 
   prefill_calls = 0
   target_features = False
+  tree = None
+  tree_mode = "iid"
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     del prompt_width, max_new_tokens, gamma

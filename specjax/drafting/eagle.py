@@ -17,6 +17,13 @@ Its cache slot p holds the pair (feature at position p, token p + 1), and
 q is exactly the law each token was drawn from, so token and block
 verification are exact at any temperature; at temperature 0 the draft is the
 argmax and the output equals the target's greedy decoding.
+
+With a `tree` (static, breadth-first, `specjax.trees`) the head drafts one depth
+per call: each node's pair (its parent's predicted feature, its token) goes
+through the head with tree attention over its own cache, which predicts the
+node's feature and so its children's q (EAGLE's tree drafting with a static
+topology). The commit is unchanged: it rewrites the accepted path's pairs with
+the target's true features, consecutively.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import trees
 from specjax.drafting.base import (
   Commit,
   ConfidenceLength,
@@ -32,6 +40,7 @@ from specjax.drafting.base import (
   VocabSubset,
   check_confidence,
 )
+from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_tree
 from specjax.models.heads import EagleHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -56,18 +65,28 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     head: the trained `EagleHead` for this target's shape.
     confidence: stop drafting a row when q's top probability falls below this.
     vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
+    tree: None (a chain of gamma tokens), or a static breadth-first token tree
+      (`specjax.trees`); then gamma is its number of nodes.
+    tree_mode: how a tree's siblings are drawn, "without_replacement" or "iid".
   """
 
   target: Transformer
   head: EagleHead
   confidence: float = struct.field(pytree_node=False, default=0.0)
   vocab_subset: jax.Array | None = None
+  tree: tuple[int, ...] | None = struct.field(pytree_node=False, default=None)
+  tree_mode: str = struct.field(pytree_node=False, default="without_replacement")
 
   prefill_calls = 1
 
   def __post_init__(self):
     self.head.cfg.check_target(self.target.cfg)
     check_confidence(self.confidence)
+    check_tree_mode(self.tree_mode)
+    if self.tree is not None:
+      object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))
+      if self.confidence > 0:
+        raise ValueError("confidence must be 0 with a tree (a tree is drafted whole).")
 
   @property
   def vocab_size(self) -> int:
@@ -78,10 +97,14 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     return self.head.cfg.target_features
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    if self.tree is not None:
+      check_tree_gamma(self.tree, gamma)
     check_capacity("eagle head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
 
-  def _pairs(self, cache: KVCache, features: jax.Array, tokens: jax.Array):
-    return self.head.forward_cached(self.target, features, fit_ids(tokens, self.vocab_size), cache)
+  def _pairs(self, cache: KVCache, features: jax.Array, tokens: jax.Array, tree=None):
+    return self.head.forward_cached(
+      self.target, features, fit_ids(tokens, self.vocab_size), cache, tree
+    )
 
   def init(self, prompts, prompt_lengths, first, capacity, hidden=None) -> EagleState:
     if hidden is None:
@@ -108,6 +131,8 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     sampling: SamplingParams,
   ) -> tuple[Proposal, EagleState]:
     del recent  # the head's state already continues s
+    if self.tree is not None:
+      return self._propose_tree(state, key, sampling)
     b, g = limit.shape[0], gamma
     greedy = sampling.greedy
     uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
@@ -153,6 +178,24 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     )
     # The commit's head call is this iteration's last draft call.
     return Proposal(tokens, probs, lengths, calls=i), state.replace(cache=cache)
+
+  def _propose_tree(self, state: EagleState, key: jax.Array, sampling: SamplingParams):
+    features = {-1: state.next_feature}  # node -> the head's feature at its position
+    cache = {"cache": state.cache}
+
+    def read(start, stop, tokens):
+      parents = jnp.stack([features[self.tree[c]] for c in range(start, stop)], axis=1)
+      predicted, cache["cache"] = self._pairs(cache["cache"], parents, tokens, (self.tree, start))
+      features.update({c: predicted[:, c - start] for c in range(start, stop)})
+      return self._logits(predicted)
+
+    root = self._logits(state.next_feature)
+    tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, root, read)
+    b, calls = tokens.shape[0], len(trees.levels(self.tree)) - 1
+    lengths = jnp.full((b,), len(self.tree), jnp.int32)
+    # As for a chain, the commit's head call is this iteration's last draft call.
+    proposal = Proposal(tokens, probs, lengths, jnp.int32(calls + 1), self.tree)
+    return proposal, state.replace(cache=cache["cache"])
 
   def commit(self, state: EagleState, commit: Commit) -> EagleState:
     start = commit.old_length - 1  # slot of s[-1]

@@ -7,6 +7,11 @@ norm and head: x_k ~ q_k, all g tokens from one call, each independent of the
 earlier drafted tokens given the prefix. Verification uses q_k itself, so
 token and block verification are exact at any temperature (a q that ignores
 x_1..x_{k-1} is still a law for x_k given everything before it).
+
+With a `tree` (Medusa's sparse tree, `specjax.trees.from_paths`) a node at depth
+d has its children drawn from head d's law, the same whatever the node (the heads
+read s only): the top-k of each head at temperature 0, as in the paper, and
+sampled top-k (or i.i.d. draws) otherwise, fresh per node. Still one head call.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import trees
 from specjax.drafting.base import (
   Commit,
   ConfidenceLength,
@@ -22,6 +28,7 @@ from specjax.drafting.base import (
   VocabSubset,
   check_confidence,
 )
+from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_tree
 from specjax.models.heads import MedusaHeads
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
@@ -37,12 +44,17 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
     confidence: a row's draft ends at the first head whose top probability
       falls below this (0 disables it).
     vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
+    tree: None (a chain of gamma tokens), or a static breadth-first token tree
+      of depth <= K (`specjax.trees`); then gamma is its number of nodes.
+    tree_mode: how a tree's siblings are drawn, "without_replacement" or "iid".
   """
 
   target: Transformer
   heads: MedusaHeads
   confidence: float = struct.field(pytree_node=False, default=0.0)
   vocab_subset: jax.Array | None = None
+  tree: tuple[int, ...] | None = struct.field(pytree_node=False, default=None)
+  tree_mode: str = struct.field(pytree_node=False, default="without_replacement")
 
   prefill_calls = 0  # the prefill's target features are all it needs
   target_features = True
@@ -50,6 +62,14 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
   def __post_init__(self):
     self.heads.cfg.check_target(self.target.cfg)
     check_confidence(self.confidence)
+    check_tree_mode(self.tree_mode)
+    if self.tree is not None:
+      object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))
+      k, depth = self.heads.cfg.num_heads, len(trees.levels(self.tree))
+      if depth > k:
+        raise ValueError(f"tree must have depth <= {k} (one Medusa head per depth), got {depth}.")
+      if self.confidence > 0:
+        raise ValueError("confidence must be 0 with a tree (a tree is drafted whole).")
 
   @property
   def vocab_size(self) -> int:
@@ -57,6 +77,8 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     del prompt_width, max_new_tokens  # no cache of its own
+    if self.tree is not None:
+      return check_tree_gamma(self.tree, gamma)
     k = self.heads.cfg.num_heads
     if gamma > k:
       raise ValueError(f"gamma must be in [1, {k}] for {k} Medusa heads, got {gamma}.")
@@ -77,6 +99,8 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
     sampling: SamplingParams,
   ) -> tuple[Proposal, jax.Array]:
     del recent
+    if self.tree is not None:
+      return self._propose_tree(feature, key, sampling), feature
     b, g = limit.shape[0], gamma
     logits = self._logits(self.heads(feature, num_heads=g))  # [B, g, V]
     proposed = jnp.arange(g)[None, :] < limit[:, None]
@@ -91,6 +115,18 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
     # A row's draft is the leading run of proposed heads.
     lengths = jnp.sum(jnp.cumprod(proposed, axis=1), axis=1).astype(jnp.int32)
     return Proposal(tokens, probs, lengths, calls=jnp.int32(1)), feature
+
+  def _propose_tree(self, feature: jax.Array, key: jax.Array, sampling: SamplingParams):
+    depth = len(trees.levels(self.tree))
+    logits = self._logits(self.heads(feature, num_heads=depth))  # [B, depth, V]
+
+    def read(start, stop, tokens):  # a node at depth d: its children follow head d
+      d = trees.tree_depths(self.tree)[start]
+      return jnp.broadcast_to(logits[:, d : d + 1], (*tokens.shape, logits.shape[-1]))
+
+    tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, logits[:, 0], read)
+    lengths = jnp.full((feature.shape[0],), len(self.tree), jnp.int32)
+    return Proposal(tokens, probs, lengths, jnp.int32(1), self.tree)
 
   def commit(self, feature: jax.Array, commit: Commit) -> jax.Array:
     kept = commit.new_length - commit.old_length  # n + 1; hidden[n] predicted s'[-1]

@@ -53,26 +53,46 @@ def speculative_step(
     gamma=config.gamma,
     sampling=config.sampling,
   )
-  _check_chain(proposal)
+  tree = proposal.parents  # static: None for a chain
 
-  # 2. Score s[-1], x_1..x_g in one target call: logits at gamma + 1 positions.
+  # 2. Score s[-1] and the drafted tokens (a chain, or a tree with tree attention) in
+  # one target call: logits at g + 1 positions.
   block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
   logits, target_cache, hidden = score(
-    target, block, state.target_cache, return_hidden=drafter.target_features
+    target, block, state.target_cache, return_hidden=drafter.target_features, tree=tree
   )
 
-  # 3. Verify: keep n drafted tokens, then the token the verifier draws.
-  verifier = verify_lib.get_verifier(config.verifier)
-  argmax_only = verifier is verify_lib.greedy_verify
-  n, next_token = verifier(
-    verify_key, *verifier_inputs(proposal, logits, config.sampling, vocab, argmax_only)
-  )
+  # 3. Verify: keep n drafted tokens (a tree: the n nodes of the accepted path), then
+  # the token the verifier draws.
+  if tree is None:
+    verifier = verify_lib.get_verifier(config.verifier)
+    argmax_only = verifier is verify_lib.greedy_verify
+    n, next_token = verifier(
+      verify_key, *verifier_inputs(proposal, logits, config.sampling, vocab, argmax_only)
+    )
+    drafted, path = proposal.tokens, None
+  else:
+    path, n, next_token = verify_tree(
+      verify_key, proposal, logits, config.sampling, vocab, drafter.tree_mode
+    )
+    drafted = jnp.take_along_axis(proposal.tokens, jnp.maximum(path, 0), axis=1)
+    # The accepted path's keys and values move next to the prefix, after s[-1].
+    target_cache = target_cache.gather_path(path, state.target_cache.lengths + 1)
+    if hidden is not None:  # features along s[-1], then the path: a chain's layout
+      hidden = jnp.take_along_axis(hidden, path_rows(path)[:, :, None], axis=1)
 
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, limit, statistics.
-  emitted = emitted_tokens(proposal.tokens, n, next_token)
+  emitted = emitted_tokens(drafted, n, next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
   old_length = state.target_cache.lengths + 1  # len(s)
-  commit = Commit(emitted, old_length, new_length=old_length + n + 1, goes_on=~done, hidden=hidden)
+  commit = Commit(
+    emitted,
+    old_length,
+    new_length=old_length + n + 1,
+    goes_on=~done,
+    hidden=hidden,
+    path=path,
+  )
   return SpecState(
     target_cache=commit_cache(target_cache, commit),
     drafter_state=drafter.commit(drafter_state, commit),
@@ -92,31 +112,62 @@ def speculative_step(
   )
 
 
-def _check_chain(proposal: Proposal) -> None:
-  if proposal.parents is not None:
-    raise NotImplementedError(
-      "this drafter proposes a token tree; speculative_step "
-      "verifies chains (Proposal.parents=None) only."
-    )
-
-
 def score(
   target: Transformer,
   block: jax.Array,
   cache: KVCache,
   return_hidden: bool | tuple[int, ...] = False,
+  tree: tuple[int, ...] | None = None,
 ) -> tuple[jax.Array, KVCache, jax.Array | None]:
   """The target's logits at every position of `block [B, g+1]` in one call.
+
+  With `tree` (the drafted nodes' static parents) the block is s[-1] and a token
+  tree: node i attends to the cache, s[-1] and its own ancestors (tree attention),
+  and the cache's lengths stay put for the commit's gather.
 
   Returns:
     `(logits [B, g+1, V_target] float32, cache, hidden [B, g+1, F] or None)`,
     the features a drafter asked for (`Drafter.target_features`); ids the
     target lacks are read as 0.
   """
+  layout = None if tree is None else ((-1, *(u + 1 for u in tree)), 0)
   out = target.forward_cached(
-    fit_ids(block, target.cfg.vocab_size), cache, return_hidden=return_hidden
+    fit_ids(block, target.cfg.vocab_size), cache, return_hidden=return_hidden, tree=layout
   )
   return out[0], out[1], out[2] if return_hidden is not False else None
+
+
+def verify_tree(
+  key: jax.Array,
+  proposal: Proposal,
+  logits: jax.Array,
+  sampling: SamplingParams,
+  vocab_size: int,
+  mode: str,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`tree_verify` of a drafted tree against the target's `logits [B, N+1, V]`.
+
+  At temperature 0 the greedy walk (the target's argmax), otherwise `mode`, how
+  the drafter drew siblings ("iid" or "without_replacement").
+
+  Returns:
+    `(path [B, D], n [B], next_token [B])`.
+  """
+  if sampling.greedy:
+    extra = vocab_size - logits.shape[-1]
+    if extra:  # ids the target lacks are never its argmax
+      logits = jnp.pad(logits, ((0, 0), (0, 0), (0, extra)), constant_values=-jnp.inf)
+    q = None if proposal.probs is None else proposal_probs(proposal, vocab_size)
+    return verify_lib.tree_verify(None, proposal.tokens, proposal.parents, q, logits, "greedy")
+  p = pad_vocab(warp_probs(logits, sampling), vocab_size)
+  q = proposal_probs(proposal, vocab_size)
+  return verify_lib.tree_verify(key, proposal.tokens, proposal.parents, q, p, mode)
+
+
+def path_rows(path: jax.Array) -> jax.Array:
+  """`[B, D + 1]` block rows of s[-1] (row 0) then the accepted path (node i is row
+  i + 1; rows past the path repeat row 0, which nothing reads)."""
+  return jnp.pad(path + 1, ((0, 0), (1, 0)))
 
 
 def verifier_inputs(
@@ -301,13 +352,16 @@ def speculative_generate(
       `specjax.drafting` drafter (`NGramDrafter`, `layer_skip(target, k)`, ...).
     prompts: `[B, P]` int32, right-padded; the padding is ignored.
     prompt_lengths: `[B]` int32 in [1, P].
-    gamma: drafted tokens per iteration (>= 1, static).
+    gamma: drafted tokens per iteration (>= 1, static); for a drafter that
+      drafts a token tree (`drafter.tree`), its number of nodes.
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
     key: one PRNG key; required unless sampling is greedy.
     eos_id: stop a row after it emits this id (kept and counted).
     verifier: "auto" (greedy at temperature 0, else token), "token", "block",
       "greedy", or a verifier function with the `specjax.verify` signature.
+      Token trees are always verified by `specjax.verify.tree_verify` (greedy
+      at temperature 0, else the drafter's `tree_mode`): leave it "auto".
     pad_id: value of `tokens` past each row's `num_generated` (an int32).
     adaptive: per-row draft length within `gamma`: None (always gamma),
       "schedule" (+2 after a fully accepted block, -1 otherwise, from gamma) or
@@ -331,11 +385,21 @@ def speculative_generate(
   drafter.check_capacity(width, max_new_tokens, gamma)
   if adaptive not in ADAPTIVE:
     raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
+  tree = getattr(drafter, "tree", None)
+  if tree is not None and (verifier != "auto" or adaptive is not None):
+    raise ValueError(
+      f"{type(drafter).__name__} drafts a token tree, which tree verification checks "
+      f"(specjax.verify.tree_verify): verifier must be 'auto' (got {verifier!r}) and "
+      f"adaptive None (got {adaptive!r})."
+    )
   if adaptive == "confidence":
     drafter = drafter.with_confidence(confidence_threshold)
-  if verifier == "auto":
+  if tree is not None:
+    verifier = "tree"  # speculative_step verifies what the proposal's parents say
+  elif verifier == "auto":
     verifier = "greedy" if sampling.greedy else "token"
-  if verify_lib.get_verifier(verifier) is verify_lib.greedy_verify and not sampling.greedy:
+  greedy_rule = tree is None and verify_lib.get_verifier(verifier) is verify_lib.greedy_verify
+  if greedy_rule and not sampling.greedy:
     raise ValueError("verifier='greedy' needs temperature 0; use 'token', 'block' or 'auto'.")
   key = validation.check_key(key, sampling)
   config = SpecConfig(

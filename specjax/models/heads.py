@@ -194,11 +194,17 @@ class EagleHead(nnx.Module):
     return self.forward_cached(target, features, next_tokens, cache)[0]
 
   def forward_cached(
-    self, target: Transformer, features: jax.Array, next_tokens: jax.Array, cache: KVCache
+    self,
+    target: Transformer,
+    features: jax.Array,
+    next_tokens: jax.Array,
+    cache: KVCache,
+    tree: tuple[tuple[int, ...], int] | None = None,
   ) -> tuple[jax.Array, KVCache]:
-    """As `__call__`, after each row's cached prefix: `([B, T, D], cache)`."""
+    """As `__call__`, after each row's cached prefix: `([B, T, D], cache)`; with
+    `tree`, the T pairs are nodes of a token tree (`run_blocks`)."""
     x = self._inputs(target, features, next_tokens)
-    x, cache, _ = run_blocks(self.cfg.block_config, [self.block], x, cache)
+    x, cache, _ = run_blocks(self.cfg.block_config, [self.block], x, cache, tree=tree)
     return x, cache
 
 

@@ -57,6 +57,23 @@ class KVCache:
     """The same slots with new per-row lengths (rollback or commit)."""
     return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
+  def gather_path(self, path: jax.Array, base: jax.Array) -> KVCache:
+    """Moves an accepted tree path into consecutive slots (lengths unchanged).
+
+    A token tree's node i sits at slot `base[b] + i`; the accepted nodes
+    `path [B, D]` (from the top, -1 padded) move to slots `base[b] + d`, so the
+    committed sequence is contiguous and the rest rolls back by lengths. A
+    static-shape gather of D slots per layer.
+    """
+    d = path.shape[1]
+    nodes = jnp.where(path >= 0, path, jnp.arange(d, dtype=path.dtype)[None, :])
+    index = (base[:, None] + nodes)[:, None, :, None]  # [B, 1, D, 1]
+
+    def move(x):
+      return write_rows(x, jnp.take_along_axis(x, index, axis=2), base, axis=2)
+
+    return self.replace(k=tuple(map(move, self.k)), v=tuple(map(move, self.v)))
+
 
 def cache_capacity(prompt_width: int, max_new_tokens: int, gamma: int | None = None) -> int:
   """KV-cache slots per row for one generate call: the one formula for it.

@@ -26,6 +26,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, write_rows
+from specjax.trees import tree_attention
 
 _NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
 
@@ -239,6 +240,7 @@ def run_blocks(
   x: jax.Array,
   cache: KVCache,
   feature_layers: tuple[int, ...] = (),
+  tree: tuple[tuple[int, ...], int] | None = None,
 ) -> tuple[jax.Array, KVCache, list[jax.Array]]:
   """Runs `blocks` over `x [B, T, D]` after each row's cached prefix.
 
@@ -246,16 +248,21 @@ def run_blocks(
   keys/values there and attends to the cache. Shared by the transformer and by
   draft heads that keep a cache of their own (EAGLE, early-exit adapters).
 
+  With `tree = (parents, start)` (static) the T inputs are nodes
+  `start .. start + T - 1` of a token tree over the prefix (`specjax.trees`):
+  written at slots `lengths + start ..`, each reading the prefix, its ancestors
+  and itself at position lengths + depth - 1; `lengths` is not advanced (the
+  commit decides what stays).
+
   Returns:
-    `(x [B, T, D], cache with lengths + T, features)`: features are the block
-    outputs after the layer counts in `feature_layers` (1 = after the first).
+    `(x [B, T, D], cache, features)`: the cache with lengths + T (unchanged for a
+    tree); features are the block outputs after the layer counts in
+    `feature_layers` (1 = after the first).
   """
   if len(cache.k) != len(blocks):
     raise ValueError(f"the cache has {len(cache.k)} layers; this call runs {len(blocks)}.")
   t = x.shape[1]
-  starts = cache.lengths
-  positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  mask = attention_mask(cfg, positions, jnp.arange(cache.capacity, dtype=jnp.int32))
+  starts, positions, mask = _layout(cfg, cache, t, tree)
   new_k, new_v, features = [], [], []
   for depth, (block, k, v) in enumerate(zip(blocks, cache.k, cache.v), 1):
     x, (k, v) = block(x, positions, mask, (k, v), starts)
@@ -263,7 +270,24 @@ def run_blocks(
     new_v.append(v)
     if depth in feature_layers:
       features.append(x)
-  return x, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=starts + t), features
+  lengths = cache.lengths if tree is not None else cache.lengths + t
+  return x, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=lengths), features
+
+
+def _layout(cfg: ModelConfig, cache: KVCache, t: int, tree) -> tuple[jax.Array, ...]:
+  """`(starts [B], positions [B, T], mask [B, T, S])` of a cached call of T inputs."""
+  slots = jnp.arange(cache.capacity, dtype=jnp.int32)
+  if tree is None:
+    positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    return cache.lengths, positions, attention_mask(cfg, positions, slots)
+  parents, start = tree
+  if start + t > len(parents):
+    raise ValueError(
+      f"tree nodes {start}..{start + t - 1} do not exist in a tree of {len(parents)} nodes."
+    )
+  return tree_attention(
+    cache.lengths, cache.capacity, parents, start, start + t, cfg.sliding_window
+  )
 
 
 class Transformer(nnx.Module):
@@ -353,6 +377,7 @@ class Transformer(nnx.Module):
     logit_indices: jax.Array | None = None,
     num_layers: int | None = None,
     return_hidden: bool | tuple[int, ...] = False,
+    tree: tuple[tuple[int, ...], int] | None = None,
   ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
     """Feeds T >= 1 new tokens per row after each row's cached prefix.
 
@@ -371,18 +396,22 @@ class Transformer(nnx.Module):
         `(2, 4, 6)`): the residual stream after each of those blocks,
         concatenated, `[B, T, len * D]` (EAGLE-3-style fusion of lower
         layers). False (the default) costs nothing.
+      tree: None, or `(parents, start)` (static): the T tokens are nodes
+        `start ..` of a token tree over the cached prefix (tree attention, see
+        `run_blocks`; `lengths` is not advanced). `(parents, 0)` with all N
+        tokens scores a whole tree in one call.
 
     Returns:
       `(logits [B, T or R, V] float32, cache)` with the new keys/values written
-      and `lengths` advanced by T, then the features if `return_hidden`. Roll
-      back by `cache.with_lengths(...)`.
+      and `lengths` advanced by T (not for a tree), then the features if
+      `return_hidden`. Roll back by `cache.with_lengths(...)`.
     """
     t = tokens.shape[1]
-    positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    _, positions, _ = _layout(self.cfg, cache, t, tree)
     x = self._embed(tokens, positions)
     layers = self.layers if num_layers is None else self.layers[:num_layers]
     feature_layers = self._feature_layers(return_hidden, len(layers))
-    x, cache, features = run_blocks(self.cfg, layers, x, cache, feature_layers)
+    x, cache, features = run_blocks(self.cfg, layers, x, cache, feature_layers, tree)
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)
     logits = self._logits(x)

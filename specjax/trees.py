@@ -1,0 +1,190 @@
+"""Static token trees: topologies, and the attention mask of a tree block.
+
+A tree of N drafted nodes is a static tuple `parents` of N ints: node i continues
+node `parents[i]`, or the root (-1, the last committed token); a parent comes
+before its children. Being static, one compiled program serves every iteration;
+rows differ only in their tokens (a node a drafter cannot fill, e.g. a second
+top-k child where q has one non-zero entry, gets q = 0 and is never accepted).
+
+Tree drafters also need the nodes in breadth-first order (depth never decreases),
+so that each depth is one contiguous slice: one model call per depth.
+
+Builders:
+  chain(g)                  g nodes in a line: what chain drafting proposes
+  from_paths(paths)         Medusa-style sparse trees from child-rank paths
+  full(branching)           every node of depth d has branching[d] children
+
+In a cached forward a tree block is written at consecutive cache slots
+(`tree_attention`): node j attends to the row's cached prefix, its ancestors and
+itself, at position prefix + depth - 1, so every root-to-node path is scored as
+if it were a plain sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_parents(parents, name: str = "parents") -> tuple[int, ...]:
+  """Checks a static tree and returns it as a tuple of ints.
+
+  Raises:
+    ValueError naming `name` unless it is a tuple of ints with
+    -1 <= parents[i] < i (-1: a child of the root; a parent precedes its children).
+  """
+  if not isinstance(parents, tuple) or not all(
+    isinstance(u, (int, np.integer)) and not isinstance(u, bool) for u in parents
+  ):
+    raise ValueError(
+      f"{name} must be a static tuple of ints (one parent index per node, -1 for "
+      f"the root), got {parents!r}."
+    )
+  for i, u in enumerate(parents):
+    if not -1 <= u < i:
+      raise ValueError(
+        f"{name}[{i}] must be in [-1, {i - 1}] (-1: the root; a parent comes before "
+        f"its children), got {u}."
+      )
+  return tuple(int(u) for u in parents)
+
+
+def check_drafting_tree(parents, name: str = "tree") -> tuple[int, ...]:
+  """`check_parents`, plus what tree drafters need: at least one node, breadth-first
+  order (depths never decrease), so each depth is one contiguous slice."""
+  parents = check_parents(parents, name)
+  depths = tree_depths(parents)
+  if not parents or any(a > b for a, b in itertools.pairwise(depths)):
+    raise ValueError(
+      f"{name} must be a non-empty tree in breadth-first order (node depths "
+      f"non-decreasing), got parents {parents} with depths {depths}."
+    )
+  return parents
+
+
+def tree_depths(parents: tuple[int, ...]) -> tuple[int, ...]:
+  """Depth of each node (a child of the root has depth 1)."""
+  depths = []
+  for u in parents:
+    depths.append(1 if u < 0 else depths[u] + 1)
+  return tuple(depths)
+
+
+def levels(parents: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  """`(start, stop)` node slices of depths 1, 2, ... of a breadth-first tree."""
+  depths = tree_depths(parents)
+  return tuple(
+    (depths.index(d), len(depths) - depths[::-1].index(d)) for d in range(1, max(depths) + 1)
+  )
+
+
+def sibling_ranks(parents: tuple[int, ...]) -> tuple[int, ...]:
+  """Node i is the `rank`-th child of its parent (0 = first), in index order."""
+  seen: dict[int, int] = {}
+  ranks = []
+  for u in parents:
+    ranks.append(seen.get(u, 0))
+    seen[u] = ranks[-1] + 1
+  return tuple(ranks)
+
+
+def num_children(parents: tuple[int, ...]) -> tuple[int, ...]:
+  """`[N + 1]` children of the root (entry 0), then of each node."""
+  counts = [0] * (len(parents) + 1)
+  for u in parents:
+    counts[u + 1] += 1
+  return tuple(counts)
+
+
+def chain(length: int) -> tuple[int, ...]:
+  """A chain of `length` nodes: chain drafting as a tree."""
+  return tuple(range(-1, length - 1))
+
+
+def from_paths(paths: Sequence[Sequence[int]]) -> tuple[int, ...]:
+  """A tree from child-rank paths (Medusa's "choices"): `(0,)` is the root's first
+  child, `(0, 1)` that node's second child. Every prefix of a path must be there,
+  and a node's children ranks must be 0, 1, ... without gaps (child k is the k-th
+  draw from its parent's law). Nodes come out in breadth-first order.
+  """
+  unique = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+  index = {(): -1}
+  parents = []
+  for path in unique:
+    if not path or any(r < 0 for r in path):
+      raise ValueError(f"paths must be non-empty tuples of ranks >= 0, got {path!r}.")
+    if path[:-1] not in index:
+      raise ValueError(f"paths: {path!r} is there but its parent {path[:-1]!r} is not.")
+    if path[-1] and path[:-1] + (path[-1] - 1,) not in index:
+      raise ValueError(
+        f"paths: {path!r} is there but its elder sibling {path[:-1] + (path[-1] - 1,)!r} "
+        "is not (children ranks must be 0, 1, ... without gaps)."
+      )
+    index[path] = len(parents)
+    parents.append(index[path[:-1]])
+  return check_drafting_tree(tuple(parents))
+
+
+def full(branching: Sequence[int]) -> tuple[int, ...]:
+  """Every node at depth d (the root at 0) has `branching[d]` children."""
+  if not branching or any(int(k) < 1 for k in branching):
+    raise ValueError(f"branching must be a non-empty sequence of ints >= 1, got {branching!r}.")
+  paths = itertools.chain.from_iterable(
+    itertools.product(*(range(int(k)) for k in branching[:d])) for d in range(1, len(branching) + 1)
+  )
+  return from_paths(list(paths))
+
+
+def ancestor_matrix(parents: tuple[int, ...]) -> np.ndarray:
+  """`[N, N]` bool: entry (j, i) says node i is node j or one of its ancestors."""
+  n = len(parents)
+  visible = np.eye(n, dtype=bool)
+  for j, u in enumerate(parents):
+    if u >= 0:
+      visible[j] |= visible[u]
+  return visible
+
+
+def tree_attention(
+  lengths: jax.Array,
+  capacity: int,
+  parents: tuple[int, ...],
+  start: int,
+  stop: int,
+  sliding_window: int | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Where nodes `start..stop-1` of a tree block go, and what they may read.
+
+  The block's N nodes occupy cache slots `lengths[b] + i` (node i); a call may
+  write one slice of them (tree drafters go one depth per call). Node j reads the
+  row's prefix (slots < lengths[b]) and the slots of its ancestors and itself.
+
+  Args:
+    lengths: `[B]` int32, each row's cached prefix (not advanced by tree calls).
+    capacity: cache slots per row (static).
+    parents: the block's static tree (-1: continues the prefix).
+    start, stop: the nodes this call writes (static).
+    sliding_window: the model's window, if any; applied to positions.
+
+  Returns:
+    `(starts [B], positions [B, T], mask [B, T, capacity])` with T = stop - start:
+    where the call writes, the positions lengths + depth - 1, and the mask.
+  """
+  visible = ancestor_matrix(parents)[start:stop]  # [T, N]
+  depths = np.asarray(tree_depths(parents), np.int32)
+  slots = jnp.arange(capacity, dtype=jnp.int32)
+  offset = slots[None, :] - lengths[:, None]  # [B, S]: node index of each slot
+  in_block = (offset >= 0) & (offset < len(parents))
+  node = jnp.clip(offset, 0, len(parents) - 1)
+  ancestors = jnp.asarray(visible)[:, node].swapaxes(0, 1)  # [B, T, S]
+  mask = (offset < 0)[:, None, :] | (in_block[:, None, :] & ancestors)
+  positions = lengths[:, None] + jnp.asarray(depths[start:stop] - 1)[None, :]
+  if sliding_window is not None:
+    node_positions = lengths[:, None] + jnp.asarray(depths - 1)[node]
+    key_positions = jnp.where(offset < 0, slots[None, :], node_positions)
+    mask &= key_positions[:, None, :] > positions[:, :, None] - sliding_window
+  return lengths + start, positions, mask

@@ -1,0 +1,144 @@
+"""Token trees end to end: topology, tree attention, the commit's gather, greedy
+decoding with tree drafters, and bad input. (The verifier's exactness is in
+tests/test_tree_verify.py; the full-model law with tree drafting in
+tests/test_distribution.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from helpers import head_drafter
+from specjax import trees
+from specjax.drafting import TreeDrafter
+from specjax.generation.speculative import init_state, speculative_step
+from specjax.generation.state import SpecConfig
+
+# Two children of the root; the second has two children, its first one more. A
+# path of two or more nodes always goes through node 1, so committing it moves
+# keys and values (node 1 -> the slot after s[-1]).
+TREE = trees.from_paths([(0,), (1,), (1, 0), (1, 1), (1, 0, 0)])
+
+
+def test_builders_and_topology():
+  assert TREE == (-1, -1, 1, 1, 2)
+  assert trees.tree_depths(TREE) == (1, 1, 2, 2, 3)
+  assert trees.levels(TREE) == ((0, 2), (2, 4), (4, 5))
+  assert trees.sibling_ranks(TREE) == (0, 1, 0, 1, 0)
+  assert trees.num_children(TREE) == (2, 0, 2, 1, 0, 0)
+  assert trees.full((2, 2)) == (-1, -1, 0, 0, 1, 1)
+  assert trees.chain(3) == (-1, 0, 1)
+  visible = trees.ancestor_matrix(TREE)
+  assert visible[4].tolist() == [False, True, True, False, True]
+
+
+@pytest.mark.parametrize(
+  "paths, match",
+  [
+    ([(0,), (0, 1)], "elder sibling"),
+    ([(0, 0)], "parent"),
+    ([(0,), ()], "non-empty"),
+  ],
+)
+def test_from_paths_rejects_gaps(paths, match):
+  with pytest.raises(ValueError, match=match):
+    trees.from_paths(paths)
+
+
+def test_drafting_trees_must_be_breadth_first(draft):
+  with pytest.raises(ValueError, match="breadth-first"):
+    TreeDrafter(draft, (-1, 0, -1))
+  with pytest.raises(ValueError, match=r"tree\[1\] must be in \[-1, 0\]"):
+    TreeDrafter(draft, (-1, 3))
+  with pytest.raises(ValueError, match="tree_mode must be one of"):
+    TreeDrafter(draft, TREE, tree_mode="top_k")
+
+
+def test_tree_attention_scores_every_path_as_a_sequence(target):
+  """One cached call over s[-1] + a tree (ragged prefixes) gives each node the
+  logits of a plain forward over the prefix and the node's path."""
+  b, width = 2, 6
+  tokens = jax.random.randint(jax.random.key(3), (b, width), 0, 512)
+  lengths = jnp.array([6, 3])  # the prefix; its last token is the root
+  cache = target.init_cache(b, 16)
+  cache = target.forward_cached(tokens, cache)[1].with_lengths(lengths - 1)
+  nodes = jax.random.randint(jax.random.key(4), (b, len(TREE)), 0, 512)
+  root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)
+  block = jnp.concatenate([root, nodes], axis=1)
+  block_tree = (-1, *(u + 1 for u in TREE))
+  logits, out = target.forward_cached(block, cache, tree=(block_tree, 0))
+  assert out.lengths.tolist() == (lengths - 1).tolist()  # a tree call does not advance
+  visible = trees.ancestor_matrix(block_tree)
+  for row in range(b):
+    prefix = tokens[row, : int(lengths[row]) - 1]
+    for j in range(len(block_tree)):
+      seq = jnp.concatenate([prefix, block[row][visible[j]]])[None]
+      np.testing.assert_allclose(logits[row, j], target(seq)[0, -1], atol=2e-5)
+
+
+def test_commit_leaves_caches_as_a_recompute_would(target, draft, prompts):
+  """After tree iterations the target's and the tree drafter's caches hold the
+  committed sequence in consecutive slots, as prefilling it from scratch would."""
+  drafter = TreeDrafter(draft, TREE, tree_mode="iid")
+  config = SpecConfig(
+    gamma=len(TREE),
+    max_new_tokens=12,
+    sampling=specjax.SamplingParams(temperature=1.0),
+    verifier="tree",
+  )
+  step = jax.jit(lambda s: speculative_step(target, drafter, s, config))
+  state = init_state(target, drafter, *prompts, jax.random.key(8), config)
+  for _ in range(2):
+    state = step(state)
+  # The tiny models are near-uniform at T = 1, so paths through node 1 are common.
+  assert int(jnp.max(state.num_generated)) >= 4
+  for model, cache, drop in ((target, state.target_cache, 1), (draft, state.drafter_state, 2)):
+    for row in range(prompts[0].shape[0]):
+      plen = int(prompts[1][row])
+      seq = jnp.concatenate(
+        [prompts[0][row, :plen], state.tokens[row, : int(state.num_generated[row])]]
+      )
+      n = len(seq) - drop  # target: s[:-1]; draft: s[:-2]
+      assert int(cache.lengths[row]) == n
+      fresh = model.forward_cached(seq[None, :n], model.init_cache(1, cache.capacity))[1]
+      for got, want in zip(cache.k + cache.v, fresh.k + fresh.v):
+        np.testing.assert_allclose(got[row, :, :n], want[0, :, :n], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["model", "medusa", "eagle"])
+def test_greedy_tree_decoding_is_the_targets_greedy_output(
+  target, noisy_target, prompts, greedy_reference, name
+):
+  drafter = (
+    TreeDrafter(noisy_target, TREE)
+    if name == "model"
+    else head_drafter(name, target, num_heads=3).replace(tree=TREE)
+    if name == "medusa"
+    else head_drafter(name, target).replace(tree=TREE)
+  )
+  out = specjax.speculative_generate(
+    target, drafter, *prompts, gamma=len(TREE), max_new_tokens=16, sampling=specjax.GREEDY
+  )
+  np.testing.assert_array_equal(out.tokens, greedy_reference.tokens)
+  if name == "model":  # a draft that agrees often: paths through node 1 are accepted
+    assert int(out.stats.accepted_at_position[1]) > 0
+
+
+def test_tree_drafters_refuse_what_does_not_apply(target, draft, prompts):
+  drafter = TreeDrafter(draft, TREE)
+  run = lambda **kw: specjax.speculative_generate(
+    target,
+    drafter,
+    *prompts,
+    max_new_tokens=4,
+    **{"gamma": len(TREE), "sampling": specjax.GREEDY, **kw},
+  )
+  with pytest.raises(ValueError, match="gamma must equal the drafter's number of tree nodes, 5"):
+    run(gamma=4)
+  with pytest.raises(ValueError, match="verifier must be 'auto'"):
+    run(verifier="token")
+  with pytest.raises(ValueError, match="adaptive None"):
+    run(adaptive="schedule")
+  with pytest.raises(ValueError, match="depth <= 2"):
+    head_drafter("medusa", target, num_heads=2).replace(tree=TREE)
