@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Verifiers of the drafter grid (greedy applies at temperature 0 only); the
   # first that applies also runs the gamma sweep and the adaptive lengths.
   c.verifiers = ("greedy", "token", "block")
-  c.ngram = 3  # longest n-gram the prompt-lookup drafter matches
+  c.ngram = 3  # longest n-gram the prompt-lookup drafter matches (0: no prompt lookup)
   c.layer_skip = (1, 2, 3, 4, 5)  # target layers kept by the self-speculation drafter
   c.heads = ("eagle", "medusa", "early_exit")  # the bundled draft heads on the target
   # Further draft lengths per head (first verifier only), e.g. early exit at small gamma.
@@ -28,6 +28,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.fr_spec = 1024  # also each head drafting among the K most frequent ids (0: not)
   c.gamma_sweep = (1, 2, 3, 4, 6, 8)  # fixed gammas the adaptive lengths are compared with
   c.gamma_max = 8  # adaptive draft lengths choose within this
+  c.adaptive = ("schedule", "confidence")  # adaptive draft lengths of the draft model
   c.confidence_threshold = 0.5
   c.seed = 0
+  # Token trees: each drafter drafts the best static tree of each size for its
+  # per-rank acceptance (rank 0 about the drafter's measured alpha at T = 0;
+  # specjax.trees.best), verified by tree_verify (gamma = the tree's nodes).
+  c.trees = ml_collections.ConfigDict()
+  c.trees.sizes = (8, 16)
+  c.trees.mode = "without_replacement"  # how siblings are drawn at T > 0
+  c.trees.rank_acceptance = ml_collections.ConfigDict(
+    {
+      "draft model": (0.75, 0.1, 0.04),
+      "EAGLE head": (0.9, 0.05, 0.02),
+      "Medusa heads": (0.6, 0.15, 0.06),
+    }
+  )
   return c

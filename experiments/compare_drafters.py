@@ -7,7 +7,9 @@ For each temperature: autoregressive decoding (the baseline) and speculative
 decoding with every drafter (the bundled draft model, prompt lookup, the
 target's first k layers) x every verifier that applies (greedy only at
 temperature 0), at gamma = config.gamma; then the draft model at each fixed
-gamma of `gamma_sweep` and with both adaptive draft lengths. Each variant
+gamma of `gamma_sweep` and with both adaptive draft lengths; then token trees
+(`config.trees`: the draft model, EAGLE and Medusa each drafting the best static
+tree of each size for its per-rank acceptance, `specjax.trees.best`). Each variant
 decodes the same held-out test-split prompts one by one (batch 1); times are
 medians of `num_runs` interleaved runs after a warm-up. Prints JSON and a
 markdown table (the README's).
@@ -26,9 +28,16 @@ from absl import app, flags, logging
 
 import specjax
 from experiments import common
-from specjax import benchmarking, pretrained, theory
+from specjax import benchmarking, pretrained, theory, trees
 from specjax.data.prompts import encode_prompts, held_out_prompts
-from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
+from specjax.drafting import (
+  EagleDrafter,
+  EarlyExitDrafter,
+  MedusaDrafter,
+  NGramDrafter,
+  TreeDrafter,
+  layer_skip,
+)
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
@@ -54,10 +63,10 @@ def _variants(config, target, draft, temperature):
   """(name fields, drafter, verifier, gamma, adaptive) for one temperature."""
   applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
   verifiers = [v for v in applicable if v in config.verifiers]
-  drafters = [
-    ("draft model", draft),
-    (f"prompt lookup (n<={config.ngram})", NGramDrafter(target.cfg.vocab_size, config.ngram)),
-  ]
+  drafters = [("draft model", draft)]
+  if config.ngram:
+    lookup = NGramDrafter(target.cfg.vocab_size, config.ngram)
+    drafters.append((f"prompt lookup (n<={config.ngram})", lookup))
   drafters += [(f"layer skip k={k}", layer_skip(target, k)) for k in config.layer_skip]
   heads = {
     kind: HEAD_DRAFTERS[kind](target, pretrained.load_head(kind, target)) for kind in config.heads
@@ -80,7 +89,24 @@ def _variants(config, target, draft, temperature):
       for name, d in twins
     ]
   out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
-  out += [("draft model", draft, default, config.gamma_max, a) for a in ("schedule", "confidence")]
+  out += [("draft model", draft, default, config.gamma_max, a) for a in config.adaptive]
+  tree_drafters = {"draft model": draft, **{HEAD_NAMES[k]: d for k, d in heads.items()}}
+  for name, rates in config.trees.rank_acceptance.items():
+    if name not in tree_drafters:
+      raise ValueError(
+        f"config.trees.rank_acceptance keys must be among {tuple(tree_drafters)} "
+        f"(config.heads decides the heads), got {name!r}."
+      )
+    drafter = tree_drafters[name]
+    max_depth = drafter.heads.cfg.num_heads if name == HEAD_NAMES["medusa"] else 16
+    for size in config.trees.sizes:
+      tree = trees.best(rates, size, max_depth)
+      label = f"{name}, tree N={size} depth {max(trees.tree_depths(tree))}"
+      if name == "draft model":
+        tree_drafter = TreeDrafter(draft, tree, tree_mode=config.trees.mode)
+      else:
+        tree_drafter = drafter.replace(tree=tree, tree_mode=config.trees.mode)
+      out.append((label, tree_drafter, "tree", size, None))
   return out
 
 
@@ -132,6 +158,16 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
       f"got {tuple(config.verifiers)!r}."
     )
   check_positive_int("config.num_runs", config.num_runs, 3)
+  if set(config.adaptive) - {"schedule", "confidence"}:
+    raise ValueError(
+      f"config.adaptive must be a subset of (schedule, confidence), got {config.adaptive!r}."
+    )
+  if config.trees.mode not in ("without_replacement", "iid"):
+    raise ValueError(
+      f"config.trees.mode must be 'without_replacement' or 'iid', got {config.trees.mode!r}."
+    )
+  for size in config.trees.sizes:
+    check_positive_int("config.trees.sizes", size)
   target, draft, tokenizer = pretrained.load_pair()
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
 
@@ -168,7 +204,7 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
           max_new_tokens=config.max_new_tokens,
           sampling=s,
           key=k,
-          verifier=v,
+          verifier="auto" if v == "tree" else v,
           adaptive=a,
           confidence_threshold=config.confidence_threshold,
         )
@@ -186,6 +222,13 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
       ms = timings[label].median_s * 1e3 / tokens(outs)
       alpha = s("accepted") / max(s("evaluated"), 1)
       c, verify_cost = costs[(fields["drafter"], fields["gamma"])]
+      per_iteration = s("generated") / max(s("row_iterations"), 1)
+      if fields["verifier"] == "tree":
+        # No closed form for a tree's accepted length: the measured tokens per
+        # iteration over the iteration's cost, in target steps.
+        predicted = per_iteration / (c * fields["gamma"] + verify_cost)
+      else:
+        predicted = theory.predicted_speedup(min(alpha, 1.0), fields["gamma"], c, verify_cost)
       rows.append(
         {
           "temperature": float(temperature),
@@ -193,10 +236,8 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
           "acceptance_rate": alpha,
           "c": c,
           "verify_cost": verify_cost,
-          "predicted_speedup": theory.predicted_speedup(
-            min(alpha, 1.0), fields["gamma"], c, verify_cost
-          ),
-          "tokens_per_iteration": s("generated") / max(s("row_iterations"), 1),
+          "predicted_speedup": predicted,
+          "tokens_per_iteration": per_iteration,
           "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
           "ms_per_token": ms,
           "ar_ms_per_token": ar_ms,

@@ -1,9 +1,18 @@
 """The prepared accelerator check: decode speed against the memory floor.
 
-  python -m experiments.gpu_check [--scale=full|smoke] [--output_json=PATH]
+  python -m experiments.gpu_check [--scale=full|smoke] [--sections=scoring,trees,decode]
+      [--output_json=PATH]
 
 Run once on a lent GPU at --scale=full (the cases are chosen to fit one
-device-time budget):
+device-time budget); sections run in order, most wanted first, and the JSON is
+rewritten after each, so a run cut short keeps what it measured:
+  scoring: the 1.1B-shaped target's cost of one call over T = 2..64 positions
+     (a chain, and a token tree with tree attention) against one position:
+     what a tree's extra nodes cost on memory-bound hardware;
+  trees: `experiments.compare_drafters` with `configs/compare_trees.py` narrowed
+     to fit (the bundled pair: chains against trees of 8 and 16 nodes with the
+     draft model, EAGLE and Medusa, at T = 0 and 1; real acceptance);
+  decode:
   1. measures copy bandwidth (read + write of a 2 GiB buffer, `specjax.roofline`);
   2. builds a TinyLlama-1.1B-shaped bfloat16 target (d_model 2048, 22 layers,
      32 heads, 4 kv heads, d_ff 5632, vocab 32000) and a 68M-shaped draft
@@ -19,6 +28,7 @@ size so the script can be checked on a CPU.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -28,8 +38,9 @@ from absl import app, flags
 from flax import nnx
 
 import specjax
-from experiments import common
-from specjax import benchmarking, roofline
+from configs import compare_trees
+from experiments import common, compare_drafters
+from specjax import benchmarking, roofline, trees
 from specjax.drafting import EagleDrafter
 from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
@@ -58,6 +69,19 @@ GAMMA = 4
 # untrained EAGLE head on the target (its cost c matters here; its alpha comes
 # from the bundled pair, not from random weights).
 CASES = ((1, "68m"), (1, "self"), (8, "68m"), (1, "eagle"))
+SECTIONS = ("scoring", "trees", "decode")
+# Positions scored in one call (scoring section): 1 is the decode step; trees
+# (tree attention) at some of them. Each is a compile of the 1.1B shape.
+SCORED = {"full": (1, 4, 8, 16, 32, 64), "smoke": (1, 4, 8)}
+SCORED_TREES = {"full": (8, 32), "smoke": (8,)}
+SCORING_COLUMNS = (
+  ("batch", "{batch}"),
+  ("positions", "{positions}"),
+  ("chain ms", "{chain_ms:.3f}"),
+  ("tree ms", lambda row: f"{row['tree_ms']:.3f}" if "tree_ms" in row else "-"),
+  ("chain / 1 position", "{chain_cost:.2f}"),
+  ("tree / 1 position", lambda row: f"{row['tree_cost']:.2f}" if "tree_cost" in row else "-"),
+)
 COLUMNS = (
   ("batch", "{batch}"),
   ("draft", "{draft}"),
@@ -86,33 +110,104 @@ def build(sizes: dict, max_seq_len: int):
   return make(sizes["target"], 0), make(sizes["draft"], 1)
 
 
+def scoring_rows(target, sizes: dict, scale: str) -> list[dict]:
+  """The target's cost of one call over T positions (a chain, and for some T the
+  best tree of T - 1 nodes under a root) against one position, at batch 1."""
+  rows = []
+  vocab = target.cfg.vocab_size
+  for batch in (1,):
+    prompts, lengths = benchmarking.random_prompts(
+      jax.random.key(batch), batch, sizes["prompt_len"], vocab
+    )
+    call = functools.partial(
+      benchmarking.call_seconds,
+      target,
+      prompts,
+      lengths,
+      capacity=sizes["prompt_len"] + max(SCORED[scale]),
+      num_runs=3,
+    )
+    one = call(tokens_per_call=1)
+    for t in SCORED[scale]:
+      chain_s = call(tokens_per_call=t)
+      row = dict(batch=batch, positions=t, chain_ms=chain_s * 1e3, chain_cost=chain_s / one)
+      if t in SCORED_TREES[scale]:
+        tree = (-1, *(u + 1 for u in trees.best((0.7, 0.2, 0.1), t - 1)))
+        tree_s = call(tokens_per_call=t, tree=tree)
+        row.update(tree_ms=tree_s * 1e3, tree_cost=tree_s / one)
+      rows.append(row)
+  return rows
+
+
+def tree_config(scale: str):
+  """`configs/compare_trees.py` cut to fit the device-time budget."""
+  config = compare_trees.get_config()
+  config.head_gammas = type(config.head_gammas)(dict(eagle=(), medusa=()))
+  config.gamma_sweep = ()
+  config.trees.sizes = (8, 16) if scale == "full" else (4,)
+  config.num_prompts = 2
+  config.max_new_tokens = 64 if scale == "full" else 12
+  return config
+
+
 def main(argv):
   common.check_no_args(argv)
   # On the lent machine, files under $OUT are what comes back.
   default = os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None
   output_json = check_output_path("--output_json", flags.FLAGS.output_json or default)
-  sizes = SIZES[flags.FLAGS.scale]
+  sections = [x for x in flags.FLAGS.sections if x]
+  if not sections or set(sections) - set(SECTIONS):
+    raise ValueError(f"--sections must be a non-empty subset of {SECTIONS}, got {sections}.")
+  scale = flags.FLAGS.scale
+  sizes = SIZES[scale]
   start = time.perf_counter()
+  result = {**benchmarking.environment_info(), "scale": scale, "gamma": GAMMA}
+
+  def save(name, rows, columns):
+    result[name] = rows
+    result["wall_seconds"] = time.perf_counter() - start
+    print(f"## {name} ({result['wall_seconds']:.0f} s)\n" + common.markdown_table(rows, columns))
+    common.write_json(output_json, result)
+
+  max_seq_len = max(
+    cache_capacity(sizes["prompt_len"], sizes["max_new_tokens"], GAMMA),
+    sizes["prompt_len"] + max(SCORED[scale]),
+  )
+  target, draft = build(sizes, max_seq_len)
+  for section in SECTIONS:
+    if section not in sections:
+      continue
+    if section == "scoring":
+      save("scoring", scoring_rows(target, sizes, scale), SCORING_COLUMNS)
+    elif section == "trees":
+      save("trees", compare_drafters.run(tree_config(scale)), compare_drafters.COLUMNS)
+    else:
+      save("cases", decode_rows(target, draft, sizes, result), COLUMNS)
+  print(json.dumps(result, indent=2))
+
+
+def decode_rows(target, draft, sizes: dict, result: dict) -> list[dict]:
+  """Autoregressive and speculative decoding of the 1.1B shape (`CASES`) against
+  the memory floor; records the bandwidth and floor in `result`."""
   bandwidth = 1e9 * roofline.memory_bandwidth_gbs(
     megabytes=sizes["copy_bytes"] >> 20, num_runs=sizes["num_runs"]
   )
-  max_seq_len = cache_capacity(sizes["prompt_len"], sizes["max_new_tokens"], GAMMA)
-  target, draft = build(sizes, max_seq_len)
   floor_ms = roofline.weight_bytes(target) / bandwidth * 1e3
-  result = {
-    **benchmarking.environment_info(),
-    "scale": flags.FLAGS.scale,
-    "copy_bandwidth_gb_s": bandwidth / 1e9,
-    "target_params": target.num_params,
-    "draft_params": draft.num_params,
-    "target_param_bytes": roofline.weight_bytes(target),
-    "memory_floor_ms_per_step": floor_ms,
-    "gamma": GAMMA,
-    "cases": [],
-  }
+  result.update(
+    copy_bandwidth_gb_s=bandwidth / 1e9,
+    target_params=target.num_params,
+    draft_params=draft.num_params,
+    target_param_bytes=roofline.weight_bytes(target),
+    memory_floor_ms_per_step=floor_ms,
+  )
+  print(
+    f"{jax.devices()[0].device_kind}: copy {bandwidth / 1e9:.0f} GB/s, target "
+    f"{target.num_params / 1e6:.0f}M params, floor {floor_ms:.3f} ms/step"
+  )
   vocab = sizes["target"]["vocab_size"]
   eagle = EagleDrafter(target, EagleHead(HeadConfig("eagle", target.cfg), rngs=nnx.Rngs(2)))
   drafts = {"68m": draft, "self": target, "eagle": eagle}
+  rows = []
   for batch, which in CASES:
     prompts, lengths = benchmarking.random_prompts(
       jax.random.key(batch), batch, sizes["prompt_len"], vocab
@@ -138,16 +233,8 @@ def main(argv):
       ar_over_memory_floor=case["ar_ms_per_token"] / floor_ms,
       target_step_over_memory_floor=case["target_step_ms"] / floor_ms,
     )
-    result["cases"].append(case)
-  result["wall_seconds"] = time.perf_counter() - start
-
-  print(
-    f"{jax.devices()[0].device_kind}: copy {bandwidth / 1e9:.0f} GB/s, target "
-    f"{target.num_params / 1e6:.0f}M params, floor {floor_ms:.3f} ms/step"
-  )
-  print(common.markdown_table(result["cases"], COLUMNS))
-  print(json.dumps(result, indent=2))
-  common.write_json(output_json, result)
+    rows.append(case)
+  return rows
 
 
 def define_flags() -> None:
@@ -155,6 +242,7 @@ def define_flags() -> None:
   flags.DEFINE_enum(
     "scale", "full", ["full", "smoke"], "full: 1.1B target (GPU); smoke: tiny sizes (CPU check)."
   )
+  flags.DEFINE_list("sections", list(SECTIONS), f"Sections to run, in this order: {SECTIONS}.")
   common.define_output_flags()
 
 

@@ -36,6 +36,7 @@ from specjax.generation.common import prefill
 from specjax.models.kv_cache import KVCache, cache_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
+from specjax.trees import tree_depths
 from specjax.validation import check_positive_int
 
 
@@ -105,14 +106,16 @@ def _prefill_program(model, prompts, prompt_lengths, key, *, capacity, sampling)
   return prefill(model, prompts, prompt_lengths, capacity, key, sampling)
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps",))
-def _decode_loop(model, tokens, cache: KVCache, *, num_steps: int):
-  """`num_steps` cached calls on `tokens [B, T]`, each at the same cache length."""
+@functools.partial(jax.jit, static_argnames=("num_steps", "tree"))
+def _decode_loop(model, tokens, cache: KVCache, *, num_steps: int, tree=None):
+  """`num_steps` cached calls on `tokens [B, T]`, each at the same cache length
+  (with `tree`, the T tokens are a token tree's block, tree attention)."""
   start = cache.lengths
+  layout = None if tree is None else (tree, 0)
 
   def body(_, carry):
     tokens, cache = carry
-    logits, cache = model.forward_cached(tokens, cache)
+    logits, cache = model.forward_cached(tokens, cache, tree=layout)
     # The next tokens depend on the logits, so XLA cannot drop the output head
     # as dead code; rolling the lengths back (as a rejected block is rolled
     # back) keeps every call at the same position and inside the capacity.
@@ -154,6 +157,7 @@ def call_seconds(
   capacity: int,
   num_steps: int = 16,
   num_runs: int = 3,
+  tree: tuple[int, ...] | None = None,
 ) -> float:
   """Median seconds of one `model.forward_cached` call over `tokens_per_call` tokens.
 
@@ -167,8 +171,12 @@ def call_seconds(
     tokens_per_call: T, 1 for a decode step, gamma + 1 for a verification.
     capacity: cache slots S; needs max(prompt_lengths) + T <= S.
     num_steps: N calls per timed loop.
+    tree: None (a chain), or the static parents of a `tokens_per_call`-token
+      block scored with tree attention (-1 for the block's root).
   """
   check_positive_int("tokens_per_call", tokens_per_call)
+  if tree is not None and len(tree) != tokens_per_call:
+    raise ValueError(f"tree must have tokens_per_call={tokens_per_call} entries, got {len(tree)}.")
   check_positive_int("num_steps", num_steps)
   first, cache = jax.block_until_ready(
     _prefill_program(
@@ -181,7 +189,7 @@ def call_seconds(
     )
   )
   tokens = jnp.tile(first[:, None], (1, tokens_per_call))
-  run = functools.partial(_decode_loop, model, tokens, cache, num_steps=num_steps)
+  run = functools.partial(_decode_loop, model, tokens, cache, num_steps=num_steps, tree=tree)
   timings, _ = time_calls({"loop": run}, num_runs)
   return timings["loop"].median_s / num_steps
 
@@ -215,9 +223,12 @@ def _drafting_loop(target, drafter, state, *, config, num_steps: int):
       gamma=g,
       sampling=config.sampling,
     )
-    emitted = jnp.pad(proposal.tokens, ((0, 0), (0, 1)))
-    hidden = None if features is False else jnp.zeros((b, g + 1, width), jnp.float32)
-    committed = drafter.commit(drafted, Commit(emitted, old, old + g + 1, stopped, hidden))
+    # A chain commits g + 1 tokens; a tree its deepest path and one token.
+    kept = g if proposal.parents is None else max(tree_depths(proposal.parents))
+    emitted = jnp.pad(proposal.tokens[:, :kept], ((0, 0), (0, 1)))
+    hidden = None if features is False else jnp.zeros((b, kept + 1, width), jnp.float32)
+    path = None if proposal.parents is None else jnp.zeros((b, kept), jnp.int32)
+    committed = drafter.commit(drafted, Commit(emitted, old, old + kept + 1, stopped, hidden, path))
     return total + jnp.sum(proposal.tokens), committed
 
   return jax.lax.fori_loop(0, num_steps, body, (jnp.int32(0), state.drafter_state))[0]

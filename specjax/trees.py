@@ -13,6 +13,8 @@ Builders:
   chain(g)                  g nodes in a line: what chain drafting proposes
   from_paths(paths)         Medusa-style sparse trees from child-rank paths
   full(branching)           every node of depth d has branching[d] children
+  best(rank_acceptance, n)  the n nodes of highest estimated acceptance (Sequoia/
+                            Medusa-style static trees from per-rank acceptance rates)
 
 In a cached forward a tree block is written at consecutive cache slots
 (`tree_attention`): node j attends to the row's cached prefix, its ancestors and
@@ -137,6 +139,41 @@ def full(branching: Sequence[int]) -> tuple[int, ...]:
     itertools.product(*(range(int(k)) for k in branching[:d])) for d in range(1, len(branching) + 1)
   )
   return from_paths(list(paths))
+
+
+def best(rank_acceptance: Sequence[float], size: int, max_depth: int = 16) -> tuple[int, ...]:
+  """The static tree of `size` nodes that maximises expected accepted length.
+
+  With `rank_acceptance[k]` the chance that a node's k-th child (k-th draft
+  candidate) is the one the target keeps, a node reached by ranks r_1..r_d is on
+  the accepted path with probability prod a[r_i] (treating depths as
+  independent), and the expected number of accepted tokens is the sum over the
+  tree's nodes. The best tree of a size takes the nodes of highest such product:
+  prefix-closed and gap-free when the rates do not increase with k (ties break
+  toward shallow, low ranks). Greedy tree verification follows exactly this
+  model; sampled verification approximately.
+
+  Args:
+    rank_acceptance: rates by child rank, in (0, 1], non-increasing.
+    size: nodes, >= 1.
+    max_depth: the deepest level allowed (Medusa: its number of heads).
+  """
+  rates = [float(a) for a in rank_acceptance]
+  if not rates or any(not 0 < a <= 1 for a in rates) or rates != sorted(rates, reverse=True):
+    raise ValueError(
+      f"rank_acceptance must be non-increasing rates in (0, 1], got {rank_acceptance!r}."
+    )
+  if int(size) < 1 or int(max_depth) < 1:
+    raise ValueError(f"size and max_depth must be >= 1, got {size!r} and {max_depth!r}.")
+  chosen: list[tuple[int, ...]] = []
+  frontier = {(k,): rates[k] for k in range(len(rates))}
+  while len(chosen) < size and frontier:
+    path = min(frontier, key=lambda p: (-frontier[p], len(p), p))
+    score = frontier.pop(path)
+    chosen.append(path)
+    if len(path) < max_depth:
+      frontier.update({(*path, k): score * rates[k] for k in range(len(rates))})
+  return from_paths(chosen)
 
 
 def ancestor_matrix(parents: tuple[int, ...]) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Shared test set-up: persistent compilation cache and tiny model fixtures."""
 
+import gc
 import os
 
 # Set before jax is imported anywhere in the test process.
@@ -44,6 +45,18 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_sessionfinish(session, exitstatus):
   for process in _BACKGROUND.values():  # started but never collected (deselected, aborted)
     process.kill()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def free_compiled_programs():
+  """Drops each module's compiled programs when it ends. Every XLA CPU executable
+  keeps memory mappings of its code; a whole suite in one process would otherwise
+  pass the kernel's limit (vm.max_map_count, 65530 by default) and crash inside
+  a later compile. Programs a later module shares come back from the persistent
+  compilation cache."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture

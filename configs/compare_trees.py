@@ -1,0 +1,27 @@
+"""Configuration of `experiments/compare_drafters.py` for token trees only: each
+tree drafter against its own chains, at temperature 0 and 1 (the README's tree
+table).
+
+  python -m experiments.compare_drafters --config=configs/compare_trees.py
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import compare_drafters
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The drafter grid narrowed to the chains that trees are compared with."""
+  c = compare_drafters.get_config()
+  c.verifiers = ("greedy", "token")  # greedy at T = 0, token at T = 1
+  c.ngram = 0
+  c.layer_skip = ()
+  c.heads = ("eagle", "medusa")
+  c.head_gammas = ml_collections.ConfigDict(dict(eagle=(3, 6), medusa=(2, 3)))
+  c.fr_spec = 0
+  c.gamma_sweep = (3, 6)
+  c.adaptive = ()
+  c.trees.sizes = (8, 16, 32)
+  return c
