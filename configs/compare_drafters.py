@@ -36,6 +36,9 @@ def get_config() -> ml_collections.ConfigDict:
   # specjax.trees.best), verified by tree_verify (gamma = the tree's nodes).
   c.trees = ml_collections.ConfigDict()
   c.trees.sizes = (8, 16)
+  # Deepest tree level; 0 = gamma, so a tree is compared with the chain of its
+  # depth and differs only in width (Medusa: at most its number of heads).
+  c.trees.max_depth = 0
   c.trees.mode = "without_replacement"  # how siblings are drawn at T > 0
   c.trees.rank_acceptance = ml_collections.ConfigDict(
     {

@@ -9,7 +9,8 @@ target's first k layers) x every verifier that applies (greedy only at
 temperature 0), at gamma = config.gamma; then the draft model at each fixed
 gamma of `gamma_sweep` and with both adaptive draft lengths; then token trees
 (`config.trees`: the draft model, EAGLE and Medusa each drafting the best static
-tree of each size for its per-rank acceptance, `specjax.trees.best`). Each variant
+tree of each size for its per-rank acceptance, `specjax.trees.best`, no deeper
+than `config.trees.max_depth`, by default gamma: the same depth as the chains). Each variant
 decodes the same held-out test-split prompts one by one (batch 1); times are
 medians of `num_runs` interleaved runs after a warm-up. Prints JSON and a
 markdown table (the README's).
@@ -91,14 +92,16 @@ def _variants(config, target, draft, temperature):
   out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
   out += [("draft model", draft, default, config.gamma_max, a) for a in config.adaptive]
   tree_drafters = {"draft model": draft, **{HEAD_NAMES[k]: d for k, d in heads.items()}}
+  names = ("draft model", *HEAD_NAMES.values())
   for name, rates in config.trees.rank_acceptance.items():
-    if name not in tree_drafters:
-      raise ValueError(
-        f"config.trees.rank_acceptance keys must be among {tuple(tree_drafters)} "
-        f"(config.heads decides the heads), got {name!r}."
-      )
+    if name not in names:
+      raise ValueError(f"config.trees.rank_acceptance keys must be among {names}, got {name!r}.")
+    if name not in tree_drafters:  # a head config.heads leaves out
+      continue
     drafter = tree_drafters[name]
-    max_depth = drafter.heads.cfg.num_heads if name == HEAD_NAMES["medusa"] else 16
+    max_depth = config.trees.max_depth or config.gamma
+    if name == HEAD_NAMES["medusa"]:
+      max_depth = min(max_depth, drafter.heads.cfg.num_heads)
     for size in config.trees.sizes:
       tree = trees.best(rates, size, max_depth)
       label = f"{name}, tree N={size} depth {max(trees.tree_depths(tree))}"
@@ -168,6 +171,11 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
     )
   for size in config.trees.sizes:
     check_positive_int("config.trees.sizes", size)
+  if not isinstance(config.trees.max_depth, int) or config.trees.max_depth < 0:
+    raise ValueError(
+      f"config.trees.max_depth must be an int >= 0 (0: config.gamma), "
+      f"got {config.trees.max_depth!r}."
+    )
   target, draft, tokenizer = pretrained.load_pair()
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
 

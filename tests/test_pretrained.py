@@ -107,11 +107,13 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
     verifiers=("greedy",),
     heads=(),
   )
+  config.trees.sizes = (6,)  # one tree row: the draft model's (no heads loaded)
   rows = compare_drafters.run(config)
   names = {(r["drafter"], r["verifier"], r["gamma"], r["adaptive"]) for r in rows}
   assert ("prompt lookup (n<=3)", "greedy", 4, "fixed") in names
   assert ("draft model", "greedy", 4, "schedule") in names
-  assert len(rows) == 2 + 2
+  assert ("draft model, tree N=6 depth 4", "tree", 6, "fixed") in names
+  assert len(rows) == 2 + 2 + 1
   for r in rows:
     assert 0 <= r["acceptance_rate"] <= 1 and r["speedup"] > 0
     assert r["c"] > 0 and r["predicted_speedup"] > 0  # measured drafting cost, Leviathan

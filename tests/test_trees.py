@@ -69,12 +69,19 @@ def test_tree_attention_scores_every_path_as_a_sequence(target):
   block_tree = (-1, *(u + 1 for u in TREE))
   logits, out = target.forward_cached(block, cache, tree=(block_tree, 0))
   assert out.lengths.tolist() == (lengths - 1).tolist()  # a tree call does not advance
+  # Every (row, node) path as one right-padded batch of plain sequences: one call.
   visible = trees.ancestor_matrix(block_tree)
+  seqs, ends = [], []
   for row in range(b):
-    prefix = tokens[row, : int(lengths[row]) - 1]
+    prefix = np.asarray(tokens[row, : int(lengths[row]) - 1])
     for j in range(len(block_tree)):
-      seq = jnp.concatenate([prefix, block[row][visible[j]]])[None]
-      np.testing.assert_allclose(logits[row, j], target(seq)[0, -1], atol=2e-5)
+      seqs.append(np.concatenate([prefix, np.asarray(block[row])[visible[j]]]))
+      ends.append(len(seqs[-1]) - 1)
+  padded = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
+  for i, seq in enumerate(seqs):
+    padded[i, : len(seq)] = seq
+  full = target(jnp.asarray(padded))[np.arange(len(seqs)), np.asarray(ends)]
+  np.testing.assert_allclose(logits.reshape(len(seqs), -1), full, atol=2e-5)
 
 
 def test_commit_leaves_caches_as_a_recompute_would(target, draft, prompts):
@@ -88,22 +95,34 @@ def test_commit_leaves_caches_as_a_recompute_would(target, draft, prompts):
     verifier="tree",
   )
   step = jax.jit(lambda s: speculative_step(target, drafter, s, config))
-  state = init_state(target, drafter, *prompts, jax.random.key(8), config)
+  state = jax.jit(init_state, static_argnames="config")(
+    target, drafter, *prompts, jax.random.key(8), config=config
+  )
   for _ in range(2):
     state = step(state)
   # The tiny models are near-uniform at T = 1, so paths through node 1 are common.
   assert int(jnp.max(state.num_generated)) >= 4
+  rows = prompts[0].shape[0]
+  seqs = [
+    np.concatenate(
+      [
+        np.asarray(prompts[0][row, : int(prompts[1][row])]),
+        np.asarray(state.tokens[row, : int(state.num_generated[row])]),
+      ]
+    )
+    for row in range(rows)
+  ]
+  padded = np.zeros((rows, max(map(len, seqs))), np.int32)
+  for row, seq in enumerate(seqs):
+    padded[row, : len(seq)] = seq
   for model, cache, drop in ((target, state.target_cache, 1), (draft, state.drafter_state, 2)):
-    for row in range(prompts[0].shape[0]):
-      plen = int(prompts[1][row])
-      seq = jnp.concatenate(
-        [prompts[0][row, :plen], state.tokens[row, : int(state.num_generated[row])]]
-      )
+    # One causal prefill of the padded batch: slots before each row's end are exact.
+    fresh = model.forward_cached(jnp.asarray(padded), model.init_cache(rows, cache.capacity))[1]
+    for row, seq in enumerate(seqs):
       n = len(seq) - drop  # target: s[:-1]; draft: s[:-2]
       assert int(cache.lengths[row]) == n
-      fresh = model.forward_cached(seq[None, :n], model.init_cache(1, cache.capacity))[1]
       for got, want in zip(cache.k + cache.v, fresh.k + fresh.v):
-        np.testing.assert_allclose(got[row, :, :n], want[0, :, :n], atol=1e-5)
+        np.testing.assert_allclose(got[row, :, :n], want[row, :, :n], atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["model", "medusa", "eagle"])

@@ -23,7 +23,8 @@ class SpecConfig:
     max_new_tokens: generation budget per row, >= 1.
     sampling: the warp shared by draft and target.
     verifier: "token", "block", "greedy" (names of `verify.VERIFIERS`) or a
-      verifier function.
+      verifier function; "tree" for a drafter that drafts token trees (then
+      `speculative_step` verifies with `verify.tree_verify` and ignores it).
     eos_id: a row stops after emitting this id; None disables it.
     pad_id: the value written to `tokens` past each row's `num_generated`.
     adaptive: None, or "schedule" to adapt each row's draft limit (+2 after a
@@ -48,8 +49,11 @@ class SpeculativeStats:
     target_calls: scalar, target forward calls including the prefill.
     draft_calls: scalar, draft model forward calls including the prefill (up
       to gamma per iteration; 0 per iteration for model-free drafters).
-    proposed: `[B]` drafted tokens offered for verification per row.
-    accepted: `[B]` drafted tokens accepted per row.
+    proposed: `[B]` drafted tokens offered for verification per row (for a
+      token tree: its nodes).
+    accepted: `[B]` drafted tokens accepted per row (for a tree: the nodes of
+      the accepted paths, so accepted / evaluated is the chance of going one
+      level deeper, not a per-node rate).
     evaluated: `[B]` accepted + number of the row's iterations that had a
       rejection among proposed tokens; accepted / evaluated is the unbiased
       estimate of alpha.
@@ -57,7 +61,7 @@ class SpeculativeStats:
     generated: `[B]` tokens the iterations committed (after budget and EOS
       truncation; the prefill's first token is not an iteration's).
     accepted_at_position: `[gamma]`, entry i counts (row, iteration) pairs in
-      which drafted token i + 1 was accepted.
+      which drafted token i + 1 (for a tree: a node at depth i + 1) was accepted.
   """
 
   iterations: jax.Array
