@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.sampling import sample_with_uniform
+from specjax.trees import check_parents, tree_depths
 from specjax.verify.base import _shape, check_key
 
 MODES = ("iid", "without_replacement", "greedy")
@@ -71,37 +72,6 @@ class TreeVerifyResult(NamedTuple):
   path: jax.Array
   num_accepted: jax.Array
   next_token: jax.Array
-
-
-def check_parents(parents) -> tuple[int, ...]:
-  """Checks a static tree and returns it as a tuple of ints.
-
-  Raises:
-    ValueError naming `parents` unless it is a tuple of ints with
-    -1 <= parents[i] < i (-1: a child of the root; a parent precedes its children).
-  """
-  if not isinstance(parents, tuple) or not all(
-    isinstance(u, (int, np.integer)) and not isinstance(u, bool) for u in parents
-  ):
-    raise ValueError(
-      "parents must be a static tuple of ints (one parent index per node, -1 for "
-      f"the root), got {parents!r}."
-    )
-  for i, u in enumerate(parents):
-    if not -1 <= u < i:
-      raise ValueError(
-        f"parents[{i}] must be in [-1, {i - 1}] (-1: the root; a parent comes before "
-        f"its children), got {u}."
-      )
-  return tuple(int(u) for u in parents)
-
-
-def tree_depths(parents: tuple[int, ...]) -> tuple[int, ...]:
-  """Depth of each node (a child of the root has depth 1; also its RoPE offset)."""
-  depths = []
-  for u in parents:
-    depths.append(1 if u < 0 else depths[u] + 1)
-  return tuple(depths)
 
 
 def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
