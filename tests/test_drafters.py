@@ -184,16 +184,15 @@ class _Repeat(DrafterBase):
 
   vocab_size: int = struct.field(pytree_node=False)
   target_features: bool = struct.field(pytree_node=False, default=True)
-  tree: bool = struct.field(pytree_node=False, default=False)
+  tree: tuple[int, ...] | None = struct.field(pytree_node=False, default=None)
 
   def init(self, prompts, prompt_lengths, first, capacity, hidden=None):
     return None
 
   def propose(self, state, recent, key, limit, *, gamma, sampling):
     b = recent.shape[0]
-    parents = jnp.zeros((b, gamma), jnp.int32) - 1 if self.tree else None
     return Proposal(
-      jnp.tile(recent[:, 1:], (1, gamma)), None, jnp.full((b,), gamma), jnp.int32(0), parents
+      jnp.tile(recent[:, 1:], (1, gamma)), None, jnp.full((b,), gamma), jnp.int32(0), self.tree
     ), state
 
   def commit(self, state, commit):
@@ -227,8 +226,17 @@ def test_commit_hands_the_target_hidden_states(target, prompts):
   )
 
 
-def test_tree_proposals_are_refused_by_the_chain_step(target, prompts):
-  with pytest.raises(NotImplementedError, match="token tree"):
-    specjax.speculative_generate(
-      target, _Repeat(512, tree=True), *prompts, gamma=2, max_new_tokens=4, sampling=GREEDY
-    )
+def test_a_protocol_drafter_may_propose_a_tree(target, prompts):
+  """Any drafter that sets `tree` goes through the same step: its features come back
+  along s[-1] and the accepted path, depth + 1 positions."""
+  config = specjax.SpecConfig(gamma=3, max_new_tokens=MAX_NEW, sampling=GREEDY, verifier="tree")
+  drafter = _Repeat(target.cfg.vocab_size, tree=(-1, -1, 0))
+  state = jax.jit(
+    lambda: specjax.generation.init_state(target, drafter, *prompts, jax.random.key(0), config)
+  )()
+  new = jax.jit(lambda s: specjax.speculative_step(target, drafter, s, config))(state)
+  assert new.drafter_state.shape == (4, 3, target.cfg.d_model)
+  logits, _ = target.forward_cached(state.recent[:, 1:], state.target_cache)
+  np.testing.assert_allclose(
+    target.features_to_logits(new.drafter_state[:, 0]), logits[:, 0], atol=1e-4
+  )
