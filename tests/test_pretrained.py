@@ -103,9 +103,10 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
     gamma_sweep=(),
     gamma_max=4,
     # Each variant is a compiled program on the bundled pair (CI time): two
-    # drafters, one verifier, the two adaptive lengths.
+    # drafters, one verifier, one adaptive length, one tree.
     verifiers=("greedy",),
     heads=(),
+    adaptive=("schedule",),
   )
   config.trees.sizes = (6,)  # one tree row: the draft model's (no heads loaded)
   rows = compare_drafters.run(config)
@@ -113,7 +114,7 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
   assert ("prompt lookup (n<=3)", "greedy", 4, "fixed") in names
   assert ("draft model", "greedy", 4, "schedule") in names
   assert ("draft model, tree N=6 depth 4", "tree", 6, "fixed") in names
-  assert len(rows) == 2 + 2 + 1
+  assert len(rows) == 2 + 1 + 1
   for r in rows:
     assert 0 <= r["acceptance_rate"] <= 1 and r["speedup"] > 0
     assert r["c"] > 0 and r["predicted_speedup"] > 0  # measured drafting cost, Leviathan
