@@ -39,6 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Deepest tree level; 0 = gamma, so a tree is compared with the chain of its
   # depth and differs only in width (Medusa: at most its number of heads).
   c.trees.max_depth = 0
+  # EAGLE-2 dynamic trees (specjax.trees.DynamicTree): (size, depth, branch, expand).
+  c.trees.eagle2 = ()
   c.trees.mode = "without_replacement"  # how siblings are drawn at T > 0
   c.trees.rank_acceptance = ml_collections.ConfigDict(
     {

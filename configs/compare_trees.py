@@ -24,4 +24,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.gamma_sweep = (3, 6)
   c.adaptive = ()
   c.trees.sizes = (8, 16, 32)
+  c.trees.eagle2 = ((16, 6, 4, 3), (16, 8, 3, 2))
   return c

@@ -110,6 +110,12 @@ def _variants(config, target, draft, temperature):
       else:
         tree_drafter = drafter.replace(tree=tree, tree_mode=config.trees.mode)
       out.append((label, tree_drafter, "tree", size, None))
+  if "eagle" in heads:  # EAGLE-2: a tree per row, chosen by the head's confidence
+    for size, depth, branch, expand in config.trees.eagle2:
+      spec = trees.DynamicTree(size, depth, branch, expand)
+      label = f"EAGLE-2, N={size} depth {depth} k={branch} m={expand}"
+      drafter = heads["eagle"].replace(tree=spec, tree_mode=config.trees.mode)
+      out.append((label, drafter, "tree", size, None))
   return out
 
 

@@ -36,7 +36,7 @@ from specjax.generation.common import prefill
 from specjax.models.kv_cache import KVCache, cache_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
-from specjax.trees import tree_depths
+from specjax.trees import RowTrees, tree_depths
 from specjax.validation import check_positive_int
 
 
@@ -224,7 +224,10 @@ def _drafting_loop(target, drafter, state, *, config, num_steps: int):
       sampling=config.sampling,
     )
     # A chain commits g + 1 tokens; a tree its deepest path and one token.
-    kept = g if proposal.parents is None else max(tree_depths(proposal.parents))
+    tree = proposal.parents
+    kept = (
+      g if tree is None else tree.depth if isinstance(tree, RowTrees) else max(tree_depths(tree))
+    )
     emitted = jnp.pad(proposal.tokens[:, :kept], ((0, 0), (0, 1)))
     hidden = None if features is False else jnp.zeros((b, kept + 1, width), jnp.float32)
     path = None if proposal.parents is None else jnp.zeros((b, kept), jnp.int32)

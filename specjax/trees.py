@@ -16,6 +16,10 @@ Builders:
   best(rank_acceptance, n)  the n nodes of highest estimated acceptance (Sequoia/
                             Medusa-style static trees from per-rank acceptance rates)
 
+Per-row trees (`RowTrees`: parents `[B, N]` and a static depth bound) are what
+EAGLE-2's dynamic drafting (`DynamicTree`) proposes; tree attention and
+`verify.tree_verify` take them wherever they take a static tuple.
+
 In a cached forward a tree block is written at consecutive cache slots
 (`tree_attention`): node j attends to the row's cached prefix, its ancestors and
 itself, at position prefix + depth - 1, so every root-to-node path is scored as
@@ -24,12 +28,90 @@ if it were a plain sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+class RowTrees(NamedTuple):
+  """Token trees that differ per row (dynamic drafting, e.g. EAGLE-2), in static shapes.
+
+  Attributes:
+    parents: `[B, N]` int32, node i's parent in row b (-1: the root), with
+      -1 <= parents[b, i] < i. A node that breaks this is never accepted.
+    depth: static int >= 1, no node is deeper (the path's length).
+  """
+
+  parents: jax.Array
+  depth: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+  """EAGLE-2's dynamic tree, in static shapes (Li et al. 2024, arXiv 2406.16858).
+
+  Each depth expands the `expand` most valuable nodes of the one before with
+  `branch` children each; after `depth` levels the `size` most valuable nodes
+  form the row's tree (`RowTrees`). A node's value is its parent's plus the log
+  of the parent's `rank`-th largest draft probability (rank: its place among
+  its siblings), the cumulative draft log-probability at temperature 0. It never
+  depends on the node's own drawn token, which keeps sampled verification exact.
+  """
+
+  size: int
+  depth: int
+  branch: int = 4
+  expand: int = 4
+
+  def __post_init__(self):
+    for name in ("size", "depth", "branch", "expand"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"DynamicTree.{name} must be an int >= 1, got {value!r}.")
+    if self.depth < 2 or self.size > self.branch + (self.depth - 1) * self.expand * self.branch:
+      raise ValueError(
+        f"DynamicTree: depth must be >= 2 and size <= branch + (depth - 1) * expand * "
+        f"branch = {self.branch + (self.depth - 1) * self.expand * self.branch}, got "
+        f"depth {self.depth}, size {self.size}."
+      )
+
+
+def row_depths(tree: RowTrees) -> jax.Array:
+  """`[B, N]` int32 depth of every node (a child of the root has depth 1; a node
+  whose parent is not before it gets depth + 1, deeper than any path)."""
+  b, n = tree.parents.shape
+  depths = []
+  for c in range(n):
+    parent = tree.parents[:, c]
+    ok = (parent >= -1) & (parent < c)
+    if c:
+      above = jnp.take_along_axis(jnp.stack(depths, 1), jnp.clip(parent, 0, c - 1)[:, None], 1)
+      d = jnp.where(parent < 0, 1, above[:, 0] + 1)
+    else:
+      d = jnp.ones((b,), jnp.int32)
+    depths.append(jnp.where(ok, jnp.minimum(d, tree.depth + 1), tree.depth + 1))
+  return jnp.stack(depths, axis=1).astype(jnp.int32)
+
+
+def row_ancestors(tree: RowTrees) -> jax.Array:
+  """`[B, N, N]` bool: entry (b, j, i) says node i is node j or its ancestor in row b."""
+  b, n = tree.parents.shape
+  rows = []
+  for c in range(n):
+    own = jnp.zeros((b, n), bool).at[:, c].set(True)
+    parent = tree.parents[:, c]
+    if c:
+      above = jnp.take_along_axis(jnp.stack(rows, 1), jnp.clip(parent, 0, c - 1)[:, None, None], 1)[
+        :, 0
+      ]
+      own |= above & ((parent >= 0) & (parent < c))[:, None]
+    rows.append(own)
+  return jnp.stack(rows, axis=1)
 
 
 def check_parents(parents, name: str = "parents") -> tuple[int, ...]:
@@ -203,7 +285,8 @@ def tree_attention(
   Args:
     lengths: `[B]` int32, each row's cached prefix (not advanced by tree calls).
     capacity: cache slots per row (static).
-    parents: the block's static tree (-1: continues the prefix).
+    parents: the block's static tree (-1: continues the prefix), or `RowTrees`
+      (a tree per row).
     start, stop: the nodes this call writes (static).
     sliding_window: the model's window, if any; applied to positions.
 
@@ -211,17 +294,30 @@ def tree_attention(
     `(starts [B], positions [B, T], mask [B, T, capacity])` with T = stop - start:
     where the call writes, the positions lengths + depth - 1, and the mask.
   """
-  visible = ancestor_matrix(parents)[start:stop]  # [T, N]
-  depths = np.asarray(tree_depths(parents), np.int32)
   slots = jnp.arange(capacity, dtype=jnp.int32)
   offset = slots[None, :] - lengths[:, None]  # [B, S]: node index of each slot
-  in_block = (offset >= 0) & (offset < len(parents))
-  node = jnp.clip(offset, 0, len(parents) - 1)
-  ancestors = jnp.asarray(visible)[:, node].swapaxes(0, 1)  # [B, T, S]
+  if isinstance(parents, RowTrees):
+    n = parents.parents.shape[1]
+    node = jnp.clip(offset, 0, n - 1)
+    visible = row_ancestors(parents)[:, start:stop]  # [B, T, N]
+    ancestors = jnp.take_along_axis(
+      visible, jnp.broadcast_to(node[:, None], visible.shape[:2] + node.shape[1:]), 2
+    )
+    depths = row_depths(parents)  # [B, N]
+    node_depths = jnp.take_along_axis(depths, node, 1)
+    positions = lengths[:, None] + depths[:, start:stop] - 1
+  else:
+    n = len(parents)
+    node = jnp.clip(offset, 0, n - 1)
+    visible = ancestor_matrix(parents)[start:stop]  # [T, N]
+    ancestors = jnp.asarray(visible)[:, node].swapaxes(0, 1)  # [B, T, S]
+    depths = np.asarray(tree_depths(parents), np.int32)
+    node_depths = jnp.asarray(depths)[node]
+    positions = lengths[:, None] + jnp.asarray(depths[start:stop] - 1)[None, :]
+  in_block = (offset >= 0) & (offset < n)
   mask = (offset < 0)[:, None, :] | (in_block[:, None, :] & ancestors)
-  positions = lengths[:, None] + jnp.asarray(depths[start:stop] - 1)[None, :]
   if sliding_window is not None:
-    node_positions = lengths[:, None] + jnp.asarray(depths - 1)[node]
+    node_positions = lengths[:, None] + node_depths - 1
     key_positions = jnp.where(offset < 0, slots[None, :], node_positions)
     mask &= key_positions[:, None, :] > positions[:, :, None] - sliding_window
   return lengths + start, positions, mask

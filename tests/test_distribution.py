@@ -207,19 +207,22 @@ TREE = specjax.trees.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
     ("model", "iid", specjax.SamplingParams(temperature=1.0)),
     ("model", "without_replacement", specjax.SamplingParams(temperature=0.8, top_k=2)),
     ("medusa", "iid", specjax.SamplingParams(temperature=1.0)),
-    ("eagle", "without_replacement", specjax.SamplingParams(temperature=1.0, top_p=0.9)),
+    ("eagle2", "without_replacement", specjax.SamplingParams(temperature=1.0, top_p=0.9)),
   ],
-  ids=["model_iid", "model_wor_top_k", "medusa_iid", "eagle_wor_top_p"],
+  ids=["model_iid", "model_wor_top_k", "medusa_iid", "eagle2_wor_top_p"],
 )
 def test_tree_drafting_matches_target_law(pair, name, mode, sampling):
-  """Token trees (the draft model, Medusa and EAGLE heads) drafted and verified in
-  both sibling modes keep the target's law of the first three tokens."""
+  """Token trees (the draft model, Medusa heads; EAGLE-2's trees, which differ per
+  row) drafted and verified in both sibling modes keep the target's law of the
+  first three tokens."""
   target, draft = pair
-  drafter = (
-    specjax.drafting.TreeDrafter(draft, TREE, tree_mode=mode)
-    if name == "model"
-    else make_drafter(name, target, draft).replace(tree=TREE, tree_mode=mode)
-  )
+  tree = TREE
+  if name == "model":
+    drafter = specjax.drafting.TreeDrafter(draft, TREE, tree_mode=mode)
+  else:
+    if name == "eagle2":  # 6 of 2 + 3 x 2 x 2 candidates, per row
+      name, tree = "eagle", specjax.trees.DynamicTree(size=6, depth=3, branch=2, expand=2)
+    drafter = make_drafter(name, target, draft).replace(tree=tree, tree_mode=mode)
   prompts = jnp.tile(PROMPT, (ROWS, 1))
   lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
   spec = specjax.speculative_generate(
@@ -227,7 +230,7 @@ def test_tree_drafting_matches_target_law(pair, name, mode, sampling):
     drafter,
     prompts,
     lengths,
-    gamma=len(TREE),
+    gamma=6,
     max_new_tokens=NEW,
     sampling=sampling,
     key=jax.random.key(31),

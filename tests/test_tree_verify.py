@@ -27,6 +27,7 @@ import pytest
 import test_verify_exactness as chain
 
 from helpers import chisquare_pvalue
+from specjax.trees import RowTrees
 from specjax.verify import TreeVerifyResult, token_verify, tree_verify
 
 CASES = chain.CASES
@@ -521,3 +522,21 @@ def test_bad_inputs_raise_naming_the_argument(name, change):
   if isinstance(args[2], tuple):  # (a list cannot be a static argument)
     with pytest.raises(ValueError, match=f"^{name}"):  # raised while tracing, before compiling
       jit_tree_verify(*args[:5], mode=args[5])
+
+
+@pytest.mark.parametrize("mode", [*MODES, "greedy"])
+def test_per_row_trees_equal_the_static_tree(mode):
+  """`RowTrees` holding the same tree in every row decide exactly as the static
+  tuple (the per-row code path EAGLE-2's dynamic trees take)."""
+  parents = TREES["binary"]
+  b, n, v = 4096, len(parents), 4
+  keys = jax.random.split(jax.random.key(21), 4)
+  tokens = jax.random.randint(keys[0], (b, n), 0, v)
+  q = jax.nn.softmax(2 * jax.random.normal(keys[1], (b, n, v)))
+  p = jax.nn.softmax(2 * jax.random.normal(keys[2], (b, n + 1, v)))
+  rows = RowTrees(jnp.broadcast_to(jnp.array(parents), (b, n)), DEPTH)
+  static = tree_verify(keys[3], tokens, parents, q, p, mode)
+  dynamic = tree_verify(keys[3], tokens, rows, q, p, mode)
+  for a, d in zip(static, dynamic):
+    np.testing.assert_array_equal(a, d)
+  assert 0 < float(jnp.mean(static.num_accepted)) < DEPTH  # both outcomes occur

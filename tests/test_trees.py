@@ -55,7 +55,13 @@ def test_drafting_trees_must_be_breadth_first(draft):
     TreeDrafter(draft, TREE, tree_mode="top_k")
 
 
-def test_tree_attention_scores_every_path_as_a_sequence(target):
+# The block trees (s[-1] is node 0): TREE's for both rows, or a different tree per
+# row (`RowTrees`, as EAGLE-2 drafts).
+ROW_TREES = ((-1, 0, 0, 1, 2, 3), (-1, 0, 1, 1, 0, 4))
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["static", "per_row"])
+def test_tree_attention_scores_every_path_as_a_sequence(target, per_row):
   """One cached call over s[-1] + a tree (ragged prefixes) gives each node the
   logits of a plain forward over the prefix and the node's path."""
   b, width = 2, 6
@@ -63,18 +69,19 @@ def test_tree_attention_scores_every_path_as_a_sequence(target):
   lengths = jnp.array([6, 3])  # the prefix; its last token is the root
   cache = target.init_cache(b, 16)
   cache = target.forward_cached(tokens, cache)[1].with_lengths(lengths - 1)
-  nodes = jax.random.randint(jax.random.key(4), (b, len(TREE)), 0, 512)
+  row_trees = ROW_TREES if per_row else ((-1, *(u + 1 for u in TREE)),) * b
+  nodes = jax.random.randint(jax.random.key(4), (b, len(row_trees[0]) - 1), 0, 512)
   root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)
   block = jnp.concatenate([root, nodes], axis=1)
-  block_tree = (-1, *(u + 1 for u in TREE))
-  logits, out = target.forward_cached(block, cache, tree=(block_tree, 0))
+  layout = trees.RowTrees(jnp.array(row_trees), 4) if per_row else row_trees[0]
+  logits, out = target.forward_cached(block, cache, tree=(layout, 0))
   assert out.lengths.tolist() == (lengths - 1).tolist()  # a tree call does not advance
   # Every (row, node) path as one right-padded batch of plain sequences: one call.
-  visible = trees.ancestor_matrix(block_tree)
   seqs, ends = [], []
   for row in range(b):
+    visible = trees.ancestor_matrix(row_trees[row])
     prefix = np.asarray(tokens[row, : int(lengths[row]) - 1])
-    for j in range(len(block_tree)):
+    for j in range(len(row_trees[row])):
       seqs.append(np.concatenate([prefix, np.asarray(block[row])[visible[j]]]))
       ends.append(len(seqs[-1]) - 1)
   padded = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
@@ -125,17 +132,17 @@ def test_commit_leaves_caches_as_a_recompute_would(target, draft, prompts):
         np.testing.assert_allclose(got[row, :, :n], want[row, :, :n], atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["model", "medusa", "eagle"])
+@pytest.mark.parametrize("name", ["model", "medusa", "eagle", "eagle2"])
 def test_greedy_tree_decoding_is_the_targets_greedy_output(
   target, noisy_target, prompts, greedy_reference, name
 ):
-  drafter = (
-    TreeDrafter(noisy_target, TREE)
-    if name == "model"
-    else head_drafter(name, target, num_heads=3).replace(tree=TREE)
-    if name == "medusa"
-    else head_drafter(name, target).replace(tree=TREE)
-  )
+  drafter = {
+    "model": lambda: TreeDrafter(noisy_target, TREE),
+    "medusa": lambda: head_drafter("medusa", target, num_heads=3).replace(tree=TREE),
+    "eagle": lambda: head_drafter("eagle", target).replace(tree=TREE),
+    # EAGLE-2: 5 of 3 + 2 x 2 x 3 candidates, a tree per row
+    "eagle2": lambda: head_drafter("eagle", target).replace(tree=trees.DynamicTree(5, 3, 3, 2)),
+  }[name]()
   out = specjax.speculative_generate(
     target, drafter, *prompts, gamma=len(TREE), max_new_tokens=16, sampling=specjax.GREEDY
   )
@@ -161,3 +168,12 @@ def test_tree_drafters_refuse_what_does_not_apply(target, draft, prompts):
     run(adaptive="schedule")
   with pytest.raises(ValueError, match="depth <= 2"):
     head_drafter("medusa", target, num_heads=2).replace(tree=TREE)
+  with pytest.raises(ValueError, match="DynamicTree.branch must be an int >= 1, got 0"):
+    trees.DynamicTree(8, 3, branch=0)
+  with pytest.raises(ValueError, match="size <= branch"):
+    trees.DynamicTree(40, 2, branch=2, expand=2)
+  eagle2 = head_drafter("eagle", target).replace(tree=trees.DynamicTree(8, 3))
+  with pytest.raises(ValueError, match="gamma must equal the dynamic tree's size, 8"):
+    specjax.speculative_generate(
+      target, eagle2, *prompts, gamma=5, max_new_tokens=4, sampling=specjax.GREEDY
+    )

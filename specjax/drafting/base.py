@@ -17,8 +17,9 @@ children, settings static and fixed at construction) with three pure methods:
 and what generation asks of it instead of looking at its class:
 
   vocab_size              static, the ids its proposals are drawn from
-  tree                    static: None (chains), or the parents of the token
-                          tree it drafts (then gamma = its N nodes)
+  tree                    static: None (chains), the parents of the token tree
+                          it drafts, or a spec of per-row trees (EAGLE-2's
+                          `trees.DynamicTree`); gamma = its N nodes
   tree_mode               how a tree's siblings are drawn: "iid" or
                           "without_replacement" (`specjax.verify.tree_verify`)
   prefill_calls           model calls `init` spends (statistics)
@@ -59,7 +60,8 @@ class Proposal(NamedTuple):
     calls: scalar int32, model forward calls spent (for statistics).
     parents: None for a chain (token i continues token i - 1). A token tree
       (`Drafter.tree`) sets the static tuple of each node's parent (-1: it
-      continues s[-1]; `specjax.trees`); `probs[:, i]` is then the law node
+      continues s[-1]; `specjax.trees`), or `trees.RowTrees` (a tree per row,
+      parents `[B, g]` and a static depth); `probs[:, i]` is then the law node
       i was drawn from, its parent's q (all zero for a node the drafter could
       not fill), and `lengths` is g.
   """

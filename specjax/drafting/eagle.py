@@ -24,6 +24,16 @@ through the head with tree attention over its own cache, which predicts the
 node's feature and so its children's q (EAGLE's tree drafting with a static
 topology). The commit is unchanged: it rewrites the accepted path's pairs with
 the target's true features, consecutively.
+
+With `tree=trees.DynamicTree(size, depth, branch, expand)` it drafts EAGLE-2's
+dynamic trees: each depth expands the `expand` most valuable nodes with `branch`
+children, and the `size` most valuable of all candidates become the row's tree
+(`trees.RowTrees`, one per row, verified as any tree). A node's value is its
+parent's plus the log of the parent's rank-th largest draft probability: the
+cumulative draft log-probability at temperature 0, as in the paper, and a
+quantity that does not depend on the node's own drawn token when sampling. If it
+did (e.g. the drawn token's own probability), a kept node would no longer be a
+draw from q, and sampled verification would be biased.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from specjax.drafting.base import (
   VocabSubset,
   check_confidence,
 )
-from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_tree
+from specjax.drafting.tree import check_tree_gamma, check_tree_mode, children, draft_tree
 from specjax.models.heads import EagleHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -65,8 +75,9 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     head: the trained `EagleHead` for this target's shape.
     confidence: stop drafting a row when q's top probability falls below this.
     vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
-    tree: None (a chain of gamma tokens), or a static breadth-first token tree
-      (`specjax.trees`); then gamma is its number of nodes.
+    tree: None (a chain of gamma tokens), a static breadth-first token tree
+      (`specjax.trees`; gamma is its number of nodes), or a
+      `trees.DynamicTree` (EAGLE-2; gamma is its size).
     tree_mode: how a tree's siblings are drawn, "without_replacement" or "iid".
   """
 
@@ -84,7 +95,8 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     check_confidence(self.confidence)
     check_tree_mode(self.tree_mode)
     if self.tree is not None:
-      object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))
+      if not isinstance(self.tree, trees.DynamicTree):
+        object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))
       if self.confidence > 0:
         raise ValueError("confidence must be 0 with a tree (a tree is drafted whole).")
 
@@ -97,7 +109,16 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     return self.head.cfg.target_features
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
-    if self.tree is not None:
+    if isinstance(self.tree, trees.DynamicTree):
+      spec = self.tree
+      if gamma != spec.size:
+        raise ValueError(f"gamma must equal the dynamic tree's size, {spec.size}, got {gamma}.")
+      if (spec.depth - 1) * spec.expand > gamma + 1:
+        raise ValueError(
+          f"DynamicTree: (depth - 1) * expand = {(spec.depth - 1) * spec.expand} drafted "
+          f"pairs must fit the head cache's slack of size + 1 = {gamma + 1}."
+        )
+    elif self.tree is not None:
       check_tree_gamma(self.tree, gamma)
     check_capacity("eagle head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
 
@@ -131,6 +152,8 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     sampling: SamplingParams,
   ) -> tuple[Proposal, EagleState]:
     del recent  # the head's state already continues s
+    if isinstance(self.tree, trees.DynamicTree):
+      return self._propose_dynamic(state, key, sampling)
     if self.tree is not None:
       return self._propose_tree(state, key, sampling)
     b, g = limit.shape[0], gamma
@@ -196,6 +219,86 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     # As for a chain, the commit's head call is this iteration's last draft call.
     proposal = Proposal(tokens, probs, lengths, jnp.int32(calls + 1), self.tree)
     return proposal, state.replace(cache=cache["cache"])
+
+  def _propose_dynamic(self, state: EagleState, key: jax.Array, sampling: SamplingParams):
+    """EAGLE-2 (`trees.DynamicTree`): expand the most valuable nodes depth by depth,
+    then keep the best N of all candidates as this row's tree (`trees.RowTrees`).
+
+    Candidates are numbered depth by depth. The expanded nodes ("beams") go through
+    the head with tree attention over a scratch tree in its cache (their ancestors
+    are earlier beams); the commit rewrites the accepted path as for a chain.
+    """
+    spec, b, k = self.tree, state.next_feature.shape[0], self.tree.branch
+    keys = jax.random.split(key, spec.depth)
+    tokens, values, parents, law_ids, beam_of, laws = [], [], [], [], [], []
+
+    def add_children(logits, parent_values, parent_ids, key):
+      # logits [B, m, V] of m nodes -> their k children each, as one new group.
+      m, v = logits.shape[1:]
+      drawn, q = children(key, logits.reshape(b * m, v), k, sampling, self.tree_mode)
+      # A child's value reads its parent's law only: the rank-th largest probability.
+      ranked = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)[0]  # [B, m, k]
+      grid = (b, m, k)
+      tokens.append(drawn.reshape(b, m * k))
+      values.append((parent_values[:, :, None] + ranked).reshape(b, m * k))
+      parents.append(jnp.broadcast_to(parent_ids[:, :, None], grid).reshape(b, m * k))
+      first_law = sum(x.shape[1] for x in laws)
+      law_ids.append(
+        jnp.broadcast_to(first_law + jnp.arange(m)[None, :, None], grid).reshape(b, m * k)
+      )
+      beam_of.append(jnp.broadcast_to(jnp.arange(m)[None, :, None], grid).reshape(b, m * k))
+      laws.append(logits if q is None else q.reshape(b, m, v))
+
+    root = self._logits(state.next_feature)[:, None]  # [B, 1, V]
+    add_children(root, jnp.zeros((b, 1)), jnp.full((b, 1), -1, jnp.int32), keys[0])
+    width = (spec.depth - 1) * spec.expand
+    scratch = jnp.full((b, width), -1, jnp.int32)  # the beams' tree in the head's cache
+    cache, start, group_start = state.cache, 0, 0
+    predicted = state.next_feature[:, None]  # [B, m, D] of the last beams (root: 1)
+    last_slots = None
+    for step in range(1, spec.depth):
+      m = min(spec.expand, tokens[-1].shape[1])
+      pick = jax.lax.top_k(values[-1], m)[1]  # [B, m], local to the newest group
+      beam = jnp.take_along_axis(beam_of[-1], pick, 1)  # their parents among the last beams
+      features = jnp.take_along_axis(predicted, beam[:, :, None], 1)
+      if last_slots is not None:
+        scratch = scratch.at[:, start : start + m].set(jnp.take_along_axis(last_slots, beam, 1))
+      predicted, cache = self._pairs(
+        cache,
+        features,
+        jnp.take_along_axis(tokens[-1], pick, 1),
+        (trees.RowTrees(scratch, spec.depth - 1), start),
+      )
+      picked_values = jnp.take_along_axis(values[-1], pick, 1)
+      add_children(self._logits(predicted), picked_values, group_start + pick, keys[step])
+      last_slots = start + jnp.broadcast_to(jnp.arange(m)[None], (b, m))
+      group_start += tokens[-2].shape[1]
+      start += m
+
+    token, value, parent, law_id = (
+      jnp.concatenate(x, 1) for x in (tokens, values, parents, law_ids)
+    )
+    # The best N: a parent outranks its children and an elder sibling the younger
+    # (values never grow along a path or a sibling list; ties go to the lower index).
+    order = jnp.argsort(-value, axis=1, stable=True)[:, : spec.size]
+    rows = jnp.arange(b)[:, None]
+    position = jnp.full(token.shape, -1, jnp.int32).at[rows, order].set(jnp.arange(spec.size))
+    chosen_parent = jnp.take_along_axis(parent, order, 1)
+    tree_parents = jnp.where(
+      chosen_parent < 0, -1, jnp.take_along_axis(position, jnp.maximum(chosen_parent, 0), 1)
+    )
+    probs = None
+    if not sampling.greedy:
+      table = jnp.concatenate(laws, 1)  # [B, L, V]
+      probs = jnp.take_along_axis(table, jnp.take_along_axis(law_id, order, 1)[:, :, None], 1)
+    proposal = Proposal(
+      jnp.take_along_axis(token, order, 1),
+      probs,
+      jnp.full((b,), spec.size, jnp.int32),
+      jnp.int32(spec.depth),  # depth - 1 head calls, then the commit's
+      trees.RowTrees(tree_parents.astype(jnp.int32), spec.depth),
+    )
+    return proposal, state.replace(cache=cache)
 
   def commit(self, state: EagleState, commit: Commit) -> EagleState:
     start = commit.old_length - 1  # slot of s[-1]

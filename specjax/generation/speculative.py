@@ -28,6 +28,7 @@ from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, Spec
 from specjax.models.kv_cache import KVCache, cache_capacity, check_capacity, write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, warp_probs
+from specjax.trees import RowTrees
 from specjax.validation import check_positive_int, check_token_id
 from specjax.vocab import fit_ids, pad_vocab
 
@@ -121,7 +122,7 @@ def score(
   block: jax.Array,
   cache: KVCache,
   return_hidden: bool | tuple[int, ...] = False,
-  tree: tuple[int, ...] | None = None,
+  tree: tuple[int, ...] | RowTrees | None = None,
 ) -> tuple[jax.Array, KVCache, jax.Array | None]:
   """The target's logits at every position of `block [B, g+1]` in one call.
 
@@ -134,11 +135,19 @@ def score(
     the features a drafter asked for (`Drafter.target_features`); ids the
     target lacks are read as 0.
   """
-  layout = None if tree is None else ((-1, *(u + 1 for u in tree)), 0)
+  layout = None if tree is None else (block_tree(tree), 0)
   out = target.forward_cached(
     fit_ids(block, target.cfg.vocab_size), cache, return_hidden=return_hidden, tree=layout
   )
   return out[0], out[1], out[2] if return_hidden is not False else None
+
+
+def block_tree(tree: tuple[int, ...] | RowTrees) -> tuple[int, ...] | RowTrees:
+  """The scored block's tree: s[-1] (the root, node 0), then the drafted nodes."""
+  if isinstance(tree, RowTrees):
+    root = jnp.full((tree.parents.shape[0], 1), -1, jnp.int32)
+    return RowTrees(jnp.concatenate([root, tree.parents + 1], axis=1), tree.depth + 1)
+  return (-1, *(u + 1 for u in tree))
 
 
 def verify_tree(

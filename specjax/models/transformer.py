@@ -26,7 +26,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, write_rows
-from specjax.trees import tree_attention
+from specjax.trees import RowTrees, tree_attention
 
 _NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
 
@@ -281,10 +281,9 @@ def _layout(cfg: ModelConfig, cache: KVCache, t: int, tree) -> tuple[jax.Array, 
     positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     return cache.lengths, positions, attention_mask(cfg, positions, slots)
   parents, start = tree
-  if start + t > len(parents):
-    raise ValueError(
-      f"tree nodes {start}..{start + t - 1} do not exist in a tree of {len(parents)} nodes."
-    )
+  n = parents.parents.shape[1] if isinstance(parents, RowTrees) else len(parents)
+  if start + t > n:
+    raise ValueError(f"tree nodes {start}..{start + t - 1} do not exist in a tree of {n} nodes.")
   return tree_attention(
     cache.lengths, cache.capacity, parents, start, start + t, cfg.sliding_window
   )

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.sampling import sample_with_uniform
-from specjax.trees import check_parents, tree_depths
+from specjax.trees import RowTrees, check_parents, row_depths, tree_depths
 from specjax.verify.base import _shape, check_key
 
 MODES = ("iid", "without_replacement", "greedy")
@@ -78,14 +78,24 @@ def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
   """Checks mode, tree and shapes at trace time; returns (parents, B, N, V)."""
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
-  parents = check_parents(parents)
   tokens_shape = _shape("tree_tokens", tree_tokens)
   if len(tokens_shape) != 2 or not np.issubdtype(tree_tokens.dtype, np.integer):
     raise ValueError(
       f"tree_tokens must be an integer array [B, N], got {tree_tokens.dtype}{list(tokens_shape)}."
     )
   b, n = tokens_shape
-  if len(parents) != n:
+  if isinstance(parents, RowTrees):
+    shape = _shape("parents.parents", parents.parents)
+    if shape != (b, n) or not jnp.issubdtype(parents.parents.dtype, jnp.integer):
+      raise ValueError(
+        f"parents.parents must be an integer array [B={b}, N={n}] (one tree per row), "
+        f"got {parents.parents.dtype}{list(shape)}."
+      )
+    if isinstance(parents.depth, bool) or not isinstance(parents.depth, int) or parents.depth < 1:
+      raise ValueError(f"parents.depth must be a static int >= 1, got {parents.depth!r}.")
+  else:
+    parents = check_parents(parents)
+  if not isinstance(parents, RowTrees) and len(parents) != n:
     raise ValueError(
       f"parents must have one entry per node: len(parents) = N = {n} (tree_tokens "
       f"{list(tokens_shape)}), got {len(parents)}."
@@ -157,6 +167,9 @@ def tree_verify(
       in mode "greedy").
     tree_tokens: `[B, N]` int32, the token of each node.
     parents: static tuple of N ints, node i's parent (-1: the root); parents[i] < i.
+      Or `specjax.trees.RowTrees(parents [B, N], depth)`: a tree per row (dynamic
+      drafting); a node whose parent does not come before it, or deeper than
+      `depth`, is never accepted.
     draft_probs: `[B, N, V]`, row i the law node i's token was drawn from (its
       parent's q; siblings share it). Mode "greedy" needs no law (None allowed);
       if given, a node with q(x) = 0 is never accepted, as in `greedy_verify`.
@@ -172,8 +185,13 @@ def tree_verify(
     target_probs, key) when it is out of range or shapes disagree.
   """
   parents, b, n, v = _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode)
-  depths = tree_depths(parents)
-  depth = max(depths, default=0)
+  rows = isinstance(parents, RowTrees)  # a tree per row, else one static tree
+  if rows:
+    depths, depth = row_depths(parents), parents.depth
+    row_parents = parents.parents.astype(jnp.int32)
+  else:
+    depths = tree_depths(parents)
+    depth = max(depths, default=0)
   in_vocab = (tree_tokens >= 0) & (tree_tokens < v)
   tokens = jnp.where(in_vocab, tree_tokens, 0).astype(jnp.int32)  # safe to gather with
   if draft_probs is None:
@@ -197,20 +215,27 @@ def tree_verify(
   current = jnp.full((b,), -1, jnp.int32)  # the deepest accepted node, -1: the root
   path = [jnp.full((b,), -1, jnp.int32) for _ in range(depth)]
   for c in range(n):
-    parent = parents[c]
+    parent = row_parents[:, c] if rows else parents[c]
     # Only rows standing at c's parent try c: an accepted earlier sibling moved on,
     # and every child of the current node comes after it in index order.
     tried = current == parent
     x = tokens[:, c]
     q_c = None if q is None else q[:, c]
-    if mode == "without_replacement":
+    if mode == "without_replacement" and rows and c:
+      # The earlier siblings in each row (-1 elsewhere, which _without drops).
+      same = row_parents[:, :c] == parent[:, None]
+      q_c = _without(q_c, jnp.where(same, tree_tokens[:, :c], -1))
+    elif mode == "without_replacement" and not rows:
       earlier = [s for s in range(c) if parents[s] == parent]
       if earlier:
         q_c = _without(q_c, tree_tokens[:, earlier])
     q_x = None if q_c is None else _gather(q_c, x)
     valid = valid_row[:, c] if q_x is None else valid_row[:, c] & (q_x > 0)
+    if rows:  # a node whose parent is not before it, or too deep, is never accepted
+      valid &= depths[:, c] <= depth
     if mode == "greedy":
-      accept = tried & valid & (x == best[:, parent + 1])
+      after_parent = best[:, parent + 1] if not rows else _gather(best, parent + 1)
+      accept = tried & valid & (x == after_parent)
     else:
       accept = tried & valid & (u[:, c] * q_x < _gather(law, x))  # u < p/q without dividing
       reject = tried & ~accept
@@ -218,7 +243,11 @@ def tree_verify(
       law = jnp.where(accept[:, None], p[:, c + 1], jnp.where(reject[:, None], residual, law))
       law_is_residual = (law_is_residual | reject) & ~accept
     current = jnp.where(accept, c, current)
-    path[depths[c] - 1] = jnp.where(accept, c, path[depths[c] - 1])
+    if rows:
+      level = jnp.arange(depth)[None, :] == depths[:, c : c + 1] - 1  # [B, D]
+      path = [jnp.where(accept & level[:, d], c, path[d]) for d in range(depth)]
+    else:
+      path[depths[c] - 1] = jnp.where(accept, c, path[depths[c] - 1])
 
   path = jnp.stack(path, axis=1) if depth else jnp.zeros((b, 0), jnp.int32)
   num_accepted = jnp.sum(path >= 0, axis=1).astype(jnp.int32)
