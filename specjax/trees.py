@@ -73,11 +73,11 @@ class DynamicTree:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"DynamicTree.{name} must be an int >= 1, got {value!r}.")
-    if self.depth < 2 or self.size > self.branch + (self.depth - 1) * self.expand * self.branch:
+    most = self.branch + (self.depth - 1) * self.expand * self.branch
+    if not 2 <= self.depth <= self.size or self.size > most:
       raise ValueError(
-        f"DynamicTree: depth must be >= 2 and size <= branch + (depth - 1) * expand * "
-        f"branch = {self.branch + (self.depth - 1) * self.expand * self.branch}, got "
-        f"depth {self.depth}, size {self.size}."
+        f"DynamicTree: depth must be in [2, size] and size <= branch + (depth - 1) * "
+        f"expand * branch = {most}, got depth {self.depth}, size {self.size}."
       )
 
 

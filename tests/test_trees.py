@@ -172,6 +172,8 @@ def test_tree_drafters_refuse_what_does_not_apply(target, draft, prompts):
     trees.DynamicTree(8, 3, branch=0)
   with pytest.raises(ValueError, match="size <= branch"):
     trees.DynamicTree(40, 2, branch=2, expand=2)
+  with pytest.raises(ValueError, match=r"depth must be in \[2, size\]"):
+    trees.DynamicTree(4, 6)
   eagle2 = head_drafter("eagle", target).replace(tree=trees.DynamicTree(8, 3))
   with pytest.raises(ValueError, match="gamma must equal the dynamic tree's size, 8"):
     specjax.speculative_generate(

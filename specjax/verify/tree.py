@@ -91,8 +91,10 @@ def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
         f"parents.parents must be an integer array [B={b}, N={n}] (one tree per row), "
         f"got {parents.parents.dtype}{list(shape)}."
       )
-    if isinstance(parents.depth, bool) or not isinstance(parents.depth, int) or parents.depth < 1:
-      raise ValueError(f"parents.depth must be a static int >= 1, got {parents.depth!r}.")
+    depth = parents.depth
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= n:
+      # A path never has more nodes than the tree; the commit writes depth + 1 slots.
+      raise ValueError(f"parents.depth must be a static int in [1, N={n}], got {depth!r}.")
   else:
     parents = check_parents(parents)
   if not isinstance(parents, RowTrees) and len(parents) != n:
