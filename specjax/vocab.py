@@ -14,11 +14,14 @@ import jax
 import jax.numpy as jnp
 
 
-def pad_vocab(probs: jax.Array, vocab_size: int) -> jax.Array:
-  """Zero-pads probabilities `[..., V_model]` to `[..., vocab_size]` (a model's law
-  over a larger shared vocabulary: ids it lacks get probability 0)."""
+def pad_vocab(probs: jax.Array, vocab_size: int, fill: float = 0.0) -> jax.Array:
+  """Pads probabilities `[..., V_model]` to `[..., vocab_size]` with `fill` (a model's
+  law over a larger shared vocabulary: ids it lacks get probability 0; for logits
+  pass fill=-inf, so they are never an argmax)."""
   extra = vocab_size - probs.shape[-1]
-  return jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, extra)]) if extra else probs
+  if not extra:
+    return probs
+  return jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, extra)], constant_values=fill)
 
 
 def fit_ids(tokens: jax.Array, vocab_size: int) -> jax.Array:

@@ -167,9 +167,7 @@ def verify_tree(
     `(path [B, D], n [B], next_token [B])`.
   """
   if sampling.greedy:
-    extra = vocab_size - logits.shape[-1]
-    if extra:  # ids the target lacks are never its argmax
-      logits = jnp.pad(logits, ((0, 0), (0, 0), (0, extra)), constant_values=-jnp.inf)
+    logits = pad_vocab(logits, vocab_size, fill=-jnp.inf)  # ids the target lacks: never argmax
     q = None if proposal.probs is None else proposal_probs(proposal, vocab_size)
     return verify_lib.tree_verify(None, proposal.tokens, proposal.parents, q, logits, "greedy")
   p = pad_vocab(warp_probs(logits, sampling), vocab_size)
@@ -207,9 +205,7 @@ def verifier_inputs(
   g = proposal.tokens.shape[1]
   proposed = jnp.arange(g)[None, :] < proposal.lengths[:, None]
   tokens = jnp.where(proposed, proposal.tokens, -1)
-  extra = vocab_size - logits.shape[-1]
-  if extra:
-    logits = jnp.pad(logits, ((0, 0), (0, 0), (0, extra)), constant_values=-jnp.inf)
+  logits = pad_vocab(logits, vocab_size, fill=-jnp.inf)
   q = None if proposal.probs is None else proposal_probs(proposal, vocab_size)
   return tokens, q, logits
 
