@@ -7,6 +7,8 @@ Public surface:
                                               -- verification rules (specjax.verify)
   drafting.NGramDrafter, drafting.layer_skip  -- drafters besides a draft model
   trees, drafting.TreeDrafter, verify.tree_verify -- token trees
+  drafting.CrossTokenizerDrafter, string_level_generate, vocab_map
+                                              -- drafts with another tokenizer
   pretrained.load_pair                        -- the bundled trained pair
                                                  (`from specjax import pretrained`)
   distributed.make_mesh, distributed.shard_model -- meshes and placement (specjax.distributed)
@@ -21,7 +23,7 @@ import jax as _jax
 # same samples as one device for the same key (the default in recent JAX).
 _jax.config.update("jax_threefry_partitionable", True)
 
-from specjax import distributed, drafting, theory, trees, verify
+from specjax import distributed, drafting, theory, trees, verify, vocab_map
 from specjax.generation import (
   GenerateOutput,
   SpecConfig,
@@ -30,6 +32,7 @@ from specjax.generation import (
   autoregressive_generate,
   speculative_generate,
   speculative_step,
+  string_level_generate,
 )
 from specjax.models import KVCache, ModelConfig, Transformer
 from specjax.sampling import GREEDY, SamplingParams, warp_probs
@@ -49,10 +52,12 @@ __all__ = [
   "autoregressive_generate",
   "speculative_generate",
   "speculative_step",
+  "string_level_generate",
   "theory",
   "trees",
   "verify",
   "warp_probs",
   "distributed",
   "drafting",
+  "vocab_map",
 ]

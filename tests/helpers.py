@@ -116,3 +116,13 @@ def sequence_counts(tokens, vocab_size: int) -> np.ndarray:
   tokens = np.asarray(tokens)
   flat = np.ravel_multi_index(tuple(tokens.T), (vocab_size,) * tokens.shape[1])
   return np.bincount(flat, minlength=vocab_size ** tokens.shape[1])
+
+
+def word_tokenizer(words, specials=()):
+  """A `tokenizers.Tokenizer` of whole strings (no pre-tokenizer), ids in the order
+  of `words`, those in `specials` marked special; unknown text is words[0]."""
+  from tokenizers import Tokenizer, models
+
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+  tok.add_special_tokens(list(specials))
+  return tok

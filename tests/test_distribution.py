@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import chisquare_pvalue, make_drafter, sequence_counts
+from helpers import chisquare_pvalue, make_drafter, sequence_counts, word_tokenizer
 
 V, ROWS, NEW = 8, 30_000, 3
 PROMPT = jnp.array([1, 5, 2, 7], jnp.int32)
@@ -238,4 +238,34 @@ def test_tree_drafting_matches_target_law(pair, name, mode, sampling):
   # Verification really decides: some first iterations keep a node, some none.
   accepted = np.asarray(spec.stats.accepted_at_position)
   assert 0 < accepted[0] < ROWS, accepted
+  assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_cross_tokenizer_drafting_matches_target_law(pair, verifier):
+  """TLI with a draft whose tokenizer shares "a", "b", "ab", "ca" with the
+  target's (same ids) and has "x", "y", "xy" of its own; the target's "c", "bc",
+  "abc" are spelled from draft ids (the draft lacks "c": fed as its first
+  special). q is the draft's law restricted to the shared ids."""
+  target, draft = pair
+  specials = ["<eos>"]
+  target_tok = word_tokenizer(["<eos>", "a", "b", "c", "ab", "bc", "ca", "abc"], specials)
+  draft_tok = word_tokenizer(["<eos>", "a", "b", "x", "ab", "y", "ca", "xy"], specials)
+  drafter = specjax.drafting.CrossTokenizerDrafter(draft, draft_tok, target_tok)
+  assert drafter.shared == 4 and drafter.max_expansion == 2
+  sampling = specjax.SamplingParams(temperature=1.0)
+  spec = specjax.speculative_generate(
+    target,
+    drafter,
+    jnp.tile(PROMPT, (ROWS, 1)),
+    jnp.full((ROWS,), len(PROMPT), jnp.int32),
+    gamma=2,
+    max_new_tokens=NEW,
+    sampling=sampling,
+    key=jax.random.key(21),
+    verifier=verifier,
+  )
+  rate = float(spec.stats.acceptance_rate)
+  # The restricted law agrees less often (half the ids are not shared).
+  assert 0.03 < rate < 0.95, f"draft should agree sometimes, not always: {rate}"
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3

@@ -6,6 +6,9 @@
   EagleDrafter(target, head)    EAGLE: a head autoregressing over the target's features
   MedusaDrafter(target, heads)  Medusa: K heads on the last feature, one call per draft
   EarlyExitDrafter(target, a)   the target's first layers + a trained adapter + its head
+  CrossTokenizerDrafter(draft, draft_tok, target_tok)
+                                a draft model of another tokenizer, drafting the
+                                tokens both vocabularies share (TLI)
   TreeDrafter(model, tree)      a draft model drafting a token tree (`specjax.trees`);
                                 EagleDrafter and MedusaDrafter take `tree=` too
 
@@ -14,6 +17,7 @@ plain `Transformer` into a `ModelDrafter`.
 """
 
 from specjax.drafting.base import Commit, Drafter, DrafterBase, Proposal, proposal_probs
+from specjax.drafting.cross_tokenizer import CrossTokenizerDrafter
 from specjax.drafting.eagle import EagleDrafter
 from specjax.drafting.early_exit import EarlyExitDrafter
 from specjax.drafting.medusa import MedusaDrafter
@@ -23,6 +27,7 @@ from specjax.drafting.tree import TreeDrafter
 
 __all__ = [
   "Commit",
+  "CrossTokenizerDrafter",
   "Drafter",
   "DrafterBase",
   "EagleDrafter",

@@ -27,6 +27,8 @@ and what generation asks of it instead of looking at its class:
                           norm) or a tuple of layer counts (EAGLE-3 fusion); the
                           `return_hidden` of the target's calls, see `init`/`commit`
   check_capacity(prompt_width, max_new_tokens, gamma)   raises before compiling
+  check_target(target)    optional; raises before compiling when the drafter
+                          cannot serve this target (e.g. a tokenizer mismatch)
   with_confidence(threshold) -> drafter   the adaptive "confidence" draft length
 
 `DrafterBase` gives the defaults of a model-free drafter. The state is any

@@ -64,7 +64,7 @@ class CachedDrafting(ConfidenceLength):
     greedy = sampling.greedy
     # One random-bit computation for the whole proposal: a uniform per draw.
     uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
-    logits, state = self._forward(recent, state, jnp.ones((b, 1), jnp.int32))
+    logits, state = self._feed_recent(recent, state, g)
 
     def draw(i, logits, tokens, probs, active):
       active = active & (i < limit)
@@ -97,6 +97,12 @@ class CachedDrafting(ConfidenceLength):
       cond, body, (jnp.int32(1), token, state, tokens, probs, active, lengths)
     )
     return Proposal(tokens, probs, lengths, calls=i), state
+
+  def _feed_recent(self, recent: jax.Array, state, gamma: int):
+    """The first call of an iteration: feeds `recent [B, 2]`, returns the logits
+    after s[-1], `[B, 1, V]` (and the state)."""
+    del gamma
+    return self._forward(recent, state, jnp.ones((recent.shape[0], 1), jnp.int32))
 
   def commit(self, state, commit: Commit):
     # Holds s'[:-2] for rows that go on; stopped rows keep s[:-2] (in bounds).

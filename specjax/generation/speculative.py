@@ -392,6 +392,8 @@ def speculative_generate(
   pad_id = validation.check_pad_id(pad_id)
   check_capacity("target", tcfg.max_seq_len, width, max_new_tokens, gamma)
   drafter.check_capacity(width, max_new_tokens, gamma)
+  if hasattr(drafter, "check_target"):  # e.g. a draft with a tokenizer of its own
+    drafter.check_target(target)
   if adaptive not in ADAPTIVE:
     raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
   tree = getattr(drafter, "tree", None)

@@ -1,0 +1,357 @@
+"""String-level exact match (SLEM): a draft of another tokenizer drafts text.
+
+Timor et al. 2025 (arXiv 2502.05202), SLEM; Hugging Face's universal assisted
+generation. Each iteration:
+  1. the host re-encodes the committed text with the draft's tokenizer and
+     feeds the draft what changed (its cache rolls back to the longest common
+     prefix of what it holds and the new encoding);
+  2. the draft generates `draft_tokens` of its own ids (one jitted call);
+  3. the host decodes them to text, encodes the last `window` committed target
+     tokens' text plus that text with the target's tokenizer, and proposes the
+     target ids after the window; when the window re-encodes differently (the
+     committed ids are not the tokenizer's own spelling, or the draft's text
+     would merge into a committed token) it proposes the drafted text's own
+     encoding;
+  4. `speculative_step`, jitted, verifies the proposal as a deterministic one
+     (q one-hot at each token) and commits.
+
+A deterministic proposal drawn independently of the verifier's randomness is
+verified exactly at any temperature (accept x with probability p(x), else sample
+the residual p with x removed), so the output has the target's law, and at
+temperature 0 it is the target's greedy decoding. The cost is a host round
+trip per iteration (steps 1 and 3); `StringLevelOutput.timings` measures it.
+`specjax.drafting.CrossTokenizerDrafter` (TLI) stays inside one jitted loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.drafting.base import DrafterBase, Proposal
+from specjax.generation import validation
+from specjax.generation.common import finalize, zero_padding
+from specjax.generation.speculative import init_state, speculative_step
+from specjax.generation.state import SpecConfig, SpeculativeStats
+from specjax.models.kv_cache import KVCache, check_capacity
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams, sample_tokens
+from specjax.validation import check_positive_int, check_token_id
+from specjax.vocab_map import backend_of, token_bytes
+
+
+class StringLevelOutput(NamedTuple):
+  """`GenerateOutput`'s fields plus where the time went.
+
+  Attributes:
+    tokens: `[B, max_new_tokens]` int32 target ids (pad_id past num_generated).
+    num_generated: `[B]` int32.
+    stats: `SpeculativeStats` (draft_calls counts the draft's jitted calls' model calls).
+    timings: {"iterations", "host_seconds", "draft_seconds", "verify_seconds",
+      "host_ms_per_iteration"}: host re-tokenisation against the two models' calls.
+  """
+
+  tokens: jax.Array
+  num_generated: jax.Array
+  stats: SpeculativeStats
+  timings: dict[str, float]
+
+
+@struct.dataclass
+class GivenProposal(DrafterBase):
+  """A drafter whose proposal was made outside the loop: its state is the
+  proposal, `(tokens [B, gamma], lengths [B])`, which the host sets before each
+  `speculative_step`. Deterministic (q one-hot)."""
+
+  gamma: int = struct.field(pytree_node=False)
+  vocab_size: int = struct.field(pytree_node=False)
+
+  def init(self, prompts, prompt_lengths, first, capacity, hidden=None):
+    b = prompts.shape[0]
+    return jnp.zeros((b, self.gamma), jnp.int32), jnp.zeros((b,), jnp.int32)
+
+  def propose(self, state, recent, key, limit, *, gamma, sampling):
+    tokens, lengths = state
+    return Proposal(tokens, None, jnp.minimum(lengths, limit), calls=jnp.int32(0)), state
+
+  def commit(self, state, commit):
+    return state
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _init(target, drafter, prompts, prompt_lengths, key, *, config):
+  return init_state(
+    target, drafter, zero_padding(prompts, prompt_lengths), prompt_lengths, key, config
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _step(target, drafter, state, *, config):
+  return speculative_step(target, drafter, state, config)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "sampling"))
+def _draft(
+  draft: Transformer,
+  cache: KVCache,
+  feed: jax.Array,
+  feed_lengths: jax.Array,
+  key: jax.Array,
+  *,
+  steps: int,
+  sampling: SamplingParams,
+) -> tuple[jax.Array, KVCache]:
+  """Feeds `feed [B, W]` (row b's first `feed_lengths[b]` >= 1 ids) after each row's
+  cache, then generates `steps` ids: `([B, steps] draft ids, cache)`, the cache
+  holding all but the last generated id."""
+  logits, cache = draft.forward_cached(feed, cache, (feed_lengths - 1)[:, None])
+  cache = cache.with_lengths(cache.lengths - feed.shape[1] + feed_lengths)
+  keys = jax.random.split(key, steps)
+  first, _ = sample_tokens(keys[0], logits[:, 0], sampling)
+
+  def body(i, carry):
+    tokens, cache = carry
+    logits, cache = draft.forward_cached(tokens[:, i - 1][:, None], cache)
+    token, _ = sample_tokens(keys[i], logits[:, 0], sampling)
+    return tokens.at[:, i].set(token), cache
+
+  tokens = jnp.zeros((feed.shape[0], steps), jnp.int32).at[:, 0].set(first)
+  return jax.lax.fori_loop(1, steps, body, (tokens, cache))
+
+
+def _text(pieces: list[bytes | None], ids) -> bytes:
+  """The bytes of `ids` (ids with no text, e.g. specials, add nothing)."""
+  return b"".join(pieces[i] or b"" if 0 <= i < len(pieces) else b"" for i in ids)
+
+
+def _bucket(width: int) -> int:
+  """Feed widths rounded up to a power of two (>= 8): few compiled shapes."""
+  return max(8, 1 << (int(width) - 1).bit_length())
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+  n = 0
+  for x, y in zip(a, b):
+    if x != y:
+      break
+    n += 1
+  return n
+
+
+class _DraftSide:
+  """The draft's host-side state: what each row's cache holds, in draft ids."""
+
+  def __init__(self, draft, tokenizer, batch: int, capacity: int):
+    self.draft = draft
+    self.backend = backend_of(tokenizer)
+    self.pieces = token_bytes(tokenizer)
+    self.cache = draft.init_cache(batch, capacity)
+    self.held: list[list[int]] = [[] for _ in range(batch)]
+    self.calls = 0
+    self.seconds = 0.0  # in the draft's jitted calls
+
+  def continue_texts(self, texts: list[bytes], active, key, steps, sampling) -> list[bytes]:
+    """Row b's draft continuation of `texts[b]` (b"" for rows that are not active or
+    would outgrow the draft's cache)."""
+    encodings = self.backend.encode_batch(
+      [t.decode("utf-8", errors="ignore") for t in texts], add_special_tokens=False
+    )
+    capacity = self.cache.capacity
+    held, keeps = [], []
+    for b, enc in enumerate(encodings):
+      ids = list(enc.ids) or [0]
+      held.append(ids)
+      # Feed at least one id: the logits after the last one start the draft.
+      keeps.append(min(_common_prefix(self.held[b], ids), len(ids) - 1))
+    fits = [bool(active[b]) and len(ids) + steps <= capacity for b, ids in enumerate(held)]
+    width = min(
+      capacity,
+      _bucket(max((len(ids) - k for ids, k, ok in zip(held, keeps, fits) if ok), default=1)),
+    )
+    # The call writes `width` slots from each row's start; a row that does not fit
+    # writes at slot 0 and drafts nothing.
+    fits = [ok and k + width <= capacity for ok, k in zip(fits, keeps)]
+    feed = np.zeros((len(held), width), np.int32)
+    lengths = np.ones((len(held),), np.int32)
+    starts = np.zeros((len(held),), np.int32)
+    for b, (ids, k, ok) in enumerate(zip(held, keeps, fits)):
+      self.held[b] = ids if ok else []
+      if ok:
+        feed[b, : len(ids) - k] = ids[k:]
+        lengths[b], starts[b] = len(ids) - k, k
+    t0 = time.perf_counter()
+    tokens, self.cache = _draft(
+      self.draft,
+      self.cache.with_lengths(jnp.asarray(starts)),
+      jnp.asarray(feed),
+      jnp.asarray(lengths),
+      key,
+      steps=steps,
+      sampling=sampling,
+    )
+    tokens = np.asarray(tokens)
+    self.seconds += time.perf_counter() - t0
+    self.calls += steps
+    out = []
+    for b in range(len(texts)):
+      if not fits[b]:
+        out.append(b"")
+        continue
+      self.held[b] = self.held[b] + tokens[b, :-1].tolist()
+      ids = tokens[b].tolist()
+      ends = [k for k, i in enumerate(ids) if i >= len(self.pieces) or self.pieces[i] is None]
+      out.append(_text(self.pieces, ids[: ends[0]] if ends else ids))
+    return out
+
+
+def _propose(backend, pieces, committed: list[int], drafted: bytes, window: int, gamma: int):
+  """At most `gamma` target ids continuing `committed` that spell the start of
+  `drafted` (step 3 of the module docstring)."""
+  if not drafted:
+    return []
+  tail = committed[-window:]
+  for k in range(len(tail) - 1, -1, -1):  # no special token inside the window
+    if tail[k] >= len(pieces) or pieces[tail[k]] is None:
+      tail = tail[k + 1 :]
+      break
+  text = (_text(pieces, tail) + drafted).decode("utf-8", errors="ignore")
+  ids = backend.encode(text, add_special_tokens=False).ids
+  if ids[: len(tail)] == tail:
+    return ids[len(tail) : len(tail) + gamma]
+  # The committed tail is not how the target's tokenizer would spell it (a model's
+  # output need not be canonical): the drafted text's own encoding.
+  return backend.encode(drafted.decode("utf-8", errors="ignore"), add_special_tokens=False).ids[
+    :gamma
+  ]
+
+
+def string_level_generate(
+  target: Transformer,
+  draft: Transformer,
+  draft_tokenizer: Any,
+  target_tokenizer: Any,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams = SamplingParams(),
+  key: jax.Array | None = None,
+  eos_id: int | None = None,
+  pad_id: int = 0,
+  verifier: str = "auto",
+  draft_tokens: int | None = None,
+  window: int = 8,
+) -> StringLevelOutput:
+  """Exact speculative decoding with a draft of another tokenizer, through text.
+
+  Args:
+    target, draft: `specjax.Transformer`s; each model's vocab_size must cover
+      its tokenizer.
+    draft_tokenizer, target_tokenizer: `tokenizers.Tokenizer` or `specjax.data.Tokenizer`.
+    prompts: `[B, P]` int32 target ids, right-padded; prompt_lengths `[B]` in [1, P].
+    gamma: most target tokens proposed per iteration (>= 1).
+    max_new_tokens, sampling, key, eos_id, pad_id: as in `speculative_generate`.
+    verifier: "auto" (greedy at temperature 0, else token), "token" or "block".
+    draft_tokens: draft ids generated per iteration (>= 1); None = gamma + gamma // 2
+      (a smaller vocabulary needs more ids for the same text).
+    window: committed target tokens re-encoded with the draft's text (>= 1), so
+      a token boundary the draft's text moves is caught.
+
+  Returns:
+    `StringLevelOutput(tokens [B, max_new_tokens], num_generated [B], stats, timings)`.
+  """
+  from specjax.vocab_map import build_vocab_map
+
+  gamma = check_positive_int("gamma", gamma)
+  max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+  draft_tokens = check_positive_int(
+    "draft_tokens", gamma + gamma // 2 if draft_tokens is None else draft_tokens
+  )
+  window = check_positive_int("window", window)
+  if not isinstance(draft, Transformer):
+    raise ValueError(f"draft must be a specjax.Transformer, got {type(draft).__name__}.")
+  # Size checks of both tokenizers against their models (the tables are unused).
+  build_vocab_map(draft_tokenizer, target_tokenizer, draft.cfg.vocab_size, target.cfg.vocab_size)
+  validation.check_sampling(sampling, target.cfg.vocab_size)
+  batch, width = validation.check_prompts(prompts, prompt_lengths, target.cfg.vocab_size)
+  eos_id = check_token_id("eos_id", eos_id, target.cfg.vocab_size)
+  pad_id = validation.check_pad_id(pad_id)
+  capacity = check_capacity("target", target.cfg.max_seq_len, width, max_new_tokens, gamma)
+  if verifier == "auto":
+    verifier = "greedy" if sampling.greedy else "token"
+  elif verifier not in ("token", "block"):
+    raise ValueError(f"verifier must be 'auto', 'token' or 'block', got {verifier!r}.")
+  key = validation.check_key(key, sampling)
+  if key is None:
+    key = jax.random.key(0)  # greedy: no draw reads it
+  draft_key, key = jax.random.split(key)
+
+  config = SpecConfig(
+    gamma=gamma,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    verifier=verifier,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    adaptive=None,
+  )
+  given = GivenProposal(gamma=gamma, vocab_size=target.cfg.vocab_size)
+  prompts = np.asarray(prompts, np.int32)
+  lengths = np.asarray(prompt_lengths, np.int32)
+  target_backend = backend_of(target_tokenizer)
+  target_pieces = token_bytes(target_tokenizer)
+  committed = [prompts[b, : lengths[b]].tolist() for b in range(batch)]
+  side = _DraftSide(
+    draft, draft_tokenizer, batch, min(draft.cfg.max_seq_len, 4 * capacity + draft_tokens)
+  )
+
+  timings = dict(host_seconds=0.0, draft_seconds=0.0, verify_seconds=0.0)
+  state = _init(target, given, jnp.asarray(prompts), jnp.asarray(lengths), key, config=config)
+  generated = np.ones((batch,), np.int64)
+  first = np.asarray(state.tokens[:, 0])
+  for b in range(batch):
+    committed[b].append(int(first[b]))
+  done = np.asarray(state.done)
+  iteration = 0
+  while not done.all():
+    t0 = time.perf_counter()
+    texts = [_text(target_pieces, ids) for ids in committed]
+    drafted = side.continue_texts(
+      texts, ~done, jax.random.fold_in(draft_key, iteration), draft_tokens, sampling
+    )
+    proposal = np.zeros((batch, gamma), np.int32)
+    proposed = np.zeros((batch,), np.int32)
+    for b in range(batch):
+      ids = _propose(target_backend, target_pieces, committed[b], drafted[b], window, gamma)
+      ids = [i for i in ids if i < target.cfg.vocab_size][:gamma]
+      proposal[b, : len(ids)] = ids
+      proposed[b] = len(ids)
+    t1 = time.perf_counter()
+    state = state.replace(drafter_state=(jnp.asarray(proposal), jnp.asarray(proposed)))
+    state = _step(target, given, state, config=config)
+    tokens, new_generated, done = jax.device_get((state.tokens, state.num_generated, state.done))
+    t2 = time.perf_counter()
+    for b in range(batch):
+      committed[b].extend(tokens[b, generated[b] : new_generated[b]].tolist())
+    generated = new_generated
+    timings["host_seconds"] += time.perf_counter() - t0 - (t2 - t1)
+    timings["verify_seconds"] += t2 - t1
+    iteration += 1
+  timings["draft_seconds"] = side.seconds
+  timings["host_seconds"] -= side.seconds
+  timings["iterations"] = iteration
+  timings["host_ms_per_iteration"] = 1e3 * timings["host_seconds"] / max(1, iteration)
+  stats = state.stats.replace(draft_calls=jnp.int32(side.calls))
+  return StringLevelOutput(
+    tokens=finalize(state.tokens, state.num_generated, max_new_tokens, pad_id),
+    num_generated=state.num_generated,
+    stats=stats,
+    timings=timings,
+  )

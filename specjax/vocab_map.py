@@ -1,0 +1,278 @@
+"""Two tokenizers' vocabularies mapped onto each other, for drafting across tokenizers.
+
+Two ids are the same token only when they stand for the same text. This module
+reads each id's bytes from a `tokenizers` tokenizer and builds the static tables
+`specjax.drafting.CrossTokenizerDrafter` needs inside the jitted loop:
+
+  token_bytes(tokenizer)       the bytes of every id; None for specials and ids with
+                               no text of their own
+  build_vocab_map(draft_tok, target_tok, ...) -> VocabMap
+    draft_to_target [V_d]      the target id of the same bytes (the intersection), -1 off it
+    target_to_draft [V_t]      the inverse, -1 off the intersection
+    expansion [V_t, L]         each target id as draft ids (the same text), padded
+    expansion_lengths [V_t]    how many of them, in [1, L]
+
+How bytes are read: byte-level BPEs (GPT-2, Llama 3, Qwen, the tokenizers
+specjax trains) map each byte to a printable character, inverted here;
+SentencePiece-style vocabularies (Llama 2, Mistral, Gemma) write a space as
+"▁" and may fall back to byte tokens "<0x41>", which are one byte each; other
+vocabularies are read as their UTF-8 strings. Special tokens (`added_tokens` marked
+special) have no bytes: they are never in the intersection.
+
+How a target id becomes draft ids (the expansion): an id in the intersection
+is its one draft id; any other text is the draft tokenizer's own encoding when
+that decodes to exactly the same bytes, else the longest-match split over the
+draft's byte strings (a byte the draft cannot spell at all becomes its `<unk>`,
+counted in `VocabMap.uncovered`). An id with no bytes (a special token, an id
+past the tokenizer: a model's padding rows) becomes the draft special of the
+same name when there is one, else the draft's first special token (else id 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+  """The inverse of GPT-2's byte-to-printable-character table (byte-level BPEs)."""
+  printable = (
+    list(range(ord("!"), ord("~") + 1))
+    + list(range(ord("¡"), ord("¬") + 1))
+    + list(range(ord("®"), ord("ÿ") + 1))
+  )
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in printable:
+      chars[chr(b)] = b
+    else:
+      chars[chr(256 + extra)] = b
+      extra += 1
+  return chars
+
+
+def backend_of(tokenizer: Any):
+  """The `tokenizers.Tokenizer` behind `tokenizer` (specjax's wrapper or the Rust
+  tokenizer itself); ValueError for anything else."""
+  backend = getattr(tokenizer, "_backend", tokenizer)
+  if not all(hasattr(backend, name) for name in ("to_str", "get_vocab", "encode_batch")):
+    raise ValueError(
+      "expected a tokenizers.Tokenizer or a specjax.data.Tokenizer, got "
+      f"{type(tokenizer).__name__}."
+    )
+  return backend
+
+
+def _decoder_types(spec: dict | None) -> list[dict]:
+  if not spec:
+    return []
+  if spec.get("type") == "Sequence":
+    return [d for child in spec.get("decoders", []) for d in _decoder_types(child)]
+  return [spec]
+
+
+def token_bytes(tokenizer: Any) -> list[bytes | None]:
+  """The bytes each id of `tokenizer` stands for, `[tokenizer size]` (see the module
+  docstring); None for special tokens."""
+  backend = backend_of(tokenizer)
+  spec = json.loads(backend.to_str())
+  decoders = _decoder_types(spec.get("decoder"))
+  kinds = {d.get("type") for d in decoders}
+  specials = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+  space = None  # the character a SentencePiece-style vocabulary writes for " "
+  for d in decoders:
+    if d.get("type") == "Metaspace":
+      space = d.get("replacement", "▁")
+    elif d.get("type") == "Replace" and d.get("content") == " ":
+      space = d.get("pattern", {}).get("String", space)
+  byte_fallback = "ByteFallback" in kinds or bool(spec.get("model", {}).get("byte_fallback"))
+  byte_level = "ByteLevel" in kinds
+  to_byte = _unicode_to_byte()
+
+  vocab = backend.get_vocab(with_added_tokens=True)
+  out: list[bytes | None] = [None] * (max(vocab.values(), default=-1) + 1)
+  for text, i in vocab.items():
+    if i in specials:
+      continue
+    if byte_fallback and (m := _BYTE_FALLBACK.match(text)):
+      out[i] = bytes([int(m.group(1), 16)])
+    elif byte_level and all(c in to_byte for c in text):
+      out[i] = bytes(to_byte[c] for c in text)
+    else:
+      out[i] = (text.replace(space, " ") if space else text).encode("utf-8")
+  return out
+
+
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+  """{content: id} of the tokenizer's special tokens."""
+  spec = json.loads(backend_of(tokenizer).to_str())
+  return {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabMap:
+  """The static tables of one draft/target tokenizer pair (numpy, int32).
+
+  Attributes:
+    draft_to_target: `[V_d]` the target id with the same bytes, -1 off the
+      intersection (one-to-one on it).
+    target_to_draft: `[V_t]` the inverse, -1 off the intersection.
+    expansion: `[V_t, L]` each target id as draft ids, padded with the fallback.
+    expansion_lengths: `[V_t]` in [1, L].
+    shared: ids in the intersection.
+    uncovered: bytes of target ids the draft could not spell (fed as `<unk>`).
+    fallback: the draft id an id with no text of its own (and no draft special
+      of its name) becomes.
+  """
+
+  draft_to_target: np.ndarray
+  target_to_draft: np.ndarray
+  expansion: np.ndarray
+  expansion_lengths: np.ndarray
+  shared: int
+  uncovered: int
+  fallback: int
+
+  @property
+  def max_expansion(self) -> int:
+    """L, the most draft ids one target id becomes."""
+    return int(self.expansion.shape[1])
+
+  def report(self) -> dict[str, Any]:
+    """Sizes and coverage, for logs."""
+    lengths = self.expansion_lengths
+    return {
+      "draft_vocab": int(self.draft_to_target.size),
+      "target_vocab": int(self.target_to_draft.size),
+      "shared": self.shared,
+      "shared_fraction_of_target": self.shared / max(1, self.target_to_draft.size),
+      "max_expansion": self.max_expansion,
+      "mean_expansion": float(lengths.mean()) if lengths.size else 0.0,
+      "uncovered_bytes": self.uncovered,
+    }
+
+
+def _check_size(name: str, tokenizer_size: int, model_size: int | None) -> int:
+  if model_size is None:
+    return tokenizer_size
+  if int(model_size) < tokenizer_size:
+    raise ValueError(
+      f"{name} has {tokenizer_size} ids but its model's vocab_size is {model_size}: the "
+      "model must have a row for every id of its tokenizer (it may have more)."
+    )
+  return int(model_size)
+
+
+def build_vocab_map(
+  draft_tokenizer: Any,
+  target_tokenizer: Any,
+  draft_vocab_size: int | None = None,
+  target_vocab_size: int | None = None,
+) -> VocabMap:
+  """The tables mapping `draft_tokenizer`'s ids onto `target_tokenizer`'s.
+
+  Args:
+    draft_tokenizer, target_tokenizer: `tokenizers.Tokenizer` or
+      `specjax.data.Tokenizer`.
+    draft_vocab_size, target_vocab_size: the models' vocabulary sizes, at
+      least their tokenizers' (ids past a tokenizer have no text); None = the
+      tokenizer's size.
+
+  Raises:
+    ValueError: a tokenizer with more ids than its model.
+  """
+  draft_bytes = token_bytes(draft_tokenizer)
+  target_bytes = token_bytes(target_tokenizer)
+  vd = _check_size("draft_tokenizer", len(draft_bytes), draft_vocab_size)
+  vt = _check_size("target_tokenizer", len(target_bytes), target_vocab_size)
+
+  by_bytes: dict[bytes, int] = {}
+  for i, b in enumerate(draft_bytes):
+    if b and b not in by_bytes:  # several ids of one text: the lowest stands for it
+      by_bytes[b] = i
+  d2t = np.full((vd,), -1, np.int32)
+  t2d = np.full((vt,), -1, np.int32)
+  for i, b in enumerate(target_bytes):
+    j = by_bytes.get(b) if b else None
+    if j is not None and d2t[j] < 0:
+      d2t[j], t2d[i] = i, j
+
+  draft_specials = special_tokens(draft_tokenizer)
+  default = min(draft_specials.values(), default=0)
+  unk = draft_specials.get("<unk>", by_bytes.get(b"<unk>", default))
+  target_specials = {i: name for name, i in special_tokens(target_tokenizer).items()}
+  pieces: list[list[int]] = []
+  to_spell: dict[int, bytes] = {}  # spelled in one batch below
+  for i in range(vt):
+    b = target_bytes[i] if i < len(target_bytes) else None
+    if t2d[i] >= 0:
+      pieces.append([int(t2d[i])])
+    elif b:
+      pieces.append([])
+      to_spell[i] = b
+    else:
+      pieces.append([draft_specials.get(target_specials.get(i, ""), default)])
+  spell = _Speller(draft_tokenizer, draft_bytes, by_bytes, unk)
+  for i, ids in zip(to_spell, spell(list(to_spell.values()))):
+    pieces[i] = ids
+  width = max(len(p) for p in pieces)
+  expansion = np.full((vt, width), default, np.int32)
+  for i, p in enumerate(pieces):
+    expansion[i, : len(p)] = p
+  return VocabMap(
+    draft_to_target=d2t,
+    target_to_draft=t2d,
+    expansion=expansion,
+    expansion_lengths=np.array([len(p) for p in pieces], np.int32),
+    shared=int((t2d >= 0).sum()),
+    uncovered=spell.uncovered,
+    fallback=default,
+  )
+
+
+class _Speller:
+  """Spells byte strings in draft ids: the draft tokenizer's own encoding where it
+  gives back exactly those bytes, else longest match over the draft's byte strings."""
+
+  def __init__(self, tokenizer, draft_bytes, by_bytes, unk):
+    self.backend = backend_of(tokenizer)
+    self.draft_bytes = draft_bytes
+    self.by_bytes = by_bytes
+    self.longest = max((len(b) for b in by_bytes), default=1)
+    self.unk = unk
+    self.uncovered = 0
+
+  def __call__(self, strings: list[bytes]) -> list[list[int]]:
+    texts = [b.decode("utf-8", errors="replace") for b in strings]
+    encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+    out = []
+    for b, enc in zip(strings, encodings):
+      ids = list(enc.ids)
+      spelled = [self.draft_bytes[i] if i < len(self.draft_bytes) else None for i in ids]
+      ok = ids and None not in spelled and b"".join(spelled) == b
+      out.append(ids if ok else self._longest_match(b))
+    return out
+
+  def _longest_match(self, b: bytes) -> list[int]:
+    out, k = [], 0
+    while k < len(b):
+      for n in range(min(self.longest, len(b) - k), 0, -1):
+        j = self.by_bytes.get(b[k : k + n])
+        if j is not None:
+          out.append(j)
+          k += n
+          break
+      else:
+        self.uncovered += 1
+        if not out or out[-1] != self.unk:  # a run of unspellable bytes: one <unk>
+          out.append(self.unk)
+        k += 1
+    return out
