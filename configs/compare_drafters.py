@@ -31,6 +31,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.adaptive = ("schedule", "confidence")  # adaptive draft lengths of the draft model
   c.confidence_threshold = 0.5
   c.seed = 0
+  # Rows of the bundled draft with its own 1024-id tokenizer: token-level
+  # intersection (CrossTokenizerDrafter) and string-level exact match
+  # (string_level_generate), next to the same-tokenizer "draft model" rows.
+  c.cross_tokenizer = True
   # Token trees: each drafter drafts the best static tree of each size for its
   # per-rank acceptance (rank 0 about the drafter's measured alpha at T = 0;
   # specjax.trees.best), verified by tree_verify (gamma = the tree's nodes).

@@ -25,4 +25,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.adaptive = ()
   c.trees.sizes = (8, 16, 32)
   c.trees.eagle2 = ((16, 6, 4, 3), (16, 8, 3, 2))
+  c.cross_tokenizer = False
   return c

@@ -6,7 +6,12 @@
 
 `target` and `draft` are local Hugging Face checkpoint directories (config.json,
 safetensors, tokenizer.json); both empty (the default) means the pair bundled
-in `specjax/pretrained`. An empty `prompt` gives row i of the batch the i-th
+in `specjax/pretrained`. They must share a tokenizer unless `drafter` is
+cross_tokenizer or string_level:
+
+  python -m experiments.decode --config.drafter=cross_tokenizer   # bundled cross draft
+  python -m experiments.decode --config.target=/path/llama --config.draft=/path/gpt2 \
+      --config.drafter=cross_tokenizer An empty `prompt` gives row i of the batch the i-th
 prompt of the held-out test split (`specjax.data.prompts.held_out_prompts`).
 `compare_transformers=True` also times transformers' `generate`, plain and
 with `assistant_model=draft` (batch 1).
@@ -30,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.verifier = "auto"  # auto (greedy at T=0, else token) | token | block | greedy
   # model (the draft) | ngram | layer_skip (target's first layers) | eagle | medusa
   # | early_exit (draft heads on the target; the bundled ones, or config.head)
+  # | cross_tokenizer | string_level: a draft with a tokenizer of its own (the
+  # bundled 1024-id cross draft, or config.draft's tokenizer.json), token-level
+  # intersection in the jitted loop or string-level exact match around it
   config.drafter = "model"
   config.head = ""  # a head's training run directory ("": the bundled head)
   # FR-Spec for the bundled heads: draft among the K most frequent ids (0: all)

@@ -30,8 +30,10 @@ from absl import app, flags, logging
 import specjax
 from experiments import common
 from specjax import benchmarking, pretrained, theory, trees
+from specjax.data import Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import (
+  CrossTokenizerDrafter,
   EagleDrafter,
   EarlyExitDrafter,
   MedusaDrafter,
@@ -58,6 +60,8 @@ COLUMNS = (
 )
 HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
 HEAD_NAMES = {"eagle": "EAGLE head", "medusa": "Medusa heads", "early_exit": "early exit"}
+# Rows of the bundled draft with its own tokenizer (pretrained.load_cross_draft).
+TLI, SLEM = "cross-tokenizer draft, TLI", "cross-tokenizer draft, SLEM"
 
 
 def _variants(config, target, draft, temperature):
@@ -79,6 +83,11 @@ def _variants(config, target, draft, temperature):
       (f"{HEAD_NAMES[kind]}, K={config.fr_spec}", d.with_vocab_subset(ids))
       for kind, d in heads.items()
     ]
+  if config.cross_tokenizer:  # SLEM is a host loop, not a drafter: marked by its name
+    cross, cross_tokenizer = pretrained.load_cross_draft()
+    target_tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
+    drafters.append((TLI, CrossTokenizerDrafter(cross, cross_tokenizer, target_tokenizer)))
+    drafters.append((SLEM, (cross, cross_tokenizer, target_tokenizer)))
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
   for kind in heads:  # the heads' own draft lengths, e.g. early exit pays off at small gamma
@@ -119,16 +128,18 @@ def _variants(config, target, draft, temperature):
   return out
 
 
-def _costs(config, target, drafters, prompt, sampling) -> dict[tuple[str, int], tuple]:
+def _costs(config, target, drafters, prompt, sampling) -> dict:
   """(name, gamma) -> (c, verify cost): drafting one token and scoring gamma + 1
-  tokens, each over one target step, measured on `prompt` (batch 1)."""
+  tokens, each over one target step, measured on `prompt` (batch 1); also
+  "step_s" (one target step) and "verify" ({gamma: verify cost})."""
   capacity = cache_capacity(prompt[0].shape[1], config.max_new_tokens, config.gamma_max)
   call = functools.partial(
     benchmarking.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
   )
   step_s = call(tokens_per_call=1)
-  verify = {g: call(tokens_per_call=g + 1) / step_s for g in {g for _, g in drafters}}
-  out = {}
+  gammas = {g for _, g in drafters} | {config.gamma}
+  verify = {g: call(tokens_per_call=g + 1) / step_s for g in gammas}
+  out = {"step_s": step_s, "verify": verify}
   for (name, gamma), drafter in drafters.items():
     drafting_s = benchmarking.drafting_seconds(
       target,
@@ -208,6 +219,22 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
     for name, drafter, verifier, gamma, adaptive in _variants(config, target, draft, temperature):
       label = f"{name}|{verifier}|{gamma}|{adaptive}"
       meta[label] = dict(drafter=name, verifier=verifier, gamma=gamma, adaptive=adaptive or "fixed")
+      if name == SLEM:
+        calls[label] = lambda d=drafter, v=verifier, g=gamma, s=sampling, k=key: [
+          specjax.string_level_generate(
+            target,
+            d[0],
+            *d[1:],
+            *one(i),
+            gamma=g,
+            max_new_tokens=config.max_new_tokens,
+            sampling=s,
+            key=k,
+            verifier="auto" if v == "greedy" else v,
+          )
+          for i in range(len(lengths))
+        ]
+        continue
       drafters[(name, gamma)] = drafter
       calls[label] = lambda d=drafter, v=verifier, g=gamma, a=adaptive, s=sampling, k=key: [
         specjax.speculative_generate(
@@ -235,13 +262,26 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
 
       ms = timings[label].median_s * 1e3 / tokens(outs)
       alpha = s("accepted") / max(s("evaluated"), 1)
-      c, verify_cost = costs[(fields["drafter"], fields["gamma"])]
       per_iteration = s("generated") / max(s("row_iterations"), 1)
-      if fields["verifier"] == "tree":
+      extra = {}
+      if fields["drafter"] == SLEM:
+        # c from the loop's own draft timings; the host's re-tokenisation is not in
+        # the prediction, it is the gap between predicted and measured.
+        draft_s = sum(o.timings["draft_seconds"] for o in outs)
+        iterations = sum(o.timings["iterations"] for o in outs)
+        c = draft_s / max(s("draft_calls"), 1) / costs["step_s"]
+        verify_cost = costs["verify"][fields["gamma"]]
+        predicted = per_iteration / (c * s("draft_calls") / max(iterations, 1) + verify_cost)
+        extra["host_ms_per_iteration"] = (
+          1e3 * sum(o.timings["host_seconds"] for o in outs) / max(iterations, 1)
+        )
+      elif fields["verifier"] == "tree":
+        c, verify_cost = costs[(fields["drafter"], fields["gamma"])]
         # No closed form for a tree's accepted length: the measured tokens per
         # iteration over the iteration's cost, in target steps.
         predicted = per_iteration / (c * fields["gamma"] + verify_cost)
       else:
+        c, verify_cost = costs[(fields["drafter"], fields["gamma"])]
         predicted = theory.predicted_speedup(min(alpha, 1.0), fields["gamma"], c, verify_cost)
       rows.append(
         {
@@ -256,6 +296,7 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
           "ms_per_token": ms,
           "ar_ms_per_token": ar_ms,
           "speedup": ar_ms / ms,
+          **extra,
         }
       )
   return rows

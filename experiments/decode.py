@@ -26,9 +26,17 @@ from specjax import benchmarking, dtypes, pretrained, theory
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
-from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
+from specjax.drafting import (
+  CrossTokenizerDrafter,
+  EagleDrafter,
+  EarlyExitDrafter,
+  MedusaDrafter,
+  NGramDrafter,
+  layer_skip,
+)
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_int, check_output_path, check_positive_int
+from specjax.vocab_map import build_vocab_map
 
 # float16 is not offered: the transformers comparison
 # (`specjax.hf.transformers_baseline`) loads float32 and bfloat16 only.
@@ -37,7 +45,10 @@ DECODE_DTYPES = ("float32", "bfloat16")
 
 HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
 HEAD_KINDS = tuple(HEAD_DRAFTERS)
-DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS)
+# A draft with a tokenizer of its own: token-level intersection inside the jitted
+# loop, or string-level exact match around it (`specjax.vocab_map`).
+CROSS_DRAFTERS = ("cross_tokenizer", "string_level")
+DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS, *CROSS_DRAFTERS)
 
 # Default draft length by batch size (the largest key <= the batch). Scoring
 # gamma + 1 tokens per row costs about one step while the target is memory-bound
@@ -65,22 +76,41 @@ def _eos_id(path: str) -> int | None:
 
 
 def _load(config: ml_collections.ConfigDict, dtype):
-  """(target, draft, tokenizer, target_path, draft_path): the bundled pair or two HF dirs."""
+  """(target, draft, tokenizer, draft_tokenizer, target_path, draft_path): the
+  bundled pair (with the bundled cross draft for the cross-tokenizer drafters)
+  or two HF dirs."""
   if bool(config.target) != bool(config.draft):
     raise ValueError(
       "config.target and config.draft must both name local Hugging Face "
       "checkpoint directories (config.json, *.safetensors, tokenizer.json), "
       "or both be empty for the bundled pair."
     )
+  cross = config.drafter in CROSS_DRAFTERS
   if not config.target:
     target, draft, tokenizer = pretrained.load_pair(dtype)
-    return target, draft, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
+    if cross:
+      draft, draft_tokenizer = pretrained.load_cross_draft(dtype)
+      return (
+        target,
+        draft,
+        tokenizer,
+        draft_tokenizer,
+        pretrained.TARGET_DIR,
+        pretrained.CROSS_DRAFT_DIR,
+      )
+    return target, draft, tokenizer, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
   target, tokenizer = specjax.hf.load_model(config.target, dtype=dtype)
   draft, draft_tokenizer = specjax.hf.load_model(config.draft, dtype=dtype)
   if tokenizer is None:
     raise ValueError(f"{config.target} has no tokenizer.json; text prompts need one.")
-  specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, config.target, config.draft)
-  return target, draft, tokenizer, config.target, config.draft
+  if not cross:
+    specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, config.target, config.draft)
+  elif draft_tokenizer is None:
+    raise ValueError(
+      f"config.drafter={config.drafter!r} reads the draft's own tokenizer: "
+      f"{config.draft} has no tokenizer.json."
+    )
+  return target, draft, tokenizer, draft_tokenizer, config.target, config.draft
 
 
 def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
@@ -92,8 +122,12 @@ def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"))
 
 
-def _drafter(config: ml_collections.ConfigDict, target, draft):
-  """The drafter named by `config.drafter`."""
+def _drafter(config: ml_collections.ConfigDict, target, draft, draft_tokenizer, tokenizer):
+  """The drafter named by `config.drafter` (None for string_level, a host loop)."""
+  if config.drafter == "cross_tokenizer":
+    return CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer)
+  if config.drafter == "string_level":
+    return None
   if config.drafter in HEAD_KINDS:
     if config.head:
       from specjax.training import load_trained_head
@@ -210,7 +244,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   if config.dtype not in DECODE_DTYPES:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
   dtype = dtypes.to_dtype(config.dtype, "config.dtype")
-  target, draft, tokenizer, target_path, draft_path = _load(config, dtype)
+  target, draft, tokenizer, draft_tokenizer, target_path, draft_path = _load(config, dtype)
   mesh = make_mesh(tuple(config.mesh_shape))
   if config.batch_size % mesh.shape["data"]:
     raise ValueError(
@@ -227,7 +261,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
   eos = _eos_id(target_path) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
-  drafter = _drafter(config, target, draft)
+  drafter = _drafter(config, target, draft, draft_tokenizer, tokenizer)
   auto_gamma = config.gamma == 0
   if auto_gamma:
     config = config.copy_and_resolve_references()
@@ -257,6 +291,23 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       confidence_threshold=config.confidence_threshold,
     ),
   }
+  if config.drafter == "string_level":
+    if config.adaptive:
+      raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
+    calls["spec"] = lambda: specjax.string_level_generate(
+      target,
+      draft,
+      draft_tokenizer,
+      tokenizer,
+      prompts,
+      lengths,
+      gamma=config.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      key=key,
+      eos_id=eos,
+      verifier=config.verifier,
+    )
   with jax.set_mesh(mesh):
     timings, outputs = benchmarking.time_calls(calls, config.num_runs)
   texts, ms, host_tokens = {}, {}, {}
@@ -294,7 +345,13 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "tokens_per_iteration": float(stats.tokens_per_iteration),
     **benchmarking.environment_info(),
   }
-  if config.report_floor:
+  if config.drafter in CROSS_DRAFTERS:
+    result["vocab_map"] = build_vocab_map(
+      draft_tokenizer, tokenizer, draft.cfg.vocab_size, target.cfg.vocab_size
+    ).report()
+  if config.drafter == "string_level":  # where a host loop's time goes
+    result["string_level_timings"] = outputs["spec"].timings
+  elif config.report_floor:
     result.update(
       _floor(
         config,

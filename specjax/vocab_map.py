@@ -160,7 +160,9 @@ class VocabMap:
     }
 
 
-def _check_size(name: str, tokenizer_size: int, model_size: int | None) -> int:
+def check_size(name: str, tokenizer_size: int, model_size: int | None) -> int:
+  """The model's vocabulary size (`tokenizer_size` when None); ValueError naming
+  `name` when the model has fewer rows than the tokenizer has ids."""
   if model_size is None:
     return tokenizer_size
   if int(model_size) < tokenizer_size:
@@ -191,8 +193,8 @@ def build_vocab_map(
   """
   draft_bytes = token_bytes(draft_tokenizer)
   target_bytes = token_bytes(target_tokenizer)
-  vd = _check_size("draft_tokenizer", len(draft_bytes), draft_vocab_size)
-  vt = _check_size("target_tokenizer", len(target_bytes), target_vocab_size)
+  vd = check_size("draft_tokenizer", len(draft_bytes), draft_vocab_size)
+  vt = check_size("target_tokenizer", len(target_bytes), target_vocab_size)
 
   by_bytes: dict[bytes, int] = {}
   for i, b in enumerate(draft_bytes):

@@ -48,7 +48,12 @@ def sentencepiece_tokenizer():
   tok.add_special_tokens(["<unk>"])
   tok.pre_tokenizer = pre_tokenizers.Metaspace()
   tok.decoder = decoders.Sequence(
-    [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    [
+      decoders.Replace("▁", " "),
+      decoders.ByteFallback(),
+      decoders.Fuse(),
+      decoders.Strip(" ", 1, 0),
+    ]
   )
   return tok
 
@@ -150,7 +155,8 @@ def test_draft_cache_holds_the_committed_text_in_draft_ids(target, drafter, prom
     state = step(target, drafter, state, config=config)
   tokens, lengths = prompts
   s = [
-    list(np.asarray(tokens[b, : lengths[b]])) + list(np.asarray(state.tokens[b, : state.num_generated[b]]))
+    list(np.asarray(tokens[b, : lengths[b]]))
+    + list(np.asarray(state.tokens[b, : state.num_generated[b]]))
     for b in range(tokens.shape[0])
   ]
   width = max(map(len, s)) - 2
@@ -168,7 +174,9 @@ def test_draft_cache_holds_the_committed_text_in_draft_ids(target, drafter, prom
       np.testing.assert_allclose(held[b, :, : base[b]], want[b, :, : base[b]], atol=1e-5)
 
 
-def test_no_shared_token_runs_as_plain_decoding(target, cross_draft, tokenizers, prompts, greedy_reference):
+def test_no_shared_token_runs_as_plain_decoding(
+  target, cross_draft, tokenizers, prompts, greedy_reference
+):
   _, target_tok = tokenizers
   words = [f"\u2603snow{i}\u2603" for i in range(300)]
   d = CrossTokenizerDrafter(cross_draft, word_tokenizer(words), target_tok)
@@ -212,8 +220,15 @@ def test_tokenizers_that_disagree_with_their_models_are_refused(
     )
   with pytest.raises(ValueError, match=r"target_tokenizer has 512 ids.*vocab_size is 400"):
     specjax.string_level_generate(
-      small_target, cross_draft, draft_tok, target_tok, tokens % 400, lengths, gamma=4,
-      max_new_tokens=4, sampling=specjax.GREEDY,
+      small_target,
+      cross_draft,
+      draft_tok,
+      target_tok,
+      tokens % 400,
+      lengths,
+      gamma=4,
+      max_new_tokens=4,
+      sampling=specjax.GREEDY,
     )
 
 
@@ -221,7 +236,12 @@ def test_slem_greedy_equals_the_targets_greedy_decoding(
   target, cross_draft, tokenizers, prompts, greedy_reference
 ):
   out = specjax.string_level_generate(
-    target, cross_draft, *tokenizers, *prompts, gamma=4, max_new_tokens=16,
+    target,
+    cross_draft,
+    *tokenizers,
+    *prompts,
+    gamma=4,
+    max_new_tokens=16,
     sampling=specjax.GREEDY,
   )
   np.testing.assert_array_equal(out.tokens, greedy_reference.tokens)

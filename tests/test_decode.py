@@ -63,6 +63,19 @@ def test_decode_sampled_batch(pair):
   assert 0 <= result["acceptance_rate"] <= 1
 
 
+def test_decode_pairs_a_draft_of_another_tokenizer(pair, tmp_path_factory):
+  """A GPT-2 draft with its own 300-id tokenizer for the Llama target: refused as a
+  plain draft model, decoded exactly through TLI and SLEM."""
+  gpt2 = make_checkpoint(str(tmp_path_factory.mktemp("gpt2") / "d"), "gpt2", "tiny", 300, seed=1)
+  with pytest.raises(ValueError, match="tokenizer"):
+    decode.run(_config((pair[0], gpt2)))
+  for drafter in ("cross_tokenizer", "string_level"):
+    result = decode.run(_config((pair[0], gpt2), drafter=drafter))
+    assert result["texts_identical"] is True and result["ar_text"]
+    assert 0 < result["vocab_map"]["shared"] < 300
+  assert result["string_level_timings"]["iterations"] > 0
+
+
 @pytest.mark.parametrize(
   "changes, message",
   [

@@ -90,6 +90,14 @@ def test_load_pair_names_a_missing_file(monkeypatch, tmp_path):
     pretrained.load_pair()
 
 
+def test_load_cross_draft_loads_and_names_a_missing_file(monkeypatch, tmp_path):
+  draft, tokenizer = pretrained.load_cross_draft()
+  assert draft.cfg.vocab_size == tokenizer.vocab_size == 1024
+  monkeypatch.setattr(pretrained, "CROSS_DRAFT_DIR", str(tmp_path))
+  with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+    pretrained.load_cross_draft()
+
+
 def test_drafter_comparison_runs_on_the_bundled_pair():
   from configs import compare_drafters as compare_config
   from experiments import compare_drafters
@@ -103,7 +111,8 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
     gamma_sweep=(),
     gamma_max=4,
     # Each variant is a compiled program on the bundled pair (CI time): two
-    # drafters, one verifier, one adaptive length, one tree.
+    # drafters and the two cross-tokenizer ways, one verifier, one adaptive length,
+    # one tree.
     verifiers=("greedy",),
     heads=(),
     adaptive=("schedule",),
@@ -114,7 +123,9 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
   assert ("prompt lookup (n<=3)", "greedy", 4, "fixed") in names
   assert ("draft model", "greedy", 4, "schedule") in names
   assert ("draft model, tree N=6 depth 4", "tree", 6, "fixed") in names
-  assert len(rows) == 2 + 1 + 1
+  assert (compare_drafters.TLI, "greedy", 4, "fixed") in names
+  assert (compare_drafters.SLEM, "greedy", 4, "fixed") in names
+  assert len(rows) == 4 + 1 + 1
   for r in rows:
     assert 0 <= r["acceptance_rate"] <= 1 and r["speedup"] > 0
     assert r["c"] > 0 and r["predicted_speedup"] > 0  # measured drafting cost, Leviathan

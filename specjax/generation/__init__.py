@@ -12,7 +12,6 @@ validation.py      argument checks of the generate calls
 from specjax.drafting import as_drafter
 from specjax.generation.autoregressive import autoregressive_generate, autoregressive_step
 from specjax.generation.speculative import init_state, speculative_generate, speculative_step
-from specjax.generation.string_level import StringLevelOutput, string_level_generate
 from specjax.generation.state import (
   AutoregressiveStats,
   GenerateOutput,
@@ -20,6 +19,7 @@ from specjax.generation.state import (
   SpecState,
   SpeculativeStats,
 )
+from specjax.generation.string_level import StringLevelOutput, string_level_generate
 
 __all__ = [
   "autoregressive_generate",

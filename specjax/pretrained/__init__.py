@@ -54,6 +54,10 @@ HEADS_CARD_FILE = os.path.join(HEADS_DIR, "card.json")
 # The files of each bundled head, relative to its directory heads/<kind>/.
 HEAD_FILES = ("head_config.json", "model.safetensors")
 _REBUILD_HEADS = "reinstall specjax, or rebuild it with experiments/bundle_heads.py"
+# A draft with a tokenizer of its own (1024-id BPE), for cross-tokenizer drafting.
+CROSS_DRAFT_DIR = os.path.join(PAIR_DIR, "cross_draft")
+CROSS_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+_REBUILD_CROSS = "reinstall specjax, or rebuild it with experiments/bundle_cross_draft.py"
 
 
 class Pair(NamedTuple):
@@ -113,6 +117,32 @@ def load_pair(dtype=jnp.float32) -> Pair:
   target, _ = load_model(TARGET_DIR, dtype=dtype)
   draft, _ = load_model(DRAFT_DIR, dtype=dtype)
   return Pair(target, draft, tokenizer)
+
+
+def load_cross_draft(dtype=jnp.float32) -> tuple[Transformer, Tokenizer]:
+  """`(draft, draft_tokenizer)`: the bundled draft with its own 1024-id tokenizer,
+  trained on the same corpus split and then on the target's continuations
+  (configs/train_cross_draft.py), for `specjax.drafting.CrossTokenizerDrafter`
+  and `specjax.string_level_generate` with the bundled target. Files are
+  checked against `cross_draft/card.json`'s sha256 first."""
+  dtype_name(dtype)
+  card_file = os.path.join(CROSS_DRAFT_DIR, "card.json")
+  for rel in (*CROSS_FILES, "card.json"):
+    path = os.path.join(CROSS_DRAFT_DIR, rel)
+    if not os.path.exists(path):
+      raise FileNotFoundError(
+        f"the bundled cross draft is incomplete: {path} is missing ({_REBUILD_CROSS})"
+      )
+  sums = read_json_object(card_file).get("sha256") or {}
+  for rel in CROSS_FILES:
+    path = os.path.join(CROSS_DRAFT_DIR, rel)
+    if sums.get(rel) != file_sha256(path):
+      raise ValueError(
+        f"{path} is corrupt or was changed: its sha256 differs from {card_file}'s "
+        f"({_REBUILD_CROSS})."
+      )
+  draft, _ = load_model(CROSS_DRAFT_DIR, dtype=dtype)
+  return draft, Tokenizer.from_file(os.path.join(CROSS_DRAFT_DIR, "tokenizer.json"))
 
 
 def head_tensors(head: nnx.Module) -> dict[str, jax.Array]:
