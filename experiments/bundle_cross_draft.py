@@ -27,7 +27,7 @@ import shutil
 import numpy as np
 from absl import app, flags
 
-from experiments.bundle_pair import run_record
+from experiments.bundle_pair import run_lineage
 from specjax import pretrained
 from specjax.data import Tokenizer
 from specjax.data.dataset import check_tokenizer, tokenizer_record, write_meta
@@ -81,12 +81,7 @@ def bundle(draft_run: str, draft_data: str, out: str) -> dict:
   )
   os.chmod(os.path.join(out, "model.safetensors"), 0o644)
   shutil.copyfile(os.path.join(draft_data, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
-  record = {"params": model.num_params, "run": draft_run, **run_record(draft_run)}
-  entry = record
-  while entry["config"].get("init_from"):
-    parent = entry["config"]["init_from"]
-    entry["init_from"] = {"run": parent, **run_record(parent)}
-    entry = entry["init_from"]
+  record = {"params": model.num_params, **run_lineage(draft_run)}
   target_tok = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
   card = {
     "draft": record,

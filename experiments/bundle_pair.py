@@ -56,6 +56,18 @@ def run_record(run: str) -> dict:
   }
 
 
+def run_lineage(run: str) -> dict:
+  """`run_record(run)` with "run", and for a fine-tuned run the runs it started
+  from, phase by phase, under "init_from"."""
+  record = {"run": run, **run_record(run)}
+  entry = record
+  while entry["config"].get("init_from"):
+    parent = entry["config"]["init_from"]
+    entry["init_from"] = {"run": parent, **run_record(parent)}
+    entry = entry["init_from"]
+  return record
+
+
 def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
   """Writes the pair of `target_run` and `draft_run` into `out`; returns its card."""
   os.makedirs(out, exist_ok=True)
@@ -74,13 +86,7 @@ def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
       eos_id=tokenizer.eos_id,
       pad_id=tokenizer.pad_id,
     )
-    card[name] = {"params": model.num_params, "run": run, **run_record(run)}
-    # A fine-tuned run records the runs it started from, phase by phase.
-    entry = card[name]
-    while entry["config"].get("init_from"):
-      parent = entry["config"]["init_from"]
-      entry["init_from"] = {"run": parent, **run_record(parent)}
-      entry = entry["init_from"]
+    card[name] = {"params": model.num_params, **run_lineage(run)}
     os.chmod(os.path.join(out, name, "model.safetensors"), 0o644)  # safetensors writes 0600
   shutil.copyfile(os.path.join(data_dir, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
   return write_card(out, card)

@@ -231,6 +231,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     raise ValueError(
       f"config.drafter must be one of {', '.join(DRAFTERS)}; got {config.drafter!r}."
     )
+  if config.drafter == "string_level" and config.adaptive:
+    raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
   if config.compare_transformers and config.drafter != "model":
     raise ValueError(
       "config.compare_transformers needs config.drafter='model' "
@@ -276,37 +278,28 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       key=key,
       eos_id=eos,
     ),
-    "spec": lambda: specjax.speculative_generate(
+  }
+  shared = dict(
+    gamma=config.gamma,
+    max_new_tokens=config.max_new_tokens,
+    sampling=sampling,
+    key=key,
+    eos_id=eos,
+    verifier=config.verifier,
+  )
+  if config.drafter == "string_level":
+    calls["spec"] = lambda: specjax.string_level_generate(
+      target, draft, draft_tokenizer, tokenizer, prompts, lengths, **shared
+    )
+  else:
+    calls["spec"] = lambda: specjax.speculative_generate(
       target,
       drafter,
       prompts,
       lengths,
-      gamma=config.gamma,
-      max_new_tokens=config.max_new_tokens,
-      sampling=sampling,
-      key=key,
-      eos_id=eos,
-      verifier=config.verifier,
       adaptive=config.adaptive or None,
       confidence_threshold=config.confidence_threshold,
-    ),
-  }
-  if config.drafter == "string_level":
-    if config.adaptive:
-      raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
-    calls["spec"] = lambda: specjax.string_level_generate(
-      target,
-      draft,
-      draft_tokenizer,
-      tokenizer,
-      prompts,
-      lengths,
-      gamma=config.gamma,
-      max_new_tokens=config.max_new_tokens,
-      sampling=sampling,
-      key=key,
-      eos_id=eos,
-      verifier=config.verifier,
+      **shared,
     )
   with jax.set_mesh(mesh):
     timings, outputs = benchmarking.time_calls(calls, config.num_runs)

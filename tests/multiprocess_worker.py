@@ -12,10 +12,11 @@ import json
 import os
 import sys
 
-# The optimisation level of tests/conftest.py, so the single-process reference
-# (computed under it) compares like with like.
+# The compile flags of tests/conftest.py, so the single-process reference
+# (computed under them) compares like with like.
 os.environ["XLA_FLAGS"] = (
-  "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+  "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0 "
+  "--xla_cpu_use_fusion_emitters=false"
 )
 os.environ["JAX_PLATFORMS"] = "cpu"
 

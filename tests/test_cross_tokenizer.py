@@ -5,6 +5,7 @@ a 300-id BPE trained on other files (some strings shared, others not). The
 law at temperature 1 is checked in test_distribution.py.
 """
 
+import functools
 import json
 
 import jax
@@ -147,12 +148,14 @@ def test_draft_cache_holds_the_committed_text_in_draft_ids(target, drafter, prom
   """After a few iterations the draft's cache equals a fresh prefill of D(s[:-2]):
   rollback and the expansion of the verifier's tokens are pure bookkeeping."""
   config = SpecConfig(4, 16, specjax.GREEDY, "greedy", None, 0, None)
-  state = jax.jit(init_state, static_argnames="config")(
-    target, drafter, *prompts, jax.random.key(0), config=config
-  )
-  step = jax.jit(speculative_step, static_argnames="config")
-  for _ in range(3):
-    state = step(target, drafter, state, config=config)
+
+  @functools.partial(jax.jit, static_argnames="config")
+  def three_iterations(target, drafter, prompts, lengths, *, config):  # one compile
+    state = init_state(target, drafter, prompts, lengths, jax.random.key(0), config)
+    step = lambda _, state: speculative_step(target, drafter, state, config)
+    return jax.lax.fori_loop(0, 3, step, state)
+
+  state = three_iterations(target, drafter, *prompts, config=config)
   tokens, lengths = prompts
   s = [
     list(np.asarray(tokens[b, : lengths[b]]))
