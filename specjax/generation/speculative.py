@@ -358,7 +358,8 @@ def speculative_generate(
     draft: a `Transformer` over the same tokenizer (vocabulary sizes may
       differ: ids a model lacks get probability 0 in its law; the target itself
       is allowed, a perfect draft that exposes the overhead), or any
-      `specjax.drafting` drafter (`NGramDrafter`, `layer_skip(target, k)`, ...).
+      `specjax.drafting` drafter (`NGramDrafter`, `layer_skip(target, k)`, ...;
+      `CrossTokenizerDrafter` for a draft with a tokenizer of its own).
     prompts: `[B, P]` int32, right-padded; the padding is ignored.
     prompt_lengths: `[B]` int32 in [1, P].
     gamma: drafted tokens per iteration (>= 1, static); for a drafter that

@@ -232,9 +232,8 @@ def _propose(backend, pieces, committed: list[int], drafted: bytes, window: int,
     return ids[len(tail) : len(tail) + gamma]
   # The committed tail is not how the target's tokenizer would spell it (a model's
   # output need not be canonical): the drafted text's own encoding.
-  return backend.encode(drafted.decode("utf-8", errors="ignore"), add_special_tokens=False).ids[
-    :gamma
-  ]
+  own = backend.encode(drafted.decode("utf-8", errors="ignore"), add_special_tokens=False)
+  return own.ids[:gamma]
 
 
 def string_level_generate(
