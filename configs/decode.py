@@ -5,7 +5,8 @@
       --config.draft=/path/to/hf_draft --config.prompt="def fibonacci(n):"
 
 `target` and `draft` are local Hugging Face checkpoint directories (config.json,
-safetensors, tokenizer.json); both empty (the default) means the pair bundled
+safetensors, tokenizer.json) or hub repo ids ("org/name") found offline in the
+local Hugging Face cache ($HF_HUB_CACHE); both empty (the default) means the pair bundled
 in `specjax/pretrained`. They must share a tokenizer unless `drafter` is
 cross_tokenizer or string_level:
 
@@ -46,6 +47,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.layer_skip = 2  # target layers the layer_skip drafter keeps
   config.adaptive = ""  # "" (fixed gamma) | schedule | confidence
   config.confidence_threshold = 0.5
+  # Sample as the target checkpoint's generation_config.json says (do_sample,
+  # temperature, top_k, top_p; transformers' defaults) instead of the three below.
+  config.checkpoint_sampling = False
   config.temperature = 0.0
   config.top_k = 0
   config.top_p = 1.0

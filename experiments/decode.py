@@ -70,9 +70,9 @@ def default_gamma(batch_size: int, drafter: str = "model") -> int:
   return min(by_batch, DRAFTER_GAMMA.get(drafter, by_batch))
 
 
-def _eos_id(path: str) -> int | None:
-  eos = specjax.hf.read_config(path).get("eos_token_id")
-  return eos[0] if isinstance(eos, list) else eos
+def _eos_ids(path: str) -> list[int] | None:
+  """The checkpoint's EOS ids (generation_config.json, else config.json), or None."""
+  return list(specjax.hf.generation_settings(path).eos_ids) or None
 
 
 def _load(config: ml_collections.ConfigDict, dtype):
@@ -99,18 +99,22 @@ def _load(config: ml_collections.ConfigDict, dtype):
         pretrained.CROSS_DRAFT_DIR,
       )
     return target, draft, tokenizer, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
-  target, tokenizer = specjax.hf.load_model(config.target, dtype=dtype)
-  draft, draft_tokenizer = specjax.hf.load_model(config.draft, dtype=dtype)
+  # Directories or hub repo ids, resolved offline in the local Hugging Face cache.
+  target_path = specjax.hf.resolve_checkpoint(config.target)
+  draft_path = specjax.hf.resolve_checkpoint(config.draft)
+  logging.info("pair check:\n%s", specjax.hf.check_pair(target_path, draft_path))
+  target, tokenizer = specjax.hf.load_model(target_path, dtype=dtype)
+  draft, draft_tokenizer = specjax.hf.load_model(draft_path, dtype=dtype)
   if tokenizer is None:
     raise ValueError(f"{config.target} has no tokenizer.json; text prompts need one.")
   if not cross:
-    specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, config.target, config.draft)
+    specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, target_path, draft_path)
   elif draft_tokenizer is None:
     raise ValueError(
       f"config.drafter={config.drafter!r} reads the draft's own tokenizer: "
       f"{config.draft} has no tokenizer.json."
     )
-  return target, draft, tokenizer, draft_tokenizer, config.target, config.draft
+  return target, draft, tokenizer, draft_tokenizer, target_path, draft_path
 
 
 def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
@@ -255,13 +259,16 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     )
   target = shard_model(target, mesh)
   draft = shard_model(draft, mesh, replicate=config.replicate_draft)
-  sampling = specjax.SamplingParams(
-    temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
-  )
+  if config.checkpoint_sampling:  # the target's generation_config.json
+    sampling = specjax.hf.sampling_from_checkpoint(target_path)
+  else:
+    sampling = specjax.SamplingParams(
+      temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
+    )
   texts_in, prompts, lengths = _prompt_batch(config, tokenizer)
   ids = np.asarray(prompts[0, : lengths[0]]).tolist()
   prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
-  eos = _eos_id(target_path) if config.stop_at_eos else None
+  eos = _eos_ids(target_path) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
   drafter = _drafter(config, target, draft, draft_tokenizer, tokenizer)
   auto_gamma = config.gamma == 0
@@ -322,7 +329,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "spec_text": texts["spec"],
     "gamma": config.gamma,
     "gamma_policy": "by batch size" if auto_gamma else "fixed",
-    "temperature": float(config.temperature),
+    "temperature": float(sampling.temperature),
+    "eos_ids": eos,
     "drafter": config.drafter,
     # FR-Spec: the head drafts among this many frequent ids (None: all)
     "vocab_subset": None

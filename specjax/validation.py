@@ -58,6 +58,35 @@ def check_token_id(name: str, value, vocab_size: int) -> int | None:
   return int(value)
 
 
+def check_eos_ids(name: str, value, vocab_size: int) -> int | tuple[int, ...] | None:
+  """None, one id, or a non-empty sequence of distinct ids (checkpoints may list
+  several EOS ids), each an int in [0, vocab_size); one id stays an int, several
+  become a tuple (static, hashable)."""
+  if value is None or is_int(value):
+    return check_token_id(name, value, vocab_size)
+  try:
+    ids = tuple(value)
+  except TypeError:
+    ids = ()
+  if (
+    not ids or not all(is_int(i) and 0 <= i < vocab_size for i in ids) or len(set(ids)) != len(ids)
+  ):
+    raise ValueError(
+      f"{name} must be None, an integer or a non-empty list of distinct integers in "
+      f"[0, vocab_size={vocab_size}), got {value!r}."
+    )
+  return ids[0] if len(ids) == 1 else tuple(int(i) for i in ids)
+
+
+def is_eos(tokens, eos_ids):
+  """`tokens == eos` for one EOS id or any of several (`check_eos_ids`), elementwise."""
+  import jax.numpy as jnp
+
+  if isinstance(eos_ids, tuple):
+    return jnp.isin(tokens, jnp.asarray(eos_ids, tokens.dtype))
+  return tokens == eos_ids
+
+
 def check_output_path(name: str, path: str | None) -> str | None:
   """Makes sure a result can be written to `path` before any work starts.
 

@@ -126,3 +126,18 @@ def word_tokenizer(words, specials=()):
   tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
   tok.add_special_tokens(list(specials))
   return tok
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"  # a snapshot's commit in `hub_cache`
+
+
+def hub_cache(root, repo: str, source, commit: str = COMMIT, ref: str = "main") -> str:
+  """Puts checkpoint directory `source` into `root` (a pathlib.Path) as the Hugging
+  Face cache's snapshot of `repo` at `commit`, which `ref` points to."""
+  import shutil
+
+  repo_dir = root / f"models--{repo.replace('/', '--')}"
+  shutil.copytree(source, repo_dir / "snapshots" / commit)
+  (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+  (repo_dir / "refs" / ref).write_text(commit)
+  return str(root)

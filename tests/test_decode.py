@@ -7,6 +7,7 @@ import pytest
 from configs import decode as decode_config
 from experiments import decode
 from experiments.make_hf_checkpoint import make_checkpoint
+from helpers import COMMIT, hub_cache
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,21 @@ def test_decode_pairs_a_draft_of_another_tokenizer(pair, tmp_path_factory):
     assert result["texts_identical"] is True and result["ar_text"]
     assert 0 < result["vocab_map"]["shared"] < 300
   assert result["string_level_timings"]["iterations"] > 0
+
+
+def test_decode_takes_hub_ids_and_the_checkpoints_generation_config(pair, tmp_path, monkeypatch):
+  from huggingface_hub import constants
+
+  cache = tmp_path / "hub"
+  hub_cache(cache, "org/big", pair[0])
+  hub_cache(cache, "org/small", pair[1])
+  gen = {"do_sample": False, "temperature": 0.6, "eos_token_id": [2, 7]}
+  snapshot = cache / "models--org--big" / "snapshots" / COMMIT
+  (snapshot / "generation_config.json").write_text(json.dumps(gen))
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+  result = decode.run(_config(("org/big", "org/small"), checkpoint_sampling=True))
+  assert result["target"] == str(snapshot) and result["texts_identical"] is True
+  assert result["temperature"] == 0 and result["eos_ids"] == [2, 7]  # do_sample false: greedy
 
 
 @pytest.mark.parametrize(

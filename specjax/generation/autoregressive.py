@@ -17,7 +17,7 @@ from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutpu
 from specjax.models.kv_cache import check_capacity, write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
-from specjax.validation import check_positive_int, check_token_id
+from specjax.validation import check_eos_ids, check_positive_int, is_eos
 
 
 def autoregressive_step(
@@ -25,7 +25,7 @@ def autoregressive_step(
   state: ARState,
   sampling: SamplingParams,
   max_new_tokens: int,
-  eos_id: int | None,
+  eos_id: int | tuple[int, ...] | None,
 ) -> ARState:
   """Feeds each row's last token, samples the next, commits it for active rows."""
   active = ~state.done
@@ -42,7 +42,7 @@ def autoregressive_step(
   num_generated = state.num_generated + active.astype(jnp.int32)
   done = state.done | (num_generated >= max_new_tokens)
   if eos_id is not None:
-    done = done | (active & (token == eos_id))
+    done = done | (active & is_eos(token, eos_id))
   stats = AutoregressiveStats(
     iterations=state.stats.iterations + 1, target_calls=state.stats.target_calls + 1
   )
@@ -104,7 +104,7 @@ def autoregressive_generate(
   max_new_tokens: int,
   sampling: SamplingParams = SamplingParams(),
   key: jax.Array | None = None,
-  eos_id: int | None = None,
+  eos_id: int | list[int] | None = None,
   pad_id: int = 0,
 ) -> GenerateOutput:
   """Decodes up to `max_new_tokens` tokens per row, one model call per token.
@@ -116,7 +116,8 @@ def autoregressive_generate(
     max_new_tokens: budget per row (>= 1, static: it sets the output shape).
     sampling: warp; temperature 0 is greedy.
     key: PRNG key; required unless sampling is greedy.
-    eos_id: stop a row after it emits this id (the EOS is kept and counted).
+    eos_id: stop a row after it emits this id, or any of a list of ids (the
+      EOS is kept and counted).
     pad_id: value of `tokens` past each row's `num_generated`.
 
   Returns:
@@ -126,7 +127,7 @@ def autoregressive_generate(
   max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
   validation.check_sampling(sampling, cfg.vocab_size)
   _, width = validation.check_prompts(prompts, prompt_lengths, cfg.vocab_size)
-  eos_id = check_token_id("eos_id", eos_id, cfg.vocab_size)
+  eos_id = check_eos_ids("eos_id", eos_id, cfg.vocab_size)
   pad_id = validation.check_pad_id(pad_id)
   capacity = check_capacity("model", cfg.max_seq_len, width, max_new_tokens)
   key = validation.check_key(key, sampling)

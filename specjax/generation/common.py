@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
+from specjax.validation import is_eos
 
 # Traces of the jitted programs, by name: tests use it to prove no recompilation.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -57,11 +58,13 @@ def zero_padding(prompts: jax.Array, prompt_lengths: jax.Array) -> jax.Array:
   return jnp.where(valid, prompts, 0)
 
 
-def first_done(first: jax.Array, max_new_tokens: int, eos_id: int | None) -> jax.Array:
+def first_done(
+  first: jax.Array, max_new_tokens: int, eos_id: int | tuple[int, ...] | None
+) -> jax.Array:
   """`[B]` bool: the prefill's token already ends the row (budget 1 or EOS)."""
   done = jnp.full(first.shape, max_new_tokens <= 1)
   if eos_id is not None:
-    done = done | (first == eos_id)
+    done = done | is_eos(first, eos_id)
   return done
 
 

@@ -29,7 +29,7 @@ from specjax.models.kv_cache import KVCache, cache_capacity, check_capacity, wri
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, warp_probs
 from specjax.trees import RowTrees
-from specjax.validation import check_positive_int, check_token_id
+from specjax.validation import check_eos_ids, check_positive_int, is_eos
 from specjax.vocab import fit_ids, pad_vocab
 
 ADAPTIVE = (None, "schedule", "confidence")
@@ -232,9 +232,9 @@ def commit_tokens(
   hit_eos = jnp.zeros_like(active)
   if config.eos_id is not None:
     slots = jnp.arange(emitted.shape[1])[None, :]
-    is_eos = (emitted == config.eos_id) & (slots < count[:, None])
-    hit_eos = jnp.any(is_eos, axis=1)
-    count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
+    eos = is_eos(emitted, config.eos_id) & (slots < count[:, None])
+    hit_eos = jnp.any(eos, axis=1)
+    count = jnp.where(hit_eos, jnp.argmax(eos, axis=1) + 1, count)
   count = jnp.minimum(count, config.max_new_tokens - state.num_generated)
   count = jnp.where(active, count, 0)
   tokens = write_rows(state.tokens, emitted, state.num_generated)
@@ -342,7 +342,7 @@ def speculative_generate(
   max_new_tokens: int,
   sampling: SamplingParams = SamplingParams(),
   key: jax.Array | None = None,
-  eos_id: int | None = None,
+  eos_id: int | list[int] | None = None,
   verifier: str | verify_lib.Verifier = "auto",
   pad_id: int = 0,
   adaptive: str | None = None,
@@ -367,7 +367,8 @@ def speculative_generate(
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
     key: one PRNG key; required unless sampling is greedy.
-    eos_id: stop a row after it emits this id (kept and counted).
+    eos_id: stop a row after it emits this id, or any of a list of ids
+      (checkpoints may have several); the EOS is kept and counted.
     verifier: "auto" (greedy at temperature 0, else token), "token", "block",
       "greedy", or a verifier function with the `specjax.verify` signature.
       Token trees are always verified by `specjax.verify.tree_verify` (greedy
@@ -389,7 +390,7 @@ def speculative_generate(
   max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
   validation.check_sampling(sampling, tcfg.vocab_size)
   _, width = validation.check_prompts(prompts, prompt_lengths, tcfg.vocab_size)
-  eos_id = check_token_id("eos_id", eos_id, tcfg.vocab_size)
+  eos_id = check_eos_ids("eos_id", eos_id, tcfg.vocab_size)
   pad_id = validation.check_pad_id(pad_id)
   check_capacity("target", tcfg.max_seq_len, width, max_new_tokens, gamma)
   drafter.check_capacity(width, max_new_tokens, gamma)

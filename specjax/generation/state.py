@@ -25,7 +25,8 @@ class SpecConfig:
     verifier: "token", "block", "greedy" (names of `verify.VERIFIERS`) or a
       verifier function; "tree" for a drafter that drafts token trees (then
       `speculative_step` verifies with `verify.tree_verify` and ignores it).
-    eos_id: a row stops after emitting this id; None disables it.
+    eos_id: a row stops after emitting this id (or any of a tuple of ids); None
+      disables it.
     pad_id: the value written to `tokens` past each row's `num_generated`.
     adaptive: None, or "schedule" to adapt each row's draft limit (+2 after a
       fully accepted block, -1 otherwise). "confidence" lives in the drafter.
@@ -35,7 +36,7 @@ class SpecConfig:
   max_new_tokens: int
   sampling: SamplingParams
   verifier: Any = "token"
-  eos_id: int | None = None
+  eos_id: int | tuple[int, ...] | None = None
   pad_id: int = 0
   adaptive: str | None = None
 

@@ -42,7 +42,7 @@ from specjax.generation.state import SpecConfig, SpeculativeStats
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
-from specjax.validation import check_positive_int, check_token_id
+from specjax.validation import check_eos_ids, check_positive_int
 from specjax.vocab_map import backend_of, check_size, token_bytes
 
 
@@ -248,7 +248,7 @@ def string_level_generate(
   max_new_tokens: int,
   sampling: SamplingParams = SamplingParams(),
   key: jax.Array | None = None,
-  eos_id: int | None = None,
+  eos_id: int | list[int] | None = None,
   pad_id: int = 0,
   verifier: str = "auto",
   draft_tokens: int | None = None,
@@ -285,7 +285,7 @@ def string_level_generate(
   check_size("target_tokenizer", len(target_pieces), target.cfg.vocab_size)
   validation.check_sampling(sampling, target.cfg.vocab_size)
   batch, width = validation.check_prompts(prompts, prompt_lengths, target.cfg.vocab_size)
-  eos_id = check_token_id("eos_id", eos_id, target.cfg.vocab_size)
+  eos_id = check_eos_ids("eos_id", eos_id, target.cfg.vocab_size)
   pad_id = validation.check_pad_id(pad_id)
   capacity = check_capacity("target", target.cfg.max_seq_len, width, max_new_tokens, gamma)
   if verifier == "auto":

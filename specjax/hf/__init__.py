@@ -1,19 +1,32 @@
-"""Hugging Face checkpoints: load Llama, Mistral, Qwen2 and GPT-2 from a local directory.
+"""Hugging Face checkpoints: load Llama, Mistral, Qwen2 and GPT-2 from a local
+directory or the local Hugging Face cache.
 
   model, tokenizer = specjax.hf.load_model("/path/to/dir", dtype=jnp.bfloat16)
+  model, tokenizer = specjax.hf.load_model("Qwen/Qwen2.5-0.5B")   # cached repo id
+  settings = specjax.hf.generation_settings("Qwen/Qwen2.5-0.5B")  # EOS ids, sampling
 
-No network access: the directory must hold config.json and safetensors weights.
+No network access unless asked for (`allow_download`): the directory or cached
+snapshot must hold config.json and safetensors weights.
 """
 
 from specjax.hf.config import SUPPORTED, UnsupportedConfigError, model_config
+from specjax.hf.generation import GenerationSettings, generation_settings, sampling_from_checkpoint
+from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.loader import check_same_tokenizer, load_model, load_tokenizer, read_config
+from specjax.hf.pairs import PairReport, check_pair
 
 __all__ = [
+  "GenerationSettings",
+  "PairReport",
   "SUPPORTED",
   "UnsupportedConfigError",
+  "check_pair",
   "check_same_tokenizer",
+  "generation_settings",
   "load_model",
   "load_tokenizer",
   "model_config",
   "read_config",
+  "resolve_checkpoint",
+  "sampling_from_checkpoint",
 ]

@@ -13,6 +13,7 @@ from specjax.data.tokenizer import Tokenizer
 from specjax.dtypes import dtype_name
 from specjax.hf import config as hf_config
 from specjax.hf import weights
+from specjax.hf.hub import resolve_checkpoint
 from specjax.models.transformer import Transformer
 from specjax.validation import read_json_object
 
@@ -42,15 +43,28 @@ def load_tokenizer(path: str) -> Tokenizer | None:
   return Tokenizer.from_file(file)
 
 
-def load_model(path: str, dtype=jnp.bfloat16, mesh=None, rules=None):
-  """Loads a Llama, Mistral, Qwen2 or GPT-2 checkpoint from a local directory.
+def load_model(
+  path: str,
+  dtype=jnp.bfloat16,
+  mesh=None,
+  rules=None,
+  *,
+  revision: str | None = None,
+  cache_dir: str | None = None,
+  allow_download: bool = False,
+):
+  """Loads a Llama, Mistral, Qwen2 or GPT-2 checkpoint from a local directory or
+  the local Hugging Face cache.
 
   Reads `config.json`, `model.safetensors` (or the shards listed in
   `model.safetensors.index.json`) and `tokenizer.json` when present. Tensors are
   converted one at a time straight into `dtype` (parameters and computation).
 
   Args:
-    path: directory as written by `save_pretrained`.
+    path: directory as written by `save_pretrained`, or a hub repo id
+      ("org/name") resolved offline in the local Hugging Face cache
+      (`specjax.hf.resolve_checkpoint`, with `revision`, `cache_dir` and
+      `allow_download`).
     dtype: jnp.float32, jnp.bfloat16 or jnp.float16.
     mesh: optional `jax.sharding.Mesh`: each tensor goes straight into its
       sharding under `rules` (default `specjax.distributed.LOGICAL_RULES`);
@@ -66,6 +80,7 @@ def load_model(path: str, dtype=jnp.bfloat16, mesh=None, rules=None):
       message names the file, and the field or tensor).
   """
   name = dtype_name(dtype)
+  path = resolve_checkpoint(path, revision, cache_dir, allow_download)
   hf = read_config(path)
   cfg = hf_config.model_config(hf, name, source=os.path.join(path, "config.json"))
   # Everything cheap is checked before any tensor is read.
@@ -111,5 +126,8 @@ def check_same_tokenizer(
   if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
     raise ValueError(
       f"the target ({target_path}) and draft ({draft_path}) use different "
-      "tokenizers; speculative decoding needs one shared vocabulary."
+      "tokenizers; a plain draft needs the target's vocabulary. Draft across "
+      "tokenizers with specjax.drafting.CrossTokenizerDrafter or "
+      "specjax.string_level_generate (experiments.decode: "
+      "--config.drafter=cross_tokenizer or string_level)."
     )
