@@ -1,4 +1,5 @@
-"""Hugging Face import: parity with transformers for Llama, Mistral, Qwen2 and GPT-2.
+"""Hugging Face import: parity with transformers for Llama, Mistral, Qwen2, Qwen3,
+Phi-3, SmolLM (Llama architecture) and GPT-2.
 
 Checkpoints are small random models made here with transformers and written
 with `save_pretrained` (no downloads). Norm weights and biases are moved away
@@ -60,6 +61,20 @@ def hf_model(arch: str, size: dict, seed: int):
   elif arch == "qwen2":
     cfg = transformers.Qwen2Config(vocab_size=VOCAB, **size)
     model = transformers.Qwen2ForCausalLM(cfg)
+  elif arch == "qwen3":  # q/k norms; head_dim is its own key (default 128)
+    head_dim = size["hidden_size"] // size["num_attention_heads"]
+    cfg = transformers.Qwen3Config(vocab_size=VOCAB, head_dim=head_dim, **size)
+    model = transformers.Qwen3ForCausalLM(cfg)
+  elif arch == "phi3":  # fused qkv and gate/up projections, a sliding window
+    cfg = transformers.Phi3Config(
+      vocab_size=VOCAB, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2, **size
+    )
+    model = transformers.Phi3ForCausalLM(cfg)
+  elif arch == "smollm":  # SmolLM2: the Llama architecture, tied, 3 query heads per kv head
+    small = dict(size, num_attention_heads=3 * size["num_key_value_heads"])
+    small["hidden_size"] = 16 * small["num_attention_heads"]
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, tie_word_embeddings=True, **small)
+    model = transformers.LlamaForCausalLM(cfg)
   else:
     cfg = transformers.GPT2Config(
       vocab_size=VOCAB,
@@ -80,7 +95,9 @@ def hf_model(arch: str, size: dict, seed: int):
   return model.eval()
 
 
-@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "gpt2"])
+@pytest.fixture(
+  scope="module", params=["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm", "gpt2"]
+)
 def checkpoint(request, tmp_path_factory):
   """(arch, transformers target, target dir, draft dir)."""
   arch = request.param
@@ -156,6 +173,9 @@ def test_config_translation(checkpoint):
     "llama": dict(tie_embeddings=True, qkv_bias=False, n_kv_heads=2),
     "mistral": dict(sliding_window=8, tie_embeddings=False),
     "qwen2": dict(qkv_bias=True, out_bias=False),
+    "qwen3": dict(qk_norm=True, qkv_bias=False, head_dim=16),
+    "phi3": dict(sliding_window=8, tie_embeddings=False, qk_norm=False),
+    "smollm": dict(tie_embeddings=True, n_heads=6, n_kv_heads=2, rope_scaling=None),
     "gpt2": dict(norm="layernorm", positions="learned", mlp="gelu", tie_embeddings=True),
   }[arch]
   for key, value in expected.items():
@@ -218,7 +238,7 @@ def test_errors_name_the_problem(llama_dir, tmp_path):
   with pytest.raises(
     ValueError,
     match=r"model_type 'bert' is not supported; supported: "
-    r"llama, mistral, qwen2, gpt2",
+    r"llama, mistral, qwen2, qwen3, phi3, gpt2",
   ):
     specjax.hf.load_model(str(bert))
 
@@ -341,6 +361,12 @@ def test_legacy_rope_keys_and_refusals():
     specjax.hf.model_config(dict(legacy, hidden_act="gelu"), "float32")
   with pytest.raises(ValueError, match="qwen2 use_sliding_window=true"):
     specjax.hf.model_config(dict(legacy, model_type="qwen2", use_sliding_window=True), "float32")
+  with pytest.raises(ValueError, match="qwen3 use_sliding_window=true"):
+    specjax.hf.model_config(dict(legacy, model_type="qwen3", use_sliding_window=True), "float32")
+  with pytest.raises(ValueError, match="phi3 partial_rotary_factor=0.75 is not supported"):
+    specjax.hf.model_config(dict(legacy, model_type="phi3", partial_rotary_factor=0.75), "float32")
+  with pytest.raises(ValueError, match="model_type 'gemma2' is not supported"):
+    specjax.hf.model_config(dict(legacy, model_type="gemma2"), "float32")
 
 
 def test_load_model_returns_the_library_tokenizer(llama_dir, tmp_path):

@@ -1,6 +1,7 @@
 """Hugging Face `config.json` -> `specjax.ModelConfig`.
 
-Supported `model_type`s: llama, mistral, qwen2, gpt2. Anything the one decode
+Supported `model_type`s: llama (and Llama-architecture models such as SmolLM),
+mistral, qwen2, qwen3 (q/k norms), phi3 (fused projections), gpt2. Anything the one decode
 path cannot reproduce exactly is refused with the key that asks for it.
 """
 
@@ -11,7 +12,7 @@ from typing import Any
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.validation import check_positive_int
 
-SUPPORTED = ("llama", "mistral", "qwen2", "gpt2")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 
 
 class UnsupportedConfigError(ValueError):
@@ -115,11 +116,16 @@ def model_config(hf: dict[str, Any], dtype: str, source: str = "config.json") ->
       f"{source}: {model_type} hidden_act {act!r} is not supported (silu)."
     )
   sliding_window = None
-  if model_type == "mistral":
+  if model_type in ("mistral", "phi3"):
     sliding_window = _int(hf, "sliding_window", source, required=False)
-  if model_type == "qwen2" and hf.get("use_sliding_window"):
+  if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
     raise UnsupportedConfigError(
-      f"{source}: qwen2 use_sliding_window=true (per-layer windows) is not supported."
+      f"{source}: {model_type} use_sliding_window=true (per-layer windows) is not supported."
+    )
+  if model_type == "phi3" and hf.get("partial_rotary_factor", 1.0) != 1.0:
+    raise UnsupportedConfigError(
+      f"{source}: phi3 partial_rotary_factor={hf['partial_rotary_factor']!r} is not "
+      "supported (1.0: RoPE on the whole head)."
     )
   theta, scaling = _rope(hf, source)
   n_heads = _int(hf, "num_attention_heads", source)
@@ -138,6 +144,7 @@ def model_config(hf: dict[str, Any], dtype: str, source: str = "config.json") ->
     sliding_window=sliding_window,
     norm_eps=hf.get("rms_norm_eps", 1e-6),
     qkv_bias=model_type == "qwen2" or attention_bias,
+    qk_norm=model_type == "qwen3",
     out_bias=attention_bias,
     mlp_bias=bool(hf.get("mlp_bias", False)),
     tie_embeddings=bool(hf.get("tie_word_embeddings", False)),

@@ -33,10 +33,10 @@ def hf_config(
       f"mlp='swiglu', positions='rope'); got {cfg.norm!r}, {cfg.mlp!r}, "
       f"{cfg.positions!r}."
     )
-  if cfg.qkv_bias != cfg.out_bias or cfg.sliding_window or cfg.rope_scaling:
+  if cfg.qkv_bias != cfg.out_bias or cfg.sliding_window or cfg.rope_scaling or cfg.qk_norm:
     raise ValueError(
       "save_model cannot express qkv_bias != out_bias, a sliding "
-      "window or RoPE scaling in a Llama config."
+      "window, RoPE scaling or q/k norms in a Llama config."
     )
   return {
     "architectures": ["LlamaForCausalLM"],

@@ -38,7 +38,14 @@ def _split(index: int, parts: int, axis: int) -> Transform:
   return lambda x: jnp.split(x, parts, axis=axis)[index]
 
 
-def _llama_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
+def _rows(start: int, stop: int) -> Transform:
+  """Rows start:stop of a fused `[out, in]` weight, as a `[in, out]` kernel."""
+  return lambda x: x[start:stop].T
+
+
+def _llama_names(cfg: ModelConfig, fused: bool = False) -> dict[str, list[tuple[Path, Transform]]]:
+  """Llama-family names (Mistral, Qwen2/3, SmolLM); `fused` for Phi-3's
+  `qkv_proj` and `gate_up_proj`."""
   names = {
     "model.embed_tokens.weight": [(("embed", "embedding"), _same)],
     "model.norm.weight": [(("final_norm", "scale"), _same)],
@@ -49,6 +56,23 @@ def _llama_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
     hf, ours = f"model.layers.{i}.", ("layers", i)
     names[hf + "input_layernorm.weight"] = [(ours + ("attn_norm", "scale"), _same)]
     names[hf + "post_attention_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
+    if cfg.qk_norm:
+      for norm in ("q_norm", "k_norm"):
+        names[f"{hf}self_attn.{norm}.weight"] = [(ours + ("attn", norm, "scale"), _same)]
+    if fused:
+      q, kv = cfg.n_heads * cfg.resolved_head_dim, cfg.n_kv_heads * cfg.resolved_head_dim
+      bounds = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+      names[f"{hf}self_attn.qkv_proj.weight"] = [
+        (ours + ("attn", proj, "kernel"), _rows(*bounds[proj])) for proj in bounds
+      ]
+      names[f"{hf}self_attn.o_proj.weight"] = [(ours + ("attn", "o_proj", "kernel"), _transpose)]
+      f = cfg.d_ff
+      names[f"{hf}mlp.gate_up_proj.weight"] = [
+        (ours + ("mlp", "gate_proj", "kernel"), _rows(0, f)),
+        (ours + ("mlp", "up_proj", "kernel"), _rows(f, 2 * f)),
+      ]
+      names[f"{hf}mlp.down_proj.weight"] = [(ours + ("mlp", "down_proj", "kernel"), _transpose)]
+      continue
     for proj, bias in (
       ("q_proj", cfg.qkv_bias),
       ("k_proj", cfg.qkv_bias),
@@ -91,7 +115,9 @@ def _gpt2_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
 
 def tensor_map(model_type: str, cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
   """Hugging Face tensor name -> [(parameter path, transform)] for `model_type`."""
-  return _gpt2_names(cfg) if model_type == "gpt2" else _llama_names(cfg)
+  if model_type == "gpt2":
+    return _gpt2_names(cfg)
+  return _llama_names(cfg, fused=model_type == "phi3")
 
 
 def _canonical(model_type: str, name: str) -> str:

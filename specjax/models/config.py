@@ -72,6 +72,7 @@ class ModelConfig:
     mlp: "swiglu" (gated SiLU, Llama) or "gelu" (plain GELU, GPT-2).
     positions: "rope" (rotary) or "learned" (absolute embedding table).
     qkv_bias: bias on the q/k/v projections (Qwen2, GPT-2).
+    qk_norm: an RMSNorm over each head's query and key, before RoPE (Qwen3).
     out_bias: bias on the attention output projection (GPT-2).
     mlp_bias: biases in the MLP (GPT-2).
     tie_embeddings: the output head reuses the token embedding matrix.
@@ -96,6 +97,7 @@ class ModelConfig:
   mlp: Literal["swiglu", "gelu"] = "swiglu"
   positions: Literal["rope", "learned"] = "rope"
   qkv_bias: bool = False
+  qk_norm: bool = False
   out_bias: bool = False
   mlp_bias: bool = False
   tie_embeddings: bool = False

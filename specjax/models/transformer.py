@@ -48,16 +48,18 @@ def _zeros(names: tuple[str | None, ...]):
 class Norm(nnx.Module):
   """RMSNorm or LayerNorm over the last axis, computed in float32."""
 
-  def __init__(self, cfg: ModelConfig):
+  def __init__(self, cfg: ModelConfig, width: int | None = None, axis: str = "embed"):
+    """Over `width` features (default d_model), logical axis `axis`."""
     self.kind = cfg.norm
     self.eps = cfg.norm_eps
     self.dtype = cfg.compute_dtype
+    width = width or cfg.d_model
     key = jax.random.key(0)  # unused by the constant initialisers
     self.scale = nnx.Param(
-      _logical(nnx.initializers.ones, ("embed",))(key, (cfg.d_model,), cfg.weight_dtype)
+      _logical(nnx.initializers.ones, (axis,))(key, (width,), cfg.weight_dtype)
     )
     if cfg.norm == "layernorm":
-      self.bias = nnx.Param(_zeros(("embed",))(key, (cfg.d_model,), cfg.weight_dtype))
+      self.bias = nnx.Param(_zeros((axis,))(key, (width,), cfg.weight_dtype))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(jnp.float32)
@@ -158,6 +160,9 @@ class Attention(nnx.Module):
     self.k_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"), cfg.qkv_bias)
     self.v_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"), cfg.qkv_bias)
     self.o_proj = linear(cfg.n_heads * h, cfg.d_model, ("heads", "embed"), cfg.out_bias)
+    if cfg.qk_norm:  # Qwen3: each head's query and key normalised before RoPE
+      self.q_norm = Norm(cfg, h, "head_dim")
+      self.k_norm = Norm(cfg, h, "head_dim")
 
   def __call__(
     self,
@@ -179,6 +184,8 @@ class Attention(nnx.Module):
     q = self.q_proj(x).reshape(b, t, cfg.n_heads, h)
     k = self.k_proj(x).reshape(b, t, cfg.n_kv_heads, h)
     v = self.v_proj(x).reshape(b, t, cfg.n_kv_heads, h)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
     if cfg.positions == "rope":
       inv_freq = rope_inv_freq(cfg)
       q = apply_rope(q, positions, inv_freq)
