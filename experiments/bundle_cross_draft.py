@@ -27,7 +27,7 @@ import shutil
 import numpy as np
 from absl import app, flags
 
-from experiments.bundle_pair import run_lineage
+from experiments.bundle_pair import run_lineage, write_card
 from specjax import pretrained
 from specjax.data import Tokenizer
 from specjax.data.dataset import check_tokenizer, tokenizer_record, write_meta
@@ -83,16 +83,8 @@ def bundle(draft_run: str, draft_data: str, out: str) -> dict:
   shutil.copyfile(os.path.join(draft_data, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
   record = {"params": model.num_params, **run_lineage(draft_run)}
   target_tok = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
-  card = {
-    "draft": record,
-    "vocab_map": build_vocab_map(tokenizer, target_tok).report(),
-    "sha256": {
-      name: pretrained.file_sha256(os.path.join(out, name)) for name in pretrained.CROSS_FILES
-    },
-  }
-  with open(os.path.join(out, "card.json"), "w") as f:
-    json.dump(card, f, indent=2)
-  return card
+  card = {"draft": record, "vocab_map": build_vocab_map(tokenizer, target_tok).report()}
+  return write_card(out, card, pretrained.CROSS_FILES)
 
 
 def main(argv):

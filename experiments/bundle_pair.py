@@ -92,12 +92,12 @@ def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
   return write_card(out, card)
 
 
-def write_card(out: str, card: dict) -> dict:
+def write_card(out: str, card: dict, files: tuple[str, ...] = pretrained.BUNDLED_FILES) -> dict:
   """Writes `out/card.json`: `card` plus the sha256 of every bundled file under `out`.
 
   `specjax.pretrained.load_pair` checks the files against these sums before loading.
   """
-  card = {**card, "sha256": pretrained.file_sums(out)}
+  card = {**card, "sha256": pretrained.file_sums(out, files)}
   with open(os.path.join(out, "card.json"), "w") as f:
     json.dump(card, f, indent=2)
   return card

@@ -70,11 +70,6 @@ def default_gamma(batch_size: int, drafter: str = "model") -> int:
   return min(by_batch, DRAFTER_GAMMA.get(drafter, by_batch))
 
 
-def _eos_ids(path: str) -> list[int] | None:
-  """The checkpoint's EOS ids (generation_config.json, else config.json), or None."""
-  return list(specjax.hf.generation_settings(path).eos_ids) or None
-
-
 def _load(config: ml_collections.ConfigDict, dtype):
   """(target, draft, tokenizer, draft_tokenizer, target_path, draft_path): the
   bundled pair (with the bundled cross draft for the cross-tokenizer drafters)
@@ -259,8 +254,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     )
   target = shard_model(target, mesh)
   draft = shard_model(draft, mesh, replicate=config.replicate_draft)
-  if config.checkpoint_sampling:  # the target's generation_config.json
-    sampling = specjax.hf.sampling_from_checkpoint(target_path)
+  # The target's generation_config.json (else config.json): EOS ids, default sampling.
+  settings = specjax.hf.generation_settings(target_path)
+  if config.checkpoint_sampling:
+    sampling = settings.sampling
   else:
     sampling = specjax.SamplingParams(
       temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
@@ -268,7 +265,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   texts_in, prompts, lengths = _prompt_batch(config, tokenizer)
   ids = np.asarray(prompts[0, : lengths[0]]).tolist()
   prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
-  eos = _eos_ids(target_path) if config.stop_at_eos else None
+  eos = (list(settings.eos_ids) or None) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
   drafter = _drafter(config, target, draft, draft_tokenizer, tokenizer)
   auto_gamma = config.gamma == 0

@@ -78,15 +78,6 @@ def check_eos_ids(name: str, value, vocab_size: int) -> int | tuple[int, ...] | 
   return ids[0] if len(ids) == 1 else tuple(int(i) for i in ids)
 
 
-def is_eos(tokens, eos_ids):
-  """`tokens == eos` for one EOS id or any of several (`check_eos_ids`), elementwise."""
-  import jax.numpy as jnp
-
-  if isinstance(eos_ids, tuple):
-    return jnp.isin(tokens, jnp.asarray(eos_ids, tokens.dtype))
-  return tokens == eos_ids
-
-
 def check_output_path(name: str, path: str | None) -> str | None:
   """Makes sure a result can be written to `path` before any work starts.
 

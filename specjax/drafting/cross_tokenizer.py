@@ -50,7 +50,7 @@ from specjax.drafting.model import CachedDrafting
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
 from specjax.validation import is_real
-from specjax.vocab_map import VocabMap, backend_of, build_vocab_map
+from specjax.vocab_map import VocabMap, backend_of, build_vocab_map, check_size
 
 
 @struct.dataclass
@@ -146,11 +146,7 @@ class CrossTokenizerDrafter(CachedDrafting):
 
   def check_target(self, target: Transformer) -> None:
     """ValueError unless the target model has a row for every target-tokenizer id."""
-    if target.cfg.vocab_size < self.vocab_size:
-      raise ValueError(
-        f"target_tokenizer has {self.vocab_size} ids but the target model's vocab_size is "
-        f"{target.cfg.vocab_size}: the model must have a row for every id of its tokenizer."
-      )
+    check_size("target_tokenizer", self.vocab_size, target.cfg.vocab_size)
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     # The target's capacity is the least the draft needs (rows may still run out

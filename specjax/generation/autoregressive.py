@@ -12,12 +12,18 @@ import jax
 import jax.numpy as jnp
 
 from specjax.generation import validation
-from specjax.generation.common import TRACE_COUNTS, finalize, first_done, prefill, zero_padding
+from specjax.generation.common import (
+  TRACE_COUNTS,
+  finalize,
+  first_done,
+  is_eos,
+  prefill,
+  zero_padding,
+)
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
-from specjax.models.kv_cache import check_capacity, write_rows
+from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
-from specjax.validation import check_eos_ids, check_positive_int, is_eos
 
 
 def autoregressive_step(
@@ -123,22 +129,24 @@ def autoregressive_generate(
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B], stats)`.
   """
-  cfg = model.cfg
-  max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-  validation.check_sampling(sampling, cfg.vocab_size)
-  _, width = validation.check_prompts(prompts, prompt_lengths, cfg.vocab_size)
-  eos_id = check_eos_ids("eos_id", eos_id, cfg.vocab_size)
-  pad_id = validation.check_pad_id(pad_id)
-  capacity = check_capacity("model", cfg.max_seq_len, width, max_new_tokens)
-  key = validation.check_key(key, sampling)
+  args = validation.check_generate_args(
+    model.cfg,
+    "model",
+    prompts,
+    prompt_lengths,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=eos_id,
+    pad_id=pad_id,
+  )
   return _autoregressive_program(
     model,
     jnp.asarray(prompts, jnp.int32),
     jnp.asarray(prompt_lengths, jnp.int32),
-    key,
+    validation.check_key(key, sampling),
     sampling=sampling,
-    max_new_tokens=max_new_tokens,
-    eos_id=eos_id,
-    pad_id=pad_id,
-    capacity=capacity,
+    max_new_tokens=args.max_new_tokens,
+    eos_id=args.eos_id,
+    pad_id=args.pad_id,
+    capacity=args.capacity,
   )

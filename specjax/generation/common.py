@@ -3,6 +3,7 @@
 prefill         prompt through a fresh cache, first token sampled
 zero_padding    prompt ids past each row's length set to a valid id
 first_done      rows finished by the prefill's token alone
+is_eos          which tokens are an EOS (one id or several)
 finalize        output buffer cut to the budget, padded past each row's count
 TRACE_COUNTS    traces of the jitted programs (tests prove no recompilation)
 """
@@ -16,7 +17,6 @@ import jax.numpy as jnp
 
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
-from specjax.validation import is_eos
 
 # Traces of the jitted programs, by name: tests use it to prove no recompilation.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -56,6 +56,14 @@ def zero_padding(prompts: jax.Array, prompt_lengths: jax.Array) -> jax.Array:
   """`[B, P]` prompts with every id past a row's length set to 0 (a valid id)."""
   valid = jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None]
   return jnp.where(valid, prompts, 0)
+
+
+def is_eos(tokens: jax.Array, eos_id: int | tuple[int, ...]) -> jax.Array:
+  """`tokens == eos_id` elementwise, or membership in a tuple of EOS ids
+  (`specjax.validation.check_eos_ids` gives one or the other)."""
+  if isinstance(eos_id, tuple):
+    return jnp.isin(tokens, jnp.asarray(eos_id, tokens.dtype))
+  return tokens == eos_id
 
 
 def first_done(

@@ -23,13 +23,20 @@ import jax.numpy as jnp
 from specjax import verify as verify_lib
 from specjax.drafting import Commit, Drafter, Proposal, as_drafter, proposal_probs
 from specjax.generation import validation
-from specjax.generation.common import TRACE_COUNTS, finalize, first_done, prefill, zero_padding
+from specjax.generation.common import (
+  TRACE_COUNTS,
+  finalize,
+  first_done,
+  is_eos,
+  prefill,
+  zero_padding,
+)
 from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats
-from specjax.models.kv_cache import KVCache, cache_capacity, check_capacity, write_rows
+from specjax.models.kv_cache import KVCache, cache_capacity, write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, warp_probs
 from specjax.trees import RowTrees
-from specjax.validation import check_eos_ids, check_positive_int, is_eos
+from specjax.validation import check_positive_int
 from specjax.vocab import fit_ids, pad_vocab
 
 ADAPTIVE = (None, "schedule", "confidence")
@@ -384,16 +391,20 @@ def speculative_generate(
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
     stats: SpeculativeStats)`.
   """
-  tcfg = target.cfg
   drafter = as_drafter(draft)
   gamma = check_positive_int("gamma", gamma)
-  max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-  validation.check_sampling(sampling, tcfg.vocab_size)
-  _, width = validation.check_prompts(prompts, prompt_lengths, tcfg.vocab_size)
-  eos_id = check_eos_ids("eos_id", eos_id, tcfg.vocab_size)
-  pad_id = validation.check_pad_id(pad_id)
-  check_capacity("target", tcfg.max_seq_len, width, max_new_tokens, gamma)
-  drafter.check_capacity(width, max_new_tokens, gamma)
+  args = validation.check_generate_args(
+    target.cfg,
+    "target",
+    prompts,
+    prompt_lengths,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    gamma=gamma,
+  )
+  drafter.check_capacity(args.width, args.max_new_tokens, gamma)
   if hasattr(drafter, "check_target"):  # e.g. a draft with a tokenizer of its own
     drafter.check_target(target)
   if adaptive not in ADAPTIVE:
@@ -417,11 +428,11 @@ def speculative_generate(
   key = validation.check_key(key, sampling)
   config = SpecConfig(
     gamma=gamma,
-    max_new_tokens=max_new_tokens,
+    max_new_tokens=args.max_new_tokens,
     sampling=sampling,
     verifier=verifier,
-    eos_id=eos_id,
-    pad_id=pad_id,
+    eos_id=args.eos_id,
+    pad_id=args.pad_id,
     adaptive=adaptive,
   )
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.

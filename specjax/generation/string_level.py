@@ -39,10 +39,10 @@ from specjax.generation import validation
 from specjax.generation.common import finalize, zero_padding
 from specjax.generation.speculative import init_state, speculative_step
 from specjax.generation.state import SpecConfig, SpeculativeStats
-from specjax.models.kv_cache import KVCache, check_capacity
+from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
-from specjax.validation import check_eos_ids, check_positive_int
+from specjax.validation import check_positive_int
 from specjax.vocab_map import backend_of, check_size, token_bytes
 
 
@@ -273,7 +273,17 @@ def string_level_generate(
     `StringLevelOutput(tokens [B, max_new_tokens], num_generated [B], stats, timings)`.
   """
   gamma = check_positive_int("gamma", gamma)
-  max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+  args = validation.check_generate_args(
+    target.cfg,
+    "target",
+    prompts,
+    prompt_lengths,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    gamma=gamma,
+  )
   draft_tokens = check_positive_int(
     "draft_tokens", gamma + gamma // 2 if draft_tokens is None else draft_tokens
   )
@@ -283,29 +293,23 @@ def string_level_generate(
   draft_pieces, target_pieces = token_bytes(draft_tokenizer), token_bytes(target_tokenizer)
   check_size("draft_tokenizer", len(draft_pieces), draft.cfg.vocab_size)
   check_size("target_tokenizer", len(target_pieces), target.cfg.vocab_size)
-  validation.check_sampling(sampling, target.cfg.vocab_size)
-  batch, width = validation.check_prompts(prompts, prompt_lengths, target.cfg.vocab_size)
-  eos_id = check_eos_ids("eos_id", eos_id, target.cfg.vocab_size)
-  pad_id = validation.check_pad_id(pad_id)
-  capacity = check_capacity("target", target.cfg.max_seq_len, width, max_new_tokens, gamma)
   if verifier == "auto":
     verifier = "greedy" if sampling.greedy else "token"
   elif verifier not in ("token", "block"):
     raise ValueError(f"verifier must be 'auto', 'token' or 'block', got {verifier!r}.")
   key = validation.check_key(key, sampling)
-  if key is None:
-    key = jax.random.key(0)  # greedy: no draw reads it
   draft_key, key = jax.random.split(key)
 
   config = SpecConfig(
     gamma=gamma,
-    max_new_tokens=max_new_tokens,
+    max_new_tokens=args.max_new_tokens,
     sampling=sampling,
     verifier=verifier,
-    eos_id=eos_id,
-    pad_id=pad_id,
+    eos_id=args.eos_id,
+    pad_id=args.pad_id,
     adaptive=None,
   )
+  batch, capacity = args.batch, args.capacity
   given = GivenProposal(gamma=gamma, vocab_size=target.cfg.vocab_size)
   prompts = np.asarray(prompts, np.int32)
   lengths = np.asarray(prompt_lengths, np.int32)
@@ -362,7 +366,7 @@ def string_level_generate(
   timings["host_ms_per_iteration"] = 1e3 * timings["host_seconds"] / max(1, iteration)
   stats = state.stats.replace(draft_calls=jnp.int32(side.calls))
   return StringLevelOutput(
-    tokens=finalize(state.tokens, state.num_generated, max_new_tokens, pad_id),
+    tokens=finalize(state.tokens, state.num_generated, args.max_new_tokens, args.pad_id),
     num_generated=state.num_generated,
     stats=stats,
     timings=timings,

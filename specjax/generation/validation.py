@@ -8,11 +8,15 @@ that launchers and other modules share live in `specjax.validation`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import numpy as np
 
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import check_capacity
 from specjax.sampling import SamplingParams
-from specjax.validation import check_int
+from specjax.validation import check_eos_ids, check_int, check_positive_int
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -115,3 +119,39 @@ def check_key(key, sampling: SamplingParams) -> jax.Array:
     if key.dtype == np.uint32 and key.shape == (2,):
       return jax.random.wrap_key_data(key)
   raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")
+
+
+class GenerateArgs(NamedTuple):
+  """The arguments every generate loop shares, checked and normalised."""
+
+  max_new_tokens: int
+  eos_id: int | tuple[int, ...] | None
+  pad_id: int
+  batch: int
+  width: int  # P, the prompts' padded width
+  capacity: int  # KV-cache slots per row (`cache_capacity`)
+
+
+def check_generate_args(
+  cfg: ModelConfig,
+  role: str,
+  prompts,
+  prompt_lengths,
+  *,
+  max_new_tokens,
+  sampling,
+  eos_id,
+  pad_id,
+  gamma: int | None = None,
+) -> GenerateArgs:
+  """The checks of `autoregressive_generate`, `speculative_generate` and
+  `string_level_generate` for the model (`role`, e.g. "target") whose config is
+  `cfg`; `gamma` (already checked) adds one verification block's slack to the
+  capacity. The key is checked by `check_key`, after each loop's own checks."""
+  max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+  check_sampling(sampling, cfg.vocab_size)
+  batch, width = check_prompts(prompts, prompt_lengths, cfg.vocab_size)
+  eos_id = check_eos_ids("eos_id", eos_id, cfg.vocab_size)
+  pad_id = check_pad_id(pad_id)
+  capacity = check_capacity(role, cfg.max_seq_len, width, max_new_tokens, gamma)
+  return GenerateArgs(max_new_tokens, eos_id, pad_id, batch, width, capacity)

@@ -75,25 +75,26 @@ def file_sha256(path: str) -> str:
   return digest.hexdigest()
 
 
-def file_sums(directory: str) -> dict[str, str]:
-  """{relative path: sha256} of the BUNDLED_FILES under `directory` (for card.json)."""
-  return {rel: file_sha256(os.path.join(directory, rel)) for rel in BUNDLED_FILES}
+def file_sums(directory: str, files: tuple[str, ...] = BUNDLED_FILES) -> dict[str, str]:
+  """{relative path: sha256} of `files` under `directory` (for a card.json)."""
+  return {rel: file_sha256(os.path.join(directory, rel)) for rel in files}
 
 
-def _verify_sums(sums) -> None:
-  """Raises ValueError unless every bundled file has the sha256 `card.json` records."""
+def _verify_sums(sums, root: str, files, card_file: str, rebuild: str) -> None:
+  """Raises ValueError unless each of `files` (relative to `root`) has the sha256
+  that `card_file`'s table `sums` records."""
   if not isinstance(sums, dict):
-    raise ValueError(f"{CARD_FILE} has no 'sha256' table of the bundled files ({_REBUILD}).")
-  for rel in BUNDLED_FILES:
+    raise ValueError(f"{card_file} has no 'sha256' table of the bundled files ({rebuild}).")
+  for rel in files:
     expected = sums.get(rel)
     if not isinstance(expected, str):
-      raise ValueError(f"{CARD_FILE}: 'sha256' has no entry for {rel} ({_REBUILD}).")
-    path = os.path.join(PAIR_DIR, rel)
+      raise ValueError(f"{card_file}: 'sha256' has no entry for {rel} ({rebuild}).")
+    path = os.path.join(root, rel)
     actual = file_sha256(path)
     if actual != expected:
       raise ValueError(
-        f"{path} is corrupt or was changed: card.json records sha256 "
-        f"{expected}, the file has {actual} ({_REBUILD})."
+        f"{path} is corrupt or was changed: {card_file} records sha256 "
+        f"{expected}, the file has {actual} ({rebuild})."
       )
 
 
@@ -112,7 +113,7 @@ def load_pair(dtype=jnp.float32) -> Pair:
   for path in (TARGET_DIR, DRAFT_DIR, TOKENIZER_FILE, CARD_FILE):
     if not os.path.exists(path):
       raise FileNotFoundError(f"the bundled pair is incomplete: {path} is missing ({_REBUILD})")
-  _verify_sums(model_card().get("sha256"))
+  _verify_sums(model_card().get("sha256"), PAIR_DIR, BUNDLED_FILES, CARD_FILE, _REBUILD)
   tokenizer = Tokenizer.from_file(TOKENIZER_FILE)
   target, _ = load_model(TARGET_DIR, dtype=dtype)
   draft, _ = load_model(DRAFT_DIR, dtype=dtype)
@@ -133,14 +134,8 @@ def load_cross_draft(dtype=jnp.float32) -> tuple[Transformer, Tokenizer]:
       raise FileNotFoundError(
         f"the bundled cross draft is incomplete: {path} is missing ({_REBUILD_CROSS})"
       )
-  sums = read_json_object(card_file).get("sha256") or {}
-  for rel in CROSS_FILES:
-    path = os.path.join(CROSS_DRAFT_DIR, rel)
-    if sums.get(rel) != file_sha256(path):
-      raise ValueError(
-        f"{path} is corrupt or was changed: its sha256 differs from {card_file}'s "
-        f"({_REBUILD_CROSS})."
-      )
+  sums = read_json_object(card_file).get("sha256")
+  _verify_sums(sums, CROSS_DRAFT_DIR, CROSS_FILES, card_file, _REBUILD_CROSS)
   draft, _ = load_model(CROSS_DRAFT_DIR, dtype=dtype)
   return draft, Tokenizer.from_file(os.path.join(CROSS_DRAFT_DIR, "tokenizer.json"))
 
@@ -241,19 +236,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       raise FileNotFoundError(
         f"the bundled {kind} head is incomplete: {file} is missing ({_REBUILD_HEADS})"
       )
-  sums = heads_card().get("sha256")
-  if not isinstance(sums, dict):
-    raise ValueError(f"{HEADS_CARD_FILE} has no 'sha256' table ({_REBUILD_HEADS}).")
-  for rel in (f"{kind}/{f}" for f in HEAD_FILES):
-    expected, path = sums.get(rel), os.path.join(HEADS_DIR, rel)
-    if not isinstance(expected, str):
-      raise ValueError(f"{HEADS_CARD_FILE}: 'sha256' has no entry for {rel} ({_REBUILD_HEADS}).")
-    actual = file_sha256(path)
-    if actual != expected:
-      raise ValueError(
-        f"{path} is corrupt or was changed: heads/card.json records sha256 "
-        f"{expected}, the file has {actual} ({_REBUILD_HEADS})."
-      )
+  files = [f"{kind}/{f}" for f in HEAD_FILES]
+  _verify_sums(heads_card().get("sha256"), HEADS_DIR, files, HEADS_CARD_FILE, _REBUILD_HEADS)
   config_file = os.path.join(directory, "head_config.json")
   try:
     cfg = HeadConfig.from_dict(read_json_object(config_file))
