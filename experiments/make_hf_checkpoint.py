@@ -24,7 +24,7 @@ SIZES = {
   "draft": (128, 256, 1, 2, 1),
   "medium": (512, 1408, 6, 8, 4),
 }
-ARCHS = ("llama", "mistral", "qwen2", "gpt2")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm", "gpt2")
 _TOKENIZER_FILES = 20  # top-level stdlib modules the BPE is trained on
 
 
@@ -71,11 +71,19 @@ def make_checkpoint(out: str, arch: str, size: str, vocab_size: int, seed: int =
       bos_token_id=bos_id,
     )
   else:
+    head_dim = hidden // heads  # Qwen3 and Gemma default to their own, larger one
     config = {
-      "llama": transformers.LlamaConfig,
-      "mistral": transformers.MistralConfig,
-      "qwen2": transformers.Qwen2Config,
-    }[arch](**common)
+      "llama": lambda: transformers.LlamaConfig(**common),
+      "smollm": lambda: transformers.LlamaConfig(tie_word_embeddings=True, **common),
+      "mistral": lambda: transformers.MistralConfig(sliding_window=256, **common),
+      "qwen2": lambda: transformers.Qwen2Config(**common),
+      "qwen3": lambda: transformers.Qwen3Config(head_dim=head_dim, **common),
+      "phi3": lambda: transformers.Phi3Config(sliding_window=256, **common),
+      "gemma2": lambda: transformers.Gemma2Config(head_dim=head_dim, sliding_window=256, **common),
+      "gemma3": lambda: transformers.Gemma3TextConfig(
+        head_dim=head_dim, sliding_window=256, sliding_window_pattern=2, **common
+      ),
+    }[arch]()
   model = transformers.AutoModelForCausalLM.from_config(config)
   model.save_pretrained(out)
   tokenizer.save(os.path.join(out, "tokenizer.json"))

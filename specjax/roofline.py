@@ -88,7 +88,7 @@ def _kernels(model: Transformer):
       "up": mlp.up_proj.kernel[...],
       "down": mlp.down_proj.kernel[...],
     }
-    if cfg.mlp == "swiglu":
+    if cfg.mlp != "gelu":  # gated: SwiGLU, GeGLU
       mats["gate"] = mlp.gate_proj.kernel[...]
     layers.append(mats)
   head = model.embed.embedding[...].T if cfg.tie_embeddings else model.lm_head[...]

@@ -17,6 +17,22 @@ TINY = dict(
   vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128
 )
 TINY_DRAFT = dict(d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, n_layers=1)
+# Gemma 2/3's features on top of TINY: layer 0 local (a 3-token window, its own
+# RoPE base), layer 1 global; soft-caps, sandwich norms, GeGLU, q/k norms.
+GEMMA_STYLE = dict(
+  sliding_window=3,
+  local_layers=(0,),
+  rope_local_theta=100.0,
+  norm_offset=1.0,
+  sandwich_norms=True,
+  scale_embeddings=True,
+  mlp="geglu",
+  qk_norm=True,
+  attn_scale=0.3,
+  attn_softcap=5.0,
+  logit_softcap=10.0,
+  tie_embeddings=True,
+)
 
 
 def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:

@@ -154,9 +154,7 @@ def test_layer_skip_shares_the_target_weights(target):
   from specjax.models.transformer import attention_mask
 
   x = target._embed(tokens, positions)
-  x, _ = target.layers[0](
-    x, positions, attention_mask(target.cfg, positions, positions[0]), None, None
-  )
+  x, _ = target.layers[0](x, positions, {None: attention_mask(positions, positions[0])}, None, None)
   np.testing.assert_allclose(logits, target._logits(x), atol=1e-5)
   for bad in (0, 2, 1.5):
     with pytest.raises(ValueError, match=r"num_layers must be an int in \[1, 1\]"):

@@ -1,5 +1,5 @@
 """Hugging Face import: parity with transformers for Llama, Mistral, Qwen2, Qwen3,
-Phi-3, SmolLM (Llama architecture) and GPT-2.
+Phi-3, Gemma 2, Gemma 3 (text and multimodal), SmolLM (Llama architecture) and GPT-2.
 
 Checkpoints are small random models made here with transformers and written
 with `save_pretrained` (no downloads). Norm weights and biases are moved away
@@ -48,8 +48,22 @@ LLAMA3_ROPE = {
 }
 
 
+GEMMA = dict(
+  sliding_window=8,
+  query_pre_attn_scalar=24,
+  attn_logit_softcapping=5.0,
+  final_logit_softcapping=3.0,
+)
+GEMMA3_ROPE = {
+  "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+  "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10_000.0},
+}
+
+
 def hf_model(arch: str, size: dict, seed: int):
   torch.manual_seed(seed)
+  if arch.startswith("gemma"):  # head_dim is its own key (default 256)
+    size = dict(size, head_dim=size["hidden_size"] // size["num_attention_heads"])
   if arch == "llama":  # Llama 3.2 style: tied embeddings, llama3 rope scaling
     cfg = transformers.LlamaConfig(
       vocab_size=VOCAB, tie_word_embeddings=True, rope_scaling=LLAMA3_ROPE, **size
@@ -70,6 +84,14 @@ def hf_model(arch: str, size: dict, seed: int):
       vocab_size=VOCAB, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2, **size
     )
     model = transformers.Phi3ForCausalLM(cfg)
+  elif arch == "gemma2":  # tight soft-caps so they bite; alternating 8-token windows
+    cfg = transformers.Gemma2Config(vocab_size=VOCAB, **GEMMA, **size)
+    model = transformers.Gemma2ForCausalLM(cfg)
+  elif arch == "gemma3":  # q/k norms, a RoPE base per layer type, linear scaling
+    cfg = transformers.Gemma3TextConfig(
+      vocab_size=VOCAB, sliding_window_pattern=2, rope_parameters=GEMMA3_ROPE, **GEMMA, **size
+    )
+    model = transformers.Gemma3ForCausalLM(cfg)
   elif arch == "smollm":  # SmolLM2: the Llama architecture, tied, 3 query heads per kv head
     small = dict(size, num_attention_heads=3 * size["num_key_value_heads"])
     small["hidden_size"] = 16 * small["num_attention_heads"]
@@ -87,16 +109,19 @@ def hf_model(arch: str, size: dict, seed: int):
     )
     model = transformers.GPT2LMHeadModel(cfg)
   with torch.no_grad():
-    for param in model.parameters():
+    for name, param in model.named_parameters():
       if param.ndim == 1:  # norm scales and biases
         param.add_(0.2 * torch.randn_like(param))
+      elif arch == "gemma2" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        param.mul_(30)  # scores of order 10, so the attention soft-cap bites
   model.generation_config.eos_token_id = None
   model.generation_config.pad_token_id = 0
   return model.eval()
 
 
 @pytest.fixture(
-  scope="module", params=["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm", "gpt2"]
+  scope="module",
+  params=["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm", "gpt2"],
 )
 def checkpoint(request, tmp_path_factory):
   """(arch, transformers target, target dir, draft dir)."""
@@ -175,6 +200,10 @@ def test_config_translation(checkpoint):
     "qwen2": dict(qkv_bias=True, out_bias=False),
     "qwen3": dict(qk_norm=True, qkv_bias=False, head_dim=16),
     "phi3": dict(sliding_window=8, tie_embeddings=False, qk_norm=False),
+    "gemma2": dict(
+      local_layers=(0,), sliding_window=8, attn_softcap=5.0, logit_softcap=3.0, qk_norm=False
+    ),
+    "gemma3": dict(local_layers=(0,), rope_local_theta=100.0, rope_theta=10_000.0, qk_norm=True),
     "smollm": dict(tie_embeddings=True, n_heads=6, n_kv_heads=2, rope_scaling=None),
     "gpt2": dict(norm="layernorm", positions="learned", mlp="gelu", tie_embeddings=True),
   }[arch]
@@ -184,10 +213,20 @@ def test_config_translation(checkpoint):
     assert cfg.rope_scaling == specjax.models.config.RopeScaling(8.0, 1.0, 4.0, 16)
 
 
-@pytest.mark.parametrize("arch, change", [("llama", "rope_scaling"), ("mistral", "sliding_window")])
+@pytest.mark.parametrize(
+  "arch, change",
+  [
+    ("llama", "rope_scaling"),
+    ("mistral", "sliding_window"),
+    ("gemma2", "attn_softcap"),
+    ("gemma2", "logit_softcap"),
+    ("gemma2", "local_layers"),  # None: every layer local
+    ("gemma3", "rope_local_theta"),
+    ("gemma3", "rope_scaling"),
+  ],
+)
 def test_features_change_the_logits(arch, change, tmp_path, tokens):
-  """Without rope scaling or the window the logits differ: the parity tests above
-  do exercise both features."""
+  """Without each feature the logits differ: the parity tests above do exercise it."""
   hf_model(arch, SMALL, 0).save_pretrained(tmp_path)
   model, _ = specjax.hf.load_model(str(tmp_path), dtype=jnp.float32)
   plain = specjax.Transformer(model.cfg.replace(**{change: None}), rngs=nnx.Rngs(0))
@@ -238,7 +277,7 @@ def test_errors_name_the_problem(llama_dir, tmp_path):
   with pytest.raises(
     ValueError,
     match=r"model_type 'bert' is not supported; supported: "
-    r"llama, mistral, qwen2, qwen3, phi3, gpt2",
+    r"llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, gemma3, gpt2",
   ):
     specjax.hf.load_model(str(bert))
 
@@ -365,8 +404,94 @@ def test_legacy_rope_keys_and_refusals():
     specjax.hf.model_config(dict(legacy, model_type="qwen3", use_sliding_window=True), "float32")
   with pytest.raises(ValueError, match="phi3 partial_rotary_factor=0.75 is not supported"):
     specjax.hf.model_config(dict(legacy, model_type="phi3", partial_rotary_factor=0.75), "float32")
-  with pytest.raises(ValueError, match="model_type 'gemma2' is not supported"):
-    specjax.hf.model_config(dict(legacy, model_type="gemma2"), "float32")
+  with pytest.raises(ValueError, match="model_type 'falcon' is not supported"):
+    specjax.hf.model_config(dict(legacy, model_type="falcon"), "float32")
+
+
+def test_gemma_configs_as_the_hub_writes_them_and_refusals():
+  """gemma-3-1b's config.json keeps the older keys (rope_local_base_freq,
+  sliding_window_pattern, a top-level rope_scaling); Gemma 2 leaves the
+  soft-caps to their defaults."""
+  gemma3 = dict(
+    model_type="gemma3_text",
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=7,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=128,
+    rope_theta=1_000_000.0,
+    rope_local_base_freq=10_000.0,
+    rope_scaling={"rope_type": "linear", "factor": 8.0},
+    sliding_window=512,
+    sliding_window_pattern=6,
+    query_pre_attn_scalar=256,
+  )
+  cfg = specjax.hf.model_config(gemma3, "float32")
+  assert cfg.local_layers == (0, 1, 2, 3, 4, 6)
+  assert [cfg.layer_rope(i)[0] for i in (0, 5)] == [10_000.0, 1_000_000.0]
+  assert cfg.layer_rope(0)[1] is None
+  assert cfg.layer_rope(5)[1] == specjax.models.config.RopeScaling(8.0, kind="linear")
+  assert (cfg.attn_softcap, cfg.logit_softcap, cfg.attn_scale) == (None, None, 1 / 16)
+  assert (cfg.norm_offset, cfg.sandwich_norms, cfg.scale_embeddings, cfg.mlp) == (
+    1.0,
+    True,
+    True,
+    "geglu",
+  )
+  gemma2 = dict(gemma3, model_type="gemma2", rope_theta=10_000.0, rope_scaling=None)
+  cfg = specjax.hf.model_config(gemma2, "float32")
+  assert (cfg.attn_softcap, cfg.logit_softcap, cfg.local_layers) == (50.0, 30.0, (0, 2, 4, 6))
+  assert cfg.rope_local_theta is None and not cfg.qk_norm
+  refusals = {
+    "use_bidirectional_attention=true": dict(use_bidirectional_attention=True),
+    "hidden_activation 'gelu' is not supported": dict(hidden_activation="gelu"),
+    r"rope_parameters.sliding_attention.rope_type 'linear'": dict(
+      rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 2.0}}
+    ),
+    "layer_types must list 7 entries": dict(layer_types=["chunked_attention"] * 7),
+    "'final_logit_softcapping' must be null or a number > 0": dict(final_logit_softcapping=-1),
+    "'query_pre_attn_scalar' must be > 0": dict(query_pre_attn_scalar=0),
+    "rope scaling type 'yarn' is not supported": dict(rope_scaling={"rope_type": "yarn"}),
+  }
+  for message, change in refusals.items():
+    with pytest.raises(ValueError, match=message):
+      specjax.hf.model_config(dict(gemma3, **change), "float32")
+  with pytest.raises(ValueError, match="needs a 'text_config' object"):
+    specjax.hf.model_config(dict(model_type="gemma3"), "float32")
+
+
+def test_multimodal_gemma3_loads_its_language_model(tmp_path, tokens):
+  """A Gemma 3 image-text checkpoint (gemma-3-4b and up): specjax decodes its
+  text model, skipping the vision tower, with parity on text-only input."""
+  torch.manual_seed(0)
+  text = dict(SMALL, head_dim=16, vocab_size=VOCAB, sliding_window_pattern=2, **GEMMA)
+  vision = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+  )
+  cfg = transformers.Gemma3Config(
+    text_config=text,
+    vision_config=vision,
+    mm_tokens_per_image=4,
+    image_token_index=VOCAB - 1,
+    boi_token_index=VOCAB - 3,
+    eoi_token_index=VOCAB - 2,
+  )
+  reference = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+  reference.save_pretrained(tmp_path)
+  ids = tokens % (VOCAB - 3)  # no image tokens
+  with torch.no_grad():
+    expected = reference(input_ids=torch.tensor(ids)).logits.numpy()
+  model, _ = specjax.hf.load_model(str(tmp_path), dtype=jnp.float32)
+  assert model.cfg.qk_norm and model.cfg.local_layers == (0,)
+  assert np.max(np.abs(np.asarray(model(jnp.asarray(ids, jnp.int32))) - expected)) < 1e-4
 
 
 def test_load_model_returns_the_library_tokenizer(llama_dir, tmp_path):
@@ -465,6 +590,11 @@ def test_dtype_names_come_from_the_one_table(llama_dir, tmp_path, tokens, target
   assert np.max(np.abs(np.asarray(half(x)) - np.asarray(model(x)))) < 0.05
   with pytest.raises(ValueError, match="dtype must be one of"):
     save_model(model, str(tmp_path / "int8"), dtype="int8")
+  gemma = specjax.Transformer(
+    model.cfg.replace(sliding_window=4, local_layers=(0,), logit_softcap=30.0), rngs=nnx.Rngs(0)
+  )
+  with pytest.raises(ValueError, match=r"cannot express .*local_layers=\(0,\), logit_softcap=30.0"):
+    save_model(gemma, str(tmp_path / "gemma"), dtype="float32")
   with pytest.raises(ValueError, match="dtype must be one of"):
     specjax.hf.load_model(str(llama_dir), dtype=jnp.int8)
   with pytest.raises(ValueError, match="dtype must be one of"):

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 import specjax
+from helpers import GEMMA_STYLE
 
 GPT2_STYLE = dict(
   norm="layernorm",
@@ -19,10 +20,14 @@ GPT2_STYLE = dict(
 )
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "gemma"])
 def model(request, tiny_cfg, target):
   if request.param == "llama":
     return target
+  if request.param == "gemma":
+    gemma = specjax.Transformer(tiny_cfg.replace(**GEMMA_STYLE), rngs=nnx.Rngs(5))
+    _perturb_biases_and_norms(gemma)
+    return gemma
   return specjax.Transformer(tiny_cfg.replace(**GPT2_STYLE), rngs=nnx.Rngs(3))
 
 
@@ -124,11 +129,32 @@ def test_params_carry_logical_axis_names(target):
     ("vocab_size", -1, "vocab_size must be a positive integer"),
     ("norm", "batchnorm", "norm must be one of"),
     ("dtype", "int8", "dtype must be one of"),
+    ("mlp", "relu", "mlp must be one of"),
+    ("local_layers", (0,), "local_layers needs a sliding_window"),
+    ("attn_softcap", 0.0, "attn_softcap must be None or a number > 0"),
+    ("rope_local_theta", -1.0, "rope_local_theta must be None or a number > 0"),
   ],
 )
 def test_config_validation(tiny_cfg, field, value, message):
   with pytest.raises(ValueError, match=message):
     tiny_cfg.replace(**{field: value})
+
+
+def test_per_layer_fields_are_checked(tiny_cfg):
+  windowed = tiny_cfg.replace(sliding_window=4)
+  for bad in ((2,), (0, 0), (-1,)):
+    with pytest.raises(
+      ValueError, match=r"local_layers must be distinct layer indices in \[0, 2\)"
+    ):
+      windowed.replace(local_layers=bad)
+  cfg = windowed.replace(local_layers=[1], rope_local_theta=100.0)
+  assert cfg.local_layers == (1,)  # a list (from JSON) becomes a hashable tuple
+  assert [cfg.layer_window(i) for i in (0, 1)] == [None, 4]
+  assert [cfg.layer_rope(i)[0] for i in (0, 1)] == [tiny_cfg.rope_theta, 100.0]
+  with pytest.raises(ValueError, match="kind must be 'llama3' or 'linear'"):
+    specjax.models.config.RopeScaling(2.0, kind="yarn")
+  with pytest.raises(ValueError, match="'llama3' needs original_max_len"):
+    specjax.models.config.RopeScaling(2.0)
 
 
 def test_init_cache_capacity_range(target):

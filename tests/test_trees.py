@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import specjax
-from helpers import head_drafter
+from helpers import GEMMA_STYLE, head_drafter
 from specjax import trees
 from specjax.drafting import TreeDrafter
 from specjax.generation.speculative import init_state, speculative_step
@@ -60,10 +61,17 @@ def test_drafting_trees_must_be_breadth_first(draft):
 ROW_TREES = ((-1, 0, 0, 1, 2, 3), (-1, 0, 1, 1, 0, 4))
 
 
-@pytest.mark.parametrize("per_row", [False, True], ids=["static", "per_row"])
-def test_tree_attention_scores_every_path_as_a_sequence(target, per_row):
+@pytest.mark.parametrize(
+  "per_row, gemma",
+  [(False, False), (True, False), (False, True)],
+  ids=["static", "per_row", "gemma"],
+)
+def test_tree_attention_scores_every_path_as_a_sequence(target, tiny_cfg, per_row, gemma):
   """One cached call over s[-1] + a tree (ragged prefixes) gives each node the
-  logits of a plain forward over the prefix and the node's path."""
+  logits of a plain forward over the prefix and the node's path; `gemma`: with a
+  local layer's window shorter than the paths."""
+  if gemma:
+    target = specjax.Transformer(tiny_cfg.replace(**GEMMA_STYLE), rngs=nnx.Rngs(5))
   b, width = 2, 6
   tokens = jax.random.randint(jax.random.key(3), (b, width), 0, 512)
   lengths = jnp.array([6, 3])  # the prefix; its last token is the root

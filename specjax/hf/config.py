@@ -1,8 +1,9 @@
 """Hugging Face `config.json` -> `specjax.ModelConfig`.
 
 Supported `model_type`s: llama (and Llama-architecture models such as SmolLM),
-mistral, qwen2, qwen3 (q/k norms), phi3 (fused projections), gpt2. Anything the one decode
-path cannot reproduce exactly is refused with the key that asks for it.
+mistral, qwen2, qwen3 (q/k norms), phi3 (fused projections), gemma2, gemma3_text
+and gemma3 (the text model of the multimodal checkpoint), gpt2. Anything the one
+decode path cannot reproduce exactly is refused with the key that asks for it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,18 @@ from typing import Any
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.validation import check_positive_int
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
+SUPPORTED = (
+  "llama",
+  "mistral",
+  "qwen2",
+  "qwen3",
+  "phi3",
+  "gemma2",
+  "gemma3_text",
+  "gemma3",
+  "gpt2",
+)
+GEMMA = ("gemma2", "gemma3_text", "gemma3")
 
 
 class UnsupportedConfigError(ValueError):
@@ -35,20 +47,25 @@ def _int(hf: dict[str, Any], key: str, source: str, required: bool = True) -> in
   return check_positive_int(f"{source}: field {key!r}", value)
 
 
-def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
-  """(rope_theta, scaling) from transformers 5's `rope_parameters` or the older keys."""
-  params = hf.get("rope_parameters") or {}
+def _rope(
+  hf: dict[str, Any], source: str, params: dict | None = None, theta: float = 10_000.0
+) -> tuple[float, RopeScaling | None]:
+  """(rope_theta, scaling) from transformers 5's `rope_parameters` (or `params`,
+  one layer type's entry) or the older top-level keys; `theta` is the default base."""
+  params = (hf.get("rope_parameters") or {}) if params is None else params
   legacy = hf.get("rope_scaling") or {}
-  theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
+  theta = params.get("rope_theta", hf.get("rope_theta", theta))
   spec = params if params.get("rope_type") not in (None, "default") else legacy
   kind = spec.get("rope_type", spec.get("type", "default")) if spec else "default"
   if kind in (None, "default"):
     return float(theta), None
-  if kind != "llama3":
+  if kind not in ("llama3", "linear"):
     raise UnsupportedConfigError(
-      f"{source}: rope scaling type {kind!r} is not supported (supported: default, llama3)."
+      f"{source}: rope scaling type {kind!r} is not supported (supported: default, llama3, linear)."
     )
   try:
+    if kind == "linear":
+      return float(theta), RopeScaling(factor=float(spec["factor"]), kind="linear")
     return float(theta), RopeScaling(
       factor=float(spec["factor"]),
       low_freq_factor=float(spec["low_freq_factor"]),
@@ -56,7 +73,114 @@ def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
       original_max_len=int(spec["original_max_position_embeddings"]),
     )
   except KeyError as e:
-    raise ValueError(f"{source}: the llama3 rope scaling lacks the field {e}.") from e
+    raise ValueError(f"{source}: the {kind} rope scaling lacks the field {e}.") from e
+
+
+def text_config(hf: dict[str, Any], source: str = "config.json") -> dict[str, Any]:
+  """The language model's config: `text_config` of a multimodal Gemma 3
+  checkpoint (model_type "gemma3"), else `hf` itself."""
+  if hf.get("model_type") != "gemma3":
+    return hf
+  text = hf.get("text_config")
+  if not isinstance(text, dict):
+    raise ValueError(f"{source}: a gemma3 (multimodal) config needs a 'text_config' object.")
+  text = dict(text, model_type="gemma3_text")
+  if "tie_word_embeddings" not in text and "tie_word_embeddings" in hf:
+    text["tie_word_embeddings"] = hf["tie_word_embeddings"]
+  return text
+
+
+def _gemma(hf: dict[str, Any], dtype: str, source: str, multimodal: bool = False) -> ModelConfig:
+  """Gemma 2 and Gemma 3 text models (transformers' defaults for absent keys);
+  `multimodal` for the text model of Gemma3ForConditionalGeneration."""
+  model_type = hf["model_type"]
+  gemma2 = model_type == "gemma2"
+  act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+  if act != "gelu_pytorch_tanh":
+    raise UnsupportedConfigError(
+      f"{source}: {model_type} hidden_activation {act!r} is not supported (gelu_pytorch_tanh)."
+    )
+  if hf.get("use_bidirectional_attention"):
+    raise UnsupportedConfigError(
+      f"{source}: {model_type} use_bidirectional_attention=true (an encoder, not a decoder) "
+      "is not supported."
+    )
+  n_layers = _int(hf, "num_hidden_layers", source)
+  types = hf.get("layer_types")
+  if types is None:
+    every = 2 if gemma2 else _int(hf, "sliding_window_pattern", source, required=False) or 6
+    types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
+  allowed = ("sliding_attention", "full_attention")
+  if not isinstance(types, list) or len(types) != n_layers or any(t not in allowed for t in types):
+    raise UnsupportedConfigError(
+      f"{source}: layer_types must list {n_layers} entries of {allowed}, got {types!r}."
+    )
+  local = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+  window = _int(hf, "sliding_window", source, required=False) or 4096 if local else None
+  if gemma2:
+    theta, scaling = _rope(hf, source)
+    local_theta = None
+  else:  # local and global layers have RoPE bases of their own
+    params = hf.get("rope_parameters") or {}
+    if set(params) <= set(allowed):  # one entry per layer type
+      params, local_params = params.get("full_attention", {}), params.get("sliding_attention")
+    else:  # one set for the global layers; the local base is its own key
+      local_params = None
+    theta, scaling = _rope(hf, source, params, 1_000_000.0)
+    local_params = local_params or {}
+    if local_params.get("rope_type", "default") != "default":
+      raise UnsupportedConfigError(
+        f"{source}: rope_parameters.sliding_attention.rope_type "
+        f"{local_params['rope_type']!r} is not supported (default)."
+      )
+    local_theta = float(local_params.get("rope_theta", hf.get("rope_local_base_freq", 10_000.0)))
+  # transformers' Gemma 3 ignores attn_logit_softcapping (QK norms replaced it, as
+  # in the Gemma 3 reference), and its multimodal model final_logit_softcapping
+  # too: both are checked here but, there, not applied (Google's are null anyway).
+  softcaps = {
+    key: hf.get(key, default)
+    for key, default in (
+      ("attn_logit_softcapping", 50.0 if gemma2 else None),
+      ("final_logit_softcapping", 30.0 if gemma2 else None),
+    )
+  }
+  for key, value in softcaps.items():
+    if value is not None and not (isinstance(value, (int, float)) and value > 0):
+      raise ValueError(f"{source}: field {key!r} must be null or a number > 0, got {value!r}.")
+  scalar = hf.get("query_pre_attn_scalar", 256)
+  if not (isinstance(scalar, (int, float)) and scalar > 0):
+    raise ValueError(f"{source}: field 'query_pre_attn_scalar' must be > 0, got {scalar!r}.")
+  n_heads = _int(hf, "num_attention_heads", source)
+  bias = bool(hf.get("attention_bias", False))
+  return ModelConfig(
+    vocab_size=_int(hf, "vocab_size", source),
+    d_model=_int(hf, "hidden_size", source),
+    n_layers=n_layers,
+    n_heads=n_heads,
+    n_kv_heads=_int(hf, "num_key_value_heads", source, required=False) or n_heads,
+    d_ff=_int(hf, "intermediate_size", source),
+    max_seq_len=_int(hf, "max_position_embeddings", source),
+    head_dim=_int(hf, "head_dim", source, required=False) or 256,
+    rope_theta=theta,
+    rope_scaling=scaling,
+    sliding_window=window,
+    local_layers=local if window else None,
+    rope_local_theta=local_theta if window else None,
+    norm_eps=hf.get("rms_norm_eps", 1e-6),
+    norm_offset=1.0,
+    sandwich_norms=True,
+    scale_embeddings=True,
+    mlp="geglu",
+    qkv_bias=bias,
+    out_bias=bias,
+    qk_norm=not gemma2,
+    attn_scale=float(scalar) ** -0.5,
+    attn_softcap=softcaps["attn_logit_softcapping"] if gemma2 else None,
+    logit_softcap=None if multimodal else softcaps["final_logit_softcapping"],
+    tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+    dtype=dtype,
+    param_dtype=dtype,
+  )
 
 
 def model_config(hf: dict[str, Any], dtype: str, source: str = "config.json") -> ModelConfig:
@@ -76,6 +200,8 @@ def model_config(hf: dict[str, Any], dtype: str, source: str = "config.json") ->
     raise UnsupportedConfigError(
       f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}."
     )
+  if model_type in GEMMA:
+    return _gemma(text_config(hf, source), dtype, source, multimodal=model_type == "gemma3")
   if model_type == "gpt2":
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):

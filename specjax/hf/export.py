@@ -8,6 +8,7 @@ the result loads back with `specjax.hf.load_model` and with transformers'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -15,7 +16,23 @@ from flax import nnx
 
 from specjax.dtypes import to_dtype
 from specjax.hf import weights
+from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
+
+# ModelConfig fields a Llama config.json cannot hold unless they keep their defaults.
+_BEYOND_LLAMA = (
+  "sliding_window",
+  "local_layers",
+  "rope_local_theta",
+  "rope_scaling",
+  "qk_norm",
+  "norm_offset",
+  "sandwich_norms",
+  "scale_embeddings",
+  "attn_scale",
+  "attn_softcap",
+  "logit_softcap",
+)
 
 
 def hf_config(
@@ -33,11 +50,12 @@ def hf_config(
       f"mlp='swiglu', positions='rope'); got {cfg.norm!r}, {cfg.mlp!r}, "
       f"{cfg.positions!r}."
     )
-  if cfg.qkv_bias != cfg.out_bias or cfg.sliding_window or cfg.rope_scaling or cfg.qk_norm:
-    raise ValueError(
-      "save_model cannot express qkv_bias != out_bias, a sliding "
-      "window, RoPE scaling or q/k norms in a Llama config."
-    )
+  if cfg.qkv_bias != cfg.out_bias:
+    raise ValueError("save_model cannot express qkv_bias != out_bias in a Llama config.")
+  defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+  beyond = [f"{f}={getattr(cfg, f)!r}" for f in _BEYOND_LLAMA if getattr(cfg, f) != defaults[f]]
+  if beyond:
+    raise ValueError(f"save_model cannot express {', '.join(beyond)} in a Llama config.")
   return {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",

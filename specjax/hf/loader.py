@@ -53,8 +53,9 @@ def load_model(
   cache_dir: str | None = None,
   allow_download: bool = False,
 ):
-  """Loads a Llama, Mistral, Qwen2 or GPT-2 checkpoint from a local directory or
-  the local Hugging Face cache.
+  """Loads a checkpoint of a supported family (`specjax.hf.config.SUPPORTED`:
+  Llama/SmolLM, Mistral, Qwen2/3, Phi-3, Gemma 2/3, GPT-2) from a local directory
+  or the local Hugging Face cache.
 
   Reads `config.json`, `model.safetensors` (or the shards listed in
   `model.safetensors.index.json`) and `tokenizer.json` when present. Tensors are

@@ -44,7 +44,7 @@ def _rows(start: int, stop: int) -> Transform:
 
 
 def _llama_names(cfg: ModelConfig, fused: bool = False) -> dict[str, list[tuple[Path, Transform]]]:
-  """Llama-family names (Mistral, Qwen2/3, SmolLM); `fused` for Phi-3's
+  """Llama-family names (Mistral, Qwen2/3, SmolLM, Gemma 2/3); `fused` for Phi-3's
   `qkv_proj` and `gate_up_proj`."""
   names = {
     "model.embed_tokens.weight": [(("embed", "embedding"), _same)],
@@ -55,7 +55,12 @@ def _llama_names(cfg: ModelConfig, fused: bool = False) -> dict[str, list[tuple[
   for i in range(cfg.n_layers):
     hf, ours = f"model.layers.{i}.", ("layers", i)
     names[hf + "input_layernorm.weight"] = [(ours + ("attn_norm", "scale"), _same)]
-    names[hf + "post_attention_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
+    if cfg.sandwich_norms:  # Gemma: post_attention_layernorm normalises the attention output
+      names[hf + "post_attention_layernorm.weight"] = [(ours + ("post_attn_norm", "scale"), _same)]
+      names[hf + "pre_feedforward_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
+      names[hf + "post_feedforward_layernorm.weight"] = [(ours + ("post_mlp_norm", "scale"), _same)]
+    else:
+      names[hf + "post_attention_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
     if cfg.qk_norm:
       for norm in ("q_norm", "k_norm"):
         names[f"{hf}self_attn.{norm}.weight"] = [(ours + ("attn", norm, "scale"), _same)]
@@ -120,10 +125,32 @@ def tensor_map(model_type: str, cfg: ModelConfig) -> dict[str, list[tuple[Path, 
   return _llama_names(cfg, fused=model_type == "phi3")
 
 
-def _canonical(model_type: str, name: str) -> str:
+# The multimodal Gemma 3's language model, as transformers 4 and 5 name it.
+_GEMMA3_TEXT_PREFIXES = {
+  "language_model.model.": "model.",
+  "model.language_model.": "model.",
+  "language_model.lm_head.": "lm_head.",
+}
+# ... and the vision parts a text decoder does not need.
+_GEMMA3_VISION_PREFIXES = (
+  "vision_tower.",
+  "multi_modal_projector.",
+  "model.vision_tower.",
+  "model.multi_modal_projector.",
+)
+
+
+def _canonical(model_type: str, name: str) -> str | None:
+  """`name` as the tensor map spells it; None for a tensor to skip."""
   # GPT2LMHeadModel saves "transformer.h.0...", GPT2Model "h.0...".
   if model_type == "gpt2" and name.startswith("transformer."):
     return name[len("transformer.") :]
+  if model_type == "gemma3":
+    if name.startswith(_GEMMA3_VISION_PREFIXES):
+      return None
+    for prefix, ours in _GEMMA3_TEXT_PREFIXES.items():
+      if name.startswith(prefix):
+        return ours + name[len(prefix) :]
   return name
 
 
@@ -154,8 +181,11 @@ def shard_files(directory: str) -> list[str]:
   raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {directory}")
 
 
-def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
-  """Yields (file, name, array) one tensor at a time, shard after shard.
+def read_tensors(
+  files: list[str], skip: Callable[[str], bool] = lambda name: False
+) -> Iterator[tuple[str, str, jax.Array]]:
+  """Yields (file, name, array) one tensor at a time, shard after shard; names
+  for which `skip` is true are never read (a multimodal checkpoint's vision tower).
 
   A file safetensors cannot parse (bad header, truncated) raises ValueError
   naming it.
@@ -169,6 +199,8 @@ def read_tensors(files: list[str]) -> Iterator[tuple[str, str, jax.Array]]:
       raise ValueError(f"cannot read safetensors file {path}: {e}") from e
     with handle as f:
       for name in f.keys():  # noqa: SIM118  (a safetensors handle is not iterable)
+        if skip(name):
+          continue
         try:
           tensor = f.get_tensor(name)
         except Exception as e:  # safetensors raises its own error types
@@ -216,7 +248,11 @@ def load_params(
   """
   names = tensor_map(model_type, cfg)
   params: dict[Path, jax.Array] = {}
-  for path, raw_name, tensor in read_tensors(files):
+
+  def skip(raw_name):
+    return _canonical(model_type, raw_name) is None
+
+  for path, raw_name, tensor in read_tensors(files, skip):
     name = _canonical(model_type, raw_name)
     if name not in names:
       if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_embeddings):

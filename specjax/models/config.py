@@ -25,26 +25,35 @@ from specjax.validation import is_int
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-  """Llama 3 RoPE frequency scaling (`rope_type: "llama3"` in Hugging Face configs).
+  """RoPE frequency scaling (`rope_type` in Hugging Face configs).
 
-  Wavelengths longer than original_max_len / low_freq_factor are divided by
-  `factor`, those shorter than original_max_len / high_freq_factor kept, and the
-  band between interpolated smoothly.
+  kind "llama3": wavelengths longer than original_max_len / low_freq_factor are
+  divided by `factor`, those shorter than original_max_len / high_freq_factor
+  kept, and the band between interpolated smoothly.
+  kind "linear" (position interpolation, Gemma 3): every frequency divided by
+  `factor`; the other fields are unused.
   """
 
   factor: float
-  low_freq_factor: float
-  high_freq_factor: float
-  original_max_len: int
+  low_freq_factor: float | None = None
+  high_freq_factor: float | None = None
+  original_max_len: int | None = None
+  kind: Literal["llama3", "linear"] = "llama3"
 
   def __post_init__(self):
-    if not (
-      self.factor > 0
+    if self.kind not in ("llama3", "linear"):
+      raise ValueError(f"RopeScaling.kind must be 'llama3' or 'linear', got {self.kind!r}.")
+    if not self.factor > 0:
+      raise ValueError(f"RopeScaling.factor must be > 0, got {self.factor!r}.")
+    if self.kind == "llama3" and not (
+      self.original_max_len is not None
       and self.original_max_len > 0
+      and self.low_freq_factor is not None
+      and self.high_freq_factor is not None
       and 0 < self.low_freq_factor < self.high_freq_factor
     ):
       raise ValueError(
-        "RopeScaling needs factor > 0, original_max_len > 0 and "
+        "RopeScaling of kind 'llama3' needs original_max_len > 0 and "
         f"0 < low_freq_factor < high_freq_factor, got {self}."
       )
 
@@ -66,10 +75,25 @@ class ModelConfig:
     rope_theta: RoPE base frequency (used when positions == "rope").
     rope_scaling: optional Llama 3 frequency scaling of RoPE.
     sliding_window: if set, a query at position i reads only keys at positions
-      in (i - sliding_window, i] (Mistral).
+      in (i - sliding_window, i] (Mistral; Gemma's local layers).
+    local_layers: the layers (0-based) that use `sliding_window`, the others
+      attending globally (Gemma 2/3 alternate); None: every layer uses it.
+    rope_local_theta: RoPE base of the `local_layers`, without `rope_scaling`
+      (Gemma 3); None: every layer uses rope_theta and rope_scaling.
     norm_eps: epsilon of the normalisation layers.
     norm: "rmsnorm" (Llama) or "layernorm" (GPT-2).
-    mlp: "swiglu" (gated SiLU, Llama) or "gelu" (plain GELU, GPT-2).
+    norm_offset: the norms multiply by `norm_offset + scale` (Gemma stores its
+      RMSNorm weights as w - 1: offset 1.0).
+    sandwich_norms: norms on the attention and MLP outputs too, before each
+      residual add (Gemma 2/3: pre- and post-norms around both sublayers).
+    scale_embeddings: token embeddings times sqrt(d_model), rounded to the
+      compute dtype as Gemma does.
+    mlp: "swiglu" (gated SiLU, Llama), "geglu" (gated tanh-GELU, Gemma) or
+      "gelu" (plain GELU, GPT-2).
+    attn_scale: the factor on q.k scores; None: head_dim ** -0.5 (Gemma:
+      query_pre_attn_scalar ** -0.5).
+    attn_softcap: scores become tanh(s / c) * c before the mask (Gemma 2).
+    logit_softcap: output logits become tanh(l / c) * c (Gemma 2).
     positions: "rope" (rotary) or "learned" (absolute embedding table).
     qkv_bias: bias on the q/k/v projections (Qwen2, GPT-2).
     qk_norm: an RMSNorm over each head's query and key, before RoPE (Qwen3).
@@ -92,9 +116,17 @@ class ModelConfig:
   rope_theta: float = 10_000.0
   rope_scaling: RopeScaling | None = None
   sliding_window: int | None = None
+  local_layers: tuple[int, ...] | None = None
+  rope_local_theta: float | None = None
   norm_eps: float = 1e-5
   norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-  mlp: Literal["swiglu", "gelu"] = "swiglu"
+  norm_offset: float = 0.0
+  sandwich_norms: bool = False
+  scale_embeddings: bool = False
+  mlp: Literal["swiglu", "geglu", "gelu"] = "swiglu"
+  attn_scale: float | None = None
+  attn_softcap: float | None = None
+  logit_softcap: float | None = None
   positions: Literal["rope", "learned"] = "rope"
   qkv_bias: bool = False
   qk_norm: bool = False
@@ -140,6 +172,24 @@ class ModelConfig:
       raise ValueError(
         f"ModelConfig.sliding_window must be None or an integer >= 1, got {self.sliding_window!r}."
       )
+    if self.local_layers is not None:
+      layers = tuple(self.local_layers)
+      if self.sliding_window is None:
+        raise ValueError("ModelConfig.local_layers needs a sliding_window.")
+      if any(not is_int(i) or not 0 <= i < self.n_layers for i in layers) or len(
+        set(layers)
+      ) != len(layers):
+        raise ValueError(
+          f"ModelConfig.local_layers must be distinct layer indices in [0, {self.n_layers}), "
+          f"got {self.local_layers!r}."
+        )
+      object.__setattr__(self, "local_layers", tuple(int(i) for i in layers))
+    for name in ("rope_local_theta", "attn_scale", "attn_softcap", "logit_softcap"):
+      value = getattr(self, name)
+      if value is not None and not (isinstance(value, (int, float)) and value > 0):
+        raise ValueError(f"ModelConfig.{name} must be None or a number > 0, got {value!r}.")
+    if not isinstance(self.norm_offset, (int, float)):
+      raise ValueError(f"ModelConfig.norm_offset must be a number, got {self.norm_offset!r}.")
     if not self.rope_theta > 0:
       raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}.")
     if not self.norm_eps > 0:
@@ -148,7 +198,7 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std!r}.")
     choices = {
       "norm": ("rmsnorm", "layernorm"),
-      "mlp": ("swiglu", "gelu"),
+      "mlp": ("swiglu", "geglu", "gelu"),
       "positions": ("rope", "learned"),
       "dtype": tuple(DTYPES),
       "param_dtype": tuple(DTYPES),
@@ -163,6 +213,18 @@ class ModelConfig:
   def resolved_head_dim(self) -> int:
     """H: head_dim if given, else d_model // n_heads."""
     return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+  def layer_window(self, layer: int) -> int | None:
+    """The sliding window of layer `layer` (0-based); None: global attention."""
+    if self.local_layers is None or layer in self.local_layers:
+      return self.sliding_window
+    return None
+
+  def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) of layer `layer`'s rotary embedding."""
+    if self.rope_local_theta is not None and self.layer_window(layer) is not None:
+      return self.rope_local_theta, None
+    return self.rope_theta, self.rope_scaling
 
   @property
   def compute_dtype(self) -> jnp.dtype:

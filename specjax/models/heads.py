@@ -82,8 +82,10 @@ class HeadConfig:
 
   @property
   def block_config(self) -> ModelConfig:
-    """The config of the head's own decoder layer: the target's, one layer."""
-    return self.target.replace(n_layers=1, d_ff=self.d_ff or self.target.d_ff)
+    """The config of the head's own decoder layer: the target's, one layer
+    (global attention when the target alternates local and global layers)."""
+    local = None if self.target.local_layers is None else ()
+    return self.target.replace(n_layers=1, d_ff=self.d_ff or self.target.d_ff, local_layers=local)
 
   @property
   def target_features(self) -> bool | tuple[int, ...]:
@@ -204,7 +206,7 @@ class EagleHead(nnx.Module):
     """As `__call__`, after each row's cached prefix: `([B, T, D], cache)`; with
     `tree`, the T pairs are nodes of a token tree (`run_blocks`)."""
     x = self._inputs(target, features, next_tokens)
-    x, cache, _ = run_blocks(self.cfg.block_config, [self.block], x, cache, tree=tree)
+    x, cache, _ = run_blocks([self.block], x, cache, tree=tree)
     return x, cache
 
 
@@ -249,7 +251,7 @@ class ExitAdapter(nnx.Module):
     return self.forward_cached(features, self.init_cache(b, t))[0]
 
   def forward_cached(self, features: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-    x, cache, _ = run_blocks(self.cfg.block_config, [self.block], features, cache)
+    x, cache, _ = run_blocks([self.block], features, cache)
     return x, cache
 
 

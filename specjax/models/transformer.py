@@ -1,9 +1,10 @@
 """The decoder-only transformer shared by every draft and target.
 
 One Flax NNX module covers Llama-style models (RMSNorm, RoPE, grouped-query
-attention, SwiGLU) and GPT-2-style ones (LayerNorm, learned positions, GELU,
-biases), chosen by `ModelConfig` fields, so every architecture goes through the
-same two calls:
+attention, SwiGLU), GPT-2-style ones (LayerNorm, learned positions, GELU,
+biases) and Gemma-style ones (sandwich norms, GeGLU, soft-capping, alternating
+local and global attention), chosen by `ModelConfig` fields, so every
+architecture goes through the same two calls:
 
   model(tokens)                          -> logits [B, T, V]          (no cache)
   model.forward_cached(tokens, cache)    -> (logits [B, T, V], cache) (T >= 1)
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.models.config import ModelConfig
+from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.kv_cache import KVCache, write_rows
 from specjax.trees import RowTrees, tree_attention
 
@@ -46,18 +47,22 @@ def _zeros(names: tuple[str | None, ...]):
 
 
 class Norm(nnx.Module):
-  """RMSNorm or LayerNorm over the last axis, computed in float32."""
+  """RMSNorm or LayerNorm over the last axis, computed in float32.
+
+  The result is multiplied by `cfg.norm_offset + scale` (offset 1 for Gemma,
+  whose weights are stored as w - 1); the scale starts at the identity.
+  """
 
   def __init__(self, cfg: ModelConfig, width: int | None = None, axis: str = "embed"):
     """Over `width` features (default d_model), logical axis `axis`."""
     self.kind = cfg.norm
     self.eps = cfg.norm_eps
+    self.offset = float(cfg.norm_offset)
     self.dtype = cfg.compute_dtype
     width = width or cfg.d_model
     key = jax.random.key(0)  # unused by the constant initialisers
-    self.scale = nnx.Param(
-      _logical(nnx.initializers.ones, (axis,))(key, (width,), cfg.weight_dtype)
-    )
+    identity = nnx.initializers.constant(1.0 - self.offset)
+    self.scale = nnx.Param(_logical(identity, (axis,))(key, (width,), cfg.weight_dtype))
     if cfg.norm == "layernorm":
       self.bias = nnx.Param(_zeros((axis,))(key, (width,), cfg.weight_dtype))
 
@@ -66,19 +71,20 @@ class Norm(nnx.Module):
     if self.kind == "layernorm":
       x = x - jnp.mean(x, axis=-1, keepdims=True)
     x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
-    x = x * self.scale[...].astype(jnp.float32)
+    x = x * (self.offset + self.scale[...].astype(jnp.float32))
     if self.kind == "layernorm":
       x = x + self.bias[...].astype(jnp.float32)
     return x.astype(self.dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-  """`[H/2]` inverse frequencies of the rotary embedding (with Llama 3 scaling)."""
-  h = cfg.resolved_head_dim
-  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
-  scaling = cfg.rope_scaling
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> jax.Array:
+  """`[H/2]` inverse frequencies of the rotary embedding (with optional scaling)."""
+  h = head_dim
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
   if scaling is None:
     return inv_freq
+  if scaling.kind == "linear":
+    return inv_freq / scaling.factor
   wavelength = 2 * jnp.pi / inv_freq
   long_limit = scaling.original_max_len / scaling.low_freq_factor
   short_limit = scaling.original_max_len / scaling.high_freq_factor
@@ -103,35 +109,53 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return out.astype(x.dtype)
 
 
-def attention_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+def attention_mask(
+  q_positions: jax.Array, k_positions: jax.Array, window: int | None = None
+) -> jax.Array:
   """`[B, T, S]` bool: query at `q_positions [B, T]` may read key at `k_positions [S]`.
 
-  Causal, and limited to the last `sliding_window` positions when that is set.
+  Causal, and limited to the last `window` positions when that is set.
   """
   q = q_positions[:, :, None]
   k = k_positions[None, None, :]
   mask = k <= q
-  if cfg.sliding_window is not None:
-    mask &= k > q - cfg.sliding_window
+  if window is not None:
+    mask &= k > q - window
   return mask
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+  """tanh(x / cap) * cap (Gemma 2's soft-capping); x itself when cap is None."""
+  return x if cap is None else jnp.tanh(x / cap) * cap
+
+
+def attend(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  scale: float | None = None,
+  cap: float | None = None,
+) -> jax.Array:
   """Grouped-query attention.
 
   Args:
     q: `[B, T, N, H]` queries.
     k, v: `[B, K, S, H]` keys and values (N % K == 0).
     mask: `[B, T, S]` bool, True where query t may read slot s.
+    scale: the factor on q.k (None: H ** -0.5).
+    cap: soft-capping of the scaled scores, if any.
 
   Returns:
     `[B, T, N, H]` in q's dtype; scores and softmax run in float32.
   """
   b, t, n, h = q.shape
   kv_heads = k.shape[1]
+  scale = h**-0.5 if scale is None else scale
   # [B, K, G, T, H]: batch dims (B, K) lead every matmul, no cache transpose.
   q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
-  scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * (h**-0.5)
+  scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = softcap(scores, cap)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bksh->bkgth", weights, v, preferred_element_type=jnp.float32)
@@ -139,10 +163,16 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with K <= N key/value heads and an optional cache."""
+  """Multi-head attention with K <= N key/value heads and an optional cache.
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  Layer `layer` takes its sliding window and RoPE base from the config (Gemma
+  alternates local and global layers).
+  """
+
+  def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
     self.cfg = cfg
+    self.window = cfg.layer_window(layer)
+    self.rope = cfg.layer_rope(layer)
     h = cfg.resolved_head_dim
     kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
 
@@ -168,11 +198,12 @@ class Attention(nnx.Module):
     self,
     x: jax.Array,
     positions: jax.Array,
-    mask: jax.Array,
+    masks: dict[int | None, jax.Array],
     layer_cache: tuple[jax.Array, jax.Array] | None,
     starts: jax.Array | None,
   ):
-    """x `[B, T, D]`, positions `[B, T]`, mask `[B, T, T or S]`.
+    """x `[B, T, D]`, positions `[B, T]`, masks: window -> `[B, T, T or S]`
+    (this layer reads `masks[self.window]`).
 
     With `layer_cache = (k [B, K, S, H], v [B, K, S, H])` the T new keys/values
     are written at `starts [B]` and attention reads the whole cache; returns
@@ -187,19 +218,20 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if cfg.positions == "rope":
-      inv_freq = rope_inv_freq(cfg)
+      inv_freq = rope_inv_freq(h, *self.rope)
       q = apply_rope(q, positions, inv_freq)
       k = apply_rope(k, positions, inv_freq)
     k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, T, H]
     if layer_cache is not None:
       k = write_rows(layer_cache[0], k, starts, axis=2)
       v = write_rows(layer_cache[1], v, starts, axis=2)
-    out = attend(q, k, v, mask)
+    out = attend(q, k, v, masks[self.window], cfg.attn_scale, cfg.attn_softcap)
     return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), (k, v)
 
 
 class MLP(nnx.Module):
-  """SwiGLU (`down(silu(gate(x)) * up(x))`) or GELU (`down(gelu(up(x)))`)."""
+  """SwiGLU (`down(silu(gate(x)) * up(x))`), GeGLU (the same with tanh-GELU) or
+  GELU (`down(gelu(up(x)))`)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.kind = cfg.mlp
@@ -212,7 +244,7 @@ class MLP(nnx.Module):
         d_in, d_out, kernel_init=_normal(cfg, names), bias_init=_zeros(names[1:]), **kw
       )
 
-    if cfg.mlp == "swiglu":
+    if cfg.mlp != "gelu":
       self.gate_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
     self.up_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
     self.down_proj = linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"))
@@ -220,29 +252,39 @@ class MLP(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     if self.kind == "swiglu":
       hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+    elif self.kind == "geglu":
+      hidden = jax.nn.gelu(self.gate_proj(x), approximate=True) * self.up_proj(x)
     else:
       hidden = jax.nn.gelu(self.up_proj(x), approximate=True)
     return self.down_proj(hidden)
 
 
 class Block(nnx.Module):
-  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x)); with
+  `sandwich_norms` each sublayer's output is normalised too (Gemma)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
     self.attn_norm = Norm(cfg)
-    self.attn = Attention(cfg, rngs=rngs)
+    self.attn = Attention(cfg, layer, rngs=rngs)
     self.mlp_norm = Norm(cfg)
     self.mlp = MLP(cfg, rngs=rngs)
+    self.sandwich = cfg.sandwich_norms
+    if cfg.sandwich_norms:
+      self.post_attn_norm = Norm(cfg)
+      self.post_mlp_norm = Norm(cfg)
 
-  def __call__(self, x, positions, mask, layer_cache, starts):
-    attn_out, layer_cache = self.attn(self.attn_norm(x), positions, mask, layer_cache, starts)
+  def __call__(self, x, positions, masks, layer_cache, starts):
+    attn_out, layer_cache = self.attn(self.attn_norm(x), positions, masks, layer_cache, starts)
+    if self.sandwich:
+      attn_out = self.post_attn_norm(attn_out)
     x = x + attn_out
-    x = x + self.mlp(self.mlp_norm(x))
-    return x, layer_cache
+    mlp_out = self.mlp(self.mlp_norm(x))
+    if self.sandwich:
+      mlp_out = self.post_mlp_norm(mlp_out)
+    return x + mlp_out, layer_cache
 
 
 def run_blocks(
-  cfg: ModelConfig,
   blocks,
   x: jax.Array,
   cache: KVCache,
@@ -269,10 +311,11 @@ def run_blocks(
   if len(cache.k) != len(blocks):
     raise ValueError(f"the cache has {len(cache.k)} layers; this call runs {len(blocks)}.")
   t = x.shape[1]
-  starts, positions, mask = _layout(cfg, cache, t, tree)
+  windows = {block.attn.window for block in blocks}
+  starts, positions, masks = _layout(cache, t, tree, windows)
   new_k, new_v, features = [], [], []
   for depth, (block, k, v) in enumerate(zip(blocks, cache.k, cache.v), 1):
-    x, (k, v) = block(x, positions, mask, (k, v), starts)
+    x, (k, v) = block(x, positions, masks, (k, v), starts)
     new_k.append(k)
     new_v.append(v)
     if depth in feature_layers:
@@ -281,19 +324,24 @@ def run_blocks(
   return x, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=lengths), features
 
 
-def _layout(cfg: ModelConfig, cache: KVCache, t: int, tree) -> tuple[jax.Array, ...]:
-  """`(starts [B], positions [B, T], mask [B, T, S])` of a cached call of T inputs."""
+def _layout(cache: KVCache, t: int, tree, windows=()) -> tuple:
+  """`(starts [B], positions [B, T], masks)` of a cached call of T inputs, with
+  masks: window -> `[B, T, S]` for each sliding window (None: global) in `windows`."""
   slots = jnp.arange(cache.capacity, dtype=jnp.int32)
   if tree is None:
     positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    return cache.lengths, positions, attention_mask(cfg, positions, slots)
+    masks = {w: attention_mask(positions, slots, w) for w in windows}
+    return cache.lengths, positions, masks
   parents, start = tree
   n = parents.parents.shape[1] if isinstance(parents, RowTrees) else len(parents)
   if start + t > n:
     raise ValueError(f"tree nodes {start}..{start + t - 1} do not exist in a tree of {n} nodes.")
-  return tree_attention(
-    cache.lengths, cache.capacity, parents, start, start + t, cfg.sliding_window
-  )
+  masks = {}
+  for w in sorted(windows or {None}, key=lambda w: -1 if w is None else w):
+    starts, positions, masks[w] = tree_attention(
+      cache.lengths, cache.capacity, parents, start, start + t, w
+    )
+  return starts, positions, masks
 
 
 class Transformer(nnx.Module):
@@ -325,7 +373,7 @@ class Transformer(nnx.Module):
         embedding_init=_normal(cfg, (None, "embed")),
         rngs=rngs,
       )
-    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+    self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
     self.final_norm = Norm(cfg)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Param(
@@ -351,6 +399,8 @@ class Transformer(nnx.Module):
 
   def _embed(self, tokens, positions):
     x = self.embed(tokens)
+    if self.cfg.scale_embeddings:  # rounded to the weights' dtype first, as Gemma does
+      x = x * jnp.asarray(self.cfg.d_model**0.5, self.cfg.weight_dtype).astype(x.dtype)
     if self.cfg.positions == "learned":
       x = x + self.pos_embed(positions)
     return x
@@ -362,18 +412,21 @@ class Transformer(nnx.Module):
     """Final hidden states `[..., D]` (after the final norm) -> logits `[..., V]` float32."""
     if self.cfg.tie_embeddings:
       w = self.embed.embedding[...].astype(x.dtype)
-      return jnp.einsum("...d,vd->...v", x, w, preferred_element_type=jnp.float32)
-    w = self.lm_head[...].astype(x.dtype)
-    return jnp.einsum("...d,dv->...v", x, w, preferred_element_type=jnp.float32)
+      logits = jnp.einsum("...d,vd->...v", x, w, preferred_element_type=jnp.float32)
+    else:
+      w = self.lm_head[...].astype(x.dtype)
+      logits = jnp.einsum("...d,dv->...v", x, w, preferred_element_type=jnp.float32)
+    return softcap(logits, self.cfg.logit_softcap)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Full causal forward without a cache: `tokens [B, T]` -> `logits [B, T, V]`."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    mask = attention_mask(self.cfg, positions, positions[0])
+    windows = {layer.attn.window for layer in self.layers}
+    masks = {w: attention_mask(positions, positions[0], w) for w in windows}
     x = self._embed(tokens, positions)
     for layer in self.layers:
-      x, _ = layer(x, positions, mask, None, None)
+      x, _ = layer(x, positions, masks, None, None)
     return self._logits(x)
 
   def forward_cached(
@@ -413,11 +466,11 @@ class Transformer(nnx.Module):
       `return_hidden`. Roll back by `cache.with_lengths(...)`.
     """
     t = tokens.shape[1]
-    _, positions, _ = _layout(self.cfg, cache, t, tree)
+    _, positions, _ = _layout(cache, t, tree)
     x = self._embed(tokens, positions)
     layers = self.layers if num_layers is None else self.layers[:num_layers]
     feature_layers = self._feature_layers(return_hidden, len(layers))
-    x, cache, features = run_blocks(self.cfg, layers, x, cache, feature_layers, tree)
+    x, cache, features = run_blocks(layers, x, cache, feature_layers, tree)
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)
     logits = self._logits(x)
@@ -458,7 +511,10 @@ class Transformer(nnx.Module):
       w = self.embed.embedding[...][vocab_subset].astype(x.dtype)  # [K, D]
     else:
       w = self.lm_head[...][:, vocab_subset].T.astype(x.dtype)
-    sub = jnp.einsum("...d,kd->...k", x, w, preferred_element_type=jnp.float32)
+    # Capped before the fill: tanh would turn the -inf of excluded ids finite.
+    sub = softcap(
+      jnp.einsum("...d,kd->...k", x, w, preferred_element_type=jnp.float32), self.cfg.logit_softcap
+    )
     full = jnp.full((*sub.shape[:-1], self.cfg.vocab_size), -jnp.inf, jnp.float32)
     return full.at[..., vocab_subset].set(sub)
 
