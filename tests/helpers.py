@@ -9,7 +9,14 @@ from flax import nnx
 from scipy import stats
 
 import specjax
-from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
+from specjax.drafting import (
+  EagleDrafter,
+  EarlyExitDrafter,
+  MedusaDrafter,
+  NGramDrafter,
+  count_drafter,
+  layer_skip,
+)
 from specjax.models.heads import HeadConfig, make_head
 
 # The tiny target every generation test shares, and the draft's overrides of it.
@@ -53,9 +60,16 @@ def head_drafter(kind: str, target, seed: int = 7, **settings):
   return HEAD_DRAFTERS[kind](target, head)
 
 
+def _corpus(vocab_size: int) -> list[np.ndarray]:
+  """20 random documents of 40 ids, skewed towards small ids (a corpus to count)."""
+  rng = np.random.default_rng(0)
+  weights = 1.0 / np.arange(1, vocab_size + 1)
+  return [rng.choice(vocab_size, 40, p=weights / weights.sum()) for _ in range(20)]
+
+
 def make_drafter(name: str, target, draft, max_ngram: int = 3):
   """The drafter called `name` ("model", "ngram", "layer_skip", "eagle",
-  "medusa" or "early_exit"; heads fresh) for `target`."""
+  "medusa", "early_exit", "unigram" or "bigram"; heads fresh) for `target`."""
   return {
     "model": lambda: draft,
     "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
@@ -63,6 +77,9 @@ def make_drafter(name: str, target, draft, max_ngram: int = 3):
     "eagle": lambda: head_drafter("eagle", target),
     "medusa": lambda: head_drafter("medusa", target),
     "early_exit": lambda: head_drafter("early_exit", target, exit_layer=1),
+    # Count drafters of a random corpus (documents of 40 ids).
+    "unigram": lambda: count_drafter(_corpus(target.cfg.vocab_size), target.cfg.vocab_size, 1),
+    "bigram": lambda: count_drafter(_corpus(target.cfg.vocab_size), target.cfg.vocab_size, 2),
     # FR-Spec: drafting among the even ids only (q = 0 on the others).
     "eagle_subset": lambda: head_drafter("eagle", target).with_vocab_subset(
       np.arange(0, target.cfg.vocab_size, 2)
@@ -73,17 +90,9 @@ def make_drafter(name: str, target, draft, max_ngram: int = 3):
 def copy_corpus(root, files_per_split: dict[str, int]) -> str:
   """Copies the first files of each stdlib split under `root` (a pathlib.Path):
   a corpus small enough to tokenize and train on in a test."""
-  import os
-  import shutil
+  from specjax.data.corpus import copy_subset
 
-  from specjax.data import corpus_files, stdlib_root
-
-  for split, count in files_per_split.items():
-    for path in corpus_files(split)[:count]:
-      dest = root / os.path.relpath(path, stdlib_root())
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(path, dest)
-  return str(root)
+  return copy_subset(str(root), files_per_split)
 
 
 def tiny_token_data(path: str, corpus_root: str) -> str:

@@ -137,6 +137,8 @@ def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
     ("ngram", "block", None),
     ("layer_skip", "token", None),
     ("layer_skip", "block", None),
+    ("unigram", "token", None),
+    ("bigram", "block", None),
     ("model", "token", "schedule"),
     ("model", "block", "confidence"),
   ],

@@ -62,3 +62,19 @@ def read_source(path: str) -> str:
   """A file's text; undecodable bytes (a few test fixtures) become U+FFFD."""
   with open(path, "rb") as f:
     return f.read().decode("utf-8", errors="replace")
+
+
+def copy_subset(dest: str, files_per_split: dict[str, int], root: str | None = None) -> str:
+  """Copies the first `files_per_split[split]` files of each split under `dest`,
+  keeping their paths relative to the corpus root (so each stays in its split):
+  a corpus small enough to tokenize and train on in a test or a quick run.
+  Returns `dest`."""
+  import shutil
+
+  root = root or stdlib_root()
+  for split, count in files_per_split.items():
+    for path in corpus_files(split, root)[:count]:
+      target = os.path.join(dest, os.path.relpath(path, root))
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copyfile(path, target)
+  return dest

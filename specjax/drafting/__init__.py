@@ -3,6 +3,7 @@
   ModelDrafter(model)           a small draft model (any `Transformer`)
   layer_skip(target, k)         the target's first k layers + its head (self-speculation)
   NGramDrafter(vocab_size, n)   prompt lookup: copy what followed the last n-gram
+  count_drafter(docs, V, order) a unigram or bigram model of a corpus (CountDrafter)
   EagleDrafter(target, head)    EAGLE: a head autoregressing over the target's features
   MedusaDrafter(target, heads)  Medusa: K heads on the last feature, one call per draft
   EarlyExitDrafter(target, a)   the target's first layers + a trained adapter + its head
@@ -17,6 +18,7 @@ plain `Transformer` into a `ModelDrafter`.
 """
 
 from specjax.drafting.base import Commit, Drafter, DrafterBase, Proposal, proposal_probs
+from specjax.drafting.counts import CountDrafter, count_drafter
 from specjax.drafting.cross_tokenizer import CrossTokenizerDrafter
 from specjax.drafting.eagle import EagleDrafter
 from specjax.drafting.early_exit import EarlyExitDrafter
@@ -27,6 +29,7 @@ from specjax.drafting.tree import TreeDrafter
 
 __all__ = [
   "Commit",
+  "CountDrafter",
   "CrossTokenizerDrafter",
   "Drafter",
   "DrafterBase",
@@ -38,6 +41,7 @@ __all__ = [
   "Proposal",
   "TreeDrafter",
   "as_drafter",
+  "count_drafter",
   "layer_skip",
   "lookup",
   "proposal_probs",

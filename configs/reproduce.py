@@ -1,0 +1,59 @@
+"""Configuration of `experiments/reproduce.py`: the papers' tables and figures on
+the bundled models.
+
+  python -m experiments.reproduce --output_dir=runs/reproduce            # full (about an hour here)
+  python -m experiments.reproduce --output_dir=/tmp/quick --quick        # < 3 min, what tests run
+
+`--quick` applies `config.quick`'s fields over the others.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from specjax.reproduce.run import DRAFTERS
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The full run's configuration; `quick` holds the quick run's overrides."""
+  c = ml_collections.ConfigDict()
+  c.gamma = 4  # draft length of Table 3, Table 4, Sun and DistillSpec
+  c.gammas = (1, 2, 3, 4, 6, 8)  # the distilled draft's sweep (Leviathan's figures, Chen's K)
+  c.temperatures = (0.0, 1.0)
+  c.num_prompts = 8  # held-out test-split prompts, each decoded alone (batch 1)
+  c.max_new_tokens = 64
+  c.num_runs = 3  # timed runs per variant (median), after a warm-up
+  c.seed = 0
+  c.drafters = DRAFTERS  # every drafter specjax has (Table 3's rows)
+  c.count_files = 0  # training-split files the unigram and bigram drafts count (0: all)
+  c.count_smoothing = 1.0  # add-k pseudo-counts of the count drafts
+  c.layer_skip = 3  # target layers the layer-skip draft keeps (of 6)
+  c.samples = 200_000  # sampled iterations of each worked example
+  c.figures = True  # PNGs (needs matplotlib: pip install 'specjax[plots]')
+  # The corpus-trained draft (DistillSpec's baseline): a run directory, trained
+  # there first when it holds no checkpoint (configs/train_draft.py's recipe).
+  c.corpus_draft = ml_collections.ConfigDict(
+    dict(
+      run="runs/draft_ce",  # "" -> <output_dir>/corpus_draft
+      steps=1000,
+      batch_size=16,
+      seq_len=256,
+      data_dir="runs/data",  # token files (built on first use); "" -> <output_dir>/data
+      files_per_split=(),  # (train, validation, test) files of a small corpus; () = all
+    )
+  )
+  c.quick = ml_collections.ConfigDict(
+    dict(
+      gammas=(4,),
+      num_prompts=1,
+      max_new_tokens=24,
+      num_runs=1,
+      drafters=("unigram", "bigram", "corpus-trained draft", "distilled draft"),
+      count_files=40,
+      samples=20_000,
+      corpus_draft=dict(
+        run="", steps=4, batch_size=4, seq_len=64, data_dir="", files_per_split=(12, 2, 2)
+      ),
+    )
+  )
+  return c

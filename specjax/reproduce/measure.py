@@ -1,0 +1,215 @@
+"""Measured speculative decoding on a target: alpha, tokens per iteration,
+acceptance by draft position, the cost ratio c, predicted and measured speedup.
+
+`measure` decodes every (drafter, gamma, verifier) variant on the same prompts
+one by one (batch 1), timing them interleaved with autoregressive decoding at
+each temperature (`benchmarking.time_calls`), and returns one JSON-ready row per
+variant. The prediction is Leviathan's S = E(alpha, gamma) / (gamma c + v) with
+measured alpha, c (drafting one token over one target step; see `_costs`) and v
+(scoring gamma + 1 tokens over one target step), so prediction and measurement
+share every input but the loop's own overheads.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+import specjax
+from specjax import benchmarking, theory
+from specjax.drafting import CountDrafter
+from specjax.models.kv_cache import cache_capacity
+from specjax.models.transformer import Transformer
+
+
+class Variant(NamedTuple):
+  """One measured configuration: a named drafter at a draft length and verifier,
+  at every temperature or only at `temperatures`."""
+
+  drafter: str
+  gamma: int
+  verifier: str = "auto"
+  temperatures: tuple[float, ...] | None = None
+
+  def runs_at(self, temperature: float) -> bool:
+    if self.verifier == "greedy" and temperature > 0:
+      return False
+    return self.temperatures is None or temperature in self.temperatures
+
+
+def _sum(outs, field: str) -> np.ndarray:
+  return sum(np.asarray(getattr(o.stats, field), np.float64).sum(axis=-1) for o in outs)
+
+
+def _tokens(outs) -> float:
+  """Tokens the calls generated (the prefill's first token included)."""
+  return float(sum(np.asarray(o.num_generated).sum() for o in outs))
+
+
+def _position_rates(outs, gamma: int) -> tuple[list[float], list[float]]:
+  """(P(drafted token i accepted), P(token i accepted | token i - 1 accepted)) for
+  i = 1..gamma, over every (row, iteration) of `outs`."""
+  at = sum(np.asarray(o.stats.accepted_at_position, np.float64) for o in outs)
+  iterations = max(float(_sum(outs, "row_iterations")), 1.0)
+  reached = np.concatenate([[iterations], at[:-1]])
+  through = (at / iterations).tolist()
+  conditional = np.divide(at, reached, out=np.zeros_like(at), where=reached > 0).tolist()
+  return through[:gamma], conditional[:gamma]
+
+
+def _announced(name, fn: Callable, progress: Callable[[str], None]) -> Callable:
+  """`fn`, reporting its first call (the warm-up, which compiles) through `progress`."""
+  first = [True]
+
+  def call():
+    if first[0]:
+      first[0] = False
+      label = name if isinstance(name, str) else f"{name.drafter}, γ={name.gamma}, {name.verifier}"
+      progress(f"  {label}")
+    return fn()
+
+  return call
+
+
+def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num_runs):
+  """({(drafter, gamma): c}, {gamma: verify cost}), both in target steps, timed once
+  for all temperatures on `prompt` (batch 1).
+
+  c is drafting one token over one target step: a draft `Transformer`'s one-token
+  call (Leviathan's definition), a count drafter's 0 (a table lookup, no model:
+  the paper's convention), any other drafter's whole proposal and commit
+  (`benchmarking.drafting_seconds`). The verify cost is scoring gamma + 1 tokens.
+  """
+  gammas = {v.gamma for v in variants}
+  capacity = cache_capacity(prompt[0].shape[1], max_new_tokens, max(gammas))
+  call = functools.partial(
+    benchmarking.call_seconds,
+    prompts=prompt[0],
+    prompt_lengths=prompt[1],
+    capacity=capacity,
+    num_runs=num_runs,
+  )
+  step_s = call(target, tokens_per_call=1)
+  verify = {g: call(target, tokens_per_call=g + 1) / step_s for g in gammas}
+  per_model, costs = {}, {}
+  sampling = specjax.SamplingParams(temperature=float(max(temperatures)))
+  for name, gamma in {(v.drafter, v.gamma) for v in variants}:
+    drafter = drafters[name]
+    if isinstance(drafter, CountDrafter):
+      costs[name, gamma] = 0.0
+    elif isinstance(drafter, Transformer):
+      if name not in per_model:
+        per_model[name] = call(drafter, tokens_per_call=1) / step_s
+      costs[name, gamma] = per_model[name]
+    else:
+      seconds = benchmarking.drafting_seconds(
+        target,
+        drafter,
+        *prompt,
+        gamma=gamma,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        num_runs=num_runs,
+      )
+      costs[name, gamma] = seconds / (gamma * step_s)
+  return costs, verify
+
+
+def measure(
+  target,
+  drafters: dict[str, Any],
+  variants: Sequence[Variant],
+  prompts,
+  lengths,
+  *,
+  temperatures: Sequence[float],
+  max_new_tokens: int,
+  num_runs: int,
+  seed: int = 0,
+  progress: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+  """Decodes each prompt alone with every variant at every temperature.
+
+  Args:
+    target: the `Transformer` decoded.
+    drafters: name -> drafter (anything `speculative_generate` takes).
+    variants: what to run (a "greedy" verifier only at temperature 0).
+    prompts, lengths: `[N, P]` int32 prompts and `[N]` lengths; each row is
+      decoded on its own (batch 1).
+    temperatures: e.g. (0.0, 1.0).
+    num_runs: timed runs per variant (median) after a warm-up.
+    progress: called with a line per step (the launcher's progress display).
+
+  Returns:
+    One dict per (temperature, variant): alpha, tokens_per_iteration,
+    accepted_through / accepted_given_previous (per draft position), c,
+    verify_cost, predicted_speedup, ms_per_token, ar_ms_per_token, speedup.
+  """
+  n = len(lengths)
+
+  def one(i):
+    return prompts[i : i + 1], lengths[i : i + 1]
+
+  progress("measuring draft and verification costs")
+  costs, verify = _costs(target, drafters, variants, one(0), max_new_tokens, temperatures, num_runs)
+  rows = []
+  for temperature in temperatures:
+    sampling = specjax.SamplingParams(temperature=float(temperature))
+    key = jax.random.key(seed)
+    runs = [v for v in variants if v.runs_at(temperature)]
+    calls = {
+      "ar": lambda s=sampling, k=key: [
+        specjax.autoregressive_generate(
+          target, *one(i), max_new_tokens=max_new_tokens, sampling=s, key=k
+        )
+        for i in range(n)
+      ]
+    }
+    for v in runs:
+      calls[v] = lambda v=v, s=sampling, k=key: [
+        specjax.speculative_generate(
+          target,
+          drafters[v.drafter],
+          *one(i),
+          gamma=v.gamma,
+          max_new_tokens=max_new_tokens,
+          sampling=s,
+          key=k,
+          verifier=v.verifier,
+        )
+        for i in range(n)
+      ]
+    progress(f"T={temperature:g}: compiling and timing {len(runs)} variants + plain decoding")
+    calls = {name: _announced(name, fn, progress) for name, fn in calls.items()}
+    timings, outputs = benchmarking.time_calls(calls, num_runs)
+    ar_ms = timings["ar"].median_s * 1e3 / _tokens(outputs["ar"])
+    for v in runs:
+      outs = outputs[v]
+      generated = float(_sum(outs, "generated"))
+      alpha = float(_sum(outs, "accepted")) / max(float(_sum(outs, "evaluated")), 1.0)
+      c, verify_cost = costs[v.drafter, v.gamma], verify[v.gamma]
+      through, conditional = _position_rates(outs, v.gamma)
+      ms = timings[v].median_s * 1e3 / _tokens(outs)
+      rows.append(
+        {
+          "temperature": float(temperature),
+          "drafter": v.drafter,
+          "gamma": v.gamma,
+          "verifier": v.verifier,
+          "alpha": alpha,
+          "tokens_per_iteration": generated / max(float(_sum(outs, "row_iterations")), 1.0),
+          "accepted_through": through,
+          "accepted_given_previous": conditional,
+          "c": c,
+          "verify_cost": verify_cost,
+          "predicted_speedup": theory.predicted_speedup(min(alpha, 1.0), v.gamma, c, verify_cost),
+          "ms_per_token": ms,
+          "ar_ms_per_token": ar_ms,
+          "speedup": ar_ms / ms,
+        }
+      )
+  return rows

@@ -1,0 +1,281 @@
+"""`reproduce(config, output_dir)`: every section of the report, in one call.
+
+The launcher `experiments/reproduce.py` is this plus flags; configs/reproduce.py
+documents every field. Steps (each logged through `progress`):
+
+  1. the closed forms (instant) and the worked examples, sampled
+  2. the bundled pair, held-out prompts, and the drafters of `config.drafters`:
+     unigram and bigram drafts counted over the training split, the
+     corpus-trained draft (a run directory, trained there first if missing),
+     the bundled distilled draft, prompt lookup, layer skip, the bundled heads
+     and the cross-tokenizer draft
+  3. `measure`: every drafter at `config.gamma`, the distilled draft at every γ
+     of `config.gammas`, and block verification, at each temperature
+  4. the sections, report.md / report.json, and the figures
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from specjax import pretrained
+from specjax.data import Tokenizer
+from specjax.data.corpus import copy_subset, corpus_files, read_source
+from specjax.data.prompts import encode_prompts, held_out_prompts
+from specjax.drafting import (
+  CrossTokenizerDrafter,
+  EagleDrafter,
+  EarlyExitDrafter,
+  MedusaDrafter,
+  NGramDrafter,
+  count_drafter,
+  layer_skip,
+)
+from specjax.reproduce import examples, figures, papers, report
+from specjax.reproduce.measure import Variant, measure
+from specjax.validation import check_positive_int
+
+DISTILLED = "distilled draft"
+CORPUS = "corpus-trained draft"
+DRAFTERS = (
+  "unigram",
+  "bigram",
+  CORPUS,
+  DISTILLED,
+  "prompt lookup",
+  "layer skip",
+  "EAGLE head",
+  "Medusa heads",
+  "early exit",
+  "cross-tokenizer draft (TLI)",
+)
+# The report's sections, in order (their ids).
+SECTIONS = (
+  "leviathan_formulas",
+  "leviathan_table3",
+  "leviathan_table4",
+  "chen",
+  "sun",
+  "distillspec",
+  "worked_examples",
+)
+_HEADS = {
+  "EAGLE head": ("eagle", EagleDrafter),
+  "Medusa heads": ("medusa", MedusaDrafter),
+  "early exit": ("early_exit", EarlyExitDrafter),
+}
+
+
+def apply_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` with `config.quick`'s fields (nested ones too) written over the others."""
+
+  def flat(fields: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in fields.items():
+      if isinstance(value, dict):
+        out.update(flat(value, f"{prefix}{key}."))
+      else:
+        out[f"{prefix}{key}"] = value
+    return out
+
+  config = config.copy_and_resolve_references()
+  config.update_from_flattened_dict(flat(config.quick.to_dict()))
+  return config
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the field for a config `reproduce` cannot run."""
+  for name in ("gamma", "num_prompts", "max_new_tokens", "num_runs", "samples", "layer_skip"):
+    check_positive_int(f"config.{name}", config[name])
+  for g in config.gammas:
+    check_positive_int("config.gammas", g)
+  unknown = [d for d in config.drafters if d not in DRAFTERS]
+  if unknown:
+    raise ValueError(f"config.drafters must be among {DRAFTERS}, got unknown {unknown}.")
+  for needed in (CORPUS, DISTILLED):
+    if needed not in config.drafters:
+      raise ValueError(f"config.drafters must include {needed!r} (DistillSpec, Chen, Sun).")
+  if not config.temperatures or any(t < 0 for t in config.temperatures):
+    raise ValueError(f"config.temperatures must be non-empty and >= 0, got {config.temperatures}.")
+  if config.count_files < 0:
+    raise ValueError(
+      f"config.count_files must be >= 0 (0: the whole split), got {config.count_files}."
+    )
+
+
+def corpus_documents(tokenizer, max_files: int = 0, root: str | None = None) -> list[np.ndarray]:
+  """The training split's files as token id arrays (the first `max_files`; 0: all)."""
+  files = corpus_files("train", root)
+  if max_files:
+    files = files[:max_files]
+  encoded = tokenizer.encode_batch([read_source(f) for f in files])
+  return [np.asarray(ids, np.int32) for ids in encoded]
+
+
+def corpus_draft(config, output_dir: str, progress: Callable[[str], None]):
+  """The corpus-trained draft: `config.corpus_draft.run` if it holds a trained
+  run, else trained there (or in output_dir) first with configs/train_draft.py's
+  recipe and `config.corpus_draft`'s overrides."""
+  from specjax.training import train
+  from specjax.training.checkpoint import has_checkpoints, load_trained_model
+  from specjax.training.config import base_config, model_fields
+
+  spec = config.corpus_draft
+  run = spec.run or os.path.join(output_dir, "corpus_draft")
+  if not has_checkpoints(run):
+    # configs/train_draft.py's draft: the bundled draft's shape, cross-entropy on the corpus.
+    train_config = base_config()
+    train_config.model = model_fields(4096, 128, 2, 2, 344, 512)
+    train_config.learning_rate = 3e-3
+    train_config.num_steps = spec.steps
+    train_config.batch_size = spec.batch_size
+    train_config.seq_len = spec.seq_len
+    train_config.warmup_steps = min(100, max(spec.steps // 10, 1))
+    train_config.eval_every = train_config.checkpoint_every = spec.steps
+    train_config.eval_batches = 2
+    train_config.data.dir = spec.data_dir or os.path.join(output_dir, "data")
+    train_config.data.tokenizer = pretrained.TOKENIZER_FILE
+    if spec.files_per_split:  # a small corpus (the quick run): the first files of each split
+      root = os.path.join(output_dir, "corpus")
+      splits = dict(zip(("train", "validation", "test"), spec.files_per_split))
+      train_config.data.root = copy_subset(root, splits)
+    progress(f"training the corpus-trained draft ({spec.steps} steps) in {run}")
+    train(train_config, run, echo=lambda line: progress(f"  {line}"))
+  model, step = load_trained_model(run, dtype="float32")
+  return model, {"run": run, "step": step}
+
+
+def _drafters(config, target, draft, tokenizer, output_dir, progress) -> tuple[dict, dict]:
+  """name -> drafter for `config.drafters`, and what the report records of them."""
+  out, info = {}, {}
+  v = target.cfg.vocab_size
+  counts = [d for d in config.drafters if d in ("unigram", "bigram")]
+  if counts:
+    progress(f"counting the training split ({config.count_files or 'all'} files)")
+    docs = corpus_documents(tokenizer, config.count_files)
+    info["count_tokens"] = int(sum(len(d) for d in docs))
+    for name in counts:
+      out[name] = count_drafter(docs, v, 1 if name == "unigram" else 2, config.count_smoothing)
+  for name in config.drafters:
+    if name == CORPUS:
+      out[name], info["corpus_draft"] = corpus_draft(config, output_dir, progress)
+    elif name == DISTILLED:
+      out[name] = draft
+    elif name == "prompt lookup":
+      out[name] = NGramDrafter(v, 3)
+    elif name == "layer skip":
+      out[name] = layer_skip(target, config.layer_skip)
+    elif name in _HEADS:
+      kind, cls = _HEADS[name]
+      out[name] = cls(target, pretrained.load_head(kind, target))
+    elif name.startswith("cross-tokenizer"):
+      cross, cross_tokenizer = pretrained.load_cross_draft()
+      target_tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
+      out[name] = CrossTokenizerDrafter(cross, cross_tokenizer, target_tokenizer)
+  return out, info
+
+
+def variants(config) -> list[Variant]:
+  """Every drafter at config.gamma; the distilled draft at each γ of config.gammas,
+  and with block verification at config.gamma and T > 0 (where "auto" is token
+  verification; at T = 0 both rules accept exactly the argmax matches)."""
+  out = [Variant(name, config.gamma) for name in config.drafters]
+  out += [Variant(DISTILLED, g) for g in config.gammas if g != config.gamma]
+  sampled = tuple(t for t in config.temperatures if t > 0)
+  if sampled:
+    out.append(Variant(DISTILLED, config.gamma, "block", sampled))
+  return out
+
+
+def reproduce(
+  config: ml_collections.ConfigDict, output_dir: str, progress: Callable[[str], None] = print
+) -> dict[str, Any]:
+  """Runs every section, writes report.md, report.json and the figures into
+  `output_dir`, and returns the report's JSON."""
+  check_config(config)
+  os.makedirs(output_dir, exist_ok=True)
+  start = time.time()
+  steps = 4
+
+  def step(i, text):
+    progress(f"[{i}/{steps}] {text} ({time.time() - start:.0f} s)")
+
+  step(1, "closed forms and worked examples")
+  worked = [
+    examples.one_token_example(e["q"], e["p"], config.samples) for e in papers.WORKED_EXAMPLES
+  ]
+  toy = examples.block_toy(config.samples)
+  shortcut = examples.top1_shortcut(
+    papers.WORKED_EXAMPLES[0]["q"], papers.WORKED_EXAMPLES[0]["p"], config.samples
+  )
+  step(2, "the bundled pair and the drafters")
+  target, draft, tokenizer = pretrained.load_pair()
+  drafters, info = _drafters(config, target, draft, tokenizer, output_dir, progress)
+  prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
+  step(3, "measuring (every variant compiles once, then timed runs)")
+  rows = measure(
+    target,
+    drafters,
+    variants(config),
+    prompts,
+    lengths,
+    temperatures=tuple(config.temperatures),
+    max_new_tokens=config.max_new_tokens,
+    num_runs=config.num_runs,
+    seed=config.seed,
+    progress=progress,
+  )
+  step(4, "report and figures")
+  fixed = [r for r in rows if r["gamma"] == config.gamma and r["verifier"] == "auto"]
+  sections = [
+    report.formulas_section(),
+    report.table3_section(rows, config.gamma),
+    report.table4_section(fixed),
+    report.chen_section(rows, DISTILLED),
+    report.sun_section(toy, rows, DISTILLED, config.gamma),
+    report.distillspec_section(rows, config.gamma),
+    report.examples_section(worked, shortcut),
+  ]
+  made = []
+  if config.figures:
+    out = lambda name: os.path.join(output_dir, name)
+    sweep = [r for r in rows if r["drafter"] == DISTILLED]
+    made = [
+      figures.tokens_per_iteration(sweep, DISTILLED, out("leviathan_tokens_per_iteration.png")),
+      figures.speedup_vs_gamma(sweep, DISTILLED, out("leviathan_speedup_vs_gamma.png")),
+      figures.ops_factor(out("leviathan_ops_factor.png")),
+      figures.predicted_vs_measured(fixed, out("leviathan_predicted_vs_measured.png")),
+      figures.acceptance_by_position(sweep, DISTILLED, out("chen_acceptance_by_position.png")),
+      figures.speedup_vs_k(sweep, DISTILLED, out("chen_speedup_vs_k.png")),
+    ]
+  else:
+    for s in sections:
+      s["figures"] = []
+  header = (
+    f"Bundled pair (8.7M target, 0.92M distilled draft); held-out prompts: "
+    f"{config.num_prompts} × {config.max_new_tokens} tokens, batch 1; timed runs per "
+    f"variant (median): {config.num_runs}; {time.strftime('%Y-%m-%d')}, "
+    f"{time.time() - start:.0f} s."
+  )
+  result = {
+    "sections": sections,
+    "rows": rows,
+    "examples": {"one_token": worked, "block_toy": toy, "top1_shortcut": shortcut},
+    "drafters": info,
+    "figures": [os.path.basename(f) for f in made],
+    "config": config.to_dict(),
+    "seconds": time.time() - start,
+  }
+  with open(os.path.join(output_dir, "report.json"), "w") as f:
+    json.dump(result, f, indent=1, default=str)
+  with open(os.path.join(output_dir, "report.md"), "w") as f:
+    f.write(report.to_markdown(sections, header))
+  progress(f"done in {time.time() - start:.0f} s: {output_dir}/report.md")
+  return result

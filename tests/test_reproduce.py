@@ -1,0 +1,151 @@
+"""Paper reproduction: the quick run end to end, the worked examples, the count
+drafters' tables, and bad configs. (The count drafters' exactness on V = 8 is in
+tests/test_distribution.py with every other drafter; the formulas' printed
+values in tests/test_theory.py.)"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import reproduce as reproduce_config
+from specjax.drafting import count_drafter
+from specjax.reproduce import examples, papers, report
+from specjax.reproduce.run import SECTIONS, apply_quick, check_config, reproduce
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+  """The quick run (`experiments.reproduce --quick`), once for the module."""
+  out = str(tmp_path_factory.mktemp("reproduce"))
+  lines = []
+  result = reproduce(apply_quick(reproduce_config.get_config()), out, progress=lines.append)
+  return out, result, lines
+
+
+def test_quick_run_reports_every_section_with_verdicts(quick):
+  out, result, lines = quick
+  assert [s["id"] for s in result["sections"]] == list(SECTIONS)
+  with open(os.path.join(out, "report.md")) as f:
+    markdown = f.read()
+  for s in result["sections"]:
+    assert f"## {s['title']}" in markdown
+    for t in s["tables"]:
+      assert t["rows"], f"{s['id']}: table {t['title']!r} is empty"
+      assert t["title"] in markdown
+  with open(os.path.join(out, "report.json")) as f:
+    saved = json.load(f)
+  assert saved["sections"] == json.loads(json.dumps(result["sections"], default=str))
+  # Every measured variant: both temperatures, alpha a rate, speedups positive.
+  rows = result["rows"]
+  assert {r["temperature"] for r in rows} == {0.0, 1.0}
+  assert all(0 <= r["alpha"] <= 1 and r["speedup"] > 0 and r["c"] >= 0 for r in rows)
+  names = {r["drafter"] for r in rows}
+  assert {"unigram", "bigram", "corpus-trained draft", "distilled draft"} <= names
+  # The unigram draft is the weakest, the distilled draft beats it by far.
+  alpha = {(r["drafter"], r["temperature"]): r["alpha"] for r in rows if r["gamma"] == 4}
+  assert alpha["unigram", 0.0] < alpha["distilled draft", 0.0]
+  assert any(line.startswith("[4/4]") for line in lines)  # progress was shown
+  formulas = result["sections"][0]["tables"][0]["rows"]
+  assert all(row[-1] == "agrees" for row in formulas)
+
+
+def test_figures_are_valid_pngs(quick):
+  import matplotlib.image
+
+  out, result, _ = quick
+  assert len(result["figures"]) == 6
+  for name in result["figures"]:
+    path = os.path.join(out, name)
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and min(image.shape[:2]) > 200
+    assert image.std() > 0.01  # something is drawn
+
+
+def test_worked_examples_match_the_explainers():
+  for example, paper in zip(papers.WORKED_EXAMPLES, (0.75, 0.375)):
+    ex = examples.one_token_example(example["q"], example["p"], n=20_000)
+    assert ex["acceptance_of_A"] == pytest.approx(paper)
+    assert ex["sampled_acceptance_of_A"] == pytest.approx(paper, abs=0.03)
+    np.testing.assert_allclose(ex["sampled_output_law"], ex["p"], atol=0.015)
+  second = examples.one_token_example((0.8, 0.2), (0.3, 0.7), n=1000)
+  assert second["residual"] == [0.0, 1.0]  # the whole residual on B
+  assert second["acceptance"] == pytest.approx(0.5)
+  shortcut = examples.top1_shortcut((0.4, 0.6), (0.3, 0.7), n=20_000)
+  assert shortcut["shortcut_law"] == [0.0, 1.0]  # always the top-1: not p
+  assert shortcut["shortcut_tv_to_p"] == pytest.approx(0.3)
+  assert shortcut["speculative_tv_to_p"] < 0.015
+
+
+def test_block_toy_gives_the_papers_values():
+  toy = examples.block_toy(n=20_000)
+  assert toy["token_exact"] == pytest.approx(10 / 9, abs=1e-5)
+  assert toy["block_exact"] == pytest.approx(11 / 9, abs=1e-5)
+  # Accepted tokens take values 0..2 (sd < 0.9): 5 standard errors.
+  for rule in ("token", "block"):
+    assert toy[f"{rule}_sampled"] == pytest.approx(toy[f"{rule}_exact"], abs=5 * 0.9 / 141)
+
+
+def test_count_tables_are_smoothed_laws():
+  docs = [np.array([1, 2, 1, 2, 3]), np.array([3, 3])]
+  uni = count_drafter(docs, 5, 1, smoothing=1.0)
+  q1 = np.exp(np.asarray(uni.log_q))
+  np.testing.assert_allclose(q1, (np.array([0, 2, 2, 3, 0]) + 0.2) / 8)
+  bi = count_drafter(docs, 5, 2, smoothing=1.0)
+  q2 = np.exp(np.asarray(bi.log_q))
+  np.testing.assert_allclose(q2.sum(axis=1), 1.0, rtol=1e-6)
+  # After 1 always 2 (two counts + one pseudo-count spread as q1); never across documents.
+  np.testing.assert_allclose(q2[1], (np.eye(5)[2] * 2 + q1) / 3, rtol=1e-6)
+  np.testing.assert_allclose(q2[3, 3], (1 + q1[3]) / 2, rtol=1e-6)  # the (3, 3) of doc 2
+  np.testing.assert_allclose(q2[0], q1, rtol=1e-6)  # never seen: the unigram
+
+
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (([np.array([0, 1])], 4, 3), "order must be 1 .* or 2"),
+    (([np.array([0, 1])], 4, 2, 0.0), "smoothing must be a number > 0"),
+    (([np.array([0, 4])], 4, 1), r"outside \[0, 4\)"),
+    (([np.array([], np.int32)], 4, 1), "no tokens"),
+    (([np.array([[0, 1]])], 4, 1), "1-D integer arrays"),
+  ],
+)
+def test_count_drafter_refuses_bad_input(args, message):
+  with pytest.raises(ValueError, match=message):
+    count_drafter(*args)
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(drafters=("unigram", "distilled draft")), "must include 'corpus-trained draft'"),
+    (dict(drafters=("trigram",)), "must be among"),
+    (dict(gammas=(0, 2)), "config.gammas"),
+    (dict(temperatures=()), "config.temperatures must be non-empty"),
+    (dict(count_files=-1), "config.count_files must be >= 0"),
+  ],
+)
+def test_bad_configs_name_the_field(change, message):
+  config = reproduce_config.get_config()
+  config.update(change)
+  with pytest.raises(ValueError, match=message):
+    check_config(config)
+
+
+def test_verdicts():
+  assert report.in_range(0.1, 0.03, 0.13) == "within the paper's range"
+  assert report.in_range(0.2, 0.03, 0.13).startswith("above")
+  assert report.close(3.689, 3.69) == "agrees"
+  assert report.close(3.5, 3.69).startswith("differs")
+
+
+def test_quick_overrides_the_full_config():
+  full = reproduce_config.get_config()
+  quick = apply_quick(full)
+  assert quick.num_prompts == full.quick.num_prompts and quick.gammas == full.quick.gammas
+  assert quick.corpus_draft.steps == full.quick.corpus_draft.steps  # nested fields too
+  assert quick.corpus_draft.run == ""
+  assert full.corpus_draft.run == "runs/draft_ce"  # the full config is left as it was
