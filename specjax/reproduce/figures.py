@@ -134,8 +134,18 @@ def predicted_vs_measured(rows: list[dict], path: str, band: float = 0.3) -> str
   ax.fill_between(
     line, line * (1 - band), line * (1 + band), color="grey", alpha=0.2, label=f"±{band:.0%}"
   )
+  names = list(dict.fromkeys(r["drafter"] for r in rows))
+  colors = dict(zip(names, plt.cm.tab10(np.arange(len(names)) % 10)))
   for r in rows:
-    ax.plot(r["predicted_speedup"], r["speedup"], _MARKERS.get(r["temperature"], "s"))
+    label = r["drafter"] if r["temperature"] == rows[0]["temperature"] else None
+    ax.plot(
+      r["predicted_speedup"],
+      r["speedup"],
+      _MARKERS.get(r["temperature"], "s"),
+      color=colors[r["drafter"]],
+      label=label,
+    )
+  ax.set_title("● T=0, ▲ T=1")
   ax.set_xlim(0, top)
   ax.set_ylim(0, top)
   ax.set_xlabel("predicted speedup")

@@ -186,7 +186,9 @@ def table4_section(rows: list[dict]) -> Section:
 def chen_section(rows: list[dict], drafter: str) -> Section:
   """Acceptance by position in the draft, and speedup against K."""
   out, sweep = [], []
-  for r in _pick(rows, drafter=drafter, verifier="auto"):
+  for r in sorted(
+    _pick(rows, drafter=drafter, verifier="auto"), key=lambda r: (r["temperature"], r["gamma"])
+  ):
     sweep.append(
       [r["temperature"], r["gamma"], round(r["tokens_per_iteration"], 2), round(r["speedup"], 2)]
     )

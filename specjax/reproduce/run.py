@@ -194,6 +194,60 @@ def variants(config) -> list[Variant]:
   return out
 
 
+def _header(config, result: dict[str, Any]) -> str:
+  """The report's first line: what was measured, when, and how long it took."""
+  return (
+    f"Bundled pair (8.7M target, 0.92M distilled draft); held-out prompts: "
+    f"{config.num_prompts} × {config.max_new_tokens} tokens, batch 1; timed runs per "
+    f"variant (median): {config.num_runs}; {result.get('date', 'date not recorded')}, "
+    f"{result['seconds']:.0f} s in all."
+  )
+
+
+def write_report(result: dict[str, Any], output_dir: str, figures_too: bool = True) -> dict:
+  """Builds the sections (and figures) from `result`'s measured rows and worked
+  examples, writes report.md and report.json into `output_dir`, and returns
+  `result` with its sections and figure names. A saved report.json re-renders
+  through this without measuring again (`experiments.reproduce --render_from`)."""
+  config = ml_collections.ConfigDict(result["config"])
+  rows, ex = result["rows"], result["examples"]
+  os.makedirs(output_dir, exist_ok=True)
+  fixed = [r for r in rows if r["gamma"] == config.gamma and r["verifier"] == "auto"]
+  sections = [
+    report.formulas_section(),
+    report.table3_section(rows, config.gamma),
+    report.table4_section(fixed),
+    report.chen_section(rows, DISTILLED),
+    report.sun_section(ex["block_toy"], rows, DISTILLED, config.gamma),
+    report.distillspec_section(rows, config.gamma),
+    report.examples_section(ex["one_token"], ex["top1_shortcut"]),
+  ]
+  made = []
+  if figures_too:
+
+    def out(name):
+      return os.path.join(output_dir, name)
+
+    sweep = [r for r in rows if r["drafter"] == DISTILLED]
+    made = [
+      figures.tokens_per_iteration(sweep, DISTILLED, out("leviathan_tokens_per_iteration.png")),
+      figures.speedup_vs_gamma(sweep, DISTILLED, out("leviathan_speedup_vs_gamma.png")),
+      figures.ops_factor(out("leviathan_ops_factor.png")),
+      figures.predicted_vs_measured(fixed, out("leviathan_predicted_vs_measured.png")),
+      figures.acceptance_by_position(sweep, DISTILLED, out("chen_acceptance_by_position.png")),
+      figures.speedup_vs_k(sweep, DISTILLED, out("chen_speedup_vs_k.png")),
+    ]
+  else:
+    for s in sections:
+      s["figures"] = []
+  result = {**result, "sections": sections, "figures": [os.path.basename(f) for f in made]}
+  with open(os.path.join(output_dir, "report.json"), "w") as f:
+    json.dump(result, f, indent=1, default=str)
+  with open(os.path.join(output_dir, "report.md"), "w") as f:
+    f.write(report.to_markdown(sections, _header(config, result)))
+  return result
+
+
 def reproduce(
   config: ml_collections.ConfigDict, output_dir: str, progress: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -233,49 +287,14 @@ def reproduce(
     progress=progress,
   )
   step(4, "report and figures")
-  fixed = [r for r in rows if r["gamma"] == config.gamma and r["verifier"] == "auto"]
-  sections = [
-    report.formulas_section(),
-    report.table3_section(rows, config.gamma),
-    report.table4_section(fixed),
-    report.chen_section(rows, DISTILLED),
-    report.sun_section(toy, rows, DISTILLED, config.gamma),
-    report.distillspec_section(rows, config.gamma),
-    report.examples_section(worked, shortcut),
-  ]
-  made = []
-  if config.figures:
-    out = lambda name: os.path.join(output_dir, name)
-    sweep = [r for r in rows if r["drafter"] == DISTILLED]
-    made = [
-      figures.tokens_per_iteration(sweep, DISTILLED, out("leviathan_tokens_per_iteration.png")),
-      figures.speedup_vs_gamma(sweep, DISTILLED, out("leviathan_speedup_vs_gamma.png")),
-      figures.ops_factor(out("leviathan_ops_factor.png")),
-      figures.predicted_vs_measured(fixed, out("leviathan_predicted_vs_measured.png")),
-      figures.acceptance_by_position(sweep, DISTILLED, out("chen_acceptance_by_position.png")),
-      figures.speedup_vs_k(sweep, DISTILLED, out("chen_speedup_vs_k.png")),
-    ]
-  else:
-    for s in sections:
-      s["figures"] = []
-  header = (
-    f"Bundled pair (8.7M target, 0.92M distilled draft); held-out prompts: "
-    f"{config.num_prompts} × {config.max_new_tokens} tokens, batch 1; timed runs per "
-    f"variant (median): {config.num_runs}; {time.strftime('%Y-%m-%d')}, "
-    f"{time.time() - start:.0f} s."
-  )
   result = {
-    "sections": sections,
+    "date": time.strftime("%Y-%m-%d"),
     "rows": rows,
     "examples": {"one_token": worked, "block_toy": toy, "top1_shortcut": shortcut},
     "drafters": info,
-    "figures": [os.path.basename(f) for f in made],
     "config": config.to_dict(),
     "seconds": time.time() - start,
   }
-  with open(os.path.join(output_dir, "report.json"), "w") as f:
-    json.dump(result, f, indent=1, default=str)
-  with open(os.path.join(output_dir, "report.md"), "w") as f:
-    f.write(report.to_markdown(sections, header))
+  result = write_report(result, output_dir, figures_too=config.figures)
   progress(f"done in {time.time() - start:.0f} s: {output_dir}/report.md")
   return result
