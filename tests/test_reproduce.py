@@ -118,6 +118,15 @@ def test_count_drafter_refuses_bad_input(args, message):
     count_drafter(*args)
 
 
+def test_count_drafter_table_shape_is_checked():
+  import jax.numpy as jnp
+
+  from specjax.drafting import CountDrafter
+
+  with pytest.raises(ValueError, match=r"log_q must have shape \(4, 4\) for order 2"):
+    CountDrafter(jnp.zeros(4), vocab_size=4, order=2)
+
+
 @pytest.mark.parametrize(
   "change, message",
   [
