@@ -54,6 +54,21 @@ def _pick(rows, **match) -> list[dict]:
   return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
 
 
+def _versus(t: float, base: dict, other: dict, field: str, lo: float, hi: float) -> list:
+  """A row comparing two measured variants: `field` and speedup of each, the
+  wall-clock gain of `other` over `base`, and its verdict against [lo, hi]."""
+  gain = other["speedup"] / base["speedup"] - 1
+  return [
+    t,
+    round(base[field], 3),
+    round(other[field], 3),
+    round(base["speedup"], 2),
+    round(other["speedup"], 2),
+    f"{gain:+.1%}",
+    in_range(gain, lo, hi),
+  ]
+
+
 def formulas_section() -> Section:
   """Leviathan's closed forms against the values the paper prints."""
   t1 = papers.TABLE1_TOKENS
@@ -248,18 +263,7 @@ def sun_section(toy: dict, rows: list[dict], drafter: str, gamma: int) -> Sectio
     token = _pick(rows, drafter=drafter, gamma=gamma, verifier="auto", temperature=t)
     block = _pick(rows, drafter=drafter, gamma=gamma, verifier="block", temperature=t)
     if token and block:
-      gain = block[0]["speedup"] / token[0]["speedup"] - 1
-      pair_rows.append(
-        [
-          t,
-          round(token[0]["tokens_per_iteration"], 3),
-          round(block[0]["tokens_per_iteration"], 3),
-          round(token[0]["speedup"], 2),
-          round(block[0]["speedup"], 2),
-          f"{gain:+.1%}",
-          in_range(gain, lo, hi),
-        ]
-      )
+      pair_rows.append(_versus(t, token[0], block[0], "tokens_per_iteration", lo, hi))
   return section(
     "sun",
     "Sun et al.: block verification",
@@ -299,18 +303,7 @@ def distillspec_section(rows: list[dict], gamma: int) -> Section:
     plain = _pick(rows, drafter="corpus-trained draft", gamma=gamma, verifier="auto", temperature=t)
     distilled = _pick(rows, drafter="distilled draft", gamma=gamma, verifier="auto", temperature=t)
     if plain and distilled:
-      gain = distilled[0]["speedup"] / plain[0]["speedup"] - 1
-      out.append(
-        [
-          t,
-          round(plain[0]["alpha"], 3),
-          round(distilled[0]["alpha"], 3),
-          round(plain[0]["speedup"], 2),
-          round(distilled[0]["speedup"], 2),
-          f"{gain:+.1%}",
-          in_range(gain, lo, hi),
-        ]
-      )
+      out.append(_versus(t, plain[0], distilled[0], "alpha", lo, hi))
   return section(
     "distillspec",
     f"DistillSpec: distilled against corpus-trained draft (γ = {gamma})",
