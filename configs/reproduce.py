@@ -1,8 +1,10 @@
 """Configuration of `experiments/reproduce.py`: the papers' tables and figures on
 the bundled models.
 
-  python -m experiments.reproduce --output_dir=runs/reproduce            # full (about an hour here)
-  python -m experiments.reproduce --output_dir=/tmp/quick --quick        # < 3 min, what tests run
+  python -m experiments.reproduce --output_dir=runs/reproduce       # full: 25 min here
+  python -m experiments.reproduce --output_dir=/tmp/quick --quick   # < 3 min, what tests run
+
+The first full run also trains runs/draft_ce (12 min here).
 
 `--quick` applies `config.quick`'s fields over the others.
 """
