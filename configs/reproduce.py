@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from configs import train_draft
 from specjax.reproduce.run import DRAFTERS
 
 
@@ -33,15 +34,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.samples = 200_000  # sampled iterations of each worked example
   c.figures = True  # PNGs (needs matplotlib: pip install 'specjax[plots]')
   # The corpus-trained draft (DistillSpec's baseline): a run directory, trained
-  # there first when it holds no checkpoint (configs/train_draft.py's recipe).
+  # there first with `train` (configs/train_draft.py) when it holds no checkpoint.
+  train = train_draft.get_config()
+  train.data.dir = "runs/data"  # token files (built on first use); "" -> <output_dir>/data
   c.corpus_draft = ml_collections.ConfigDict(
     dict(
       run="runs/draft_ce",  # "" -> <output_dir>/corpus_draft
-      steps=1000,
-      batch_size=16,
-      seq_len=256,
-      data_dir="runs/data",  # token files (built on first use); "" -> <output_dir>/data
       files_per_split=(),  # (train, validation, test) files of a small corpus; () = all
+      train=train,
     )
   )
   c.quick = ml_collections.ConfigDict(
@@ -54,7 +54,9 @@ def get_config() -> ml_collections.ConfigDict:
       count_files=40,
       samples=20_000,
       corpus_draft=dict(
-        run="", steps=4, batch_size=4, seq_len=64, data_dir="", files_per_split=(12, 2, 2)
+        run="",
+        files_per_split=(12, 2, 2),
+        train=dict(num_steps=4, batch_size=4, seq_len=64, data=dict(dir="")),
       ),
     )
   )

@@ -155,6 +155,6 @@ def test_quick_overrides_the_full_config():
   full = reproduce_config.get_config()
   quick = apply_quick(full)
   assert quick.num_prompts == full.quick.num_prompts and quick.gammas == full.quick.gammas
-  assert quick.corpus_draft.steps == full.quick.corpus_draft.steps  # nested fields too
+  assert quick.corpus_draft.train.num_steps == full.quick.corpus_draft.train.num_steps  # nested
   assert quick.corpus_draft.run == ""
   assert full.corpus_draft.run == "runs/draft_ce"  # the full config is left as it was

@@ -16,9 +16,16 @@ from specjax.reproduce import papers
 
 Section = dict[str, Any]
 
+# The two small-model drafts every report compares (DistillSpec, Chen, Sun).
+CORPUS = "corpus-trained draft"
+DISTILLED = "distilled draft"
 # Which of Leviathan's Table 3 kinds each drafter name belongs to.
-TABLE3_KIND = {"unigram": "unigram", "bigram": "bigram"}
-SMALL_MODELS = ("corpus-trained draft", "distilled draft")
+TABLE3_KIND = {
+  "unigram": "unigram",
+  "bigram": "bigram",
+  CORPUS: "small model",
+  DISTILLED: "small model",
+}
 
 
 def section(id_: str, title: str, source: str, tables=(), figures=(), notes=()) -> Section:
@@ -115,7 +122,7 @@ def table3_section(rows: list[dict], gamma: int) -> Section:
   out = []
   names = list(dict.fromkeys(r["drafter"] for r in rows if r["gamma"] == gamma))
   for name in names:
-    kind = TABLE3_KIND.get(name, "small model" if name in SMALL_MODELS else None)
+    kind = TABLE3_KIND.get(name)
     for r in _pick(rows, drafter=name, gamma=gamma, verifier="auto"):
       if kind is None:
         paper, verdict = "—", "no counterpart in the paper"
@@ -300,8 +307,8 @@ def distillspec_section(rows: list[dict], gamma: int) -> Section:
   out = []
   lo, hi = papers.DISTILLSPEC_GAIN
   for t in sorted({r["temperature"] for r in rows}):
-    plain = _pick(rows, drafter="corpus-trained draft", gamma=gamma, verifier="auto", temperature=t)
-    distilled = _pick(rows, drafter="distilled draft", gamma=gamma, verifier="auto", temperature=t)
+    plain = _pick(rows, drafter=CORPUS, gamma=gamma, verifier="auto", temperature=t)
+    distilled = _pick(rows, drafter=DISTILLED, gamma=gamma, verifier="auto", temperature=t)
     if plain and distilled:
       out.append(_versus(t, plain[0], distilled[0], "alpha", lo, hi))
   return section(

@@ -40,10 +40,9 @@ from specjax.drafting import (
 )
 from specjax.reproduce import examples, figures, papers, report
 from specjax.reproduce.measure import Variant, measure
+from specjax.reproduce.report import CORPUS, DISTILLED
 from specjax.validation import check_positive_int
 
-DISTILLED = "distilled draft"
-CORPUS = "corpus-trained draft"
 DRAFTERS = (
   "unigram",
   "bigram",
@@ -121,32 +120,26 @@ def corpus_documents(tokenizer, max_files: int = 0, root: str | None = None) -> 
 
 def corpus_draft(config, output_dir: str, progress: Callable[[str], None]):
   """The corpus-trained draft: `config.corpus_draft.run` if it holds a trained
-  run, else trained there (or in output_dir) first with configs/train_draft.py's
-  recipe and `config.corpus_draft`'s overrides."""
+  run, else trained there (or in output_dir) first with `config.corpus_draft.train`
+  (configs/train_draft.py's recipe), evaluated and saved once, at the end."""
   from specjax.training import train
   from specjax.training.checkpoint import has_checkpoints, load_trained_model
-  from specjax.training.config import base_config, model_fields
 
   spec = config.corpus_draft
   run = spec.run or os.path.join(output_dir, "corpus_draft")
   if not has_checkpoints(run):
-    # configs/train_draft.py's draft: the bundled draft's shape, cross-entropy on the corpus.
-    train_config = base_config()
-    train_config.model = model_fields(4096, 128, 2, 2, 344, 512)
-    train_config.learning_rate = 3e-3
-    train_config.num_steps = spec.steps
-    train_config.batch_size = spec.batch_size
-    train_config.seq_len = spec.seq_len
-    train_config.warmup_steps = min(100, max(spec.steps // 10, 1))
-    train_config.eval_every = train_config.checkpoint_every = spec.steps
+    train_config = spec.train.copy_and_resolve_references()
+    steps = train_config.num_steps
+    train_config.warmup_steps = min(train_config.warmup_steps, max(steps // 10, 1))
+    train_config.eval_every = train_config.checkpoint_every = steps
     train_config.eval_batches = 2
-    train_config.data.dir = spec.data_dir or os.path.join(output_dir, "data")
+    train_config.data.dir = train_config.data.dir or os.path.join(output_dir, "data")
     train_config.data.tokenizer = pretrained.TOKENIZER_FILE
     if spec.files_per_split:  # a small corpus (the quick run): the first files of each split
       root = os.path.join(output_dir, "corpus")
       splits = dict(zip(("train", "validation", "test"), spec.files_per_split))
       train_config.data.root = copy_subset(root, splits)
-    progress(f"training the corpus-trained draft ({spec.steps} steps) in {run}")
+    progress(f"training the corpus-trained draft ({steps} steps) in {run}")
     train(train_config, run, echo=lambda line: progress(f"  {line}"))
   model, step = load_trained_model(run, dtype="float32")
   return model, {"run": run, "step": step}
