@@ -116,7 +116,7 @@ def _gemma(hf: dict[str, Any], dtype: str, source: str, multimodal: bool = False
       f"{source}: layer_types must list {n_layers} entries of {allowed}, got {types!r}."
     )
   local = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-  window = _int(hf, "sliding_window", source, required=False) or 4096 if local else None
+  window = (_int(hf, "sliding_window", source, required=False) or 4096) if local else None
   if gemma2:
     theta, scaling = _rope(hf, source)
     local_theta = None

@@ -337,7 +337,7 @@ def _layout(cache: KVCache, t: int, tree, windows=()) -> tuple:
   if start + t > n:
     raise ValueError(f"tree nodes {start}..{start + t - 1} do not exist in a tree of {n} nodes.")
   masks = {}
-  for w in sorted(windows or {None}, key=lambda w: -1 if w is None else w):
+  for w in windows or (None,):  # starts and positions are the same for every window
     starts, positions, masks[w] = tree_attention(
       cache.lengths, cache.capacity, parents, start, start + t, w
     )
