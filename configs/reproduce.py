@@ -47,6 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.quick = ml_collections.ConfigDict(
     dict(
       gammas=(4,),
+      temperatures=(1.0,),  # one compiled program per variant and temperature: CI time
       num_prompts=1,
       max_new_tokens=24,
       num_runs=1,

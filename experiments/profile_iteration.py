@@ -183,6 +183,7 @@ def profile(
       prompts,
       lengths,
       key,
+      None,
       sampling=sampling,
       max_new_tokens=max_new_tokens,
       eos_id=None,

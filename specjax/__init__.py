@@ -2,7 +2,7 @@
 
 Public surface:
   ModelConfig, Transformer, KVCache           -- models (specjax.models)
-  SamplingParams, warp_probs                  -- sampling warps (specjax.sampling)
+  SamplingParams, RowSampling, warp_probs     -- sampling warps (specjax.sampling)
   verify.token_verify, verify.block_verify, verify.greedy_verify
                                               -- verification rules (specjax.verify)
   drafting.NGramDrafter, drafting.layer_skip  -- drafters besides a draft model
@@ -35,7 +35,7 @@ from specjax.generation import (
   string_level_generate,
 )
 from specjax.models import KVCache, ModelConfig, Transformer
-from specjax.sampling import GREEDY, SamplingParams, warp_probs
+from specjax.sampling import GREEDY, RowSampling, SamplingParams, warp_probs
 
 __version__ = "0.1.0"
 
@@ -44,6 +44,7 @@ __all__ = [
   "GenerateOutput",
   "KVCache",
   "ModelConfig",
+  "RowSampling",
   "SamplingParams",
   "SpecConfig",
   "SpecState",

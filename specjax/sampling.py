@@ -5,6 +5,11 @@ was drawn from, and p the target's distribution after the same warp. So one
 function, `warp_probs`, turns logits into probabilities for draft and target
 alike, and `sample` draws from those probabilities, never from raw logits.
 
+Settings come in two forms: `SamplingParams`, static (one warp for the whole
+batch, a jit static argument), and `RowSampling`, data (`[B]` arrays: each row
+its own temperature, top-k and top-p in one compiled program, as a server
+needs). `warp_probs` takes either.
+
 Order of the warps (as in Hugging Face's logits processors): temperature, then
 top-k, then top-p. Temperature 0 means greedy: the warp is one-hot at the argmax
 (lowest index on ties), so every verifier reduces to argmax matching.
@@ -18,6 +23,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from specjax.validation import is_int, is_real
 
@@ -71,8 +77,86 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def warp_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
-  """Turns logits `[..., V]` into warped float32 probabilities `[..., V]`."""
+@struct.dataclass
+class RowSampling:
+  """Per-row sampling settings as data: row b is warped with
+  `SamplingParams(temperature[b], top_k[b], top_p[b])`.
+
+  A pytree of `[B]` arrays, so settings change without recompiling and greedy
+  and sampled rows share one batch (a greedy row's warp is one-hot, which
+  every sampling verifier turns into exact argmax decoding). Build it with
+  `RowSampling.of`, which checks every row.
+
+  Attributes:
+    temperature: `[B]` float32, >= 0 (below `MIN_TEMPERATURE`: greedy).
+    top_k: `[B]` int32, >= 0 (0 = off).
+    top_p: `[B]` float32 in (0, 1] (1 = off).
+  """
+
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+
+  @classmethod
+  def of(
+    cls, params: SamplingParams | list[SamplingParams], batch: int | None = None
+  ) -> RowSampling:
+    """Rows from one `SamplingParams` per row (each validated), or one for `batch` rows."""
+    if isinstance(params, SamplingParams):
+      if batch is None:
+        raise ValueError("batch is needed to broadcast one SamplingParams to rows.")
+      params = [params] * batch
+    params = list(params)
+    if not params or not all(isinstance(p, SamplingParams) for p in params):
+      raise ValueError(
+        f"params must be a non-empty list of specjax.SamplingParams, got {params!r}."
+      )
+    return cls(
+      temperature=jnp.asarray([p.temperature for p in params], jnp.float32),
+      top_k=jnp.asarray([p.top_k for p in params], jnp.int32),
+      top_p=jnp.asarray([p.top_p for p in params], jnp.float32),
+    )
+
+  @property
+  def greedy(self) -> bool:
+    """Static: whether the warp is known to be greedy at trace time. Never for
+    per-row settings (greedy rows are one-hot inside the sampled warp)."""
+    return False
+
+  @property
+  def batch(self) -> int:
+    return self.temperature.shape[0]
+
+  def all_greedy(self) -> bool:
+    """On the host: every row is greedy (no random numbers needed)."""
+    return bool(np.all(np.asarray(self.temperature) < MIN_TEMPERATURE))
+
+  def check(self, vocab_size: int, batch: int) -> None:
+    """Raises a ValueError naming the field and row when a setting is out of range
+    (on the host, before compiling)."""
+    if self.batch != batch:
+      raise ValueError(f"sampling has {self.batch} rows but the batch has {batch}.")
+    t, k, p = (np.asarray(x) for x in (self.temperature, self.top_k, self.top_p))
+    checks = (
+      ("temperature", t, np.isfinite(t) & (t >= 0), "a number >= 0 and finite (0 = greedy)"),
+      ("top_k", k, (k >= 0) & (k <= vocab_size), f"an integer in [0, vocab_size={vocab_size}]"),
+      ("top_p", p, (p > 0) & (p <= 1), "in (0, 1] (1 = off)"),
+    )
+    for name, values, ok, allowed in checks:
+      if values.shape != (batch,):
+        raise ValueError(f"sampling.{name} must have shape [{batch}], got {values.shape}.")
+      if not ok.all():
+        row = int(np.argmin(ok))
+        raise ValueError(f"sampling.{name} must be {allowed}; row {row} has {values[row]!r}.")
+
+
+def warp_probs(logits: jax.Array, params: SamplingParams | RowSampling) -> jax.Array:
+  """Turns logits `[..., V]` into warped float32 probabilities `[..., V]`.
+
+  With `RowSampling` the logits are `[B, ..., V]` and row b gets its own warp.
+  """
+  if isinstance(params, RowSampling):
+    return _warp_rows(logits.astype(jnp.float32), params)
   logits = logits.astype(jnp.float32)
   if params.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
@@ -95,6 +179,32 @@ def warp_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
     probs = jnp.where(probs >= threshold, probs, 0.0)
     probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
   return probs
+
+
+def _warp_rows(logits: jax.Array, params: RowSampling) -> jax.Array:
+  """`warp_probs` with per-row settings: the same warps in the same order, each
+  switched on per row by data (one sort serves top-k; top-p sorts the probabilities)."""
+  v = logits.shape[-1]
+
+  def per_row(x):  # [B] -> [B, 1, ..., 1], against logits [B, ..., V]
+    return x.reshape(x.shape + (1,) * (logits.ndim - 1))
+
+  t, k, top_p = per_row(params.temperature), per_row(params.top_k), per_row(params.top_p)
+  greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
+  descending = -jnp.sort(-logits, axis=-1)
+  kth = jnp.take_along_axis(
+    descending, jnp.broadcast_to(jnp.clip(k - 1, 0, v - 1), (*logits.shape[:-1], 1)), axis=-1
+  )
+  logits = jnp.where((k > 0) & (logits < kth), -jnp.inf, logits)  # ties with the k-th kept
+  logits = logits - jnp.max(logits, axis=-1, keepdims=True)
+  probs = jax.nn.softmax(logits / jnp.where(t < MIN_TEMPERATURE, 1.0, t), axis=-1)
+  sorted_probs = jnp.sort(probs, axis=-1)[..., ::-1]
+  mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+  threshold = jnp.min(jnp.where(mass_before < top_p, sorted_probs, jnp.inf), -1, keepdims=True)
+  # top_p = 1 is off outright: rounding must not drop the tail's smallest tokens.
+  nucleus = jnp.where((top_p < 1) & (probs < threshold), 0.0, probs)
+  probs = jnp.where(top_p < 1, nucleus / jnp.sum(nucleus, axis=-1, keepdims=True), probs)
+  return jnp.where(t < MIN_TEMPERATURE, greedy, probs)
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
@@ -126,7 +236,7 @@ def sample_with_uniform(u: jax.Array, probs: jax.Array) -> jax.Array:
 
 
 def sample_tokens(
-  key: jax.Array, logits: jax.Array, params: SamplingParams
+  key: jax.Array, logits: jax.Array, params: SamplingParams | RowSampling
 ) -> tuple[jax.Array, jax.Array]:
   """Warps logits `[..., V]` and draws from them.
 

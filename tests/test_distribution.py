@@ -92,6 +92,46 @@ def test_speculative_sampling_matches_target_law(pair, sampling):
   assert chi_square_pvalue(spec.tokens, joint) > 1e-3
 
 
+MIXED = [
+  specjax.GREEDY,
+  specjax.SamplingParams(temperature=1.0),
+  specjax.SamplingParams(temperature=0.7, top_k=3),
+  specjax.SamplingParams(temperature=1.3, top_k=5, top_p=0.8),
+]
+
+
+@pytest.mark.parametrize("verifier", ["auto", "block"])
+def test_mixed_row_settings_in_one_batch_follow_each_rows_law(pair, verifier):
+  """Per-row settings (`RowSampling`): greedy and three warps interleaved in one
+  batch. Each group of rows has its own warp's law (chi-square), greedy rows are
+  exactly the target's greedy output, in both generation loops."""
+  target, draft = pair
+  prompts = jnp.tile(PROMPT, (ROWS, 1))
+  lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
+  rows = specjax.RowSampling.of([MIXED[i % len(MIXED)] for i in range(ROWS)])
+  spec = specjax.speculative_generate(
+    target, draft, prompts, lengths, gamma=2, max_new_tokens=NEW, sampling=rows,
+    key=jax.random.key(13), verifier=verifier,
+  )  # fmt: skip
+  outputs = {"speculative": spec.tokens}
+  if verifier == "auto":
+    outputs["autoregressive"] = specjax.autoregressive_generate(
+      target, prompts, lengths, max_new_tokens=NEW, sampling=rows, key=jax.random.key(14)
+    ).tokens
+  greedy = specjax.autoregressive_generate(
+    target, PROMPT[None], jnp.array([len(PROMPT)]), max_new_tokens=NEW, sampling=specjax.GREEDY
+  ).tokens
+  for name, tokens in outputs.items():
+    tokens = np.asarray(tokens)
+    np.testing.assert_array_equal(tokens[0 :: len(MIXED)], np.tile(greedy, (ROWS // 4, 1)))
+    for i, sampling in enumerate(MIXED[1:], start=1):
+      pvalue = chi_square_pvalue(tokens[i :: len(MIXED)], exact_joint(target, sampling))
+      assert pvalue > 1e-3, f"{name}, rows with {sampling}: p = {pvalue:.2g}"
+  # The groups differ: the test would catch rows warped with another row's settings.
+  top_k_rows = np.asarray(spec.tokens)[2 :: len(MIXED)]
+  assert chi_square_pvalue(top_k_rows, exact_joint(target, MIXED[1])) < 1e-6
+
+
 def test_harness_detects_a_wrong_law(pair):
   """The same test rejects the draft's own law (what an inexact verifier tends to)."""
   target, draft = pair

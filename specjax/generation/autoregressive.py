@@ -23,13 +23,13 @@ from specjax.generation.common import (
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
+from specjax.sampling import RowSampling, SamplingParams, sample_with_uniform, warp_probs
 
 
 def autoregressive_step(
   model: Transformer,
   state: ARState,
-  sampling: SamplingParams,
+  sampling: SamplingParams | RowSampling,
   max_new_tokens: int,
   eos_id: int | tuple[int, ...] | None,
 ) -> ARState:
@@ -70,9 +70,10 @@ def autoregressive_step(
   jax.jit, static_argnames=("sampling", "max_new_tokens", "eos_id", "pad_id", "capacity")
 )
 def _autoregressive_program(
-  model, prompts, prompt_lengths, key, *, sampling, max_new_tokens, eos_id, pad_id, capacity
+  model, prompts, prompt_lengths, key, rows, *, sampling, max_new_tokens, eos_id, pad_id, capacity
 ) -> GenerateOutput:
   TRACE_COUNTS["autoregressive"] += 1
+  sampling = rows if sampling is None else sampling  # per-row settings are data
   prompts = zero_padding(prompts, prompt_lengths)
   key, first_key = jax.random.split(key)
   first, cache = prefill(model, prompts, prompt_lengths, capacity, first_key, sampling)
@@ -108,7 +109,7 @@ def autoregressive_generate(
   prompt_lengths: jax.Array,
   *,
   max_new_tokens: int,
-  sampling: SamplingParams = SamplingParams(),
+  sampling: SamplingParams | RowSampling = SamplingParams(),
   key: jax.Array | None = None,
   eos_id: int | list[int] | None = None,
   pad_id: int = 0,
@@ -120,8 +121,9 @@ def autoregressive_generate(
     prompts: `[B, P]` int32, right-padded; the padding is ignored.
     prompt_lengths: `[B]` int32 in [1, P].
     max_new_tokens: budget per row (>= 1, static: it sets the output shape).
-    sampling: warp; temperature 0 is greedy.
-    key: PRNG key; required unless sampling is greedy.
+    sampling: warp; temperature 0 is greedy. `RowSampling` gives each row its
+      own settings (data: changing them does not recompile).
+    key: PRNG key; required unless sampling is greedy (every row).
     eos_id: stop a row after it emits this id, or any of a list of ids (the
       EOS is kept and counted).
     pad_id: value of `tokens` past each row's `num_generated`.
@@ -144,7 +146,8 @@ def autoregressive_generate(
     jnp.asarray(prompts, jnp.int32),
     jnp.asarray(prompt_lengths, jnp.int32),
     validation.check_key(key, sampling),
-    sampling=sampling,
+    sampling if isinstance(sampling, RowSampling) else None,
+    sampling=None if isinstance(sampling, RowSampling) else sampling,
     max_new_tokens=args.max_new_tokens,
     eos_id=args.eos_id,
     pad_id=args.pad_id,

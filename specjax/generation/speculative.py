@@ -34,7 +34,7 @@ from specjax.generation.common import (
 from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats
 from specjax.models.kv_cache import KVCache, cache_capacity, write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, warp_probs
+from specjax.sampling import RowSampling, SamplingParams, warp_probs
 from specjax.trees import RowTrees
 from specjax.validation import check_positive_int
 from specjax.vocab import fit_ids, pad_vocab
@@ -55,6 +55,7 @@ def speculative_step(
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
+  sampling = step_sampling(state, config)
 
   # 1. Draft up to gamma tokens per row, with the laws q they were drawn from.
   proposal, drafter_state = drafter.propose(
@@ -63,7 +64,7 @@ def speculative_step(
     draft_key,
     state.draft_limit,
     gamma=config.gamma,
-    sampling=config.sampling,
+    sampling=sampling,
   )
   tree = proposal.parents  # static: None for a chain
 
@@ -80,12 +81,12 @@ def speculative_step(
     verifier = verify_lib.get_verifier(config.verifier)
     argmax_only = verifier is verify_lib.greedy_verify
     n, next_token = verifier(
-      verify_key, *verifier_inputs(proposal, logits, config.sampling, vocab, argmax_only)
+      verify_key, *verifier_inputs(proposal, logits, sampling, vocab, argmax_only)
     )
     drafted, path = proposal.tokens, None
   else:
     path, n, next_token = verify_tree(
-      verify_key, proposal, logits, config.sampling, vocab, drafter.tree_mode
+      verify_key, proposal, logits, sampling, vocab, drafter.tree_mode
     )
     drafted = jnp.take_along_axis(proposal.tokens, jnp.maximum(path, 0), axis=1)
     # The accepted path's keys and values move next to the prefix, after s[-1].
@@ -105,7 +106,7 @@ def speculative_step(
     hidden=hidden,
     path=path,
   )
-  return SpecState(
+  return state.replace(
     target_cache=commit_cache(target_cache, commit),
     drafter_state=drafter.commit(drafter_state, commit),
     recent=next_recent(state.recent, emitted, n, commit.goes_on),
@@ -113,7 +114,6 @@ def speculative_step(
     tokens=tokens,
     num_generated=num_generated,
     done=done,
-    keys=state.keys,
     stats=state.stats.record(
       active=~state.done,
       proposed=proposal.lengths,
@@ -122,6 +122,11 @@ def speculative_step(
       draft_calls=proposal.calls,
     ),
   )
+
+
+def step_sampling(state: SpecState, config: SpecConfig) -> SamplingParams | RowSampling:
+  """The warp of this iteration: the config's static one, or the rows' own."""
+  return state.sampling if config.sampling is None else config.sampling
 
 
 def score(
@@ -161,7 +166,7 @@ def verify_tree(
   key: jax.Array,
   proposal: Proposal,
   logits: jax.Array,
-  sampling: SamplingParams,
+  sampling: SamplingParams | RowSampling,
   vocab_size: int,
   mode: str,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -191,7 +196,7 @@ def path_rows(path: jax.Array) -> jax.Array:
 def verifier_inputs(
   proposal: Proposal,
   logits: jax.Array,
-  sampling: SamplingParams,
+  sampling: SamplingParams | RowSampling,
   vocab_size: int,
   argmax_only: bool,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array]:
@@ -228,7 +233,8 @@ def emitted_tokens(draft_tokens: jax.Array, n: jax.Array, next_token: jax.Array)
 def commit_tokens(
   state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Appends each active row's n + 1 new tokens, cut at EOS and at the budget.
+  """Appends each active row's n + 1 new tokens, cut at EOS (the config's ids or
+  the row's own `stop`) and at the row's budget.
 
   Returns:
     `(tokens [B, max_new_tokens + g + 1], num_generated [B], done [B],
@@ -236,17 +242,18 @@ def commit_tokens(
   """
   active = ~state.done
   count = n + 1
-  hit_eos = jnp.zeros_like(active)
+  slots = jnp.arange(emitted.shape[1])[None, :]
+  eos = emitted == state.stop[:, None]
   if config.eos_id is not None:
-    slots = jnp.arange(emitted.shape[1])[None, :]
-    eos = is_eos(emitted, config.eos_id) & (slots < count[:, None])
-    hit_eos = jnp.any(eos, axis=1)
-    count = jnp.where(hit_eos, jnp.argmax(eos, axis=1) + 1, count)
-  count = jnp.minimum(count, config.max_new_tokens - state.num_generated)
+    eos = eos | is_eos(emitted, config.eos_id)
+  eos = eos & (slots < count[:, None])
+  hit_eos = jnp.any(eos, axis=1)
+  count = jnp.where(hit_eos, jnp.argmax(eos, axis=1) + 1, count)
+  count = jnp.minimum(count, state.budget - state.num_generated)
   count = jnp.where(active, count, 0)
   tokens = write_rows(state.tokens, emitted, state.num_generated)
   num_generated = state.num_generated + count
-  done = state.done | (num_generated >= config.max_new_tokens) | (active & hit_eos)
+  done = state.done | (num_generated >= state.budget) | (active & hit_eos)
   return tokens, num_generated, done, count
 
 
@@ -284,11 +291,13 @@ def init_state(
   prompt_lengths: jax.Array,
   key: jax.Array,
   config: SpecConfig,
+  rows: RowSampling | None = None,
 ) -> SpecState:
   """Prefills the target and the drafter and samples the first token from the target.
 
   Args:
     prompts: `[B, P]` right-padded (padding already zeroed); prompt_lengths `[B]`.
+    rows: the rows' own sampling settings when `config.sampling` is None.
   """
   b, width = prompts.shape
   drafter = as_drafter(drafter)
@@ -300,7 +309,7 @@ def init_state(
     prompt_lengths,
     capacity,
     first_key,
-    config.sampling,
+    rows if config.sampling is None else config.sampling,
     return_hidden=drafter.target_features,
   )
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
@@ -315,20 +324,23 @@ def init_state(
     tokens=tokens.at[:, 0].set(first),
     num_generated=jnp.ones((b,), jnp.int32),
     done=first_done(first, config.max_new_tokens, config.eos_id),
+    budget=jnp.full((b,), config.max_new_tokens, jnp.int32),
+    stop=jnp.full((b,), -1, jnp.int32),
     # At most max_new_tokens - 1 iterations follow the prefill's token: one
     # split before the loop gives each its (draft, verify) keys.
     keys=jax.random.split(key, (config.max_new_tokens, 2)),
     stats=SpeculativeStats.zeros(b, config.gamma, draft_calls=drafter.prefill_calls),
+    sampling=rows,
   )
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _speculative_program(
-  target, drafter, prompts, prompt_lengths, key, *, config: SpecConfig
+  target, drafter, prompts, prompt_lengths, key, rows=None, *, config: SpecConfig
 ) -> GenerateOutput:
   TRACE_COUNTS["speculative"] += 1
   prompts = zero_padding(prompts, prompt_lengths)
-  state = init_state(target, drafter, prompts, prompt_lengths, key, config)
+  state = init_state(target, drafter, prompts, prompt_lengths, key, config, rows)
   state = jax.lax.while_loop(
     lambda s: jnp.any(~s.done), lambda s: speculative_step(target, drafter, s, config), state
   )
@@ -347,7 +359,7 @@ def speculative_generate(
   *,
   gamma: int,
   max_new_tokens: int,
-  sampling: SamplingParams = SamplingParams(),
+  sampling: SamplingParams | RowSampling = SamplingParams(),
   key: jax.Array | None = None,
   eos_id: int | list[int] | None = None,
   verifier: str | verify_lib.Verifier = "auto",
@@ -373,7 +385,9 @@ def speculative_generate(
       drafts a token tree (`drafter.tree`), its number of nodes.
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
-    key: one PRNG key; required unless sampling is greedy.
+      `RowSampling` gives each row its own settings (data: greedy and sampled
+      rows in one program, verified by a sampling verifier, "token" for "auto").
+    key: one PRNG key; required unless sampling is greedy (every row).
     eos_id: stop a row after it emits this id, or any of a list of ids
       (checkpoints may have several); the EOS is kept and counted.
     verifier: "auto" (greedy at temperature 0, else token), "token", "block",
@@ -424,12 +438,16 @@ def speculative_generate(
     verifier = "greedy" if sampling.greedy else "token"
   greedy_rule = tree is None and verify_lib.get_verifier(verifier) is verify_lib.greedy_verify
   if greedy_rule and not sampling.greedy:
-    raise ValueError("verifier='greedy' needs temperature 0; use 'token', 'block' or 'auto'.")
+    raise ValueError(
+      "verifier='greedy' needs temperature 0 (a static SamplingParams); use 'token', "
+      "'block' or 'auto'."
+    )
   key = validation.check_key(key, sampling)
+  rows = sampling if isinstance(sampling, RowSampling) else None
   config = SpecConfig(
     gamma=gamma,
     max_new_tokens=args.max_new_tokens,
-    sampling=sampling,
+    sampling=None if rows is not None else sampling,
     verifier=verifier,
     eos_id=args.eos_id,
     pad_id=args.pad_id,
@@ -442,5 +460,6 @@ def speculative_generate(
     jnp.asarray(prompts, jnp.int32),
     jnp.asarray(prompt_lengths, jnp.int32),
     key,
+    rows,
     config=config,
   )

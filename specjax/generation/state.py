@@ -21,7 +21,8 @@ class SpecConfig:
   Attributes:
     gamma: drafted tokens per iteration, >= 1.
     max_new_tokens: generation budget per row, >= 1.
-    sampling: the warp shared by draft and target.
+    sampling: the warp shared by draft and target; None when each row has its
+      own (`RowSampling`, carried in `SpecState.sampling`).
     verifier: "token", "block", "greedy" (names of `verify.VERIFIERS`) or a
       verifier function; "tree" for a drafter that drafts token trees (then
       `speculative_step` verifies with `verify.tree_verify` and ignores it).
@@ -34,7 +35,7 @@ class SpecConfig:
 
   gamma: int
   max_new_tokens: int
-  sampling: SamplingParams
+  sampling: SamplingParams | None
   verifier: Any = "token"
   eos_id: int | tuple[int, ...] | None = None
   pad_id: int = 0
@@ -205,10 +206,14 @@ class SpecState:
       block can always be written).
     num_generated: `[B]` int32.
     done: `[B]` bool, the row hit EOS or its budget.
+    budget: `[B]` int32, the most tokens each row generates (all
+      `max_new_tokens` in `speculative_generate`; a server's requests differ).
+    stop: `[B]` int32, a row's own stop id besides the config's EOS ids (-1: none).
     keys: `[max_new_tokens, 2]` PRNG keys, row i the (draft, verify) keys
       of iteration i, split once before the loop (an iteration runs no
       key-splitting computation of its own).
     stats: `SpeculativeStats`.
+    sampling: None (the config's static warp), or the rows' own `RowSampling`.
   """
 
   target_cache: KVCache
@@ -218,8 +223,11 @@ class SpecState:
   tokens: jax.Array
   num_generated: jax.Array
   done: jax.Array
+  budget: jax.Array
+  stop: jax.Array
   keys: jax.Array
   stats: SpeculativeStats
+  sampling: Any = None
 
 
 @struct.dataclass

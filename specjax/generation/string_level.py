@@ -283,6 +283,7 @@ def string_level_generate(
     eos_id=eos_id,
     pad_id=pad_id,
     gamma=gamma,
+    per_row=False,  # a host loop over one warp
   )
   draft_tokens = check_positive_int(
     "draft_tokens", gamma + gamma // 2 if draft_tokens is None else draft_tokens

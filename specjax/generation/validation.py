@@ -15,7 +15,7 @@ import numpy as np
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import check_capacity
-from specjax.sampling import SamplingParams
+from specjax.sampling import RowSampling, SamplingParams
 from specjax.validation import check_eos_ids, check_int, check_positive_int
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -87,9 +87,15 @@ def _local_rows(x) -> tuple[np.ndarray, np.ndarray]:
   return np.asarray(order), np.stack([rows[r] for r in order])
 
 
-def check_sampling(sampling, vocab_size: int) -> None:
+def check_sampling(sampling, vocab_size: int, batch: int, per_row: bool = True) -> None:
+  """A `SamplingParams`, or (where the loop takes them, `per_row`) `RowSampling`
+  of `batch` rows, every setting in range."""
+  if per_row and isinstance(sampling, RowSampling):
+    sampling.check(vocab_size, batch)
+    return
   if not isinstance(sampling, SamplingParams):
-    raise ValueError(f"sampling must be a specjax.SamplingParams, got {sampling!r}.")
+    kinds = "a specjax.SamplingParams or RowSampling" if per_row else "a specjax.SamplingParams"
+    raise ValueError(f"sampling must be {kinds}, got {sampling!r}.")
   sampling.check_vocab(vocab_size)
 
 
@@ -98,14 +104,15 @@ def check_pad_id(pad_id) -> int:
   return check_int("pad_id", pad_id, INT32_MIN, INT32_MAX)
 
 
-def check_key(key, sampling: SamplingParams) -> jax.Array:
-  """Returns one typed PRNG key; raises unless one is given (or sampling is greedy).
+def check_key(key, sampling: SamplingParams | RowSampling) -> jax.Array:
+  """Returns one typed PRNG key; raises unless one is given (or every row is greedy).
 
   Accepts a typed key of shape () or raw `uint32[2]` key data; a batch of keys
   (e.g. from `jax.random.split`) is refused: one generate call takes one key.
   """
   if key is None:
-    if not sampling.greedy:
+    greedy = sampling.all_greedy() if isinstance(sampling, RowSampling) else sampling.greedy
+    if not greedy:
       raise ValueError("key must be a jax.random key when temperature > 0.")
     return jax.random.key(0)
   if isinstance(key, jax.Array):
@@ -143,14 +150,16 @@ def check_generate_args(
   eos_id,
   pad_id,
   gamma: int | None = None,
+  per_row: bool = True,
 ) -> GenerateArgs:
   """The checks of `autoregressive_generate`, `speculative_generate` and
   `string_level_generate` for the model (`role`, e.g. "target") whose config is
   `cfg`; `gamma` (already checked) adds one verification block's slack to the
-  capacity. The key is checked by `check_key`, after each loop's own checks."""
+  capacity; `per_row` says whether the loop takes `RowSampling`. The key is
+  checked by `check_key`, after each loop's own checks."""
   max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-  check_sampling(sampling, cfg.vocab_size)
   batch, width = check_prompts(prompts, prompt_lengths, cfg.vocab_size)
+  check_sampling(sampling, cfg.vocab_size, batch, per_row)
   eos_id = check_eos_ids("eos_id", eos_id, cfg.vocab_size)
   pad_id = check_pad_id(pad_id)
   capacity = check_capacity(role, cfg.max_seq_len, width, max_new_tokens, gamma)
