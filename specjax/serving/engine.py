@@ -1,0 +1,523 @@
+"""Continuous batching with speculation: a fixed set of slots that requests come and go through.
+
+Each `Engine.step()`:
+  1. admits queued requests into free slots (prefill into that slot's rows of
+     the caches, first token sampled; the other slots keep their state);
+  2. keeps the live rows in front (a finished slot is refilled, or the last
+     live row moves into it) and picks the smallest compiled width that holds
+     them, so a light load runs a small batch;
+  3. asks the speculation policy for the draft length (0 = a plain step);
+  4. runs one speculative iteration (or plain step) for every slot of that
+     width: one compiled program per (width, draft length), the very
+     `speculative_step` of `speculative_generate`;
+  5. streams each request's newly committed tokens and frees finished slots.
+
+Every shape is static (slots, cache capacity, a few prompt-width buckets), so
+after `warmup()` requests of any length and settings never recompile. Each
+request brings its own budget, stop id and sampling settings (`RowSampling`
+rows: greedy and sampled requests share a step). The engine is
+single-threaded; `specjax.serving.background` runs it behind a thread for
+servers.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.drafting import Drafter, as_drafter
+from specjax.generation.common import TRACE_COUNTS
+from specjax.generation.state import SpecConfig
+from specjax.models.kv_cache import cache_capacity, check_capacity
+from specjax.models.transformer import Transformer
+from specjax.sampling import GREEDY, RowSampling, SamplingParams
+from specjax.serving import slots as programs
+from specjax.serving.metrics import percentiles
+from specjax.serving.policy import POLICIES, SpeculationPolicy
+from specjax.serving.request import Completion, Event, Request
+from specjax.validation import check_eos_ids, check_positive_int, is_int
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """Static settings of an engine (each distinct value compiles its own programs).
+
+  Attributes:
+    slots: B, requests decoded at once.
+    gamma: the largest draft length (the caches' verification slack).
+    policy: "never" (plain decoding; needs no drafter), "always" (draft
+      `gamma` every step) or "adaptive" (`SpeculationPolicy`: per step, from
+      the batch width and the measured acceptance).
+    gammas: the draft lengths the adaptive policy chooses among (compiled
+      each); default (0, gamma).
+    prompt_buckets: prompt widths compiled for prefill; a prompt is padded to
+      the smallest that holds it; the largest is the longest prompt accepted.
+    max_new_tokens: the most tokens one request may ask for.
+    widths: batch widths compiled for steps (the live rows run at the
+      smallest that holds them); default: powers of 2 up to `slots`, then
+      `slots`.
+    seed: the engine's PRNG seed (every random choice derives from it, the
+      step count and the request count).
+  """
+
+  slots: int = 16
+  gamma: int = 4
+  policy: str = "adaptive"
+  gammas: tuple[int, ...] | None = None
+  prompt_buckets: tuple[int, ...] = (64, 128, 256)
+  max_new_tokens: int = 256
+  widths: tuple[int, ...] | None = None
+  seed: int = 0
+
+  def __post_init__(self):
+    check_positive_int("slots", self.slots)
+    check_positive_int("gamma", self.gamma)
+    check_positive_int("max_new_tokens", self.max_new_tokens)
+    if self.policy not in POLICIES:
+      raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}.")
+    buckets = tuple(self.prompt_buckets)
+    if not buckets or not all(is_int(p) and p >= 1 for p in buckets):
+      raise ValueError(f"prompt_buckets must be non-empty integers >= 1, got {buckets!r}.")
+    object.__setattr__(self, "prompt_buckets", tuple(sorted(set(int(p) for p in buckets))))
+    if self.gammas is not None:
+      gammas = tuple(self.gammas)
+      if not gammas or not all(is_int(g) and 0 <= g <= self.gamma for g in gammas):
+        raise ValueError(f"gammas must be integers in [0, gamma={self.gamma}], got {gammas!r}.")
+      object.__setattr__(self, "gammas", tuple(sorted(set(int(g) for g in gammas))))
+    if self.widths is not None:
+      widths = tuple(self.widths)
+      if not widths or not all(is_int(w) and 1 <= w <= self.slots for w in widths):
+        raise ValueError(f"widths must be integers in [1, slots={self.slots}], got {widths!r}.")
+      object.__setattr__(self, "widths", tuple(sorted(set(int(w) for w in widths) | {self.slots})))
+    if not is_int(self.seed):
+      raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+
+  @property
+  def max_prompt_len(self) -> int:
+    return self.prompt_buckets[-1]
+
+  @property
+  def step_widths(self) -> tuple[int, ...]:
+    if self.widths is not None:
+      return self.widths
+    powers = [w for w in (2**i for i in range(self.slots.bit_length())) if w < self.slots]
+    return (*powers, self.slots)
+
+  @property
+  def draft_lengths(self) -> tuple[int, ...]:
+    """The draft lengths the engine compiles (0 = plain steps)."""
+    if self.policy == "never":
+      return (0,)
+    if self.policy == "always":
+      return (self.gamma,)
+    return self.gammas if self.gammas is not None else (0, self.gamma)
+
+
+@dataclasses.dataclass
+class _Live:
+  """Host bookkeeping of a request that holds a slot (or waits for one)."""
+
+  request_id: int
+  request: Request
+  arrival_time: float
+  emitted: int = 0  # tokens streamed so far
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  first_token_time: float | None = None
+
+
+class Engine:
+  """Serves requests through `config.slots` slots with speculative decoding.
+
+  Args:
+    target: the `specjax.Transformer` whose distribution every request follows.
+    draft: a draft `Transformer` or any `specjax.drafting` drafter; None for
+      plain decoding (policy "never").
+    config: `EngineConfig`.
+    eos_ids: the model's EOS id(s): every request stops after emitting one.
+  """
+
+  def __init__(
+    self,
+    target: Transformer,
+    draft: Transformer | Drafter | None = None,
+    config: EngineConfig = EngineConfig(),
+    *,
+    eos_ids: int | list[int] | tuple[int, ...] | None = None,
+  ):
+    self.config = config
+    self.target = target
+    self.vocab_size = target.cfg.vocab_size
+    if draft is None and config.policy != "never":
+      raise ValueError(f"draft is None: policy must be 'never', got {config.policy!r}.")
+    self.drafter = None if draft is None else as_drafter(draft)
+    if self.drafter is not None and getattr(self.drafter, "tree", None) is not None:
+      raise ValueError(
+        f"draft: {type(self.drafter).__name__} drafts token trees; the engine takes chain "
+        "drafters (a draft model, prompt lookup, layer skip, draft heads without a tree)."
+      )
+    self.eos_ids = check_eos_ids("eos_ids", eos_ids, self.vocab_size)
+    gamma = config.gamma
+    capacity = check_capacity(
+      "target", target.cfg.max_seq_len, config.max_prompt_len, config.max_new_tokens, gamma
+    )
+    if self.drafter is not None:
+      self.drafter.check_capacity(config.max_prompt_len, config.max_new_tokens, gamma)
+      if hasattr(self.drafter, "check_target"):
+        self.drafter.check_target(target)
+    self._programs = programs.SlotConfig(
+      spec=SpecConfig(
+        gamma=gamma,
+        max_new_tokens=config.max_new_tokens,
+        sampling=None,  # every row its own (RowSampling)
+        verifier="token",  # exact for any mix of greedy and sampled rows
+        eos_id=self.eos_ids,
+      ),
+      capacity=cache_capacity(config.max_prompt_len, config.max_new_tokens, gamma),
+      max_prompt_len=config.max_prompt_len,
+    )
+    assert self._programs.capacity == capacity
+    self.policy = SpeculationPolicy(config.policy, config.draft_lengths)
+    self._key, self._admit_key = jax.random.split(jax.random.key(config.seed))
+    b = config.slots
+    self._state = programs.blank(
+      target,
+      self.drafter,
+      jnp.zeros((b, 1), jnp.int32),
+      jnp.ones((b,), jnp.int32),
+      jnp.ones((b,), jnp.int32),  # budget 1: every blank slot is done
+      jnp.full((b,), -1, jnp.int32),
+      RowSampling.of(GREEDY, b),
+      self._key,
+      config=self._programs,
+    )
+    if self.drafter is not None:
+      programs.check_per_row(self._state.spec.drafter_state, b, "draft state")
+    self._slots: list[_Live | None] = [None] * b
+    self._queue: collections.deque[_Live] = collections.deque()
+    self._queued: dict[int, _Live] = {}
+    self._pending: list[Event] = []  # cancellations, streamed by the next step
+    self._completions: collections.OrderedDict[int, Completion] = collections.OrderedDict()
+    self._ids = itertools.count()
+    self._steps = 0
+    self._admitted = 0
+    self._drafter_stale = False
+    self.counters = collections.Counter()
+    self._recent = collections.deque(maxlen=1000)  # the last completions, for metrics
+
+  # ------------------------------------------------------------------ requests
+
+  def check(self, request: Request) -> None:
+    """Raises a ValueError naming the field when `request` cannot be served."""
+    if not isinstance(request, Request):
+      raise ValueError(f"request must be a specjax.serving.Request, got {type(request).__name__}.")
+    prompt = np.asarray(request.prompt)
+    if prompt.ndim != 1 or prompt.size == 0 or not np.issubdtype(prompt.dtype, np.integer):
+      raise ValueError(
+        f"prompt must be a non-empty list of token ids, got {len(request.prompt)} items "
+        f"of dtype {prompt.dtype}."
+      )
+    if prompt.size > self.config.max_prompt_len:
+      raise ValueError(
+        f"prompt has {prompt.size} tokens; the engine takes at most "
+        f"max_prompt_len={self.config.max_prompt_len}."
+      )
+    bad = (prompt < 0) | (prompt >= self.vocab_size)
+    if bad.any():
+      i = int(np.argmax(bad))
+      raise ValueError(
+        f"prompt must hold token ids in [0, vocab_size={self.vocab_size}); got {prompt[i]} "
+        f"at position {i}."
+      )
+    cap = self.config.max_new_tokens
+    if not is_int(request.max_new_tokens) or not 1 <= request.max_new_tokens <= cap:
+      raise ValueError(f"max_new_tokens must be in [1, {cap}], got {request.max_new_tokens!r}.")
+    if not isinstance(request.sampling, SamplingParams):
+      raise ValueError(f"sampling must be a specjax.SamplingParams, got {request.sampling!r}.")
+    if request.sampling.top_k > self.vocab_size:
+      raise ValueError(
+        f"sampling.top_k must be in [0, vocab_size={self.vocab_size}], got "
+        f"{request.sampling.top_k}."
+      )
+    if request.stop_id is not None and (
+      not is_int(request.stop_id) or not 0 <= request.stop_id < self.vocab_size
+    ):
+      raise ValueError(
+        f"stop_id must be None or an id in [0, vocab_size={self.vocab_size}), got "
+        f"{request.stop_id!r}."
+      )
+
+  def submit(self, request: Request) -> int:
+    """Queues `request`; returns its id. Raises a ValueError naming the field for
+    a request the engine cannot serve (nothing is queued then)."""
+    self.check(request)
+    request_id = next(self._ids)
+    live = _Live(request_id, request, time.perf_counter())
+    self._queue.append(live)
+    self._queued[request_id] = live
+    self.counters["submitted"] += 1
+    return request_id
+
+  def cancel(self, request_id: int) -> None:
+    """Stops a request now: its slot is freed (or it leaves the queue); the next
+    `step()` streams its final event, finish_reason "cancelled". A request that
+    already finished is left as it is."""
+    if request_id in self._queued:
+      live = self._queued.pop(request_id)
+      self._queue.remove(live)
+      self._pending.append(self._finish(live, "cancelled"))
+      return
+    for slot, live in enumerate(self._slots):
+      if live is not None and live.request_id == request_id:
+        mask = np.zeros(self.config.slots, bool)
+        mask[slot] = True
+        self._state = programs.release(self._state, jnp.asarray(mask))
+        self._slots[slot] = None
+        self._pending.append(self._finish(live, "cancelled"))
+        return
+
+  def has_work(self) -> bool:
+    return bool(self._queue or self._pending) or self.live_requests() > 0
+
+  def live_requests(self) -> int:
+    return sum(live is not None for live in self._slots)
+
+  def completion(self, request_id: int) -> Completion:
+    """The finished request's `Completion` (KeyError if it has not finished)."""
+    return self._completions[request_id]
+
+  def pop_completion(self, request_id: int) -> Completion:
+    return self._completions.pop(request_id)
+
+  def run(self, requests: list[Request]) -> list[Completion]:
+    """Submits `requests` at once and steps until all are done (offline use)."""
+    ids = [self.submit(r) for r in requests]
+    while self.has_work():
+      self.step()
+    return [self.pop_completion(i) for i in ids]
+
+  # ---------------------------------------------------------------- the step
+
+  def step(self) -> list[Event]:
+    """Admits, runs one iteration for the live slots, streams what they committed."""
+    events, self._pending = self._pending, []
+    events += self._admit()
+    live = [i for i, s in enumerate(self._slots) if s is not None]
+    if not live:
+      return events
+    width = self._compact()
+    gamma = self.policy.choose(width)
+    if gamma and self._drafter_stale:
+      self._state = programs.resync(
+        self.target, self.drafter, self._state, width=width, config=self._programs
+      )
+      self._drafter_stale = False
+    start = time.perf_counter()
+    key = jax.random.fold_in(self._key, self._steps)
+    self._state, counts = programs.step(
+      self.target, self.drafter, self._state, key, gamma=gamma, width=width, config=self._programs
+    )
+    spec = self._state.spec
+    tokens, num_generated, done, counts, stats = jax.device_get(
+      (spec.tokens, spec.num_generated, spec.done, counts, self._row_stats())
+    )
+    seconds = time.perf_counter() - start
+    self._steps += 1
+    self._drafter_stale |= gamma == 0
+    self.policy.observe(gamma, width, seconds, int(counts[0]), int(counts[1]))
+    self.counters[f"steps_gamma_{gamma}"] += 1
+    self.counters["accepted"] += int(counts[0])
+    self.counters["evaluated"] += int(counts[1])
+    return events + self._stream(tokens, num_generated, done, stats)
+
+  def _row_stats(self):
+    s = self._state.spec.stats
+    return s.proposed, s.accepted, s.evaluated, s.row_iterations
+
+  def _admit(self) -> list[Event]:
+    """Prefills queued requests into the lowest free slots; streams first tokens."""
+    admitted = []
+    events = []
+    while self._queue and None in self._slots:
+      live = self._queue.popleft()
+      del self._queued[live.request_id]
+      slot = self._slots.index(None)
+      request = live.request
+      prompt = np.asarray(request.prompt, np.int32)
+      width = next(p for p in self.config.prompt_buckets if p >= prompt.size)
+      key = jax.random.fold_in(self._admit_key, self._admitted)
+      self._admitted += 1
+      try:
+        self._state = programs.admit(
+          self.target,
+          self.drafter,
+          self._state,
+          jnp.int32(slot),
+          jnp.asarray(np.pad(prompt, (0, width - prompt.size))[None]),
+          jnp.asarray([prompt.size], jnp.int32),
+          jnp.asarray([request.max_new_tokens], jnp.int32),
+          jnp.asarray([-1 if request.stop_id is None else request.stop_id], jnp.int32),
+          RowSampling.of([request.sampling]),
+          key,
+          config=self._programs,
+        )
+      except Exception as error:  # one request's failure is its own
+        events.append(self._finish(live, "error", f"{type(error).__name__}: {error}"))
+        continue
+      self._slots[slot] = live
+      admitted.append(slot)
+    if admitted:
+      spec = self._state.spec
+      tokens, num_generated, done, stats = jax.device_get(
+        (spec.tokens, spec.num_generated, spec.done, self._row_stats())
+      )
+      events += self._stream(tokens, num_generated, done, stats, only=admitted)
+    return events
+
+  def _stream(self, tokens, num_generated, done, stats, only=None) -> list[Event]:
+    """Events for the slots' newly committed tokens; finished slots are freed."""
+    now = time.perf_counter()
+    events = []
+    for slot in range(self.config.slots) if only is None else only:
+      live = self._slots[slot]
+      if live is None:
+        continue
+      new = tokens[slot, live.emitted : num_generated[slot]].tolist()
+      if new and live.first_token_time is None:
+        live.first_token_time = now
+      live.emitted = int(num_generated[slot])
+      live.tokens += new
+      self.counters["tokens"] += len(new)
+      if done[slot]:
+        self._slots[slot] = None
+        last = live.tokens[-1]
+        stopped = last == live.request.stop_id or (
+          self.eos_ids is not None and last in np.atleast_1d(self.eos_ids)
+        )
+        events.append(
+          self._finish(live, "stop" if stopped else "length", tokens=new, stats=stats, slot=slot)
+        )
+      elif new:
+        events.append(Event(live.request_id, tuple(new)))
+    return events
+
+  def _finish(
+    self, live: _Live, reason: str, error=None, tokens=(), stats=None, slot=None
+  ) -> Event:
+    proposed = accepted = evaluated = iterations = 0
+    if stats is not None:
+      proposed, accepted, evaluated, iterations = (int(x[slot]) for x in stats)
+    completion = Completion(
+      request_id=live.request_id,
+      prompt_length=len(live.request.prompt),
+      tokens=list(live.tokens),
+      finish_reason=reason,
+      arrival_time=live.arrival_time,
+      first_token_time=live.first_token_time,
+      finish_time=time.perf_counter(),
+      error=error,
+      proposed=proposed,
+      accepted=accepted,
+      evaluated=evaluated,
+      iterations=iterations,
+    )
+    self._completions[live.request_id] = completion
+    while len(self._completions) > 10_000:  # a long-running server keeps the recent ones
+      self._completions.popitem(last=False)
+    self._recent.append(completion)
+    self.counters[reason] += 1
+    return Event(live.request_id, tuple(tokens), True, reason, error)
+
+  def _compact(self) -> int:
+    """Moves live rows into the lowest slots when that lets the step run at a
+    smaller width; returns the width of the next step."""
+    live = [i for i, s in enumerate(self._slots) if s is not None]
+    width = next(w for w in self.config.step_widths if w >= len(live))
+    for source in [i for i in live if i >= width]:
+      dest = self._slots.index(None)
+      self._state = programs.move(self._state, jnp.int32(source), jnp.int32(dest))
+      self._slots[dest], self._slots[source] = self._slots[source], None
+      self.counters["moves"] += 1
+    return width
+
+  # --------------------------------------------------------------- warm-up
+
+  def warmup(self, timed_runs: int = 2) -> dict[str, float]:
+    """Compiles every program the engine can run (after this no request
+    recompiles anything) and times each step program for the policy.
+
+    Returns:
+      seconds per step program, by "gamma=G,width=W".
+    """
+    state = self._state
+    self._state = jax.tree.map(jnp.copy, state)  # the programs donate their input
+    t = self._programs
+    key = self._key
+    for width in self.config.prompt_buckets:  # one prefill program per bucket
+      self._state = programs.admit(
+        self.target,
+        self.drafter,
+        self._state,
+        jnp.int32(0),
+        jnp.zeros((1, width), jnp.int32),
+        jnp.ones((1,), jnp.int32),
+        jnp.ones((1,), jnp.int32),
+        jnp.full((1,), -1, jnp.int32),
+        RowSampling.of([GREEDY]),
+        key,
+        config=t,
+      )
+    self._state = programs.move(self._state, jnp.int32(0), jnp.int32(0))
+    self._state = programs.release(self._state, jnp.zeros((self.config.slots,), bool))
+    times = {}
+    for width in self.config.step_widths:
+      if self.drafter is not None and 0 in self.config.draft_lengths:
+        self._state = programs.resync(self.target, self.drafter, self._state, width=width, config=t)
+      for gamma in self.config.draft_lengths:
+        runs = []
+        for _ in range(timed_runs + 1):  # the first compiles
+          start = time.perf_counter()
+          self._state, counts = programs.step(
+            self.target, self.drafter, self._state, key, gamma=gamma, width=width, config=t
+          )
+          jax.block_until_ready(counts)
+          runs.append(time.perf_counter() - start)
+        seconds = float(np.median(runs[1:])) if timed_runs else runs[0]
+        self.policy.step_time[gamma, width] = seconds
+        times[f"gamma={gamma},width={width}"] = seconds
+    self._state = jax.block_until_ready(state)
+    return times
+
+  # --------------------------------------------------------------- metrics
+
+  def metrics(self) -> dict:
+    """Counters since start and latency percentiles of the recent completions."""
+    c = self.counters
+    recent = list(self._recent)
+    return {
+      "requests": {
+        "submitted": c["submitted"],
+        "completed": c["stop"] + c["length"],
+        "cancelled": c["cancelled"],
+        "failed": c["error"],
+        "live": self.live_requests(),
+        "queued": len(self._queue),
+      },
+      "tokens": c["tokens"],
+      "steps": {g: c[f"steps_gamma_{g}"] for g in self.config.draft_lengths},
+      "acceptance_rate": c["accepted"] / c["evaluated"] if c["evaluated"] else None,
+      "policy": {"kind": self.policy.kind, "alpha": self.policy.alpha},
+      "ttft_s": percentiles([x.ttft for x in recent]),
+      "tpot_s": percentiles([x.tpot for x in recent]),
+      "e2e_s": percentiles([x.e2e for x in recent]),
+    }
+
+  @staticmethod
+  def trace_count() -> int:
+    """Traces of the engine's programs so far (tests prove no recompilation)."""
+    return sum(v for k, v in TRACE_COUNTS.items() if k.startswith("engine"))

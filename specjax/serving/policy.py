@@ -1,0 +1,121 @@
+"""How many tokens to draft per engine step, from the live batch and measured acceptance.
+
+Speculation trades compute for fewer target passes. At a light load the target
+is a small batch and drafting gamma tokens per row nearly doubles the tokens
+per step; at a full batch every row's gamma + 1 scored positions make the step
+dearer and speculation can lose (vLLM users report exactly that, vllm#17984).
+
+`SpeculationPolicy.choose` picks the draft length of each step among the
+engine's compiled ones (0 = one plain autoregressive step) for the batch width
+the step runs at. The adaptive policy is SmartSpec's goodput estimate (Liu et
+al. 2024, arXiv 2406.14066) with measured inputs:
+
+    goodput(gamma) = live rows x E(alpha, gamma) / t(gamma, width)
+
+E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) is the expected tokens a
+row commits per step (Leviathan et al.; 1 for gamma = 0), alpha an exponential
+moving average of the measured acceptance (accepted / evaluated drafted
+tokens), and t the measured wall time of a step of that width and draft length
+(timed at warm-up, then a moving average of the steps that ran). Compute is
+static per width, so the live rows cancel within one width; the load enters
+through the width, as in SmartSpec's batch-size term.
+
+Hysteresis keeps it from flapping: a switch needs a predicted gain above
+`margin`, and going from plain steps back to drafting (which re-syncs the
+drafter with the rows' tokens first) is only considered every `dwell` steps.
+While it decodes plainly alpha is not measured; every `probe_every` plain
+steps it drafts for a few steps to refresh it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+POLICIES = ("never", "always", "adaptive")
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+  """Tokens one row commits per step drafting gamma tokens at acceptance alpha."""
+  if gamma == 0:
+    return 1.0
+  if alpha >= 1.0:
+    return gamma + 1.0
+  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+@dataclasses.dataclass
+class SpeculationPolicy:
+  """Chooses each step's draft length among `gammas` (sorted, 0 = plain decoding).
+
+  Attributes:
+    kind: "never" (always 0), "always" (always the largest), "adaptive".
+    gammas: the draft lengths the engine compiled.
+    alpha: the moving average of measured acceptance (prior 0.5 until the
+      first drafted step).
+    smoothing: weight of a new measurement in the moving averages.
+    margin: the predicted relative gain a switch needs.
+    dwell: plain steps between reconsidering drafting.
+    probe_every, probe_steps: after this many plain steps, draft for
+      `probe_steps` steps to measure alpha again.
+  """
+
+  kind: str
+  gammas: tuple[int, ...]
+  alpha: float = 0.5
+  smoothing: float = 0.1
+  margin: float = 0.03
+  dwell: int = 8
+  probe_every: int = 256
+  probe_steps: int = 4
+  step_time: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> seconds
+  current: int | None = None
+  _plain_run: int = 0
+  _probing: int = 0
+  measured_alpha: bool = False
+
+  def __post_init__(self):
+    if self.kind not in POLICIES:
+      raise ValueError(f"policy must be one of {POLICIES}, got {self.kind!r}.")
+
+  def predicted_rate(self, gamma: int, width: int) -> float:
+    """Tokens per row per second predicted for drafting `gamma` at `width`."""
+    return expected_tokens(self.alpha, gamma) / self.step_time[gamma, width]
+
+  def choose(self, width: int) -> int:
+    """The draft length of the next step at batch width `width`."""
+    if self.kind == "never":
+      return 0
+    if self.kind == "always":
+      return self.gammas[-1]
+    if self._probing:
+      self._probing -= 1
+      return self.current
+    current = self.gammas[-1] if self.current is None else self.current
+    if current == 0:
+      if self._plain_run >= self.probe_every:  # alpha is stale: measure it again
+        self._plain_run, self._probing = 0, self.probe_steps - 1
+        self.current = self.gammas[-1]
+        return self.current
+      if self._plain_run % self.dwell:
+        return 0
+    best = max(self.gammas, key=lambda g: self.predicted_rate(g, width))
+    gain = self.predicted_rate(best, width) / self.predicted_rate(current, width)
+    self.current = best if gain > 1 + self.margin else current
+    return self.current
+
+  def observe(self, gamma: int, width: int, seconds: float, accepted: int, evaluated: int) -> None:
+    """Records a step that ran: its wall time and the drafted tokens it accepted
+    out of those it evaluated (summed over live rows)."""
+    key = (gamma, width)
+    old = self.step_time.get(key)
+    self.step_time[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+    if gamma == 0:
+      self._plain_run += 1
+    else:
+      self._plain_run = 0
+    if evaluated:
+      rate = accepted / evaluated
+      if not self.measured_alpha:  # the first measurement replaces the prior
+        self.alpha, self.measured_alpha = rate, True
+      else:
+        self.alpha += self.smoothing * (rate - self.alpha)

@@ -1,0 +1,110 @@
+"""What a client asks the engine for, and what it gets back.
+
+Request     one prompt with its own budget, stop id and sampling settings
+Event       what one engine step streams for a request: its new tokens, and
+            whether (and why) it finished
+Completion  a finished request: its tokens, finish reason and timings (TTFT,
+            TPOT, end-to-end) and its acceptance counters
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from specjax.sampling import GREEDY, SamplingParams
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One generation request.
+
+  Attributes:
+    prompt: token ids of the target's vocabulary, at least one.
+    max_new_tokens: tokens to generate at most, >= 1 (the first comes from
+      the prefill), at most the engine's `max_new_tokens`.
+    sampling: this request's warp; temperature 0 (the default) is greedy.
+    stop_id: the request stops after emitting this id (kept), besides the
+      engine's EOS ids; None for none.
+  """
+
+  prompt: Sequence[int]
+  max_new_tokens: int
+  sampling: SamplingParams = GREEDY
+  stop_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  """What one engine step streams for one request.
+
+  Attributes:
+    request_id: the id `Engine.submit` returned.
+    tokens: the tokens committed by this step, in order (may be empty when the
+      event only reports a finish).
+    finished: the request is over; its `Completion` is ready.
+    finish_reason: None until finished, then one of `FINISH_REASONS`: "stop"
+      (an EOS or its stop id, which is the last token), "length" (its
+      max_new_tokens), "cancelled" or "error".
+    error: the message when finish_reason is "error".
+  """
+
+  request_id: int
+  tokens: tuple[int, ...]
+  finished: bool = False
+  finish_reason: str | None = None
+  error: str | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+  """A finished request (times are `time.perf_counter()` seconds).
+
+  Attributes:
+    request_id, prompt_length: which request.
+    tokens: every generated token.
+    finish_reason, error: as in `Event`.
+    arrival_time: when it was submitted.
+    first_token_time: when its first token was committed (None if none was).
+    finish_time: when it finished.
+    proposed, accepted, evaluated, iterations: its row's counters while it
+      was decoded (`SpeculativeStats`: accepted / evaluated estimates alpha;
+      iterations counts engine steps it took part in).
+  """
+
+  request_id: int
+  prompt_length: int
+  tokens: list[int]
+  finish_reason: str
+  arrival_time: float
+  first_token_time: float | None
+  finish_time: float
+  error: str | None = None
+  proposed: int = 0
+  accepted: int = 0
+  evaluated: int = 0
+  iterations: int = 0
+
+  @property
+  def ttft(self) -> float | None:
+    """Time to first token, seconds (queueing and prefill included)."""
+    return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+  @property
+  def tpot(self) -> float | None:
+    """Time per output token after the first, seconds; None for fewer than 2 tokens."""
+    if self.first_token_time is None or len(self.tokens) < 2:
+      return None
+    return (self.finish_time - self.first_token_time) / (len(self.tokens) - 1)
+
+  @property
+  def e2e(self) -> float:
+    """End-to-end latency, seconds."""
+    return self.finish_time - self.arrival_time
+
+  @property
+  def acceptance_rate(self) -> float | None:
+    """accepted / evaluated over its iterations (None if it never speculated)."""
+    return self.accepted / self.evaluated if self.evaluated else None

@@ -1,0 +1,313 @@
+"""The engine's device side: a batch of slots and the pure programs that change it.
+
+`SlotState` is `speculative_step`'s own `SpecState` for B slots plus each slot's
+prompt, so the engine runs the very step `speculative_generate` runs. Each
+program is jitted once per static shape (the engine compiles them all at
+warm-up):
+
+  fresh_rows    prefill new prompts `[n, P]` into rows of their own (target and
+                drafter caches, first token sampled with the row's settings)
+  admit         `fresh_rows` for one request written into one slot
+  step          one speculative iteration (gamma >= 1) or one plain
+                autoregressive step (gamma = 0) on the first `width` slots
+  resync        the drafter's state rebuilt from the rows' tokens, after plain
+                steps left it behind
+  move          one slot's row copied into another (keeps live rows in front,
+                so a light load runs at a small width)
+  release       slots marked done (cancelled requests stop committing)
+
+Rows of finished or free slots run along (static shapes) but commit nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.drafting import Commit, Drafter
+from specjax.generation.common import TRACE_COUNTS, is_eos, prefill, zero_padding
+from specjax.generation.speculative import (
+  commit_cache,
+  commit_tokens,
+  next_recent,
+  score,
+  speculative_step,
+  step_sampling,
+)
+from specjax.generation.state import SpecConfig, SpecState, SpeculativeStats
+from specjax.models.transformer import Transformer
+from specjax.sampling import GREEDY, RowSampling, sample, warp_probs
+
+# SpecState fields that hold one entry per row (the rest are batch-wide).
+ROW_FIELDS = (
+  "target_cache",
+  "drafter_state",
+  "recent",
+  "draft_limit",
+  "tokens",
+  "num_generated",
+  "done",
+  "budget",
+  "stop",
+  "sampling",
+)
+ROW_STATS = ("proposed", "accepted", "evaluated", "row_iterations", "generated")
+
+
+@struct.dataclass
+class SlotState:
+  """The engine's batch: `spec` (rows = slots) and each slot's prompt.
+
+  Attributes:
+    spec: `SpecState` with `sampling` a `RowSampling` (every slot its own) and
+      `keys` `[1, 2]` (the step's keys, given per call).
+    prompts: `[B, P_max]` int32, each slot's prompt, zero-padded.
+    prompt_lengths: `[B]` int32.
+  """
+
+  spec: SpecState
+  prompts: jax.Array
+  prompt_lengths: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotConfig:
+  """Static settings of the engine's programs (hashable).
+
+  Attributes:
+    spec: the `SpecConfig` of `speculative_step` (`gamma` the largest draft
+      length, `max_new_tokens` the per-request cap, `sampling` None: per row).
+    capacity: KV-cache slots per row.
+    max_prompt_len: P_max.
+  """
+
+  spec: SpecConfig
+  capacity: int
+  max_prompt_len: int
+
+
+def map_rows(fn, *states: SlotState) -> SlotState:
+  """Applies `fn` to every per-row leaf (leading axis B) of `states`, leaf by
+  leaf; the batch-wide leaves (keys, step counters) come from the first."""
+  first = states[0]
+
+  def rows(get):
+    return jax.tree.map(fn, *(get(s) for s in states))
+
+  stats = first.spec.stats.replace(
+    **{f: rows(lambda s, f=f: getattr(s.spec.stats, f)) for f in ROW_STATS}
+  )
+  spec = first.spec.replace(
+    **{f: rows(lambda s, f=f: getattr(s.spec, f)) for f in ROW_FIELDS}, stats=stats
+  )
+  return first.replace(
+    spec=spec,
+    prompts=rows(lambda s: s.prompts),
+    prompt_lengths=rows(lambda s: s.prompt_lengths),
+  )
+
+
+def fresh_rows(
+  target: Transformer,
+  drafter: Drafter | None,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  budget: jax.Array,
+  stop: jax.Array,
+  sampling: RowSampling,
+  key: jax.Array,
+  config: SlotConfig,
+) -> SlotState:
+  """Rows for new requests: prompts `[n, P]` prefilled into caches of the engine's
+  capacity, their first tokens sampled with their own settings.
+
+  Args:
+    prompts: `[n, P]` right-padded, P <= P_max; prompt_lengths, budget, stop `[n]`.
+    sampling: the rows' `RowSampling` (n rows).
+  """
+  n, width = prompts.shape
+  spec_config = config.spec
+  prompts = zero_padding(prompts, prompt_lengths)
+  features = False if drafter is None else drafter.target_features
+  first, cache, *hidden = prefill(
+    target, prompts, prompt_lengths, config.capacity, key, sampling, return_hidden=features
+  )
+  drafter_state = (
+    ()
+    if drafter is None
+    else drafter.init(
+      prompts, prompt_lengths, first, config.capacity, hidden[0] if hidden else None
+    )
+  )
+  done = (budget <= 1) | (first == stop)
+  if spec_config.eos_id is not None:
+    done = done | is_eos(first, spec_config.eos_id)
+  last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
+  tokens = jnp.zeros((n, spec_config.max_new_tokens + spec_config.gamma + 1), jnp.int32)
+  spec = SpecState(
+    target_cache=cache,
+    drafter_state=drafter_state,
+    recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
+    draft_limit=jnp.full((n,), spec_config.gamma, jnp.int32),
+    tokens=tokens.at[:, 0].set(first),
+    num_generated=jnp.ones((n,), jnp.int32),
+    done=done,
+    budget=budget,
+    stop=stop,
+    keys=jax.random.split(key, (1, 2)),
+    stats=SpeculativeStats.zeros(n, spec_config.gamma, draft_calls=0),
+    sampling=sampling,
+  )
+  padded = jnp.pad(prompts, ((0, 0), (0, config.max_prompt_len - width)))
+  return SlotState(spec=spec, prompts=padded, prompt_lengths=prompt_lengths)
+
+
+def plain_step(target: Transformer, state: SpecState, config: SpecConfig) -> SpecState:
+  """One autoregressive step on a `SpecState`: the target scores s[-1], each active
+  row commits one token drawn from its warped law. The drafter's state is left
+  as it was (behind by one token per step; `resync` catches it up)."""
+  logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
+  token = sample(state.keys[0, 1], warp_probs(logits[:, 0], step_sampling(state, config)))
+  n = jnp.zeros_like(token)
+  emitted = token[:, None]
+  tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  goes_on = ~done
+  old_length = state.target_cache.lengths + 1
+  return state.replace(
+    target_cache=commit_cache(cache, Commit(emitted, old_length, old_length + 1, goes_on)),
+    recent=next_recent(state.recent, emitted, n, goes_on),
+    tokens=tokens,
+    num_generated=num_generated,
+    done=done,
+    stats=state.stats.record(
+      active=~state.done, proposed=n, accepted=n, generated=count, draft_calls=jnp.int32(0)
+    ),
+  )
+
+
+def _prefix(state: SlotState, width: int) -> SlotState:
+  return state if width == state.prompts.shape[0] else map_rows(lambda x: x[:width], state)
+
+
+def _put_prefix(state: SlotState, part: SlotState, width: int) -> SlotState:
+  """`state` with its first `width` rows (and the batch-wide leaves) from `part`."""
+  if width == state.prompts.shape[0]:
+    return part
+  return map_rows(lambda new, full: full.at[:width].set(new), part, state)
+
+
+def _step(
+  target: Transformer,
+  drafter: Drafter | None,
+  state: SlotState,
+  key: jax.Array,
+  *,
+  gamma: int,
+  width: int,
+  config: SlotConfig,
+) -> tuple[SlotState, jax.Array]:
+  TRACE_COUNTS["engine_step"] += 1
+  part = _prefix(state, width)
+  spec = part.spec.replace(keys=jax.random.split(key, (1, 2)))
+  before = spec.stats
+  if gamma == 0:
+    spec = plain_step(target, spec, config.spec)
+  else:
+    spec = speculative_step(target, drafter, spec, dataclasses.replace(config.spec, gamma=gamma))
+  # This step's accepted and evaluated drafted tokens (the policy's alpha).
+  counts = jnp.stack(
+    [
+      jnp.sum(spec.stats.accepted - before.accepted),
+      jnp.sum(spec.stats.evaluated - before.evaluated),
+    ]
+  )
+  return _put_prefix(state, part.replace(spec=spec), width), counts
+
+
+def _resync(
+  target: Transformer, drafter: Drafter, state: SlotState, *, width: int, config: SlotConfig
+) -> SlotState:
+  """Rebuilds the drafter's state of the first `width` rows from their tokens
+  s = prompt + generated (as its `init` would after prefilling s)."""
+  TRACE_COUNTS["engine_resync"] += 1
+  part = _prefix(state, width)
+  spec = part.spec
+  length = part.prompt_lengths + spec.num_generated  # len(s)
+  columns = jnp.arange(config.max_prompt_len + config.spec.max_new_tokens)[None, :]
+  from_prompt = columns < part.prompt_lengths[:, None]
+  prompt_part = jnp.take_along_axis(
+    part.prompts, jnp.minimum(columns, config.max_prompt_len - 1), axis=1
+  )
+  generated = jnp.take_along_axis(
+    spec.tokens, jnp.clip(columns - part.prompt_lengths[:, None], 0, spec.tokens.shape[1] - 1), 1
+  )
+  sequence = jnp.where(from_prompt, prompt_part, generated)  # [W, P_max + max_new]
+  hidden = None
+  if drafter.target_features:
+    *_, hidden = prefill(
+      target,
+      sequence,
+      length - 1,
+      config.capacity,
+      jax.random.key(0),  # its sampled token is not used
+      GREEDY,
+      return_hidden=drafter.target_features,
+    )
+  drafter_state = drafter.init(sequence, length - 1, spec.recent[:, 1], config.capacity, hidden)
+  return _put_prefix(state, part.replace(spec=spec.replace(drafter_state=drafter_state)), width)
+
+
+def _admit(
+  target: Transformer,
+  drafter: Drafter | None,
+  state: SlotState,
+  slot: jax.Array,
+  prompt: jax.Array,
+  prompt_length: jax.Array,
+  budget: jax.Array,
+  stop: jax.Array,
+  sampling: RowSampling,
+  key: jax.Array,
+  *,
+  config: SlotConfig,
+) -> SlotState:
+  """One request (prompt `[1, P]`) prefilled into slot `slot` (a traced index)."""
+  TRACE_COUNTS["engine_admit"] += 1
+  row = fresh_rows(target, drafter, prompt, prompt_length, budget, stop, sampling, key, config)
+  return map_rows(lambda full, new: full.at[slot].set(new[0]), state, row)
+
+
+def _move(state: SlotState, source: jax.Array, dest: jax.Array) -> SlotState:
+  TRACE_COUNTS["engine_move"] += 1
+  return map_rows(lambda x: x.at[dest].set(x[source]), state)
+
+
+def _release(state: SlotState, slots: jax.Array) -> SlotState:
+  """Slots `slots [B]` (bool) stop: marked done, they commit nothing more."""
+  TRACE_COUNTS["engine_release"] += 1
+  return state.replace(spec=state.spec.replace(done=state.spec.done | slots))
+
+
+# The batch state is donated: its caches are updated in place, not copied per step.
+step = jax.jit(_step, static_argnames=("gamma", "width", "config"), donate_argnames=("state",))
+resync = jax.jit(_resync, static_argnames=("width", "config"), donate_argnames=("state",))
+admit = jax.jit(_admit, static_argnames=("config",), donate_argnames=("state",))
+move = jax.jit(_move, donate_argnames=("state",))
+release = jax.jit(_release, donate_argnames=("state",))
+blank = jax.jit(fresh_rows, static_argnames=("config",))
+
+
+def check_per_row(tree: Any, batch: int, what: str) -> None:
+  """Raises unless every leaf of `tree` has leading axis `batch` (the engine moves
+  rows between slots leaf by leaf)."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    if getattr(leaf, "ndim", 0) < 1 or leaf.shape[0] != batch:
+      raise ValueError(
+        f"{what}: every leaf must have one row per slot (leading axis {batch}) for the "
+        f"engine to move rows; {jax.tree_util.keystr(path)} has shape "
+        f"{getattr(leaf, 'shape', ())}."
+      )

@@ -1,0 +1,288 @@
+"""The serving engine: continuous batching changes nothing, slots come back clean,
+nothing recompiles, one request's error is its own; the speculation policy."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy
+from specjax.serving import slots as programs
+from specjax.serving.policy import expected_tokens
+
+V = 256
+CONFIG = EngineConfig(
+  slots=4, gamma=3, gammas=(0, 3), prompt_buckets=(8, 16), max_new_tokens=24, widths=(2,)
+)
+
+
+@pytest.fixture(scope="module")
+def pair():
+  cfg = specjax.ModelConfig(
+    vocab_size=V, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64,
+    init_std=0.4,
+  )  # fmt: skip
+  target = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
+  # A noisy copy of the target: it agrees often, not always (both paths of verification).
+  draft = specjax.Transformer(cfg, rngs=nnx.Rngs(1))
+  params = nnx.state(target, nnx.Param)
+  noise = nnx.state(draft, nnx.Param)
+  nnx.update(draft, jax.tree.map(lambda p, n: p + 0.3 * n, params, noise))
+  return target, draft
+
+
+class Schedule:
+  """A policy that cycles through draft lengths: plain and speculative steps mix,
+  so the drafter is re-synced after plain runs."""
+
+  kind = "schedule"
+
+  def __init__(self, gammas):
+    self.gammas, self.i = gammas, 0
+
+  def choose(self, width):
+    self.i += 1
+    return self.gammas[self.i % len(self.gammas)]
+
+  def observe(self, *args):
+    pass
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+  target, draft = pair
+  engine = Engine(target, draft, CONFIG, eos_ids=7)
+  engine.warmup(timed_runs=0)
+  return engine
+
+
+def requests(n, seed, sampled=False):
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    sampling = specjax.GREEDY
+    if sampled and i % 2:
+      sampling = specjax.SamplingParams(temperature=0.8, top_k=int(rng.integers(0, 40)), top_p=0.9)
+    out.append(
+      Request(
+        prompt=rng.integers(0, V, int(rng.integers(1, 17))).tolist(),
+        max_new_tokens=int(rng.integers(1, CONFIG.max_new_tokens + 1)),
+        sampling=sampling,
+        stop_id=int(rng.integers(0, 200)) if i % 3 == 0 else None,
+      )
+    )
+  return out
+
+
+def solo(target, batch, eos=7):
+  """Each request decoded greedily without the engine: one autoregressive_generate
+  call (greedy rows are independent), each row cut at its EOS or stop id and budget."""
+  prompts = np.zeros((len(batch), CONFIG.max_prompt_len), np.int32)
+  for i, r in enumerate(batch):
+    prompts[i, : len(r.prompt)] = r.prompt
+  out = specjax.autoregressive_generate(
+    target,
+    jnp.asarray(prompts),
+    jnp.asarray([len(r.prompt) for r in batch]),
+    max_new_tokens=CONFIG.max_new_tokens,
+    sampling=specjax.GREEDY,
+  )
+  expected = []
+  for r, row in zip(batch, np.asarray(out.tokens).tolist()):
+    row = row[: r.max_new_tokens]
+    ends = [i for i, t in enumerate(row) if t in (eos, r.stop_id)]
+    expected.append(row[: ends[0] + 1] if ends else row)
+  return expected
+
+
+@pytest.mark.parametrize(
+  "gammas", [(3,), (0,), (3, 0, 0, 3, 3, 0)], ids=["always", "never", "mixed"]
+)
+def test_greedy_requests_equal_decoding_each_alone(pair, engine, gammas):
+  target, _ = pair
+  engine.policy = Schedule(gammas)
+  batch = requests(10, seed=len(gammas))
+  completions = engine.run(batch)
+  for request, completion, alone in zip(batch, completions, solo(target, batch)):
+    assert completion.tokens == alone
+    last = completion.tokens[-1]
+    stopped = last in (7, request.stop_id)
+    assert completion.finish_reason == ("stop" if stopped else "length")
+    assert completion.ttft > 0 and completion.e2e >= completion.ttft
+  if gammas == (3,):
+    assert sum(c.evaluated for c in completions) > 0
+    assert 0 < sum(c.accepted for c in completions) < sum(c.evaluated for c in completions)
+
+
+def test_tokens_stream_as_they_are_committed(pair, engine):
+  engine.policy = Schedule((3,))
+  request = Request(prompt=[1, 2, 3], max_new_tokens=CONFIG.max_new_tokens)
+  rid = engine.submit(request)
+  streamed, finished = [], []
+  while engine.has_work():
+    for event in engine.step():
+      assert event.request_id == rid
+      streamed.append(event.tokens)
+      finished.append(event.finished)
+  assert finished[-1] and not any(finished[:-1])
+  assert len(streamed) > 2 and all(len(t) <= CONFIG.gamma + 1 for t in streamed)
+  assert [t for chunk in streamed for t in chunk] == engine.completion(rid).tokens
+
+
+def test_reused_slots_hold_no_stale_state(pair, engine):
+  """After completions and a mid-stream cancellation, requests in reused slots
+  decode exactly as on a fresh engine (greedy: any stale cache entry would show)."""
+  target, draft = pair
+  engine.policy = Schedule((3, 0, 3))
+  long = Request(prompt=[5] * 16, max_new_tokens=CONFIG.max_new_tokens)
+  ids = [engine.submit(long) for _ in range(CONFIG.slots)]
+  engine.step()
+  engine.step()
+  engine.cancel(ids[1])  # mid-stream
+  events = engine.step()
+  assert any(e.request_id == ids[1] and e.finish_reason == "cancelled" for e in events)
+  assert engine.live_requests() == CONFIG.slots - 1
+  while engine.has_work():
+    engine.step()
+  later = requests(6, seed=99)
+  reused = engine.run(later)
+  fresh = Engine(target, draft, CONFIG, eos_ids=7)
+  fresh.policy = Schedule((3, 0, 3))
+  for a, b, alone in zip(reused, fresh.run(later), solo(target, later)):
+    assert a.tokens == b.tokens == alone
+
+
+def test_no_recompilation_while_fifty_requests_come_and_go(engine):
+  engine.policy = Schedule((3, 3, 0))
+  traces = Engine.trace_count()
+  compiled = dict(specjax.generation.common.TRACE_COUNTS)
+  batch = requests(50, seed=5, sampled=True)
+  ids = []
+  for i, request in enumerate(batch):  # arrivals spread over the steps
+    ids.append(engine.submit(request))
+    if i % 7 == 3:
+      engine.cancel(ids[-2])
+    if i % 2:
+      engine.step()
+  while engine.has_work():
+    engine.step()
+  assert Engine.trace_count() == traces
+  assert dict(specjax.generation.common.TRACE_COUNTS) == compiled
+  reasons = {engine.completion(i).finish_reason for i in ids}
+  assert reasons <= {"stop", "length", "cancelled"} and "cancelled" in reasons
+  assert engine.counters["moves"] > 0  # live rows moved to the front (width 2)
+
+
+def test_sampled_requests_are_reproducible(pair):
+  """Same seed, same submissions, same steps: same tokens (every random number
+  comes from the engine's key)."""
+  target, draft = pair
+  batch = requests(6, seed=3, sampled=True)
+  outs = []
+  for _ in range(2):
+    engine = Engine(target, draft, CONFIG, eos_ids=7)
+    engine.policy = Schedule((3,))
+    outs.append([c.tokens for c in engine.run(batch)])
+  assert outs[0] == outs[1]
+
+
+def test_a_bad_request_fails_alone(pair, engine, monkeypatch):
+  target, _ = pair
+  engine.policy = Schedule((3,))
+  with pytest.raises(ValueError, match=r"prompt must hold token ids in \[0, vocab_size=256\)"):
+    engine.submit(Request(prompt=[1, V + 5], max_new_tokens=4))
+  # A failure inside the engine (here: the prefill of one request) fails that request only.
+  good = requests(3, seed=11)
+  admit = programs.admit
+
+  def failing_admit(*args, **kwargs):
+    if int(args[7][0]) == 250:  # the failing request's stop id
+      raise RuntimeError("device error")
+    return admit(*args, **kwargs)
+
+  monkeypatch.setattr(programs, "admit", failing_admit)
+  bad = engine.submit(Request(prompt=[1, 2, 3], max_new_tokens=5, stop_id=250))
+  ids = [engine.submit(r) for r in good]
+  while engine.has_work():
+    engine.step()
+  assert engine.completion(bad).finish_reason == "error"
+  assert "device error" in engine.completion(bad).error
+  for i, alone in zip(ids, solo(target, good)):
+    assert engine.completion(i).tokens == alone
+
+
+@pytest.mark.parametrize(
+  "request_, message",
+  [
+    (Request(prompt=[], max_new_tokens=4), "prompt must be a non-empty list"),
+    (Request(prompt=[1] * 17, max_new_tokens=4), "prompt has 17 tokens.*max_prompt_len=16"),
+    (Request(prompt=[1], max_new_tokens=0), r"max_new_tokens must be in \[1, 24\]"),
+    (Request(prompt=[1], max_new_tokens=25), r"max_new_tokens must be in \[1, 24\]"),
+    (Request(prompt=[1], max_new_tokens=2, stop_id=V), "stop_id must be None or an id"),
+    (
+      Request(prompt=[1], max_new_tokens=2, sampling=specjax.SamplingParams(top_k=V + 1)),
+      r"sampling.top_k must be in \[0, vocab_size=256\]",
+    ),
+  ],
+)
+def test_requests_are_checked_before_queueing(engine, request_, message):
+  with pytest.raises(ValueError, match=message):
+    engine.submit(request_)
+  assert not engine.has_work()
+
+
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (dict(slots=0), "slots must be"),
+    (dict(policy="sometimes"), "policy must be one of"),
+    (dict(gammas=(0, 5)), r"gammas must be integers in \[0, gamma=3\]"),
+    (dict(widths=(8,)), r"widths must be integers in \[1, slots=4\]"),
+    (dict(prompt_buckets=()), "prompt_buckets must be non-empty"),
+  ],
+)
+def test_engine_config_names_the_bad_field(fields, message):
+  with pytest.raises(ValueError, match=message):
+    dataclasses.replace(CONFIG, **fields)
+
+
+def test_engine_refuses_what_it_cannot_serve(pair):
+  target, draft = pair
+  with pytest.raises(ValueError, match="draft is None: policy must be 'never'"):
+    Engine(target, None, CONFIG)
+  with pytest.raises(ValueError, match="exceeds max_seq_len=64"):
+    Engine(target, draft, dataclasses.replace(CONFIG, max_new_tokens=60))
+
+
+def test_policy_follows_measured_costs_and_acceptance():
+  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1)
+  policy.step_time = {(0, 1): 1.0, (4, 1): 1.5, (0, 16): 1.0, (4, 16): 4.0}
+  assert expected_tokens(0.0, 4) == 1 and expected_tokens(1.0, 4) == 5
+  assert expected_tokens(0.5, 0) == 1 and expected_tokens(0.5, 2) == pytest.approx(1.75)
+  policy.observe(4, 1, 1.5, accepted=8, evaluated=10)  # alpha 0.8
+  assert policy.alpha == pytest.approx(0.8)
+  assert policy.choose(1) == 4  # light load: E = 3.36 tokens for 1.5x the time
+  assert policy.choose(16) == 0  # full batch: drafting costs 4x a plain step
+  policy.observe(0, 16, 1.0, 0, 0)
+  assert policy.choose(1) == 4  # back to drafting at a small width
+  policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
+  policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
+  assert policy.alpha < 0.7
+  assert SpeculationPolicy("never", (0,)).choose(1) == 0
+  assert SpeculationPolicy("always", (0, 2, 4)).choose(16) == 4
+
+
+def test_policy_probes_acceptance_after_plain_runs():
+  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1)
+  policy.step_time = {(0, 4): 1.0, (4, 4): 2.0}
+  policy.observe(4, 4, 2.0, accepted=0, evaluated=4)  # alpha 0: plain pays
+  chosen = []
+  for _ in range(12):
+    gamma = policy.choose(4)
+    chosen.append(gamma)
+    policy.observe(gamma, 4, policy.step_time[gamma, 4], 0, 4 if gamma else 0)
+  assert chosen[:5] == [0] * 5 and chosen[5:7] == [4, 4] and chosen[7:] == [0] * 5
