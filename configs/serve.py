@@ -1,0 +1,44 @@
+"""Configuration of `experiments/serve.py`: an OpenAI-style HTTP server.
+
+  python -m experiments.serve                                  # the bundled pair
+  python -m experiments.serve --config.port=8000 --config.policy=always
+  python -m experiments.serve --config.target=/path/hf_target --config.draft=/path/hf_draft
+  python -m experiments.serve --config.model=tiny              # random tiny models (smoke tests)
+
+`model` is "bundled" (the pair in `specjax/pretrained`), "hf" (`target` and
+`draft`: local Hugging Face checkpoint directories or hub repo ids found
+offline in the local cache, sharing a tokenizer; `draft` may be empty with
+policy "never") or "tiny" (random tiny models and a byte-level tokenizer: the
+text is noise, for testing the server). Setting `target` implies "hf".
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The server configuration (no presets)."""
+  config = ml_collections.ConfigDict()
+  config.model = "bundled"  # bundled | hf | tiny
+  config.target = ""
+  config.draft = ""
+  config.dtype = "float32"  # float32 | bfloat16
+  config.model_name = ""  # what clients see ("": from the model)
+  # The engine (specjax.serving.EngineConfig).
+  config.slots = 8
+  config.gamma = 4
+  config.policy = "adaptive"  # never (plain decoding, no draft) | always | adaptive
+  config.prompt_buckets = (64, 128, 256)  # prompt widths compiled; the largest is the limit
+  config.max_new_tokens = 256  # the most tokens a request may ask for
+  config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
+  config.seed = 0
+  config.stop_at_eos = True  # requests stop at the checkpoint's EOS ids
+  # The HTTP server.
+  config.host = "127.0.0.1"
+  config.port = 8000
+  config.log_level = "info"  # uvicorn's: critical | error | warning | info | debug
+  # On SIGINT / SIGTERM: how long running requests may take to finish before
+  # they are cancelled.
+  config.shutdown_timeout_s = 10.0
+  return config

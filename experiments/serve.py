@@ -1,0 +1,241 @@
+"""Serve completions over HTTP: continuous batching with speculation, OpenAI-style API.
+
+  python -m experiments.serve                       # the bundled pair on 127.0.0.1:8000
+  python -m experiments.serve --config.port=8080 --config.policy=always --config.slots=16
+  python -m experiments.serve --config.target=Qwen/Qwen2.5-1.5B --config.draft=Qwen/Qwen2.5-0.5B
+  python -m experiments.serve --config.model=tiny   # random tiny models: a smoke test
+
+  curl localhost:8000/v1/completions -d '{"prompt": "def add(a, b):\\n", "max_tokens": 32}'
+  curl -N localhost:8000/v1/completions -d '{"prompt": "import os\\n", "stream": true}'
+  curl localhost:8000/health; curl localhost:8000/metrics
+
+Compiles every engine program before it accepts requests (the warm-up's time is
+logged). SIGINT or SIGTERM stop it cleanly: no new connections, running requests
+get `config.shutdown_timeout_s` to finish, the rest are cancelled, exit code 0.
+See configs/serve.py for the settings and `specjax.serving.http` for the API.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import ml_collections
+from absl import app, flags, logging
+
+from experiments import common
+from specjax import dtypes
+from specjax.serving.load import MODES, ByteTokenizer, tiny_setup
+from specjax.validation import check_int
+
+MODEL_KINDS = ("bundled", "hf", "tiny")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def load_models(
+  kind: str,
+  target: str = "",
+  draft: str = "",
+  *,
+  dtype: str = "float32",
+  stop_at_eos: bool = True,
+  seed: int = 0,
+  need_draft: bool = True,
+  fields: tuple[str, str, str] = ("config.model", "config.target", "config.draft"),
+):
+  """`(target, draft, tokenizer, eos_ids, name)` of the served models.
+
+  Args:
+    kind: "bundled" (the pair in `specjax/pretrained`), "hf" (`target` and
+      `draft`: checkpoint directories or hub repo ids in the local cache) or
+      "tiny" (random tiny models, seed `seed`, and a byte-level tokenizer).
+      A non-empty `target` means "hf".
+    dtype, stop_at_eos: the weights' dtype name; whether requests stop at the
+      checkpoint's EOS ids (`eos_ids` None otherwise, and for "tiny").
+    need_draft: False for plain decoding: `draft` is then None (and not loaded).
+    fields: the config fields of `kind`, `target` and `draft`, for messages.
+  """
+  kind = _model_kind(kind, target, draft, fields)
+  if kind == "tiny":
+    target_model, draft_model, tokenizer = tiny_setup(seed)
+    return target_model, draft_model if need_draft else None, tokenizer, None, "tiny"
+
+  import specjax.hf
+  from specjax import pretrained
+
+  dtype = dtypes.to_dtype(dtype, "config.dtype")
+  if kind == "bundled":
+    target_model, draft_model, tokenizer = pretrained.load_pair(dtype)
+    target_path, name = pretrained.TARGET_DIR, "stdlib_pair"
+  else:
+    if need_draft and not draft:
+      raise ValueError(
+        f"{fields[2]} must name the draft checkpoint (or set config.policy='never' to serve "
+        "without speculation)."
+      )
+    target_path = specjax.hf.resolve_checkpoint(target)
+    target_model, tokenizer = specjax.hf.load_model(target_path, dtype=dtype)
+    if tokenizer is None:
+      raise ValueError(f"{fields[1]}: {target_path} has no tokenizer.json; the server needs one.")
+    draft_model = None
+    if need_draft:
+      draft_path = specjax.hf.resolve_checkpoint(draft)
+      logging.info("pair check:\n%s", specjax.hf.check_pair(target_path, draft_path))
+      draft_model, draft_tokenizer = specjax.hf.load_model(draft_path, dtype=dtype)
+      specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, target_path, draft_path)
+    name = target.rstrip("/")
+    name = os.path.basename(name) if os.path.isdir(name) else name
+  eos = None
+  if stop_at_eos:
+    eos = list(specjax.hf.generation_settings(target_path).eos_ids) or None
+  return target_model, draft_model if need_draft else None, tokenizer, eos, name
+
+
+def load_tokenizer(
+  kind: str,
+  target: str = "",
+  fields: tuple[str, str, str] = ("config.model", "config.target", "config.draft"),
+):
+  """The tokenizer `load_models` would return, without loading any weights."""
+  kind = _model_kind(kind, target, "", fields)
+  if kind == "tiny":
+    return ByteTokenizer()
+  from specjax import pretrained
+  from specjax.data.tokenizer import Tokenizer
+
+  if kind == "bundled":
+    return Tokenizer.from_file(pretrained.TOKENIZER_FILE)
+  import specjax.hf
+
+  tokenizer = specjax.hf.load_tokenizer(specjax.hf.resolve_checkpoint(target))
+  if tokenizer is None:
+    raise ValueError(f"{fields[1]}: {target} has no tokenizer.json.")
+  return tokenizer
+
+
+def _model_kind(kind: str, target: str, draft: str, fields) -> str:
+  if kind not in MODEL_KINDS:
+    raise ValueError(f"{fields[0]} must be one of {', '.join(MODEL_KINDS)}, got {kind!r}.")
+  if target and kind not in ("bundled", "hf"):
+    raise ValueError(f"{fields[1]} names a checkpoint: {fields[0]} must be 'hf', got {kind!r}.")
+  if kind == "hf" and not target:
+    raise ValueError(f"{fields[0]}='hf' needs {fields[1]} (a checkpoint dir or hub repo id).")
+  if not target and draft:
+    raise ValueError(f"{fields[2]} needs {fields[1]} (both Hugging Face checkpoints).")
+  return "hf" if target else kind
+
+
+def engine_config(config: ml_collections.ConfigDict, policy: str | None = None):
+  """The `EngineConfig` of `config`'s engine fields, with `policy` if given."""
+  from specjax.serving import EngineConfig
+
+  return EngineConfig(
+    slots=config.slots,
+    gamma=config.gamma,
+    policy=config.policy if policy is None else policy,
+    prompt_buckets=tuple(config.prompt_buckets),
+    max_new_tokens=config.max_new_tokens,
+    widths=tuple(config.widths) or None,
+    seed=config.seed,
+  )
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a ValueError naming the field for a bad server setting (the
+  engine's own fields are checked by `EngineConfig`)."""
+  policies = tuple(MODES.values())
+  if config.policy not in policies:
+    raise ValueError(f"config.policy must be one of {', '.join(policies)}, got {config.policy!r}.")
+  check_int("config.port", config.port, 0, 65535)
+  if config.log_level not in LOG_LEVELS:
+    raise ValueError(
+      f"config.log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}."
+    )
+  if not config.shutdown_timeout_s >= 0:
+    raise ValueError(
+      f"config.shutdown_timeout_s must be a number >= 0, got {config.shutdown_timeout_s!r}."
+    )
+  try:
+    engine_config(config)
+  except ValueError as e:  # EngineConfig's messages start with the field's name
+    raise ValueError(f"config.{e}") from None
+
+
+def serve(config: ml_collections.ConfigDict) -> None:
+  """Loads the models, warms the engine up and serves until SIGINT / SIGTERM."""
+  check_config(config)
+  # A signal during loading or warm-up (which run in C++ for long stretches)
+  # is noted and honoured before the server starts. uvicorn installs its own
+  # handlers while it runs and raises the signal again once it has shut down;
+  # this handler absorbs that too, so the process exits normally (code 0).
+  stop = []
+
+  def on_signal(signum, _frame) -> None:
+    logging.info("%s: shutting down", signal.Signals(signum).name)
+    stop.append(signum)
+
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, on_signal)
+
+  import uvicorn
+
+  from specjax.serving import Engine
+  from specjax.serving.background import BackgroundEngine
+  from specjax.serving.http import make_app
+
+  plain = config.policy == "never"
+  target, draft, tokenizer, eos, name = load_models(
+    config.model,
+    config.target,
+    config.draft,
+    dtype=config.dtype,
+    stop_at_eos=config.stop_at_eos,
+    seed=config.seed,
+    need_draft=not plain,
+  )
+  name = config.model_name or name
+  engine = Engine(target, draft, engine_config(config), eos_ids=eos)
+  start = time.perf_counter()
+  engine.warmup()
+  logging.info(
+    "warm-up: every program compiled in %.1f s (policy %s, %d slots, prompts up to %d tokens)",
+    time.perf_counter() - start,
+    config.policy,
+    config.slots,
+    engine.config.max_prompt_len,
+  )
+  if stop:
+    return
+  background = BackgroundEngine(engine)
+  try:
+    server = uvicorn.Server(
+      uvicorn.Config(
+        make_app(background, tokenizer, name),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        log_config=None,  # uvicorn's records go through absl's handler like ours
+        timeout_graceful_shutdown=config.shutdown_timeout_s,
+      )
+    )
+    logging.info("serving %s on http://%s:%d", name, config.host, config.port)
+    server.run()
+  finally:
+    background.close()
+  logging.info("stopped")
+
+
+def main(argv):
+  common.check_no_args(argv)
+  serve(flags.FLAGS.config)
+
+
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  common.define_config_flag("Server configuration (configs/serve.py).", "serve.py")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

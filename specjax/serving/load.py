@@ -1,0 +1,406 @@
+"""Load generation: Poisson arrivals of held-out prompts, in process or over HTTP.
+
+  requests = held_out_requests(64, tokenizer, max_new_tokens=32, max_prompt_len=128)
+  arrivals = poisson_arrivals(rate_per_s=4.0, n=64, seed=0)
+  completions = run_in_process(engine, requests, arrivals)     # or run_http(url, ...)
+  summarize(completions)                                       # specjax.serving.metrics
+
+  rows = sweep({"plain": plain_engine, "adaptive": engine}, requests, rates=(2, 4, 8))
+  plot_sweep(rows, "load_sweep.png")   # throughput and p99 TTFT against offered load
+
+Latencies count from a request's scheduled arrival, so time spent waiting for
+the driver (a step in progress, a full queue) counts as it would for a client.
+`tiny_setup` gives random tiny models and a byte-level tokenizer for smoke tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from specjax.sampling import GREEDY, SamplingParams
+from specjax.serving.metrics import summarize
+from specjax.serving.request import Completion, Request
+from specjax.validation import check_positive_int, is_real
+
+# Engine policies by load-test mode ("plain" serves without a draft).
+MODES = {"plain": "never", "always": "always", "adaptive": "adaptive"}
+POLICY_MODES = {policy: mode for mode, policy in MODES.items()}
+
+
+def check_rate(name: str, rate) -> float:
+  """`rate` (requests per second) as a float; raises unless finite and > 0."""
+  if not is_real(rate) or not 0 < rate < math.inf:
+    raise ValueError(f"{name} must be a finite number of requests per second > 0, got {rate!r}.")
+  return float(rate)
+
+
+def poisson_arrivals(rate_per_s: float, n: int, seed: int = 0) -> np.ndarray:
+  """Arrival offsets in seconds `[n]` of a Poisson process: the first at 0, then
+  independent exponential gaps of mean `1 / rate_per_s` (the same `seed` gives
+  the same offsets)."""
+  rate = check_rate("rate_per_s", rate_per_s)
+  n = check_positive_int("n", n)
+  gaps = np.random.default_rng(seed).exponential(1.0 / rate, n - 1)
+  return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def held_out_texts(n: int) -> list[str]:
+  """The first `n` held-out test-split prompts
+  (`specjax.data.prompts.held_out_prompts`), or all of them when the split
+  holds fewer (71 on CPython 3.11)."""
+  from specjax.data.prompts import held_out_prompts
+
+  n = check_positive_int("n", n)
+  try:
+    return held_out_prompts(n)
+  except ValueError:
+    pass
+  # Fewer than n: bisect for the split's count (each try reads the split's
+  # files, about 30 ms).
+  found, too_many = held_out_prompts(1), n
+  while too_many - len(found) > 1:
+    middle = (len(found) + too_many) // 2
+    try:
+      found = held_out_prompts(middle)
+    except ValueError:
+      too_many = middle
+  return found
+
+
+def held_out_requests(
+  n: int,
+  tokenizer,
+  max_new_tokens: int,
+  max_prompt_len: int,
+  sampling: SamplingParams = GREEDY,
+  stop_id: int | None = None,
+) -> list[Request]:
+  """`n` requests whose prompts are the held-out test-split prompts
+  (`held_out_texts`), reused in order when `n` exceeds them. A prompt longer
+  than `max_prompt_len` tokens keeps its last `max_prompt_len` (the
+  continuation starts at its end)."""
+  check_positive_int("max_new_tokens", max_new_tokens)
+  check_positive_int("max_prompt_len", max_prompt_len)
+  prompts = [tokenizer.encode(t)[-max_prompt_len:] for t in held_out_texts(n)]
+  return [
+    Request(prompts[i % len(prompts)], max_new_tokens, sampling=sampling, stop_id=stop_id)
+    for i in range(n)
+  ]
+
+
+def _check_run(requests: Sequence[Request], arrivals) -> np.ndarray:
+  arrivals = np.asarray(arrivals, np.float64)
+  if arrivals.shape != (len(requests),):
+    raise ValueError(
+      f"arrivals must hold one offset per request, shape ({len(requests)},), got {arrivals.shape}."
+    )
+  if not np.all(np.isfinite(arrivals)) or np.any(np.diff(arrivals) < 0) or np.any(arrivals < 0):
+    raise ValueError("arrivals must be finite, >= 0 and non-decreasing.")
+  return arrivals
+
+
+def run_in_process(
+  engine, requests: Sequence[Request], arrivals, progress: Callable[[str], None] | None = None
+) -> list[Completion]:
+  """Serves `requests` on `engine` (single-threaded, real clock): each is
+  submitted once its arrival offset has passed, the engine steps while it has
+  work, and the driver sleeps until the next arrival when it has none.
+
+  Args:
+    engine: a warmed-up `specjax.serving.Engine` with no work of its own.
+    requests: what to send, in arrival order.
+    arrivals: `[len(requests)]` non-decreasing offsets in seconds from the start.
+    progress: called with a line now and then (every quarter of the requests).
+
+  Returns:
+    The `Completion` of each request, in order; `arrival_time` is its scheduled
+    arrival (perf_counter seconds), so TTFT and e2e include any wait for the
+    driver.
+  """
+  arrivals = _check_run(requests, arrivals)
+  n = len(requests)
+  ids: list[int] = []
+  done: dict[int, Completion] = {}
+  report_every = max(n // 4, 1)
+  start = time.perf_counter()
+  while len(ids) < n or engine.has_work():
+    now = time.perf_counter() - start
+    while len(ids) < n and arrivals[len(ids)] <= now:
+      ids.append(engine.submit(requests[len(ids)]))
+    if engine.has_work():
+      for event in engine.step():
+        if event.finished:
+          done[event.request_id] = engine.pop_completion(event.request_id)
+          if progress is not None and len(done) % report_every == 0:
+            progress(f"  {len(done)}/{n} done after {time.perf_counter() - start:.1f} s")
+    elif len(ids) < n:
+      time.sleep(max(arrivals[len(ids)] - now, 0.0))
+  return [
+    dataclasses.replace(done[rid], arrival_time=start + float(arrivals[i]))
+    for i, rid in enumerate(ids)
+  ]
+
+
+async def _http_one(client, url: str, index: int, request: Request, start: float) -> Completion:
+  """One streamed request; times are taken where the client sees each chunk."""
+  body = {
+    "prompt": list(map(int, request.prompt)),
+    "max_tokens": request.max_new_tokens,
+    "temperature": request.sampling.temperature,
+    "top_k": request.sampling.top_k,
+    "top_p": request.sampling.top_p,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+  }
+  if request.stop_id is not None:
+    body["stop_token_id"] = request.stop_id
+  arrival = time.perf_counter()
+  first = None
+  finish_reason, error, tokens = "error", None, 0
+  try:
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+      if response.status_code != 200:
+        error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:500]}"
+      else:
+        async for line in response.aiter_lines():
+          if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+          chunk = json.loads(line[len("data: ") :])
+          if "error" in chunk:
+            error = chunk["error"]["message"]
+            break
+          if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+          for choice in chunk["choices"]:
+            if first is None:
+              first = time.perf_counter()
+            if choice["finish_reason"] is not None:
+              finish_reason = choice["finish_reason"]
+  except Exception as e:  # a refused connection, a timeout: this request failed
+    error = f"{type(e).__name__}: {e}"
+  if error is not None:
+    finish_reason = "error"
+  return Completion(
+    request_id=index,
+    prompt_length=len(request.prompt),
+    # The client sees text, not ids: one placeholder per generated token (from usage).
+    tokens=[-1] * tokens,
+    finish_reason=finish_reason,
+    arrival_time=arrival,
+    first_token_time=first,
+    finish_time=time.perf_counter(),
+    error=error,
+  )
+
+
+async def _run_http(url, requests, arrivals, timeout_s) -> list[Completion]:
+  import httpx
+
+  start = time.perf_counter()
+  limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+  async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+
+    async def send(i: int) -> Completion:
+      await asyncio.sleep(max(start + arrivals[i] - time.perf_counter(), 0.0))
+      return await _http_one(client, url, i, requests[i], start)
+
+    return list(await asyncio.gather(*(send(i) for i in range(len(requests)))))
+
+
+def run_http(
+  url: str, requests: Sequence[Request], arrivals, timeout_s: float = 600.0
+) -> list[Completion]:
+  """Sends `requests` to the server at `url` (`specjax.serving.http`, or any
+  OpenAI-style /v1/completions that streams and reports usage) at `arrivals`
+  offsets, streaming; TTFT, TPOT and e2e are measured here, at the client.
+
+  Returns:
+    Completion records in order: `tokens` holds one placeholder (-1) per
+    generated token (the stream carries text), and the acceptance counters
+    are 0 (the server's are in its /metrics).
+  """
+  arrivals = _check_run(requests, arrivals)
+  return asyncio.run(_run_http(url.rstrip("/"), requests, arrivals, timeout_s))
+
+
+def http_server_info(url: str, timeout_s: float = 10.0) -> dict:
+  """The server's GET /health (its model and engine settings: policy, gamma, ...)."""
+  import httpx
+
+  response = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+  response.raise_for_status()
+  return response.json()
+
+
+def http_metrics(url: str, timeout_s: float = 10.0) -> dict:
+  """The server's GET /metrics (its counters since it started: acceptance, ...)."""
+  import httpx
+
+  response = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
+  response.raise_for_status()
+  return response.json()
+
+
+def request_record(index: int, c: Completion) -> dict[str, Any]:
+  """The row of a load-test report for request `index` (its place in the list sent)."""
+  return {
+    "index": index,
+    "request_id": c.request_id,
+    "prompt_tokens": c.prompt_length,
+    "output_tokens": len(c.tokens),
+    "finish_reason": c.finish_reason,
+    "error": c.error,
+    "ttft_s": c.ttft,
+    "tpot_s": c.tpot,
+    "e2e_s": c.e2e,
+    "acceptance_rate": c.acceptance_rate,
+  }
+
+
+def sweep(
+  targets: Mapping[str, Any],
+  requests: Sequence[Request],
+  rates: Sequence[float],
+  *,
+  seed: int = 0,
+  slo_ttft_s: float | None = None,
+  slo_tpot_s: float | None = None,
+  progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+  """Serves `requests` at each rate in each mode; one row per (mode, rate).
+
+  Args:
+    targets: mode name -> a warmed-up `Engine` (served in process) or a server
+      URL (over HTTP).
+    requests: the same requests for every run.
+    rates: offered loads, requests per second (Poisson arrivals, `seed`: every
+      mode sees the same arrival times at a rate).
+    slo_ttft_s, slo_tpot_s: the goodput objectives (`summarize`).
+    progress: called with a line per run and within runs.
+
+  Returns:
+    `[{"mode", "rate", "summary": summarize(...), "requests": [request_record]}]`.
+  """
+  rates = [check_rate("rates", r) for r in rates]
+  if not rates:
+    raise ValueError("rates must hold at least one rate.")
+  if not targets:
+    raise ValueError("targets must hold at least one mode.")
+  rows = []
+  for mode, target in targets.items():
+    for rate in rates:
+      arrivals = poisson_arrivals(rate, len(requests), seed)
+      if progress is not None:
+        progress(f"{mode} at {rate:g} req/s: {len(requests)} requests over {arrivals[-1]:.1f} s")
+      if isinstance(target, str):
+        completions = run_http(target, requests, arrivals)
+      else:
+        completions = run_in_process(target, requests, arrivals, progress)
+      summary = summarize(completions, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+      if progress is not None:
+        progress(
+          f"{mode} at {rate:g} req/s: {_fmt(summary['throughput_tok_s'], '.1f')} tok/s, "
+          f"p99 TTFT {_fmt(summary['ttft_s']['p99'], '.3f')} s, "
+          f"acceptance {_fmt(summary['acceptance_rate'], '.3f')}, "
+          f"{summary['completed']}/{summary['requests']} completed"
+        )
+      rows.append(
+        {
+          "mode": mode,
+          "rate": rate,
+          "summary": summary,
+          "requests": [request_record(i, c) for i, c in enumerate(completions)],
+        }
+      )
+  return rows
+
+
+def _fmt(value, spec: str) -> str:
+  return "n/a" if value is None else format(value, spec)
+
+
+def _pyplot():
+  try:
+    import matplotlib
+  except ImportError as e:
+    raise ImportError(
+      "the load sweep's figure needs matplotlib: pip install 'specjax[plots]'"
+    ) from e
+  matplotlib.use("Agg")  # files only, no display
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+def plot_sweep(rows: Sequence[Mapping[str, Any]], path: str) -> str:
+  """Two panels against offered load (requests/s), one line per mode:
+  throughput (output tokens/s) and p99 TTFT. Writes a PNG to `path`."""
+  plt = _pyplot()
+  fig, (throughput, ttft) = plt.subplots(1, 2, figsize=(10, 4))
+  for mode in dict.fromkeys(r["mode"] for r in rows):
+    mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
+    rates = [r["rate"] for r in mine]
+    # None (nothing completed) becomes NaN: a gap in the line.
+    tok_s = [_nan(r["summary"]["throughput_tok_s"]) for r in mine]
+    p99 = [_nan(r["summary"]["ttft_s"]["p99"]) for r in mine]
+    throughput.plot(rates, tok_s, marker="o", label=mode)
+    ttft.plot(rates, p99, marker="o", label=mode)
+  throughput.set_xlabel("offered load (requests/s)")
+  throughput.set_ylabel("throughput (output tokens/s)")
+  ttft.set_xlabel("offered load (requests/s)")
+  ttft.set_ylabel("p99 time to first token (s)")
+  for ax in (throughput, ttft):
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  return path
+
+
+def _nan(value) -> float:
+  return math.nan if value is None else float(value)
+
+
+# ---------------------------------------------------------------- smoke tests
+
+
+class ByteTokenizer:
+  """Text as its UTF-8 bytes: ids 0-255, for models with a vocabulary of at
+  least 256 (the tiny smoke-test models). Invalid sequences decode to U+FFFD."""
+
+  vocab_size = 256
+  pad_id = bos_id = eos_id = None
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+  def decode(self, ids) -> str:
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+# The tiny random target of smoke tests; its draft keeps one layer.
+TINY_CONFIG = dict(
+  vocab_size=256, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=256
+)
+
+
+def tiny_setup(seed: int = 0):
+  """`(target, draft, tokenizer)`: random tiny models (seeds `seed`, `seed + 1`)
+  and a `ByteTokenizer`, for smoke tests of the serving stack (the text is noise)."""
+  from flax import nnx
+
+  from specjax.models import ModelConfig, Transformer
+
+  cfg = ModelConfig(**TINY_CONFIG)
+  target = Transformer(cfg, rngs=nnx.Rngs(seed))
+  draft = Transformer(cfg.replace(n_layers=1), rngs=nnx.Rngs(seed + 1))
+  return target, draft, ByteTokenizer()

@@ -1,0 +1,322 @@
+"""The HTTP server: completions streamed and not, refusals naming the field,
+disconnects, a failing step, and the launcher's clean exit on SIGTERM.
+
+One engine on random tiny models serves the module through a real uvicorn
+server in a thread (httpx's ASGI transport buffers whole responses, so it
+cannot show streaming or a client going away).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from specjax.serving import Engine, EngineConfig, Request, summarize
+from specjax.serving.background import BackgroundEngine
+from specjax.serving.http import _Decoder, make_app
+from specjax.serving.load import (
+  ByteTokenizer,
+  held_out_requests,
+  poisson_arrivals,
+  run_http,
+  tiny_setup,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One engine configuration for this module, the launcher test and
+# tests/test_load_test.py: their programs come from the compilation cache.
+ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(4,))
+PROMPT = "def add(a, b):\n"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served():
+  """(url, background): the tiny engine behind the app, on a free local port."""
+  target, draft, tokenizer = tiny_setup(0)
+  engine = Engine(target, draft, EngineConfig(policy="adaptive", **ENGINE))
+  engine.warmup(timed_runs=0)
+  background = BackgroundEngine(engine)
+  port = _free_port()
+  server = uvicorn.Server(
+    uvicorn.Config(
+      make_app(background, tokenizer, "tiny"), port=port, log_level="warning", log_config=None
+    )
+  )
+  thread = threading.Thread(target=server.run, daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 30
+  while not server.started and thread.is_alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert server.started
+  yield f"http://127.0.0.1:{port}", background
+  server.should_exit = True
+  thread.join(10)
+  background.close()
+
+
+@pytest.fixture
+def client(served):
+  with httpx.Client(base_url=served[0], timeout=30) as c:
+    yield c
+
+
+def _events(response: httpx.Response) -> list:
+  """The data of each server-sent event ("[DONE]" as a string)."""
+  datas = [line[len("data: ") :] for line in response.text.split("\n\n") if line]
+  return [d if d == "[DONE]" else json.loads(d) for d in datas]
+
+
+def _complete(client, **body):
+  return client.post("/v1/completions", json={"prompt": PROMPT, "temperature": 0, **body})
+
+
+def test_completion_and_stream_agree(client):
+  plain = _complete(client, max_tokens=12)
+  assert plain.status_code == 200, plain.text
+  out = plain.json()
+  assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
+  assert out["model"] == "tiny" and isinstance(out["created"], int)
+  (choice,) = out["choices"]
+  assert choice["finish_reason"] == "length" and choice["logprobs"] is None
+  assert out["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 12, "total_tokens": 27}
+
+  streamed = _complete(client, max_tokens=12, stream=True, stream_options={"include_usage": True})
+  assert streamed.status_code == 200
+  assert streamed.headers["content-type"].startswith("text/event-stream")
+  events = _events(streamed)
+  assert events[-1] == "[DONE]"
+  chunks, usage = events[:-2], events[-2]
+  assert usage["choices"] == [] and usage["usage"] == out["usage"]
+  assert all(c["id"] == chunks[0]["id"] and c["object"] == "text_completion" for c in chunks)
+  assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [
+    "length"
+  ]
+  # Greedy: the same tokens, so the deltas add up to the non-streamed text.
+  assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+
+  ids = _complete(client, prompt=list(PROMPT.encode()), max_tokens=12)  # token ids
+  assert ids.json()["choices"][0]["text"] == choice["text"]
+
+
+def test_multibyte_characters_stream_whole():
+  decoder = _Decoder(ByteTokenizer())
+  text = "é€😀 ok"
+  deltas = [decoder.add([b], final=False) for b in text.encode()]
+  assert "\ufffd" not in "".join(deltas) and "".join(deltas) == text
+  assert deltas[:2] == ["", "é"]  # held back until the character is whole
+
+
+def test_health_and_metrics(client):
+  health = client.get("/health").json()
+  assert health["status"] == "ok" and health["model"] == "tiny"
+  assert health["policy"] == "adaptive" and health["max_prompt_len"] == 32
+  assert health["max_new_tokens"] == 16
+  _complete(client, max_tokens=4)
+  metrics = client.get("/metrics").json()
+  assert metrics["requests"]["completed"] >= 1 and metrics["tokens"] >= 4
+  for key in ("ttft_s", "tpot_s"):
+    assert set(metrics[key]) == {"mean", "p50", "p90", "p99"} and metrics[key]["p99"] > 0
+  assert "acceptance_rate" in metrics and metrics["requests"]["live"] == 0
+
+
+@pytest.mark.parametrize(
+  "body, param, message",
+  [
+    (b'{"prompt": "x", ', None, "not valid JSON"),
+    (b'["x"]', None, "must be a JSON object"),
+    ({"prompt": "x", "seed": 1}, "seed", "seed is not a supported field"),
+    ({"max_tokens": 4}, "prompt", "prompt is required"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens", r"max_tokens must be in [1, 16], got 0"),
+    ({"prompt": "x", "max_tokens": 17}, "max_tokens", r"max_tokens must be in [1, 16], got 17"),
+    ({"prompt": "x", "max_tokens": "4"}, "max_tokens", "max_tokens"),
+    ({"prompt": "a" * 40}, "prompt", "prompt has 40 tokens; the engine takes at most "),
+    ({"prompt": ""}, "prompt", "prompt must be a non-empty list"),
+    ({"prompt": [1, 256]}, "prompt", "vocab_size=256"),
+    ({"prompt": [1, -1]}, "prompt", "vocab_size=256"),
+    ({"prompt": [1, "a"]}, "prompt", "prompt must be a string or a list of integer token ids"),
+    ({"prompt": "x", "temperature": -1}, "temperature", "temperature must be a number >= 0"),
+    ({"prompt": "x", "top_p": 0}, "top_p", "top_p must be in (0, 1]"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p", "top_p must be in (0, 1]"),
+    ({"prompt": "x", "top_k": 257}, "top_k", "top_k must be in [0, vocab_size=256]"),
+    ({"prompt": "x", "stop_token_id": 256}, "stop_token_id", "stop_token_id must be None or"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "stream"),
+  ],
+)
+def test_bad_requests_name_the_field(client, body, param, message):
+  if isinstance(body, bytes):
+    response = client.post("/v1/completions", content=body)
+  else:
+    response = client.post("/v1/completions", json=body)
+  assert response.status_code == 400, response.text
+  error = response.json()["error"]
+  assert error["type"] == "invalid_request_error" and error["param"] == param
+  assert message in error["message"]
+  if param is not None:
+    assert param in error["message"]
+
+
+def test_other_model_is_not_found(client):
+  response = _complete(client, model="gpt-4")
+  assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+def test_background_refuses_in_the_callers_thread(served):
+  _, background = served
+  events = []
+  with pytest.raises(ValueError, match=r"max_new_tokens must be in \[1, 16\]"):
+    background.submit(Request([1, 2], 17), events.append)
+  done = threading.Event()
+
+  def on_event(event):
+    events.append(event)
+    if event.finished:
+      done.set()
+
+  rid = background.submit(Request([1, 2], 3), on_event)
+  assert done.wait(10)
+  assert {e.request_id for e in events} == {rid}
+  assert sum(len(e.tokens) for e in events) == 3 and events[-1].finish_reason == "length"
+
+
+def test_load_generator_over_http(served):
+  url, _ = served
+  requests = held_out_requests(3, ByteTokenizer(), max_new_tokens=6, max_prompt_len=32)
+  completions = run_http(url, requests, poisson_arrivals(50.0, 3, seed=0))
+  for c in completions:
+    assert c.finish_reason == "length" and c.error is None and len(c.tokens) == 6
+    assert 0 < c.ttft <= c.e2e and c.tpot > 0
+  assert summarize(completions)["output_tokens"] == 18
+
+
+def _slow_steps(engine, seconds: float):
+  """Makes each step of `engine` take at least `seconds` (undone by deleting
+  the instance attribute)."""
+  step = type(engine).step.__get__(engine)
+
+  def slow():
+    time.sleep(seconds)
+    return step()
+
+  engine.step = slow
+
+
+def _wait_idle(background, timeout: float = 10.0) -> None:
+  deadline = time.monotonic() + timeout
+  while background.call(lambda e: e.live_requests() or e.has_work()):
+    assert time.monotonic() < deadline, "the engine still holds a request"
+    time.sleep(0.02)
+
+
+def test_disconnect_mid_stream_frees_the_slot(served, client):
+  url, background = served
+  engine = background.engine
+  expected = _complete(client, max_tokens=16).json()["choices"][0]["text"]
+  cancelled = client.get("/metrics").json()["requests"]["cancelled"]
+  _slow_steps(engine, 0.05)  # 16 tokens take at least 0.8 s: the client leaves first
+  try:
+    with httpx.Client(base_url=url, timeout=30) as leaving:
+      body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 16, "stream": True}
+      with leaving.stream("POST", "/v1/completions", json=body) as response:
+        first = next(response.iter_lines())
+        assert first.startswith("data: {")
+    _wait_idle(background)
+  finally:
+    del engine.step
+  metrics = client.get("/metrics").json()["requests"]
+  assert metrics["cancelled"] == cancelled + 1 and metrics["live"] == 0
+  # The server carries on: the same greedy request gives the same text.
+  assert _complete(client, max_tokens=16).json()["choices"][0]["text"] == expected
+
+
+def test_failing_step_fails_its_requests_and_serving_goes_on(served, client):
+  _, background = served
+  engine = background.engine
+  step = type(engine).step.__get__(engine)
+  calls = []
+
+  def fail_once():
+    calls.append(1)
+    if len(calls) == 1:
+      raise RuntimeError("device lost")
+    return step()
+
+  engine.step = fail_once
+  try:
+    failed = _complete(client, max_tokens=4)
+    assert failed.status_code == 500
+    error = failed.json()["error"]
+    assert error["type"] == "server_error" and "device lost" in error["message"]
+    streamed = _events(_complete(client, max_tokens=4, stream=True))
+    assert streamed[-1] == "[DONE]" and streamed[-2]["choices"][0]["finish_reason"] == "length"
+  finally:
+    del engine.step
+  _wait_idle(background)
+
+
+# -- the launcher: python -m experiments.serve, stopped by SIGTERM
+
+
+def start_server() -> subprocess.Popen:
+  """The tiny server on a free port (`.port`), its output in a file (`.log`)."""
+  port = _free_port()
+  with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
+    overrides = [f"--config.{k}={v}".replace(" ", "") for k, v in ENGINE.items()]
+    process = subprocess.Popen(
+      [sys.executable, "-m", "experiments.serve", "--config.model=tiny", f"--config.port={port}"]
+      + overrides,
+      cwd=ROOT,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+    )
+  process.port, process.log = port, log.name
+  return process
+
+
+def _tail(path: str) -> str:
+  with open(path) as f:
+    return f.read()[-4000:]
+
+
+def test_serve_exits_cleanly_on_sigterm(background):
+  process = background(start_server)
+  port, log = process.port, process.log
+  try:
+    deadline = time.monotonic() + 120
+    while True:
+      assert process.poll() is None, _tail(log)
+      assert time.monotonic() < deadline, "the server did not come up in 120 s"
+      try:
+        if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+          break
+      except httpx.TransportError:
+        time.sleep(0.25)
+    response = httpx.post(
+      f"http://127.0.0.1:{port}/v1/completions",
+      json={"prompt": PROMPT, "max_tokens": 4},
+      timeout=30,
+    )
+    assert response.json()["usage"]["completion_tokens"] == 4
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0, _tail(log)
+  finally:
+    if process.poll() is None:
+      process.kill()
+    os.unlink(log)
+
+
+test_serve_exits_cleanly_on_sigterm.start_in_background = start_server
