@@ -142,3 +142,43 @@ def test_numpy_scalars_are_numbers():
     specjax.SamplingParams(temperature=float("inf"))
   with pytest.raises(ValueError, match="top_k must be an integer"):
     specjax.SamplingParams(top_k=True)
+
+
+def test_row_settings_warp_each_row_as_its_static_form():
+  """`RowSampling`: each row gets its own `SamplingParams` warp, the very same
+  tokens kept (the bisection thresholds equal the sorted ones) with ties, -inf
+  logits, greedy rows and several positions per row."""
+  settings = [
+    specjax.GREEDY,
+    specjax.SamplingParams(0.7, top_k=5),
+    specjax.SamplingParams(1.0, top_p=0.8),
+    specjax.SamplingParams(1.3, top_k=10, top_p=0.5),
+    specjax.SamplingParams(1.0),
+    specjax.SamplingParams(0.5, top_k=1),
+    specjax.SamplingParams(2.0, top_p=0.05),
+    specjax.SamplingParams(1.0, top_k=300, top_p=0.999),
+  ]
+  logits = 3 * jax.random.normal(jax.random.key(1), (len(settings), 3, 300))
+  logits = logits.at[0, 0, :5].set(9.0).at[1, 1, 3].set(-jnp.inf)
+  logits = logits.at[3].set(jnp.round(logits[3]))  # many ties at the thresholds
+  rows = specjax.RowSampling.of(settings)
+  warped = jax.jit(warp_probs)(logits, rows)
+  for i, sampling in enumerate(settings):
+    expected = warp_probs(logits[i], sampling)
+    np.testing.assert_array_equal(warped[i] > 0, expected > 0)  # the same tokens kept
+    np.testing.assert_allclose(warped[i], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_row_settings_are_checked_per_row():
+  rows = specjax.RowSampling.of([specjax.GREEDY, specjax.SamplingParams(top_k=9)])
+  with pytest.raises(
+    ValueError, match=r"sampling.top_k must be an integer in \[0, vocab_size=8\]; row 1"
+  ):
+    rows.check(vocab_size=8, batch=2)
+  with pytest.raises(ValueError, match="sampling has 2 rows but the batch has 3"):
+    rows.check(vocab_size=16, batch=3)
+  bad = rows.replace(temperature=jnp.array([0.0, -1.0]))
+  with pytest.raises(ValueError, match="sampling.temperature must be a number >= 0.*row 1"):
+    bad.check(vocab_size=16, batch=2)
+  with pytest.raises(ValueError, match="batch is needed"):
+    specjax.RowSampling.of(specjax.GREEDY)
