@@ -149,8 +149,10 @@ def run_in_process(
   ]
 
 
-async def _http_one(client, url: str, index: int, request: Request, start: float) -> Completion:
-  """One streamed request; times are taken where the client sees each chunk."""
+async def _http_one(client, url: str, index: int, request: Request, arrival: float) -> Completion:
+  """One streamed request, due at `arrival` (perf_counter seconds); times are
+  taken where the client sees each chunk (the first token: the first chunk
+  with text)."""
   body = {
     "prompt": list(map(int, request.prompt)),
     "max_tokens": request.max_new_tokens,
@@ -162,7 +164,6 @@ async def _http_one(client, url: str, index: int, request: Request, start: float
   }
   if request.stop_id is not None:
     body["stop_token_id"] = request.stop_id
-  arrival = time.perf_counter()
   first = None
   finish_reason, error, tokens = "error", None, 0
   try:
@@ -209,8 +210,9 @@ async def _run_http(url, requests, arrivals, timeout_s) -> list[Completion]:
   async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
 
     async def send(i: int) -> Completion:
-      await asyncio.sleep(max(start + arrivals[i] - time.perf_counter(), 0.0))
-      return await _http_one(client, url, i, requests[i], start)
+      arrival = start + float(arrivals[i])
+      await asyncio.sleep(max(arrival - time.perf_counter(), 0.0))
+      return await _http_one(client, url, i, requests[i], arrival)
 
     return list(await asyncio.gather(*(send(i) for i in range(len(requests)))))
 

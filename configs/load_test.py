@@ -1,0 +1,47 @@
+"""Configuration of `experiments/load_test.py`: serve held-out prompts at Poisson rates.
+
+  python -m experiments.load_test --output_dir=DIR                 # bundled pair, in process
+  python -m experiments.load_test --output_dir=DIR --config.rates="(1, 2, 4, 8)" \
+      --config.modes="('plain', 'adaptive')" --config.num_requests=64
+  python -m experiments.load_test --output_dir=DIR --config.target=http://127.0.0.1:8000
+
+`target` is "inprocess" (one engine per mode, built here from `model`,
+`hf_target`, `hf_draft` and the engine fields) or the URL of a running
+`experiments.serve`, whose own engine is measured (its policy must be among
+`modes`); `model` then only names the tokenizer the prompts are encoded with.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The load-test configuration (no presets)."""
+  config = ml_collections.ConfigDict()
+  config.target = "inprocess"  # or a server's URL, http://host:port
+  config.rates = (1.0, 2.0, 4.0)  # offered loads, requests/s: one rate, or a sweep
+  # plain (no draft) | always (gamma every step) | adaptive (the policy picks)
+  config.modes = ("plain", "always", "adaptive")
+  config.num_requests = 32  # per (mode, rate): held-out test-split prompts, reused past 71
+  config.seed = 0  # arrival times (every mode sees the same at a rate) and the engine's key
+  # Each request: its budget and sampling.
+  config.max_new_tokens = 64
+  config.temperature = 0.0
+  config.top_k = 0
+  config.top_p = 1.0
+  # Goodput counts requests meeting both objectives (0: no objective).
+  config.slo_ttft_s = 1.0
+  config.slo_tpot_s = 0.1
+  # The models (in process; for a URL target, the tokenizer).
+  config.model = "bundled"  # bundled | hf | tiny (random tiny models: a smoke test)
+  config.hf_target = ""  # Hugging Face checkpoint dirs or hub repo ids (model "hf")
+  config.hf_draft = ""
+  config.dtype = "float32"
+  config.stop_at_eos = True
+  # The engines (specjax.serving.EngineConfig); their max_new_tokens is the requests'.
+  config.slots = 8
+  config.gamma = 4
+  config.prompt_buckets = (32, 64, 128)  # the largest is the prompt limit (longer: cut)
+  config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
+  return config

@@ -1,0 +1,192 @@
+"""Load-test the serving engine: held-out prompts at Poisson arrival rates, per mode.
+
+  python -m experiments.load_test --output_dir=DIR        # bundled pair, 3 rates x 3 modes
+  python -m experiments.load_test --output_dir=DIR --config.rates="(2.0,)" \
+      --config.modes="('plain', 'adaptive')" --config.num_requests=64
+  python -m experiments.load_test --output_dir=DIR --config.model=tiny   # a smoke test
+  python -m experiments.load_test --output_dir=DIR --config.target=http://127.0.0.1:8000
+
+In process, each mode gets its own engine (plain: no draft, policy "never";
+always; adaptive), warmed up before it is timed, and serves the same requests
+at the same arrival times at each rate. Against a URL the running server's
+engine is measured, streaming, with latencies taken at the client.
+
+Writes DIR/load_test.json: per (mode, rate) the `specjax.serving.summarize`
+figures (throughput, goodput under config.slo_*, acceptance, TTFT / TPOT / e2e
+percentiles) and every request's TTFT, TPOT and e2e; with more than one rate
+also DIR/load_sweep.png (throughput and p99 TTFT against offered load; needs
+matplotlib: `pip install 'specjax[plots]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+from absl import app, flags, logging
+
+from experiments import common
+from experiments.serve import engine_config, load_models, load_tokenizer
+from specjax.sampling import SamplingParams
+from specjax.serving import load
+from specjax.validation import check_int, check_positive_int, is_real
+
+JSON_FILE, FIGURE_FILE = "load_test.json", "load_sweep.png"
+_MODEL_FIELDS = ("config.model", "config.hf_target", "config.hf_draft")
+
+
+def _sampling(config: ml_collections.ConfigDict) -> SamplingParams:
+  try:
+    return SamplingParams(config.temperature, config.top_k, config.top_p)
+  except ValueError as e:  # its messages start with the field's name
+    raise ValueError(f"config.{e}") from None
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a ValueError naming the field for a bad setting, before any work."""
+  rates = tuple(config.rates)
+  if not rates:
+    raise ValueError("config.rates must hold at least one rate (requests/s).")
+  for rate in rates:
+    load.check_rate("config.rates", rate)
+  modes = tuple(config.modes)
+  if not modes or len(set(modes)) != len(modes) or not set(modes) <= set(load.MODES):
+    raise ValueError(
+      f"config.modes must be distinct names among {', '.join(load.MODES)}, got {modes!r}."
+    )
+  check_positive_int("config.num_requests", config.num_requests)
+  check_positive_int("config.max_new_tokens", config.max_new_tokens)
+  check_int("config.seed", config.seed)
+  for name in ("slo_ttft_s", "slo_tpot_s"):
+    value = config[name]
+    if not is_real(value) or not value >= 0:
+      raise ValueError(f"config.{name} must be a number >= 0 (0: no objective), got {value!r}.")
+  if config.target != "inprocess" and not config.target.startswith(("http://", "https://")):
+    raise ValueError(
+      f"config.target must be 'inprocess' or a server URL (http://host:port), "
+      f"got {config.target!r}."
+    )
+  _sampling(config)
+  try:
+    engine_config(config, "adaptive")
+  except ValueError as e:  # EngineConfig's messages start with the field's name
+    raise ValueError(f"config.{e}") from None
+
+
+def _in_process_targets(config, progress):
+  """Yields (mode, warmed-up engine, warm-up seconds), one engine alive at a time."""
+  from specjax.serving import Engine
+
+  need_draft = any(mode != "plain" for mode in config.modes)
+  target, draft, tokenizer, eos, _ = load_models(
+    config.model,
+    config.hf_target,
+    config.hf_draft,
+    dtype=config.dtype,
+    stop_at_eos=config.stop_at_eos,
+    seed=config.seed,
+    need_draft=need_draft,
+    fields=_MODEL_FIELDS,
+  )
+  yield tokenizer
+  for mode in config.modes:
+    policy = load.MODES[mode]
+    engine = Engine(
+      target, None if policy == "never" else draft, engine_config(config, policy), eos_ids=eos
+    )
+    start = time.perf_counter()
+    engine.warmup()
+    seconds = time.perf_counter() - start
+    progress(f"{mode}: engine warmed up in {seconds:.1f} s")
+    yield mode, engine, seconds
+    del engine  # its caches go before the next mode's are made
+
+
+def run(
+  config: ml_collections.ConfigDict,
+  output_dir: str,
+  progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+  """Runs the load test `config` describes; writes and returns the report."""
+  check_config(config)
+  os.makedirs(output_dir, exist_ok=True)
+  rates = [float(r) for r in config.rates]
+  slos = dict(slo_ttft_s=config.slo_ttft_s or None, slo_tpot_s=config.slo_tpot_s or None)
+  result: dict[str, Any] = {"config": config.to_dict(), "target": config.target, "warmup_s": {}}
+  rows = []
+  if config.target == "inprocess":
+    targets = _in_process_targets(config, progress)
+    tokenizer = next(targets)
+    max_prompt_len = engine_config(config, "adaptive").max_prompt_len
+    requests = _requests(config, tokenizer, max_prompt_len)
+    for mode, engine, seconds in targets:
+      result["warmup_s"][mode] = seconds
+      rows += load.sweep(
+        {mode: engine}, requests, rates, seed=config.seed, progress=progress, **slos
+      )
+      del engine
+  else:
+    server = load.http_server_info(config.target)
+    mode = load.POLICY_MODES.get(server.get("policy"), server.get("policy"))
+    if mode not in config.modes:
+      raise ValueError(
+        f"config.modes must include the server's mode {mode!r} (its policy "
+        f"{server.get('policy')!r}); got {tuple(config.modes)!r}."
+      )
+    progress(f"server {config.target}: {server}")
+    tokenizer = load_tokenizer(config.model, config.hf_target, _MODEL_FIELDS)
+    requests = _requests(config, tokenizer, int(server["max_prompt_len"]))
+    rows = load.sweep(
+      {mode: config.target}, requests, rates, seed=config.seed, progress=progress, **slos
+    )
+    result["server"] = server
+    result["server_metrics"] = load.http_metrics(config.target)
+  result["runs"] = rows
+  result["environment"] = _environment()
+  with open(os.path.join(output_dir, JSON_FILE), "w") as f:
+    json.dump(result, f, indent=2)
+  progress(f"wrote {os.path.join(output_dir, JSON_FILE)}")
+  if len(rates) > 1:
+    path = load.plot_sweep(rows, os.path.join(output_dir, FIGURE_FILE))
+    progress(f"wrote {path}")
+  return result
+
+
+def _requests(config, tokenizer, max_prompt_len: int):
+  return load.held_out_requests(
+    config.num_requests,
+    tokenizer,
+    max_new_tokens=config.max_new_tokens,
+    max_prompt_len=max_prompt_len,
+    sampling=_sampling(config),
+  )
+
+
+def _environment() -> dict[str, Any]:
+  from specjax import benchmarking
+
+  return benchmarking.environment_info()
+
+
+def main(argv):
+  common.check_no_args(argv)
+  output_dir = flags.FLAGS.output_dir
+  if not output_dir:
+    raise app.UsageError("--output_dir is required (where load_test.json and the figure go).")
+  logging.set_verbosity(logging.WARNING)  # keep backend probing out of the progress lines
+  run(flags.FLAGS.config, output_dir, progress=lambda line: print(line, flush=True))
+
+
+def define_flags() -> None:
+  """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
+  common.define_config_flag("Load-test configuration (configs/load_test.py).", "load_test.py")
+  flags.DEFINE_string("output_dir", None, "Where load_test.json and load_sweep.png go.")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,149 @@
+"""Load generation: Poisson arrivals, held-out requests, the in-process driver,
+and the load-test launcher end to end on random tiny models."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import load_test as load_test_config
+from experiments import load_test
+from specjax.serving import Engine, EngineConfig, summarize
+from specjax.serving.load import (
+  ByteTokenizer,
+  held_out_requests,
+  held_out_texts,
+  poisson_arrivals,
+  run_in_process,
+  tiny_setup,
+)
+
+# As tests/test_serving_http.py: the programs come from the compilation cache.
+ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(4,))
+
+
+@pytest.fixture(scope="module")
+def engine():
+  target, draft, _ = tiny_setup(0)
+  engine = Engine(target, draft, EngineConfig(policy="adaptive", **ENGINE))
+  engine.warmup(timed_runs=0)
+  return engine
+
+
+def test_poisson_arrivals():
+  arrivals = poisson_arrivals(5.0, 20_000, seed=3)
+  assert arrivals.shape == (20_000,) and arrivals[0] == 0
+  gaps = np.diff(arrivals)
+  assert np.all(gaps >= 0)
+  # Exponential gaps: mean 1 / rate, standard deviation equal to the mean.
+  assert abs(gaps.mean() - 0.2) < 0.2 * 0.03 and abs(gaps.std() - 0.2) < 0.2 * 0.05
+  np.testing.assert_array_equal(arrivals, poisson_arrivals(5.0, 20_000, seed=3))
+  assert not np.array_equal(arrivals, poisson_arrivals(5.0, 20_000, seed=4))
+  for rate in (0, -1.0, float("inf"), float("nan"), "5"):
+    with pytest.raises(ValueError, match="rate_per_s must be a finite number"):
+      poisson_arrivals(rate, 10)
+  with pytest.raises(ValueError, match="n must be an integer >= 1"):
+    poisson_arrivals(1.0, 0)
+
+
+def test_held_out_requests_cycle_and_keep_the_prompt_end():
+  texts = held_out_texts(1000)
+  assert 1 < len(texts) < 1000 and texts == held_out_texts(len(texts))
+  requests = held_out_requests(100, ByteTokenizer(), max_new_tokens=8, max_prompt_len=32)
+  assert len(requests) == 100
+  for i, r in enumerate(requests):  # reused in order past the split's prompts
+    # A prompt cut to the limit keeps its end: a continuation starts there.
+    assert r.prompt == list(texts[i % len(texts)].encode())[-32:]
+    assert r.max_new_tokens == 8
+
+
+def test_run_in_process_times_every_request(engine):
+  requests = held_out_requests(6, ByteTokenizer(), max_new_tokens=12, max_prompt_len=32)
+  arrivals = poisson_arrivals(50.0, 6, seed=0)
+  completions = run_in_process(engine, requests, arrivals)
+  assert [c.finish_reason for c in completions] == ["length"] * 6
+  start = completions[0].arrival_time
+  np.testing.assert_allclose([c.arrival_time - start for c in completions], arrivals)
+  for c in completions:
+    assert len(c.tokens) == 12 and c.prompt_length == 32
+    assert 0 < c.ttft <= c.e2e and c.tpot > 0
+  assert not engine.has_work() and engine.live_requests() == 0
+  summary = summarize(completions, slo_ttft_s=10.0, slo_tpot_s=10.0)
+  assert summary["completed"] == 6 and summary["output_tokens"] == 72
+  assert summary["throughput_tok_s"] > 0 and summary["goodput_req_s"] == summary["request_rate"]
+  for key in ("ttft_s", "tpot_s", "e2e_s"):
+    assert summary[key]["p50"] <= summary[key]["p99"]
+  with pytest.raises(ValueError, match=r"arrivals must hold one offset per request"):
+    run_in_process(engine, requests, arrivals[:3])
+
+
+def _config(**changes):
+  config = load_test_config.get_config()
+  config.update({**ENGINE, "model": "tiny", "num_requests": 6, "slo_ttft_s": 5.0, **changes})
+  return config
+
+
+def test_launcher_two_rates_two_modes(tmp_path):
+  import matplotlib.image
+
+  lines = []
+  config = _config(rates=(20.0, 40.0), modes=("plain", "adaptive"))
+  load_test.run(config, str(tmp_path), progress=lines.append)
+  with open(tmp_path / load_test.JSON_FILE) as f:
+    report = json.load(f, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+  runs = report["runs"]
+  assert [(r["mode"], r["rate"]) for r in runs] == [
+    ("plain", 20.0),
+    ("plain", 40.0),
+    ("adaptive", 20.0),
+    ("adaptive", 40.0),
+  ]
+  for r in runs:
+    s = r["summary"]
+    assert s["requests"] == s["completed"] == 6 and s["output_tokens"] == 96
+    assert s["throughput_tok_s"] > 0 and 0 <= s["goodput_req_s"] <= s["request_rate"]
+    assert set(s["ttft_s"]) == {"mean", "p50", "p90", "p99"} and s["ttft_s"]["p99"] > 0
+    assert [q["index"] for q in r["requests"]] == list(range(6))
+    for q in r["requests"]:
+      assert q["ttft_s"] > 0 and q["tpot_s"] > 0 and q["e2e_s"] >= q["ttft_s"]
+  # Plain decoding never drafts; the adaptive engine reports its acceptance
+  # (None when the policy chose plain steps throughout).
+  assert all(r["summary"]["acceptance_rate"] is None for r in runs[:2])
+  assert set(report["warmup_s"]) == {"plain", "adaptive"}
+  assert report["config"]["rates"] == [20.0, 40.0]
+  assert any("warmed up" in line for line in lines)
+  assert any(line.startswith("adaptive at 40 req/s:") and "tok/s" in line for line in lines)
+  image = matplotlib.image.imread(tmp_path / load_test.FIGURE_FILE)
+  assert image.shape[0] > 100 and image.shape[1] > 100
+  assert image[..., :3].std() > 0.05  # lines and labels, not a blank canvas
+
+
+def test_one_rate_writes_no_figure(tmp_path):
+  load_test.run(_config(rates=(40.0,), modes=("adaptive",)), str(tmp_path), progress=print)
+  assert os.path.exists(tmp_path / load_test.JSON_FILE)
+  assert not os.path.exists(tmp_path / load_test.FIGURE_FILE)
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(rates=()), "config.rates must hold at least one rate"),
+    (dict(rates=(1.0, 0.0)), "config.rates must be a finite number"),
+    (dict(modes=("plain", "fast")), "config.modes must be distinct names among"),
+    (dict(modes=("plain", "plain")), "config.modes must be distinct"),
+    (dict(num_requests=0), "config.num_requests must be an integer >= 1"),
+    (dict(max_new_tokens=0), "config.max_new_tokens must be an integer >= 1"),
+    (dict(slo_ttft_s=-1.0), "config.slo_ttft_s must be a number >= 0"),
+    (dict(target="localhost:8000"), "config.target must be 'inprocess' or a server URL"),
+    (dict(temperature=-1.0), "config.temperature must be a number >= 0"),
+    (dict(top_p=1.5), r"config.top_p must be in \(0, 1\]"),
+    (dict(slots=0), "config.slots must be an integer >= 1"),
+    (dict(prompt_buckets=()), "config.prompt_buckets must be non-empty"),
+    (dict(model="huge"), "config.model must be one of bundled, hf, tiny"),
+    (dict(model="hf"), "config.model='hf' needs config.hf_target"),
+  ],
+)
+def test_bad_configs_name_the_field(tmp_path, change, message):
+  with pytest.raises(ValueError, match=message):
+    load_test.run(_config(**change), str(tmp_path), progress=print)
