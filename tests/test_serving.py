@@ -286,3 +286,26 @@ def test_policy_probes_acceptance_after_plain_runs():
     chosen.append(gamma)
     policy.observe(gamma, 4, policy.step_time[gamma, 4], 0, 4 if gamma else 0)
   assert chosen[:5] == [0] * 5 and chosen[5:7] == [4, 4] and chosen[7:] == [0] * 5
+
+
+def test_a_failing_step_fails_its_requests_and_serving_goes_on(pair, engine, monkeypatch):
+  target, _ = pair
+  engine.policy = Schedule((3,))
+  step = programs.step
+  calls = []
+
+  def failing_once(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise RuntimeError("lost device")
+    return step(*args, **kwargs)
+
+  monkeypatch.setattr(programs, "step", failing_once)
+  first = [engine.submit(Request(prompt=[3, 4], max_new_tokens=CONFIG.max_new_tokens))]
+  while engine.has_work():
+    engine.step()
+  assert engine.completion(first[0]).finish_reason == "error"
+  assert "lost device" in engine.completion(first[0]).error
+  later = requests(4, seed=21)
+  for completion, alone in zip(engine.run(later), solo(target, later)):
+    assert completion.tokens == alone

@@ -185,17 +185,7 @@ class Engine:
     self.policy = SpeculationPolicy(config.policy, config.draft_lengths)
     self._key, self._admit_key = jax.random.split(jax.random.key(config.seed))
     b = config.slots
-    self._state = programs.blank(
-      target,
-      self.drafter,
-      jnp.zeros((b, 1), jnp.int32),
-      jnp.ones((b,), jnp.int32),
-      jnp.ones((b,), jnp.int32),  # budget 1: every blank slot is done
-      jnp.full((b,), -1, jnp.int32),
-      RowSampling.of(GREEDY, b),
-      self._key,
-      config=self._programs,
-    )
+    self._state = self._blank()
     if self.drafter is not None:
       programs.check_per_row(self._state.spec.drafter_state, b, "draft state")
     self._slots: list[_Live | None] = [None] * b
@@ -281,6 +271,21 @@ class Engine:
         self._pending.append(self._finish(live, "cancelled"))
         return
 
+  def _blank(self) -> programs.SlotState:
+    """A batch of free slots (every row done)."""
+    b = self.config.slots
+    return programs.blank(
+      self.target,
+      self.drafter,
+      jnp.zeros((b, 1), jnp.int32),
+      jnp.ones((b,), jnp.int32),
+      jnp.ones((b,), jnp.int32),  # budget 1: every blank slot is done
+      jnp.full((b,), -1, jnp.int32),
+      RowSampling.of(GREEDY, b),
+      self._key,
+      config=self._programs,
+    )
+
   def has_work(self) -> bool:
     return bool(self._queue or self._pending) or self.live_requests() > 0
 
@@ -319,13 +324,16 @@ class Engine:
       self._drafter_stale = False
     start = time.perf_counter()
     key = jax.random.fold_in(self._key, self._steps)
-    self._state, counts = programs.step(
-      self.target, self.drafter, self._state, key, gamma=gamma, width=width, config=self._programs
-    )
-    spec = self._state.spec
-    tokens, num_generated, done, counts, stats = jax.device_get(
-      (spec.tokens, spec.num_generated, spec.done, counts, self._row_stats())
-    )
+    try:
+      self._state, counts = programs.step(
+        self.target, self.drafter, self._state, key, gamma=gamma, width=width, config=self._programs
+      )
+      spec = self._state.spec
+      tokens, num_generated, done, counts, stats = jax.device_get(
+        (spec.tokens, spec.num_generated, spec.done, counts, self._row_stats())
+      )
+    except Exception as error:  # the batch's state is gone (donated): start afresh
+      return events + self._fail_live(f"engine step failed: {type(error).__name__}: {error}")
     seconds = time.perf_counter() - start
     self._steps += 1
     self._drafter_stale |= gamma == 0
@@ -334,6 +342,17 @@ class Engine:
     self.counters["accepted"] += int(counts[0])
     self.counters["evaluated"] += int(counts[1])
     return events + self._stream(tokens, num_generated, done, stats)
+
+  def _fail_live(self, message: str) -> list[Event]:
+    """Fails every live request and empties the slots (a fresh blank batch)."""
+    events = []
+    for slot, live in enumerate(self._slots):
+      if live is not None:
+        self._slots[slot] = None
+        events.append(self._finish(live, "error", message))
+    self._state = self._blank()
+    self._drafter_stale = False
+    return events
 
   def _row_stats(self):
     s = self._state.spec.stats
