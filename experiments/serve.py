@@ -165,15 +165,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def serve(config: ml_collections.ConfigDict) -> None:
   """Loads the models, warms the engine up and serves until SIGINT / SIGTERM."""
   check_config(config)
-  # A signal during loading or warm-up (which run in C++ for long stretches)
-  # is noted and honoured before the server starts. uvicorn installs its own
-  # handlers while it runs and raises the signal again once it has shut down;
-  # this handler absorbs that too, so the process exits normally (code 0).
-  stop = []
+  # A signal before the server starts (loading, warm-up) ends the process at
+  # once, with code 0 (Python runs the handler when the compile under way
+  # returns). uvicorn installs its own handlers while it serves and raises the
+  # signal again once it has shut down: this handler absorbs that, so the
+  # engine is closed and the process exits normally (code 0).
+  serving = False
 
   def on_signal(signum, _frame) -> None:
     logging.info("%s: shutting down", signal.Signals(signum).name)
-    stop.append(signum)
+    if not serving:
+      raise SystemExit(0)
 
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, on_signal)
@@ -205,9 +207,8 @@ def serve(config: ml_collections.ConfigDict) -> None:
     config.slots,
     engine.config.max_prompt_len,
   )
-  if stop:
-    return
   background = BackgroundEngine(engine)
+  serving = True
   try:
     server = uvicorn.Server(
       uvicorn.Config(
