@@ -263,7 +263,7 @@ def test_policy_follows_measured_costs_and_acceptance():
   policy.step_time = {(0, 1): 1.0, (4, 1): 1.5, (0, 16): 1.0, (4, 16): 4.0}
   assert expected_tokens(0.0, 4) == 1 and expected_tokens(1.0, 4) == 5
   assert expected_tokens(0.5, 0) == 1 and expected_tokens(0.5, 2) == pytest.approx(1.75)
-  policy.observe(4, 1, 1.5, accepted=8, evaluated=10)  # alpha 0.8
+  policy.observe(4, 1, 1.5, accepted=11, evaluated=13)  # alpha (11 + 1) / (13 + 2) = 0.8
   assert policy.alpha == pytest.approx(0.8)
   assert policy.choose(1) == 4  # light load: E = 3.36 tokens for 1.5x the time
   assert policy.choose(16) == 0  # full batch: drafting costs 4x a plain step

@@ -10,12 +10,14 @@ with their own settings, an adaptive speculation policy, metrics.
 The HTTP endpoint (`specjax.serving.http`, FastAPI) needs `pip install 'specjax[serve]'`.
 """
 
+from specjax.serving.background import BackgroundEngine
 from specjax.serving.engine import Engine, EngineConfig
 from specjax.serving.metrics import percentiles, summarize
 from specjax.serving.policy import SpeculationPolicy
 from specjax.serving.request import Completion, Event, Request
 
 __all__ = [
+  "BackgroundEngine",
   "Completion",
   "Engine",
   "EngineConfig",

@@ -13,10 +13,11 @@ al. 2024, arXiv 2406.14066) with measured inputs:
     goodput(gamma) = live rows x E(alpha, gamma) / t(gamma, width)
 
 E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) is the expected tokens a
-row commits per step (Leviathan et al.; 1 for gamma = 0), alpha an exponential
-moving average of the measured acceptance (accepted / evaluated drafted
-tokens), and t the measured wall time of a step of that width and draft length
-(timed at warm-up, then a moving average of the steps that ran). Compute is
+row commits per step (Leviathan et al.; 1 for gamma = 0), alpha the measured
+acceptance (accepted / evaluated drafted tokens, counts decayed per drafting
+step, after a weak prior of 0.5), and t the measured wall time of a step of
+that width and draft length (timed at warm-up, then a moving average of the
+steps that ran). Compute is
 static per width, so the live rows cancel within one width; the load enters
 through the width, as in SmartSpec's batch-size term.
 
@@ -50,9 +51,11 @@ class SpeculationPolicy:
   Attributes:
     kind: "never" (always 0), "always" (always the largest), "adaptive".
     gammas: the draft lengths the engine compiled.
-    alpha: the moving average of measured acceptance (prior 0.5 until the
-      first drafted step).
-    smoothing: weight of a new measurement in the moving averages.
+    alpha: the acceptance estimate: (accepted + prior_weight / 2) /
+      (evaluated + prior_weight) over decayed counts.
+    smoothing: weight of a new step time in its moving average, and the
+      decay (1 - smoothing) of the acceptance counts per drafting step.
+    prior_weight: pseudo-counts of the prior alpha = 0.5.
     margin: the predicted relative gain a switch needs.
     dwell: plain steps between reconsidering drafting.
     probe_every, probe_steps: after this many plain steps, draft for
@@ -63,6 +66,7 @@ class SpeculationPolicy:
   gammas: tuple[int, ...]
   alpha: float = 0.5
   smoothing: float = 0.1
+  prior_weight: float = 2.0
   margin: float = 0.03
   dwell: int = 8
   probe_every: int = 256
@@ -71,7 +75,8 @@ class SpeculationPolicy:
   current: int | None = None
   _plain_run: int = 0
   _probing: int = 0
-  measured_alpha: bool = False
+  _accepted: float = 0.0  # decayed counts
+  _evaluated: float = 0.0
 
   def __post_init__(self):
     if self.kind not in POLICIES:
@@ -114,8 +119,8 @@ class SpeculationPolicy:
     else:
       self._plain_run = 0
     if evaluated:
-      rate = accepted / evaluated
-      if not self.measured_alpha:  # the first measurement replaces the prior
-        self.alpha, self.measured_alpha = rate, True
-      else:
-        self.alpha += self.smoothing * (rate - self.alpha)
+      keep = 1.0 - self.smoothing
+      self._accepted = keep * self._accepted + accepted
+      self._evaluated = keep * self._evaluated + evaluated
+      prior = self.prior_weight
+      self.alpha = (self._accepted + prior / 2) / (self._evaluated + prior)
