@@ -11,9 +11,12 @@ always; adaptive), warmed up before it is timed, and serves the same requests
 at the same arrival times at each rate. Against a URL the running server's
 engine is measured, streaming, with latencies taken at the client.
 
+  python -m experiments.load_test --output_dir=DIR --render_from=DIR/load_test.json
+
 Writes DIR/load_test.json: per (mode, rate) the `specjax.serving.summarize`
 figures (throughput, goodput under config.slo_*, acceptance, TTFT / TPOT / e2e
-percentiles) and every request's TTFT, TPOT and e2e; with more than one rate
+percentiles) and every request's TTFT, TPOT and e2e, DIR/load_test.md (the
+table, also printed); with more than one rate
 also DIR/load_sweep.png (throughput and p99 TTFT against offered load; needs
 matplotlib: `pip install 'specjax[plots]'`).
 """
@@ -35,7 +38,7 @@ from specjax.sampling import SamplingParams
 from specjax.serving import load
 from specjax.validation import check_int, check_positive_int, is_real
 
-JSON_FILE, FIGURE_FILE = "load_test.json", "load_sweep.png"
+JSON_FILE, TABLE_FILE, FIGURE_FILE = "load_test.json", "load_test.md", "load_sweep.png"
 _MODEL_FIELDS = ("config.model", "config.hf_target", "config.hf_draft")
 
 
@@ -150,10 +153,20 @@ def run(
   with open(os.path.join(output_dir, JSON_FILE), "w") as f:
     json.dump(result, f, indent=2)
   progress(f"wrote {os.path.join(output_dir, JSON_FILE)}")
-  if len(rates) > 1:
-    path = load.plot_sweep(rows, os.path.join(output_dir, FIGURE_FILE))
-    progress(f"wrote {path}")
+  render(result, output_dir, progress)
   return result
+
+
+def render(
+  result: dict[str, Any], output_dir: str, progress: Callable[[str], None] = print
+) -> None:
+  """The report's table (DIR/load_test.md, and printed) and, for a sweep, its figure."""
+  table = load.sweep_table(result["runs"])
+  with open(os.path.join(output_dir, TABLE_FILE), "w") as f:
+    f.write(table + "\n")
+  progress(table)
+  if len({r["rate"] for r in result["runs"]}) > 1:
+    progress(f"wrote {load.plot_sweep(result['runs'], os.path.join(output_dir, FIGURE_FILE))}")
 
 
 def _requests(config, tokenizer, max_prompt_len: int):
@@ -178,13 +191,22 @@ def main(argv):
   if not output_dir:
     raise app.UsageError("--output_dir is required (where load_test.json and the figure go).")
   logging.set_verbosity(logging.WARNING)  # keep backend probing out of the progress lines
-  run(flags.FLAGS.config, output_dir, progress=lambda line: print(line, flush=True))
+  progress = lambda line: print(line, flush=True)
+  if flags.FLAGS.render_from:  # the table and figure again, from a saved report
+    os.makedirs(output_dir, exist_ok=True)
+    with open(flags.FLAGS.render_from) as f:
+      render(json.load(f), output_dir, progress)
+    return
+  run(flags.FLAGS.config, output_dir, progress=progress)
 
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   common.define_config_flag("Load-test configuration (configs/load_test.py).", "load_test.py")
-  flags.DEFINE_string("output_dir", None, "Where load_test.json and load_sweep.png go.")
+  flags.DEFINE_string("output_dir", None, "Where load_test.json, .md and load_sweep.png go.")
+  flags.DEFINE_string(
+    "render_from", "", "A saved load_test.json: write its table and figure again, measure nothing."
+  )
 
 
 if __name__ == "__main__":

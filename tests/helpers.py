@@ -20,6 +20,11 @@ from specjax.drafting import (
 from specjax.models.heads import HeadConfig, make_head
 
 # The tiny target every generation test shares, and the draft's overrides of it.
+# The serving tests' engine (tests/test_serving*.py, tests/test_load_test.py): one
+# shape set for all, on `specjax.serving.load.tiny_setup`'s models, so each
+# program compiles once per suite.
+SERVING_ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(2, 4))
+
 TINY = dict(
   vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128
 )

@@ -9,6 +9,7 @@ import pytest
 
 from configs import load_test as load_test_config
 from experiments import load_test
+from helpers import SERVING_ENGINE
 from specjax.serving import Engine, EngineConfig, summarize
 from specjax.serving.load import (
   ByteTokenizer,
@@ -20,7 +21,7 @@ from specjax.serving.load import (
 )
 
 # As tests/test_serving_http.py: the programs come from the compilation cache.
-ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(4,))
+ENGINE = SERVING_ENGINE
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +118,14 @@ def test_launcher_two_rates_two_modes(tmp_path):
   image = matplotlib.image.imread(tmp_path / load_test.FIGURE_FILE)
   assert image.shape[0] > 100 and image.shape[1] > 100
   assert image[..., :3].std() > 0.05  # lines and labels, not a blank canvas
+  table = (tmp_path / load_test.TABLE_FILE).read_text()
+  assert table.count("\n| 20 | ") == 2 and "| 40 | adaptive |" in table
+  # The table and figure again from the saved report, measuring nothing.
+  again = tmp_path / "again"
+  again.mkdir()
+  load_test.render(report, str(again), progress=lines.append)
+  assert (again / load_test.TABLE_FILE).read_text() == table
+  assert (again / load_test.FIGURE_FILE).exists()
 
 
 def test_one_rate_writes_no_figure(tmp_path):

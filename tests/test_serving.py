@@ -3,35 +3,24 @@ nothing recompiles, one request's error is its own; the speculation policy."""
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import specjax
+from helpers import SERVING_ENGINE
 from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy
 from specjax.serving import slots as programs
+from specjax.serving.load import tiny_setup
 from specjax.serving.policy import expected_tokens
 
 V = 256
-CONFIG = EngineConfig(
-  slots=4, gamma=3, gammas=(0, 3), prompt_buckets=(8, 16), max_new_tokens=24, widths=(2,)
-)
+CONFIG = EngineConfig(**SERVING_ENGINE)  # gammas (0, 3): plain and drafting steps
 
 
 @pytest.fixture(scope="module")
 def pair():
-  cfg = specjax.ModelConfig(
-    vocab_size=V, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64,
-    init_std=0.4,
-  )  # fmt: skip
-  target = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
-  # A noisy copy of the target: it agrees often, not always (both paths of verification).
-  draft = specjax.Transformer(cfg, rngs=nnx.Rngs(1))
-  params = nnx.state(target, nnx.Param)
-  noise = nnx.state(draft, nnx.Param)
-  nnx.update(draft, jax.tree.map(lambda p, n: p + 0.3 * n, params, noise))
+  target, draft, _ = tiny_setup(0)  # the draft: a noisy copy, agreeing often, not always
   return target, draft
 
 
@@ -48,7 +37,7 @@ class Schedule:
     self.i += 1
     return self.gammas[self.i % len(self.gammas)]
 
-  def observe(self, *args):
+  def observe(self, *args, **kwargs):
     pass
 
 
@@ -219,9 +208,9 @@ def test_a_bad_request_fails_alone(pair, engine, monkeypatch):
   "request_, message",
   [
     (Request(prompt=[], max_new_tokens=4), "prompt must be a non-empty list"),
-    (Request(prompt=[1] * 17, max_new_tokens=4), "prompt has 17 tokens.*max_prompt_len=16"),
-    (Request(prompt=[1], max_new_tokens=0), r"max_new_tokens must be in \[1, 24\]"),
-    (Request(prompt=[1], max_new_tokens=25), r"max_new_tokens must be in \[1, 24\]"),
+    (Request(prompt=[1] * 33, max_new_tokens=4), "prompt has 33 tokens.*max_prompt_len=32"),
+    (Request(prompt=[1], max_new_tokens=0), r"max_new_tokens must be in \[1, 16\]"),
+    (Request(prompt=[1], max_new_tokens=17), r"max_new_tokens must be in \[1, 16\]"),
     (Request(prompt=[1], max_new_tokens=2, stop_id=V), "stop_id must be None or an id"),
     (
       Request(prompt=[1], max_new_tokens=2, sampling=specjax.SamplingParams(top_k=V + 1)),
@@ -242,6 +231,7 @@ def test_requests_are_checked_before_queueing(engine, request_, message):
     (dict(policy="sometimes"), "policy must be one of"),
     (dict(gammas=(0, 5)), r"gammas must be integers in \[0, gamma=3\]"),
     (dict(widths=(8,)), r"widths must be integers in \[1, slots=4\]"),
+    (dict(gamma=0), "gamma must be"),
     (dict(prompt_buckets=()), "prompt_buckets must be non-empty"),
   ],
 )
@@ -254,12 +244,12 @@ def test_engine_refuses_what_it_cannot_serve(pair):
   target, draft = pair
   with pytest.raises(ValueError, match="draft is None: policy must be 'never'"):
     Engine(target, None, CONFIG)
-  with pytest.raises(ValueError, match="exceeds max_seq_len=64"):
-    Engine(target, draft, dataclasses.replace(CONFIG, max_new_tokens=60))
+  with pytest.raises(ValueError, match="exceeds max_seq_len=256"):
+    Engine(target, draft, dataclasses.replace(CONFIG, max_new_tokens=230))
 
 
 def test_policy_follows_measured_costs_and_acceptance():
-  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1)
+  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_rows=0)
   policy.step_time = {(0, 1): 1.0, (4, 1): 1.5, (0, 16): 1.0, (4, 16): 4.0}
   assert expected_tokens(0.0, 4) == 1 and expected_tokens(1.0, 4) == 5
   assert expected_tokens(0.5, 0) == 1 and expected_tokens(0.5, 2) == pytest.approx(1.75)
@@ -269,6 +259,12 @@ def test_policy_follows_measured_costs_and_acceptance():
   assert policy.choose(16) == 0  # full batch: drafting costs 4x a plain step
   policy.observe(0, 16, 1.0, 0, 0)
   assert policy.choose(1) == 4  # back to drafting at a small width
+  # Measured tokens per step replace the i.i.d. formula: 2.2 tokens for 1.5x the
+  # time pays at width 1; 1.3 does not.
+  policy.observe(4, 1, 1.5, accepted=0, evaluated=0, tokens=22, rows=10)
+  assert policy.tokens_per_step(4) == pytest.approx(2.2) and policy.choose(1) == 4
+  policy.observe(4, 1, 1.5, accepted=0, evaluated=0, tokens=5, rows=10)
+  assert policy.tokens_per_step(4) == pytest.approx(24.8 / 19) and policy.choose(1) == 0
   policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
   policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
   assert policy.alpha < 0.7
@@ -277,9 +273,13 @@ def test_policy_follows_measured_costs_and_acceptance():
 
 
 def test_policy_probes_acceptance_after_plain_runs():
-  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1)
+  policy = SpeculationPolicy(
+    "adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1, explore_rows=8
+  )
   policy.step_time = {(0, 4): 1.0, (4, 4): 2.0}
-  policy.observe(4, 4, 2.0, accepted=0, evaluated=4)  # alpha 0: plain pays
+  for _ in range(2):  # it drafts until 8 row-steps are measured, whatever they show
+    assert policy.choose(4) == 4
+    policy.observe(4, 4, 2.0, accepted=0, evaluated=4, tokens=4, rows=4)  # alpha 0
   chosen = []
   for _ in range(12):
     gamma = policy.choose(4)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
+from helpers import SERVING_ENGINE
 from specjax.serving import Engine, EngineConfig, Request, summarize
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import _Decoder, make_app
@@ -34,7 +35,7 @@ from specjax.serving.load import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One engine configuration for this module, the launcher test and
 # tests/test_load_test.py: their programs come from the compilation cache.
-ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(4,))
+ENGINE = SERVING_ENGINE
 PROMPT = "def add(a, b):\n"
 
 

@@ -312,16 +312,19 @@ class Engine:
     """Admits, runs one iteration for the live slots, streams what they committed."""
     events, self._pending = self._pending, []
     events += self._admit()
-    live = [i for i, s in enumerate(self._slots) if s is not None]
-    if not live:
+    if not self.live_requests():
       return events
     width = self._compact()
+    live = [i for i, s in enumerate(self._slots) if s is not None]
     gamma = self.policy.choose(width)
     if gamma and self._drafter_stale:
       self._state = programs.resync(
         self.target, self.drafter, self._state, width=width, config=self._programs
       )
       self._drafter_stale = False
+    # The step is timed for the policy: what was dispatched before it (moves, a
+    # resync) must not count in its time.
+    jax.block_until_ready(self._state.spec.done)
     start = time.perf_counter()
     key = jax.random.fold_in(self._key, self._steps)
     try:
@@ -337,7 +340,10 @@ class Engine:
     seconds = time.perf_counter() - start
     self._steps += 1
     self._drafter_stale |= gamma == 0
-    self.policy.observe(gamma, width, seconds, int(counts[0]), int(counts[1]))
+    committed = sum(int(num_generated[i]) - self._slots[i].emitted for i in live)
+    self.policy.observe(
+      gamma, width, seconds, int(counts[0]), int(counts[1]), tokens=committed, rows=len(live)
+    )
     self.counters[f"steps_gamma_{gamma}"] += 1
     self.counters["accepted"] += int(counts[0])
     self.counters["evaluated"] += int(counts[1])

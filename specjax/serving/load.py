@@ -343,29 +343,57 @@ def _pyplot():
 
 
 def plot_sweep(rows: Sequence[Mapping[str, Any]], path: str) -> str:
-  """Two panels against offered load (requests/s), one line per mode:
-  throughput (output tokens/s) and p99 TTFT. Writes a PNG to `path`."""
+  """Three panels against offered load (requests/s), one line per mode:
+  throughput (output tokens/s), p99 TTFT and median TPOT. Writes a PNG to `path`."""
   plt = _pyplot()
-  fig, (throughput, ttft) = plt.subplots(1, 2, figsize=(10, 4))
+  fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+  panels = (
+    ("throughput (output tokens/s)", lambda s: s["throughput_tok_s"]),
+    ("p99 time to first token (s)", lambda s: s["ttft_s"]["p99"]),
+    ("median time per output token (s)", lambda s: s["tpot_s"]["p50"]),
+  )
+  rates = sorted({r["rate"] for r in rows})
   for mode in dict.fromkeys(r["mode"] for r in rows):
     mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
-    rates = [r["rate"] for r in mine]
-    # None (nothing completed) becomes NaN: a gap in the line.
-    tok_s = [_nan(r["summary"]["throughput_tok_s"]) for r in mine]
-    p99 = [_nan(r["summary"]["ttft_s"]["p99"]) for r in mine]
-    throughput.plot(rates, tok_s, marker="o", label=mode)
-    ttft.plot(rates, p99, marker="o", label=mode)
-  throughput.set_xlabel("offered load (requests/s)")
-  throughput.set_ylabel("throughput (output tokens/s)")
-  ttft.set_xlabel("offered load (requests/s)")
-  ttft.set_ylabel("p99 time to first token (s)")
-  for ax in (throughput, ttft):
+    for ax, (_, value) in zip(axes, panels):
+      # None (nothing completed) becomes NaN: a gap in the line.
+      ax.plot(
+        [r["rate"] for r in mine], [_nan(value(r["summary"])) for r in mine], marker="o", label=mode
+      )
+  for ax, (label, _) in zip(axes, panels):
+    if rates and rates[-1] > 8 * rates[0]:  # a sweep over decades reads best on a log axis
+      ax.set_xscale("log", base=2)
+    ax.set_xlabel("offered load (requests/s)")
+    ax.set_ylabel(label)
     ax.grid(alpha=0.3)
     ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)
   return path
+
+
+def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:
+  """A markdown table of a sweep: per offered load and mode, throughput, TTFT
+  and TPOT (p50 / p99, milliseconds) and the acceptance rate."""
+
+  def ms(value):
+    return "–" if value is None else f"{1e3 * value:.0f}"
+
+  lines = [
+    "| load (req/s) | mode | throughput (tok/s) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
+    "| acceptance |",
+    "|---|---|---|---|---|---|",
+  ]
+  for r in sorted(rows, key=lambda r: r["rate"]):
+    s = r["summary"]
+    alpha = "–" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
+    lines.append(
+      f"| {r['rate']:g} | {r['mode']} | {_nan(s['throughput_tok_s']):.0f} "
+      f"| {ms(s['ttft_s']['p50'])} / {ms(s['ttft_s']['p99'])} "
+      f"| {ms(s['tpot_s']['p50'])} / {ms(s['tpot_s']['p99'])} | {alpha} |"
+    )
+  return "\n".join(lines)
 
 
 def _nan(value) -> float:
@@ -389,20 +417,27 @@ class ByteTokenizer:
     return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
-# The tiny random target of smoke tests; its draft keeps one layer.
+# The tiny random target of smoke tests (and of the serving tests).
 TINY_CONFIG = dict(
   vocab_size=256, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=256
 )
 
 
-def tiny_setup(seed: int = 0):
-  """`(target, draft, tokenizer)`: random tiny models (seeds `seed`, `seed + 1`)
-  and a `ByteTokenizer`, for smoke tests of the serving stack (the text is noise)."""
+def tiny_setup(seed: int = 0, noise: float = 0.3):
+  """`(target, draft, tokenizer)`: a random tiny target (seed `seed`), its draft
+  (the target's weights plus `noise` times another random model's: it agrees
+  often, not always) and a `ByteTokenizer`, for smoke tests of the serving
+  stack (the text is noise)."""
+  import jax
   from flax import nnx
 
   from specjax.models import ModelConfig, Transformer
 
   cfg = ModelConfig(**TINY_CONFIG)
   target = Transformer(cfg, rngs=nnx.Rngs(seed))
-  draft = Transformer(cfg.replace(n_layers=1), rngs=nnx.Rngs(seed + 1))
+  draft = Transformer(cfg, rngs=nnx.Rngs(seed + 1))
+  perturbed = jax.tree.map(
+    lambda p, n: p + noise * n, nnx.state(target, nnx.Param), nnx.state(draft, nnx.Param)
+  )
+  nnx.update(draft, perturbed)
   return target, draft, ByteTokenizer()

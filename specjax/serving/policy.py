@@ -12,12 +12,16 @@ al. 2024, arXiv 2406.14066) with measured inputs:
 
     goodput(gamma) = live rows x E(alpha, gamma) / t(gamma, width)
 
-E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) is the expected tokens a
-row commits per step (Leviathan et al.; 1 for gamma = 0), alpha the measured
-acceptance (accepted / evaluated drafted tokens, counts decayed per drafting
-step, after a weak prior of 0.5), and t the measured wall time of a step of
-that width and draft length (timed at warm-up, then a moving average of the
-steps that ran). Compute is
+E(alpha, gamma) is the tokens a row commits per step: measured (committed
+tokens over live row-steps, decayed counts) once that draft length has run,
+before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha) from the
+measured acceptance alpha (accepted / evaluated drafted tokens). Acceptance
+is neither i.i.d. nor unbounded by budgets, so the measured count is the
+better guide. t is the measured wall time of a step of that width and draft
+length (timed at warm-up, then a moving average of the steps that ran). Until
+`explore_rows` drafted row-steps have been measured the policy drafts, to
+measure: one early unlucky step must not send it to plain decoding, where it
+learns nothing about drafting. Compute is
 static per width, so the live rows cancel within one width; the load enters
 through the width, as in SmartSpec's batch-size term.
 
@@ -58,6 +62,7 @@ class SpeculationPolicy:
     prior_weight: pseudo-counts of the prior alpha = 0.5.
     margin: the predicted relative gain a switch needs.
     dwell: plain steps between reconsidering drafting.
+    explore_rows: drafted row-steps measured before the policy may decode plainly.
     probe_every, probe_steps: after this many plain steps, draft for
       `probe_steps` steps to measure alpha again.
   """
@@ -69,7 +74,8 @@ class SpeculationPolicy:
   prior_weight: float = 2.0
   margin: float = 0.03
   dwell: int = 8
-  probe_every: int = 256
+  explore_rows: int = 32
+  probe_every: int = 128
   probe_steps: int = 4
   step_time: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> seconds
   current: int | None = None
@@ -77,14 +83,21 @@ class SpeculationPolicy:
   _probing: int = 0
   _accepted: float = 0.0  # decayed counts
   _evaluated: float = 0.0
+  _committed: dict = dataclasses.field(default_factory=dict)  # gamma -> [tokens, row-steps]
+  _drafted_rows: int = 0  # row-steps measured while drafting (not decayed)
 
   def __post_init__(self):
     if self.kind not in POLICIES:
       raise ValueError(f"policy must be one of {POLICIES}, got {self.kind!r}.")
 
+  def tokens_per_step(self, gamma: int) -> float:
+    """Tokens a row commits per step drafting `gamma`: measured, or from alpha."""
+    tokens, rows = self._committed.get(gamma, (0.0, 0.0))
+    return tokens / rows if rows else expected_tokens(self.alpha, gamma)
+
   def predicted_rate(self, gamma: int, width: int) -> float:
     """Tokens per row per second predicted for drafting `gamma` at `width`."""
-    return expected_tokens(self.alpha, gamma) / self.step_time[gamma, width]
+    return self.tokens_per_step(gamma) / self.step_time[gamma, width]
 
   def choose(self, width: int) -> int:
     """The draft length of the next step at batch width `width`."""
@@ -94,6 +107,9 @@ class SpeculationPolicy:
       return self.gammas[-1]
     if self._probing:
       self._probing -= 1
+      return self.current
+    if self._drafted_rows < self.explore_rows and self.gammas[-1] > 0:  # measure first
+      self.current = self.gammas[-1]
       return self.current
     current = self.gammas[-1] if self.current is None else self.current
     if current == 0:
@@ -108,12 +124,27 @@ class SpeculationPolicy:
     self.current = best if gain > 1 + self.margin else current
     return self.current
 
-  def observe(self, gamma: int, width: int, seconds: float, accepted: int, evaluated: int) -> None:
-    """Records a step that ran: its wall time and the drafted tokens it accepted
-    out of those it evaluated (summed over live rows)."""
+  def observe(
+    self,
+    gamma: int,
+    width: int,
+    seconds: float,
+    accepted: int,
+    evaluated: int,
+    tokens: int = 0,
+    rows: int = 0,
+  ) -> None:
+    """Records a step that ran: its wall time, the drafted tokens it accepted out
+    of those it evaluated, and the tokens its `rows` live rows committed."""
     key = (gamma, width)
     old = self.step_time.get(key)
     self.step_time[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+    if rows and gamma:
+      self._drafted_rows += rows
+    if rows:
+      keep = 1.0 - self.smoothing
+      committed, row_steps = self._committed.get(gamma, (0.0, 0.0))
+      self._committed[gamma] = (keep * committed + tokens, keep * row_steps + rows)
     if gamma == 0:
       self._plain_run += 1
     else:
