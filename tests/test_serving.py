@@ -249,7 +249,7 @@ def test_engine_refuses_what_it_cannot_serve(pair):
 
 
 def test_policy_follows_measured_costs_and_acceptance():
-  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_rows=0)
+  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_steps=0)
   policy.step_time = {(0, 1): 1.0, (4, 1): 1.5, (0, 16): 1.0, (4, 16): 4.0}
   assert expected_tokens(0.0, 4) == 1 and expected_tokens(1.0, 4) == 5
   assert expected_tokens(0.5, 0) == 1 and expected_tokens(0.5, 2) == pytest.approx(1.75)
@@ -274,10 +274,10 @@ def test_policy_follows_measured_costs_and_acceptance():
 
 def test_policy_probes_acceptance_after_plain_runs():
   policy = SpeculationPolicy(
-    "adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1, explore_rows=8
+    "adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1, explore_steps=2
   )
   policy.step_time = {(0, 4): 1.0, (4, 4): 2.0}
-  for _ in range(2):  # it drafts until 8 row-steps are measured, whatever they show
+  for _ in range(2):  # it drafts until 2 steps are measured, whatever they show
     assert policy.choose(4) == 4
     policy.observe(4, 4, 2.0, accepted=0, evaluated=4, tokens=4, rows=4)  # alpha 0
   chosen = []

@@ -18,10 +18,10 @@ before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha) from the
 measured acceptance alpha (accepted / evaluated drafted tokens). Acceptance
 is neither i.i.d. nor unbounded by budgets, so the measured count is the
 better guide. t is the measured wall time of a step of that width and draft
-length (timed at warm-up, then a moving average of the steps that ran). Until
-`explore_rows` drafted row-steps have been measured the policy drafts, to
-measure: one early unlucky step must not send it to plain decoding, where it
-learns nothing about drafting. Compute is
+length (timed at warm-up, then a moving average of the steps that ran). For
+its first `explore_steps` steps the policy drafts, to measure: a few early
+unlucky steps must not send it to plain decoding, where it learns nothing
+about drafting. Compute is
 static per width, so the live rows cancel within one width; the load enters
 through the width, as in SmartSpec's batch-size term.
 
@@ -62,7 +62,7 @@ class SpeculationPolicy:
     prior_weight: pseudo-counts of the prior alpha = 0.5.
     margin: the predicted relative gain a switch needs.
     dwell: plain steps between reconsidering drafting.
-    explore_rows: drafted row-steps measured before the policy may decode plainly.
+    explore_steps: drafting steps measured before the policy may decode plainly.
     probe_every, probe_steps: after this many plain steps, draft for
       `probe_steps` steps to measure alpha again.
   """
@@ -74,7 +74,7 @@ class SpeculationPolicy:
   prior_weight: float = 2.0
   margin: float = 0.03
   dwell: int = 8
-  explore_rows: int = 32
+  explore_steps: int = 16
   probe_every: int = 128
   probe_steps: int = 4
   step_time: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> seconds
@@ -84,7 +84,7 @@ class SpeculationPolicy:
   _accepted: float = 0.0  # decayed counts
   _evaluated: float = 0.0
   _committed: dict = dataclasses.field(default_factory=dict)  # gamma -> [tokens, row-steps]
-  _drafted_rows: int = 0  # row-steps measured while drafting (not decayed)
+  _drafted_steps: int = 0  # drafting steps measured
 
   def __post_init__(self):
     if self.kind not in POLICIES:
@@ -108,7 +108,7 @@ class SpeculationPolicy:
     if self._probing:
       self._probing -= 1
       return self.current
-    if self._drafted_rows < self.explore_rows and self.gammas[-1] > 0:  # measure first
+    if self._drafted_steps < self.explore_steps and self.gammas[-1] > 0:  # measure first
       self.current = self.gammas[-1]
       return self.current
     current = self.gammas[-1] if self.current is None else self.current
@@ -140,7 +140,7 @@ class SpeculationPolicy:
     old = self.step_time.get(key)
     self.step_time[key] = seconds if old is None else old + self.smoothing * (seconds - old)
     if rows and gamma:
-      self._drafted_rows += rows
+      self._drafted_steps += 1
     if rows:
       keep = 1.0 - self.smoothing
       committed, row_steps = self._committed.get(gamma, (0.0, 0.0))
