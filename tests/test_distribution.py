@@ -1,7 +1,7 @@
 """Full models: speculative sampling has the target's own law, for every warp.
 
 On a vocabulary of 8 the exact joint law of the first three generated tokens is
-computed from the target's full forward (8 x 8 continuations), and 30,000
+computed from the target's full forward (8 x 8 continuations), and 20,000
 independent rows of `speculative_generate` (and, as a check of the harness, of
 `autoregressive_generate`) are compared with it by a chi-square test.
 """
@@ -17,7 +17,7 @@ from flax import nnx
 import specjax
 from helpers import chisquare_pvalue, make_drafter, sequence_counts, word_tokenizer
 
-V, ROWS, NEW = 8, 30_000, 3
+V, ROWS, NEW = 8, 20_000, 3
 PROMPT = jnp.array([1, 5, 2, 7], jnp.int32)
 
 
@@ -100,8 +100,7 @@ MIXED = [
 ]
 
 
-@pytest.mark.parametrize("verifier", ["auto", "block"])
-def test_mixed_row_settings_in_one_batch_follow_each_rows_law(pair, verifier):
+def test_mixed_row_settings_in_one_batch_follow_each_rows_law(pair):
   """Per-row settings (`RowSampling`): greedy and three warps interleaved in one
   batch. Each group of rows has its own warp's law (chi-square), greedy rows are
   exactly the target's greedy output, in both generation loops."""
@@ -111,13 +110,12 @@ def test_mixed_row_settings_in_one_batch_follow_each_rows_law(pair, verifier):
   rows = specjax.RowSampling.of([MIXED[i % len(MIXED)] for i in range(ROWS)])
   spec = specjax.speculative_generate(
     target, draft, prompts, lengths, gamma=2, max_new_tokens=NEW, sampling=rows,
-    key=jax.random.key(13), verifier=verifier,
+    key=jax.random.key(13),
   )  # fmt: skip
-  outputs = {"speculative": spec.tokens}
-  if verifier == "auto":
-    outputs["autoregressive"] = specjax.autoregressive_generate(
-      target, prompts, lengths, max_new_tokens=NEW, sampling=rows, key=jax.random.key(14)
-    ).tokens
+  ar = specjax.autoregressive_generate(
+    target, prompts, lengths, max_new_tokens=NEW, sampling=rows, key=jax.random.key(14)
+  )
+  outputs = {"speculative": spec.tokens, "autoregressive": ar.tokens}
   greedy = specjax.autoregressive_generate(
     target, PROMPT[None], jnp.array([len(PROMPT)]), max_new_tokens=NEW, sampling=specjax.GREEDY
   ).tokens
