@@ -34,7 +34,7 @@ import numpy as np
 from specjax.drafting import Drafter, as_drafter
 from specjax.generation.common import TRACE_COUNTS
 from specjax.generation.state import SpecConfig
-from specjax.models.kv_cache import cache_capacity, check_capacity
+from specjax.models.kv_cache import check_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import GREEDY, RowSampling, SamplingParams
 from specjax.serving import slots as programs
@@ -178,10 +178,9 @@ class Engine:
         verifier="token",  # exact for any mix of greedy and sampled rows
         eos_id=self.eos_ids,
       ),
-      capacity=cache_capacity(config.max_prompt_len, config.max_new_tokens, gamma),
+      capacity=capacity,
       max_prompt_len=config.max_prompt_len,
     )
-    assert self._programs.capacity == capacity
     self.policy = SpeculationPolicy(config.policy, config.draft_lengths)
     self._key, self._admit_key = jax.random.split(jax.random.key(config.seed))
     b = config.slots
