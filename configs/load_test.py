@@ -24,6 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
   # plain (no draft) | always (gamma every step) | adaptive (the policy picks)
   config.modes = ("plain", "always", "adaptive")
   config.num_requests = 32  # per (mode, rate): held-out test-split prompts, reused past 71
+  # Rounds per rate: in each, every mode serves the same arrivals (seed + round),
+  # taking turns in a rotated order, so modes compare round by round.
+  config.repeats = 1
   config.seed = 0  # arrival times (every mode sees the same at a rate) and the engine's key
   # Each request: its budget and sampling.
   config.max_new_tokens = 64

@@ -13,10 +13,16 @@ engine is measured, streaming, with latencies taken at the client.
 
   python -m experiments.load_test --output_dir=DIR --render_from=DIR/load_test.json
 
-Writes DIR/load_test.json: per (mode, rate) the `specjax.serving.summarize`
-figures (throughput, goodput under config.slo_*, acceptance, TTFT / TPOT / e2e
-percentiles) and every request's TTFT, TPOT and e2e, DIR/load_test.md (the
-table, also printed); with more than one rate
+Each rate runs `config.repeats` rounds; in a round every mode serves the same
+arrivals, the modes taking turns (rotated each round), so the modes compare
+round by round on a machine whose speed drifts.
+
+Writes DIR/load_test.json: per (mode, rate, round) the
+`specjax.serving.summarize` figures (throughput, goodput under config.slo_*,
+acceptance, TTFT / TPOT / e2e percentiles) and every request's TTFT, TPOT and
+e2e, and per rate the adaptive policy's throughput over the better of plain
+and always (`adaptive_vs_best`, when all three ran); DIR/load_test.md (the
+tables, also printed); with more than one rate
 also DIR/load_sweep.png (throughput and p99 TTFT against offered load; needs
 matplotlib: `pip install 'specjax[plots]'`).
 """
@@ -62,6 +68,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       f"config.modes must be distinct names among {', '.join(load.MODES)}, got {modes!r}."
     )
   check_positive_int("config.num_requests", config.num_requests)
+  check_positive_int("config.repeats", config.repeats)
   check_positive_int("config.max_new_tokens", config.max_new_tokens)
   check_int("config.seed", config.seed)
   for name in ("slo_ttft_s", "slo_tpot_s"):
@@ -81,7 +88,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def _in_process_targets(config, progress):
-  """Yields (mode, warmed-up engine, warm-up seconds), one engine alive at a time."""
+  """Yields the tokenizer, then (mode, warmed-up engine, warm-up seconds) per
+  mode. Every mode's engine stays alive: the modes take turns within each
+  round (`load.sweep`)."""
   from specjax.serving import Engine
 
   need_draft = any(mode != "plain" for mode in config.modes)
@@ -106,7 +115,6 @@ def _in_process_targets(config, progress):
     seconds = time.perf_counter() - start
     progress(f"{mode}: engine warmed up in {seconds:.1f} s")
     yield mode, engine, seconds
-    del engine  # its caches go before the next mode's are made
 
 
 def run(
@@ -126,12 +134,14 @@ def run(
     tokenizer = next(targets)
     max_prompt_len = engine_config(config, "adaptive").max_prompt_len
     requests = _requests(config, tokenizer, max_prompt_len)
+    engines = {}
     for mode, engine, seconds in targets:
       result["warmup_s"][mode] = seconds
-      rows += load.sweep(
-        {mode: engine}, requests, rates, seed=config.seed, progress=progress, **slos
-      )
-      del engine
+      engines[mode] = engine
+    rows = load.sweep(
+      engines, requests, rates, seed=config.seed, repeats=config.repeats, progress=progress, **slos
+    )
+    del engines
   else:
     server = load.http_server_info(config.target)
     mode = load.POLICY_MODES.get(server.get("policy"), server.get("policy"))
@@ -144,11 +154,18 @@ def run(
     tokenizer = load_tokenizer(config.model, config.hf_target, _MODEL_FIELDS)
     requests = _requests(config, tokenizer, int(server["max_prompt_len"]))
     rows = load.sweep(
-      {mode: config.target}, requests, rates, seed=config.seed, progress=progress, **slos
+      {mode: config.target},
+      requests,
+      rates,
+      seed=config.seed,
+      repeats=config.repeats,
+      progress=progress,
+      **slos,
     )
     result["server"] = server
     result["server_metrics"] = load.http_metrics(config.target)
   result["runs"] = rows
+  result["adaptive_vs_best"] = load.compare_modes(rows)
   result["environment"] = _environment()
   with open(os.path.join(output_dir, JSON_FILE), "w") as f:
     json.dump(result, f, indent=2)

@@ -13,6 +13,8 @@ from helpers import SERVING_ENGINE
 from specjax.serving import Engine, EngineConfig, summarize
 from specjax.serving.load import (
   ByteTokenizer,
+  aggregate,
+  compare_modes,
   held_out_requests,
   held_out_texts,
   poisson_arrivals,
@@ -94,11 +96,11 @@ def test_launcher_two_rates_two_modes(tmp_path):
   with open(tmp_path / load_test.JSON_FILE) as f:
     report = json.load(f, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
   runs = report["runs"]
-  assert [(r["mode"], r["rate"]) for r in runs] == [
-    ("plain", 20.0),
-    ("plain", 40.0),
-    ("adaptive", 20.0),
-    ("adaptive", 40.0),
+  assert [(r["mode"], r["rate"], r["round"]) for r in runs] == [
+    ("plain", 20.0, 0),
+    ("adaptive", 20.0, 0),
+    ("plain", 40.0, 0),
+    ("adaptive", 40.0, 0),
   ]
   for r in runs:
     s = r["summary"]
@@ -110,7 +112,8 @@ def test_launcher_two_rates_two_modes(tmp_path):
       assert q["ttft_s"] > 0 and q["tpot_s"] > 0 and q["e2e_s"] >= q["ttft_s"]
   # Plain decoding never drafts; the adaptive engine reports its acceptance
   # (None when the policy chose plain steps throughout).
-  assert all(r["summary"]["acceptance_rate"] is None for r in runs[:2])
+  assert all(r["summary"]["acceptance_rate"] is None for r in runs if r["mode"] == "plain")
+  assert report["adaptive_vs_best"] == []  # "always" did not run
   assert set(report["warmup_s"]) == {"plain", "adaptive"}
   assert report["config"]["rates"] == [20.0, 40.0]
   assert any("warmed up" in line for line in lines)
@@ -128,10 +131,59 @@ def test_launcher_two_rates_two_modes(tmp_path):
   assert (again / load_test.FIGURE_FILE).exists()
 
 
-def test_one_rate_writes_no_figure(tmp_path):
-  load_test.run(_config(rates=(40.0,), modes=("adaptive",)), str(tmp_path), progress=print)
-  assert os.path.exists(tmp_path / load_test.JSON_FILE)
-  assert not os.path.exists(tmp_path / load_test.FIGURE_FILE)
+def test_rounds_rotate_the_modes_and_compare_them(tmp_path):
+  config = _config(rates=(40.0,), modes=("plain", "always", "adaptive"), repeats=2)
+  report = load_test.run(config, str(tmp_path), progress=print)
+  runs = report["runs"]
+  assert [(r["mode"], r["round"]) for r in runs] == [
+    ("plain", 0),
+    ("always", 0),
+    ("adaptive", 0),
+    ("always", 1),
+    ("adaptive", 1),
+    ("plain", 1),
+  ]
+  (comparison,) = report["adaptive_vs_best"]
+  throughput = {(r["mode"], r["round"]): r["summary"]["throughput_tok_s"] for r in runs}
+  for round_, ratio in enumerate(comparison["ratios"]):
+    best = max(throughput["plain", round_], throughput["always", round_])
+    assert ratio == pytest.approx(throughput["adaptive", round_] / best)
+  table = (tmp_path / load_test.TABLE_FILE).read_text()
+  assert "| 40 | adaptive | " in table and "adaptive / max(plain, always)" in table
+  assert not os.path.exists(tmp_path / load_test.FIGURE_FILE)  # one rate: no figure
+
+
+def _row(mode, rate, round_, throughput, ttfts, alpha=None):
+  requests = [
+    {"finish_reason": "stop", "ttft_s": t, "tpot_s": t / 10, "e2e_s": 2 * t} for t in ttfts
+  ]
+  summary = {"throughput_tok_s": throughput, "acceptance_rate": alpha}
+  return {"mode": mode, "rate": rate, "round": round_, "summary": summary, "requests": requests}
+
+
+def test_rounds_pool_and_pair():
+  rows = [
+    _row("plain", 8.0, 0, 100.0, [1.0, 2.0]),
+    _row("always", 8.0, 0, 120.0, [3.0], alpha=0.6),
+    _row("adaptive", 8.0, 0, 114.0, [1.0], alpha=0.8),
+    _row("plain", 8.0, 1, 90.0, [4.0]),
+    _row("always", 8.0, 1, 80.0, [1.0], alpha=0.8),
+    _row("adaptive", 8.0, 1, 99.0, [2.0], alpha=0.6),
+    _row("plain", 16.0, 0, None, []),  # nothing completed: no ratio for this round
+    _row("always", 16.0, 0, 50.0, [1.0]),
+    _row("adaptive", 16.0, 0, 50.0, [1.0]),
+  ]
+  (at_8,) = compare_modes(rows)  # at 16 req/s no round has all three
+  assert at_8["ratios"] == pytest.approx([0.95, 1.1]) and at_8["min"] == pytest.approx(0.95)
+  assert at_8["median"] == pytest.approx(1.025)
+  plain = next(g for g in aggregate(rows) if g["mode"] == "plain" and g["rate"] == 8.0)
+  assert plain["rounds"] == 2 and plain["throughput_tok_s"] == [100.0, 90.0]
+  assert plain["ttft_s"]["p50"] == 2.0 and plain["acceptance_rate"] is None  # pooled: 1, 2, 4
+  assert next(g for g in aggregate(rows) if g["mode"] == "always")["acceptance_rate"] == 0.7
+  assert compare_modes(rows, others=("plain", "never")) == []
+  # A report saved before rounds existed (no "round") reads as one round.
+  old = [{k: v for k, v in r.items() if k != "round"} for r in rows if r["round"] == 0]
+  assert compare_modes(old)[0]["ratios"] == pytest.approx([0.95])
 
 
 @pytest.mark.parametrize(
@@ -142,6 +194,7 @@ def test_one_rate_writes_no_figure(tmp_path):
     (dict(modes=("plain", "fast")), "config.modes must be distinct names among"),
     (dict(modes=("plain", "plain")), "config.modes must be distinct"),
     (dict(num_requests=0), "config.num_requests must be an integer >= 1"),
+    (dict(repeats=0), "config.repeats must be an integer >= 1"),
     (dict(max_new_tokens=0), "config.max_new_tokens must be an integer >= 1"),
     (dict(slo_ttft_s=-1.0), "config.slo_ttft_s must be a number >= 0"),
     (dict(target="localhost:8000"), "config.target must be 'inprocess' or a server URL"),

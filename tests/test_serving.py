@@ -272,6 +272,21 @@ def test_policy_follows_measured_costs_and_acceptance():
   assert SpeculationPolicy("always", (0, 2, 4)).choose(16) == 4
 
 
+def test_policy_compares_step_times_under_like_conditions():
+  # Drafting pays 5% at warm-up's times (2.1 tokens for 2x a plain step). Under
+  # load every step takes 20% longer; only the drafting program runs, so a
+  # policy comparing its loaded time with plain's warm-up time would switch.
+  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_steps=0)
+  policy.step_time = {(0, 16): 1.0, (4, 16): 2.0}
+  policy.observe(4, 16, 2.0, accepted=0, evaluated=0, tokens=21, rows=10)
+  for _ in range(50):
+    assert policy.choose(16) == 4
+    policy.observe(4, 16, 2.4, accepted=0, evaluated=0, tokens=21, rows=10)
+  assert policy.step_time[4, 16] == 2.0
+  policy.observe(4, 16, 1.9, accepted=0, evaluated=0, tokens=21, rows=10)
+  assert policy.step_time[4, 16] == 1.9  # the fastest run seen
+
+
 def test_policy_probes_acceptance_after_plain_runs():
   policy = SpeculationPolicy(
     "adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1, explore_steps=2

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from specjax.sampling import GREEDY, SamplingParams
-from specjax.serving.metrics import summarize
+from specjax.serving.metrics import percentiles, summarize
 from specjax.serving.request import Completion, Request
 from specjax.validation import check_positive_int, is_real
 
@@ -273,56 +273,138 @@ def sweep(
   rates: Sequence[float],
   *,
   seed: int = 0,
+  repeats: int = 1,
   slo_ttft_s: float | None = None,
   slo_tpot_s: float | None = None,
   progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-  """Serves `requests` at each rate in each mode; one row per (mode, rate).
+  """Serves `requests` at each rate in each mode, `repeats` rounds a rate; one
+  row per (rate, round, mode).
+
+  Within a round every mode serves the same Poisson arrival times (seed
+  `seed + round`); the modes take turns, in an order rotated each round, so a
+  machine whose speed drifts (a shared CPU) weighs on every mode alike and the
+  modes compare round by round (`compare_modes`).
 
   Args:
     targets: mode name -> a warmed-up `Engine` (served in process) or a server
       URL (over HTTP).
     requests: the same requests for every run.
-    rates: offered loads, requests per second (Poisson arrivals, `seed`: every
-      mode sees the same arrival times at a rate).
+    rates: offered loads, requests per second.
+    repeats: rounds per rate (>= 1).
     slo_ttft_s, slo_tpot_s: the goodput objectives (`summarize`).
     progress: called with a line per run and within runs.
 
   Returns:
-    `[{"mode", "rate", "summary": summarize(...), "requests": [request_record]}]`.
+    `[{"mode", "rate", "round", "summary": summarize(...), "requests":
+    [request_record]}]`.
   """
   rates = [check_rate("rates", r) for r in rates]
+  repeats = check_positive_int("repeats", repeats)
   if not rates:
     raise ValueError("rates must hold at least one rate.")
   if not targets:
     raise ValueError("targets must hold at least one mode.")
+  modes = list(targets)
   rows = []
-  for mode, target in targets.items():
-    for rate in rates:
-      arrivals = poisson_arrivals(rate, len(requests), seed)
-      if progress is not None:
-        progress(f"{mode} at {rate:g} req/s: {len(requests)} requests over {arrivals[-1]:.1f} s")
-      if isinstance(target, str):
-        completions = run_http(target, requests, arrivals)
-      else:
-        completions = run_in_process(target, requests, arrivals, progress)
-      summary = summarize(completions, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
-      if progress is not None:
-        progress(
-          f"{mode} at {rate:g} req/s: {_fmt(summary['throughput_tok_s'], '.1f')} tok/s, "
-          f"p99 TTFT {_fmt(summary['ttft_s']['p99'], '.3f')} s, "
-          f"acceptance {_fmt(summary['acceptance_rate'], '.3f')}, "
-          f"{summary['completed']}/{summary['requests']} completed"
+  for rate in rates:
+    for round_ in range(repeats):
+      arrivals = poisson_arrivals(rate, len(requests), seed + round_)
+      turn = round_ % len(modes)
+      for mode in modes[turn:] + modes[:turn]:
+        target = targets[mode]
+        name = f"{mode} at {rate:g} req/s" + (
+          f", round {round_ + 1}/{repeats}" if repeats > 1 else ""
         )
-      rows.append(
-        {
-          "mode": mode,
-          "rate": rate,
-          "summary": summary,
-          "requests": [request_record(i, c) for i, c in enumerate(completions)],
-        }
-      )
+        if progress is not None:
+          progress(f"{name}: {len(requests)} requests over {arrivals[-1]:.1f} s")
+        if isinstance(target, str):
+          completions = run_http(target, requests, arrivals)
+        else:
+          completions = run_in_process(target, requests, arrivals, progress)
+        summary = summarize(completions, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+        if progress is not None:
+          progress(
+            f"{name}: {_fmt(summary['throughput_tok_s'], '.1f')} tok/s, "
+            f"p99 TTFT {_fmt(summary['ttft_s']['p99'], '.3f')} s, "
+            f"acceptance {_fmt(summary['acceptance_rate'], '.3f')}, "
+            f"{summary['completed']}/{summary['requests']} completed"
+          )
+        rows.append(
+          {
+            "mode": mode,
+            "rate": rate,
+            "round": round_,
+            "summary": summary,
+            "requests": [request_record(i, c) for i, c in enumerate(completions)],
+          }
+        )
   return rows
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+  """One entry per (mode, rate) of a sweep's rows, its rounds pooled.
+
+  Returns:
+    `[{"mode", "rate", "rounds", "throughput_tok_s": [one per round],
+    "acceptance_rate", "ttft_s", "tpot_s", "e2e_s"}]` in the rows' order of
+    first appearance: the acceptance over every round's drafted tokens (None
+    without drafting) and `percentiles` of every round's completed requests.
+  """
+  groups: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
+  for r in rows:
+    groups.setdefault((r["mode"], r["rate"]), []).append(r)
+  out = []
+  for (mode, rate), runs in groups.items():
+    done = [q for r in runs for q in r["requests"] if q["finish_reason"] in ("stop", "length")]
+    alphas = [r["summary"]["acceptance_rate"] for r in runs]
+    drafted = [a for a in alphas if a is not None]
+    out.append(
+      {
+        "mode": mode,
+        "rate": rate,
+        "rounds": len(runs),
+        "throughput_tok_s": [r["summary"]["throughput_tok_s"] for r in runs],
+        # Rounds carry the same requests: their mean is the pooled rate.
+        "acceptance_rate": sum(drafted) / len(drafted) if drafted else None,
+        **{k: percentiles([q[k] for q in done]) for k in ("ttft_s", "tpot_s", "e2e_s")},
+      }
+    )
+  return out
+
+
+def compare_modes(
+  rows: Sequence[Mapping[str, Any]],
+  mode: str = "adaptive",
+  others: Sequence[str] = ("plain", "always"),
+) -> list[dict[str, Any]]:
+  """`mode`'s throughput against the better of `others`, round by round.
+
+  Returns:
+    Per rate with every one of these modes measured, `{"rate", "ratios": [per
+    round: mode's throughput / the largest of the others' in that round],
+    "median", "min"}`, leaving out rounds where a mode is missing or completed
+    nothing; [] when a mode never ran.
+  """
+  wanted = (mode, *others)
+  if not set(wanted) <= {r["mode"] for r in rows}:
+    return []
+  # A report from before rounds existed has one round a rate.
+  by_run = {
+    (r["rate"], r.get("round", 0), r["mode"]): r["summary"]["throughput_tok_s"] for r in rows
+  }
+  out = []
+  for rate in sorted({r["rate"] for r in rows}):
+    ratios = []
+    for round_ in sorted({r.get("round", 0) for r in rows if r["rate"] == rate}):
+      values = [by_run.get((rate, round_, m)) for m in wanted]
+      if all(v is not None and v > 0 for v in values):
+        ratios.append(values[0] / max(values[1:]))
+    if ratios:
+      out.append(
+        {"rate": rate, "ratios": ratios, "median": float(np.median(ratios)), "min": min(ratios)}
+      )
+  return out
 
 
 def _fmt(value, spec: str) -> str:
@@ -344,23 +426,34 @@ def _pyplot():
 
 def plot_sweep(rows: Sequence[Mapping[str, Any]], path: str) -> str:
   """Three panels against offered load (requests/s), one line per mode:
-  throughput (output tokens/s), p99 TTFT and median TPOT. Writes a PNG to `path`."""
+  throughput (output tokens/s; the median round, bars from the slowest to the
+  fastest when a rate ran several), p99 TTFT and median TPOT (of every
+  round's requests). Writes a PNG to `path`."""
   plt = _pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-  panels = (
-    ("throughput (output tokens/s)", lambda s: s["throughput_tok_s"]),
-    ("p99 time to first token (s)", lambda s: s["ttft_s"]["p99"]),
-    ("median time per output token (s)", lambda s: s["tpot_s"]["p50"]),
+  labels = (
+    "throughput (output tokens/s)",
+    "p99 time to first token (s)",
+    "median time per output token (s)",
   )
-  rates = sorted({r["rate"] for r in rows})
-  for mode in dict.fromkeys(r["mode"] for r in rows):
-    mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
-    for ax, (_, value) in zip(axes, panels):
-      # None (nothing completed) becomes NaN: a gap in the line.
-      ax.plot(
-        [r["rate"] for r in mine], [_nan(value(r["summary"])) for r in mine], marker="o", label=mode
+  groups = aggregate(rows)
+  rates = sorted({g["rate"] for g in groups})
+  for mode in dict.fromkeys(g["mode"] for g in groups):
+    mine = sorted((g for g in groups if g["mode"] == mode), key=lambda g: g["rate"])
+    x = [g["rate"] for g in mine]
+    # None (nothing completed) becomes NaN: a gap in the line.
+    middle, low, high = (
+      np.array([_nan(_middle(g["throughput_tok_s"], f)) for g in mine])
+      for f in (np.median, min, max)
+    )
+    line = axes[0].plot(x, middle, marker="o", label=mode)[0]
+    if any(g["rounds"] > 1 for g in mine):
+      axes[0].errorbar(
+        x, middle, yerr=[middle - low, high - middle], fmt="none", color=line.get_color(), capsize=3
       )
-  for ax, (label, _) in zip(axes, panels):
+    axes[1].plot(x, [_nan(g["ttft_s"]["p99"]) for g in mine], marker="o", label=mode)
+    axes[2].plot(x, [_nan(g["tpot_s"]["p50"]) for g in mine], marker="o", label=mode)
+  for ax, label in zip(axes, labels):
     if rates and rates[-1] > 8 * rates[0]:  # a sweep over decades reads best on a log axis
       ax.set_xscale("log", base=2)
     ax.set_xlabel("offered load (requests/s)")
@@ -373,26 +466,51 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: str) -> str:
   return path
 
 
+def _middle(values, reduce):
+  values = [v for v in values if v is not None]
+  return float(reduce(values)) if values else None
+
+
 def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:
-  """A markdown table of a sweep: per offered load and mode, throughput, TTFT
-  and TPOT (p50 / p99, milliseconds) and the acceptance rate."""
+  """A markdown table of a sweep: per offered load and mode, throughput (the
+  median round, and the range when a rate ran several), TTFT and TPOT (p50 /
+  p99 of every round's requests, milliseconds) and the acceptance rate; then,
+  when plain, always and adaptive all ran, the adaptive policy's throughput
+  against the better of the other two, round by round (`compare_modes`)."""
 
   def ms(value):
     return "–" if value is None else f"{1e3 * value:.0f}"
+
+  def tok_s(values):
+    middle = _middle(values, np.median)
+    if middle is None:
+      return "–"
+    if len(values) == 1:
+      return f"{middle:.0f}"
+    return f"{middle:.0f} ({_middle(values, min):.0f}–{_middle(values, max):.0f})"
 
   lines = [
     "| load (req/s) | mode | throughput (tok/s) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
     "| acceptance |",
     "|---|---|---|---|---|---|",
   ]
-  for r in sorted(rows, key=lambda r: r["rate"]):
-    s = r["summary"]
-    alpha = "–" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
+  for g in sorted(aggregate(rows), key=lambda g: g["rate"]):
+    alpha = "–" if g["acceptance_rate"] is None else f"{g['acceptance_rate']:.2f}"
     lines.append(
-      f"| {r['rate']:g} | {r['mode']} | {_nan(s['throughput_tok_s']):.0f} "
-      f"| {ms(s['ttft_s']['p50'])} / {ms(s['ttft_s']['p99'])} "
-      f"| {ms(s['tpot_s']['p50'])} / {ms(s['tpot_s']['p99'])} | {alpha} |"
+      f"| {g['rate']:g} | {g['mode']} | {tok_s(g['throughput_tok_s'])} "
+      f"| {ms(g['ttft_s']['p50'])} / {ms(g['ttft_s']['p99'])} "
+      f"| {ms(g['tpot_s']['p50'])} / {ms(g['tpot_s']['p99'])} | {alpha} |"
     )
+  comparison = compare_modes(rows)
+  if comparison:
+    lines += [
+      "",
+      "| load (req/s) | adaptive / max(plain, always), per round | median | lowest |",
+      "|---|---|---|---|",
+    ]
+    for c in comparison:
+      per_round = ", ".join(f"{x:.3f}" for x in c["ratios"])
+      lines.append(f"| {c['rate']:g} | {per_round} | {c['median']:.3f} | {c['min']:.3f} |")
   return "\n".join(lines)
 
 

@@ -17,8 +17,13 @@ tokens over live row-steps, decayed counts) once that draft length has run,
 before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha) from the
 measured acceptance alpha (accepted / evaluated drafted tokens). Acceptance
 is neither i.i.d. nor unbounded by budgets, so the measured count is the
-better guide. t is the measured wall time of a step of that width and draft
-length (timed at warm-up, then a moving average of the steps that ran). For
+better guide. t is the fastest time seen of a step of that width and draft
+length (warm-up's timed runs, then every step that ran). Only the ratio of
+two programs' times at one width decides, and noise on a shared machine only
+ever adds time: a moving average of the program that runs, set against the
+warm-up time of one that does not, would compare a loaded machine with a
+quiet one (on the bundled pair steps under load took 10-20% longer than at
+warm-up, enough to tip a close call). For
 its first `explore_steps` steps the policy drafts, to measure: a few early
 unlucky steps must not send it to plain decoding, where it learns nothing
 about drafting. Compute is
@@ -57,8 +62,8 @@ class SpeculationPolicy:
     gammas: the draft lengths the engine compiled.
     alpha: the acceptance estimate: (accepted + prior_weight / 2) /
       (evaluated + prior_weight) over decayed counts.
-    smoothing: weight of a new step time in its moving average, and the
-      decay (1 - smoothing) of the acceptance counts per drafting step.
+    smoothing: the decay (1 - smoothing) per step of the acceptance and
+      committed-token counts.
     prior_weight: pseudo-counts of the prior alpha = 0.5.
     margin: the predicted relative gain a switch needs.
     dwell: plain steps between reconsidering drafting.
@@ -77,7 +82,7 @@ class SpeculationPolicy:
   explore_steps: int = 16
   probe_every: int = 128
   probe_steps: int = 4
-  step_time: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> seconds
+  step_time: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> fastest seconds
   current: int | None = None
   _plain_run: int = 0
   _probing: int = 0
@@ -137,8 +142,7 @@ class SpeculationPolicy:
     """Records a step that ran: its wall time, the drafted tokens it accepted out
     of those it evaluated, and the tokens its `rows` live rows committed."""
     key = (gamma, width)
-    old = self.step_time.get(key)
-    self.step_time[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+    self.step_time[key] = min(seconds, self.step_time.get(key, seconds))
     if rows and gamma:
       self._drafted_steps += 1
     if rows:
