@@ -41,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.hf_target = ""  # Hugging Face checkpoint dirs or hub repo ids (model "hf")
   config.hf_draft = ""
   config.dtype = "float32"
+  # Requests stop at the checkpoint's EOS ids. At temperature > 0 each mode samples
+  # its own continuations, so their output lengths differ with EOS stops: set
+  # False to compare the modes' throughput on equal work (every request its budget).
   config.stop_at_eos = True
   # The engines (specjax.serving.EngineConfig); their max_new_tokens is the requests'.
   config.slots = 8

@@ -272,19 +272,31 @@ def test_policy_follows_measured_costs_and_acceptance():
   assert SpeculationPolicy("always", (0, 2, 4)).choose(16) == 4
 
 
-def test_policy_compares_step_times_under_like_conditions():
-  # Drafting pays 5% at warm-up's times (2.1 tokens for 2x a plain step). Under
-  # load every step takes 20% longer; only the drafting program runs, so a
-  # policy comparing its loaded time with plain's warm-up time would switch.
-  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_steps=0)
+def test_policy_compares_step_times_taken_under_the_same_load():
+  # Warm-up times say drafting pays 5% (2.1 tokens for 2x a plain step). Under
+  # load every step takes 20% longer: the drafting steps in use and the plain
+  # steps it probes alike, so it keeps drafting.
+  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=8, probe_steps=4, explore_steps=0)
   policy.step_time = {(0, 16): 1.0, (4, 16): 2.0}
-  policy.observe(4, 16, 2.0, accepted=0, evaluated=0, tokens=21, rows=10)
-  for _ in range(50):
-    assert policy.choose(16) == 4
-    policy.observe(4, 16, 2.4, accepted=0, evaluated=0, tokens=21, rows=10)
-  assert policy.step_time[4, 16] == 2.0
-  policy.observe(4, 16, 1.9, accepted=0, evaluated=0, tokens=21, rows=10)
-  assert policy.step_time[4, 16] == 1.9  # the fastest run seen
+  policy.observe(4, 16, 2.4, accepted=0, evaluated=0, tokens=21, rows=10)
+
+  def serve(steps, plain_s, draft_s):
+    chosen = []
+    for _ in range(steps):
+      gamma = policy.choose(16)
+      chosen.append(gamma)
+      seconds = draft_s if gamma else plain_s
+      policy.observe(gamma, 16, seconds, 0, 0, tokens=21 if gamma else 10, rows=10)
+    return chosen
+
+  chosen = serve(40, plain_s=1.2, draft_s=2.4)
+  assert chosen == ([4] * 8 + [0] * 4) * 3 + [4] * 4  # plain probes every 8 steps
+  assert policy.seconds(0, 16) == 1.2
+  # Plain steps now run at warm-up's speed and drafting steps do not: once two
+  # probes have timed plain steps it switches, and drafts only to probe.
+  chosen = serve(48, plain_s=1.0, draft_s=2.4)
+  assert chosen[:20] == [4] * 4 + [0] * 4 + [4] * 8 + [0] * 4
+  assert chosen[20:44] == ([0] * 8 + [4] * 4) * 2
 
 
 def test_policy_probes_acceptance_after_plain_runs():

@@ -26,7 +26,6 @@ from specjax.generation import validation
 from specjax.generation.common import (
   TRACE_COUNTS,
   finalize,
-  first_done,
   is_eos,
   prefill,
   zero_padding,
@@ -300,9 +299,50 @@ def init_state(
     rows: the rows' own sampling settings when `config.sampling` is None.
   """
   b, width = prompts.shape
-  drafter = as_drafter(drafter)
-  capacity = cache_capacity(width, config.max_new_tokens, config.gamma)
   key, first_key = jax.random.split(key)
+  return prefill_state(
+    target,
+    as_drafter(drafter),
+    prompts,
+    prompt_lengths,
+    first_key,
+    config,
+    capacity=cache_capacity(width, config.max_new_tokens, config.gamma),
+    budget=jnp.full((b,), config.max_new_tokens, jnp.int32),
+    stop=jnp.full((b,), -1, jnp.int32),
+    # At most max_new_tokens - 1 iterations follow the prefill's token: one
+    # split before the loop gives each its (draft, verify) keys.
+    keys=jax.random.split(key, (config.max_new_tokens, 2)),
+    rows=rows,
+  )
+
+
+def prefill_state(
+  target: Transformer,
+  drafter: Drafter | None,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  first_key: jax.Array,
+  config: SpecConfig,
+  *,
+  capacity: int,
+  budget: jax.Array,
+  stop: jax.Array,
+  keys: jax.Array,
+  rows: RowSampling | None = None,
+) -> SpecState:
+  """`init_state` with every row's budget, stop id and the caches' capacity
+  given (a server's rows differ in each); `drafter` None keeps no drafter
+  state (plain decoding).
+
+  Args:
+    prompts: `[B, P]` right-padded (padding already zeroed); prompt_lengths,
+      budget, stop `[B]` (stop -1: none).
+    first_key: the key of the first token's draw.
+    keys: `[K, 2]` the iterations' (draft, verify) keys.
+  """
+  b = prompts.shape[0]
+  features = drafter is not None and drafter.target_features
   first, target_cache, *hidden = prefill(
     target,
     prompts,
@@ -310,26 +350,32 @@ def init_state(
     capacity,
     first_key,
     rows if config.sampling is None else config.sampling,
-    return_hidden=drafter.target_features,
+    return_hidden=features,
   )
+  drafter_state = (
+    ()
+    if drafter is None
+    else drafter.init(prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None)
+  )
+  done = (budget <= 1) | (first == stop)
+  if config.eos_id is not None:
+    done = done | is_eos(first, config.eos_id)
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
     target_cache=target_cache,
-    drafter_state=drafter.init(
-      prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None
-    ),
+    drafter_state=drafter_state,
     recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
     draft_limit=jnp.full((b,), config.gamma, jnp.int32),
     tokens=tokens.at[:, 0].set(first),
     num_generated=jnp.ones((b,), jnp.int32),
-    done=first_done(first, config.max_new_tokens, config.eos_id),
-    budget=jnp.full((b,), config.max_new_tokens, jnp.int32),
-    stop=jnp.full((b,), -1, jnp.int32),
-    # At most max_new_tokens - 1 iterations follow the prefill's token: one
-    # split before the loop gives each its (draft, verify) keys.
-    keys=jax.random.split(key, (config.max_new_tokens, 2)),
-    stats=SpeculativeStats.zeros(b, config.gamma, draft_calls=drafter.prefill_calls),
+    done=done,
+    budget=budget,
+    stop=stop,
+    keys=keys,
+    stats=SpeculativeStats.zeros(
+      b, config.gamma, draft_calls=0 if drafter is None else drafter.prefill_calls
+    ),
     sampling=rows,
   )
 

@@ -511,8 +511,8 @@ class Engine:
           )
           jax.block_until_ready(counts)
           runs.append(time.perf_counter() - start)
-        # The fastest run: a step the policy never takes keeps this estimate, and
-        # noise on a shared machine only ever adds time.
+        # The fastest run (noise on a shared machine only adds time): the policy's
+        # stand-in for a program until it has live times under load.
         seconds = float(np.min(runs[1:])) if timed_runs else runs[0]
         self.policy.step_time[gamma, width] = seconds
         times[f"gamma={gamma},width={width}"] = seconds

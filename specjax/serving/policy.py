@@ -17,29 +17,33 @@ tokens over live row-steps, decayed counts) once that draft length has run,
 before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha) from the
 measured acceptance alpha (accepted / evaluated drafted tokens). Acceptance
 is neither i.i.d. nor unbounded by budgets, so the measured count is the
-better guide. t is the fastest time seen of a step of that width and draft
-length (warm-up's timed runs, then every step that ran). Only the ratio of
-two programs' times at one width decides, and noise on a shared machine only
-ever adds time: a moving average of the program that runs, set against the
-warm-up time of one that does not, would compare a loaded machine with a
-quiet one (on the bundled pair steps under load took 10-20% longer than at
-warm-up, enough to tip a close call). For
-its first `explore_steps` steps the policy drafts, to measure: a few early
-unlucky steps must not send it to plain decoding, where it learns nothing
-about drafting. Compute is
-static per width, so the live rows cancel within one width; the load enters
-through the width, as in SmartSpec's batch-size term.
+better guide. Compute is static per width, so the live rows cancel within
+one width; the load enters through the width, as in SmartSpec's batch-size
+term.
 
-Hysteresis keeps it from flapping: a switch needs a predicted gain above
-`margin`, and going from plain steps back to drafting (which re-syncs the
-drafter with the rows' tokens first) is only considered every `dwell` steps.
-While it decodes plainly alpha is not measured; every `probe_every` plain
-steps it drafts for a few steps to refresh it.
+t(gamma, width) is the median of that program's last `window` step times
+under load. Warm-up times (back-to-back steps on an idle batch) do not
+rank programs finely enough: on the bundled pair at T = 1 and 16 rows,
+drafting 4 tokens ran 2.95x a plain step's time under load but 2.4-3.1x at
+warm-up (one engine to the next), and the choice there hangs on 5-10%. So
+every `probe_every` steps the policy runs `probe_steps` steps of another
+draft length (in turn), whichever it uses, and compares programs timed under
+the same load. Until a program has `min_samples` live times, its warm-up
+time stands in, scaled by how much slower than at warm-up that width's
+measured programs run live.
+
+For its first `explore_steps` drafting steps the policy drafts, to measure
+E: a few early unlucky steps must not send it to plain decoding. Hysteresis
+keeps it from flapping: a switch needs a predicted gain above `margin`, and
+going from plain steps back to drafting (which re-syncs the drafter with the
+rows' tokens first) is only considered every `dwell` steps.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import statistics
 
 POLICIES = ("never", "always", "adaptive")
 
@@ -68,8 +72,13 @@ class SpeculationPolicy:
     margin: the predicted relative gain a switch needs.
     dwell: plain steps between reconsidering drafting.
     explore_steps: drafting steps measured before the policy may decode plainly.
-    probe_every, probe_steps: after this many plain steps, draft for
-      `probe_steps` steps to measure alpha again.
+    probe_every, probe_steps: after this many steps of one draft length, run
+      `probe_steps` steps of another, to time it (and measure its tokens)
+      under the same load.
+    window, min_samples: live step times kept per (gamma, width), and those
+      needed before their median replaces the scaled warm-up time.
+    step_time: (gamma, width) -> warm-up seconds (the engine's `warmup` sets
+      them; a program without one takes its first live time).
   """
 
   kind: str
@@ -82,10 +91,15 @@ class SpeculationPolicy:
   explore_steps: int = 16
   probe_every: int = 128
   probe_steps: int = 4
-  step_time: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> fastest seconds
+  window: int = 16
+  min_samples: int = 4
+  step_time: dict = dataclasses.field(default_factory=dict)
   current: int | None = None
-  _plain_run: int = 0
-  _probing: int = 0
+  _run: int = 0  # steps of `current` since the last switch or probe
+  _probing: int = 0  # probe steps left
+  _probe: int = 0  # the draft length probed
+  _probes: int = 0
+  _live: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> recent seconds
   _accepted: float = 0.0  # decayed counts
   _evaluated: float = 0.0
   _committed: dict = dataclasses.field(default_factory=dict)  # gamma -> [tokens, row-steps]
@@ -100,9 +114,22 @@ class SpeculationPolicy:
     tokens, rows = self._committed.get(gamma, (0.0, 0.0))
     return tokens / rows if rows else expected_tokens(self.alpha, gamma)
 
+  def seconds(self, gamma: int, width: int) -> float:
+    """The predicted time of a step drafting `gamma` at `width`: its live median,
+    or its warm-up time scaled by that width's live-to-warm-up ratio."""
+    live = self._live.get((gamma, width), ())
+    if len(live) >= self.min_samples:
+      return statistics.median(live)
+    slowdown = [
+      statistics.median(times) / self.step_time[g, w]
+      for (g, w), times in self._live.items()
+      if w == width and len(times) >= self.min_samples and (g, w) in self.step_time
+    ]
+    return self.step_time[gamma, width] * (statistics.median(slowdown) if slowdown else 1.0)
+
   def predicted_rate(self, gamma: int, width: int) -> float:
     """Tokens per row per second predicted for drafting `gamma` at `width`."""
-    return self.tokens_per_step(gamma) / self.step_time[gamma, width]
+    return self.tokens_per_step(gamma) / self.seconds(gamma, width)
 
   def choose(self, width: int) -> int:
     """The draft length of the next step at batch width `width`."""
@@ -112,21 +139,25 @@ class SpeculationPolicy:
       return self.gammas[-1]
     if self._probing:
       self._probing -= 1
-      return self.current
+      return self._probe
     if self._drafted_steps < self.explore_steps and self.gammas[-1] > 0:  # measure first
       self.current = self.gammas[-1]
       return self.current
     current = self.gammas[-1] if self.current is None else self.current
-    if current == 0:
-      if self._plain_run >= self.probe_every:  # alpha is stale: measure it again
-        self._plain_run, self._probing = 0, self.probe_steps - 1
-        self.current = self.gammas[-1]
-        return self.current
-      if self._plain_run % self.dwell:
-        return 0
-    best = max(self.gammas, key=lambda g: self.predicted_rate(g, width))
-    gain = self.predicted_rate(best, width) / self.predicted_rate(current, width)
-    self.current = best if gain > 1 + self.margin else current
+    if self._run >= self.probe_every and len(self.gammas) > 1:  # time another one now
+      others = [g for g in self.gammas if g != current]
+      self._probe = others[self._probes % len(others)]
+      self._probes += 1
+      self._run, self._probing = 0, self.probe_steps - 1
+      return self._probe
+    self.current = current
+    # Drafting resumes after a re-sync: from plain it is not considered every step.
+    if current != 0 or self._run % self.dwell == 0:
+      best = max(self.gammas, key=lambda g: self.predicted_rate(g, width))
+      gain = self.predicted_rate(best, width) / self.predicted_rate(current, width)
+      if gain > 1 + self.margin:
+        self.current, self._run = best, 0
+    self._run += 1
     return self.current
 
   def observe(
@@ -142,17 +173,14 @@ class SpeculationPolicy:
     """Records a step that ran: its wall time, the drafted tokens it accepted out
     of those it evaluated, and the tokens its `rows` live rows committed."""
     key = (gamma, width)
-    self.step_time[key] = min(seconds, self.step_time.get(key, seconds))
+    self.step_time.setdefault(key, seconds)
+    self._live.setdefault(key, collections.deque(maxlen=self.window)).append(seconds)
     if rows and gamma:
       self._drafted_steps += 1
     if rows:
       keep = 1.0 - self.smoothing
       committed, row_steps = self._committed.get(gamma, (0.0, 0.0))
       self._committed[gamma] = (keep * committed + tokens, keep * row_steps + rows)
-    if gamma == 0:
-      self._plain_run += 1
-    else:
-      self._plain_run = 0
     if evaluated:
       keep = 1.0 - self.smoothing
       self._accepted = keep * self._accepted + accepted

@@ -29,16 +29,17 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.drafting import Commit, Drafter
-from specjax.generation.common import TRACE_COUNTS, is_eos, prefill, zero_padding
+from specjax.generation.common import TRACE_COUNTS, prefill, zero_padding
 from specjax.generation.speculative import (
   commit_cache,
   commit_tokens,
   next_recent,
+  prefill_state,
   score,
   speculative_step,
   step_sampling,
 )
-from specjax.generation.state import SpecConfig, SpecState, SpeculativeStats
+from specjax.generation.state import SpecConfig, SpecState
 from specjax.models.transformer import Transformer
 from specjax.sampling import GREEDY, RowSampling, sample, warp_probs
 
@@ -129,38 +130,20 @@ def fresh_rows(
     prompts: `[n, P]` right-padded, P <= P_max; prompt_lengths, budget, stop `[n]`.
     sampling: the rows' `RowSampling` (n rows).
   """
-  n, width = prompts.shape
-  spec_config = config.spec
+  width = prompts.shape[1]
   prompts = zero_padding(prompts, prompt_lengths)
-  features = False if drafter is None else drafter.target_features
-  first, cache, *hidden = prefill(
-    target, prompts, prompt_lengths, config.capacity, key, sampling, return_hidden=features
-  )
-  drafter_state = (
-    ()
-    if drafter is None
-    else drafter.init(
-      prompts, prompt_lengths, first, config.capacity, hidden[0] if hidden else None
-    )
-  )
-  done = (budget <= 1) | (first == stop)
-  if spec_config.eos_id is not None:
-    done = done | is_eos(first, spec_config.eos_id)
-  last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
-  tokens = jnp.zeros((n, spec_config.max_new_tokens + spec_config.gamma + 1), jnp.int32)
-  spec = SpecState(
-    target_cache=cache,
-    drafter_state=drafter_state,
-    recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
-    draft_limit=jnp.full((n,), spec_config.gamma, jnp.int32),
-    tokens=tokens.at[:, 0].set(first),
-    num_generated=jnp.ones((n,), jnp.int32),
-    done=done,
+  spec = prefill_state(
+    target,
+    drafter,
+    prompts,
+    prompt_lengths,
+    key,
+    config.spec,
+    capacity=config.capacity,
     budget=budget,
     stop=stop,
-    keys=jax.random.split(key, (1, 2)),
-    stats=SpeculativeStats.zeros(n, spec_config.gamma, draft_calls=0),
-    sampling=sampling,
+    keys=jax.random.split(key, (1, 2)),  # the engine gives each step its keys
+    rows=sampling,
   )
   padded = jnp.pad(prompts, ((0, 0), (0, config.max_prompt_len - width)))
   return SlotState(spec=spec, prompts=padded, prompt_lengths=prompt_lengths)
