@@ -143,6 +143,10 @@ def test_rounds_rotate_the_modes_and_compare_them(tmp_path):
     ("adaptive", 1),
     ("plain", 1),
   ]
+  policy = runs[2]["policy"]  # the adaptive engine's, after its first run
+  assert policy["kind"] == "adaptive" and policy["gamma"] in (0, 3)
+  assert all(ms > 0 for ms in policy["step_ms"].values())
+  assert any(key.startswith("gamma=3,") for key in policy["step_ms"])  # it explores first
   (comparison,) = report["adaptive_vs_best"]
   throughput = {(r["mode"], r["round"]): r["summary"]["throughput_tok_s"] for r in runs}
   for round_, ratio in enumerate(comparison["ratios"]):

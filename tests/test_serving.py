@@ -276,7 +276,9 @@ def test_policy_compares_step_times_taken_under_the_same_load():
   # Warm-up times say drafting pays 5% (2.1 tokens for 2x a plain step). Under
   # load every step takes 20% longer: the drafting steps in use and the plain
   # steps it probes alike, so it keeps drafting.
-  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=8, probe_steps=4, explore_steps=0)
+  policy = SpeculationPolicy(
+    "adaptive", (0, 4), probe_every=8, max_probe_every=8, probe_steps=4, explore_steps=0
+  )
   policy.step_time = {(0, 16): 1.0, (4, 16): 2.0}
   policy.observe(4, 16, 2.4, accepted=0, evaluated=0, tokens=21, rows=10)
 
@@ -291,12 +293,13 @@ def test_policy_compares_step_times_taken_under_the_same_load():
 
   chosen = serve(40, plain_s=1.2, draft_s=2.4)
   assert chosen == ([4] * 8 + [0] * 4) * 3 + [4] * 4  # plain probes every 8 steps
-  assert policy.seconds(0, 16) == 1.2
-  # Plain steps now run at warm-up's speed and drafting steps do not: once two
-  # probes have timed plain steps it switches, and drafts only to probe.
-  chosen = serve(48, plain_s=1.0, draft_s=2.4)
-  assert chosen[:20] == [4] * 4 + [0] * 4 + [4] * 8 + [0] * 4
-  assert chosen[20:44] == ([0] * 8 + [4] * 4) * 2
+  assert policy.cost(4, 16) == 2.0  # from the runs next to each other
+  # Plain steps now run at warm-up's speed and drafting steps do not: once the
+  # ratios of three probes say so it switches, and drafts only to probe.
+  chosen = serve(64, plain_s=1.0, draft_s=2.4)
+  assert chosen[:28] == [4] * 4 + [0] * 4 + [4] * 8 + [0] * 4 + [4] * 8
+  assert chosen[28:] == [0] * 12 + ([4] * 4 + [0] * 8) * 2
+  assert policy.cost(4, 16) == 2.4
 
 
 def test_policy_probes_acceptance_after_plain_runs():
@@ -308,11 +311,13 @@ def test_policy_probes_acceptance_after_plain_runs():
     assert policy.choose(4) == 4
     policy.observe(4, 4, 2.0, accepted=0, evaluated=4, tokens=4, rows=4)  # alpha 0
   chosen = []
-  for _ in range(12):
+  for _ in range(45):
     gamma = policy.choose(4)
     chosen.append(gamma)
     policy.observe(gamma, 4, policy.step_time[gamma, 4], 0, 4 if gamma else 0)
-  assert chosen[:5] == [0] * 5 and chosen[5:7] == [4, 4] and chosen[7:] == [0] * 5
+  # Each probe that leaves plain decoding standing doubles the wait: 5, 10, 20 steps.
+  probe = [4, 4]
+  assert chosen == [0] * 5 + probe + [0] * 10 + probe + [0] * 20 + probe + [0] * 4
 
 
 def test_a_failing_step_fails_its_requests_and_serving_goes_on(pair, engine, monkeypatch):

@@ -133,6 +133,7 @@ def test_health_and_metrics(client):
   for key in ("ttft_s", "tpot_s"):
     assert set(metrics[key]) == {"mean", "p50", "p90", "p99"} and metrics[key]["p99"] > 0
   assert "acceptance_rate" in metrics and metrics["requests"]["live"] == 0
+  assert metrics["policy"]["kind"] == "adaptive" and metrics["policy"]["step_ms"]
 
 
 @pytest.mark.parametrize(

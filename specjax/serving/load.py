@@ -297,7 +297,9 @@ def sweep(
 
   Returns:
     `[{"mode", "rate", "round", "summary": summarize(...), "requests":
-    [request_record]}]`.
+    [request_record]}]`, in process also "policy" (the engine's
+    `metrics()["policy"]` after the run: its draft length in use and the
+    step times it measured).
   """
   rates = [check_rate("rates", r) for r in rates]
   repeats = check_positive_int("repeats", repeats)
@@ -330,15 +332,11 @@ def sweep(
             f"acceptance {_fmt(summary['acceptance_rate'], '.3f')}, "
             f"{summary['completed']}/{summary['requests']} completed"
           )
-        rows.append(
-          {
-            "mode": mode,
-            "rate": rate,
-            "round": round_,
-            "summary": summary,
-            "requests": [request_record(i, c) for i, c in enumerate(completions)],
-          }
-        )
+        row = {"mode": mode, "rate": rate, "round": round_, "summary": summary}
+        if not isinstance(target, str):  # what the engine's policy measured so far
+          row["policy"] = target.metrics()["policy"]
+        row["requests"] = [request_record(i, c) for i, c in enumerate(completions)]
+        rows.append(row)
   return rows
 
 

@@ -21,16 +21,20 @@ better guide. Compute is static per width, so the live rows cancel within
 one width; the load enters through the width, as in SmartSpec's batch-size
 term.
 
-t(gamma, width) is the median of that program's last `window` step times
-under load. Warm-up times (back-to-back steps on an idle batch) do not
-rank programs finely enough: on the bundled pair at T = 1 and 16 rows,
-drafting 4 tokens ran 2.95x a plain step's time under load but 2.4-3.1x at
-warm-up (one engine to the next), and the choice there hangs on 5-10%. So
-every `probe_every` steps the policy runs `probe_steps` steps of another
-draft length (in turn), whichever it uses, and compares programs timed under
-the same load. Until a program has `min_samples` live times, its warm-up
-time stands in, scaled by how much slower than at warm-up that width's
-measured programs run live.
+t(gamma, width) enters only as a ratio to a plain step's time at that width,
+rho(gamma, width) = t(gamma) / t(0), measured from steps that ran next to
+each other. Times taken apart drift on a shared machine (one plain step
+program measured 15-23 ms from one second to the next here), while the
+choice at a full batch hangs on 5-10% (on the bundled pair at T = 1 and 16
+rows, drafting 4 tokens costs about 3x a plain step, for 2.7 tokens). rho
+is the median of the last `window` ratios: first warm-up's (the draft
+lengths taking turns, step by step), then live ones. Every `probe_every`
+steps the policy runs `probe_steps` steps of another draft length (in turn),
+whichever it uses; the median time of a run of steps over that of the run
+before it at that width is one live ratio, so a probe gives two. A probe
+costs (at 16 rows and T = 1 about 3% of the steps between probes: a drafter
+re-sync and four dearer steps), so each probe that leaves the choice
+standing doubles the wait for the next.
 
 For its first `explore_steps` drafting steps the policy drafts, to measure
 E: a few early unlucky steps must not send it to plain decoding. Hysteresis
@@ -73,10 +77,12 @@ class SpeculationPolicy:
     dwell: plain steps between reconsidering drafting.
     explore_steps: drafting steps measured before the policy may decode plainly.
     probe_every, probe_steps: after this many steps of one draft length, run
-      `probe_steps` steps of another, to time it (and measure its tokens)
-      under the same load.
-    window, min_samples: live step times kept per (gamma, width), and those
-      needed before their median replaces the scaled warm-up time.
+      `probe_steps` steps of another, to time it against its neighbours (and
+      measure its tokens). A probe after which the choice stands doubles the
+      wait for the next, up to `max_probe_every`; a switch resets it.
+    window: the last steps of a run whose median times it; and the ratios
+      kept per (gamma, width) (warm-up's first, then live ones), whose median
+      is rho.
     step_time: (gamma, width) -> warm-up seconds (the engine's `warmup` sets
       them; a program without one takes its first live time).
   """
@@ -91,15 +97,18 @@ class SpeculationPolicy:
   explore_steps: int = 16
   probe_every: int = 128
   probe_steps: int = 4
-  window: int = 16
-  min_samples: int = 4
+  max_probe_every: int = 1024
+  window: int = 8
   step_time: dict = dataclasses.field(default_factory=dict)
   current: int | None = None
   _run: int = 0  # steps of `current` since the last switch or probe
   _probing: int = 0  # probe steps left
   _probe: int = 0  # the draft length probed
   _probes: int = 0
-  _live: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> recent seconds
+  _probed: bool = False  # a probe just ended: decide now
+  _probe_interval: int = 0  # probe_every, doubled by each probe that confirms the choice
+  _runs: dict = dataclasses.field(default_factory=dict)  # width -> the last runs of steps
+  _ratios: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> recent rho
   _accepted: float = 0.0  # decayed counts
   _evaluated: float = 0.0
   _committed: dict = dataclasses.field(default_factory=dict)  # gamma -> [tokens, row-steps]
@@ -108,28 +117,41 @@ class SpeculationPolicy:
   def __post_init__(self):
     if self.kind not in POLICIES:
       raise ValueError(f"policy must be one of {POLICIES}, got {self.kind!r}.")
+    self._probe_interval = self.probe_every
 
   def tokens_per_step(self, gamma: int) -> float:
     """Tokens a row commits per step drafting `gamma`: measured, or from alpha."""
     tokens, rows = self._committed.get(gamma, (0.0, 0.0))
     return tokens / rows if rows else expected_tokens(self.alpha, gamma)
 
-  def seconds(self, gamma: int, width: int) -> float:
-    """The predicted time of a step drafting `gamma` at `width`: its live median,
-    or its warm-up time scaled by that width's live-to-warm-up ratio."""
-    live = self._live.get((gamma, width), ())
-    if len(live) >= self.min_samples:
-      return statistics.median(live)
-    slowdown = [
-      statistics.median(times) / self.step_time[g, w]
-      for (g, w), times in self._live.items()
-      if w == width and len(times) >= self.min_samples and (g, w) in self.step_time
-    ]
-    return self.step_time[gamma, width] * (statistics.median(slowdown) if slowdown else 1.0)
+  def cost(self, gamma: int, width: int) -> float:
+    """rho: the time of a step drafting `gamma` at `width` over a plain step's,
+    measured from adjacent runs (or at warm-up), else from the fastest times."""
+    if gamma == 0:
+      return 1.0
+    ratios = self._ratios.get((gamma, width))
+    if ratios:
+      return statistics.median(ratios)
+    return self.step_time[gamma, width] / self.step_time[0, width]
+
+  def seed_cost(self, gamma: int, width: int, ratios: list[float]) -> None:
+    """Records ratios t(gamma) / t(0) at `width` measured at warm-up (steps
+    taking turns), which stand until live ratios displace them."""
+    deque = self._ratios.setdefault((gamma, width), collections.deque(maxlen=self.window))
+    deque.extend(ratios)
+
+  def live_step_ms(self) -> dict[str, float]:
+    """The median time of each width's latest runs of steps, milliseconds, by
+    "gamma=G,width=W"."""
+    return {
+      f"gamma={g},width={w}": 1e3 * statistics.median(times)
+      for w, runs in sorted(self._runs.items())
+      for g, times in runs
+    }
 
   def predicted_rate(self, gamma: int, width: int) -> float:
-    """Tokens per row per second predicted for drafting `gamma` at `width`."""
-    return self.tokens_per_step(gamma) / self.seconds(gamma, width)
+    """Tokens per row per plain-step time predicted for drafting `gamma` at `width`."""
+    return self.tokens_per_step(gamma) / self.cost(gamma, width)
 
   def choose(self, width: int) -> int:
     """The draft length of the next step at batch width `width`."""
@@ -144,19 +166,24 @@ class SpeculationPolicy:
       self.current = self.gammas[-1]
       return self.current
     current = self.gammas[-1] if self.current is None else self.current
-    if self._run >= self.probe_every and len(self.gammas) > 1:  # time another one now
+    if self._run >= self._probe_interval and len(self.gammas) > 1:  # time another one now
       others = [g for g in self.gammas if g != current]
       self._probe = others[self._probes % len(others)]
       self._probes += 1
-      self._run, self._probing = 0, self.probe_steps - 1
+      self._run, self._probing, self._probed = 0, self.probe_steps - 1, True
       return self._probe
     self.current = current
     # Drafting resumes after a re-sync: from plain it is not considered every step.
-    if current != 0 or self._run % self.dwell == 0:
+    if current != 0 or self._run % self.dwell == 0 or self._probed:
       best = max(self.gammas, key=lambda g: self.predicted_rate(g, width))
       gain = self.predicted_rate(best, width) / self.predicted_rate(current, width)
       if gain > 1 + self.margin:
         self.current, self._run = best, 0
+      if self._probed:  # a probe that confirms the choice makes the next one wait longer
+        confirmed = self.current == current
+        interval = min(2 * self._probe_interval, self.max_probe_every)
+        self._probe_interval = interval if confirmed else self.probe_every
+        self._probed = False
     self._run += 1
     return self.current
 
@@ -172,9 +199,8 @@ class SpeculationPolicy:
   ) -> None:
     """Records a step that ran: its wall time, the drafted tokens it accepted out
     of those it evaluated, and the tokens its `rows` live rows committed."""
-    key = (gamma, width)
-    self.step_time.setdefault(key, seconds)
-    self._live.setdefault(key, collections.deque(maxlen=self.window)).append(seconds)
+    self.step_time.setdefault((gamma, width), seconds)
+    self._time_run(gamma, width, seconds)
     if rows and gamma:
       self._drafted_steps += 1
     if rows:
@@ -187,3 +213,28 @@ class SpeculationPolicy:
       self._evaluated = keep * self._evaluated + evaluated
       prior = self.prior_weight
       self.alpha = (self._accepted + prior / 2) / (self._evaluated + prior)
+
+  def _time_run(self, gamma: int, width: int, seconds: float) -> None:
+    """Adds a step to the current run of `gamma` steps at `width`; when a run
+    ends, its median time over the previous run's gives a ratio rho."""
+    runs = self._runs.setdefault(width, [])
+    if runs and runs[-1][0] == gamma:
+      runs[-1][1].append(seconds)
+      return
+    runs.append((gamma, collections.deque([seconds], maxlen=self.window)))
+    if len(runs) < 3:
+      return
+    (before, t_before), (after, t_after) = runs[0], runs[1]
+    del runs[0]
+    ratio = statistics.median(t_after) / statistics.median(t_before)  # t(after) / t(before)
+    # As rho, relative to a plain step: a pair of two draft lengths chains
+    # through the rho measured for the earlier one.
+    if before == 0:
+      g, rho = after, ratio
+    elif after == 0:
+      g, rho = before, 1.0 / ratio
+    elif (before, width) in self._ratios:
+      g, rho = after, ratio * self.cost(before, width)
+    else:
+      return
+    self._ratios.setdefault((g, width), collections.deque(maxlen=self.window)).append(rho)
