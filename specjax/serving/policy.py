@@ -79,7 +79,7 @@ class SpeculationPolicy:
     probe_every, probe_steps: after this many steps of one draft length, run
       `probe_steps` steps of another, to time it against its neighbours (and
       measure its tokens). A probe after which the choice stands doubles the
-      wait for the next, up to `max_probe_every`; a switch resets it.
+      wait for the next, up to `max_probe_every`; a switch it leads to resets it.
     window: the last steps of a run whose median times it; and the ratios
       kept per (gamma, width) (warm-up's first, then live ones), whose median
       is rho.
@@ -132,7 +132,8 @@ class SpeculationPolicy:
     ratios = self._ratios.get((gamma, width))
     if ratios:
       return statistics.median(ratios)
-    return self.step_time[gamma, width] / self.step_time[0, width]
+    # Without plain steps compiled (gammas without 0) the times compare as they are.
+    return self.step_time[gamma, width] / self.step_time.get((0, width), 1.0)
 
   def seed_cost(self, gamma: int, width: int, ratios: list[float]) -> None:
     """Records ratios t(gamma) / t(0) at `width` measured at warm-up (steps
@@ -179,10 +180,11 @@ class SpeculationPolicy:
       gain = self.predicted_rate(best, width) / self.predicted_rate(current, width)
       if gain > 1 + self.margin:
         self.current, self._run = best, 0
-      if self._probed:  # a probe that confirms the choice makes the next one wait longer
-        confirmed = self.current == current
-        interval = min(2 * self._probe_interval, self.max_probe_every)
-        self._probe_interval = interval if confirmed else self.probe_every
+      if self._probed:  # after a probe: the choice stands and the next waits longer, or not
+        if self.current == current:
+          self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
+        else:
+          self._probe_interval = self.probe_every
         self._probed = False
     self._run += 1
     return self.current
