@@ -346,8 +346,8 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
   Returns:
     `[{"mode", "rate", "rounds", "throughput_tok_s": [one per round],
     "acceptance_rate", "ttft_s", "tpot_s", "e2e_s"}]` in the rows' order of
-    first appearance: the acceptance over every round's drafted tokens (None
-    without drafting) and `percentiles` of every round's completed requests.
+    first appearance: the mean of the rounds' acceptance rates (None without
+    drafting) and `percentiles` of every round's completed requests.
   """
   groups: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
   for r in rows:
@@ -363,7 +363,6 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         "rate": rate,
         "rounds": len(runs),
         "throughput_tok_s": [r["summary"]["throughput_tok_s"] for r in runs],
-        # Rounds carry the same requests: their mean is the pooled rate.
         "acceptance_rate": sum(drafted) / len(drafted) if drafted else None,
         **{k: percentiles([q[k] for q in done]) for k in ("ttft_s", "tpot_s", "e2e_s")},
       }
