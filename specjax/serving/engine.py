@@ -564,7 +564,7 @@ class Engine:
       "policy": {
         "kind": self.policy.kind,
         "alpha": self.policy.alpha,
-        "gamma": self.policy.current,  # the draft length in use (None before the first step)
+        "gamma": self.policy.current,  # adaptive: the draft length in use (else None)
         "step_ms": self.policy.live_step_ms(),
       },
       "ttft_s": percentiles([x.ttft for x in recent]),
