@@ -176,9 +176,9 @@ class SpeculationPolicy:
     self.current = current
     # Drafting resumes after a re-sync: from plain it is not considered every step.
     if current != 0 or self._run % self.dwell == 0 or self._probed:
-      best = max(self.gammas, key=lambda g: self.predicted_rate(g, width))
-      gain = self.predicted_rate(best, width) / self.predicted_rate(current, width)
-      if gain > 1 + self.margin:
+      rates = {g: self.predicted_rate(g, width) for g in self.gammas}
+      best = max(rates, key=rates.get)
+      if rates[best] / rates[current] > 1 + self.margin:
         self.current, self._run = best, 0
       if self._probed:  # after a probe: the choice stands and the next waits longer, or not
         if self.current == current:
