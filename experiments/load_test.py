@@ -87,10 +87,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.{e}") from None
 
 
-def _in_process_targets(config, progress):
-  """Yields the tokenizer, then (mode, warmed-up engine, warm-up seconds) per
-  mode. Every mode's engine stays alive: the modes take turns within each
-  round (`load.sweep`)."""
+def _in_process_engines(config, progress):
+  """`(tokenizer, {mode: warmed-up engine}, {mode: warm-up seconds})`. Every
+  mode's engine stays alive: the modes take turns within each round
+  (`load.sweep`)."""
   from specjax.serving import Engine
 
   need_draft = any(mode != "plain" for mode in config.modes)
@@ -104,7 +104,7 @@ def _in_process_targets(config, progress):
     need_draft=need_draft,
     fields=_MODEL_FIELDS,
   )
-  yield tokenizer
+  engines, warmup_s = {}, {}
   for mode in config.modes:
     policy = load.MODES[mode]
     engine = Engine(
@@ -112,9 +112,10 @@ def _in_process_targets(config, progress):
     )
     start = time.perf_counter()
     engine.warmup()
-    seconds = time.perf_counter() - start
-    progress(f"{mode}: engine warmed up in {seconds:.1f} s")
-    yield mode, engine, seconds
+    warmup_s[mode] = time.perf_counter() - start
+    progress(f"{mode}: engine warmed up in {warmup_s[mode]:.1f} s")
+    engines[mode] = engine
+  return tokenizer, engines, warmup_s
 
 
 def run(
@@ -128,16 +129,9 @@ def run(
   rates = [float(r) for r in config.rates]
   slos = dict(slo_ttft_s=config.slo_ttft_s or None, slo_tpot_s=config.slo_tpot_s or None)
   result: dict[str, Any] = {"config": config.to_dict(), "target": config.target, "warmup_s": {}}
-  rows = []
   if config.target == "inprocess":
-    targets = _in_process_targets(config, progress)
-    tokenizer = next(targets)
-    max_prompt_len = engine_config(config, "adaptive").max_prompt_len
-    requests = _requests(config, tokenizer, max_prompt_len)
-    engines = {}
-    for mode, engine, seconds in targets:
-      result["warmup_s"][mode] = seconds
-      engines[mode] = engine
+    tokenizer, engines, result["warmup_s"] = _in_process_engines(config, progress)
+    requests = _requests(config, tokenizer, engine_config(config, "adaptive").max_prompt_len)
     rows = load.sweep(
       engines, requests, rates, seed=config.seed, repeats=config.repeats, progress=progress, **slos
     )
