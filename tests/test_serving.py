@@ -94,6 +94,7 @@ def solo(target, batch, eos=7):
 def test_greedy_requests_equal_decoding_each_alone(pair, engine, gammas):
   target, _ = pair
   engine.policy = Schedule(gammas)
+  admitted = engine.counters["admitted_target_only"]
   batch = requests(10, seed=len(gammas))
   completions = engine.run(batch)
   for request, completion, alone in zip(batch, completions, solo(target, batch)):
@@ -102,6 +103,8 @@ def test_greedy_requests_equal_decoding_each_alone(pair, engine, gammas):
     stopped = last in (7, request.stop_id)
     assert completion.finish_reason == ("stop" if stopped else "length")
     assert completion.ttft > 0 and completion.e2e >= completion.ttft
+  if 0 in gammas and 3 in gammas:  # some came in while plain steps ran: no drafter prefill
+    assert engine.counters["admitted_target_only"] > admitted
   if gammas == (3,):
     assert sum(c.evaluated for c in completions) > 0
     assert 0 < sum(c.accepted for c in completions) < sum(c.evaluated for c in completions)
@@ -246,6 +249,50 @@ def test_engine_refuses_what_it_cannot_serve(pair):
     Engine(target, None, CONFIG)
   with pytest.raises(ValueError, match="exceeds max_seq_len=256"):
     Engine(target, draft, dataclasses.replace(CONFIG, max_new_tokens=230))
+
+
+def test_warmup_times_runs_of_live_rows_and_leaves_no_trace(pair, monkeypatch):
+  target, draft = pair
+  engine = Engine(target, draft, CONFIG, eos_ids=7)
+  step, calls = programs.step, []
+
+  def recording(target, drafter, state, key, *, gamma, width, config):
+    calls.append((gamma, width, bool(not np.asarray(state.spec.done).any())))
+    return step(target, drafter, state, key, gamma=gamma, width=width, config=config)
+
+  monkeypatch.setattr(programs, "step", recording)
+  engine.warmup(timed_runs=1)
+  run = engine.policy.window
+  # At each width: one compiling step per draft length, then runs of `window`
+  # steps (plain, drafting, plain), each run from rows all live.
+  per_width = [(0, True), (3, True)] + [(g, None) for g in (0, 3, 0) for _ in range(run)]
+  assert len(calls) == len(per_width) * len(CONFIG.step_widths)
+  for i, (gamma, width, live) in enumerate(calls):
+    expected_gamma, _ = per_width[i % len(per_width)]
+    assert gamma == expected_gamma and width == CONFIG.step_widths[i // len(per_width)]
+    if i % len(per_width) < 2 or (i % len(per_width) - 2) % run == 0:
+      assert live  # a run's first step: every row live, with its whole budget
+  for width in CONFIG.step_widths:  # one cost ratio per pair of adjacent runs
+    assert len(engine.policy._ratios[3, width]) == 2
+  monkeypatch.undo()
+  engine.policy = Schedule((3, 0, 3))
+  batch = requests(6, seed=11)  # the warm-up's rows are gone: requests decode as alone
+  assert [c.tokens for c in engine.run(batch)] == solo(target, batch)
+
+
+def test_policy_takes_cost_ratios_from_adjacent_runs():
+  policy = SpeculationPolicy("adaptive", (0, 4), window=4)
+  for gamma, seconds in [(0, 1.0), (4, 3.0), (0, 1.2), (4, 3.0)]:  # runs of 4 steps
+    for _ in range(4):
+      policy.observe(gamma, 16, seconds, 0, 0)
+  assert policy.cost(4, 16) == pytest.approx(2.75)  # 3 / 1, then 3 / 1.2: the median
+  policy.end_runs(16)  # the last run closes: a third ratio, 3 / 1.2
+  assert policy.cost(4, 16) == pytest.approx(2.5)
+  policy.observe(0, 16, 1.0, 0, 0)  # a new run, with no neighbour yet
+  policy.observe(4, 16, 4.0, 0, 0)
+  assert policy.cost(4, 16) == pytest.approx(2.5)
+  policy.observe(0, 16, 1.0, 0, 0)  # ... now it has one: 4 / 1
+  assert policy.cost(4, 16) == pytest.approx(2.75)
 
 
 def test_policy_follows_measured_costs_and_acceptance():

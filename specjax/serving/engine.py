@@ -393,7 +393,9 @@ class Engine:
       try:
         self._state = programs.admit(
           self.target,
-          self.drafter,
+          # After plain steps the drafter is re-synced from every row before it
+          # drafts again: prefilling it now would be work thrown away.
+          None if self._drafter_stale else self.drafter,
           self._state,
           jnp.int32(slot),
           jnp.asarray(np.pad(prompt, (0, width - prompt.size))[None]),
@@ -409,6 +411,7 @@ class Engine:
         continue
       self._slots[slot] = live
       admitted.append(slot)
+      self.counters["admitted_target_only"] += self._drafter_stale and self.drafter is not None
     if admitted:
       spec = self._state.spec
       tokens, num_generated, done, stats = jax.device_get(
@@ -485,54 +488,81 @@ class Engine:
 
   # --------------------------------------------------------------- warm-up
 
-  def warmup(self, timed_runs: int = 8) -> dict[str, float]:
+  def warmup(self, timed_runs: int = 3) -> dict[str, float]:
     """Compiles every program the engine can run (after this no request
     recompiles anything) and times each step program for the policy.
 
+    At each width the draft lengths take turns in runs of `policy.window`
+    consecutive steps, `timed_runs` runs each (and one more of the first to
+    close): the policy takes each run's median over its neighbour's as a cost
+    ratio, as it does live. Steps taking turns one by one would not do: a
+    plain step right after a drafting one ran 20% slower here than in a run
+    of plain steps, and the ratios came out that much too low.
+
     Returns:
-      seconds per step program, by "gamma=G,width=W".
+      seconds per step program (the fastest run's median), by "gamma=G,width=W".
     """
     state = self._state
     self._state = jax.tree.map(jnp.copy, state)  # the programs donate their input
     t = self._programs
     key = self._key
-    for width in self.config.prompt_buckets:  # one prefill program per bucket
+
+    def admit(slot, width, budget, drafter=self.drafter):
       self._state = programs.admit(
         self.target,
-        self.drafter,
+        drafter,
         self._state,
-        jnp.int32(0),
+        jnp.int32(slot),
         jnp.zeros((1, width), jnp.int32),
         jnp.ones((1,), jnp.int32),
-        jnp.ones((1,), jnp.int32),
+        jnp.full((1,), budget, jnp.int32),
         jnp.full((1,), -1, jnp.int32),
         RowSampling.of([GREEDY]),
         key,
         config=t,
       )
+
+    for width in self.config.prompt_buckets:  # prefill programs per bucket
+      admit(0, width, 1)
+      if self.drafter is not None and 0 in self.config.draft_lengths:
+        admit(0, width, 1, drafter=None)  # admission while plain steps run
     self._state = programs.move(self._state, jnp.int32(0), jnp.int32(0))
     self._state = programs.release(self._state, jnp.zeros((self.config.slots,), bool))
+    # The steps are timed with every row live and a full budget, as under
+    # load: on finished rows a drafter stops early and the step is cheaper.
+    for slot in range(self.config.slots):
+      admit(slot, self.config.prompt_buckets[0], self.config.max_new_tokens)
+    live = self._state
     times = {}
+    lengths = self.config.draft_lengths
+    run = self.policy.window
     for width in self.config.step_widths:
-      if self.drafter is not None and 0 in self.config.draft_lengths:
+      self._state = jax.tree.map(jnp.copy, live)
+      if self.drafter is not None and 0 in lengths:
         self._state = programs.resync(self.target, self.drafter, self._state, width=width, config=t)
-      # The draft lengths take turns (the first round compiles), so each round's
-      # times compare programs under the same machine load.
-      lengths = self.config.draft_lengths
-      runs = {gamma: [] for gamma in lengths}
-      for _ in range(timed_runs + 1):
-        for gamma in lengths:
+      compiled = {}
+      for gamma in lengths:  # compiles
+        start = time.perf_counter()
+        jax.block_until_ready(self._run_step(gamma, width, key))
+        compiled[gamma] = time.perf_counter() - start
+      medians = {gamma: [] for gamma in lengths}
+      turns = list(lengths) * timed_runs + list(lengths[:1]) * (timed_runs > 0)
+      for gamma in turns:
+        self._state = jax.tree.map(jnp.copy, live)  # each run starts from live rows
+        seconds = []
+        for _ in range(run):
           start = time.perf_counter()
           jax.block_until_ready(self._run_step(gamma, width, key))
-          runs[gamma].append(time.perf_counter() - start)
+          seconds.append(time.perf_counter() - start)
+          self.policy.observe(gamma, width, seconds[-1], 0, 0)
+        medians[gamma].append(float(np.median(seconds)))
+      self.policy.end_runs(width)
       for gamma in lengths:
-        # The fastest run: noise on a shared machine only adds time.
-        seconds = float(np.min(runs[gamma][1:])) if timed_runs else runs[gamma][0]
+        # The fastest run (noise on a shared machine only adds time); without
+        # timed runs, the compiling step's.
+        seconds = min(medians[gamma], default=compiled[gamma])
         self.policy.step_time[gamma, width] = seconds
         times[f"gamma={gamma},width={width}"] = seconds
-        if gamma and 0 in lengths and timed_runs:
-          ratios = np.asarray(runs[gamma][1:]) / np.asarray(runs[0][1:])
-          self.policy.seed_cost(gamma, width, ratios.tolist())
     self._state = jax.block_until_ready(state)
     return times
 

@@ -375,13 +375,19 @@ def compare_modes(
   mode: str = "adaptive",
   others: Sequence[str] = ("plain", "always"),
 ) -> list[dict[str, Any]]:
-  """`mode`'s throughput against the better of `others`, round by round.
+  """`mode`'s throughput against the better of `others`, paired round by round.
+
+  The better one is the mode of `others` with the higher mean throughput over
+  the rounds where every mode completed something: the better fixed policy at
+  that load. (The largest of `others` in each round would not do: where two
+  modes are about even, it picks each round's luckier run, and the largest of
+  two noisy throughputs is biased high by about half a run's spread.)
 
   Returns:
-    Per rate with every one of these modes measured, `{"rate", "ratios": [per
-    round: mode's throughput / the largest of the others' in that round],
-    "median", "min"}`, leaving out rounds where a mode is missing or completed
-    nothing; [] when a mode never ran.
+    Per rate with every one of these modes measured, `{"rate", "best": its
+    name, "ratios": [per round: mode's throughput / best's in that round],
+    "mean", "stderr" (of the mean; 0 for one round), "low": mean - 2 stderr,
+    "median", "min"}`; [] when a mode never ran.
   """
   wanted = (mode, *others)
   if not set(wanted) <= {r["mode"] for r in rows}:
@@ -392,15 +398,28 @@ def compare_modes(
   }
   out = []
   for rate in sorted({r["rate"] for r in rows}):
-    ratios = []
-    for round_ in sorted({r.get("round", 0) for r in rows if r["rate"] == rate}):
-      values = [by_run.get((rate, round_, m)) for m in wanted]
-      if all(v is not None and v > 0 for v in values):
-        ratios.append(values[0] / max(values[1:]))
-    if ratios:
-      out.append(
-        {"rate": rate, "ratios": ratios, "median": float(np.median(ratios)), "min": min(ratios)}
-      )
+    rounds = [
+      round_
+      for round_ in sorted({r.get("round", 0) for r in rows if r["rate"] == rate})
+      if all((by_run.get((rate, round_, m)) or 0) > 0 for m in wanted)
+    ]
+    if not rounds:
+      continue
+    best = max(others, key=lambda m: np.mean([by_run[rate, r, m] for r in rounds]))
+    ratios = np.array([by_run[rate, r, mode] / by_run[rate, r, best] for r in rounds])
+    stderr = float(ratios.std(ddof=1) / np.sqrt(len(ratios))) if len(ratios) > 1 else 0.0
+    out.append(
+      {
+        "rate": rate,
+        "best": best,
+        "ratios": ratios.tolist(),
+        "mean": float(ratios.mean()),
+        "stderr": stderr,
+        "low": float(ratios.mean()) - 2 * stderr,
+        "median": float(np.median(ratios)),
+        "min": float(ratios.min()),
+      }
+    )
   return out
 
 
@@ -502,12 +521,16 @@ def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:
   if comparison:
     lines += [
       "",
-      "| load (req/s) | adaptive / max(plain, always), per round | median | lowest |",
-      "|---|---|---|---|",
+      "| load (req/s) | better fixed mode | adaptive / it, per round | mean ± s.e. "
+      "| mean − 2 s.e. | lowest |",
+      "|---|---|---|---|---|---|",
     ]
     for c in comparison:
       per_round = ", ".join(f"{x:.3f}" for x in c["ratios"])
-      lines.append(f"| {c['rate']:g} | {per_round} | {c['median']:.3f} | {c['min']:.3f} |")
+      lines.append(
+        f"| {c['rate']:g} | {c['best']} | {per_round} | {c['mean']:.3f} ± {c['stderr']:.3f} "
+        f"| {c['low']:.3f} | {c['min']:.3f} |"
+      )
   return "\n".join(lines)
 
 

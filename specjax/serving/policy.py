@@ -27,8 +27,8 @@ each other. Times taken apart drift on a shared machine (one plain step
 program measured 15-23 ms from one second to the next here), while the
 choice at a full batch hangs on 5-10% (on the bundled pair at T = 1 and 16
 rows, drafting 4 tokens costs about 3x a plain step, for 2.7 tokens). rho
-is the median of the last `window` ratios: first warm-up's (the draft
-lengths taking turns, step by step), then live ones. Every `probe_every`
+is the median of the last `window` ratios: first warm-up's (runs of each
+draft length in turn, every row live), then live ones. Every `probe_every`
 steps the policy runs `probe_steps` steps of another draft length (in turn),
 whichever it uses; the median time of a run of steps over that of the run
 before it at that width is one live ratio, so a probe gives two. A probe
@@ -80,9 +80,9 @@ class SpeculationPolicy:
       `probe_steps` steps of another, to time it against its neighbours (and
       measure its tokens). A probe after which the choice stands doubles the
       wait for the next, up to `max_probe_every`; a switch it leads to resets it.
-    window: the last steps of a run whose median times it; and the ratios
-      kept per (gamma, width) (warm-up's first, then live ones), whose median
-      is rho.
+    window: the last steps of a run whose median times it (and the length
+      of warm-up's runs); and the ratios kept per (gamma, width) (warm-up's
+      first, then live ones), whose median is rho.
     step_time: (gamma, width) -> warm-up seconds (the engine's `warmup` sets
       them; a program without one takes its first live time).
   """
@@ -134,12 +134,6 @@ class SpeculationPolicy:
       return statistics.median(ratios)
     # Without plain steps compiled (gammas without 0) the times compare as they are.
     return self.step_time[gamma, width] / self.step_time.get((0, width), 1.0)
-
-  def seed_cost(self, gamma: int, width: int, ratios: list[float]) -> None:
-    """Records ratios t(gamma) / t(0) at `width` measured at warm-up (steps
-    taking turns), which stand until live ratios displace them."""
-    deque = self._ratios.setdefault((gamma, width), collections.deque(maxlen=self.window))
-    deque.extend(ratios)
 
   def live_step_ms(self) -> dict[str, float]:
     """The median time of each width's latest runs of steps, milliseconds, by
@@ -216,6 +210,14 @@ class SpeculationPolicy:
       prior = self.prior_weight
       self.alpha = (self._accepted + prior / 2) / (self._evaluated + prior)
 
+  def end_runs(self, width: int) -> None:
+    """Closes the runs of steps at `width` (the engine's warm-up does, after
+    its timed runs): the last one gives its ratio, and the next live step at
+    that width starts a run anew."""
+    runs = self._runs.pop(width, [])
+    if len(runs) == 2:
+      self._add_ratio(width, *runs)
+
   def _time_run(self, gamma: int, width: int, seconds: float) -> None:
     """Adds a step to the current run of `gamma` steps at `width`; when a run
     ends, its median time over the previous run's gives a ratio rho."""
@@ -224,19 +226,21 @@ class SpeculationPolicy:
       runs[-1][1].append(seconds)
       return
     runs.append((gamma, collections.deque([seconds], maxlen=self.window)))
-    if len(runs) < 3:
-      return
-    (before, t_before), (after, t_after) = runs[0], runs[1]
-    del runs[0]
+    if len(runs) == 3:
+      self._add_ratio(width, runs.pop(0), runs[0])
+
+  def _add_ratio(self, width: int, before: tuple, after: tuple) -> None:
+    """One ratio rho from two adjacent runs `(gamma, step seconds)` at `width`."""
+    (g_before, t_before), (g_after, t_after) = before, after
     ratio = statistics.median(t_after) / statistics.median(t_before)  # t(after) / t(before)
     # As rho, relative to a plain step: a pair of two draft lengths chains
     # through the rho measured for the earlier one.
-    if before == 0:
-      g, rho = after, ratio
-    elif after == 0:
-      g, rho = before, 1.0 / ratio
-    elif (before, width) in self._ratios:
-      g, rho = after, ratio * self.cost(before, width)
+    if g_before == 0:
+      g, rho = g_after, ratio
+    elif g_after == 0:
+      g, rho = g_before, 1.0 / ratio
+    elif (g_before, width) in self._ratios:
+      g, rho = g_after, ratio * self.cost(g_before, width)
     else:
       return
     self._ratios.setdefault((g, width), collections.deque(maxlen=self.window)).append(rho)

@@ -7,7 +7,8 @@ warm-up):
 
   fresh_rows    prefill new prompts `[n, P]` into rows of their own (target and
                 drafter caches, first token sampled with the row's settings)
-  admit         `fresh_rows` for one request written into one slot
+  admit         `fresh_rows` for one request written into one slot (without
+                a drafter: the target's prefill only)
   step          one speculative iteration (gamma >= 1) or one plain
                 autoregressive step (gamma = 0) on the first `width` slots
   resync        the drafter's state rebuilt from the rows' tokens, after plain
@@ -258,9 +259,18 @@ def _admit(
   *,
   config: SlotConfig,
 ) -> SlotState:
-  """One request (prompt `[1, P]`) prefilled into slot `slot` (a traced index)."""
+  """One request (prompt `[1, P]`) prefilled into slot `slot` (a traced index).
+
+  `drafter` None into a batch that has a drafter state prefills the target
+  only and leaves the slot's drafter state as it was: the engine does so
+  while plain steps run, since the drafter is re-synced from every row's
+  tokens before it drafts again.
+  """
   TRACE_COUNTS["engine_admit"] += 1
   row = fresh_rows(target, drafter, prompt, prompt_length, budget, stop, sampling, key, config)
+  if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
+    stale = jax.tree.map(lambda x: x[slot][None], state.spec.drafter_state)
+    row = row.replace(spec=row.spec.replace(drafter_state=stale))
   return map_rows(lambda full, new: full.at[slot].set(new[0]), state, row)
 
 
