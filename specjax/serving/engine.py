@@ -502,8 +502,13 @@ class Engine:
     Returns:
       seconds per step program (the fastest run's median), by "gamma=G,width=W".
     """
-    state = self._state
-    self._state = jax.tree.map(jnp.copy, state)  # the programs donate their input
+    # The programs donate their input: live requests' rows are kept aside (a
+    # batch of free slots is simply rebuilt), so warm-up holds at most three
+    # batches of caches at once.
+    busy = self.live_requests() > 0
+    state = self._state if busy else None
+    if busy:
+      self._state = jax.tree.map(jnp.copy, state)
     t = self._programs
     key = self._key
 
@@ -563,7 +568,8 @@ class Engine:
         seconds = min(medians[gamma], default=compiled[gamma])
         self.policy.step_time[gamma, width] = seconds
         times[f"gamma={gamma},width={width}"] = seconds
-    self._state = jax.block_until_ready(state)
+    del live
+    self._state = jax.block_until_ready(state) if busy else self._blank()
     return times
 
   # --------------------------------------------------------------- metrics
