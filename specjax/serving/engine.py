@@ -381,6 +381,10 @@ class Engine:
     """Prefills queued requests into the lowest free slots; streams first tokens."""
     admitted = []
     events = []
+    # After plain steps the drafter is re-synced from every row before it
+    # drafts again: prefilling it now would be work thrown away.
+    target_only = self._drafter_stale and self.drafter is not None
+    drafter = None if target_only else self.drafter
     while self._queue and None in self._slots:
       live = self._queue.popleft()
       del self._queued[live.request_id]
@@ -393,9 +397,7 @@ class Engine:
       try:
         self._state = programs.admit(
           self.target,
-          # After plain steps the drafter is re-synced from every row before it
-          # drafts again: prefilling it now would be work thrown away.
-          None if self._drafter_stale else self.drafter,
+          drafter,
           self._state,
           jnp.int32(slot),
           jnp.asarray(np.pad(prompt, (0, width - prompt.size))[None]),
@@ -411,7 +413,7 @@ class Engine:
         continue
       self._slots[slot] = live
       admitted.append(slot)
-      self.counters["admitted_target_only"] += self._drafter_stale and self.drafter is not None
+      self.counters["admitted_target_only"] += target_only
     if admitted:
       spec = self._state.spec
       tokens, num_generated, done, stats = jax.device_get(
