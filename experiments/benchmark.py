@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 import ml_collections
-from absl import app, flags
+from absl import flags
 from flax import nnx
 
 import specjax
@@ -133,4 +133,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

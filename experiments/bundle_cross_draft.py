@@ -27,6 +27,7 @@ import shutil
 import numpy as np
 from absl import app, flags
 
+from experiments import common
 from experiments.bundle_pair import run_lineage, write_card
 from specjax import pretrained
 from specjax.data import Tokenizer
@@ -112,4 +113,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

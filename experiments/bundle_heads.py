@@ -17,6 +17,7 @@ import os
 
 from absl import app, flags, logging
 
+from experiments import common
 from experiments.bundle_pair import run_record
 from specjax import pretrained
 from specjax.models.heads import HEAD_KINDS
@@ -97,4 +98,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

@@ -17,8 +17,9 @@ import os
 import shutil
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from experiments import common
 from specjax import pretrained
 from specjax.data import Tokenizer
 from specjax.hf.export import save_model
@@ -122,4 +123,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

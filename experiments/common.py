@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,34 @@ CONFIG_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "con
 # A markdown column: (header, cell). A cell is a `str.format` template over the
 # row's keys ("{speedup:.2f}") or a function from the row to the cell's text.
 Column = tuple[str, str | Callable[[Mapping[str, Any]], str]]
+
+
+# What a user's input can get wrong (a missing file or checkpoint, a bad value):
+# reported as one line by `run`, not as a traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FileExistsError)
+
+
+def run(main: Callable[[Sequence[str]], Any]) -> None:
+  """`app.run(main)`, with a user error (`USER_ERRORS`) printed as one line.
+
+  The launcher exits with status 2 and `error: MESSAGE` on stderr. Set
+  SPECJAX_TRACEBACK=1 to see the traceback instead (a ValueError may also be a
+  bug worth reading).
+  """
+
+  def guarded(argv: Sequence[str]) -> Any:
+    try:
+      return main(argv)
+    except USER_ERRORS as e:
+      if os.environ.get("SPECJAX_TRACEBACK"):
+        raise
+      message = str(e) or type(e).__name__
+      if isinstance(e, OSError) and e.filename and e.strerror:
+        message = f"{e.filename}: {e.strerror}"
+      print(f"error: {message}", file=sys.stderr)
+      sys.exit(2)
+
+  app.run(guarded)
 
 
 def define_config_flag(help_text: str, default_file: str | None = None) -> None:

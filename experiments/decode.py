@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 import specjax
 import specjax.hf
@@ -435,4 +435,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

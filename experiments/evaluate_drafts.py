@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app, flags
+from absl import flags
 
 from experiments import common
 from specjax.data import TokenDataset, Tokenizer
@@ -101,4 +101,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

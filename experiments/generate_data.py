@@ -21,9 +21,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import specjax
+from experiments import common
 from specjax.data import TokenDataset, Tokenizer
 from specjax.data.dataset import check_tokenizer, tokenizer_record, write_meta
 from specjax.training.checkpoint import MODEL_CONFIG_FILE, load_trained_model
@@ -175,4 +176,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

@@ -34,7 +34,7 @@ import os
 import time
 
 import jax
-from absl import app, flags
+from absl import flags
 from flax import nnx
 
 import specjax
@@ -251,4 +251,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

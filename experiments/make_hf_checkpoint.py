@@ -13,8 +13,9 @@ from __future__ import annotations
 import glob
 import os
 
-from absl import app, flags
+from absl import flags
 
+from experiments import common
 from specjax.data.corpus import stdlib_root
 from specjax.data.tokenizer import train_tokenizer
 
@@ -107,4 +108,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

@@ -18,7 +18,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from flax import nnx
 from jax.sharding import AbstractMesh
 
@@ -133,4 +133,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

@@ -26,7 +26,7 @@ import json
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags, logging
+from absl import flags, logging
 
 import specjax
 from experiments import common
@@ -228,4 +228,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)

@@ -22,7 +22,7 @@ import signal
 import time
 
 import ml_collections
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from specjax import dtypes
@@ -239,4 +239,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run(main)
