@@ -9,7 +9,8 @@
 Starts from the corpus-distilled draft (configs/distill_draft.py) and goes on
 with the same forward-KL objective on windows of text the target generated
 itself (half greedy, half sampled): the distribution the draft meets when it
-drafts for that target.
+drafts for that target. runs/data_gen must exist: only the corpus directory
+(config.data.corpus_dir, runs/data) is encoded on first use.
 """
 
 from configs import distill_draft
@@ -21,5 +22,8 @@ def get_config():
   c.warmup_steps = 50
   c.learning_rate = 1e-3
   c.init_from = ""  # required: the corpus-distilled draft's run directory
+  # Only the corpus is encoded on first use (into runs/data): a missing
+  # --config.data.dir (runs/data_gen) is an error naming generate_data.
+  c.data.corpus_dir = "runs/data"
   c.eval_every = 200
   return c

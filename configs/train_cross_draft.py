@@ -15,6 +15,9 @@ tokenizer (experiments/bundle_cross_draft.py --reencode), from stage 1's weights
       --workdir=runs/xdraft_gen --config.data.dir=runs/data_x1024_gen \
       --config.data.tokenizer=runs/data_x1024/tokenizer.json \
       --config.init_from=runs/xdraft_ce --config.num_steps=600
+
+Only stage 1's directory (config.data.corpus_dir, runs/data_x1024) is encoded
+from the corpus on first use: a missing stage-2 directory is an error.
 """
 
 from specjax.training.config import base_config, model_fields
@@ -23,6 +26,8 @@ from specjax.training.config import base_config, model_fields
 def get_config():
   c = base_config()
   c.data.vocab_size = 1024
+  # Stage 1's corpus, encoded on first use; stage 2's data must exist.
+  c.data.corpus_dir = "runs/data_x1024"
   # max_seq_len bounds the draft's own cache, which holds the committed text in
   # the draft's tokens (more of them than the target's): RoPE, no extra weights.
   c.model = model_fields(

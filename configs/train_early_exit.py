@@ -14,7 +14,9 @@ continuations (runs/data_gen, from
 `python -m experiments.generate_data --target=specjax/pretrained/stdlib_pair/target
 --data_dir=runs/data --out=runs/data_gen`: 1.3M tokens, half greedy, half sampled
 at T = 1). Phase 2 resumes the run with a longer cosine schedule: the learning
-rate restarts near its peak and decays to the new end.
+rate restarts near its peak and decays to the new end. Only phase 1's corpus
+directory (config.data.corpus_dir, runs/data) is encoded on first use: a missing
+runs/data_gen is an error naming the generate_data command above.
 """
 
 from specjax.training.config import head_base_config

@@ -493,3 +493,59 @@ def test_dtype_names_are_checked(tmp_path):
     check_config(config)
   with pytest.raises(ValueError, match=r"^dtype must be one of"):
     load_trained_model(str(tmp_path / "nowhere"), dtype="fp16")
+
+
+def test_a_missing_data_dir_is_built_only_as_the_corpus(tmp_path, corpus_root, data_dir):
+  """Issue 28: phase 2 on a missing data dir (runs/data_gen) is refused before
+  anything is written, naming --config.data.dir and the command that makes it;
+  the config's corpus directory (or <workdir>/data) is encoded on first use."""
+  from configs import distill_draft_gen, train_eagle
+  from specjax.training.trainer import check_data
+
+  gen = str(tmp_path / "data_gen")
+  run = tmp_path / "eagle"
+  config = train_eagle.get_config()
+  config.data.dir = gen
+  with pytest.raises(
+    FileNotFoundError,
+    match=rf"^--config.data.dir={gen}: no such directory\. Only the corpus directory "
+    r"\(config.data.corpus_dir=runs/data\) .* python -m experiments.generate_data "
+    rf"--target=.*stdlib_pair/target --data_dir=runs/data --out={gen} ",
+  ):
+    train(config, str(run), echo=_silent)
+  assert not run.exists() and not os.path.exists(gen)
+  # A directory with some splits only (an interrupted generate_data) is no better.
+  os.makedirs(gen)
+  shutil.copyfile(os.path.join(data_dir, "test.bin"), os.path.join(gen, "test.bin"))
+  shutil.copyfile(os.path.join(data_dir, "test.json"), os.path.join(gen, "test.json"))
+  with pytest.raises(FileNotFoundError, match="no token files train.bin, validation.bin"):
+    check_data(config, str(run))
+  # Distillation's phase 2 names its teacher in the command.
+  config = distill_draft_gen.get_config()
+  config.data.dir, config.teacher = str(tmp_path / "nowhere"), "runs/target"
+  with pytest.raises(FileNotFoundError, match="generate_data --target=runs/target --data_dir"):
+    check_data(config, str(run))
+  # Built on first use: the corpus directory itself, <workdir>/data, and any
+  # directory of a config that names no corpus directory (train_tiny).
+  for dir_, corpus_dir in (("runs/data", "runs/data"), ("", "runs/data"), (gen, "")):
+    config.data.dir, config.data.corpus_dir = dir_, corpus_dir
+    check_data(config, str(run))
+  # An existing data dir is used as it is.
+  config.data.dir, config.data.corpus_dir = data_dir, "runs/data"
+  check_data(config, str(run))
+
+
+def test_runs_a_config_reads_are_checked_before_any_data(tmp_path, corpus_root):
+  """A missing teacher or init_from run is one line naming the flag, before the
+  corpus is encoded."""
+  data = str(tmp_path / "data")
+  for name, message in (
+    ("teacher", r"^--config.teacher: .*nowhere: no such run directory$"),
+    ("init_from", r"^--config.init_from: .*nowhere: no such run directory$"),
+  ):
+    config = _config(corpus_root, data, **{name: str(tmp_path / "nowhere")})
+    if name == "teacher":
+      config.loss = "kl"
+    with pytest.raises(FileNotFoundError, match=message):
+      train(config, str(tmp_path / "run"), echo=_silent)
+  assert not os.path.exists(data) and not os.path.exists(tmp_path / "run")

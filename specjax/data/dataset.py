@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -146,6 +146,30 @@ def check_tokenizer(path: str, tokenizer: Tokenizer, log: Callable[[str], None] 
     )
 
 
+def missing_splits(data_dir: str) -> list[str]:
+  """The splits (in `SPLITS` order) without a complete `<data_dir>/<split>.bin`.
+
+  A .bin without its meta is an interrupted encoding (the meta is written
+  last), so it counts as missing.
+  """
+  paths = {split: os.path.join(data_dir, f"{split}.bin") for split in SPLITS}
+  return [s for s, p in paths.items() if not (os.path.isfile(p) and os.path.isfile(meta_path(p)))]
+
+
+def check_data_dir(data_dir: str, name: str, files: Sequence[str]) -> None:
+  """Raises FileNotFoundError, naming `name` (the flag that gave `data_dir`),
+  unless `data_dir` is a directory holding every one of `files`.
+
+  Launchers call it before any work: a missing data directory is reported as
+  one line, not after a model has loaded.
+  """
+  if not os.path.isdir(data_dir):
+    raise FileNotFoundError(f"{name}: {data_dir}: no such data directory")
+  missing = [f for f in files if not os.path.isfile(os.path.join(data_dir, f))]
+  if missing:
+    raise FileNotFoundError(f"{name}: data directory {data_dir} lacks {', '.join(missing)}")
+
+
 def prepare_splits(
   data_dir: str, tokenizer: Tokenizer, root: str | None = None, log: Callable[[str], None] = print
 ) -> dict[str, str]:
@@ -155,9 +179,8 @@ def prepare_splits(
   before anything is encoded. Returns {split: path}.
   """
   paths = {split: os.path.join(data_dir, f"{split}.bin") for split in SPLITS}
-  # A .bin without its meta is an interrupted encoding: the meta is written last.
-  done = {s for s, p in paths.items() if os.path.exists(p) and os.path.exists(meta_path(p))}
-  for split in sorted(done, key=SPLITS.index):
+  done = [split for split in SPLITS if split not in missing_splits(data_dir)]
+  for split in done:
     check_tokenizer(paths[split], tokenizer, log)
   os.makedirs(data_dir, exist_ok=True)
   for split, path in paths.items():

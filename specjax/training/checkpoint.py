@@ -109,6 +109,45 @@ def has_checkpoints(workdir: str) -> bool:
   )
 
 
+def check_run(workdir: str, name: str, kind: str = "model") -> None:
+  """Raises FileNotFoundError, naming `name` (the flag or field that gave
+  `workdir`), unless `workdir` is a training run of a `kind` with a checkpoint.
+
+  For launchers to call before any work, so that a mistyped run directory is
+  one line naming the flag, not a failure after other models have loaded.
+
+  Args:
+    workdir: the run directory (experiments.train's --workdir).
+    name: e.g. "--target" or "config.teacher".
+    kind: "model" (model_config.json) or "head" (head_config.json).
+  """
+  if kind not in ("model", "head"):
+    raise ValueError(f"kind must be 'model' or 'head', got {kind!r}.")
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"{name}: {workdir}: no such run directory")
+  want, other = (
+    (HEAD_CONFIG_FILE, MODEL_CONFIG_FILE)
+    if kind == "head"
+    else (MODEL_CONFIG_FILE, HEAD_CONFIG_FILE)
+  )
+  if not os.path.isfile(os.path.join(workdir, want)):
+    if os.path.isfile(os.path.join(workdir, other)):
+      what = "a model" if kind == "head" else "a draft head"
+      raise FileNotFoundError(
+        f"{name}: {workdir} is the training run of {what} ({other}), not of a {kind}"
+      )
+    hint = (
+      " (it is a Hugging Face checkpoint: config.json)"
+      if os.path.isfile(os.path.join(workdir, "config.json"))
+      else ""
+    )
+    raise FileNotFoundError(f"{name}: {workdir} is not a training run directory: no {want}{hint}")
+  if not has_checkpoints(workdir):
+    raise FileNotFoundError(
+      f"{name}: the run {workdir} holds no checkpoint yet ({CHECKPOINT_DIR}/<step>/)"
+    )
+
+
 def check_resumable(workdir: str, cfg: ModelConfig | HeadConfig) -> None:
   """Raises ValueError when `workdir` holds checkpoints of a model (or head) other than `cfg`.
 

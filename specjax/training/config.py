@@ -37,6 +37,12 @@ def base_config() -> ml_collections.ConfigDict:
       # An existing tokenizer.json; "" -> <data dir>/tokenizer.json, trained if missing.
       tokenizer="",
       vocab_size=4096,
+      # The directory the corpus (root) is encoded into on first use. "" -> any
+      # missing `dir` is. A config whose second phase trains on data made for it
+      # (the target's continuations, experiments.generate_data) names its corpus
+      # directory here: a missing `dir` other than it is then an error naming
+      # the command that makes it, not a corpus encoded in its place.
+      corpus_dir="",
     )
   )
   c.model = model_fields(4096, 128, 2, 2, 344, 512)
@@ -82,11 +88,14 @@ def base_config() -> ml_collections.ConfigDict:
 
 def head_base_config(kind: str) -> ml_collections.ConfigDict:
   """What the head configs share: a `kind` head on the bundled target, trained on the
-  stdlib corpus tokenized with the bundled tokenizer, forward KL to the target."""
+  stdlib corpus tokenized with the bundled tokenizer (encoded on first use into
+  runs/data only), forward KL to the target."""
   from specjax import pretrained  # imported here: only head runs need the bundled files
 
   c = base_config()
   c.data.tokenizer = pretrained.TOKENIZER_FILE
+  # Phase 1's corpus; phase 2's data (the target's continuations) must exist.
+  c.data.corpus_dir = "runs/data"
   c.head.kind = kind
   c.loss = "kl"
   # Small batches, many updates: the heads are small, and on a CPU the frozen

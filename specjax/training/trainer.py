@@ -3,7 +3,8 @@
   history = train(config, workdir)
 
 Everything a run needs is derived from `config` and `workdir`: the tokenizer
-and token files (built on first use), the model, AdamW, and an orbax
+and token files (the corpus, encoded on first use; other data must exist, see
+`check_data`), the model, AdamW, and an orbax
 `Checkpointer` that resumes from the latest step automatically. Batches are a
 pure function of `(seed, step)` and the step is jitted and deterministic, so an
 interrupted run resumed from step s continues with the same losses as an
@@ -37,6 +38,7 @@ import optax
 from flax import nnx
 
 from specjax.data import TokenDataset, Tokenizer, corpus_files, prepare_splits, train_tokenizer
+from specjax.data.dataset import missing_splits
 from specjax.distributed import make_mesh, shard_batch, shard_model, shard_process_batch
 from specjax.dtypes import to_dtype
 from specjax.models.config import ModelConfig
@@ -108,13 +110,76 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def data_dir_of(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The run's data directory: `config.data.dir`, or `<workdir>/data` when empty."""
+  return config.data.dir or os.path.join(workdir, "data")
+
+
+def _shown(path: str) -> str:
+  """`path` relative to the working directory when it lies under it (for commands)."""
+  relative = os.path.relpath(path)
+  return path if relative.startswith(os.pardir) else relative
+
+
+def _same_path(a: str, b: str) -> bool:
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_data(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Raises FileNotFoundError, naming --config.data.dir, when its token files are
+  missing and it is not a directory the corpus may be encoded into.
+
+  The corpus (`config.data.root`: the standard library) is encoded on first use
+  into `<workdir>/data` (an empty `config.data.dir`) or, when the config names
+  one, its corpus directory `config.data.corpus_dir` only (any data dir when it
+  is empty). Another data directory holds data made for the run, e.g. the
+  target's own continuations (`experiments.generate_data`) of a second phase:
+  it must exist, since a corpus encoded in its place would be trained on
+  without a word.
+  """
+  data_dir = data_dir_of(config, workdir)
+  corpus_dir = config.data.corpus_dir
+  if not config.data.dir or not corpus_dir or _same_path(data_dir, corpus_dir):
+    return
+  missing = missing_splits(data_dir)
+  if not missing:
+    return
+  if head_training.head_kind(config) or config.teacher:
+    target = (
+      _shown(head_training.target_dir(config))
+      if head_training.head_kind(config)
+      else config.teacher
+    )
+    make = (
+      f"python -m experiments.generate_data --target={target} --data_dir={corpus_dir} "
+      f"--out={data_dir}"
+    )
+  else:
+    make = (
+      "experiments.generate_data (the target's continuations; re-encoded by "
+      "experiments.bundle_cross_draft --reencode for a draft with a tokenizer of its own)"
+    )
+  found = (
+    "no such directory"
+    if not os.path.isdir(data_dir)
+    else f"no token files {', '.join(f'{split}.bin' for split in missing)}"
+  )
+  raise FileNotFoundError(
+    f"--config.data.dir={data_dir}: {found}. Only the corpus directory "
+    f"(config.data.corpus_dir={corpus_dir}) is encoded on first use; another data "
+    f"directory holds data made for this run. Make it first: {make} "
+    f"(or set --config.data.corpus_dir={data_dir} to encode the corpus there)"
+  )
+
+
 def prepare_data(
   config: ml_collections.ConfigDict,
   workdir: str,
   log: Callable[[str], None] = print,
   vocab: tuple[str, int] | None = None,
 ) -> tuple[Tokenizer, dict[str, str]]:
-  """The tokenizer and `<split>.bin` paths, building whatever is missing.
+  """The tokenizer and `<split>.bin` paths, building whatever is missing (only the
+  corpus, only where `check_data` allows).
 
   `config.data.tokenizer` names an existing tokenizer.json; when empty, one is
   trained on the train split (byte-level BPE, `config.data.vocab_size`) into
@@ -126,7 +191,8 @@ def prepare_data(
   instead of config.model's: the tokenizer must then exist already, since a
   new one would not give that model's ids.
   """
-  data_dir = config.data.dir or os.path.join(workdir, "data")
+  check_data(config, workdir)
+  data_dir = data_dir_of(config, workdir)
   path = config.data.tokenizer or os.path.join(data_dir, "tokenizer.json")
   trained = not config.data.tokenizer and not os.path.exists(path)
   vocab_name, vocab_size = vocab or ("config.model.vocab_size", config.model.vocab_size)
@@ -374,10 +440,17 @@ def train(
       does not fit its target, token files of another tokenizer, or splits too
       small for a batch; all before a checkpoint, metrics or the run's config
       file is written, and before anything compiles.
+    FileNotFoundError: a missing run (teacher, init_from), head target or data
+      directory that is not the corpus's (`check_data`), naming the flag;
+      before any data is encoded.
     FloatingPointError: the loss stopped being finite (the last checkpoint is
       kept as it was).
   """
   check_config(config)
+  # Runs this one reads, checked before any data is encoded or model loaded.
+  for name in ("teacher", "init_from"):
+    if config.get(name):
+      ckpt.check_run(config[name], f"--config.{name}")
   head_dir = None
   if head_training.head_kind(config):
     # Only the target's JSON is read here: a bad head config fails before any weights load.
