@@ -29,8 +29,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.slots = 8
   config.gamma = 4
   config.policy = "adaptive"  # never (plain decoding, no draft) | always | adaptive
-  config.prompt_buckets = (64, 128, 256)  # prompt widths compiled; the largest is the limit
-  config.max_new_tokens = 256  # the most tokens a request may ask for
+  # Prompt widths compiled (the largest is the prompt limit) and the most tokens a
+  # request may ask for; () and 0: fitted to the model's context (logged at start-up;
+  # the bundled pair: (64, 128, 256) and 251). A slot holds the largest bucket +
+  # max_new_tokens + gamma + 1 positions, at most the model's max_seq_len.
+  config.prompt_buckets = ()
+  config.max_new_tokens = 0
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
   config.seed = 0
   config.stop_at_eos = True  # requests stop at the checkpoint's EOS ids

@@ -82,7 +82,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   _sampling(config)
   try:
-    engine_config(config, "adaptive")
+    engine_config(config, "adaptive", fit_model=False)
   except ValueError as e:  # EngineConfig's messages start with the field's name
     raise ValueError(f"config.{e}") from None
 
@@ -107,11 +107,10 @@ def _in_process_engines(config, progress):
   engines, warmup_s = {}, {}
   for mode in config.modes:
     policy = load.MODES[mode]
-    engine = Engine(
-      target, None if policy == "never" else draft, engine_config(config, policy), eos_ids=eos
-    )
+    settings = engine_config(config, policy, fit_model=False)
+    engine = Engine(target, None if policy == "never" else draft, settings, eos_ids=eos)
     start = time.perf_counter()
-    engine.warmup()
+    engine.warmup(progress=lambda line, mode=mode: progress(f"{mode}: {line}"))
     warmup_s[mode] = time.perf_counter() - start
     progress(f"{mode}: engine warmed up in {warmup_s[mode]:.1f} s")
     engines[mode] = engine
@@ -131,7 +130,9 @@ def run(
   result: dict[str, Any] = {"config": config.to_dict(), "target": config.target, "warmup_s": {}}
   if config.target == "inprocess":
     tokenizer, engines, result["warmup_s"] = _in_process_engines(config, progress)
-    requests = _requests(config, tokenizer, engine_config(config, "adaptive").max_prompt_len)
+    requests = _requests(
+      config, tokenizer, engine_config(config, "adaptive", fit_model=False).max_prompt_len
+    )
     rows = load.sweep(
       engines, requests, rates, seed=config.seed, repeats=config.repeats, progress=progress, **slos
     )

@@ -9,9 +9,13 @@
   curl -N localhost:8000/v1/completions -d '{"prompt": "import os\\n", "stream": true}'
   curl localhost:8000/health; curl localhost:8000/metrics
 
-Compiles every engine program before it accepts requests (the warm-up's time is
-logged). SIGINT or SIGTERM stop it cleanly: no new connections, running requests
-get `config.shutdown_timeout_s` to finish, the rest are cancelled, exit code 0.
+Prompt buckets and the per-request token budget are fitted to the model's
+context unless set (`--config.prompt_buckets`, `--config.max_new_tokens`; values
+that cannot fit are refused before anything compiles). Every engine program is
+compiled before requests are accepted, with a log line per program group (about
+a minute on 2 cores). SIGINT or SIGTERM stop it cleanly: no new connections,
+running requests get `config.shutdown_timeout_s` to finish, the rest are
+cancelled, exit code 0.
 See configs/serve.py for the settings and `specjax.serving.http` for the API.
 """
 
@@ -27,10 +31,12 @@ from absl import flags, logging
 from experiments import common
 from specjax import dtypes
 from specjax.serving.load import MODES, ByteTokenizer, tiny_setup
-from specjax.validation import check_int
+from specjax.validation import check_int, is_int
 
 MODEL_KINDS = ("bundled", "hf", "tiny")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# How messages about fitting the engine to the model's context name its fields.
+FIT_FLAGS = {name: f"--config.{name}" for name in ("prompt_buckets", "max_new_tokens", "gamma")}
 
 
 def load_models(
@@ -126,16 +132,34 @@ def _model_kind(kind: str, target: str, draft: str, fields) -> str:
   return "hf" if target else kind
 
 
-def engine_config(config: ml_collections.ConfigDict, policy: str | None = None):
-  """The `EngineConfig` of `config`'s engine fields, with `policy` if given."""
+def engine_config(
+  config: ml_collections.ConfigDict, policy: str | None = None, *, fit_model: bool = True
+):
+  """The `EngineConfig` of `config`'s engine fields, with `policy` if given.
+
+  Args:
+    config: a launcher's config with the engine's fields.
+    policy: overrides `config.policy`.
+    fit_model: `()` prompt buckets and 0 max_new_tokens mean "fit the model's
+      context" (None: `specjax.serving.fit_config` derives them, the server's
+      defaults); False passes them on as given (the load test's
+      max_new_tokens is every request's budget, and must be >= 1).
+  """
   from specjax.serving import EngineConfig
 
+  buckets, budget = tuple(config.prompt_buckets), config.max_new_tokens
+  if fit_model:
+    if not is_int(budget) or budget < 0:
+      raise ValueError(
+        f"max_new_tokens must be an integer >= 0 (0: fit the model's context), got {budget!r}."
+      )
+    buckets, budget = buckets or None, budget or None
   return EngineConfig(
     slots=config.slots,
     gamma=config.gamma,
     policy=config.policy if policy is None else policy,
-    prompt_buckets=tuple(config.prompt_buckets),
-    max_new_tokens=config.max_new_tokens,
+    prompt_buckets=buckets,
+    max_new_tokens=budget,
     widths=tuple(config.widths) or None,
     seed=config.seed,
   )
@@ -182,7 +206,7 @@ def serve(config: ml_collections.ConfigDict) -> None:
 
   import uvicorn
 
-  from specjax.serving import Engine
+  from specjax.serving import Engine, fit_config
   from specjax.serving.background import BackgroundEngine
   from specjax.serving.http import make_app
 
@@ -197,15 +221,20 @@ def serve(config: ml_collections.ConfigDict) -> None:
     need_draft=not plain,
   )
   name = config.model_name or name
-  engine = Engine(target, draft, engine_config(config), eos_ids=eos)
+  # Prompt buckets and budget fitted to the models' context (derived when left
+  # unset, logged), or refused naming the flags, before anything compiles.
+  fitted = fit_config(engine_config(config), target, draft, names=FIT_FLAGS)
+  engine = Engine(target, draft, fitted, eos_ids=eos)
   start = time.perf_counter()
-  engine.warmup()
+  engine.warmup()  # logs a line per program group
   logging.info(
-    "warm-up: every program compiled in %.1f s (policy %s, %d slots, prompts up to %d tokens)",
+    "warm-up: every program compiled in %.1f s (policy %s, %d slots, prompts up to %d "
+    "tokens, up to %d new tokens)",
     time.perf_counter() - start,
     config.policy,
     config.slots,
     engine.config.max_prompt_len,
+    engine.config.max_new_tokens,
   )
   background = BackgroundEngine(engine)
   serving = True

@@ -2,6 +2,7 @@
 with their own settings, an adaptive speculation policy, metrics.
 
   Engine, EngineConfig        the engine (`specjax.serving.engine`)
+  fit_config                  prompt buckets and budget fitted to the models' context
   Request, Event, Completion  what goes in and comes out (`.request`)
   SpeculationPolicy           draft length per step (`.policy`)
   summarize, percentiles      latency and throughput figures (`.metrics`)
@@ -11,7 +12,7 @@ The HTTP endpoint (`specjax.serving.http`, FastAPI) needs `pip install 'specjax[
 """
 
 from specjax.serving.background import BackgroundEngine
-from specjax.serving.engine import Engine, EngineConfig
+from specjax.serving.engine import Engine, EngineConfig, fit_config
 from specjax.serving.metrics import percentiles, summarize
 from specjax.serving.policy import SpeculationPolicy
 from specjax.serving.request import Completion, Event, Request
@@ -24,6 +25,7 @@ __all__ = [
   "Event",
   "Request",
   "SpeculationPolicy",
+  "fit_config",
   "percentiles",
   "summarize",
 ]

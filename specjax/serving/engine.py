@@ -13,7 +13,9 @@ Each `Engine.step()`:
   5. streams each request's newly committed tokens and frees finished slots.
 
 Every shape is static (slots, cache capacity, a few prompt-width buckets), so
-after `warmup()` requests of any length and settings never recompile. Each
+after `warmup()` requests of any length and settings never recompile. Buckets
+and the per-request budget left unset are fitted to the models' context
+(`fit_config`). Each
 request brings its own budget, stop id and sampling settings (`RowSampling`
 rows: greedy and sampled requests share a step). The engine is
 single-threaded; `specjax.serving.background` runs it behind a thread for
@@ -25,7 +27,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import time
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +47,13 @@ from specjax.serving.policy import POLICIES, SpeculationPolicy
 from specjax.serving.request import Completion, Event, Request
 from specjax.validation import check_eos_ids, check_positive_int, is_int
 
+logger = logging.getLogger(__name__)
+
+# The derived largest prompt bucket and generation budget are at most this: each
+# slot's caches hold prompt + budget + gamma + 1 positions, and a long-context
+# model (32k positions) would otherwise get caches that long in every slot.
+DERIVED_CAP = 256
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -58,7 +69,9 @@ class EngineConfig:
       each); default (0, gamma).
     prompt_buckets: prompt widths compiled for prefill; a prompt is padded to
       the smallest that holds it; the largest is the longest prompt accepted.
-    max_new_tokens: the most tokens one request may ask for.
+      None: derived from the models' context (`fit_config`).
+    max_new_tokens: the most tokens one request may ask for. None: derived
+      from the models' context (`fit_config`).
     widths: batch widths compiled for steps (the live rows run at the
       smallest that holds them); default: powers of 2 up to `slots`, then
       `slots`.
@@ -70,21 +83,26 @@ class EngineConfig:
   gamma: int = 4
   policy: str = "adaptive"
   gammas: tuple[int, ...] | None = None
-  prompt_buckets: tuple[int, ...] = (64, 128, 256)
-  max_new_tokens: int = 256
+  prompt_buckets: tuple[int, ...] | None = None
+  max_new_tokens: int | None = None
   widths: tuple[int, ...] | None = None
   seed: int = 0
 
   def __post_init__(self):
     check_positive_int("slots", self.slots)
     check_positive_int("gamma", self.gamma)
-    check_positive_int("max_new_tokens", self.max_new_tokens)
+    if self.max_new_tokens is not None:
+      check_positive_int("max_new_tokens", self.max_new_tokens)
     if self.policy not in POLICIES:
       raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}.")
-    buckets = tuple(self.prompt_buckets)
-    if not buckets or not all(is_int(p) and p >= 1 for p in buckets):
-      raise ValueError(f"prompt_buckets must be non-empty integers >= 1, got {buckets!r}.")
-    object.__setattr__(self, "prompt_buckets", tuple(sorted(set(int(p) for p in buckets))))
+    if self.prompt_buckets is not None:
+      buckets = tuple(self.prompt_buckets)
+      if not buckets or not all(is_int(p) and p >= 1 for p in buckets):
+        raise ValueError(
+          f"prompt_buckets must be non-empty integers >= 1 (or None: fit the model), "
+          f"got {buckets!r}."
+        )
+      object.__setattr__(self, "prompt_buckets", tuple(sorted(set(int(p) for p in buckets))))
     if self.gammas is not None:
       gammas = tuple(self.gammas)
       if not gammas or not all(is_int(g) and 0 <= g <= self.gamma for g in gammas):
@@ -99,8 +117,9 @@ class EngineConfig:
       raise ValueError(f"seed must be an integer, got {self.seed!r}.")
 
   @property
-  def max_prompt_len(self) -> int:
-    return self.prompt_buckets[-1]
+  def max_prompt_len(self) -> int | None:
+    """The largest prompt bucket (None while the buckets are left to `fit_config`)."""
+    return None if self.prompt_buckets is None else self.prompt_buckets[-1]
 
   @property
   def step_widths(self) -> tuple[int, ...]:
@@ -117,6 +136,116 @@ class EngineConfig:
     if self.policy == "always":
       return (self.gamma,)
     return self.gammas if self.gammas is not None else (0, self.gamma)
+
+
+def context_limit(
+  target: Transformer, draft: Transformer | Drafter | None = None
+) -> tuple[str, int]:
+  """`(role, max_seq_len)` of the shorter context: the target's, or a draft
+  model's ("draft") when it is shorter. Drafters without a model of their own
+  (prompt lookup, heads on the target) do not limit it."""
+  limit = ("target", target.cfg.max_seq_len)
+  drafter = None if draft is None else as_drafter(draft)
+  model = getattr(drafter, "model", None)
+  if isinstance(model, Transformer) and model.cfg.max_seq_len < limit[1]:
+    limit = ("draft", model.cfg.max_seq_len)
+  return limit
+
+
+def fit_config(
+  config: EngineConfig,
+  target: Transformer,
+  draft: Transformer | Drafter | None = None,
+  *,
+  names: Mapping[str, str] | None = None,
+) -> EngineConfig:
+  """`config` with prompt buckets and a generation budget that fit the models' context.
+
+  A slot holds `max(prompt_buckets) + max_new_tokens + gamma + 1` positions in
+  the target's cache and in a draft model's: at most the shorter `max_seq_len`,
+  C. What `config` leaves None is derived from C (and logged):
+    - the largest prompt bucket P is the largest power of two <= C / 2 (<= 256;
+      given `max_new_tokens`, <= what it leaves), with P / 2 and P / 4 below;
+    - max_new_tokens = C - P - gamma - 1 (<= 256).
+  The caps keep a long-context model's caches small; set the fields for more.
+  Given values are kept and checked. Nothing is compiled.
+
+  Args:
+    config: the engine's settings.
+    target: the target `Transformer`.
+    draft: the draft `Transformer` or drafter; None for plain decoding.
+    names: how messages name `prompt_buckets`, `max_new_tokens` and `gamma`
+      (e.g. a launcher's flags); default those field names.
+
+  Returns:
+    `config` with `prompt_buckets` and `max_new_tokens` set.
+
+  Raises:
+    ValueError: they cannot fit C; the message names the fields to change.
+  """
+  n = {k: k for k in ("prompt_buckets", "max_new_tokens", "gamma")}
+  n.update(names or {})
+  pb, mnt, gm = n["prompt_buckets"], n["max_new_tokens"], n["gamma"]
+  role, context = context_limit(target, draft)
+  gamma = config.gamma
+  room = context - gamma - 1  # positions for the prompt and the new tokens
+  where = f"{role}: max_seq_len={context}"
+  if room < 2:
+    raise ValueError(
+      f"{where} holds no prompt and new token besides {gm} + 1 ({gamma + 1}); lower {gm}"
+      + (f" (at most {context - 3})." if context >= 4 else "; this model's context is too short.")
+    )
+  largest, budget = config.max_prompt_len, config.max_new_tokens
+  unset = f"or leave {pb} and {mnt} unset to fit them to the model"
+  if largest is not None and budget is not None:
+    if largest + budget > room:
+      hints = []
+      if room - largest >= 1:
+        hints.append(f"{mnt}={room - largest} fits these buckets")
+      if room - budget >= 1:
+        hints.append(f"a largest bucket <= {room - budget} fits this {mnt}")
+      hint = f" ({'; '.join(hints)})" if hints else ""
+      raise ValueError(
+        f"{role}: the largest of {pb} ({largest}) + {mnt} ({budget}) + {gm} + 1 ({gamma + 1}) "
+        f"= {largest + budget + gamma + 1} exceeds max_seq_len={context}; lower {pb}, {mnt} "
+        f"or {gm}{hint}, {unset}."
+      )
+    return config
+  if largest is not None:  # the budget is what the buckets leave
+    if room - largest < 1:
+      raise ValueError(
+        f"{role}: the largest of {pb} ({largest}) + {gm} + 1 ({gamma + 1}) leaves no room for "
+        f"new tokens in max_seq_len={context}; lower {pb} (at most {room - 1}) or {gm}."
+      )
+    fitted = dataclasses.replace(config, max_new_tokens=min(DERIVED_CAP, room - largest))
+  else:
+    if budget is not None:
+      if room - budget < 1:
+        raise ValueError(
+          f"{role}: {mnt} ({budget}) + {gm} + 1 ({gamma + 1}) leaves no room for a prompt in "
+          f"max_seq_len={context}; lower {mnt} (at most {room - 1}) or {gm}."
+        )
+      top = _power_of_two_at_most(min(DERIVED_CAP, room - budget))
+    else:
+      top = _power_of_two_at_most(min(DERIVED_CAP, context // 2))
+      while top > 1 and room - top < 1:
+        top //= 2
+      budget = min(DERIVED_CAP, room - top)
+    buckets = tuple(sorted({max(1, top // 4), max(1, top // 2), top}))
+    fitted = dataclasses.replace(config, prompt_buckets=buckets, max_new_tokens=budget)
+  logger.info(
+    "engine: prompt_buckets=%s, max_new_tokens=%d (derived for %s max_seq_len=%d, gamma=%d)",
+    fitted.prompt_buckets,
+    fitted.max_new_tokens,
+    role,
+    context,
+    gamma,
+  )
+  return fitted
+
+
+def _power_of_two_at_most(x: int) -> int:
+  return 1 << (max(1, x).bit_length() - 1)
 
 
 @dataclasses.dataclass
@@ -138,7 +267,9 @@ class Engine:
     target: the `specjax.Transformer` whose distribution every request follows.
     draft: a draft `Transformer` or any `specjax.drafting` drafter; None for
       plain decoding (policy "never").
-    config: `EngineConfig`.
+    config: `EngineConfig`; prompt buckets and max_new_tokens left None are
+      fitted to the models' context (`fit_config`), and `self.config` holds
+      the values in use.
     eos_ids: the model's EOS id(s): every request stops after emitting one.
   """
 
@@ -150,7 +281,6 @@ class Engine:
     *,
     eos_ids: int | list[int] | tuple[int, ...] | None = None,
   ):
-    self.config = config
     self.target = target
     self.vocab_size = target.cfg.vocab_size
     if draft is None and config.policy != "never":
@@ -161,6 +291,7 @@ class Engine:
         f"draft: {type(self.drafter).__name__} drafts token trees; the engine takes chain "
         "drafters (a draft model, prompt lookup, layer skip, draft heads without a tree)."
       )
+    self.config = config = fit_config(config, target, self.drafter)
     self.eos_ids = check_eos_ids("eos_ids", eos_ids, self.vocab_size)
     gamma = config.gamma
     capacity = check_capacity(
@@ -490,7 +621,9 @@ class Engine:
 
   # --------------------------------------------------------------- warm-up
 
-  def warmup(self, timed_runs: int = 3) -> dict[str, float]:
+  def warmup(
+    self, timed_runs: int = 3, progress: Callable[[str], None] | None = None
+  ) -> dict[str, float]:
     """Compiles every program the engine can run (after this no request
     recompiles anything) and times each step program for the policy.
 
@@ -500,6 +633,12 @@ class Engine:
     ratio, as it does live. Steps taking turns one by one would not do: a
     plain step right after a drafting one ran 20% slower here than in a run
     of plain steps, and the ratios came out that much too low.
+
+    Args:
+      timed_runs: timed runs per draft length and width (0: compile only).
+      progress: called with one line per program group (the prefills, then
+        each batch width) and its seconds; default: this module's logger at
+        INFO (shown by absl's `app.run`).
 
     Returns:
       seconds per step program (the fastest run's median), by "gamma=G,width=W".
@@ -513,6 +652,14 @@ class Engine:
       self._state = jax.tree.map(jnp.copy, state)
     t = self._programs
     key = self._key
+    progress = progress or logger.info
+    started = time.perf_counter()
+    lengths = self.config.draft_lengths
+    widths = self.config.step_widths
+    progress(
+      f"warm-up: compiling prefills for prompt widths {self.config.prompt_buckets}, then "
+      f"steps of draft lengths {lengths} at batch widths {widths}"
+    )
 
     def admit(slot, width, budget, drafter=self.drafter):
       self._state = programs.admit(
@@ -539,11 +686,12 @@ class Engine:
     # load: on finished rows a drafter stops early and the step is cheaper.
     for slot in range(self.config.slots):
       admit(slot, self.config.prompt_buckets[0], self.config.max_new_tokens)
-    live = self._state
+    live = jax.block_until_ready(self._state)
+    progress(f"warm-up: prefills compiled ({time.perf_counter() - started:.1f} s)")
     times = {}
-    lengths = self.config.draft_lengths
     run = self.policy.window
-    for width in self.config.step_widths:
+    for width in widths:
+      width_start = time.perf_counter()
       self._state = jax.tree.map(jnp.copy, live)
       if self.drafter is not None and 0 in lengths:
         self._state = programs.resync(self.target, self.drafter, self._state, width=width, config=t)
@@ -570,6 +718,17 @@ class Engine:
         seconds = min(medians[gamma], default=compiled[gamma])
         self.policy.step_time[gamma, width] = seconds
         times[f"gamma={gamma},width={width}"] = seconds
+      compiling = sum(compiled.values())
+      line = f"warm-up: batch width {width} ({widths.index(width) + 1}/{len(widths)}): "
+      line += f"compiled in {compiling:.1f} s"
+      if timed_runs > 0:
+        steps = ", ".join(
+          f"gamma={g} {times[f'gamma={g},width={width}'] * 1e3:.1f}" for g in lengths
+        )
+        line += (
+          f", timed in {time.perf_counter() - width_start - compiling:.1f} s (ms a step: {steps})"
+        )
+      progress(f"{line}; {time.perf_counter() - started:.1f} s so far")
     del live
     self._state = jax.block_until_ready(state) if busy else self._blank()
     return times
