@@ -6,10 +6,11 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import specjax
 from helpers import SERVING_ENGINE
-from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy
+from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy, fit_config
 from specjax.serving import slots as programs
 from specjax.serving.load import tiny_setup
 from specjax.serving.policy import expected_tokens
@@ -249,6 +250,85 @@ def test_engine_refuses_what_it_cannot_serve(pair):
     Engine(target, None, CONFIG)
   with pytest.raises(ValueError, match="exceeds max_seq_len=256"):
     Engine(target, draft, dataclasses.replace(CONFIG, max_new_tokens=230))
+
+
+@pytest.mark.parametrize(
+  "fields, buckets, budget",
+  [
+    (dict(prompt_buckets=None, max_new_tokens=None), (32, 64, 128), 124),  # 128 + 124 + 4 = 256
+    (dict(prompt_buckets=None), (32, 64, 128), 16),  # given budget kept
+    (dict(max_new_tokens=None), (32,), 220),  # given buckets kept: 32 + 220 + 4 = 256
+    (dict(prompt_buckets=None, max_new_tokens=None, gamma=200, gammas=None), (8, 16, 32), 23),
+    (dict(), (32,), 16),  # SERVING_ENGINE: as given
+  ],
+)
+def test_engine_fits_unset_buckets_and_budget_to_the_context(pair, fields, buckets, budget):
+  """Nothing compiles here: `fit_config` is what the Engine does first."""
+  target, draft = pair  # both max_seq_len=256
+  config = dataclasses.replace(CONFIG, **fields)
+  fitted = fit_config(config, target, draft)
+  assert (fitted.prompt_buckets, fitted.max_new_tokens) == (buckets, budget)
+  assert fitted.max_prompt_len + fitted.max_new_tokens + fitted.gamma + 1 <= 256
+  assert fitted.slots == config.slots and fitted.gamma == config.gamma
+  assert fit_config(fitted, target, draft) == fitted  # complete configs pass unchanged
+  # A long-context model: both capped at 256 (caches of 517 positions per slot).
+  long = specjax.Transformer(target.cfg.replace(max_seq_len=4096), rngs=nnx.Rngs(0))
+  wide = fit_config(dataclasses.replace(CONFIG, prompt_buckets=None, max_new_tokens=None), long)
+  assert (wide.prompt_buckets, wide.max_new_tokens) == ((64, 128, 256), 256)
+  # A draft model with the shorter context decides.
+  short = specjax.Transformer(draft.cfg.replace(max_seq_len=64), rngs=nnx.Rngs(0))
+  fitted = fit_config(
+    dataclasses.replace(CONFIG, prompt_buckets=None, max_new_tokens=None), target, short
+  )
+  assert (fitted.prompt_buckets, fitted.max_new_tokens) == ((8, 16, 32), 28)
+
+
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (
+      dict(prompt_buckets=(128,), max_new_tokens=200),
+      r"target: the largest of prompt_buckets \(128\) \+ max_new_tokens \(200\) \+ gamma \+ 1 "
+      r"\(4\) = 332 exceeds max_seq_len=256; lower prompt_buckets, max_new_tokens or gamma "
+      r"\(max_new_tokens=124 fits these buckets; a largest bucket <= 52 fits this "
+      r"max_new_tokens\), or leave prompt_buckets and max_new_tokens unset",
+    ),
+    (
+      dict(prompt_buckets=None, max_new_tokens=252),
+      r"max_new_tokens \(252\) \+ gamma \+ 1 \(4\) leaves no room for a prompt in "
+      r"max_seq_len=256; lower max_new_tokens \(at most 251\) or gamma",
+    ),
+    (
+      dict(prompt_buckets=(256,), max_new_tokens=None),
+      r"lower prompt_buckets \(at most 251\) or gamma",
+    ),
+    (dict(gamma=254, gammas=None), r"lower gamma \(at most 253\)"),
+  ],
+)
+def test_engine_refuses_a_config_that_cannot_fit_before_compiling(
+  pair, monkeypatch, fields, message
+):
+  target, draft = pair
+  monkeypatch.setattr(programs, "blank", lambda *a, **k: pytest.fail("compiled"))
+  with pytest.raises(ValueError, match=message):
+    Engine(target, draft, dataclasses.replace(CONFIG, **fields))
+  names = {"max_new_tokens": "--config.max_new_tokens", "gamma": "--config.gamma"}
+  with pytest.raises(ValueError, match="--config.gamma"):  # a launcher's names for the fields
+    fit_config(dataclasses.replace(CONFIG, **fields), target, draft, names=names)
+
+
+def test_warmup_reports_progress_per_program_group(pair):
+  """One line for the prefills, then one per batch width, with seconds."""
+  target, draft = pair
+  engine = Engine(target, draft, CONFIG, eos_ids=7)
+  lines = []
+  engine.warmup(timed_runs=1, progress=lines.append)
+  assert len(lines) == 2 + len(CONFIG.step_widths)
+  assert "prompt widths (32,)" in lines[0] and "batch widths (2, 4)" in lines[0]
+  assert lines[1].startswith("warm-up: prefills compiled (") and lines[1].endswith(" s)")
+  for line, width in zip(lines[2:], CONFIG.step_widths):
+    assert line.startswith(f"warm-up: batch width {width} (") and "compiled in" in line
+    assert "gamma=0" in line and "gamma=3" in line and line.endswith("s so far")
 
 
 def test_warmup_times_runs_of_live_rows_and_leaves_no_trace(pair, monkeypatch):

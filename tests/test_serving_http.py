@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from helpers import SERVING_ENGINE
-from specjax.serving import Engine, EngineConfig, Request, summarize
+from specjax.serving import Engine, EngineConfig, Request, fit_config, summarize
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import _Decoder, make_app
 from specjax.serving.load import (
@@ -292,6 +292,47 @@ def start_server() -> subprocess.Popen:
 def _tail(path: str) -> str:
   with open(path) as f:
     return f.read()[-4000:]
+
+
+def test_serve_fits_the_engine_to_the_model_or_names_the_flags():
+  """The server's defaults (() buckets, 0 budget) fit the model's context; values
+  that cannot fit are refused naming the flags, before anything compiles."""
+  from configs import serve as serve_config
+  from experiments import serve
+
+  target, draft, _ = tiny_setup(0)  # max_seq_len 256
+  config = serve_config.get_config()
+  fitted = fit_config(serve.engine_config(config), target, draft, names=serve.FIT_FLAGS)
+  assert (fitted.prompt_buckets, fitted.max_new_tokens) == ((32, 64, 128), 123)
+  config.prompt_buckets, config.max_new_tokens = (64, 128, 256), 256
+  with pytest.raises(ValueError, match="lower --config.prompt_buckets, --config.max_new_tokens"):
+    fit_config(serve.engine_config(config), target, draft, names=serve.FIT_FLAGS)
+  config.max_new_tokens = -1
+  with pytest.raises(ValueError, match=r"config.max_new_tokens must be an integer >= 0 \(0: fit"):
+    serve.check_config(config)
+
+
+def test_serve_refuses_what_cannot_fit_in_one_line():
+  process = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.serve",
+      "--config.model=tiny",
+      "--config.prompt_buckets=(64,128,256)",
+      "--config.max_new_tokens=256",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert process.returncode == 2, process.stderr
+  assert "Traceback" not in process.stderr
+  assert (
+    "error: target: the largest of --config.prompt_buckets (256) + --config.max_new_tokens (256) "
+    "+ --config.gamma + 1 (5) = 517 exceeds max_seq_len=256" in process.stderr
+  )
 
 
 def test_serve_exits_cleanly_on_sigterm(background):
