@@ -14,6 +14,7 @@ late to learn that the path is unusable.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -116,3 +117,13 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column])
     cells = [cell(row) if callable(cell) else cell.format_map(row) for _, cell in columns]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+def quiet_backend_probing() -> None:
+  """Hides JAX's INFO lines about accelerator backends it could not start.
+
+  On a machine without a TPU, JAX's first backend look-up logs "Unable to
+  initialize backend 'tpu': ... Failed to open libtpu.so" at INFO, which absl
+  prints; warnings (e.g. a GPU without a CUDA jaxlib) still show.
+  """
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)

@@ -12,20 +12,30 @@ gamma of `gamma_sweep` and with both adaptive draft lengths; then token trees
 tree of each size for its per-rank acceptance, `specjax.trees.best`, no deeper
 than `config.trees.max_depth`, by default gamma: the same depth as the chains). Each variant
 decodes the same held-out test-split prompts one by one (batch 1); times are
-medians of `num_runs` interleaved runs after a warm-up. Prints JSON and a
-markdown table (the README's).
+medians of `num_runs` runs after a warm-up, each interleaved with a run of the
+autoregressive baseline (a slow phase of a shared machine hits both alike), and
+the speedup is the ratio of the pair.
+
+Variants run one at a time, and each one's compiled programs are freed before
+the next (`specjax.benchmarking.free_compiled_programs`; the baseline is
+compiled once per temperature, ahead of time): the process's memory maps stay
+flat however many variants a config holds. Prints a line per variant on stderr
+as it runs, then the markdown table (the README's) on stdout; the JSON (rows
+and environment) goes to --output_json.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-from typing import Any
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
-from absl import flags, logging
+from absl import flags
 
 import specjax
 from experiments import common
@@ -64,8 +74,42 @@ HEAD_NAMES = {"eagle": "EAGLE head", "medusa": "Medusa heads", "early_exit": "ea
 TLI, SLEM = "cross-tokenizer draft, TLI", "cross-tokenizer draft, SLEM"
 
 
-def _variants(config, target, draft, temperature):
-  """(name fields, drafter, verifier, gamma, adaptive) for one temperature."""
+class Variant(NamedTuple):
+  """One row of the comparison.
+
+  Attributes:
+    temperature: the sampling temperature (0: greedy).
+    name: the drafter's label in the table.
+    drafter: what `speculative_generate` takes; for SLEM the tuple (cross
+      draft, its tokenizer, the target's tokenizer) of `string_level_generate`.
+    verifier: "greedy", "token", "block", or "tree" (a token-tree drafter).
+    gamma: drafted tokens per iteration (a tree's number of nodes).
+    adaptive: None (fixed gamma), "schedule" or "confidence".
+  """
+
+  temperature: float
+  name: str
+  drafter: Any
+  verifier: str
+  gamma: int
+  adaptive: str | None = None
+
+  @property
+  def label(self) -> str:
+    return f"T={self.temperature:g} {self.name} | {self.verifier} | γ={self.gamma} | " + (
+      self.adaptive or "fixed"
+    )
+
+
+def variants(config, target, draft, temperature: float) -> list[Variant]:
+  """The variants of `config` at one temperature, in the table's order.
+
+  Args:
+    config: the comparison's configuration (configs/compare_drafters.py).
+    target, draft: the pair's `Transformer`s (the heads, layer skip and prompt
+      lookup draft for `target`).
+    temperature: the sampling temperature; greedy verification only at 0.
+  """
   applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
   verifiers = [v for v in applicable if v in config.verifiers]
   drafters = [("draft model", draft)]
@@ -125,37 +169,11 @@ def _variants(config, target, draft, temperature):
       label = f"EAGLE-2, N={size} depth {depth} k={branch} m={expand}"
       drafter = heads["eagle"].replace(tree=spec, tree_mode=config.trees.mode)
       out.append((label, drafter, "tree", size, None))
-  return out
+  return [Variant(float(temperature), *fields) for fields in out]
 
 
-def _costs(config, target, drafters, prompt, sampling) -> dict:
-  """(name, gamma) -> (c, verify cost): drafting one token and scoring gamma + 1
-  tokens, each over one target step, measured on `prompt` (batch 1); also
-  "step_s" (one target step) and "verify" ({gamma: verify cost})."""
-  capacity = cache_capacity(prompt[0].shape[1], config.max_new_tokens, config.gamma_max)
-  call = functools.partial(
-    benchmarking.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
-  )
-  step_s = call(tokens_per_call=1)
-  gammas = {g for _, g in drafters} | {config.gamma}
-  verify = {g: call(tokens_per_call=g + 1) / step_s for g in gammas}
-  out = {"step_s": step_s, "verify": verify}
-  for (name, gamma), drafter in drafters.items():
-    drafting_s = benchmarking.drafting_seconds(
-      target,
-      drafter,
-      *prompt,
-      gamma=gamma,
-      max_new_tokens=config.max_new_tokens,
-      sampling=sampling,
-      num_runs=config.num_runs,
-    )
-    out[(name, gamma)] = (drafting_s / gamma / step_s, verify[gamma])
-  return out
-
-
-def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
-  """Times every variant of `config` on the bundled pair; one JSON-ready row each."""
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a ValueError naming the first invalid field of `config`."""
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
   unknown_heads = set(config.heads) - set(HEAD_DRAFTERS)
@@ -193,113 +211,210 @@ def run(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
       f"config.trees.max_depth must be an int >= 0 (0: config.gamma), "
       f"got {config.trees.max_depth!r}."
     )
+
+
+def _target_costs(config, target, prompt, gammas) -> tuple[float, dict[int, float]]:
+  """(one target step in seconds, {gamma: scoring gamma + 1 tokens in target
+  steps}), measured on `prompt` (batch 1)."""
+  capacity = cache_capacity(prompt[0].shape[1], config.max_new_tokens, config.gamma_max)
+  call = functools.partial(
+    benchmarking.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
+  )
+  step_s = call(tokens_per_call=1)
+  return step_s, {g: call(tokens_per_call=g + 1) / step_s for g in sorted(gammas)}
+
+
+def _generate(config, target, variant: Variant, prompts: list, key) -> Callable[[], list]:
+  """The variant's decoding of each of `prompts` (`(tokens [1, P], lengths [1])`)."""
+  v, sampling = variant, specjax.SamplingParams(temperature=variant.temperature)
+  if v.name == SLEM:
+    return lambda: [
+      specjax.string_level_generate(
+        target,
+        v.drafter[0],
+        *v.drafter[1:],
+        *prompt,
+        gamma=v.gamma,
+        max_new_tokens=config.max_new_tokens,
+        sampling=sampling,
+        key=key,
+        verifier="auto" if v.verifier == "greedy" else v.verifier,
+      )
+      for prompt in prompts
+    ]
+  return lambda: [
+    specjax.speculative_generate(
+      target,
+      v.drafter,
+      *prompt,
+      gamma=v.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      key=key,
+      verifier="auto" if v.verifier == "tree" else v.verifier,
+      adaptive=v.adaptive,
+      confidence_threshold=config.confidence_threshold,
+    )
+    for prompt in prompts
+  ]
+
+
+def _tokens(outs) -> int:
+  return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
+
+
+def _row(v: Variant, timings, outputs, step_s: float, verify: dict, c: float | None) -> dict:
+  """The variant's JSON row from its paired timings and outputs; `c` is its
+  drafting cost ratio (None for SLEM, whose own timings give it)."""
+  outs = outputs["variant"]
+
+  def s(field):
+    return sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
+
+  ar_ms = timings["ar"].median_s * 1e3 / _tokens(outputs["ar"])
+  ms = timings["variant"].median_s * 1e3 / _tokens(outs)
+  alpha = s("accepted") / max(s("evaluated"), 1)
+  per_iteration = s("generated") / max(s("row_iterations"), 1)
+  verify_cost = verify[v.gamma]
+  extra = {}
+  if v.name == SLEM:
+    # c from the loop's own draft timings; the host's re-tokenisation is not in
+    # the prediction, it is the gap between predicted and measured.
+    draft_s = sum(o.timings["draft_seconds"] for o in outs)
+    iterations = sum(o.timings["iterations"] for o in outs)
+    c = draft_s / max(s("draft_calls"), 1) / step_s
+    predicted = per_iteration / (c * s("draft_calls") / max(iterations, 1) + verify_cost)
+    extra["host_ms_per_iteration"] = (
+      1e3 * sum(o.timings["host_seconds"] for o in outs) / max(iterations, 1)
+    )
+  elif v.verifier == "tree":
+    # No closed form for a tree's accepted length: the measured tokens per
+    # iteration over the iteration's cost, in target steps.
+    predicted = per_iteration / (c * v.gamma + verify_cost)
+  else:
+    predicted = theory.predicted_speedup(min(alpha, 1.0), v.gamma, c, verify_cost)
+  return {
+    "temperature": v.temperature,
+    "drafter": v.name,
+    "verifier": v.verifier,
+    "gamma": v.gamma,
+    "adaptive": v.adaptive or "fixed",
+    "acceptance_rate": alpha,
+    "c": c,
+    "verify_cost": verify_cost,
+    "predicted_speedup": predicted,
+    "tokens_per_iteration": per_iteration,
+    "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
+    "ms_per_token": ms,
+    "ar_ms_per_token": ar_ms,
+    "speedup": ar_ms / ms,
+    **extra,
+  }
+
+
+def sweep(
+  config: ml_collections.ConfigDict,
+  target,
+  plan: Sequence[Variant],
+  prompts,
+  lengths,
+  *,
+  progress: Callable[[str], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+  """Times each variant of `plan` in turn, freeing its compiled programs before the next.
+
+  Each variant decodes every prompt alone (batch 1): one warm-up, then
+  `config.num_runs` runs, each paired with a run of the autoregressive
+  baseline (compiled once per temperature, ahead of time, so it survives the
+  freeing). The drafting cost c of each (drafter, gamma) is measured once per
+  temperature, the target's verification costs once.
+
+  Args:
+    config: the comparison's configuration (max_new_tokens, num_runs, seed,
+      gamma_max, confidence_threshold are read).
+    target: the target `Transformer`.
+    plan: the variants, e.g. `variants(...)` at each temperature.
+    prompts: `[N, P]` int32 prompts; lengths `[N]`.
+    progress: a `print`-like function, called with a variant's label as it
+      starts (end=" ") and with the rest of its line as it ends (seconds,
+      alpha, ms/token, speedup); None: quiet.
+
+  Yields:
+    One JSON-ready row per variant, in `plan`'s order; the variant's programs
+    are freed by the time it is yielded.
+  """
+  say = progress or (lambda *args, **kwargs: None)
+  one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
+  start = time.perf_counter()
+  say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted({v.gamma for v in plan})}")
+  step_s, verify = _target_costs(config, target, one[0], {v.gamma for v in plan})
+  benchmarking.free_compiled_programs()
+  done = 0
+  for temperature in dict.fromkeys(v.temperature for v in plan):
+    sampling = specjax.SamplingParams(temperature=temperature)
+    key = jax.random.key(config.seed)
+    ar_program = benchmarking.compile_ahead(
+      functools.partial(
+        specjax.autoregressive_generate, max_new_tokens=config.max_new_tokens, sampling=sampling
+      ),
+      target,
+      *one[0],
+      key=key,
+    )
+
+    def ar(ar_program=ar_program, key=key):
+      return [ar_program(target, *prompt, key=key) for prompt in one]
+
+    drafting_c = {}  # (name, gamma) -> c at this temperature
+    for v in [v for v in plan if v.temperature == temperature]:
+      done += 1
+      began = time.perf_counter()
+      say(f"[{done:{len(str(len(plan)))}d}/{len(plan)}] {v.label} ...", end=" ")
+      calls = {"ar": ar, "variant": _generate(config, target, v, one, key)}
+      timings, outputs = benchmarking.time_calls(calls, config.num_runs)
+      if v.name != SLEM and (v.name, v.gamma) not in drafting_c:
+        seconds = benchmarking.drafting_seconds(
+          target,
+          v.drafter,
+          *one[0],
+          gamma=v.gamma,
+          max_new_tokens=config.max_new_tokens,
+          sampling=sampling,
+          num_runs=config.num_runs,
+        )
+        drafting_c[v.name, v.gamma] = seconds / v.gamma / step_s
+      row = _row(v, timings, outputs, step_s, verify, drafting_c.get((v.name, v.gamma)))
+      del calls, timings, outputs
+      benchmarking.free_compiled_programs()
+      now = time.perf_counter()
+      say(
+        f"{now - began:.1f} s, α {row['acceptance_rate']:.3f}, {row['ms_per_token']:.3f} ms/token, "
+        f"speedup {row['speedup']:.2f} ({now - start:.0f} s in all)"
+      )
+      yield row
+    del ar, ar_program
+    benchmarking.free_compiled_programs()
+
+
+def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[dict[str, Any]]:
+  """Times every variant of `config` on the bundled pair; one JSON-ready row each.
+
+  Args:
+    config: the comparison's configuration (configs/compare_drafters.py).
+    progress: print a line on stderr per variant (its label as it starts, its
+      time and figures as it ends).
+  """
+  check_config(config)
   target, draft, tokenizer = pretrained.load_pair()
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
-
-  def one(i):  # prompt i alone: every variant decodes batch 1
-    return prompts[i : i + 1], lengths[i : i + 1]
-
-  def tokens(outs):
-    return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
-
-  rows = []
-  for temperature in config.temperatures:
-    sampling = specjax.SamplingParams(temperature=float(temperature))
-    key = jax.random.key(config.seed)
-    calls = {
-      "ar": lambda sampling=sampling, key=key: [
-        specjax.autoregressive_generate(
-          target, *one(i), max_new_tokens=config.max_new_tokens, sampling=sampling, key=key
-        )
-        for i in range(len(lengths))
-      ]
-    }
-    meta = {}
-    drafters = {}
-    for name, drafter, verifier, gamma, adaptive in _variants(config, target, draft, temperature):
-      label = f"{name}|{verifier}|{gamma}|{adaptive}"
-      meta[label] = dict(drafter=name, verifier=verifier, gamma=gamma, adaptive=adaptive or "fixed")
-      if name == SLEM:
-        calls[label] = lambda d=drafter, v=verifier, g=gamma, s=sampling, k=key: [
-          specjax.string_level_generate(
-            target,
-            d[0],
-            *d[1:],
-            *one(i),
-            gamma=g,
-            max_new_tokens=config.max_new_tokens,
-            sampling=s,
-            key=k,
-            verifier="auto" if v == "greedy" else v,
-          )
-          for i in range(len(lengths))
-        ]
-        continue
-      drafters[(name, gamma)] = drafter
-      calls[label] = lambda d=drafter, v=verifier, g=gamma, a=adaptive, s=sampling, k=key: [
-        specjax.speculative_generate(
-          target,
-          d,
-          *one(i),
-          gamma=g,
-          max_new_tokens=config.max_new_tokens,
-          sampling=s,
-          key=k,
-          verifier="auto" if v == "tree" else v,
-          adaptive=a,
-          confidence_threshold=config.confidence_threshold,
-        )
-        for i in range(len(lengths))
-      ]
-    timings, outputs = benchmarking.time_calls(calls, config.num_runs)
-    ar_ms = timings["ar"].median_s * 1e3 / tokens(outputs["ar"])
-    costs = _costs(config, target, drafters, one(0), sampling)
-    for label, fields in meta.items():
-      outs = outputs[label]
-
-      def s(field, outs=outs):
-        return sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
-
-      ms = timings[label].median_s * 1e3 / tokens(outs)
-      alpha = s("accepted") / max(s("evaluated"), 1)
-      per_iteration = s("generated") / max(s("row_iterations"), 1)
-      extra = {}
-      if fields["drafter"] == SLEM:
-        # c from the loop's own draft timings; the host's re-tokenisation is not in
-        # the prediction, it is the gap between predicted and measured.
-        draft_s = sum(o.timings["draft_seconds"] for o in outs)
-        iterations = sum(o.timings["iterations"] for o in outs)
-        c = draft_s / max(s("draft_calls"), 1) / costs["step_s"]
-        verify_cost = costs["verify"][fields["gamma"]]
-        predicted = per_iteration / (c * s("draft_calls") / max(iterations, 1) + verify_cost)
-        extra["host_ms_per_iteration"] = (
-          1e3 * sum(o.timings["host_seconds"] for o in outs) / max(iterations, 1)
-        )
-      elif fields["verifier"] == "tree":
-        c, verify_cost = costs[(fields["drafter"], fields["gamma"])]
-        # No closed form for a tree's accepted length: the measured tokens per
-        # iteration over the iteration's cost, in target steps.
-        predicted = per_iteration / (c * fields["gamma"] + verify_cost)
-      else:
-        c, verify_cost = costs[(fields["drafter"], fields["gamma"])]
-        predicted = theory.predicted_speedup(min(alpha, 1.0), fields["gamma"], c, verify_cost)
-      rows.append(
-        {
-          "temperature": float(temperature),
-          **fields,
-          "acceptance_rate": alpha,
-          "c": c,
-          "verify_cost": verify_cost,
-          "predicted_speedup": predicted,
-          "tokens_per_iteration": per_iteration,
-          "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
-          "ms_per_token": ms,
-          "ar_ms_per_token": ar_ms,
-          "speedup": ar_ms / ms,
-          **extra,
-        }
-      )
-  return rows
+  plan = [v for t in config.temperatures for v in variants(config, target, draft, float(t))]
+  say = functools.partial(print, file=sys.stderr, flush=True) if progress else None
+  if say:
+    say(
+      f"{len(plan)} variants on the bundled pair, each {config.num_prompts} prompts x "
+      f"{config.max_new_tokens} tokens, batch 1, {config.num_runs} timed runs"
+    )
+  return list(sweep(config, target, plan, prompts, lengths, progress=say))
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -311,14 +426,16 @@ def main(argv):
   common.check_no_args(argv)
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
   output_md = check_output_path("--output_md", flags.FLAGS.output_md)
-  logging.set_verbosity(logging.WARNING)  # keep backend probing out of the output
-  rows = run(flags.FLAGS.config)
+  common.quiet_backend_probing()
+  start = time.perf_counter()
+  rows = run(flags.FLAGS.config, progress=True)
   result = {"rows": rows, **benchmarking.environment_info()}
-  print(json.dumps(result, indent=2))
   table = markdown(rows)
   print(table)
   common.write_json(output_json, result)
   common.write_text(output_md, table)
+  saved = ", ".join(p for p in (output_json, output_md) if p) or "pass --output_json for the JSON"
+  print(f"{len(rows)} variants in {time.perf_counter() - start:.0f} s ({saved})", file=sys.stderr)
 
 
 def define_flags() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,47 @@ from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
 from specjax.trees import RowTrees, tree_depths
 from specjax.validation import check_positive_int
+
+
+def free_compiled_programs() -> None:
+  """Drops every compiled program in JAX's caches and collects the garbage.
+
+  Each XLA:CPU executable keeps memory mappings of its code (300 to 700 for a
+  speculative program on the bundled pair), and they go only with the program.
+  A process that compiles variant after variant passes the kernel's limit
+  (`vm.max_map_count`, 65,530 by default) and dies inside a later compile
+  ("Cannot allocate memory", then a segmentation fault). Sweeps call this after
+  each variant, once they hold no reference to its programs.
+
+  A freed program that is called again is compiled again (or read back from
+  the persistent compilation cache where one is configured: it saves time, it
+  is never needed for a correct result). Programs compiled ahead of time that
+  the caller still holds (`compile_ahead`) survive.
+  """
+  jax.clear_caches()
+  gc.collect()
+
+
+def compile_ahead(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+  """`fn` compiled now for arguments like `args` and `kwargs`, held outside JAX's caches.
+
+  The executable lives as long as the returned function, through
+  `free_compiled_programs`: a sweep's baseline (autoregressive decoding, timed
+  next to each variant in turn) compiles once. Every argument, positional or
+  keyword, is traced (arrays and pytrees, models included); bind static
+  options with `functools.partial` or a closure. Call it with arguments of the
+  same shapes, dtypes and pytree structure, passed the same way.
+  """
+  return jax.jit(fn).lower(*args, **kwargs).compile()
+
+
+def memory_map_count() -> int | None:
+  """Lines of /proc/self/maps: the process's memory mappings (None off Linux)."""
+  try:
+    with open("/proc/self/maps") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
