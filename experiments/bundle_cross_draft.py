@@ -31,9 +31,9 @@ from experiments import common
 from experiments.bundle_pair import run_lineage, write_card
 from specjax import pretrained
 from specjax.data import Tokenizer
-from specjax.data.dataset import check_tokenizer, tokenizer_record, write_meta
+from specjax.data.dataset import check_data_dir, check_tokenizer, tokenizer_record, write_meta
 from specjax.hf.export import save_model
-from specjax.training.checkpoint import load_trained_model
+from specjax.training.checkpoint import check_run, load_trained_model
 from specjax.vocab_map import build_vocab_map
 
 _COPIED = ("validation.bin", "validation.json", "test.bin", "test.json", "tokenizer.json")
@@ -41,6 +41,8 @@ _COPIED = ("validation.bin", "validation.json", "test.bin", "test.json", "tokeni
 
 def reencode(data_gen: str, draft_data: str, out: str) -> dict:
   """Writes `out/train.bin`: data_gen's target ids as draft ids; returns its meta."""
+  check_data_dir(data_gen, "--data_gen", ("tokenizer.json", "train.bin", "train.json"))
+  check_data_dir(draft_data, "--draft_data", _COPIED)
   target_tok = Tokenizer.from_file(os.path.join(data_gen, "tokenizer.json"))
   draft_tok = Tokenizer.from_file(os.path.join(draft_data, "tokenizer.json"))
   source = os.path.join(data_gen, "train.bin")
@@ -69,6 +71,8 @@ def reencode(data_gen: str, draft_data: str, out: str) -> dict:
 
 def bundle(draft_run: str, draft_data: str, out: str) -> dict:
   """Writes the draft of `draft_run` with its tokenizer into `out`; returns its card."""
+  check_run(draft_run, "--draft")
+  check_data_dir(draft_data, "--draft_data", ("tokenizer.json",))
   os.makedirs(out, exist_ok=True)
   tokenizer = Tokenizer.from_file(os.path.join(draft_data, "tokenizer.json"))
   model, _ = load_trained_model(draft_run, dtype="float32")

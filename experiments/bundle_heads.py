@@ -21,7 +21,7 @@ from experiments import common
 from experiments.bundle_pair import run_record
 from specjax import pretrained
 from specjax.models.heads import HEAD_KINDS
-from specjax.training.checkpoint import HEAD_CONFIG_FILE, load_trained_head
+from specjax.training.checkpoint import HEAD_CONFIG_FILE, check_run, load_trained_head
 from specjax.training.heads import num_params, target_config
 from specjax.validation import read_json_object
 
@@ -41,6 +41,8 @@ def bundle(runs: dict[str, str], out: str) -> dict:
   """Writes the heads of `runs` ({kind: run directory}) into `out`; returns the card."""
   from safetensors.flax import save_file  # imported here: only exporting needs it
 
+  for kind, run in runs.items():  # each missing run is one line naming its flag
+    check_run(run, f"--{kind}", kind="head")
   target = target_config(pretrained.TARGET_DIR)
   loaded = {}
   for kind, run in runs.items():  # every run is checked before anything is written

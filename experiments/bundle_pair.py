@@ -21,12 +21,14 @@ from absl import flags
 
 from experiments import common
 from specjax import pretrained
-from specjax.data import Tokenizer
+from specjax.data import SPLITS, Tokenizer
+from specjax.data.dataset import check_data_dir
 from specjax.hf.export import save_model
 from specjax.training.checkpoint import (
   CHECKPOINT_DIR,
   HEAD_CONFIG_FILE,
   MODEL_CONFIG_FILE,
+  check_run,
   load_trained_model,
 )
 
@@ -70,11 +72,17 @@ def run_lineage(run: str) -> dict:
 
 
 def bundle(target_run: str, draft_run: str, data_dir: str, out: str) -> dict:
-  """Writes the pair of `target_run` and `draft_run` into `out`; returns its card."""
+  """Writes the pair of `target_run` and `draft_run` into `out`; returns its card.
+
+  The runs and the data directory are checked first, each error naming its flag.
+  """
+  check_run(target_run, "--target")
+  check_run(draft_run, "--draft")
+  check_data_dir(data_dir, "--data_dir", ("tokenizer.json", *(f"{split}.json" for split in SPLITS)))
   os.makedirs(out, exist_ok=True)
   tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
   card = {"python": sys.version.split()[0], "corpus": {}}
-  for split in ("train", "validation", "test"):
+  for split in SPLITS:
     with open(os.path.join(data_dir, f"{split}.json")) as f:
       card["corpus"][split] = json.load(f)
   for name, run in (("target", target_run), ("draft", draft_run)):

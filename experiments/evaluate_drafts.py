@@ -18,10 +18,10 @@ from absl import flags
 
 from experiments import common
 from specjax.data import TokenDataset, Tokenizer
-from specjax.data.dataset import check_tokenizer
+from specjax.data.dataset import check_data_dir, check_tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.training import evaluate
-from specjax.training.checkpoint import load_trained_model
+from specjax.training.checkpoint import check_run, load_trained_model
 from specjax.validation import check_output_path, check_positive_int
 
 COLUMNS = (
@@ -45,7 +45,15 @@ def compare(
   max_new_tokens: int = 64,
   num_batches: int = 8,
 ) -> list[dict]:
-  """One result dict per draft run."""
+  """One result dict per draft run.
+
+  Every run and the data directory are checked first (a missing one is one
+  line naming its flag), before any model loads.
+  """
+  check_run(target_run, "--target")
+  for run in draft_runs:
+    check_run(run, "--drafts")
+  check_data_dir(data_dir, "--data_dir", ("tokenizer.json", "validation.bin", "validation.json"))
   target, _ = load_trained_model(target_run, dtype="float32")
   tokenizer = Tokenizer.from_file(os.path.join(data_dir, "tokenizer.json"))
   validation_path = os.path.join(data_dir, "validation.bin")

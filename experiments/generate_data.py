@@ -26,9 +26,9 @@ from absl import flags
 import specjax
 from experiments import common
 from specjax.data import TokenDataset, Tokenizer
-from specjax.data.dataset import check_tokenizer, tokenizer_record, write_meta
+from specjax.data.dataset import check_data_dir, check_tokenizer, tokenizer_record, write_meta
 from specjax.training.checkpoint import MODEL_CONFIG_FILE, load_trained_model
-from specjax.training.heads import load_target
+from specjax.training.heads import check_target_dir, load_target
 from specjax.validation import check_int, check_positive_int
 
 _COPIED = ("validation.bin", "validation.json", "test.bin", "test.json")
@@ -57,18 +57,20 @@ def generate(
   ):
     check_positive_int(name, value)
   check_int("seed", seed, minimum=0)
+  # The paths first, each error naming its flag: before the target loads.
+  check_target_dir(target_run, "--target")
+  check_data_dir(data_dir, "--data_dir", ("tokenizer.json", "train.bin", "train.json", *_COPIED))
   if os.path.abspath(out) == os.path.abspath(data_dir):
     raise ValueError(
-      f"out must be another directory than data_dir, got {out!r} for both: "
+      f"--out must be another directory than --data_dir, got {out!r} for both: "
       "it would overwrite the corpus token files."
     )
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise NotADirectoryError(f"--out: {out} is a file, not a data directory")
   tokenizer_path = os.path.join(data_dir, "tokenizer.json")
   tokenizer = Tokenizer.from_file(tokenizer_path)
   if tokenizer.eos_id is None:
     raise ValueError(f"{tokenizer_path} has no <eos> token to end each sample with.")
-  for name in _COPIED:
-    if not os.path.isfile(os.path.join(data_dir, name)):
-      raise FileNotFoundError(f"data_dir lacks {os.path.join(data_dir, name)}")
   train_path = os.path.join(data_dir, "train.bin")
   check_tokenizer(train_path, tokenizer)
   train = TokenDataset(train_path)

@@ -6,7 +6,8 @@
 A name that is not an existing directory but looks like a repo id (`org/name`)
 is looked up in the local Hugging Face cache through `huggingface_hub`, with
 `local_files_only=True` unless `allow_download` (the machines here have no
-network). Errors say which of the two was tried, and where.
+network). Errors are one line that names the flag (`flag`) and says which of
+the two was tried, and where.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def resolve_checkpoint(
   revision: str | None = None,
   cache_dir: str | None = None,
   allow_download: bool = False,
+  flag: str | None = None,
 ) -> str:
   """The local directory of checkpoint `name_or_path`.
 
@@ -35,23 +37,32 @@ def resolve_checkpoint(
     cache_dir: the Hugging Face cache (None: `huggingface_hub`'s default,
       $HF_HUB_CACHE or ~/.cache/huggingface/hub).
     allow_download: fetch a repo missing from the cache (needs a network).
+    flag: the flag or field that named the checkpoint (e.g. "--config.target"),
+      put first in error messages.
 
   Raises:
-    FileNotFoundError: neither a directory nor a cached repo, naming both.
+    FileNotFoundError: neither a directory nor a cached repo, in one line: a
+      name that reads as a path (not of the form 'org/name', or whose first
+      part is a local directory, like runs/target) is reported as a missing
+      directory; a repo id as missing from the local cache.
     ValueError: a revision given with a directory.
   """
+  prefix = f"{flag}: " if flag else ""
   if not isinstance(name_or_path, str) or not name_or_path:
-    raise ValueError(f"a checkpoint must be named by a non-empty string, got {name_or_path!r}.")
+    raise ValueError(
+      f"{prefix}a checkpoint must be named by a non-empty string, got {name_or_path!r}."
+    )
   if os.path.isdir(name_or_path):
     if revision is not None:
       raise ValueError(
-        f"revision={revision!r} applies to hub repo ids; {name_or_path} is a local directory."
+        f"{prefix}revision={revision!r} applies to hub repo ids; {name_or_path} is a local "
+        "directory."
       )
     return name_or_path
   if not _REPO_ID.match(name_or_path):
     raise FileNotFoundError(
-      f"checkpoint directory {name_or_path} does not exist (and it is not a hub repo id "
-      "of the form 'org/name')"
+      f"{prefix}checkpoint directory {name_or_path} does not exist (and it is not a hub repo "
+      "id of the form 'org/name')"
     )
   from huggingface_hub import constants, snapshot_download
 
@@ -65,9 +76,22 @@ def resolve_checkpoint(
       allow_patterns=list(CHECKPOINT_FILES),
     )
   except Exception as e:  # huggingface_hub raises several types for "not cached"
-    how = "downloading failed" if allow_download else "downloads are off (allow_download=False)"
+    parent = name_or_path.split("/")[0]
+    if os.path.isdir(parent) and revision is None:
+      # runs/target: a path whose directory exists, not a repo someone forgot to fetch.
+      raise FileNotFoundError(
+        f"{prefix}{name_or_path}: no such checkpoint directory ({parent}/ holds no "
+        f"{name_or_path.split('/', 1)[1]}; nor is it a repo in the Hugging Face cache {where})"
+      ) from e
+    if allow_download:
+      how = f"downloading failed ({type(e).__name__}: {e})"
+    else:
+      how = (
+        "downloads are off: specjax reads checkpoints offline, with no network download "
+        f"(fetch it into the cache first, e.g. `hf download {name_or_path}`, or name a "
+        "local directory)"
+      )
     raise FileNotFoundError(
-      f"{name_or_path}: no such local directory, and the Hugging Face cache {where} has no "
-      f"snapshot of repo {name_or_path!r} at revision {revision or 'main'}; {how}. "
-      f"({type(e).__name__}: {e})"
+      f"{prefix}{name_or_path}: no such local directory, and the Hugging Face cache {where} "
+      f"has no snapshot of repo {name_or_path!r} at revision {revision or 'main'}; {how}"
     ) from e

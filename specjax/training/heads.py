@@ -134,14 +134,34 @@ def _is_run(path: str) -> bool:
   return os.path.isfile(os.path.join(path, MODEL_CONFIG_FILE))
 
 
-def target_config(path: str) -> ModelConfig:
+def check_target_dir(path: str, name: str = "config.head.target") -> None:
+  """Raises FileNotFoundError, naming `name` (the flag or field that gave `path`),
+  unless `path` is a training run of a model (with a checkpoint) or a Hugging
+  Face checkpoint directory (config.json): what a frozen target may be."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(
+      f"{name}: the target directory {path} does not exist (name a training run or a "
+      "Hugging Face checkpoint directory)"
+    )
+  from specjax.training.checkpoint import HEAD_CONFIG_FILE, check_run
+
+  if _is_run(path) or os.path.isfile(os.path.join(path, HEAD_CONFIG_FILE)):
+    check_run(path, name)
+  elif not os.path.isfile(os.path.join(path, "config.json")):
+    raise FileNotFoundError(
+      f"{name}: {path} is neither a training run (no model_config.json) nor a Hugging Face "
+      "checkpoint directory (no config.json)"
+    )
+
+
+def target_config(path: str, name: str = "config.head.target") -> ModelConfig:
   """The float32 `ModelConfig` of the target at `path`, from its JSON alone (no weights).
 
   `path` is a Hugging Face checkpoint directory (config.json + safetensors) or
-  a specjax run directory (model_config.json + checkpoints).
+  a specjax run directory (model_config.json + checkpoints); anything else is
+  a FileNotFoundError naming `name` (`check_target_dir`).
   """
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"config.head.target: the target directory {path} does not exist")
+  check_target_dir(path, name)
   if _is_run(path):
     from specjax.training.checkpoint import load_model_config
 
