@@ -19,12 +19,10 @@ saved run without measuring.
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags, logging
 
 from experiments import common
-from specjax.reproduce.run import apply_quick, reproduce, write_report
+from specjax.reproduce.run import apply_quick, read_saved_report, reproduce, write_report
 
 
 def main(argv):
@@ -34,8 +32,7 @@ def main(argv):
     raise app.UsageError("--output_dir is required (where report.md, report.json and PNGs go).")
   logging.set_verbosity(logging.WARNING)  # keep backend probing out of the progress lines
   if f.render_from:  # tables and figures again from a saved run, no measuring
-    with open(f.render_from) as saved:
-      write_report(json.load(saved), f.output_dir)
+    write_report(read_saved_report(f.render_from), f.output_dir)
     return
   config = apply_quick(f.config) if f.quick else f.config
   reproduce(config, f.output_dir, progress=lambda line: print(line, flush=True))

@@ -41,7 +41,7 @@ from specjax.drafting import (
 from specjax.reproduce import examples, figures, papers, report
 from specjax.reproduce.measure import Variant, measure
 from specjax.reproduce.report import CORPUS, DISTILLED
-from specjax.validation import check_positive_int
+from specjax.validation import check_positive_int, read_json_object
 
 DRAFTERS = (
   "unigram",
@@ -195,6 +195,27 @@ def _header(config, result: dict[str, Any]) -> str:
     f"variant (median): {config.num_runs}; {result.get('date', 'date not recorded')}, "
     f"{result['seconds']:.0f} s in all."
   )
+
+
+def read_saved_report(path: str, name: str = "--render_from") -> dict[str, Any]:
+  """The result a run saved as report.json, checked to be one (`write_report`
+  renders it again); errors name `name`, the flag that gave `path`."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{name}: {path}: no such file (a report.json of a finished run)")
+  if os.path.isdir(path):
+    raise ValueError(
+      f"{name}: {path} is a directory; name its report.json ({os.path.join(path, 'report.json')})"
+    )
+  try:
+    result = read_json_object(path)
+  except ValueError as e:
+    raise ValueError(f"{name}: {e}") from e
+  missing = [key for key in ("config", "rows", "examples", "seconds") if key not in result]
+  if missing:
+    raise ValueError(
+      f"{name}: {path} is not a report.json of experiments.reproduce: it lacks {missing}"
+    )
+  return result
 
 
 def write_report(result: dict[str, Any], output_dir: str, figures_too: bool = True) -> dict:
