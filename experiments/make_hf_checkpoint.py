@@ -5,7 +5,10 @@
 
 For benchmarks and tests without downloads: the directory is what
 `save_pretrained` writes, plus a tokenizer.json trained on a few files of the
-Python standard library (so prompts can be text). Needs torch and transformers.
+Python standard library (so prompts can be text). Needs torch and transformers:
+`pip install torch==2.13.0 transformers`, or where no local CPU wheel of torch
+exists, `pip install torch --index-url https://download.pytorch.org/whl/cpu`
+(the public index's plain `torch` is a CUDA build) and `pip install transformers`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from absl import flags
 from experiments import common
 from specjax.data.corpus import stdlib_root
 from specjax.data.tokenizer import train_tokenizer
+from specjax.hf.optional import import_torch_transformers
 
 SIZES = {
   # hidden, intermediate, layers, heads, kv heads
@@ -40,13 +44,12 @@ def make_checkpoint(out: str, arch: str, size: str, vocab_size: int, seed: int =
     raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}.")
   if size not in SIZES:
     raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}.")
+  # Before any work: a missing torch or transformers is one line saying how to install them.
+  torch, transformers = import_torch_transformers("make_hf_checkpoint")
   files = sorted(glob.glob(os.path.join(stdlib_root(), "*.py")))[:_TOKENIZER_FILES]
   # Trained first: it checks vocab_size before the model is built or anything written.
   tokenizer = train_tokenizer(files, vocab_size)
   pad_id, bos_id, eos_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-  import torch
-  import transformers
-
   hidden, inter, layers, heads, kv = SIZES[size]
   torch.manual_seed(seed)
   common = dict(

@@ -9,6 +9,7 @@ from their init so a missing term cannot hide.
 import json
 import os
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -623,3 +624,69 @@ def test_make_hf_checkpoint_uses_the_library_tokenizer(tmp_path):
   with pytest.raises(ValueError, match=r"size must be one of"):
     make_hf_checkpoint.make_checkpoint(str(tmp_path / "huge"), "llama", "huge", 300)
   assert not os.path.exists(tmp_path / "small")
+
+
+def test_missing_checkpoints_are_one_line_naming_the_flag(tmp_path, monkeypatch):
+  """Issue 28: a path whose directory exists (runs/target) is reported as a
+  missing checkpoint directory, a repo id as missing from the local cache with
+  no network download; each message is one line and names the flag."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "runs").mkdir()
+  cache = str(tmp_path / "hub")
+  cases = (
+    ("runs/target", "--target", r"^--target: runs/target: no such checkpoint directory "),
+    (
+      "org/model",
+      "--config.target",
+      r"^--config.target: org/model: no such local directory, and the Hugging Face cache "
+      r".*hub has no snapshot of repo 'org/model' .* no network download",
+    ),
+    (
+      "/no/such/dir",
+      "--config.draft",
+      r"^--config.draft: checkpoint directory /no/such/dir does not exist",
+    ),
+  )
+  for name, flag, message in cases:
+    with pytest.raises(FileNotFoundError, match=message) as error:
+      specjax.hf.resolve_checkpoint(name, cache_dir=cache, flag=flag)
+    assert "\n" not in str(error.value) and "allow_download" not in str(error.value)
+
+
+def test_missing_torch_or_transformers_is_one_line_on_installing_them(tmp_path, monkeypatch):
+  """Issue 28: make_hf_checkpoint and the transformers comparison fail before any
+  work with the packages to install and how (PyTorch's CPU index where no local
+  wheel exists); a ValueError too, so launchers print it as one line."""
+  from experiments.make_hf_checkpoint import make_checkpoint
+  from specjax.hf.optional import MissingPackagesError
+  from specjax.hf.transformers_baseline import time_transformers
+
+  monkeypatch.setitem(sys.modules, "torch", None)
+  out = tmp_path / "ckpt"
+  with pytest.raises(
+    MissingPackagesError,
+    match=r"^make_hf_checkpoint needs torch, which is not installed: pip install "
+    r"torch==2.13.0 transformers \(.*pip install torch --index-url "
+    r"https://download.pytorch.org/whl/cpu, then pip install transformers\)$",
+  ) as error:
+    make_checkpoint(str(out), "llama", "tiny", 512)
+  assert isinstance(error.value, ValueError) and not out.exists()
+  monkeypatch.setitem(sys.modules, "transformers", None)
+  with pytest.raises(ValueError, match=r"needs torch and transformers, which are not installed"):
+    time_transformers(
+      "t",
+      "d",
+      [1],
+      gamma=1,
+      max_new_tokens=1,
+      sampling=specjax.GREEDY,
+      dtype="float32",
+      num_runs=1,
+    )
+  monkeypatch.setitem(sys.modules, "torch", torch)
+  with pytest.raises(
+    ValueError,
+    match=r"needs transformers, which is not installed: pip install "
+    r"transformers$",
+  ):
+    make_checkpoint(str(out), "llama", "tiny", 512)

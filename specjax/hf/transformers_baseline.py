@@ -13,6 +13,7 @@ from typing import Any
 
 from specjax import benchmarking
 from specjax.dtypes import to_dtype
+from specjax.hf.optional import import_torch_transformers
 from specjax.sampling import SamplingParams
 
 
@@ -40,8 +41,7 @@ def time_transformers(
     where the token lists are the last run's generated ids.
   """
   to_dtype(dtype)  # validates the name before the heavy imports
-  import torch  # optional dependency: only this comparison needs it
-  import transformers
+  torch, transformers = import_torch_transformers("the transformers comparison")
 
   torch_dtype = getattr(torch, dtype)  # the DTYPES names are torch's names too
   target, draft = (
