@@ -12,6 +12,7 @@ after a warm-up.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import jax
@@ -34,7 +35,10 @@ from specjax.drafting import (
   NGramDrafter,
   layer_skip,
 )
+from specjax.hf.optional import import_torch_transformers
 from specjax.models.kv_cache import cache_capacity
+from specjax.training import heads as head_training
+from specjax.training.checkpoint import check_run
 from specjax.validation import check_int, check_output_path, check_positive_int
 from specjax.vocab_map import build_vocab_map
 
@@ -95,8 +99,8 @@ def _load(config: ml_collections.ConfigDict, dtype):
       )
     return target, draft, tokenizer, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
   # Directories or hub repo ids, resolved offline in the local Hugging Face cache.
-  target_path = specjax.hf.resolve_checkpoint(config.target)
-  draft_path = specjax.hf.resolve_checkpoint(config.draft)
+  target_path = specjax.hf.resolve_checkpoint(config.target, flag="--config.target")
+  draft_path = specjax.hf.resolve_checkpoint(config.draft, flag="--config.draft")
   logging.info("pair check:\n%s", specjax.hf.check_pair(target_path, draft_path))
   target, tokenizer = specjax.hf.load_model(target_path, dtype=dtype)
   draft, draft_tokenizer = specjax.hf.load_model(draft_path, dtype=dtype)
@@ -121,12 +125,16 @@ def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"))
 
 
-def _drafter(config: ml_collections.ConfigDict, target, draft, draft_tokenizer, tokenizer):
-  """The drafter named by `config.drafter` (None for string_level, a host loop)."""
+def _drafter(
+  config: ml_collections.ConfigDict, target, draft, draft_tokenizer, tokenizer, draft_path: str
+) -> tuple[Any, dict[str, Any]]:
+  """The drafter named by `config.drafter` (None for string_level, a host loop), and
+  the result's `draft` and `draft_params` for it (`drafter_fields`)."""
   if config.drafter == "cross_tokenizer":
-    return CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer)
+    drafter = CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer)
+    return drafter, drafter_fields(config.drafter, draft_path, draft)
   if config.drafter == "string_level":
-    return None
+    return None, drafter_fields(config.drafter, draft_path, draft)
   if config.drafter in HEAD_KINDS:
     if config.head:
       from specjax.training import load_trained_head
@@ -147,12 +155,38 @@ def _drafter(config: ml_collections.ConfigDict, target, draft, draft_tokenizer, 
           "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
         )
       drafter = drafter.with_vocab_subset(pretrained.frequent_token_ids(config.vocab_subset))
-    return drafter
+    where = config.head or os.path.join(pretrained.HEADS_DIR, config.drafter)
+    return drafter, drafter_fields(config.drafter, where, head)
   if config.drafter == "ngram":
-    return NGramDrafter(target.cfg.vocab_size, max_ngram=config.ngram)
+    drafter = NGramDrafter(target.cfg.vocab_size, max_ngram=config.ngram)
+    return drafter, drafter_fields(
+      config.drafter, f"prompt lookup of n-grams up to n = {config.ngram}"
+    )
   if config.drafter == "layer_skip":
-    return layer_skip(target, config.layer_skip)
-  return draft
+    return layer_skip(target, config.layer_skip), drafter_fields(
+      config.drafter, f"the target's first {config.layer_skip} of {target.cfg.n_layers} layers"
+    )
+  return draft, drafter_fields(config.drafter, draft_path, draft)
+
+
+def drafter_fields(kind: str, what: str, module=None) -> dict[str, Any]:
+  """The result's `draft` and `draft_params`: the drafter that decoded, not the
+  draft model when another drafter (`kind`) was used.
+
+  Args:
+    kind: `config.drafter`.
+    what: the draft model's checkpoint directory; a head's (the bundled head's
+      directory, or its training run); for n-gram lookup and layer skipping,
+      what they draft from.
+    module: the draft model or head, whose parameters `draft_params` counts;
+      None for drafters with no parameters of their own (n-gram lookup, layer
+      skipping, which reuse the target's), `draft_params` 0.
+  """
+  params = 0 if module is None else head_training.num_params(module)
+  return {
+    "draft": what if kind in ("model", *CROSS_DRAFTERS) else f"{kind}: {what}",
+    "draft_params": params,
+  }
 
 
 def _to_host(x) -> np.ndarray:
@@ -244,7 +278,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     )
   if config.dtype not in DECODE_DTYPES:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
+  if config.compare_transformers:  # before any model loads: one line on how to install them
+    import_torch_transformers("--config.compare_transformers")
   dtype = dtypes.to_dtype(config.dtype, "config.dtype")
+  if config.head and config.drafter in HEAD_KINDS:
+    check_run(config.head, "--config.head", kind="head")
   target, draft, tokenizer, draft_tokenizer, target_path, draft_path = _load(config, dtype)
   mesh = make_mesh(tuple(config.mesh_shape))
   if config.batch_size % mesh.shape["data"]:
@@ -267,7 +305,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
   eos = (list(settings.eos_ids) or None) if config.stop_at_eos else None
   key = jax.random.key(config.seed)
-  drafter = _drafter(config, target, draft, draft_tokenizer, tokenizer)
+  drafter, draft_fields = _drafter(config, target, draft, draft_tokenizer, tokenizer, draft_path)
   auto_gamma = config.gamma == 0
   if auto_gamma:
     config = config.copy_and_resolve_references()
@@ -317,9 +355,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   stats = outputs["spec"].stats
   result = {
     "target": target_path,
-    "draft": draft_path,
     "target_params": target.num_params,
-    "draft_params": draft.num_params,
+    **draft_fields,  # "draft", "draft_params": the drafter that decoded
     "prompt": texts_in[0],
     "prompt_tokens": len(ids),
     "ar_text": texts["ar"],

@@ -1,6 +1,8 @@
 """The decode command end to end on tiny local Hugging Face checkpoints."""
 
 import json
+import os
+import sys
 
 import pytest
 
@@ -122,3 +124,59 @@ def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
 def test_default_gamma_falls_with_the_batch():
   assert [decode.default_gamma(b) for b in (1, 2, 7, 8, 16, 64)] == [4, 4, 4, 1, 1, 1]
   assert [decode.default_gamma(b, "early_exit") for b in (1, 8)] == [1, 1]
+
+
+def test_the_result_describes_the_drafter_that_decoded():
+  """Issue 28: `draft` and `draft_params` describe the drafter used (a head, the
+  n-gram lookup, the target's first layers, the cross draft), not the unused
+  draft model."""
+  from specjax import pretrained
+  from specjax.training.heads import num_params
+
+  target, draft, tokenizer = pretrained.load_pair()
+  cross, cross_tokenizer = pretrained.load_cross_draft()
+  seen = {}
+  for kind in decode.DRAFTERS:
+    config = decode_config.get_config()
+    config.drafter = kind
+    if kind in decode.CROSS_DRAFTERS:
+      args = (cross, cross_tokenizer, tokenizer, pretrained.CROSS_DRAFT_DIR)
+    else:
+      args = (draft, tokenizer, tokenizer, pretrained.DRAFT_DIR)
+    drafter, fields = decode._drafter(config, target, args[0], *args[1:])
+    seen[kind] = fields
+    if kind in decode.HEAD_KINDS:
+      head = pretrained.load_head(kind, target)
+      assert fields == {
+        "draft": f"{kind}: {os.path.join(pretrained.HEADS_DIR, kind)}",
+        "draft_params": num_params(head),
+      }
+  assert seen["model"] == {"draft": pretrained.DRAFT_DIR, "draft_params": draft.num_params}
+  assert seen["ngram"] == {
+    "draft": "ngram: prompt lookup of n-grams up to n = 3",
+    "draft_params": 0,
+  }
+  assert seen["layer_skip"] == {
+    "draft": "layer_skip: the target's first 2 of 6 layers",
+    "draft_params": 0,
+  }
+  for kind in decode.CROSS_DRAFTERS:
+    assert seen[kind] == {"draft": pretrained.CROSS_DRAFT_DIR, "draft_params": cross.num_params}
+  assert len({f["draft_params"] for f in seen.values()}) == 6  # 0, draft, 3 heads, cross
+
+
+def test_decode_reports_the_ngram_drafter(pair):
+  result = decode.run(_config(pair, drafter="ngram", num_runs=3))
+  assert result["draft"] == "ngram: prompt lookup of n-grams up to n = 3"
+  assert result["draft_params"] == 0 and result["texts_identical"] is True
+
+
+def test_compare_transformers_without_transformers_fails_before_loading(pair, monkeypatch):
+  monkeypatch.setitem(sys.modules, "transformers", None)
+  monkeypatch.setattr(decode, "_load", lambda *_: pytest.fail("loaded before the check"))
+  with pytest.raises(
+    ValueError,
+    match=r"^--config.compare_transformers needs transformers, which is not installed: "
+    r"pip install transformers$",
+  ):
+    decode.run(_config(pair, compare_transformers=True))

@@ -1,0 +1,131 @@
+"""User errors of the launchers (issue 28): a missing checkpoint, run or data
+directory is one line naming the flag, raised before any work starts.
+
+One subprocess checks the format a user sees (`error: ...` on stderr, exit
+status 2, no traceback); the others call the launchers' functions directly.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specjax import pretrained
+from specjax.training.checkpoint import HEAD_CONFIG_FILE, MODEL_CONFIG_FILE, check_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_user_error_is_one_line_on_stderr(tmp_path):
+  missing = str(tmp_path / "MISSING")
+  out = tmp_path / "D"
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.reproduce",
+      f"--render_from={missing}",
+      f"--output_dir={out}",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    env={k: v for k, v in os.environ.items() if k != "SPECJAX_TRACEBACK"},
+    timeout=120,
+  )
+  assert done.returncode == 2, done.stderr
+  assert (
+    done.stderr
+    == f"error: --render_from: {missing}: no such file (a report.json of a finished run)\n"
+  )
+  assert not out.exists()
+
+
+def test_check_run_names_the_flag_and_what_the_directory_is(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"^--target: .*nowhere: no such run directory$"):
+    check_run(str(tmp_path / "nowhere"), "--target")
+  with pytest.raises(
+    FileNotFoundError,
+    match=r"^--target: .*stdlib_pair/target is not a training run directory: no "
+    r"model_config.json \(it is a Hugging Face checkpoint: config.json\)$",
+  ):
+    check_run(pretrained.TARGET_DIR, "--target")
+  head = tmp_path / "head"
+  head.mkdir()
+  (head / HEAD_CONFIG_FILE).write_text("{}")
+  with pytest.raises(FileNotFoundError, match=r"^--drafts: .* is the training run of a draft head"):
+    check_run(str(head), "--drafts")
+  with pytest.raises(FileNotFoundError, match=r"^--eagle: the run .*head holds no checkpoint yet"):
+    check_run(str(head), "--eagle", kind="head")
+  (head / MODEL_CONFIG_FILE).write_text("{}")
+  (head / "checkpoints" / "4").mkdir(parents=True)
+  check_run(str(head), "--eagle", kind="head")
+
+
+def test_generate_data_checks_its_flags_before_the_target_loads(tmp_path):
+  from experiments import generate_data
+
+  def generate(target, data_dir, out):
+    generate_data.generate(target, data_dir, out, 1, 1, 8, 4, 0)
+
+  with pytest.raises(
+    FileNotFoundError, match=r"^--target: the target directory runs/target does not exist"
+  ):
+    generate("runs/target", str(tmp_path), str(tmp_path / "gen"))
+  with pytest.raises(FileNotFoundError, match=r"^--data_dir: .*data: no such data directory$"):
+    generate(pretrained.TARGET_DIR, str(tmp_path / "data"), str(tmp_path / "gen"))
+  (tmp_path / "tokenizer.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match=r"^--data_dir: data directory .* lacks train.bin, "):
+    generate(pretrained.TARGET_DIR, str(tmp_path), str(tmp_path / "gen"))
+  assert not (tmp_path / "gen").exists()
+
+
+def test_evaluate_and_bundle_launchers_name_the_missing_run(tmp_path):
+  from experiments import bundle_cross_draft, bundle_heads, bundle_pair, evaluate_drafts
+
+  nowhere, out = str(tmp_path / "nowhere"), tmp_path / "out"
+  with pytest.raises(FileNotFoundError, match="^--target: .*nowhere: no such run directory$"):
+    evaluate_drafts.compare(nowhere, [nowhere], nowhere)
+  with pytest.raises(FileNotFoundError, match="^--target: .*nowhere: no such run directory$"):
+    bundle_pair.bundle(nowhere, nowhere, nowhere, str(out))
+  with pytest.raises(FileNotFoundError, match="^--medusa: .*nowhere: no such run directory$"):
+    bundle_heads.bundle({"medusa": nowhere}, str(out))
+  with pytest.raises(FileNotFoundError, match="^--draft: .*nowhere: no such run directory$"):
+    bundle_cross_draft.bundle(nowhere, nowhere, str(out))
+  with pytest.raises(FileNotFoundError, match="^--data_gen: .*nowhere: no such data directory$"):
+    bundle_cross_draft.reencode(nowhere, nowhere, str(out))
+  assert not out.exists()
+
+
+def test_decode_names_the_checkpoint_flags(tmp_path, monkeypatch):
+  from configs import decode as decode_config
+  from experiments import decode
+
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "runs").mkdir()
+  config = decode_config.get_config()
+  config.target, config.draft = "runs/target", "runs/draft"
+  with pytest.raises(FileNotFoundError, match=r"^--config.target: runs/target: no such checkpoint"):
+    decode.run(config)
+  config.target = pretrained.TARGET_DIR
+  with pytest.raises(FileNotFoundError, match=r"^--config.draft: runs/draft: no such checkpoint"):
+    decode.run(config)
+  config.target = config.draft = ""
+  config.drafter, config.head = "eagle", "runs/eagle"
+  with pytest.raises(
+    FileNotFoundError, match=r"^--config.head: runs/eagle: no such run directory$"
+  ):
+    decode.run(config)
+
+
+def test_render_from_names_the_flag(tmp_path):
+  from specjax.reproduce.run import read_saved_report
+
+  with pytest.raises(ValueError, match=r"^--render_from: .* is a directory; name its report.json"):
+    read_saved_report(str(tmp_path))
+  saved = tmp_path / "report.json"
+  saved.write_text(json.dumps({"rows": []}))
+  with pytest.raises(ValueError, match=r"^--render_from: .* is not a report.json .*'config'"):
+    read_saved_report(str(saved))
