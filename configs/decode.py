@@ -12,10 +12,18 @@ cross_tokenizer or string_level:
 
   python -m experiments.decode --config.drafter=cross_tokenizer   # bundled cross draft
   python -m experiments.decode --config.target=/path/llama --config.draft=/path/gpt2 \
-      --config.drafter=cross_tokenizer An empty `prompt` gives row i of the batch the i-th
-prompt of the held-out test split (`specjax.data.prompts.held_out_prompts`).
-`compare_transformers=True` also times transformers' `generate`, plain and
-with `assistant_model=draft` (batch 1).
+      --config.drafter=cross_tokenizer
+
+A missing `target` or `draft` is one error naming the flag: a path (runs/target)
+as a missing directory, a repo id as missing from the local cache (there is no
+network download). The result's `draft` and `draft_params` describe the drafter
+that decoded (a head's directory and parameters, the n-gram lookup, the
+target's first layers), not the draft model when another drafter is used.
+
+An empty `prompt` gives row i of the batch the i-th prompt of the held-out test
+split (`specjax.data.prompts.held_out_prompts`). `compare_transformers=True`
+also times transformers' `generate`, plain and with `assistant_model=draft`
+(batch 1); it needs torch and transformers (see experiments/make_hf_checkpoint.py).
 """
 
 from __future__ import annotations

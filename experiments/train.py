@@ -9,6 +9,12 @@ A config with `config.head.kind` trains a draft head on a frozen target instead
 
   python -m experiments.train --config=configs/train_eagle.py --workdir=runs/eagle
 
+The corpus is encoded on first use into --config.data.dir (or <workdir>/data),
+but a config with a second phase on data made for it (the heads, distill_draft_gen,
+the cross draft) encodes only into its `config.data.corpus_dir`: another missing
+data dir (e.g. runs/data_gen) is one error naming --config.data.dir and the
+`experiments.generate_data` command that makes it, before anything is written.
+
 Resumes from the latest checkpoint in --workdir automatically. Progress lines
 (step, loss, tokens/s, ETA) go to stdout and <workdir>/metrics.jsonl (process 0
 only). `--config.mesh_shape=(data,model)` picks the mesh; `--distributed` joins
