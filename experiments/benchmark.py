@@ -4,13 +4,17 @@
       [--config.max_new_tokens=16 ...] [--output_json=PATH]
 
 Builds the target and draft from the config, random prompts from the seed, and
-hands them to `specjax.benchmarking.benchmark_generation`; prints the result as
-JSON and writes it to --output_json when given.
+hands them to `specjax.benchmarking.benchmark_generation`. Prints a line per
+measurement on stderr as it runs, then a markdown table of the headline
+figures on stdout; the full result (about 50 fields: costs, floors, compile
+times, every run) goes to --output_json.
 """
 
 from __future__ import annotations
 
-import json
+import functools
+import sys
+import time
 from typing import Any
 
 import jax
@@ -54,6 +58,35 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   # temperature, top_k and top_p get SamplingParams' own range checks.
 
 
+# The printed table: the headline figures of one result (`markdown`).
+COLUMNS = (
+  ("preset", "{preset}"),
+  ("target", lambda r: _count(r["target_params"])),
+  ("draft", lambda r: _count(r["draft_params"])),
+  ("batch", "{config[batch_size]}"),
+  ("γ", "{config[gamma]}"),
+  ("T", "{config[temperature]:g}"),
+  ("AR ms/token", "{ar_ms_per_token:.3f}"),
+  ("spec ms/token", "{spec_ms_per_token:.3f}"),
+  ("speedup", "{speedup:.2f}"),
+  ("predicted", "{predicted_speedup:.2f}"),
+  ("α", "{acceptance_rate:.3f}"),
+  ("tokens/iter", "{tokens_per_iteration:.2f}"),
+  ("c", "{c:.3f}"),
+  ("verify cost", "{verify_cost_ratio:.2f}"),
+)
+
+
+def _count(n: int) -> str:
+  """A parameter count in a few characters: 426624 -> "0.43M", 42080 -> "42.1K"."""
+  return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.1f}K"
+
+
+def markdown(result: dict[str, Any]) -> str:
+  """The headline figures of a `run` result as a one-row markdown table."""
+  return common.markdown_table([result], COLUMNS)
+
+
 LONG_PROMPT = 512  # tokens of the prompt whose time to first token is reported
 
 
@@ -79,8 +112,13 @@ def build_models(
   return target, draft
 
 
-def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Runs the benchmark described by `config`; returns the JSON-ready result."""
+def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> dict[str, Any]:
+  """Runs the benchmark described by `config`; returns the JSON-ready result.
+
+  Args:
+    config: the benchmark's configuration (configs/benchmark.py).
+    progress: print a line on stderr as each measurement starts.
+  """
   check_config(config)
   sampling = specjax.SamplingParams(
     temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
@@ -112,6 +150,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       key=jax.random.fold_in(jax.random.key(config.seed), 2),
       num_runs=config.num_runs,
       step_timing_steps=config.step_timing_steps,
+      progress=functools.partial(print, file=sys.stderr, flush=True) if progress else None,
     )
   )
   return result
@@ -120,9 +159,13 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def main(argv):
   common.check_no_args(argv)
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
-  result = run(flags.FLAGS.config)
-  print(json.dumps(result, indent=2))
+  common.quiet_backend_probing()
+  start = time.perf_counter()
+  result = run(flags.FLAGS.config, progress=True)
+  print(markdown(result))
   common.write_json(output_json, result)
+  saved = output_json or "pass --output_json=PATH for the full result"
+  print(f"done in {time.perf_counter() - start:.0f} s ({saved})", file=sys.stderr)
 
 
 def define_flags() -> None:

@@ -158,6 +158,7 @@ def main(argv):
   # On the lent machine, files under $OUT are what comes back.
   default = os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None
   output_json = check_output_path("--output_json", flags.FLAGS.output_json or default)
+  common.quiet_backend_probing()
   sections = [x for x in flags.FLAGS.sections if x]
   if not sections or set(sections) - set(SECTIONS):
     raise ValueError(f"--sections must be a non-empty subset of {SECTIONS}, got {sections}.")
@@ -183,9 +184,13 @@ def main(argv):
     if section == "scoring":
       save("scoring", scoring_rows(target, sizes, scale), SCORING_COLUMNS)
     elif section == "trees":
-      save("trees", compare_drafters.run(tree_config(scale)), compare_drafters.COLUMNS)
+      rows = compare_drafters.run(tree_config(scale), progress=True)
+      save("trees", rows, compare_drafters.COLUMNS)
     else:
       save("cases", decode_rows(target, draft, sizes, result), COLUMNS)
+    # The sections share no program (the cases of `decode` share the target's,
+    # so they are kept together): free each section's before the next.
+    benchmarking.free_compiled_programs()
   print(json.dumps(result, indent=2))
 
 

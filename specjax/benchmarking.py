@@ -511,6 +511,7 @@ def benchmark_generation(
   key: jax.Array,
   num_runs: int,
   step_timing_steps: int = 16,
+  progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
   """Measures autoregressive vs speculative decoding and the costs that predict it.
 
@@ -527,6 +528,8 @@ def benchmark_generation(
     key: PRNG key, the same for every run (runs are then identical).
     num_runs: timed runs of each measurement (after one warm-up call).
     step_timing_steps: N model calls per loop in the per-call cost timings.
+    progress: called with a line as each measurement starts (with the seconds
+      since the call began); None: quiet.
 
   Returns:
     A JSON-ready dict; see the keys below. `*_ms` are milliseconds.
@@ -551,6 +554,13 @@ def benchmark_generation(
       key=key,
     ),
   }
+  start = time.perf_counter()
+
+  def step(text: str) -> None:
+    if progress is not None:
+      progress(f"{text} ({time.perf_counter() - start:.0f} s)")
+
+  step(f"autoregressive and speculative decoding: compile, then {num_runs} timed runs each")
   timings, outputs = time_calls(generate, num_runs)
   for name, out in outputs.items():
     if not np.all(np.asarray(out.num_generated) == max_new_tokens):
@@ -563,6 +573,7 @@ def benchmark_generation(
   stats = outputs["spec"].stats.summary()
   alpha = stats["acceptance_rate"]
 
+  step("draft and verification costs (c, verify cost ratio)")
   cost = draft_cost(
     target,
     draft,
@@ -580,6 +591,7 @@ def benchmark_generation(
   predicted = theory.predicted_speedup(alpha, gamma, c, verify_cost=verify_cost)
   speedup = ar_ms / spec_ms
 
+  step("time to first token, the machine's floor, a long prompt's prefill")
   ttft = prefill_timing(
     target,
     prompts,
