@@ -11,6 +11,7 @@ to install them, not an ImportError traceback.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 # .ci/run's pin: a CPU build where a local wheel exists. On the public index a
@@ -40,16 +41,13 @@ def import_torch_transformers(purpose: str) -> tuple[ModuleType, ModuleType]:
   Args:
     purpose: what needs them, for the message (e.g. "--config.compare_transformers").
   """
-  modules, missing = {}, []
-  for name in ("torch", "transformers"):
-    try:
-      modules[name] = importlib.import_module(name)
-    except ImportError:
-      missing.append(name)
+  # Looked up before anything is imported: transformers without torch imports,
+  # but warns on stderr, and the error should be the one line there.
+  missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
   if missing:
     raise MissingPackagesError(
       f"{purpose} needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
       f"not installed: {install_hint(tuple(missing))}",
       name=missing[0],
     )
-  return modules["torch"], modules["transformers"]
+  return importlib.import_module("torch"), importlib.import_module("transformers")
