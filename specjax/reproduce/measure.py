@@ -2,17 +2,22 @@
 acceptance by draft position, the cost ratio c, predicted and measured speedup.
 
 `measure` decodes every (drafter, gamma, verifier) variant on the same prompts
-one by one (batch 1), timing them interleaved with autoregressive decoding at
-each temperature (`benchmarking.time_calls`), and returns one JSON-ready row per
-variant. The prediction is Leviathan's S = E(alpha, gamma) / (gamma c + v) with
-measured alpha, c (drafting one token over one target step; see `_costs`) and v
-(scoring gamma + 1 tokens over one target step), so prediction and measurement
-share every input but the loop's own overheads.
+one by one (batch 1), one variant at a time, each run interleaved with a run of
+autoregressive decoding (`benchmarking.time_calls`; the baseline is compiled
+once per temperature, ahead of time), and returns one JSON-ready row per
+variant. Each variant's compiled programs are freed before the next
+(`benchmarking.free_compiled_programs`), so the process's memory maps do not
+grow with the number of variants. The prediction is Leviathan's
+S = E(alpha, gamma) / (gamma c + v) with measured alpha, c (drafting one token
+over one target step; see `_costs`) and v (scoring gamma + 1 tokens over one
+target step), so prediction and measurement share every input but the loop's
+own overheads.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -61,20 +66,6 @@ def _position_rates(outs, gamma: int) -> tuple[list[float], list[float]]:
   return through[:gamma], conditional[:gamma]
 
 
-def _announced(name, fn: Callable, progress: Callable[[str], None]) -> Callable:
-  """`fn`, reporting its first call (the warm-up, which compiles) through `progress`."""
-  first = [True]
-
-  def call():
-    if first[0]:
-      first[0] = False
-      label = name if isinstance(name, str) else f"{name.drafter}, γ={name.gamma}, {name.verifier}"
-      progress(f"  {label}")
-    return fn()
-
-  return call
-
-
 def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num_runs):
   """({(drafter, gamma): c}, {gamma: verify cost}), both in target steps, timed once
   for all temperatures on `prompt` (batch 1).
@@ -116,6 +107,7 @@ def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num
         num_runs=num_runs,
       )
       costs[name, gamma] = seconds / (gamma * step_s)
+    benchmarking.free_compiled_programs()
   return costs, verify
 
 
@@ -141,8 +133,10 @@ def measure(
     prompts, lengths: `[N, P]` int32 prompts and `[N]` lengths; each row is
       decoded on its own (batch 1).
     temperatures: e.g. (0.0, 1.0).
-    num_runs: timed runs per variant (median) after a warm-up.
-    progress: called with a line per step (the launcher's progress display).
+    num_runs: timed runs per variant (median) after a warm-up, each paired with
+      a run of autoregressive decoding (the row's ar_ms_per_token and speedup).
+    progress: called with a line per step and per variant (the launcher's
+      progress display).
 
   Returns:
     One dict per (temperature, variant): alpha, tokens_per_iteration,
@@ -161,39 +155,45 @@ def measure(
     sampling = specjax.SamplingParams(temperature=float(temperature))
     key = jax.random.key(seed)
     runs = [v for v in variants if v.runs_at(temperature)]
-    calls = {
-      "ar": lambda s=sampling, k=key: [
-        specjax.autoregressive_generate(
-          target, *one(i), max_new_tokens=max_new_tokens, sampling=s, key=k
-        )
-        for i in range(n)
-      ]
-    }
+    progress(f"T={temperature:g}: compiling and timing {len(runs)} variants, one at a time")
+    ar_program = benchmarking.compile_ahead(
+      functools.partial(
+        specjax.autoregressive_generate, max_new_tokens=max_new_tokens, sampling=sampling
+      ),
+      target,
+      *one(0),
+      key=key,
+    )
+
+    def ar(ar_program=ar_program, key=key):
+      return [ar_program(target, *one(i), key=key) for i in range(n)]
+
     for v in runs:
-      calls[v] = lambda v=v, s=sampling, k=key: [
-        specjax.speculative_generate(
-          target,
-          drafters[v.drafter],
-          *one(i),
-          gamma=v.gamma,
-          max_new_tokens=max_new_tokens,
-          sampling=s,
-          key=k,
-          verifier=v.verifier,
-        )
-        for i in range(n)
-      ]
-    progress(f"T={temperature:g}: compiling and timing {len(runs)} variants + plain decoding")
-    calls = {name: _announced(name, fn, progress) for name, fn in calls.items()}
-    timings, outputs = benchmarking.time_calls(calls, num_runs)
-    ar_ms = timings["ar"].median_s * 1e3 / _tokens(outputs["ar"])
-    for v in runs:
-      outs = outputs[v]
+      start = time.perf_counter()
+
+      def spec(v=v, s=sampling, k=key):
+        return [
+          specjax.speculative_generate(
+            target,
+            drafters[v.drafter],
+            *one(i),
+            gamma=v.gamma,
+            max_new_tokens=max_new_tokens,
+            sampling=s,
+            key=k,
+            verifier=v.verifier,
+          )
+          for i in range(n)
+        ]
+
+      timings, outputs = benchmarking.time_calls({"ar": ar, "spec": spec}, num_runs)
+      outs = outputs["spec"]
       generated = float(_sum(outs, "generated"))
       alpha = float(_sum(outs, "accepted")) / max(float(_sum(outs, "evaluated")), 1.0)
       c, verify_cost = costs[v.drafter, v.gamma], verify[v.gamma]
       through, conditional = _position_rates(outs, v.gamma)
-      ms = timings[v].median_s * 1e3 / _tokens(outs)
+      ms = timings["spec"].median_s * 1e3 / _tokens(outs)
+      ar_ms = timings["ar"].median_s * 1e3 / _tokens(outputs["ar"])
       rows.append(
         {
           "temperature": float(temperature),
@@ -212,4 +212,12 @@ def measure(
           "speedup": ar_ms / ms,
         }
       )
+      del spec, timings, outputs, outs
+      benchmarking.free_compiled_programs()
+      progress(
+        f"  {v.drafter}, γ={v.gamma}, {v.verifier}: {time.perf_counter() - start:.1f} s, "
+        f"α {alpha:.3f}, speedup {ar_ms / ms:.2f}"
+      )
+    del ar, ar_program
+    benchmarking.free_compiled_programs()
   return rows
