@@ -1,7 +1,7 @@
 """Configuration of `experiments/load_test.py`: serve held-out prompts at Poisson rates.
 
   python -m experiments.load_test --output_dir=DIR                 # bundled pair, in process
-  python -m experiments.load_test --output_dir=DIR --config.rates="(1, 2, 4, 8)" \
+  python -m experiments.load_test --output_dir=DIR --config.rates="(1, 2, 4, 8)" \\
       --config.modes="('plain', 'adaptive')" --config.num_requests=64
   python -m experiments.load_test --output_dir=DIR --config.target=http://127.0.0.1:8000
 

@@ -1,7 +1,7 @@
 """Load-test the serving engine: held-out prompts at Poisson arrival rates, per mode.
 
   python -m experiments.load_test --output_dir=DIR        # bundled pair, 3 rates x 3 modes
-  python -m experiments.load_test --output_dir=DIR --config.rates="(2.0,)" \
+  python -m experiments.load_test --output_dir=DIR --config.rates="(2.0,)" \\
       --config.modes="('plain', 'adaptive')" --config.num_requests=64
   python -m experiments.load_test --output_dir=DIR --config.model=tiny   # a smoke test
   python -m experiments.load_test --output_dir=DIR --config.target=http://127.0.0.1:8000

@@ -117,6 +117,7 @@ def test_launcher_two_rates_two_modes(tmp_path):
   assert set(report["warmup_s"]) == {"plain", "adaptive"}
   assert report["config"]["rates"] == [20.0, 40.0]
   assert any("warmed up" in line for line in lines)
+  assert any(line.startswith("adaptive: warm-up: batch width 4 (2/2)") for line in lines)
   assert any(line.startswith("adaptive at 40 req/s:") and "tok/s" in line for line in lines)
   image = matplotlib.image.imread(tmp_path / load_test.FIGURE_FILE)
   assert image.shape[0] > 100 and image.shape[1] > 100
