@@ -6,7 +6,7 @@
 Writes bfloat16 Hugging Face Llama checkpoints `target/` and `draft/`, the
 shared `tokenizer.json`, and `card.json`: each run's train config, steps,
 tokens seen, final validation perplexity and wall time, plus the corpus
-statistics, so the README's model card can be checked against the files, and
+statistics, so the model card (docs/bundled_pair.md) can be checked against the files, and
 the sha256 of every bundled file, which `specjax.pretrained.load_pair` verifies.
 """
 

@@ -57,14 +57,14 @@ DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS, *CROSS_DRAFTERS)
 # Default draft length by batch size (the largest key <= the batch). Scoring
 # gamma + 1 tokens per row costs about one step while the target is memory-bound
 # (batch 1), but nearly gamma + 1 steps once the batch makes it compute-bound:
-# on the 2-core CPU of the README the bundled pair at batch 8 gave speedups
+# on the 2-core CPU of docs/performance.md the bundled pair at batch 8 gave speedups
 # 1.13 / 1.05 / 0.84 at gamma 1 / 2 / 4; at batch 1 the best gamma is 4. Batches
 # in between were not measured and keep 4.
 DEFAULT_GAMMA = {1: 4, 8: 1}
 # Drafters whose draft step costs a large share of a target step draft fewer
 # tokens: early exit (2 of 6 target layers + the adapter + the head, c about
 # 0.5) gave 1.06x at gamma 1 against 0.72x at gamma 4 (T = 0, batch 1, the
-# README's comparison run).
+# comparison run in docs/heads.md).
 DRAFTER_GAMMA = {"early_exit": 1}
 
 

@@ -18,7 +18,7 @@ data dir (e.g. runs/data_gen) is one error naming --config.data.dir and the
 Resumes from the latest checkpoint in --workdir automatically. Progress lines
 (step, loss, tokens/s, ETA) go to stdout and <workdir>/metrics.jsonl (process 0
 only). `--config.mesh_shape=(data,model)` picks the mesh; `--distributed` joins
-a multi-host job first (see the README's scale-out section).
+a multi-host job first (see docs/scale_out.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 About 1,800 files / 31 MB of real code on CPython 3.11, present offline on every
 machine. `site-packages` (third-party code) and `__pycache__` are excluded.
 
-Split rule (documented in the README): a file's split is a function of its path
+Split rule (documented in docs/training.md): a file's split is a function of its path
 relative to the stdlib root only, so it is the same on every machine and
 independent of which other files exist:
 

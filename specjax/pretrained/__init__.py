@@ -4,7 +4,7 @@
   head = specjax.pretrained.load_head("eagle", target)   # or "medusa", "early_exit"
 
 Both models were trained on the Python standard library's source (see the
-model card in the README and `stdlib_pair/card.json`); the draft is distilled
+model card in docs/bundled_pair.md and `stdlib_pair/card.json`); the draft is distilled
 toward the target. The files are ordinary Hugging Face Llama checkpoints
 (`stdlib_pair/target`, `stdlib_pair/draft`) sharing `stdlib_pair/tokenizer.json`,
 so `specjax.hf.load_model` and transformers read them too.

@@ -325,7 +325,7 @@ def distillspec_section(rows: list[dict], gamma: int) -> Section:
     notes=[
       "Both drafts have the same shape (0.92M parameters). The distilled one "
       "is the bundled draft: forward KL to the target on the corpus, then on the "
-      "target's own continuations (the README's \"Which draft\" table)."
+      "target's own continuations (docs/bundled_pair.md's \"Which draft\" table)."
     ],
   )
 
