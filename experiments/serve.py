@@ -224,6 +224,14 @@ def serve(config: ml_collections.ConfigDict) -> None:
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config), target, draft, names=FIT_FLAGS)
+  logging.info(
+    "engine: %d slots, caches of %d positions each (prompt <= %d + new tokens <= %d + "
+    "gamma + 1); building the blank batch",
+    fitted.slots,
+    fitted.max_prompt_len + fitted.max_new_tokens + fitted.gamma + 1,
+    fitted.max_prompt_len,
+    fitted.max_new_tokens,
+  )
   engine = Engine(target, draft, fitted, eos_ids=eos)
   start = time.perf_counter()
   engine.warmup()  # logs a line per program group
