@@ -80,13 +80,13 @@ def load_models(
         f"{fields[2]} must name the draft checkpoint (or set config.policy='never' to serve "
         "without speculation)."
       )
-    target_path = specjax.hf.resolve_checkpoint(target)
+    target_path = specjax.hf.resolve_checkpoint(target, flag=f"--{fields[1]}")
     target_model, tokenizer = specjax.hf.load_model(target_path, dtype=dtype)
     if tokenizer is None:
       raise ValueError(f"{fields[1]}: {target_path} has no tokenizer.json; the server needs one.")
     draft_model = None
     if need_draft:
-      draft_path = specjax.hf.resolve_checkpoint(draft)
+      draft_path = specjax.hf.resolve_checkpoint(draft, flag=f"--{fields[2]}")
       logging.info("pair check:\n%s", specjax.hf.check_pair(target_path, draft_path))
       draft_model, draft_tokenizer = specjax.hf.load_model(draft_path, dtype=dtype)
       specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, target_path, draft_path)
@@ -114,7 +114,9 @@ def load_tokenizer(
     return Tokenizer.from_file(pretrained.TOKENIZER_FILE)
   import specjax.hf
 
-  tokenizer = specjax.hf.load_tokenizer(specjax.hf.resolve_checkpoint(target))
+  tokenizer = specjax.hf.load_tokenizer(
+    specjax.hf.resolve_checkpoint(target, flag=f"--{fields[1]}")
+  )
   if tokenizer is None:
     raise ValueError(f"{fields[1]}: {target} has no tokenizer.json.")
   return tokenizer
