@@ -1,0 +1,342 @@
+"""Every launcher in experiments/ runs with its defaults and exits 0.
+
+A launcher is an `experiments/*.py` (not common.py) with a module-level `main`
+and an `if __name__ == "__main__":` block; `test_every_launcher_has_a_step`
+fails when one has no step in `STEPS` (or a reason in `HELP_ONLY`), so a new
+launcher cannot go untested.
+
+Each step runs `python -m experiments.NAME FLAGS` in a subprocess (cwd the
+repository root, the test process's environment: tests/conftest.py's
+compilation cache and XLA flags, so programs other tests compiled come from the
+cache) and expects exit status 0. FLAGS are the launcher's required arguments
+and small run-size flags only (fewer steps, tokens, requests or variants; the
+launcher's own smoke preset; output paths under a temporary directory),
+never another model: the launchers that read the bundled pair by default read
+it here. The launchers whose inputs are training runs (generate_data,
+evaluate_drafts, the bundle_* exporters) read a chain of small runs made by
+earlier steps in the same temporary directory: a 6-step tiny target trained on
+a 16-file corpus, an EAGLE head trained 2 steps on the bundled target, and the
+data generated from them. The exporters write there too, never into
+specjax/pretrained.
+
+experiments.serve is started on a free port with its defaults, must answer
+200 on GET /health, and must exit 0 on SIGTERM.
+
+Steps run one at a time in `STEPS` order (2 cores: a launcher compiles on one
+and computes on both). Running one step alone (`-k`) runs the steps it reads
+from first.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 600  # per step; the slowest takes about a minute here with a warm cache
+SERVER_WAIT_S = 300  # for the server's warm-up (compiling every engine program)
+SERVER_STOP_S = 60
+# The tiny runs' corpus: the first files of each split of the standard library.
+CORPUS_FILES = {"train": 12, "validation": 2, "test": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One launcher run: `python -m experiments.<launcher> <flags>`.
+
+  `flags` may name `{tmp}` (the steps' shared temporary directory) and, for
+  the server, `{port}`. `needs`: the steps whose output this one reads.
+  """
+
+  id: str
+  launcher: str
+  flags: tuple[str, ...] = ()
+  needs: tuple[str, ...] = ()
+  server: bool = False
+
+
+# Head training on the bundled target: 2 steps of batch 2 x 32 tokens.
+_TINY_HEAD_RUN = (
+  "--config.num_steps=2",
+  "--config.warmup_steps=1",
+  "--config.batch_size=2",
+  "--config.seq_len=32",
+  "--config.eval_every=2",
+  "--config.eval_batches=1",
+  "--config.checkpoint_every=2",
+  "--config.log_every=1",
+)
+
+STEPS = (
+  # The chain's target: configs/train_tiny.py (6 steps) on the 16-file corpus;
+  # max_seq_len 128 so that a held-out prompt (97 tokens) fits evaluate_drafts.
+  Step(
+    "train",
+    "train",
+    (
+      "--config=configs/train_tiny.py",
+      "--workdir={tmp}/target",
+      "--config.data.root={tmp}/corpus",
+      "--config.data.dir={tmp}/data",
+      "--config.model.max_seq_len=128",
+    ),
+  ),
+  Step(
+    "train_head",
+    "train",
+    ("--config=configs/train_eagle.py", "--workdir={tmp}/eagle")
+    + ("--config.data.root={tmp}/corpus", "--config.data.dir={tmp}/data_bundled")
+    + ("--config.data.corpus_dir={tmp}/data_bundled",)  # encoded here on first use
+    + _TINY_HEAD_RUN,
+  ),
+  Step(
+    "generate_data",
+    "generate_data",
+    ("--target={tmp}/target", "--data_dir={tmp}/data", "--out={tmp}/data_gen")
+    + ("--num_batches=2", "--batch_size=2", "--new_tokens=8"),
+    needs=("train",),
+  ),
+  Step(
+    "evaluate_drafts",
+    "evaluate_drafts",
+    ("--target={tmp}/target", "--drafts={tmp}/target", "--data_dir={tmp}/data")
+    + ("--num_prompts=1", "--max_new_tokens=8"),
+    needs=("train",),
+  ),
+  Step(
+    "bundle_pair",
+    "bundle_pair",
+    ("--target={tmp}/target", "--draft={tmp}/target", "--data_dir={tmp}/data")
+    + ("--out={tmp}/pair",),
+    needs=("train",),
+  ),
+  Step(
+    "bundle_cross_draft_reencode",
+    "bundle_cross_draft",
+    ("--reencode", "--data_gen={tmp}/data_gen", "--draft_data={tmp}/data")
+    + ("--out={tmp}/data_x_gen",),
+    needs=("generate_data",),
+  ),
+  Step(
+    "bundle_cross_draft",
+    "bundle_cross_draft",
+    ("--draft={tmp}/target", "--draft_data={tmp}/data", "--out={tmp}/cross_draft"),
+    needs=("train",),
+  ),
+  Step(
+    "bundle_heads", "bundle_heads", ("--eagle={tmp}/eagle", "--out={tmp}/heads"), ("train_head",)
+  ),
+  # The floor report is measured in test_pretrained's main-job test (20 s more).
+  Step("decode", "decode", ("--config.max_new_tokens=16", "--config.report_floor=False")),
+  Step("benchmark", "benchmark", ("--config=configs/benchmark.py",)),  # tiny, its default preset
+  Step(
+    "compare_drafters",
+    "compare_drafters",
+    ("--config=configs/compare_drafters.py:smoke",)
+    + ("--output_json={tmp}/drafters.json", "--output_md={tmp}/drafters.md"),
+  ),
+  Step(
+    "load_test",
+    "load_test",
+    ("--output_dir={tmp}/load_test", "--config.rates=(4.0,)", "--config.num_requests=4")
+    + ("--config.max_new_tokens=16",),
+  ),
+  Step("reproduce", "reproduce", ("--output_dir={tmp}/reproduce", "--quick")),
+  Step("profile_iteration", "profile_iteration"),
+  Step("memory_table", "memory_table"),
+  Step("make_hf_checkpoint", "make_hf_checkpoint", ("--out={tmp}/hf",)),
+  # The smoke scale is the CPU check of the GPU script. Its trees section is
+  # compare_drafters.run, which the compare_drafters step runs.
+  Step(
+    "gpu_check",
+    "gpu_check",
+    ("--scale=smoke", "--sections=scoring,decode", "--output_json={tmp}/gpu_check.json"),
+  ),
+  Step("serve", "serve", ("--config.port={port}",), server=True),
+)
+
+# Launchers run with --help only, each with a one-line reason (printed by the
+# test). Keep this empty where at all possible.
+HELP_ONLY: dict[str, str] = {}
+
+
+def launchers() -> list[str]:
+  """The launcher modules' names: experiments/*.py with a module-level `main` and
+  an `if __name__ == "__main__":` block (common.py excluded)."""
+  names = []
+  for path in sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py"))):
+    name = os.path.basename(path)[:-3]
+    if name == "common":
+      continue
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+    has_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body)
+    runs = any(
+      isinstance(n, ast.If) and ast.unparse(n.test) == "__name__ == '__main__'" for n in tree.body
+    )
+    if has_main and runs:
+      names.append(name)
+  return names
+
+
+def test_every_launcher_has_a_step():
+  stepped = {step.launcher for step in STEPS}
+  found = set(launchers())
+  missing = sorted(found - stepped - set(HELP_ONLY))
+  assert not missing, (
+    f"launchers without a step in tests/test_launchers.py STEPS: {missing} (add one, "
+    "with small run-size flags, or a one-line reason in HELP_ONLY)"
+  )
+  stale = sorted((stepped | set(HELP_ONLY)) - found)
+  assert not stale, f"STEPS or HELP_ONLY name launchers that do not exist: {stale}"
+  assert not stepped & set(HELP_ONLY), "a launcher both in STEPS and HELP_ONLY"
+  assert all(reason.strip() and "\n" not in reason for reason in HELP_ONLY.values())
+  assert len({step.id for step in STEPS}) == len(STEPS)
+
+
+@dataclasses.dataclass
+class Result:
+  step: Step
+  argv: list[str]
+  returncode: int | None
+  output: str
+  seconds: float
+  why: str = ""  # what went wrong, beyond the exit status
+
+
+class Chain:
+  """Runs steps once each, a step's `needs` first, in one temporary directory."""
+
+  def __init__(self, tmp: str):
+    self.tmp = tmp
+    self.results: dict[str, Result] = {}
+    self.by_id = {step.id: step for step in STEPS}
+
+  def run(self, step_id: str) -> Result:
+    if step_id not in self.results:
+      step = self.by_id[step_id]
+      for need in step.needs:
+        if not _ok(self.run(need)):
+          result = Result(step, [], None, "", 0.0, f"not run: step {need!r} it reads from failed")
+          self.results[step_id] = result
+          return result
+      self.results[step_id] = (_serve if step.server else _run)(step, self.tmp)
+    return self.results[step_id]
+
+
+def _ok(result: Result) -> bool:
+  return result.returncode == 0 and not result.why
+
+
+def _argv(step: Step, tmp: str, port: int = 0) -> list[str]:
+  flags = [flag.format(tmp=tmp, port=port) for flag in step.flags]
+  return [sys.executable, "-m", f"experiments.{step.launcher}", *flags]
+
+
+def _run(step: Step, tmp: str) -> Result:
+  argv = _argv(step, tmp)
+  start = time.perf_counter()
+  process = subprocess.Popen(
+    argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
+  try:
+    output, why = process.communicate(timeout=TIMEOUT_S)[0], ""
+  except subprocess.TimeoutExpired:
+    process.kill()
+    output, why = process.communicate()[0], f"timed out after {TIMEOUT_S} s"
+  return Result(step, argv, process.returncode, output, time.perf_counter() - start, why)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _healthy(port: int) -> bool:
+  try:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+      return response.status == 200
+  except (urllib.error.URLError, OSError):
+    return False
+
+
+def _serve(step: Step, tmp: str) -> Result:
+  """Starts the server, waits for /health, SIGTERMs it; its exit status and log."""
+  port = _free_port()
+  argv = _argv(step, tmp, port)
+  start = time.perf_counter()
+  with tempfile.TemporaryFile("w+") as log:
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    why = ""
+    try:
+      while not _healthy(port):
+        if process.poll() is not None:
+          why = "exited before GET /health answered 200"
+          break
+        if time.perf_counter() - start > SERVER_WAIT_S:
+          why = f"GET /health did not answer 200 within {SERVER_WAIT_S} s"
+          break
+        time.sleep(0.5)
+      healthy_s = time.perf_counter() - start
+      if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+          process.wait(timeout=SERVER_STOP_S)
+          if not why and process.returncode != 0:
+            why = f"exit status {process.returncode} after SIGTERM (want 0)"
+        except subprocess.TimeoutExpired:
+          why = why or f"still running {SERVER_STOP_S} s after SIGTERM"
+    finally:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+    log.seek(0)
+    output = log.read()
+  output += f"\n[/health answered after {healthy_s:.1f} s]" if not why else ""
+  return Result(step, argv, process.returncode, output, time.perf_counter() - start, why)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+  from specjax.data.corpus import copy_subset
+
+  tmp = str(tmp_path_factory.mktemp("launchers"))
+  copy_subset(os.path.join(tmp, "corpus"), CORPUS_FILES)
+  return Chain(tmp)
+
+
+@pytest.mark.parametrize("step_id", [step.id for step in STEPS])
+def test_launcher_runs(chain, step_id):
+  result = chain.run(step_id)
+  command = " ".join(a.replace(chain.tmp, "$TMP") for a in result.argv[1:])
+  print(f"{step_id}: {command}: exit {result.returncode} in {result.seconds:.1f} s")
+  assert _ok(result), (
+    f"{step_id}: python {command}\n{result.why or f'exit status {result.returncode}'}; "
+    f"output (tail):\n{result.output[-6000:]}"
+  )
+
+
+def test_help_only_launchers_print_help():
+  for launcher, reason in sorted(HELP_ONLY.items()):
+    print(f"experiments.{launcher}: --help only: {reason}")
+    process = subprocess.run(
+      [sys.executable, "-m", f"experiments.{launcher}", "--help"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
