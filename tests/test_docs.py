@@ -47,15 +47,26 @@ reference links outside code) names an existing file or directory, and that a
 
 import glob
 import os
+import re
 import textwrap
 
 import docs_blocks
 import pytest
 from docs_blocks import ROOT, DocsError
 
-DOCS = ["README.md"] + sorted(
-  os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
-)
+
+def _docs_in_reading_order() -> list[str]:
+  """README.md, then the guides in the order the README links them (a guide's
+  commands may read what an earlier guide's wrote under runs/, as a reader's
+  would), then any guide it does not link."""
+  guides = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+  with open(os.path.join(ROOT, "README.md")) as f:
+    linked = re.findall(r"\]\((docs/[\w.-]+\.md)\)", f.read())
+  order = list(dict.fromkeys(g for g in linked if g in guides))
+  return ["README.md"] + order + [g for g in guides if g not in order]
+
+
+DOCS = _docs_in_reading_order()
 
 
 @pytest.mark.parametrize("name", DOCS)

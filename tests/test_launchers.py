@@ -153,7 +153,13 @@ STEPS = (
     ("--output_dir={tmp}/load_test", "--config.rates=(4.0,)", "--config.num_requests=4")
     + ("--config.max_new_tokens=16",),
   ),
-  Step("reproduce", "reproduce", ("--output_dir={tmp}/reproduce", "--quick")),
+  # --quick cut further (tests/test_reproduce.py runs the whole quick run in process).
+  Step(
+    "reproduce",
+    "reproduce",
+    ("--output_dir={tmp}/reproduce", "--quick", "--config.quick.drafters=('bigram',)")
+    + ("--config.quick.count_files=8", "--config.quick.samples=2000"),
+  ),
   Step("profile_iteration", "profile_iteration"),
   Step("memory_table", "memory_table"),
   Step("make_hf_checkpoint", "make_hf_checkpoint", ("--out={tmp}/hf",)),
