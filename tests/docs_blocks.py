@@ -301,7 +301,8 @@ class _Server:
       return f.read()
 
 
-def _healthy(port: int) -> bool:
+def healthy(port: int) -> bool:
+  """Whether a server on 127.0.0.1:`port` answers 200 on GET /health."""
   try:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
       return response.status == 200
@@ -324,7 +325,7 @@ def _start_server(block: Block, script_dir: str) -> tuple[_Server, str | None]:
   server = _Server(block, process, log)
   wait = block.timeout if block.timeout != DEFAULT_TIMEOUT_S else SERVER_WAIT_S
   deadline = time.monotonic() + wait
-  while not _healthy(block.server):
+  while not healthy(block.server):
     if process.poll() is not None:
       why = f"the server exited with status {process.returncode} before /health answered"
       return server, _failure(block, why, server.output())

@@ -39,10 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 import pytest
+from docs_blocks import healthy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 600  # per step; the slowest takes about a minute here with a warm cache
@@ -277,14 +276,6 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _healthy(port: int) -> bool:
-  try:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-      return response.status == 200
-  except (urllib.error.URLError, OSError):
-    return False
-
-
 def _serve(step: Step, tmp: str) -> Result:
   """Starts the server, waits for /health, SIGTERMs it; its exit status and log."""
   port = _free_port()
@@ -294,7 +285,7 @@ def _serve(step: Step, tmp: str) -> Result:
     process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     why = ""
     try:
-      while not _healthy(port):
+      while not healthy(port):
         if process.poll() is not None:
           why = "exited before GET /health answered 200"
           break
