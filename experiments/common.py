@@ -59,7 +59,25 @@ def run(main: Callable[[Sequence[str]], Any]) -> None:
       print(f"error: {message}", file=sys.stderr)
       sys.exit(2)
 
-  app.run(guarded)
+  app.run(guarded, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag reported as one `error:` line (exit 2).
+
+  A config file that raises (a bad `:preset`, a bad value) reaches absl as a
+  flag error that quotes the config file's whole traceback; the first line
+  (which flag) and the last (what is wrong) are what a user needs.
+  """
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if any(line.startswith("Traceback") for line in lines):
+      lines = [lines[0].removesuffix("Error whilst parsing config file:").strip(), lines[-1]]
+    print(f"error: {' '.join(lines)}", file=sys.stderr)
+    print("Pass --helpshort or --helpfull to see help on flags.", file=sys.stderr)
+    sys.exit(2)
 
 
 def define_config_flag(help_text: str, default_file: str | None = None) -> None:

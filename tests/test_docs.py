@@ -54,12 +54,6 @@ import docs_blocks
 import pytest
 from docs_blocks import ROOT, DocsError
 
-# Running every block / launcher takes longer than .ci/run's budget allows on a
-# loaded 2-core machine today (see the issue-28 note): opt in with SPECJAX_SLOW_TESTS=1.
-slow = pytest.mark.skipif(
-  not os.environ.get("SPECJAX_SLOW_TESTS"), reason="set SPECJAX_SLOW_TESTS=1 to run it"
-)
-
 
 def _docs_in_reading_order() -> list[str]:
   """README.md, then the guides in the order the README links them (a guide's
@@ -75,7 +69,7 @@ def _docs_in_reading_order() -> list[str]:
 DOCS = _docs_in_reading_order()
 
 
-@slow
+@pytest.mark.front_door  # run in tests/test_front_door.py's process
 @pytest.mark.parametrize("name", DOCS)
 def test_blocks_run(name):
   failures = docs_blocks.run_file(os.path.join(ROOT, name))

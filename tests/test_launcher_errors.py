@@ -43,6 +43,22 @@ def test_a_user_error_is_one_line_on_stderr(tmp_path):
   assert not out.exists()
 
 
+def test_a_bad_config_preset_is_one_line_not_the_config_files_traceback():
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.benchmark", "--config=configs/benchmark.py:fast"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert done.returncode == 2, done.stderr
+  assert done.stderr.splitlines() == [
+    "error: flag --config=configs/benchmark.py:fast: ValueError: preset must be one of "
+    "['medium', 'self', 'tiny'], got 'fast'.",
+    "Pass --helpshort or --helpfull to see help on flags.",
+  ]
+
+
 def test_check_run_names_the_flag_and_what_the_directory_is(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"^--target: .*nowhere: no such run directory$"):
     check_run(str(tmp_path / "nowhere"), "--target")

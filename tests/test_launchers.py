@@ -50,12 +50,6 @@ SERVER_STOP_S = 60
 # The tiny runs' corpus: the first files of each split of the standard library.
 CORPUS_FILES = {"train": 12, "validation": 2, "test": 2}
 
-# Running every block / launcher takes longer than .ci/run's budget allows on a
-# loaded 2-core machine today (see the issue-28 note): opt in with SPECJAX_SLOW_TESTS=1.
-slow = pytest.mark.skipif(
-  not os.environ.get("SPECJAX_SLOW_TESTS"), reason="set SPECJAX_SLOW_TESTS=1 to run it"
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class Step:
@@ -321,7 +315,7 @@ def chain(tmp_path_factory):
   return Chain(tmp)
 
 
-@slow
+@pytest.mark.front_door  # run in tests/test_front_door.py's process
 @pytest.mark.parametrize("step_id", [step.id for step in STEPS])
 def test_launcher_runs(chain, step_id):
   result = chain.run(step_id)

@@ -1,0 +1,48 @@
+"""Runs the front door's tests in their own process, next to the rest of the suite.
+
+The front door: every launcher with its defaults (tests/test_launchers.py,
+`test_launcher_runs`) and every code block of README.md and docs/*.md
+(tests/test_docs.py, `test_blocks_run`). Both start `python -m experiments...`
+subprocesses one after another; each compiles on one core. So when this test is
+collected with the rest of the suite, tests/conftest.py starts those tests in a
+child pytest process right away (`start_in_background`) and deselects them in
+this one: they run on the core the main process leaves idle while it compiles,
+and this test collects their result. Selected alone (`pytest
+tests/test_docs.py`, `-k`), they run in this process as any test does.
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every launcher step and docs block has its own limit (at most 900 s); this
+# bounds the whole run, so that CI cannot hang here.
+TIMEOUT_S = 3600
+# The tests the child runs: the front-door marker's, in these files.
+FILES = ("tests/test_launchers.py", "tests/test_docs.py")
+
+
+def start_front_door() -> subprocess.Popen:
+  return subprocess.Popen(
+    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "front_door"]
+    + ["--durations=0", *FILES],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+
+
+def test_every_launcher_and_documented_command_runs(background):
+  suite = background(start_front_door)
+  try:
+    output = suite.communicate(timeout=TIMEOUT_S)[0]
+  except subprocess.TimeoutExpired:
+    suite.kill()
+    output = suite.communicate()[0] + f"\n[killed after {TIMEOUT_S} s]"
+  print(output[-6000:])  # each step's and block's time, shown with -rA or on failure
+  assert suite.returncode == 0, output[-12000:]
+
+
+test_every_launcher_and_documented_command_runs.start_in_background = start_front_door
