@@ -295,3 +295,21 @@ def test_bundled_heads_load_and_are_checked(tmp_path, monkeypatch):
   weights.write_bytes(bytes(data))
   with pytest.raises(ValueError, match=f"{weights} is corrupt or was changed"):
     pretrained.load_head("medusa", target)
+
+
+def test_a_data_dir_encoded_with_a_given_tokenizer_keeps_a_copy_of_it(
+  tmp_path, corpus_root, data_dir
+):
+  """A head's corpus is encoded with the target's tokenizer (config.data.tokenizer);
+  the data dir then holds that tokenizer.json too, as generate_data reads it."""
+  from specjax.training.trainer import prepare_data
+
+  config = train_tiny.get_config()
+  config.data.root = corpus_root
+  config.data.dir = str(tmp_path / "encoded")
+  config.data.tokenizer = os.path.join(data_dir, "tokenizer.json")
+  tokenizer, paths = prepare_data(config, str(tmp_path / "run"), log=_silent)
+  copied = os.path.join(config.data.dir, "tokenizer.json")
+  with open(copied) as a, open(config.data.tokenizer) as b:
+    assert json.load(a) == json.load(b)
+  assert sorted(paths) == ["test", "train", "validation"]

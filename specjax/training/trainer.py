@@ -216,8 +216,12 @@ def prepare_data(
       f"{'trained for' if trained else 'in'} {path}."
     )
   paths = prepare_splits(data_dir, tokenizer, config.data.root or None, log=log)
-  if trained:
-    tokenizer.save(path)
+  # The data dir keeps the tokenizer that encoded it (trained here, or a copy of
+  # config.data.tokenizer), so that what reads it next (generate_data, decode's
+  # data flags) needs only the directory.
+  local = os.path.join(data_dir, "tokenizer.json")
+  if trained or not os.path.exists(local):
+    tokenizer.save(local)
   return tokenizer, paths
 
 
