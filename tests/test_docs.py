@@ -70,6 +70,7 @@ DOCS = _docs_in_reading_order()
 
 
 @pytest.mark.front_door  # run in tests/test_front_door.py's process
+@docs_blocks.opt_in
 @pytest.mark.parametrize("name", DOCS)
 def test_blocks_run(name):
   failures = docs_blocks.run_file(os.path.join(ROOT, name))

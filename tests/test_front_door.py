@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+from docs_blocks import opt_in
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every launcher step and docs block has its own limit (at most 900 s); this
 # bounds the whole run, so that CI cannot hang here.
@@ -34,6 +36,7 @@ def start_front_door() -> subprocess.Popen:
   )
 
 
+@opt_in
 def test_every_launcher_and_documented_command_runs(background):
   suite = background(start_front_door)
   try:
@@ -45,4 +48,5 @@ def test_every_launcher_and_documented_command_runs(background):
   assert suite.returncode == 0, output[-12000:]
 
 
-test_every_launcher_and_documented_command_runs.start_in_background = start_front_door
+if os.environ.get("SPECJAX_SLOW_TESTS"):
+  test_every_launcher_and_documented_command_runs.start_in_background = start_front_door

@@ -41,7 +41,7 @@ import tempfile
 import time
 
 import pytest
-from docs_blocks import healthy
+from docs_blocks import healthy, opt_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 600  # per step; the slowest takes about a minute here with a warm cache
@@ -316,6 +316,7 @@ def chain(tmp_path_factory):
 
 
 @pytest.mark.front_door  # run in tests/test_front_door.py's process
+@opt_in
 @pytest.mark.parametrize("step_id", [step.id for step in STEPS])
 def test_launcher_runs(chain, step_id):
   result = chain.run(step_id)
