@@ -23,8 +23,8 @@ if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 # One LLVM module per program, compiled on one thread, and the plain scheduler:
 # tests/test_generation.py from an empty cache took 183 s against 196 s without
-# them (2-core AMD EPYC, 2026-12-01); the other core runs the front-door
-# process (tests/test_front_door.py) meanwhile.
+# them (2-core AMD EPYC, 2026-12-01); with SPECJAX_SLOW_TESTS=1 the other core
+# runs the front-door process (tests/test_front_door.py) meanwhile.
 os.environ["XLA_FLAGS"] += "".join(
   f" {flag}"
   for flag in (

@@ -9,6 +9,8 @@ child pytest process right away (`start_in_background`) and deselects them in
 this one: they run on the core the main process leaves idle while it compiles,
 and this test collects their result. Selected alone (`pytest
 tests/test_docs.py`, `-k`), they run in this process as any test does.
+All of it is opt-in (SPECJAX_SLOW_TESTS=1, `docs_blocks.opt_in`) until every
+block passes and the run fits .ci/run's budget.
 """
 
 import os

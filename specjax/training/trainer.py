@@ -219,8 +219,8 @@ def prepare_data(
   # The data dir keeps the tokenizer that encoded it (trained here, or a copy of
   # config.data.tokenizer), so that what reads it next (generate_data, decode's
   # data flags) needs only the directory.
-  local = os.path.join(data_dir, "tokenizer.json")
-  if trained or not os.path.exists(local):
+  local = os.path.join(data_dir, "tokenizer.json")  # `path` itself when trained here
+  if not os.path.exists(local):
     tokenizer.save(local)
   return tokenizer, paths
 
