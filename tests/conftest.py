@@ -1,6 +1,5 @@
 """Shared test set-up: persistent compilation cache and tiny model fixtures."""
 
-import gc
 import os
 
 # Set before jax is imported anywhere in the test process.
@@ -47,6 +46,7 @@ from flax import nnx
 
 import specjax
 from helpers import TINY, TINY_DRAFT
+from specjax import benchmarking
 
 # Subprocess suites started at collection (see `background`), by start function.
 _BACKGROUND = {}
@@ -88,11 +88,12 @@ def free_compiled_programs():
   """Drops each module's compiled programs when it ends. Every XLA CPU executable
   keeps memory mappings of its code; a whole suite in one process would otherwise
   pass the kernel's limit (vm.max_map_count, 65530 by default) and crash inside
-  a later compile. Programs a later module shares come back from the persistent
-  compilation cache."""
+  a later compile. Traced and lowered programs stay cached
+  (`specjax.benchmarking.free_compiled_programs`): one a later module shares
+  skips tracing and lowering and comes back from the persistent compilation
+  cache."""
   yield
-  jax.clear_caches()
-  gc.collect()
+  benchmarking.free_compiled_programs()
 
 
 @pytest.fixture

@@ -236,6 +236,23 @@ def add_flags(code: str, flags: dict[str, str]) -> str:
   return "\n".join(out)
 
 
+_WORKTREE: list[str] = []  # the process's one scratch tree, made on first use
+
+
+def worktree() -> str:
+  """Where blocks run: a scratch directory that mirrors the repository (a symlink
+  to each top-level entry but runs/), so that what blocks write under runs/
+  starts empty in each test process and neither reads nor overwrites a
+  developer's own runs/ (a stale runs/data once failed a guide here)."""
+  if not _WORKTREE:
+    path = tempfile.mkdtemp(prefix="specjax_docs_")
+    for name in os.listdir(ROOT):
+      if name not in ("runs", ".git"):
+        os.symlink(os.path.join(ROOT, name), os.path.join(path, name))
+    _WORKTREE.append(path)
+  return _WORKTREE[0]
+
+
 def _env() -> dict[str, str]:
   """The test process's environment (compilation cache, XLA flags), with the
   repository on PYTHONPATH and this interpreter first on PATH."""
@@ -279,7 +296,7 @@ def _run(block: Block, script_dir: str) -> str | None:
   """Runs an ordinary block; its failure message, or None."""
   process = subprocess.Popen(
     _argv(block, script_dir),
-    cwd=ROOT,
+    cwd=worktree(),
     env=_env(),
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
@@ -325,7 +342,7 @@ def _start_server(block: Block, script_dir: str) -> tuple[_Server, str | None]:
   with open(log, "w") as f:
     process = subprocess.Popen(
       _argv(block, script_dir),
-      cwd=ROOT,
+      cwd=worktree(),
       env=_env(),
       stdout=f,
       stderr=subprocess.STDOUT,

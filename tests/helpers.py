@@ -19,6 +19,14 @@ from specjax.drafting import (
 )
 from specjax.models.heads import HeadConfig, make_head
 
+# Compiler options for the sampling simulations that run 10^6 iterations in one
+# program (tests/test_verify_exactness.py, tests/test_tree_verify.py). The suite
+# compiles at --xla_backend_optimization_level=0 (tests/conftest.py), right for
+# model programs that run briefly; one such simulation ran 17.8 s at level 0
+# against 1.7 s at level 1, whose compile costs about 6 s more (2-core AMD EPYC,
+# 2026-12-02).
+SIMULATION_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
 # The tiny target every generation test shares, and the draft's overrides of it.
 # The serving tests' engine (tests/test_serving*.py, tests/test_load_test.py): one
 # shape set for all, on `specjax.serving.load.tiny_setup`'s models, so each

@@ -5,17 +5,19 @@ running that file's blocks in file order; the harness is tests/docs_blocks.py.
 
 Which blocks run, by the fence's language (its info string's first word):
 - ```python (or py): the block is its own script, run by this interpreter in
-  a subprocess (cwd the repository root, the repository on PYTHONPATH); it
-  must exit 0.
+  a subprocess (cwd a scratch tree that mirrors the repository root, see
+  below; the repository on PYTHONPATH); it must exit 0.
 - ```bash, sh or shell: the block is one `bash -euo pipefail` script (cwd the
-  repository root, the repository on PYTHONPATH, this interpreter's directory
+  scratch tree, the repository on PYTHONPATH, this interpreter's directory
   first on PATH, so `python` is this interpreter); `\\` continuations and
   comments work as in bash. It must exit 0.
 - any other language (text, console, json, toml, none, ...): not run.
-Blocks may write to runs/ (gitignored) or /tmp, as written; a later block in
-the same file may read what an earlier one wrote. Every block inherits the
-test process's environment, so the compilation cache and XLA flags of
-tests/conftest.py apply. A failing block does not stop the file's later
+Blocks may write to runs/ or /tmp, as written; a later block may read what an
+earlier one wrote. The scratch tree (`docs_blocks.worktree()`, one per test
+process) links every top-level entry of the repository but runs/, so runs/
+starts empty and a developer's own runs/ is neither read nor overwritten.
+Every block inherits the test process's environment, so the compilation cache
+and XLA flags of tests/conftest.py apply. A failing block does not stop the file's later
 blocks; the test then fails with each failure's file, the block's first line
 number, the script as run and the tail of its output.
 
@@ -181,8 +183,9 @@ def test_run_file_runs_blocks_in_order_and_reports_failures(tmp_path):
     tmp_path,
     f"""\
     ```python
-    import os, experiments  # the repository is importable, cwd is its root
-    assert os.getcwd() == {ROOT!r}
+    import os, experiments  # the repository is importable, cwd mirrors its root
+    assert os.path.samefile("experiments", {os.path.join(ROOT, "experiments")!r})
+    assert not os.path.exists("runs")  # a scratch tree: the repository's runs/ is not there
     open({str(out)!r}, "w").write("one\\n")
     ```
 
@@ -216,10 +219,10 @@ def test_run_file_runs_blocks_in_order_and_reports_failures(tmp_path):
   failures = docs_blocks.run_file(path, echo=lines.append)
   assert out.read_text() == "one\ntwo\n"
   assert len(failures) == 2, failures
-  assert failures[0].startswith(f"{path}:22: exit status 1") and "false | cat" in failures[0]
+  assert failures[0].startswith(f"{path}:23: exit status 1") and "false | cat" in failures[0]
   assert "not reached" not in failures[0].split("--- its output")[1]
-  assert failures[1].startswith(f"{path}:28: timed out after 1 s")
-  assert f"{path}:18: skipped: cannot run here" in lines
+  assert failures[1].startswith(f"{path}:29: timed out after 1 s")
+  assert f"{path}:19: skipped: cannot run here" in lines
 
 
 def test_server_block_stays_up_for_the_file_then_exits_on_sigterm(tmp_path):

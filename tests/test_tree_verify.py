@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import test_verify_exactness as chain
 
-from helpers import chisquare_pvalue
+from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue
 from specjax.trees import RowTrees
 from specjax.verify import TreeVerifyResult, token_verify, tree_verify
 
@@ -251,7 +251,11 @@ def draw(key, probs, shape=()):
   return jnp.sum(cdf <= u * cdf[:, -1:], axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("parents", "mode", "num_samples"))
+@functools.partial(
+  jax.jit,
+  static_argnames=("parents", "mode", "num_samples"),
+  compiler_options=SIMULATION_COMPILER_OPTIONS,
+)
 def simulate_tree(key, p_table, q_table, *, parents, mode, num_samples):
   """`num_samples` iterations of tree drafting + `tree_verify` + target completion.
 

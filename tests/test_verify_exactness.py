@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import chisquare_pvalue
+from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue
 from specjax.verify import block_verify, greedy_verify, token_verify
 
 CASES = ["generic", "one_hot_q", "p_equals_q", "disjoint_supports", "q_zeros_where_p_positive"]
@@ -179,7 +179,11 @@ def _draw(key, probs):
   return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "num_samples", "verifier"))
+@functools.partial(
+  jax.jit,
+  static_argnames=("gamma", "num_samples", "verifier"),
+  compiler_options=SIMULATION_COMPILER_OPTIONS,
+)
 def simulate(key, p_table, q_table, *, gamma, num_samples, verifier=token_verify):
   """Runs `num_samples` independent iterations of draft + `verifier` + target completion.
 
