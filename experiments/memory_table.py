@@ -13,6 +13,7 @@ on an abstract mesh, which needs no devices.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -58,12 +59,18 @@ SHAPES = {
 }
 
 
+@functools.cache  # one trace per model shape, not per mesh (ModelConfig is frozen)
+def abstract_model(cfg: ModelConfig) -> Transformer:
+  """`cfg`'s model as shapes and dtypes only (`nnx.eval_shape`): nothing allocated."""
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
 def per_device_bytes(
   cfg: ModelConfig, mesh_shape: tuple[int, int], batch: int, capacity: int
 ) -> dict[str, float]:
   """GiB of parameters and K/V caches one device holds on a (data, model) mesh."""
   mesh = AbstractMesh(tuple(mesh_shape), (DATA, MODEL))
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  model = abstract_model(cfg)
   values = jax.tree.leaves(nnx.state(model, nnx.Param))
   shardings = jax.tree.leaves(param_shardings(model, mesh))
   params = sum(

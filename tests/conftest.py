@@ -9,7 +9,12 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Tests check behaviour, not speed: LLVM's cheapest optimisation level cuts the
 # suite's compile time (most of a fresh CI run) by about a fifth. Matmuls run in
-# precompiled library kernels either way. Subprocess suites inherit it.
+# precompiled library kernels either way. Subprocess suites inherit it. The
+# 10^6-sample simulations, which run long, compile at level 1 per program
+# (helpers.SIMULATION_COMPILER_OPTIONS); the chi-square batches of
+# test_distribution.py lost by it, level 1's compiles eating the faster runs
+# (from an empty cache, its temperature test 53 s against 29 s at level 0, its
+# top-k test 35 s against 24 s; 2-core AMD EPYC, 2026-12-02).
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"

@@ -212,9 +212,33 @@ def _command_end(text: str, start: int) -> int:
   return i
 
 
+def _words(text: str, start: int, end: int) -> list[tuple[int, int]]:
+  """(start, end) of each shell word of `text[start:end]`, quotes kept inside words."""
+  words, i = [], start
+  while i < end:
+    if text[i].isspace():
+      i += 1
+      continue
+    begin, quote = i, None
+    while i < end and (quote or not text[i].isspace()):
+      if quote and text[i] == quote:
+        quote = None
+      elif not quote and text[i] in "'\"":
+        quote = text[i]
+      i += 1
+    words.append((begin, i))
+  return words
+
+
+def _flag_name(word: str) -> str | None:
+  return word.split("=", 1)[0] if word.startswith("-") else None
+
+
 def add_flags(code: str, flags: dict[str, str]) -> str:
   """`code` (a shell script) with `flags[module]` and `flags[""]` appended to every
-  `python -m <module>` command (after the command's own flags, so they win).
+  `python -m <module>` command, each replacing the command's own flag of the same
+  name (ml_collections adds up repeated tuple fields, `--config.x="(1,)"
+  --config.x="(2,)"` giving (1, 2), so the last one does not simply win).
 
   A command continued over several lines with `\\` becomes one line.
   """
@@ -230,7 +254,13 @@ def add_flags(code: str, flags: dict[str, str]) -> str:
       if not extra or match.start() < last:
         continue
       end = _command_end(line, match.end())
-      pieces += [line[last:end], " " + extra]
+      replaced = {_flag_name(extra[a:b]) for a, b in _words(extra, 0, len(extra))} - {None}
+      kept, cursor = [], last
+      for a, b in _words(line, match.end(), end):
+        if _flag_name(line[a:b]) in replaced:
+          kept.append(line[cursor:a].rstrip(" "))  # the word and the spaces before it go
+          cursor = b
+      pieces += [*kept, line[cursor:end], " " + extra]
       last = end
     out.append("".join(pieces) + line[last:])
   return "\n".join(out)

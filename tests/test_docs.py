@@ -27,9 +27,10 @@ between), one per line, combinable:
   (multi-host pods, GPUs, installs that .ci/run already does); the reason must
   be given, and is printed when the file's test runs.
 - `<!-- docs-test: flags: FLAGS -->`: FLAGS are appended to every `python -m
-  experiments.NAME` command of the (shell) block, after the command's own
-  flags, so they override them (absl and --config.FIELD: the last one wins):
-  the small run-size flags of a long command, e.g. `--config.max_new_tokens=8`.
+  experiments.NAME` command of the (shell) block, and a flag of the command's
+  own with the same name is dropped, so they override it (ml_collections adds
+  up a tuple field given twice rather than keeping the last): the small
+  run-size flags of a long command, e.g. `--config.max_new_tokens=8`.
 - `<!-- docs-test: flags experiments.NAME: FLAGS -->`: the same, for that
   launcher's commands only (a block that trains and then decodes).
 - `<!-- docs-test: server: PORT -->`: the block starts a long-running server:
@@ -154,7 +155,7 @@ def test_parse_rejects_broken_markers(tmp_path, text, message):
     docs_blocks.parse(_write(tmp_path, text))
 
 
-def test_flags_go_after_each_launchers_own_flags():
+def test_flags_go_after_each_launchers_own_flags_and_replace_the_same_names():
   flags = {"": "--config.num_runs=3", "experiments.train": "--config.num_steps=2"}
   code = textwrap.dedent(
     """\
@@ -164,6 +165,7 @@ def test_flags_go_after_each_launchers_own_flags():
     XLA_FLAGS=--a python3 -m experiments.decode --config.prompt="a | b" 2>&1 | tail -3
     python -m experiments.serve & sleep 1; python -m experimentsx.y
     ssh host --command="cd x && python -m experiments.decode --y"
+    python -m experiments.decode --config.num_runs=5 --config.x="(1, 2)" --config.num_runs_x=1
     """
   )
   assert docs_blocks.add_flags(code, flags).splitlines() == [
@@ -174,6 +176,7 @@ def test_flags_go_after_each_launchers_own_flags():
     " --config.num_runs=3 2>&1 | tail -3",
     "python -m experiments.serve --config.num_runs=3 & sleep 1; python -m experimentsx.y",
     'ssh host --command="cd x && python -m experiments.decode --y --config.num_runs=3"',
+    'python -m experiments.decode --config.x="(1, 2)" --config.num_runs_x=1 --config.num_runs=3',
   ]
 
 
