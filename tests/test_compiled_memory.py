@@ -5,11 +5,13 @@ Every XLA:CPU executable keeps memory mappings of its code until it is freed;
 process passed the kernel's `vm.max_map_count` (65,530) and died in LLVM. Here
 the launcher's own per-variant loop (`compare_drafters.sweep`) runs several
 variants on the tiny pair in one process, and the count of /proc/self/maps
-lines must come back near where it started after each one.
+lines must come back near where it started after each one. Freeing keeps the
+traced programs: a freed program runs again without tracing again.
 """
 
 import sys
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -65,3 +67,20 @@ def test_sweep_frees_each_variants_programs():
   assert [(r["drafter"], r["verifier"]) for r in rows] == [(v.name, v.verifier) for v in plan]
   assert all(r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in rows)
   assert max(counts) - start <= TOLERANCE, (start, counts)
+
+
+def test_a_freed_program_runs_again_without_retracing():
+  """`free_compiled_programs` drops executables only: the traced program stays
+  cached, so calling it again compiles (or reads the persistent cache) but does
+  not trace the Python function again."""
+  traces = []
+
+  @jax.jit
+  def double(x):
+    traces.append(x.shape)
+    return 2 * x
+
+  assert int(double(jnp.int32(3))) == 6
+  benchmarking.free_compiled_programs()
+  assert int(double(jnp.int32(4))) == 8
+  assert traces == [()], "traced again after free_compiled_programs"
