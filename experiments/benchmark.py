@@ -159,7 +159,6 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> dict[st
 def main(argv):
   common.check_no_args(argv)
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
-  common.quiet_backend_probing()
   start = time.perf_counter()
   result = run(flags.FLAGS.config, progress=True)
   print(markdown(result))

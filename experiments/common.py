@@ -40,7 +40,8 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FileExistsErro
 
 
 def run(main: Callable[[Sequence[str]], Any]) -> None:
-  """`app.run(main)`, with a user error (`USER_ERRORS`) printed as one line.
+  """`app.run(main)`, with a user error (`USER_ERRORS`) printed as one line and
+  JAX's backend probing quiet (`quiet_backend_probing`).
 
   The launcher exits with status 2 and `error: MESSAGE` on stderr. Set
   SPECJAX_TRACEBACK=1 to see the traceback instead (a ValueError may also be a
@@ -48,6 +49,7 @@ def run(main: Callable[[Sequence[str]], Any]) -> None:
   """
 
   def guarded(argv: Sequence[str]) -> Any:
+    quiet_backend_probing()  # after app.run has set up absl's logging
     try:
       return main(argv)
     except USER_ERRORS as e:

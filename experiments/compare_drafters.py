@@ -426,7 +426,6 @@ def main(argv):
   common.check_no_args(argv)
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
   output_md = check_output_path("--output_md", flags.FLAGS.output_md)
-  common.quiet_backend_probing()
   start = time.perf_counter()
   rows = run(flags.FLAGS.config, progress=True)
   result = {"rows": rows, **benchmarking.environment_info()}

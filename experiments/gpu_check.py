@@ -158,7 +158,6 @@ def main(argv):
   # On the lent machine, files under $OUT are what comes back.
   default = os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None
   output_json = check_output_path("--output_json", flags.FLAGS.output_json or default)
-  common.quiet_backend_probing()
   sections = [x for x in flags.FLAGS.sections if x]
   if not sections or set(sections) - set(SECTIONS):
     raise ValueError(f"--sections must be a non-empty subset of {SECTIONS}, got {sections}.")
