@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 import signal
@@ -266,21 +267,17 @@ def add_flags(code: str, flags: dict[str, str]) -> str:
   return "\n".join(out)
 
 
-_WORKTREE: list[str] = []  # the process's one scratch tree, made on first use
-
-
+@functools.cache  # one scratch tree a process, made on first use
 def worktree() -> str:
   """Where blocks run: a scratch directory that mirrors the repository (a symlink
   to each top-level entry but runs/), so that what blocks write under runs/
   starts empty in each test process and neither reads nor overwrites a
   developer's own runs/ (a stale runs/data once failed a guide here)."""
-  if not _WORKTREE:
-    path = tempfile.mkdtemp(prefix="specjax_docs_")
-    for name in os.listdir(ROOT):
-      if name not in ("runs", ".git"):
-        os.symlink(os.path.join(ROOT, name), os.path.join(path, name))
-    _WORKTREE.append(path)
-  return _WORKTREE[0]
+  path = tempfile.mkdtemp(prefix="specjax_docs_")
+  for name in os.listdir(ROOT):
+    if name not in ("runs", ".git"):
+      os.symlink(os.path.join(ROOT, name), os.path.join(path, name))
+  return path
 
 
 def _env() -> dict[str, str]:
