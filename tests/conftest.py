@@ -57,7 +57,61 @@ from specjax import benchmarking
 _BACKGROUND = {}
 
 
+# Two tiers. The default run (`python -m pytest`, what .ci/run runs) checks every
+# property at least once: each module, each verifier's exactness, every launcher
+# at a small size, the README's and the quick guides' blocks. SPECJAX_SLOW_TESTS=1
+# adds the slow tier: tests marked `slow` (a long guide, a launcher's full-size
+# run, a further case of a property checked elsewhere) and the cases a `sample`
+# marker leaves out of a parametrized test:
+#   @pytest.mark.sample(1)                     # its first case only
+#   @pytest.mark.sample("llama", "gemma3")     # the cases with these ids
+# (JAX's own suite runs a sample of its parametrized cases the same way,
+# JAX_NUM_GENERATED_CASES.)
+SLOW = bool(os.environ.get("SPECJAX_SLOW_TESTS"))
+
+
+def _in_default_tier(item, index: int) -> bool:
+  """False for a `slow` item, or a case its test's `sample` marker leaves out
+  (`index`: the case's position among its test's cases)."""
+  if item.get_closest_marker("slow"):
+    return False
+  sample = item.get_closest_marker("sample")
+  if sample is None or not hasattr(item, "callspec"):
+    return True
+  if any(isinstance(a, int) for a in sample.args):
+    return index < sample.args[0]
+  return item.callspec.id in sample.args
+
+
+class _SampleIdsCheck:
+  """Fails collection when a `sample` marker names a case its test does not have
+  (a typo would leave the test out of the default tier unseen); runs before -k
+  and -m deselect anything."""
+
+  @pytest.hookimpl(tryfirst=True)
+  def pytest_collection_modifyitems(self, items):
+    ids: dict = {}
+    for item in items:
+      if item.get_closest_marker("sample") and hasattr(item, "callspec"):
+        ids.setdefault(item.function, (item, set()))[1].add(item.callspec.id)
+    for item, found in ids.values():
+      wanted = {a for a in item.get_closest_marker("sample").args if isinstance(a, str)}
+      if wanted - found:
+        raise pytest.UsageError(f"{item.nodeid}: sample names no case {sorted(wanted - found)}")
+
+
 def pytest_configure(config):
+  config.pluginmanager.register(_SampleIdsCheck())
+  config.addinivalue_line(
+    "markers",
+    "slow: the full tier only (SPECJAX_SLOW_TESTS=1): a further case of a property the "
+    "default run already checks, or a long guide or launcher run",
+  )
+  config.addinivalue_line(
+    "markers",
+    "sample(n or *ids): the default tier runs only these cases of a parametrized test "
+    "(its first n, or those with these ids); SPECJAX_SLOW_TESTS=1 runs all",
+  )
   config.addinivalue_line(
     "markers",
     "front_door: runs launchers or docs blocks; with tests/test_front_door.py selected, "
@@ -68,19 +122,35 @@ def pytest_configure(config):
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected what they will
 def pytest_collection_modifyitems(session, config, items):
   """Starts each selected test's `start_in_background` process right away; hands
-  the front-door tests to tests/test_front_door.py's process when it is selected."""
+  the front-door tests to tests/test_front_door.py's process when it is selected,
+  and runs that test last, so that this process waits on it only at the end."""
   from test_front_door import start_front_door
 
-  starts = {getattr(getattr(i, "function", None), "start_in_background", None) for i in items}
+  if not SLOW:
+    skip = pytest.mark.skip(reason="slow tier: SPECJAX_SLOW_TESTS=1 runs it")
+    cases: dict = {}  # a test's cases so far, for `sample`'s positions
+    for item in items:
+      function = getattr(item, "function", None)
+      index = cases[function] = cases.get(function, -1) + 1
+      if not _in_default_tier(item, index):
+        item.add_marker(skip)
+  starts = {_start(i) for i in items}
   if start_front_door in starts:
     moved = [item for item in items if item.get_closest_marker("front_door")]
     if moved:
       items[:] = [item for item in items if not item.get_closest_marker("front_door")]
       config.hook.pytest_deselected(items=moved)
+    waits = [i for i in items if _start(i) is start_front_door]
+    items[:] = [i for i in items if _start(i) is not start_front_door] + waits
   for item in items:
-    start = getattr(getattr(item, "function", None), "start_in_background", None)
+    start = _start(item)
     if start is not None and start not in _BACKGROUND:
       _BACKGROUND[start] = start()
+
+
+def _start(item):
+  """The item's test function's `start_in_background`, or None."""
+  return getattr(getattr(item, "function", None), "start_in_background", None)
 
 
 def pytest_sessionfinish(session, exitstatus):

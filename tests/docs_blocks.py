@@ -19,8 +19,6 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PYTHON = ("python", "py")
@@ -36,13 +34,6 @@ _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<body>.*?)\s*-->\s*$")
 _KEY = re.compile(r"^(?P<key>skip|flags|server|timeout)(?:\s+(?P<arg>experiments\.\w+))?\s*:")
 # A launcher's command: `python -m experiments.NAME` (python3, python3.11 too).
 _LAUNCHER = re.compile(r"(?<![\w./-])python[\d.]*\s+-m\s+(?P<module>experiments\.\w+)(?![\w.])")
-
-
-# The front door's runs (every docs block, every launcher) are opt-in until they
-# pass whole and fit .ci/run's budget (the issue-28 note): SPECJAX_SLOW_TESTS=1.
-opt_in = pytest.mark.skipif(
-  not os.environ.get("SPECJAX_SLOW_TESTS"), reason="set SPECJAX_SLOW_TESTS=1 to run it"
-)
 
 
 class DocsError(ValueError):

@@ -29,6 +29,7 @@ def _config(pair, **changes):
   return config
 
 
+@pytest.mark.slow  # transformers parity itself: tests/test_hf.py
 def test_decode_compares_with_transformers(pair):
   result = json.loads(
     json.dumps(decode.run(_config(pair, compare_transformers=True, stop_at_eos=False)))

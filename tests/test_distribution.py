@@ -59,6 +59,7 @@ def chi_square_pvalue(tokens, joint):
   return chisquare_pvalue(sequence_counts(tokens, V), joint)
 
 
+@pytest.mark.sample("temperature")  # top-k and top-p: the head drafters' test
 @pytest.mark.parametrize(
   "sampling",
   [
@@ -100,6 +101,7 @@ MIXED = [
 ]
 
 
+@pytest.mark.slow
 def test_mixed_row_settings_in_one_batch_follow_each_rows_law(pair):
   """Per-row settings (`RowSampling`): greedy and three warps interleaved in one
   batch. Each group of rows has its own warp's law (chi-square), greedy rows are
@@ -142,6 +144,7 @@ def test_harness_detects_a_wrong_law(pair):
   assert chi_square_pvalue(wrong.tokens, exact_joint(target, sampling)) < 1e-6
 
 
+@pytest.mark.sample(1)
 @pytest.mark.parametrize("draft_vocab", [6, 11])
 def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
   """A draft lacking ids 6-7 (q = 0 there), or with ids 8-10 the target lacks (p = 0)."""
@@ -167,6 +170,7 @@ def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
   assert chi_square_pvalue(spec.tokens, joint) > 1e-3
 
 
+@pytest.mark.sample("model-block-None", "ngram-token-None")
 @pytest.mark.parametrize(
   "name, verifier, adaptive",
   [
@@ -209,6 +213,7 @@ def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
 
 
+@pytest.mark.sample("eagle_subset-block")
 @pytest.mark.parametrize(
   "name, verifier",
   [("eagle", "token"), ("medusa", "block"), ("early_exit", "token"), ("eagle_subset", "block")],
@@ -241,6 +246,7 @@ def test_head_drafters_are_exact_with_top_k_and_top_p(pair, name, verifier):
 TREE = specjax.trees.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
 
 
+@pytest.mark.sample("eagle2_wor_top_p")
 @pytest.mark.parametrize(
   "name, mode, sampling",
   [
@@ -281,6 +287,7 @@ def test_tree_drafting_matches_target_law(pair, name, mode, sampling):
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
 
 
+@pytest.mark.sample("token")
 @pytest.mark.parametrize("verifier", ["token", "block"])
 def test_cross_tokenizer_drafting_matches_target_law(pair, verifier):
   """TLI with a draft whose tokenizer shares "a", "b", "ab", "ca" with the

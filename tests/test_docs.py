@@ -70,11 +70,17 @@ def _docs_in_reading_order() -> list[str]:
 
 
 DOCS = _docs_in_reading_order()
+# The files whose blocks the default tier runs (about 3 minutes here); the other
+# guides' commands train, serve and compare for minutes each (about 45 minutes
+# all told on 2 cores), so they run in the slow tier (tests/conftest.py).
+QUICK = ("README.md", "docs/usage.md", "docs/bundled_pair.md", "docs/reproduction.md")
+QUICK += ("docs/how_it_works.md", "docs/layout.md")  # no blocks to run
 
 
 @pytest.mark.front_door  # run in tests/test_front_door.py's process
-@docs_blocks.opt_in
-@pytest.mark.parametrize("name", DOCS)
+@pytest.mark.parametrize(
+  "name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in DOCS]
+)
 def test_blocks_run(name):
   failures = docs_blocks.run_file(os.path.join(ROOT, name))
   assert not failures, f"{len(failures)} block(s) of {name} failed:\n\n" + "\n\n".join(failures)

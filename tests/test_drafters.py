@@ -55,6 +55,7 @@ def test_lookup_finds_the_most_recent_longest_match():
   np.testing.assert_array_equal(size, [2, 2, 3, 0])
 
 
+@pytest.mark.sample("model-token", "ngram-block", "layer_skip-greedy")
 @pytest.mark.parametrize("verifier", ["token", "block", "greedy"])
 @pytest.mark.parametrize("name", ["model", "ngram", "layer_skip"])
 def test_greedy_equals_autoregressive(target, noisy_target, prompts, reference, name, verifier):
@@ -73,6 +74,7 @@ def test_greedy_equals_autoregressive(target, noisy_target, prompts, reference, 
     assert int(stats.draft_calls) == 0  # model-free
 
 
+@pytest.mark.sample("model-schedule", "model-confidence")
 @pytest.mark.parametrize("adaptive", ["schedule", "confidence"])
 @pytest.mark.parametrize("name", ["model", "layer_skip"])
 def test_adaptive_greedy_equals_autoregressive(

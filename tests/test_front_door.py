@@ -7,17 +7,16 @@ subprocesses one after another; each compiles on one core. So when this test is
 collected with the rest of the suite, tests/conftest.py starts those tests in a
 child pytest process right away (`start_in_background`) and deselects them in
 this one: they run on the core the main process leaves idle while it compiles,
-and this test collects their result. Selected alone (`pytest
+and this test, which conftest runs last, collects their result. Selected alone (`pytest
 tests/test_docs.py`, `-k`), they run in this process as any test does.
-All of it is opt-in (SPECJAX_SLOW_TESTS=1, `docs_blocks.opt_in`) until every
-block passes and the run fits .ci/run's budget.
+The child inherits the tier (tests/conftest.py): by default it runs every
+launcher at a small size and the quick files' blocks; with SPECJAX_SLOW_TESTS=1
+also the launchers' full-size runs and every guide.
 """
 
 import os
 import subprocess
 import sys
-
-from docs_blocks import opt_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every launcher step and docs block has its own limit (at most 900 s); this
@@ -38,7 +37,6 @@ def start_front_door() -> subprocess.Popen:
   )
 
 
-@opt_in
 def test_every_launcher_and_documented_command_runs(background):
   suite = background(start_front_door)
   try:
@@ -50,5 +48,4 @@ def test_every_launcher_and_documented_command_runs(background):
   assert suite.returncode == 0, output[-12000:]
 
 
-if os.environ.get("SPECJAX_SLOW_TESTS"):
-  test_every_launcher_and_documented_command_runs.start_in_background = start_front_door
+test_every_launcher_and_documented_command_runs.start_in_background = start_front_door

@@ -27,6 +27,7 @@ def test_autoregressive_greedy_matches_full_forward(target, prompts, greedy_refe
   np.testing.assert_array_equal(greedy_reference.num_generated, [MAX_NEW] * 4)
 
 
+@pytest.mark.sample("noisy_target-3", "independent-1", "self-5")
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 @pytest.mark.parametrize("which", ["independent", "noisy_target", "self"])
 def test_greedy_speculative_equals_autoregressive(
@@ -189,6 +190,7 @@ def test_speculative_step_is_pure(target, draft, prompts):
   np.testing.assert_array_equal(a.drafter_state.lengths, a.target_cache.lengths - 1)
 
 
+@pytest.mark.slow  # bfloat16 models: tests/test_model.py, tests/test_hf.py
 def test_bfloat16_models_generate(tiny_cfg, prompts):
   """The whole speculative loop runs in bfloat16 (probabilities stay float32)."""
   cfg = tiny_cfg.replace(dtype="bfloat16", param_dtype="bfloat16")

@@ -96,6 +96,7 @@ def _teacher_forced(head, target, data_dir) -> dict[str, float]:
   return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
 
+@pytest.mark.sample("eagle")
 @pytest.mark.parametrize("kind", KINDS)
 def test_training_a_head_lowers_its_loss_and_raises_alpha(
   tmp_path, corpus_root, data_dir, target_dir, kind
@@ -163,6 +164,7 @@ def test_checkpoint_restores_a_head_bit_exactly(tmp_path, target_dir):
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow  # exact resume: tests/test_training.py's for drafts
 def test_resume_continues_with_identical_losses(tmp_path, corpus_root, data_dir, target_dir):
   # EAGLE with feature noise: the noise, too, must be a function of the step.
   config = _config(corpus_root, data_dir, target_dir, "eagle")  # 6 steps, checkpoints every 2

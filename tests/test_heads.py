@@ -22,6 +22,9 @@ from specjax.models.heads import HeadConfig
 MAX_NEW = 16
 
 
+@pytest.mark.sample(
+  "eagle-settings0-greedy", "medusa-settings2-block", "early_exit-settings3-greedy"
+)
 @pytest.mark.parametrize(
   "kind, settings, verifier",
   [
@@ -115,6 +118,7 @@ def _scratch_features(target, drafter, sequence):
 KEPT, GOES_ON = [4, 2, 1, 3], [True, True, True, False]
 
 
+@pytest.mark.sample(1)
 @pytest.mark.parametrize("settings", [{}, {"feature_layers": (1, 2)}])
 def test_eagle_state_matches_recomputing_from_scratch(target, prompts, settings):
   drafter = head_drafter("eagle", target, **settings)

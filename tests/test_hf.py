@@ -159,6 +159,7 @@ def test_full_and_cached_logits_match_transformers(checkpoint, tokens):
   assert np.max(np.abs(np.concatenate(outs, axis=1) - expected)) < 1e-4
 
 
+@pytest.mark.sample("llama", "gemma3")  # all nine: the logits test above
 def test_greedy_and_speculative_match_transformers_generate(checkpoint, tokens):
   arch, reference, path, draft_path = checkpoint
   model, _ = specjax.hf.load_model(path, dtype=jnp.float32)
@@ -181,6 +182,7 @@ def test_greedy_and_speculative_match_transformers_generate(checkpoint, tokens):
   np.testing.assert_array_equal(spec.tokens, expected)
 
 
+@pytest.mark.sample("llama")
 def test_bfloat16_load(checkpoint, tokens):
   arch, _, path, _ = checkpoint
   model, _ = specjax.hf.load_model(path)  # default dtype: bfloat16

@@ -41,7 +41,7 @@ import tempfile
 import time
 
 import pytest
-from docs_blocks import healthy, opt_in
+from docs_blocks import healthy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 600  # per step; the slowest takes about a minute here with a warm cache
@@ -57,6 +57,8 @@ class Step:
 
   `flags` may name `{tmp}` (the steps' shared temporary directory) and, for
   the server, `{port}`. `needs`: the steps whose output this one reads.
+  `slow`: run in the slow tier only (tests/conftest.py), for a launcher's
+  longer run when a smaller one of the same launcher is in the default tier.
   """
 
   id: str
@@ -64,6 +66,7 @@ class Step:
   flags: tuple[str, ...] = ()
   needs: tuple[str, ...] = ()
   server: bool = False
+  slow: bool = False
 
 
 # Head training on the bundled target: 2 steps of batch 2 x 32 tokens.
@@ -150,7 +153,8 @@ STEPS = (
     "load_test",
     "load_test",
     ("--output_dir={tmp}/load_test", "--config.rates=(4.0,)", "--config.num_requests=4")
-    + ("--config.max_new_tokens=16",),
+    + ("--config.max_new_tokens=16", "--config.modes=('always',)", "--config.slots=2")
+    + ("--config.prompt_buckets=(32,)",),
   ),
   # --quick cut further (tests/test_reproduce.py runs the whole quick run in process).
   Step(
@@ -159,17 +163,33 @@ STEPS = (
     ("--output_dir={tmp}/reproduce", "--quick", "--config.quick.count_files=8")
     + ("--config.quick.samples=2000",),
   ),
-  Step("profile_iteration", "profile_iteration"),
+  Step("profile_iteration", "profile_iteration", ("--repeats=2", "--max_new_tokens=8")),
   Step("memory_table", "memory_table"),
   Step("make_hf_checkpoint", "make_hf_checkpoint", ("--out={tmp}/hf",)),
   # The smoke scale is the CPU check of the GPU script. Its trees section is
-  # compare_drafters.run, which the compare_drafters step runs.
+  # compare_drafters.run, which the compare_drafters step runs; its decode
+  # section compiles a dozen programs (about 5 minutes here): the slow tier's.
   Step(
     "gpu_check",
     "gpu_check",
-    ("--scale=smoke", "--sections=scoring,decode", "--output_json={tmp}/gpu_check.json"),
+    ("--scale=smoke", "--sections=scoring", "--output_json={tmp}/gpu_check.json"),
   ),
-  Step("serve", "serve", ("--config.port={port}",), server=True),
+  Step(
+    "gpu_check_decode",
+    "gpu_check",
+    ("--scale=smoke", "--sections=scoring,decode", "--output_json={tmp}/gpu_check.json"),
+    slow=True,
+  ),
+  # The server with every default (its warm-up compiles each of its programs and
+  # measures the adaptive policy: minutes here), and at a small size.
+  Step("serve_defaults", "serve", ("--config.port={port}",), server=True, slow=True),
+  Step(
+    "serve",
+    "serve",
+    ("--config.port={port}", "--config.policy=always", "--config.slots=2")
+    + ("--config.prompt_buckets=(64,)", "--config.max_new_tokens=16"),
+    server=True,
+  ),
 )
 
 # Launchers run with --help only, each with a one-line reason (printed by the
@@ -316,8 +336,9 @@ def chain(tmp_path_factory):
 
 
 @pytest.mark.front_door  # run in tests/test_front_door.py's process
-@opt_in
-@pytest.mark.parametrize("step_id", [step.id for step in STEPS])
+@pytest.mark.parametrize(
+  "step_id", [pytest.param(s.id, marks=[pytest.mark.slow] if s.slow else []) for s in STEPS]
+)
 def test_launcher_runs(chain, step_id):
   result = chain.run(step_id)
   command = " ".join(a.replace(chain.tmp, "$TMP") for a in result.argv[1:])

@@ -54,6 +54,7 @@ def test_full_forward_shape_and_dtype(model, tokens):
   assert logits.dtype == jnp.float32
 
 
+@pytest.mark.sample("llama-chunks0", "llama-chunks1", "gpt2-chunks2", "gemma-chunks1")
 @pytest.mark.parametrize("chunks", [(4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), (5, 3, 8), (16,)])
 def test_cached_decoding_matches_full_forward(model, tokens, chunks):
   """Prefill then single tokens or multi-token chunks give the full forward's logits."""
