@@ -166,6 +166,7 @@ def test_block_verification_accepts_more_on_the_bundled_pair(pair):
   assert block >= token
 
 
+@pytest.mark.slow  # the default tier runs this profile through the launcher (test_launchers.py)
 def test_iteration_profile_runs():
   from experiments.profile_iteration import profile
 
