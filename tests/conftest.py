@@ -104,7 +104,7 @@ def pytest_configure(config):
   config.pluginmanager.register(_SampleIdsCheck())
   config.addinivalue_line(
     "markers",
-    "slow: the full tier only (SPECJAX_SLOW_TESTS=1): a further case of a property the "
+    "slow: the slow tier only (SPECJAX_SLOW_TESTS=1): a further case of a property the "
     "default run already checks, or a long guide or launcher run",
   )
   config.addinivalue_line(
