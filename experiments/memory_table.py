@@ -74,9 +74,8 @@ def param_bytes(cfg: ModelConfig, mesh: AbstractMesh) -> int:
   where tracing 80 took minutes (nnx.eval_shape slows down with the trace's size).
   """
   if cfg.n_layers > 2:
-    one, two = (cfg.replace(n_layers=n, local_layers=None) for n in (1, 2))
-    per_layer = param_bytes(two, mesh) - param_bytes(one, mesh)
-    return param_bytes(one, mesh) + (cfg.n_layers - 1) * per_layer
+    one, two = (param_bytes(cfg.replace(n_layers=n, local_layers=None), mesh) for n in (1, 2))
+    return one + (cfg.n_layers - 1) * (two - one)
   model = abstract_model(cfg)
   values = jax.tree.leaves(nnx.state(model, nnx.Param))
   shardings = jax.tree.leaves(param_shardings(model, mesh))
