@@ -24,7 +24,7 @@ def _config(pair, **changes):
   config = decode_config.get_config()
   config.target, config.draft = pair
   config.max_new_tokens = 12
-  config.report_floor = False  # measured once, in test_pretrained's main-job test
+  config.report_floor = False  # measured once, in test_launchers.py's decode step
   config.update(changes)
   return config
 

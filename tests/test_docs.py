@@ -73,9 +73,8 @@ DOCS = _docs_in_reading_order()
 # The files whose blocks the default tier runs (README 59 s, usage 117 s,
 # bundled_pair 157 s alone, 2-core AMD EPYC, 2026-12-02); the other guides'
 # commands train, serve, reproduce and compare for minutes each (about 45
-# minutes all told), so they run in the slow tier (tests/conftest.py). The quick
-# reproduction runs in the default tier twice besides: tests/test_reproduce.py
-# and the reproduce launcher step.
+# minutes all told), so they run in the slow tier (tests/conftest.py). A quick
+# reproduction runs in the default tier besides: the reproduce launcher step.
 QUICK = ("README.md", "docs/usage.md", "docs/bundled_pair.md")
 QUICK += ("docs/how_it_works.md", "docs/layout.md")  # no blocks to run
 

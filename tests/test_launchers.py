@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import glob
+import json
 import os
 import signal
 import socket
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import pytest
 from docs_blocks import healthy
@@ -59,6 +61,8 @@ class Step:
   the server, `{port}`. `needs`: the steps whose output this one reads.
   `slow`: run in the slow tier only (tests/conftest.py), for a launcher's
   longer run when a smaller one of the same launcher is in the default tier.
+  `check(tmp, output)`: asserts what the run wrote (files under `tmp`, its
+  printed `output`) beyond its exit status.
   """
 
   id: str
@@ -67,6 +71,79 @@ class Step:
   needs: tuple[str, ...] = ()
   server: bool = False
   slow: bool = False
+  check: Callable[[str, str], None] | None = None
+
+
+def _check_main_job(tmp: str, output: str) -> None:
+  """The main job's result (`experiments.decode` on the bundled pair, its
+  defaults but 16 new tokens): the held-out prompt, identical greedy texts, the
+  statistics, and the floor report's arithmetic (config.report_floor, on by
+  default)."""
+  from specjax import pretrained
+  from specjax.data.prompts import held_out_prompts
+
+  with open(os.path.join(tmp, "decode.json")) as f:
+    result = json.load(f)
+  assert result["prompt"] == held_out_prompts(1)[0]
+  assert result["target"] == pretrained.TARGET_DIR
+  assert result["texts_identical"] is True and result["ar_text"] == result["spec_text"]
+  for key in ("acceptance_rate", "tokens_per_iteration", "speedup", "ar_ms_per_token"):
+    assert key in result, key
+  for key in ("spec_ms_per_token", "gamma", "temperature"):
+    assert key in result, key
+  assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
+  assert result["gamma"] == 4 and result["gamma_policy"] == "by batch size"
+  ratio = result["ar_step_ms"] / result["target_matmul_floor_ms"]
+  assert result["ar_over_floor"] == pytest.approx(ratio, rel=1e-9)
+  models_ms = (
+    result["target_verify_ms"] + result["draft_calls_per_iteration"] * (result["draft_call_ms"])
+  )
+  assert (
+    abs(1 - models_ms / result["spec_ms_per_iteration"] - result["spec_overhead_fraction"]) < 1e-9
+  )
+  assert result["target_long_prefill_ms"] > 0 and result["spec_compile_seconds"] >= 0
+
+
+def _check_quick_reproduction(tmp: str, output: str) -> None:
+  """The quick reproduction's report: every section with its tables in
+  report.md and report.json, the measured rows, the verdicts, progress lines,
+  and six figures that are PNGs with something drawn."""
+  import matplotlib.image
+
+  from specjax.reproduce.run import SECTIONS
+
+  out = os.path.join(tmp, "reproduce")
+  with open(os.path.join(out, "report.json")) as f:
+    result = json.load(f)
+  with open(os.path.join(out, "report.md")) as f:
+    markdown = f.read()
+  assert [s["id"] for s in result["sections"]] == list(SECTIONS)
+  for s in result["sections"]:
+    assert f"## {s['title']}" in markdown
+    for t in s["tables"]:
+      assert t["rows"], f"{s['id']}: table {t['title']!r} is empty"
+      assert t["title"] in markdown
+  # Every measured variant: the quick run's temperature, alpha a rate, speedups positive.
+  rows = result["rows"]
+  assert {r["temperature"] for r in rows} == {1.0}
+  assert all(0 <= r["alpha"] <= 1 and r["speedup"] > 0 and r["c"] >= 0 for r in rows)
+  assert {"unigram", "bigram", "corpus-trained draft", "distilled draft"} <= {
+    r["drafter"] for r in rows
+  }
+  # The unigram draft is the weakest, the distilled draft beats it by far.
+  alpha = {(r["drafter"], r["temperature"]): r["alpha"] for r in rows if r["gamma"] == 4}
+  assert alpha["unigram", 1.0] < alpha["distilled draft", 1.0]
+  assert any(line.startswith("[4/4]") for line in output.splitlines())  # progress was shown
+  formulas = result["sections"][0]["tables"][0]["rows"]
+  assert all(row[-1] == "agrees" for row in formulas)
+  assert len(result["figures"]) == 6
+  for name in result["figures"]:
+    path = os.path.join(out, name)
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and min(image.shape[:2]) > 200
+    assert image.std() > 0.01  # something is drawn
 
 
 # Head training on the bundled target: 2 steps of batch 2 x 32 tokens.
@@ -140,8 +217,13 @@ STEPS = (
   Step(
     "bundle_heads", "bundle_heads", ("--eagle={tmp}/eagle", "--out={tmp}/heads"), ("train_head",)
   ),
-  # The floor report is measured in test_pretrained's main-job test (20 s more).
-  Step("decode", "decode", ("--config.max_new_tokens=16", "--config.report_floor=False")),
+  # The main job, its defaults (the floor report too) but 16 new tokens.
+  Step(
+    "decode",
+    "decode",
+    ("--config.max_new_tokens=16", "--output_json={tmp}/decode.json"),
+    check=_check_main_job,
+  ),
   Step("benchmark", "benchmark", ("--config=configs/benchmark.py",)),  # tiny, its default preset
   Step(
     "compare_drafters",
@@ -156,12 +238,13 @@ STEPS = (
     + ("--config.max_new_tokens=16", "--config.modes=('always',)", "--config.slots=2")
     + ("--config.prompt_buckets=(32,)",),
   ),
-  # --quick cut further (tests/test_reproduce.py runs the whole quick run in process).
+  # --quick cut further: the count drafters read 8 files, 2,000 samples per example.
   Step(
     "reproduce",
     "reproduce",
     ("--output_dir={tmp}/reproduce", "--quick", "--config.quick.count_files=8")
     + ("--config.quick.samples=2000",),
+    check=_check_quick_reproduction,
   ),
   Step("profile_iteration", "profile_iteration", ("--repeats=2", "--max_new_tokens=8")),
   Step("memory_table", "memory_table"),
@@ -347,6 +430,8 @@ def test_launcher_runs(chain, step_id):
     f"{step_id}: python {command}\n{result.why or f'exit status {result.returncode}'}; "
     f"output (tail):\n{result.output[-6000:]}"
   )
+  if result.step.check is not None:
+    result.step.check(chain.tmp, result.output)
 
 
 def test_help_only_launchers_print_help():

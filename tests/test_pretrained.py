@@ -1,4 +1,6 @@
-"""The bundled trained pair: sizes, one-call loading, greedy exactness, the main job."""
+"""The bundled trained pair: sizes, one-call loading, greedy exactness. (The main
+job, `experiments.decode` with its defaults: the decode step of
+tests/test_launchers.py, `_check_main_job`.)"""
 
 import hashlib
 import json
@@ -10,8 +12,6 @@ import numpy as np
 import pytest
 
 import specjax
-from configs import decode as decode_config
-from experiments import decode
 from specjax import pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import EagleDrafter
@@ -51,37 +51,6 @@ def test_greedy_speculative_equals_autoregressive_on_held_out_prompts(pair):
   spec = specjax.speculative_generate(pair.target, eagle, prompts, lengths, gamma=4, **kwargs)
   np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
   assert float(spec.stats.acceptance_rate) > 0.5
-
-
-def test_main_job_runs_with_no_arguments():
-  config = decode_config.get_config()
-  config.max_new_tokens = 16
-  result = decode.run(config)
-  assert result["prompt"] == held_out_prompts(1)[0]
-  assert result["target"] == pretrained.TARGET_DIR
-  assert result["texts_identical"] is True and result["ar_text"] == result["spec_text"]
-  for key in (
-    "acceptance_rate",
-    "tokens_per_iteration",
-    "speedup",
-    "ar_ms_per_token",
-    "spec_ms_per_token",
-    "gamma",
-    "temperature",
-  ):
-    assert key in result
-  assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
-  assert result["gamma"] == 4 and result["gamma_policy"] == "by batch size"
-  # The floor report (config.report_floor, on by default): its arithmetic holds.
-  ratio = result["ar_step_ms"] / result["target_matmul_floor_ms"]
-  assert result["ar_over_floor"] == pytest.approx(ratio, rel=1e-9)
-  models_ms = (
-    result["target_verify_ms"] + result["draft_calls_per_iteration"] * (result["draft_call_ms"])
-  )
-  assert (
-    abs(1 - models_ms / result["spec_ms_per_iteration"] - result["spec_overhead_fraction"]) < 1e-9
-  )
-  assert result["target_long_prefill_ms"] > 0 and result["spec_compile_seconds"] >= 0
 
 
 def test_load_pair_names_a_missing_file(monkeypatch, tmp_path):

@@ -1,10 +1,8 @@
-"""Paper reproduction: the quick run end to end, the worked examples, the count
-drafters' tables, and bad configs. (The count drafters' exactness on V = 8 is in
-tests/test_distribution.py with every other drafter; the formulas' printed
-values in tests/test_theory.py.)"""
-
-import json
-import os
+"""Paper reproduction: the worked examples, the count drafters' tables, and bad
+configs. (The quick run end to end, its report, verdicts and figures: the
+reproduce step of tests/test_launchers.py, `_check_quick_reproduction`. The
+count drafters' exactness on V = 8 is in tests/test_distribution.py with every
+other drafter; the formulas' printed values in tests/test_theory.py.)"""
 
 import numpy as np
 import pytest
@@ -12,57 +10,7 @@ import pytest
 from configs import reproduce as reproduce_config
 from specjax.drafting import count_drafter
 from specjax.reproduce import examples, papers, report
-from specjax.reproduce.run import SECTIONS, apply_quick, check_config, reproduce
-
-
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-  """The quick run (`experiments.reproduce --quick`), once for the module."""
-  out = str(tmp_path_factory.mktemp("reproduce"))
-  lines = []
-  result = reproduce(apply_quick(reproduce_config.get_config()), out, progress=lines.append)
-  return out, result, lines
-
-
-def test_quick_run_reports_every_section_with_verdicts(quick):
-  out, result, lines = quick
-  assert [s["id"] for s in result["sections"]] == list(SECTIONS)
-  with open(os.path.join(out, "report.md")) as f:
-    markdown = f.read()
-  for s in result["sections"]:
-    assert f"## {s['title']}" in markdown
-    for t in s["tables"]:
-      assert t["rows"], f"{s['id']}: table {t['title']!r} is empty"
-      assert t["title"] in markdown
-  with open(os.path.join(out, "report.json")) as f:
-    saved = json.load(f)
-  assert saved["sections"] == json.loads(json.dumps(result["sections"], default=str))
-  # Every measured variant: the quick run's temperature, alpha a rate, speedups positive.
-  rows = result["rows"]
-  assert {r["temperature"] for r in rows} == {1.0}
-  assert all(0 <= r["alpha"] <= 1 and r["speedup"] > 0 and r["c"] >= 0 for r in rows)
-  names = {r["drafter"] for r in rows}
-  assert {"unigram", "bigram", "corpus-trained draft", "distilled draft"} <= names
-  # The unigram draft is the weakest, the distilled draft beats it by far.
-  alpha = {(r["drafter"], r["temperature"]): r["alpha"] for r in rows if r["gamma"] == 4}
-  assert alpha["unigram", 1.0] < alpha["distilled draft", 1.0]
-  assert any(line.startswith("[4/4]") for line in lines)  # progress was shown
-  formulas = result["sections"][0]["tables"][0]["rows"]
-  assert all(row[-1] == "agrees" for row in formulas)
-
-
-def test_figures_are_valid_pngs(quick):
-  import matplotlib.image
-
-  out, result, _ = quick
-  assert len(result["figures"]) == 6
-  for name in result["figures"]:
-    path = os.path.join(out, name)
-    with open(path, "rb") as f:
-      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    image = matplotlib.image.imread(path)
-    assert image.ndim == 3 and min(image.shape[:2]) > 200
-    assert image.std() > 0.01  # something is drawn
+from specjax.reproduce.run import apply_quick, check_config
 
 
 def test_worked_examples_match_the_explainers():
