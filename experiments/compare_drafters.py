@@ -341,7 +341,9 @@ def sweep(
 
   Yields:
     One JSON-ready row per variant, in `plan`'s order; the variant's programs
-    are freed by the time it is yielded.
+    are freed by the time it is yielded. Its `memory_maps`: the process's
+    memory mappings then (`memory_maps_before`: before the temperature's first
+    variant, its baseline compiled).
   """
   say = progress or (lambda *args, **kwargs: None)
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
@@ -365,6 +367,12 @@ def sweep(
     def ar(ar_program=ar_program, key=key):
       return [ar_program(target, *prompt, key=key) for prompt in one]
 
+    # With the baseline compiled, before the temperature's variants: each
+    # variant's count comes back near it once the variant is freed.
+    maps_before = benchmarking.memory_map_count()
+    if maps_before is not None:
+      say(f"T={temperature:g}: {maps_before} memory maps (vm.max_map_count: 65530 by default)")
+
     drafting_c = {}  # (name, gamma) -> c at this temperature
     for v in [v for v in plan if v.temperature == temperature]:
       done += 1
@@ -386,10 +394,14 @@ def sweep(
       row = _row(v, timings, outputs, step_s, verify, drafting_c.get((v.name, v.gamma)))
       del calls, timings, outputs
       benchmarking.free_compiled_programs()
+      # Lines of /proc/self/maps once the variant is freed (None off Linux).
+      row["memory_maps"] = benchmarking.memory_map_count()
+      row["memory_maps_before"] = maps_before
       now = time.perf_counter()
+      maps = "" if row["memory_maps"] is None else f", {row['memory_maps']} memory maps"
       say(
         f"{now - began:.1f} s, α {row['acceptance_rate']:.3f}, {row['ms_per_token']:.3f} ms/token, "
-        f"speedup {row['speedup']:.2f} ({now - start:.0f} s in all)"
+        f"speedup {row['speedup']:.2f}{maps} ({now - start:.0f} s in all)"
       )
       yield row
     del ar, ar_program
