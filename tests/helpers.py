@@ -4,6 +4,9 @@ Importable as `helpers` from any test: pytest puts tests/ on sys.path because
 tests/conftest.py lives there.
 """
 
+import functools
+
+import jax
 import numpy as np
 from flax import nnx
 from scipy import stats
@@ -62,6 +65,27 @@ def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:
     specjax.Transformer(cfg, rngs=nnx.Rngs(0)),
     specjax.Transformer(cfg.replace(**TINY_DRAFT), rngs=nnx.Rngs(1)),
   )
+
+
+@jax.jit
+def full_logits(model, tokens):
+  """`model(tokens)`: `[B, T]` -> `[B, T, V]` logits, as one compiled program.
+
+  Run eagerly, a forward compiles each of its operations as a program of its
+  own (about 60 per new input shape, seconds on a small CPU); the tests'
+  reference forwards go through this instead."""
+  return model(tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("options",))
+def _forward_cached(model, tokens, cache, options):
+  return model.forward_cached(tokens, cache, **dict(options))
+
+
+def forward_cached(model, tokens, cache, **options):
+  """`model.forward_cached(tokens, cache, **options)` as one compiled program
+  (`options` static: `return_hidden`, `num_layers`)."""
+  return _forward_cached(model, tokens, cache, tuple(sorted(options.items())))
 
 
 HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 import specjax
+from helpers import full_logits
 from specjax import GREEDY
 from specjax.generation.common import TRACE_COUNTS
 
@@ -17,12 +18,17 @@ MAX_NEW = 16
 def test_autoregressive_greedy_matches_full_forward(target, prompts, greedy_reference):
   """Greedy cached decoding == argmax of a teacher-forced full forward, row by row."""
   tokens, lengths = prompts
+  seqs = [
+    np.concatenate([np.asarray(tokens[b, : lengths[b]]), np.asarray(greedy_reference.tokens[b])])
+    for b in range(4)
+  ]
+  # One right-padded batch: a causal model's logits at a position ignore what follows.
+  padded = np.zeros((4, max(map(len, seqs))), np.int32)
+  for b, seq in enumerate(seqs):
+    padded[b, : len(seq)] = seq
+  logits = np.asarray(full_logits(target, jnp.asarray(padded)))
   for b in range(4):
-    seq = np.concatenate(
-      [np.asarray(tokens[b, : lengths[b]]), np.asarray(greedy_reference.tokens[b])]
-    )
-    logits = target(jnp.asarray(seq)[None])[0]
-    expected = np.argmax(np.asarray(logits), axis=-1)[lengths[b] - 1 : -1]
+    expected = np.argmax(logits[b], axis=-1)[lengths[b] - 1 : len(seqs[b]) - 1]
     np.testing.assert_array_equal(greedy_reference.tokens[b], expected)
   np.testing.assert_array_equal(greedy_reference.num_generated, [MAX_NEW] * 4)
 

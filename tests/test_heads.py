@@ -7,6 +7,8 @@ arguments are refused before compiling. Sampling exactness is in
 test_distribution.py; training in test_head_training.py.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import head_drafter
+from helpers import forward_cached, head_drafter
 from specjax import GREEDY
 from specjax.drafting import Commit
 from specjax.models.heads import HeadConfig
@@ -69,12 +71,13 @@ def test_target_features_are_the_residual_stream(target, prompts):
     target.forward_cached(tokens, cache, return_hidden=(3,))
 
 
-def _committed(target, drafter, prompts, gamma, kept, goes_on):
-  """The drafter's state after one commit in which row b kept `kept[b]` tokens,
-  and the committed sequences s' (lists of ids)."""
+@functools.partial(jax.jit, static_argnames=("gamma",))
+def _commit_once(target, drafter, tokens, lengths, kept, goes_on, *, gamma):
+  """One draft and commit from the prompts' state, compiled as one program:
+  (drafter state before, after, the state's `recent` ids, the emitted block)."""
   config = specjax.SpecConfig(gamma=gamma, max_new_tokens=MAX_NEW, sampling=GREEDY)
-  state = specjax.generation.init_state(target, drafter, *prompts, jax.random.key(0), config)
-  b = len(kept)
+  state = specjax.generation.init_state(target, drafter, tokens, lengths, jax.random.key(0), config)
+  b = kept.shape[0]
   block = jnp.concatenate(
     [state.recent[:, 1:], jax.random.randint(jax.random.key(8), (b, gamma), 0, 512)], axis=1
   )
@@ -82,10 +85,8 @@ def _committed(target, drafter, prompts, gamma, kept, goes_on):
     block, state.target_cache, return_hidden=drafter.target_features
   )
   old = state.target_cache.lengths + 1
-  kept = jnp.asarray(kept, jnp.int32)
   emitted = jnp.concatenate([block[:, 1:], jnp.full((b, 1), 5, jnp.int32)], axis=1)  # [B, g+1]
-  commit = Commit(emitted, old, old + kept, jnp.asarray(goes_on), hidden)
-  emitted = np.asarray(emitted)
+  commit = Commit(emitted, old, old + kept, goes_on, hidden)
   # Drafting first writes the head's cache past s; the commit must overwrite it.
   _, drafted = drafter.propose(
     state.drafter_state,
@@ -95,22 +96,45 @@ def _committed(target, drafter, prompts, gamma, kept, goes_on):
     gamma=gamma,
     sampling=GREEDY,
   )
-  new_state = drafter.commit(drafted, commit)
+  return state.drafter_state, drafter.commit(drafted, commit), state.recent, emitted
+
+
+def _committed(target, drafter, prompts, gamma, kept, goes_on):
+  """The drafter's state after one commit in which row b kept `kept[b]` tokens,
+  and the committed sequences s' (lists of ids)."""
+  b = len(kept)
+  old_state, new_state, recent, emitted = _commit_once(
+    target,
+    drafter,
+    *prompts,
+    jnp.asarray(kept, jnp.int32),
+    jnp.asarray(goes_on),
+    gamma=gamma,
+  )
+  emitted, recent = np.asarray(emitted), np.asarray(recent)
   tokens, lengths = map(np.asarray, prompts)
   sequences = []
   for row in range(b):
-    s = list(tokens[row, : lengths[row]]) + [int(state.recent[row, 1])]
+    s = list(tokens[row, : lengths[row]]) + [int(recent[row, 1])]
     if goes_on[row]:
       s += list(emitted[row, : int(kept[row])])
     sequences.append(s)
-  return state.drafter_state, new_state, sequences
+  return old_state, new_state, sequences
 
 
-def _scratch_features(target, drafter, sequence):
-  """The target's features over `sequence` (all but its last token), from scratch."""
-  ids = jnp.asarray(sequence[:-1], jnp.int32)[None]
-  cache = target.init_cache(1, len(sequence))
-  return target.forward_cached(ids, cache, return_hidden=drafter.target_features)[2]
+def _scratch_features(target, drafter, sequence, width):
+  """The target's features `[1, width - 1, F]` over `sequence` (all but its last
+  token) from scratch, right-padded to `width` tokens: one shape for every row
+  (a causal model's features at a position ignore what follows it)."""
+  ids = np.zeros((1, width - 1), np.int32)
+  ids[0, : len(sequence) - 1] = sequence[:-1]
+  cache = target.init_cache(1, width)
+  return forward_cached(target, jnp.asarray(ids), cache, return_hidden=drafter.target_features)[2]
+
+
+@jax.jit
+def _head_from_scratch(target, head, features, pairs, cache):
+  return head.forward_cached(target, head.feature_space(features), pairs, cache)
 
 
 # Row 0 keeps every drafted token and the bonus (full acceptance), row 1 one
@@ -124,31 +148,36 @@ def test_eagle_state_matches_recomputing_from_scratch(target, prompts, settings)
   drafter = head_drafter("eagle", target, **settings)
   old, new, sequences = _committed(target, drafter, prompts, 3, KEPT, GOES_ON)
   head = drafter.head
+  width = max(map(len, sequences))
   for row, s in enumerate(sequences):
     if not GOES_ON[row]:
       assert int(new.cache.lengths[row]) == int(old.cache.lengths[row])
       np.testing.assert_array_equal(new.next_feature[row], old.next_feature[row])
       continue
     # Pairs (feature at t, token t + 1) for t < len(s') - 1, through a fresh head cache.
-    features = head.feature_space(_scratch_features(target, drafter, s))
-    pairs = jnp.asarray(s[1:], jnp.int32)[None]
-    predicted, cache = head.forward_cached(target, features, pairs, head.init_cache(1, len(s)))
+    features = _scratch_features(target, drafter, s, width)
+    pairs = np.zeros((1, width - 1), np.int32)
+    pairs[0, : len(s) - 1] = s[1:]
+    predicted, cache = _head_from_scratch(
+      target, head, features, jnp.asarray(pairs), head.init_cache(1, width)
+    )
     n = len(s) - 1
     assert int(new.cache.lengths[row]) == n
     np.testing.assert_allclose(new.cache.k[0][row, :, :n], cache.k[0][0, :, :n], atol=1e-4)
     np.testing.assert_allclose(new.cache.v[0][row, :, :n], cache.v[0][0, :, :n], atol=1e-4)
-    np.testing.assert_allclose(new.next_feature[row], predicted[0, -1], atol=1e-4)
+    np.testing.assert_allclose(new.next_feature[row], predicted[0, n - 1], atol=1e-4)
 
 
 def test_medusa_state_is_the_feature_before_the_last_token(target, prompts):
   drafter = head_drafter("medusa", target)
   old, new, sequences = _committed(target, drafter, prompts, 3, KEPT, GOES_ON)
+  width = max(map(len, sequences))
   for row, s in enumerate(sequences):
     if not GOES_ON[row]:
       np.testing.assert_array_equal(new[row], old[row])
       continue
-    features = _scratch_features(target, drafter, s)
-    np.testing.assert_allclose(new[row], features[0, -1], atol=1e-4)
+    features = _scratch_features(target, drafter, s, width)
+    np.testing.assert_allclose(new[row], features[0, len(s) - 2], atol=1e-4)
 
 
 def test_early_exit_shares_the_target_weights(target):
