@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import GEMMA_STYLE
+from helpers import GEMMA_STYLE, forward_cached, full_logits
 
 GPT2_STYLE = dict(
   norm="layernorm",
@@ -58,7 +58,7 @@ def test_full_forward_shape_and_dtype(model, tokens):
 @pytest.mark.parametrize("chunks", [(4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), (5, 3, 8), (16,)])
 def test_cached_decoding_matches_full_forward(model, tokens, chunks):
   """Prefill then single tokens or multi-token chunks give the full forward's logits."""
-  full = model(tokens)
+  full = full_logits(model, tokens)
   cache = model.init_cache(3, 24)
   forward = jax.jit(model.forward_cached)  # one compile per chunk size, not op by op
   outs, start = [], 0
@@ -74,17 +74,17 @@ def test_ragged_rows_and_rollback(tokens, tiny_cfg):
   """Rows at different lengths, then a rollback, still match each row's full forward."""
   model = specjax.Transformer(tiny_cfg.replace(**GPT2_STYLE), rngs=nnx.Rngs(4))
   _perturb_biases_and_norms(model)
-  full = model(tokens)
+  full = full_logits(model, tokens)
   lengths = jnp.array([3, 9, 6], jnp.int32)
   cache = model.init_cache(3, 24)
-  _, cache = model.forward_cached(tokens[:, :9], cache)  # row 0 and 2 see padding
+  _, cache = forward_cached(model, tokens[:, :9], cache)  # row 0 and 2 see padding
   cache = cache.with_lengths(lengths)
   # Feed junk 4 tokens, then roll back: the junk must never be read.
   junk = jnp.full((3, 4), 7, jnp.int32)
-  _, cache = model.forward_cached(junk, cache)
+  _, cache = forward_cached(model, junk, cache)
   cache = cache.with_lengths(lengths)
   nxt = jnp.stack([tokens[b, int(n) : int(n) + 5] for b, n in enumerate(lengths)])
-  logits, cache = model.forward_cached(nxt, cache)
+  logits, cache = forward_cached(model, nxt, cache)
   for b, n in enumerate(np.asarray(lengths)):
     np.testing.assert_allclose(logits[b], full[b, n : n + 5], atol=1e-5, rtol=0)
   np.testing.assert_array_equal(cache.lengths, lengths + 5)
@@ -94,7 +94,7 @@ def test_logit_indices_select_positions(target, tokens):
   cache = target.init_cache(3, 16)
   idx = jnp.array([[0, 15], [3, 3], [7, 1]], jnp.int32)
   logits, _ = target.forward_cached(tokens, cache, logit_indices=idx)
-  full = target(tokens)
+  full = full_logits(target, tokens)
   np.testing.assert_allclose(
     logits, jnp.take_along_axis(full, idx[:, :, None], axis=1), atol=1e-5, rtol=0
   )
