@@ -67,7 +67,7 @@ def test_load_cross_draft_loads_and_names_a_missing_file(monkeypatch, tmp_path):
     pretrained.load_cross_draft()
 
 
-@pytest.mark.slow  # the launcher and its memory maps: the compare_drafters step of test_launchers.py
+@pytest.mark.slow  # the launcher and its memory maps: test_launchers.py, compare_drafters
 def test_drafter_comparison_runs_on_the_bundled_pair():
   from configs import compare_drafters as compare_config
   from experiments import compare_drafters

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import GEMMA_STYLE, head_drafter
+from helpers import GEMMA_STYLE, forward_cached, full_logits, head_drafter
 from specjax import trees
 from specjax.drafting import TreeDrafter
 from specjax.generation.speculative import init_state, speculative_step
@@ -76,13 +76,14 @@ def test_tree_attention_scores_every_path_as_a_sequence(target, tiny_cfg, per_ro
   tokens = jax.random.randint(jax.random.key(3), (b, width), 0, 512)
   lengths = jnp.array([6, 3])  # the prefix; its last token is the root
   cache = target.init_cache(b, 16)
-  cache = target.forward_cached(tokens, cache)[1].with_lengths(lengths - 1)
+  cache = forward_cached(target, tokens, cache)[1].with_lengths(lengths - 1)
   row_trees = ROW_TREES if per_row else ((-1, *(u + 1 for u in TREE)),) * b
   nodes = jax.random.randint(jax.random.key(4), (b, len(row_trees[0]) - 1), 0, 512)
   root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)
   block = jnp.concatenate([root, nodes], axis=1)
   layout = trees.RowTrees(jnp.array(row_trees), 4) if per_row else row_trees[0]
-  logits, out = target.forward_cached(block, cache, tree=(layout, 0))
+  call = jax.jit(lambda model, block, cache: model.forward_cached(block, cache, tree=(layout, 0)))
+  logits, out = call(target, block, cache)
   assert out.lengths.tolist() == (lengths - 1).tolist()  # a tree call does not advance
   # Every (row, node) path as one right-padded batch of plain sequences: one call.
   seqs, ends = [], []
@@ -95,7 +96,7 @@ def test_tree_attention_scores_every_path_as_a_sequence(target, tiny_cfg, per_ro
   padded = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
   for i, seq in enumerate(seqs):
     padded[i, : len(seq)] = seq
-  full = target(jnp.asarray(padded))[np.arange(len(seqs)), np.asarray(ends)]
+  full = full_logits(target, jnp.asarray(padded))[np.arange(len(seqs)), np.asarray(ends)]
   np.testing.assert_allclose(logits.reshape(len(seqs), -1), full, atol=2e-5)
 
 
@@ -132,7 +133,7 @@ def test_commit_leaves_caches_as_a_recompute_would(target, draft, prompts):
     padded[row, : len(seq)] = seq
   for model, cache, drop in ((target, state.target_cache, 1), (draft, state.drafter_state, 2)):
     # One causal prefill of the padded batch: slots before each row's end are exact.
-    fresh = model.forward_cached(jnp.asarray(padded), model.init_cache(rows, cache.capacity))[1]
+    fresh = forward_cached(model, jnp.asarray(padded), model.init_cache(rows, cache.capacity))[1]
     for row, seq in enumerate(seqs):
       n = len(seq) - drop  # target: s[:-1]; draft: s[:-2]
       assert int(cache.lengths[row]) == n
