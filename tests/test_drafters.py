@@ -12,7 +12,7 @@ import pytest
 from flax import struct
 
 import specjax
-from helpers import make_drafter
+from helpers import forward_cached, full_logits, make_drafter
 from specjax import GREEDY
 from specjax.drafting import DrafterBase, NGramDrafter, Proposal, layer_skip, lookup
 
@@ -49,7 +49,8 @@ def test_lookup_finds_the_most_recent_longest_match():
     ],
     jnp.int32,
   )
-  start, size = lookup(history, jnp.array([6, 8, 4, 4]), max_ngram=3, min_ngram=1)
+  find = jax.jit(lookup, static_argnames=("max_ngram", "min_ngram"))  # one program, not op by op
+  start, size = find(history, jnp.array([6, 8, 4, 4]), max_ngram=3, min_ngram=1)
   # [5, 6] -> 7; [1, 2] last seen at 3 -> 9; [4, 4, 4] at 0 -> 4; nothing.
   np.testing.assert_array_equal(start, [2, 5, 3, -1])
   np.testing.assert_array_equal(size, [2, 2, 3, 0])
@@ -149,15 +150,19 @@ def test_layer_skip_shares_the_target_weights(target):
   drafter = layer_skip(target, 1)
   assert drafter.model is target  # the same parameters, no copy
   tokens = jnp.array([[5, 9, 2]], jnp.int32)
-  logits, cache = target.forward_cached(tokens, target.init_cache(1, 8, num_layers=1), num_layers=1)
+  cache = target.init_cache(1, 8, num_layers=1)
+  logits, cache = forward_cached(target, tokens, cache, num_layers=1)
   assert len(cache.k) == 1
-  # By hand: first block, final norm, tied or untied head.
-  positions = jnp.arange(3)[None]
   from specjax.models.transformer import attention_mask
 
-  x = target._embed(tokens, positions)
-  x, _ = target.layers[0](x, positions, {None: attention_mask(positions, positions[0])}, None, None)
-  np.testing.assert_allclose(logits, target._logits(x), atol=1e-5)
+  @jax.jit
+  def by_hand(model, tokens):  # first block, final norm, tied or untied head
+    positions = jnp.arange(3)[None]
+    x = model._embed(tokens, positions)
+    mask = {None: attention_mask(positions, positions[0])}
+    return model._logits(model.layers[0](x, positions, mask, None, None)[0])
+
+  np.testing.assert_allclose(logits, by_hand(target, tokens), atol=1e-5)
   for bad in (0, 2, 1.5):
     with pytest.raises(ValueError, match=r"num_layers must be an int in \[1, 1\]"):
       layer_skip(target, bad)
@@ -217,12 +222,13 @@ def test_commit_hands_the_target_hidden_states(target, prompts):
   # The features at s[-1], x_1..x_g give, through the final norm and head, the
   # target's own logits there, as a full forward over the sequence does.
   block = jnp.tile(state.recent[:, 1:], (1, gamma + 1))
-  logits, _ = target.forward_cached(block, state.target_cache)
-  np.testing.assert_allclose(target.features_to_logits(hidden), logits, atol=1e-4)
+  logits, _ = forward_cached(target, block, state.target_cache)
+  to_logits = jax.jit(lambda model, features: model.features_to_logits(features))
+  np.testing.assert_allclose(to_logits(target, hidden), logits, atol=1e-4)
   row = 0  # prompt of 9 + the first token + 3 repeats: compare with no cache at all
   full = jnp.concatenate([prompt[row, :9], block[row]])[None]
   np.testing.assert_allclose(
-    target.features_to_logits(hidden[row : row + 1]), target(full)[:, -4:], atol=1e-4
+    to_logits(target, hidden)[row : row + 1], full_logits(target, full)[:, -4:], atol=1e-4
   )
 
 
@@ -236,7 +242,6 @@ def test_a_protocol_drafter_may_propose_a_tree(target, prompts):
   )()
   new = jax.jit(lambda s: specjax.speculative_step(target, drafter, s, config))(state)
   assert new.drafter_state.shape == (4, 3, target.cfg.d_model)
-  logits, _ = target.forward_cached(state.recent[:, 1:], state.target_cache)
-  np.testing.assert_allclose(
-    target.features_to_logits(new.drafter_state[:, 0]), logits[:, 0], atol=1e-4
-  )
+  logits, _ = forward_cached(target, state.recent[:, 1:], state.target_cache)
+  to_logits = jax.jit(lambda model, features: model.features_to_logits(features))
+  np.testing.assert_allclose(to_logits(target, new.drafter_state)[:, 0], logits[:, 0], atol=1e-4)
