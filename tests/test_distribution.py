@@ -6,6 +6,7 @@ independent rows of `speculative_generate` (and, as a check of the harness, of
 `autoregressive_generate`) are compared with it by a chi-square test.
 """
 
+import functools
 import itertools
 
 import jax
@@ -43,11 +44,18 @@ def pair():
   return target, draft
 
 
+@functools.partial(jax.jit, static_argnames="sampling")
+def _warped(target, seqs, sampling):
+  """`warp_probs(target(seqs), sampling)` as one program (eagerly, each of its
+  operations compiles on its own)."""
+  return specjax.warp_probs(target(seqs), sampling)
+
+
 def exact_joint(target, sampling, prompt=PROMPT):
   """`[V, V, V]` law of the first three tokens under `sampling`, from full forwards."""
   pairs = jnp.array(list(itertools.product(range(V), repeat=2)), jnp.int32)  # [V*V, 2]
   seqs = jnp.concatenate([jnp.tile(prompt, (V * V, 1)), pairs], axis=1)
-  probs = np.asarray(specjax.warp_probs(target(seqs), sampling), np.float64)
+  probs = np.asarray(_warped(target, seqs, sampling), np.float64)
   n = len(prompt)
   p1 = probs[0, n - 1]  # same for every row
   p2 = probs[::V, n].reshape(V, V)  # [t1, t2]
