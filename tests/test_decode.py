@@ -11,6 +11,9 @@ from experiments import decode
 from experiments.make_hf_checkpoint import make_checkpoint
 from helpers import COMMIT, hub_cache
 
+# Runs in tests/test_front_door.py's process when the whole suite runs.
+pytestmark = pytest.mark.front_door
+
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):

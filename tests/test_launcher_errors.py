@@ -15,6 +15,9 @@ import pytest
 from specjax import pretrained
 from specjax.training.checkpoint import HEAD_CONFIG_FILE, MODEL_CONFIG_FILE, check_run
 
+# Runs in tests/test_front_door.py's process when the whole suite runs.
+pytestmark = pytest.mark.front_door
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

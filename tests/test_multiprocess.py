@@ -11,9 +11,13 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import specjax
+
+# Runs in tests/test_front_door.py's process when the whole suite runs.
+pytestmark = pytest.mark.front_door
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

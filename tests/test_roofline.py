@@ -24,9 +24,11 @@ def test_matmul_skeleton_does_the_models_products(target):
   assert len(layers) == target.cfg.n_layers and len(layers[0]) == 7  # q k v o gate up down
 
 
-def test_machine_floor_is_positive():
-  floor = roofline.machine_floor(num_runs=1)
-  assert floor["memory_bandwidth_gbs"] > 0 and floor["matmul_gflops"] > 0
+def test_floor_measurements_are_positive():
+  # Small sizes; machine_floor at its own sizes runs in every floor report (the
+  # decode step of test_launchers.py, test_benchmark.py), which check its fields.
+  assert roofline.memory_bandwidth_gbs(megabytes=8, num_runs=1) > 0
+  assert roofline.matmul_gflops(n=128, num_runs=1) > 0
 
 
 def test_kernel_counts_see_loop_bodies_and_skip_free_ops():
