@@ -228,7 +228,7 @@ def test_run_file_runs_blocks_in_order_and_reports_failures(tmp_path):
   )
   lines = []
   failures = docs_blocks.run_file(path, echo=lines.append)
-  assert out.read_text() == "one\ntwo\n"
+  assert out.exists() and out.read_text() == "one\ntwo\n", (lines, failures)
   assert len(failures) == 2, failures
   assert failures[0].startswith(f"{path}:23: exit status 1") and "false | cat" in failures[0]
   assert "not reached" not in failures[0].split("--- its output")[1]

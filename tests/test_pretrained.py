@@ -226,3 +226,16 @@ def test_load_pair_names_a_card_without_sums(monkeypatch, tmp_path):
   (root / "card.json").write_text(json.dumps(card))
   with pytest.raises(ValueError, match=r"card\.json.*sha256"):
     pretrained.load_pair()
+
+
+def test_loading_compiles_no_program(caplog):
+  """Reading, checking and converting the bundled files is NumPy work: a jax op
+  there compiles a program per tensor shape (56 for the pair once, about 2 s of
+  every launcher's start). Last in the module: it empties JAX's caches first, so
+  that a program compiled by an earlier test cannot hide one."""
+  jax.clear_caches()
+  with jax.log_compiles(True), caplog.at_level("WARNING", logger="jax"):
+    pair = pretrained.load_pair()
+    pretrained.load_head("eagle", pair.target)
+  compiled = [r.getMessage()[:120] for r in caplog.records if "Compiling" in r.getMessage()]
+  assert not compiled, compiled

@@ -202,7 +202,7 @@ def _read_head_params(path: str, abstract: nnx.State, dtype) -> nnx.State:
         f"{path}: tensor {name!r} has shape {value.shape}, the head needs "
         f"{variable.get_value().shape} ({_REBUILD_HEADS})."
       )
-    flat.append((param_path, variable.replace(value.astype(dtype))))
+    flat.append((param_path, variable.replace(jax.device_put(value.astype(dtype)))))
   if tensors:
     raise ValueError(f"{path} holds tensors this head does not have: {sorted(tensors)}.")
   return nnx.from_flat_state(flat)
