@@ -1,5 +1,6 @@
 """Shared test set-up: persistent compilation cache and tiny model fixtures."""
 
+import gc
 import os
 
 # Set before jax is imported anywhere in the test process.
@@ -146,6 +147,17 @@ def pytest_collection_modifyitems(session, config, items):
     start = _start(item)
     if start is not None and start not in _BACKGROUND:
       _BACKGROUND[start] = start()
+
+
+def pytest_collection_finish(session):
+  """Moves every object alive after collection (jax, flax, torch, the test modules)
+  out of the garbage collector's reach: the suite allocates millions of
+  short-lived objects while tracing and lowering, and each full collection
+  walked all of those too (a tenth of the CPU time in `perf`).
+  tests/test_generation.py from an empty compilation cache: 47 CPU-s against
+  53 (2-core AMD EPYC, 2026-12-02)."""
+  gc.collect()
+  gc.freeze()
 
 
 def _start(item):
