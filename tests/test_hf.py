@@ -561,6 +561,36 @@ def test_non_finite_weights_are_refused(llama_dir, tmp_path, bad):
     specjax.hf.load_model(str(path))
 
 
+def test_read_tensors_gives_each_tensor_as_written(tmp_path):
+  """NumPy views of the mapped file: every dtype the loader meets, bfloat16
+  included (which safetensors' own NumPy reader refuses), empty tensors too, in
+  name order; a dtype without a NumPy type is named."""
+  from safetensors.flax import save_file as save_jax
+
+  from specjax.hf.weights import read_tensors
+
+  tensors = {
+    "b16": jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3) / 3,
+    "a32": jnp.linspace(-1, 1, 5, dtype=jnp.float32),
+    "c16": jnp.ones((3,), jnp.float16) / 3,
+    "d64": jnp.arange(4, dtype=jnp.int32),
+    "empty": jnp.zeros((0, 4), jnp.float32),
+  }
+  path = str(tmp_path / "t.safetensors")
+  save_jax(tensors, path)
+  read = list(read_tensors([path]))
+  assert [name for _, name, _ in read] == sorted(tensors)
+  for file, name, array in read:
+    assert file == path and isinstance(array, np.ndarray)
+    assert array.dtype == tensors[name].dtype and array.shape == tensors[name].shape
+    np.testing.assert_array_equal(array, np.asarray(tensors[name]))
+  raw = (tmp_path / "t.safetensors").read_bytes()
+  at = raw.index(b'"F16"')
+  (tmp_path / "u.safetensors").write_bytes(raw[:at] + b'"U16"' + raw[at + 5 :])
+  with pytest.raises(ValueError, match=r"u\.safetensors"):
+    list(read_tensors([str(tmp_path / "u.safetensors")]))
+
+
 def test_corrupt_safetensors_header_names_the_path(llama_dir, tmp_path):
   """A changed dtype in the header reinterprets the float bytes as integers."""
   path = _copy(llama_dir, tmp_path / "header")
