@@ -11,6 +11,9 @@ import pytest
 from configs import benchmark as benchmark_config
 from experiments import benchmark
 
+# Runs in tests/test_front_door.py's process when the whole suite runs.
+pytestmark = pytest.mark.front_door
+
 KEYS = [
   "preset",
   "config",

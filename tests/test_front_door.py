@@ -5,7 +5,8 @@ The front door: every launcher with its defaults (tests/test_launchers.py,
 (tests/test_docs.py, `test_blocks_run`). Both start `python -m experiments...`
 subprocesses one after another; each compiles on one core. The child also takes
 the other tests marked `front_door` in `FILES` (the decode launcher end to end,
-the launchers' user errors, the two-process run). So when this test is
+the launchers' user errors, the two-process run, the benchmark launcher's
+in-process run). So when this test is
 collected with the rest of the suite, tests/conftest.py starts those tests in a
 child pytest process right away (`start_in_background`) and deselects them in
 this one: they run on the core the main process leaves idle while it compiles,
@@ -28,9 +29,12 @@ TIMEOUT_S = 3600
 # launchers and the docs blocks, the end-to-end tests of the decode launcher, the
 # launchers' user errors and the two-process run: they run launcher code or wait
 # on subprocesses, and the main process, the longer of the two, sheds them
-# (2-core AMD EPYC, 2026-12-02: main 1,427 s, this child 1,052 s before).
+# (2-core AMD EPYC, 2026-12-02: main 1,427 s, this child 1,052 s before). So
+# does the benchmark launcher's in-process run (26 s of the main process's 632 s
+# against this child's 538 s, 2026-12-02 on a faster 2-core AMD EPYC).
 FILES = ("tests/test_launchers.py", "tests/test_docs.py")
 FILES += ("tests/test_decode.py", "tests/test_launcher_errors.py", "tests/test_multiprocess.py")
+FILES += ("tests/test_benchmark.py",)
 
 
 def start_front_door() -> subprocess.Popen:
