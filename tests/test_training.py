@@ -433,9 +433,10 @@ def test_train_and_eval_steps_run_without_a_run_directory(tiny_cfg):
 
   graphdef, params = nnx.split(Transformer(tiny_cfg, rngs=nnx.Rngs(0)), nnx.Param)
   optimizer = optax.adam(1e-2)
-  opt_state = optimizer.init(params)
+  opt_state = jax.jit(optimizer.init)(params)  # jitted: one program, not one per eager op
   batch = jax.random.randint(jax.random.key(0), (2, 17), 0, tiny_cfg.vocab_size)
-  loss, metrics = trainer.objective(params, batch, graphdef=graphdef)
+  objective = jax.jit(trainer.objective, static_argnames="graphdef")
+  loss, metrics = objective(params, batch, graphdef=graphdef)
   assert set(metrics) == {"ce"} and float(loss) == pytest.approx(float(metrics["ce"]))
   first = trainer.eval_step(params, batch, graphdef=graphdef)
   assert set(first) == {"ce"}
