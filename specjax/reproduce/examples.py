@@ -10,11 +10,14 @@
   speculative sampling at all at T > 0; its output law is measured against p.
 
 Each function returns a JSON-ready dict: the closed form and what `n` sampled
-draws through `specjax.verify` gave.
+draws through `specjax.verify` gave. The draws of each example run as one
+compiled program (run op by op they compiled a program per operation: about
+60 for the block toy).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -26,17 +29,35 @@ from specjax.verify import block_verify, token_verify
 from specjax.verify.expected import expected_accepted
 
 
+@functools.partial(jax.jit, static_argnames="n")
+def _draws(key: jax.Array, q: jax.Array, *, n: int) -> jax.Array:
+  """`[n]` independent draws from the law `q` `[V]`."""
+  return sample(key, jnp.tile(q, (n, 1)))
+
+
+@functools.partial(jax.jit, static_argnames="n")
+def _one_token_draws(key: jax.Array, q: jax.Array, p: jax.Array, *, n: int):
+  """n one-token iterations: x ~ q, then `token_verify` (gamma = 1).
+  Returns (drafted `[n]`, accepted `[n]` in {0, 1}, the emitted token `[n]`)."""
+  k_draft, k_verify = jax.random.split(key)
+  drafted = _draws(k_draft, q, n=n)[:, None]  # [n, 1]
+  target = jnp.tile(p, (n, 2, 1))  # the bonus position too
+  result = token_verify(k_verify, drafted, jnp.tile(q, (n, 1, 1)), target)
+  return drafted[:, 0], result.num_accepted, result.next_token
+
+
 def _sampled_one_token(q: np.ndarray, p: np.ndarray, n: int, seed: int) -> dict:
   """n independent one-token iterations: x ~ q, then `token_verify` (gamma = 1)."""
-  k_draft, k_verify = jax.random.split(jax.random.key(seed))
-  q32 = jnp.tile(jnp.asarray(q, jnp.float32), (n, 1))
-  drafted = sample(k_draft, q32)[:, None]  # [n, 1]
-  target = jnp.tile(jnp.asarray(p, jnp.float32), (n, 2, 1))  # the bonus position too
-  result = jax.jit(token_verify)(k_verify, drafted, q32[:, None], target)
-  accepted = np.asarray(result.num_accepted) == 1
-  output = np.where(accepted, np.asarray(drafted[:, 0]), np.asarray(result.next_token))
+  drafted, num_accepted, next_token = map(
+    np.asarray,
+    _one_token_draws(
+      jax.random.key(seed), jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32), n=n
+    ),
+  )
+  accepted = num_accepted == 1
+  output = np.where(accepted, drafted, next_token)
   law = np.bincount(output, minlength=len(p)) / n
-  a_drafted = np.asarray(drafted[:, 0]) == 0
+  a_drafted = drafted == 0
   return {
     "sampled_acceptance": float(accepted.mean()),
     "sampled_acceptance_of_A": float(accepted[a_drafted].mean()) if a_drafted.any() else None,
@@ -62,6 +83,19 @@ def one_token_example(q, p, n: int = 200_000, seed: int = 0) -> dict:
   }
 
 
+_expected_accepted = jax.jit(expected_accepted, static_argnums=0)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _block_draws(key, q, p, rule: str, n: int, g: int) -> jax.Array:
+  """`[n]` accepted lengths of n blocks of g draws from q, verified against p by
+  the `rule` ("token" or "block") verifier (the same blocks for either rule)."""
+  k_draft, k_verify = jax.random.split(key)
+  blocks = sample(k_draft, jnp.tile(q, (n, g, 1)))  # [n, g]
+  verify = {"token": token_verify, "block": block_verify}[rule]
+  return verify(k_verify, blocks, jnp.tile(q, (n, g, 1)), jnp.tile(p, (n, g + 1, 1))).num_accepted
+
+
 def block_toy(n: int = 200_000, seed: int = 1) -> dict:
   """Sun et al.'s binary example: expected accepted tokens, token vs block rule,
   exactly (averaged over the 4 drafted blocks) and sampled."""
@@ -71,18 +105,13 @@ def block_toy(n: int = 200_000, seed: int = 1) -> dict:
   target = jnp.asarray(np.tile(p, (len(drafts), g + 1, 1)), jnp.float32)
   draft = jnp.asarray(np.tile(q, (len(drafts), g, 1)), jnp.float32)
   out = {"p": p.tolist(), "q": q.tolist(), "gamma": g, "paper": {"token": 10 / 9, "block": 11 / 9}}
-  k_draft, k_verify = jax.random.split(jax.random.key(seed))
-  blocks = sample(k_draft, jnp.tile(jnp.asarray(q, jnp.float32), (n, g, 1)))  # [n, g]
-  for rule, verify in (("token", token_verify), ("block", block_verify)):
-    exact = expected_accepted(rule, jnp.asarray(drafts), draft, target)
+  for rule in ("token", "block"):
+    exact = _expected_accepted(rule, jnp.asarray(drafts), draft, target)
     out[f"{rule}_exact"] = float(np.sum(weight * np.asarray(exact)))
-    result = jax.jit(verify)(
-      k_verify,
-      blocks,
-      jnp.tile(jnp.asarray(q, jnp.float32), (n, g, 1)),
-      jnp.tile(jnp.asarray(p, jnp.float32), (n, g + 1, 1)),
+    accepted = _block_draws(
+      jax.random.key(seed), jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32), rule, n, g
     )
-    out[f"{rule}_sampled"] = float(np.mean(np.asarray(result.num_accepted)))
+    out[f"{rule}_sampled"] = float(np.mean(np.asarray(accepted)))
   out["samples"] = n
   return out
 
@@ -93,7 +122,7 @@ def top1_shortcut(q, p, n: int = 200_000, seed: int = 2) -> dict:
   distance of each from p. The shortcut's law is one-hot at argmax p."""
   q, p = np.asarray(q, np.float64), np.asarray(p, np.float64)
   top = int(np.argmax(p))
-  drafted = np.asarray(sample(jax.random.key(seed), jnp.tile(jnp.asarray(q, jnp.float32), (n, 1))))
+  drafted = np.asarray(_draws(jax.random.key(seed), jnp.asarray(q, jnp.float32), n=n))
   output = np.where(drafted == top, drafted, top)  # every path emits the top-1
   law = np.bincount(output, minlength=len(p)) / n
   exact = _sampled_one_token(q, p, n, seed + 1)["sampled_output_law"]
