@@ -151,9 +151,9 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
   """Moves every object alive after collection (jax, flax, torch, the test modules)
-  out of the garbage collector's reach: the suite allocates millions of
-  short-lived objects while tracing and lowering, and each full collection
-  walked all of those too (a tenth of the CPU time in `perf`).
+  out of the garbage collector's reach: tracing and lowering allocate millions
+  of short-lived objects, and each full collection they set off walked all of
+  those long-lived ones again (a tenth of the CPU time in `perf`).
   tests/test_generation.py from an empty compilation cache: 47 CPU-s against
   53 (2-core AMD EPYC, 2026-12-02)."""
   gc.collect()
