@@ -340,10 +340,11 @@ def test_token_verify_with_one_hot_equals_greedy():
   best[:, :gamma] = np.where(rng.random((batch, gamma)) < 0.7, drafts, best[:, :gamma])
   draft_probs = jnp.asarray(np.eye(vocab, dtype=np.float32)[drafts])
   target_probs = jnp.asarray(np.eye(vocab, dtype=np.float32)[best])
-  greedy = greedy_verify(None, jnp.asarray(drafts), draft_probs, target_probs)
+  greedy = jax.jit(greedy_verify)(None, jnp.asarray(drafts), draft_probs, target_probs)
   assert len(set(np.asarray(greedy.num_accepted).tolist())) == gamma + 1
+  exact_verify = jax.jit(token_verify)  # one program, not one per eager op
   for seed in range(3):
-    exact = token_verify(jax.random.key(seed), jnp.asarray(drafts), draft_probs, target_probs)
+    exact = exact_verify(jax.random.key(seed), jnp.asarray(drafts), draft_probs, target_probs)
     np.testing.assert_array_equal(exact.num_accepted, greedy.num_accepted)
     np.testing.assert_array_equal(exact.next_token, greedy.next_token)
 
