@@ -222,10 +222,10 @@ def read_tensors(
     except Exception as e:  # safetensors raises its own error types
       raise ValueError(f"cannot read safetensors file {path}: {e}") from e
     entries = {n: e for n, e in header.items() if n != "__metadata__" and not skip(n)}
-    if not any(e["data_offsets"][1] > e["data_offsets"][0] for e in entries.values()):
-      data = np.zeros(0, np.uint8)  # nothing to map: mmap refuses an empty range
-    else:
+    if os.path.getsize(path) > 8 + size:
       data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + size)
+    else:  # only empty tensors: mmap refuses an empty range
+      data = np.zeros(0, np.uint8)
     for name, entry in sorted(entries.items()):  # in name order, as safetensors lists them
       dtype = _DTYPES.get(entry["dtype"])
       if dtype is None:

@@ -86,14 +86,18 @@ def one_token_example(q, p, n: int = 200_000, seed: int = 0) -> dict:
 _expected_accepted = jax.jit(expected_accepted, static_argnums=0)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _block_draws(key, q, p, rule: str, n: int, g: int) -> jax.Array:
-  """`[n]` accepted lengths of n blocks of g draws from q, verified against p by
-  the `rule` ("token" or "block") verifier (the same blocks for either rule)."""
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _block_draws(key, q, p, n: int, g: int) -> dict[str, jax.Array]:
+  """n blocks of g draws from q, verified against p by each rule: {"token",
+  "block"} -> `[n]` accepted lengths (the same blocks for both rules)."""
   k_draft, k_verify = jax.random.split(key)
-  blocks = sample(k_draft, jnp.tile(q, (n, g, 1)))  # [n, g]
-  verify = {"token": token_verify, "block": block_verify}[rule]
-  return verify(k_verify, blocks, jnp.tile(q, (n, g, 1)), jnp.tile(p, (n, g + 1, 1))).num_accepted
+  draft_probs = jnp.tile(q, (n, g, 1))
+  blocks = sample(k_draft, draft_probs)  # [n, g]
+  target_probs = jnp.tile(p, (n, g + 1, 1))
+  return {
+    rule: verify(k_verify, blocks, draft_probs, target_probs).num_accepted
+    for rule, verify in (("token", token_verify), ("block", block_verify))
+  }
 
 
 def block_toy(n: int = 200_000, seed: int = 1) -> dict:
@@ -105,13 +109,13 @@ def block_toy(n: int = 200_000, seed: int = 1) -> dict:
   target = jnp.asarray(np.tile(p, (len(drafts), g + 1, 1)), jnp.float32)
   draft = jnp.asarray(np.tile(q, (len(drafts), g, 1)), jnp.float32)
   out = {"p": p.tolist(), "q": q.tolist(), "gamma": g, "paper": {"token": 10 / 9, "block": 11 / 9}}
+  accepted = _block_draws(
+    jax.random.key(seed), jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32), n, g
+  )
   for rule in ("token", "block"):
     exact = _expected_accepted(rule, jnp.asarray(drafts), draft, target)
     out[f"{rule}_exact"] = float(np.sum(weight * np.asarray(exact)))
-    accepted = _block_draws(
-      jax.random.key(seed), jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32), rule, n, g
-    )
-    out[f"{rule}_sampled"] = float(np.mean(np.asarray(accepted)))
+    out[f"{rule}_sampled"] = float(np.mean(np.asarray(accepted[rule])))
   out["samples"] = n
   return out
 
