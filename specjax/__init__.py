@@ -17,12 +17,6 @@ Public surface:
   theory                                      -- Leviathan et al. formulas
 """
 
-import jax as _jax
-
-# Random bits must not depend on how arrays are sharded, so a mesh gives the
-# same samples as one device for the same key (the default in recent JAX).
-_jax.config.update("jax_threefry_partitionable", True)
-
 from specjax import distributed, drafting, theory, trees, verify, vocab_map
 from specjax.generation import (
   GenerateOutput,

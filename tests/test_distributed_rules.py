@@ -1,9 +1,10 @@
 """Mesh shapes, logical-axis rules and the memory arithmetic (no devices needed)."""
 
+import jax
 import pytest
 from jax.sharding import PartitionSpec
 
-from specjax.distributed import logical_to_spec, resolve_shape, shard_shape
+from specjax.distributed import logical_to_spec, make_mesh, resolve_shape, shard_shape
 from specjax.models.config import ModelConfig
 
 
@@ -17,6 +18,16 @@ def test_resolve_shape():
     resolve_shape((-1, 3), 8)
   with pytest.raises(ValueError, match="at most one -1"):
     resolve_shape((-1, -1), 8)
+
+
+def test_make_mesh_refuses_sharding_dependent_random_bits():
+  assert jax.config.jax_threefry_partitionable  # JAX's default, which specjax relies on
+  assert make_mesh((1, 1), devices=1).shape == {"data": 1, "model": 1}
+  with (
+    jax.threefry_partitionable(False),
+    pytest.raises(ValueError, match="make_mesh needs jax_threefry_partitionable=True"),
+  ):
+    make_mesh((1, 1), devices=1)
 
 
 def test_rules_map_logical_names_and_replicate_what_does_not_divide():

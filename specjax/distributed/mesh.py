@@ -63,7 +63,16 @@ def make_mesh(
 
   `devices`: the devices to use, or an int n for the first n of `jax.devices()`
   (None: all global devices; the shape must then account for every one).
+
+  A mesh gives one device's samples for the same key only when random bits do not
+  depend on sharding, i.e. with `jax_threefry_partitionable` (JAX's default since
+  0.5); the mesh is refused when a program has turned it off.
   """
+  if not jax.config.jax_threefry_partitionable:
+    raise ValueError(
+      "make_mesh needs jax_threefry_partitionable=True (JAX's default) so that sampled "
+      "tokens do not depend on the mesh; it is off in this process."
+    )
   if devices is None or isinstance(devices, int):
     devices = jax.devices()[:devices] if devices else jax.devices()
   devices = list(devices)
