@@ -191,6 +191,25 @@ def _orbax():
   return ocp
 
 
+def _check_readable(item_dir: str) -> None:
+  """Reads every entry of an orbax item's OCDBT store (`manifest.ocdbt`), one at a time.
+
+  Orbax reads a checkpoint's arrays concurrently, in an event loop it closes as
+  soon as one read fails; the reads still in flight then complete into the
+  closed loop, and Python reports "RuntimeError: Event loop is closed" as an
+  unraisable exception later, far from the cause. Tensorstore's blocking calls
+  use no event loop: a corrupt or truncated file fails here, as one exception,
+  before orbax starts. The bytes read are in the page cache for the restore.
+  """
+  if not os.path.isfile(os.path.join(item_dir, "manifest.ocdbt")):
+    return  # not an OCDBT item (e.g. `meta`, a JSON file)
+  import tensorstore as ts  # orbax's storage layer
+
+  store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{item_dir}/"}).result()
+  for key in store.list().result():
+    store.read(key).result()
+
+
 class Checkpointer:
   """An orbax `CheckpointManager` saving every `save_every` steps, keeping `keep`.
 
@@ -253,6 +272,8 @@ class Checkpointer:
     if abstract_opt_state is not None:
       items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
     try:
+      for name in items:
+        _check_readable(os.path.join(path, name))
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax/tensorstore raise many types for bad files
       raise CheckpointError(f"cannot restore checkpoint {path}: {type(e).__name__}: {e}") from e
