@@ -195,36 +195,13 @@ def build_vocab_map(
   target_bytes = token_bytes(target_tokenizer)
   vd = check_size("draft_tokenizer", len(draft_bytes), draft_vocab_size)
   vt = check_size("target_tokenizer", len(target_bytes), target_vocab_size)
-
-  by_bytes: dict[bytes, int] = {}
-  for i, b in enumerate(draft_bytes):
-    if b and b not in by_bytes:  # several ids of one text: the lowest stands for it
-      by_bytes[b] = i
-  d2t = np.full((vd,), -1, np.int32)
-  t2d = np.full((vt,), -1, np.int32)
-  for i, b in enumerate(target_bytes):
-    j = by_bytes.get(b) if b else None
-    if j is not None and d2t[j] < 0:
-      d2t[j], t2d[i] = i, j
-
+  by_bytes, d2t, t2d = _intersection(draft_bytes, target_bytes, vd, vt)
   draft_specials = special_tokens(draft_tokenizer)
   default = min(draft_specials.values(), default=0)
   unk = draft_specials.get("<unk>", by_bytes.get(b"<unk>", default))
-  target_specials = {i: name for name, i in special_tokens(target_tokenizer).items()}
-  pieces: list[list[int]] = []
-  to_spell: dict[int, bytes] = {}  # spelled in one batch below
-  for i in range(vt):
-    b = target_bytes[i] if i < len(target_bytes) else None
-    if t2d[i] >= 0:
-      pieces.append([int(t2d[i])])
-    elif b:
-      pieces.append([])
-      to_spell[i] = b
-    else:
-      pieces.append([draft_specials.get(target_specials.get(i, ""), default)])
   spell = _Speller(draft_tokenizer, draft_bytes, by_bytes, unk)
-  for i, ids in zip(to_spell, spell(list(to_spell.values()))):
-    pieces[i] = ids
+  target_specials = {i: name for name, i in special_tokens(target_tokenizer).items()}
+  pieces = _pieces(target_bytes, t2d, spell, draft_specials, target_specials, default)
   width = max(len(p) for p in pieces)
   expansion = np.full((vt, width), default, np.int32)
   for i, p in enumerate(pieces):
@@ -238,6 +215,52 @@ def build_vocab_map(
     uncovered=spell.uncovered,
     fallback=default,
   )
+
+
+def _intersection(
+  draft_bytes: list[bytes | None], target_bytes: list[bytes | None], vd: int, vt: int
+) -> tuple[dict[bytes, int], np.ndarray, np.ndarray]:
+  """`(by_bytes, draft_to_target [V_d], target_to_draft [V_t])`: the draft id that
+  stands for each draft text (the lowest of several), and the ids whose bytes both
+  vocabularies hold (-1 off the intersection; ids past a tokenizer have no text)."""
+  by_bytes: dict[bytes, int] = {}
+  for i, b in enumerate(draft_bytes):
+    if b and b not in by_bytes:  # several ids of one text: the lowest stands for it
+      by_bytes[b] = i
+  d2t = np.full((vd,), -1, np.int32)
+  t2d = np.full((vt,), -1, np.int32)
+  for i, b in enumerate(target_bytes):
+    j = by_bytes.get(b) if b else None
+    if j is not None and d2t[j] < 0:
+      d2t[j], t2d[i] = i, j
+  return by_bytes, d2t, t2d
+
+
+def _pieces(
+  target_bytes: list[bytes | None],
+  t2d: np.ndarray,
+  spell: _Speller,
+  draft_specials: dict[str, int],
+  target_specials: dict[int, str],
+  default: int,
+) -> list[list[int]]:
+  """Each target id (of `t2d`'s V_t) as draft ids: its draft id in the
+  intersection, its bytes spelled by `spell` off it, and for an id without bytes
+  the draft special of the same name (else `default`)."""
+  pieces: list[list[int]] = []
+  to_spell: dict[int, bytes] = {}  # spelled in one batch below
+  for i in range(t2d.size):
+    b = target_bytes[i] if i < len(target_bytes) else None
+    if t2d[i] >= 0:
+      pieces.append([int(t2d[i])])
+    elif b:
+      pieces.append([])
+      to_spell[i] = b
+    else:
+      pieces.append([draft_specials.get(target_specials.get(i, ""), default)])
+  for i, ids in zip(to_spell, spell(list(to_spell.values()))):
+    pieces[i] = ids
+  return pieces
 
 
 class _Speller:

@@ -90,6 +90,70 @@ def text_config(hf: dict[str, Any], source: str = "config.json") -> dict[str, An
   return text
 
 
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _gemma_local_layers(
+  hf: dict[str, Any], n_layers: int, gemma2: bool, source: str
+) -> tuple[int, ...]:
+  """The indices of a Gemma's sliding-window layers: from `layer_types`, else
+  every layer but each 2nd (Gemma 2) or each `sliding_window_pattern`-th (Gemma 3)."""
+  types = hf.get("layer_types")
+  if types is None:
+    every = 2 if gemma2 else _int(hf, "sliding_window_pattern", source, required=False) or 6
+    types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
+  allowed = _LAYER_TYPES
+  if not isinstance(types, list) or len(types) != n_layers or any(t not in allowed for t in types):
+    raise UnsupportedConfigError(
+      f"{source}: layer_types must list {n_layers} entries of {allowed}, got {types!r}."
+    )
+  return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+
+
+def _gemma_rope(
+  hf: dict[str, Any], gemma2: bool, source: str
+) -> tuple[float, RopeScaling | None, float | None]:
+  """`(theta, scaling, local_theta)`: the global layers' RoPE base and scaling and,
+  for Gemma 3, the sliding-window layers' own base (None for Gemma 2: one base)."""
+  if gemma2:
+    return (*_rope(hf, source), None)
+  params = hf.get("rope_parameters") or {}
+  if set(params) <= set(_LAYER_TYPES):  # one entry per layer type
+    params, local_params = params.get("full_attention", {}), params.get("sliding_attention")
+  else:  # one set for the global layers; the local base is its own key
+    local_params = None
+  theta, scaling = _rope(hf, source, params, 1_000_000.0)
+  local_params = local_params or {}
+  if local_params.get("rope_type", "default") != "default":
+    raise UnsupportedConfigError(
+      f"{source}: rope_parameters.sliding_attention.rope_type "
+      f"{local_params['rope_type']!r} is not supported (default)."
+    )
+  local_theta = float(local_params.get("rope_theta", hf.get("rope_local_base_freq", 10_000.0)))
+  return theta, scaling, local_theta
+
+
+def _gemma_softcaps(hf: dict[str, Any], gemma2: bool, source: str) -> dict[str, float | None]:
+  """`attn_logit_softcapping` and `final_logit_softcapping` (transformers' defaults:
+  50 and 30 for Gemma 2, None for Gemma 3), each checked to be null or > 0.
+
+  transformers' Gemma 3 ignores attn_logit_softcapping (QK norms replaced it, as
+  in the Gemma 3 reference), and its multimodal model final_logit_softcapping
+  too: both are checked here but, there, not applied (Google's are null anyway).
+  """
+  softcaps = {
+    key: hf.get(key, default)
+    for key, default in (
+      ("attn_logit_softcapping", 50.0 if gemma2 else None),
+      ("final_logit_softcapping", 30.0 if gemma2 else None),
+    )
+  }
+  for key, value in softcaps.items():
+    if value is not None and not (isinstance(value, (int, float)) and value > 0):
+      raise ValueError(f"{source}: field {key!r} must be null or a number > 0, got {value!r}.")
+  return softcaps
+
+
 def _gemma(hf: dict[str, Any], dtype: str, source: str, multimodal: bool = False) -> ModelConfig:
   """Gemma 2 and Gemma 3 text models (transformers' defaults for absent keys);
   `multimodal` for the text model of Gemma3ForConditionalGeneration."""
@@ -106,47 +170,10 @@ def _gemma(hf: dict[str, Any], dtype: str, source: str, multimodal: bool = False
       "is not supported."
     )
   n_layers = _int(hf, "num_hidden_layers", source)
-  types = hf.get("layer_types")
-  if types is None:
-    every = 2 if gemma2 else _int(hf, "sliding_window_pattern", source, required=False) or 6
-    types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
-  allowed = ("sliding_attention", "full_attention")
-  if not isinstance(types, list) or len(types) != n_layers or any(t not in allowed for t in types):
-    raise UnsupportedConfigError(
-      f"{source}: layer_types must list {n_layers} entries of {allowed}, got {types!r}."
-    )
-  local = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+  local = _gemma_local_layers(hf, n_layers, gemma2, source)
   window = (_int(hf, "sliding_window", source, required=False) or 4096) if local else None
-  if gemma2:
-    theta, scaling = _rope(hf, source)
-    local_theta = None
-  else:  # local and global layers have RoPE bases of their own
-    params = hf.get("rope_parameters") or {}
-    if set(params) <= set(allowed):  # one entry per layer type
-      params, local_params = params.get("full_attention", {}), params.get("sliding_attention")
-    else:  # one set for the global layers; the local base is its own key
-      local_params = None
-    theta, scaling = _rope(hf, source, params, 1_000_000.0)
-    local_params = local_params or {}
-    if local_params.get("rope_type", "default") != "default":
-      raise UnsupportedConfigError(
-        f"{source}: rope_parameters.sliding_attention.rope_type "
-        f"{local_params['rope_type']!r} is not supported (default)."
-      )
-    local_theta = float(local_params.get("rope_theta", hf.get("rope_local_base_freq", 10_000.0)))
-  # transformers' Gemma 3 ignores attn_logit_softcapping (QK norms replaced it, as
-  # in the Gemma 3 reference), and its multimodal model final_logit_softcapping
-  # too: both are checked here but, there, not applied (Google's are null anyway).
-  softcaps = {
-    key: hf.get(key, default)
-    for key, default in (
-      ("attn_logit_softcapping", 50.0 if gemma2 else None),
-      ("final_logit_softcapping", 30.0 if gemma2 else None),
-    )
-  }
-  for key, value in softcaps.items():
-    if value is not None and not (isinstance(value, (int, float)) and value > 0):
-      raise ValueError(f"{source}: field {key!r} must be null or a number > 0, got {value!r}.")
+  theta, scaling, local_theta = _gemma_rope(hf, gemma2, source)
+  softcaps = _gemma_softcaps(hf, gemma2, source)
   scalar = hf.get("query_pre_attn_scalar", 256)
   if not (isinstance(scalar, (int, float)) and scalar > 0):
     raise ValueError(f"{source}: field 'query_pre_attn_scalar' must be > 0, got {scalar!r}.")
@@ -203,39 +230,49 @@ def model_config(hf: dict[str, Any], dtype: str, source: str = "config.json") ->
   if model_type in GEMMA:
     return _gemma(text_config(hf, source), dtype, source, multimodal=model_type == "gemma3")
   if model_type == "gpt2":
-    act = hf.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh"):
-      raise UnsupportedConfigError(
-        f"{source}: gpt2 activation_function {act!r} is not "
-        "supported (gelu_new, gelu_pytorch_tanh)."
-      )
-    for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-      if hf.get(key):
-        raise UnsupportedConfigError(f"{source}: gpt2 {key}=true is not supported.")
-    if hf.get("scale_attn_weights") is False:
-      raise UnsupportedConfigError(f"{source}: gpt2 scale_attn_weights=false is not supported.")
-    d = _int(hf, "n_embd", source)
-    n_heads = _int(hf, "n_head", source)
-    return ModelConfig(
-      vocab_size=_int(hf, "vocab_size", source),
-      d_model=d,
-      n_layers=_int(hf, "n_layer", source),
-      n_heads=n_heads,
-      n_kv_heads=n_heads,
-      d_ff=_int(hf, "n_inner", source, required=False) or 4 * d,
-      max_seq_len=_int(hf, "n_positions", source),
-      norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-      norm="layernorm",
-      mlp="gelu",
-      positions="learned",
-      qkv_bias=True,
-      out_bias=True,
-      mlp_bias=True,
-      tie_embeddings=True,
-      dtype=dtype,
-      param_dtype=dtype,
-    )
+    return _gpt2(hf, dtype, source)
+  return _llama_like(hf, dtype, source)
 
+
+def _gpt2(hf: dict[str, Any], dtype: str, source: str) -> ModelConfig:
+  """GPT-2: LayerNorm, GELU MLP, learned positions, biases everywhere, tied embeddings."""
+  act = hf.get("activation_function", "gelu_new")
+  if act not in ("gelu_new", "gelu_pytorch_tanh"):
+    raise UnsupportedConfigError(
+      f"{source}: gpt2 activation_function {act!r} is not supported (gelu_new, gelu_pytorch_tanh)."
+    )
+  for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+    if hf.get(key):
+      raise UnsupportedConfigError(f"{source}: gpt2 {key}=true is not supported.")
+  if hf.get("scale_attn_weights") is False:
+    raise UnsupportedConfigError(f"{source}: gpt2 scale_attn_weights=false is not supported.")
+  d = _int(hf, "n_embd", source)
+  n_heads = _int(hf, "n_head", source)
+  return ModelConfig(
+    vocab_size=_int(hf, "vocab_size", source),
+    d_model=d,
+    n_layers=_int(hf, "n_layer", source),
+    n_heads=n_heads,
+    n_kv_heads=n_heads,
+    d_ff=_int(hf, "n_inner", source, required=False) or 4 * d,
+    max_seq_len=_int(hf, "n_positions", source),
+    norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+    norm="layernorm",
+    mlp="gelu",
+    positions="learned",
+    qkv_bias=True,
+    out_bias=True,
+    mlp_bias=True,
+    tie_embeddings=True,
+    dtype=dtype,
+    param_dtype=dtype,
+  )
+
+
+def _llama_like(hf: dict[str, Any], dtype: str, source: str) -> ModelConfig:
+  """Llama, Mistral, Qwen 2/3 and Phi-3: RMSNorm, SwiGLU, RoPE (transformers'
+  defaults for absent keys)."""
+  model_type = hf["model_type"]
   act = hf.get("hidden_act", "silu")
   if act != "silu":
     raise UnsupportedConfigError(

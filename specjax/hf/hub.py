@@ -76,22 +76,31 @@ def resolve_checkpoint(
       allow_patterns=list(CHECKPOINT_FILES),
     )
   except Exception as e:  # huggingface_hub raises several types for "not cached"
-    parent = name_or_path.split("/")[0]
-    if os.path.isdir(parent) and revision is None:
-      # runs/target: a path whose directory exists, not a repo someone forgot to fetch.
-      raise FileNotFoundError(
-        f"{prefix}{name_or_path}: no such checkpoint directory ({parent}/ holds no "
-        f"{name_or_path.split('/', 1)[1]}; nor is it a repo in the Hugging Face cache {where})"
-      ) from e
-    if allow_download:
-      how = f"downloading failed ({type(e).__name__}: {e})"
-    else:
-      how = (
-        "downloads are off: specjax reads checkpoints offline, with no network download "
-        f"(fetch it into the cache first, e.g. `hf download {name_or_path}`, or name a "
-        "local directory)"
-      )
-    raise FileNotFoundError(
-      f"{prefix}{name_or_path}: no such local directory, and the Hugging Face cache {where} "
-      f"has no snapshot of repo {name_or_path!r} at revision {revision or 'main'}; {how}"
-    ) from e
+    raise _not_cached(name_or_path, revision, allow_download, where, prefix, e) from e
+
+
+def _not_cached(
+  name: str, revision: str | None, allow_download: bool, where: str, prefix: str, e: Exception
+) -> FileNotFoundError:
+  """The one-line error for a repo id `name` that `snapshot_download` could not
+  resolve (`e`) from the cache `where`: a missing directory when `name` reads as
+  a path under an existing directory, else a repo missing from the cache."""
+  parent = name.split("/")[0]
+  if os.path.isdir(parent) and revision is None:
+    # runs/target: a path whose directory exists, not a repo someone forgot to fetch.
+    return FileNotFoundError(
+      f"{prefix}{name}: no such checkpoint directory ({parent}/ holds no "
+      f"{name.split('/', 1)[1]}; nor is it a repo in the Hugging Face cache {where})"
+    )
+  if allow_download:
+    how = f"downloading failed ({type(e).__name__}: {e})"
+  else:
+    how = (
+      "downloads are off: specjax reads checkpoints offline, with no network download "
+      f"(fetch it into the cache first, e.g. `hf download {name}`, or name a "
+      "local directory)"
+    )
+  return FileNotFoundError(
+    f"{prefix}{name}: no such local directory, and the Hugging Face cache {where} "
+    f"has no snapshot of repo {name!r} at revision {revision or 'main'}; {how}"
+  )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from specjax.data.tokenizer import Tokenizer
 from specjax.dtypes import dtype_name
@@ -46,13 +49,13 @@ def load_tokenizer(path: str) -> Tokenizer | None:
 def load_model(
   path: str,
   dtype=jnp.bfloat16,
-  mesh=None,
-  rules=None,
+  mesh: Mesh | None = None,
+  rules: Mapping[str, str | None] | None = None,
   *,
   revision: str | None = None,
   cache_dir: str | None = None,
   allow_download: bool = False,
-):
+) -> tuple[Transformer, Tokenizer | None]:
   """Loads a checkpoint of a supported family (`specjax.hf.config.SUPPORTED`:
   Llama/SmolLM, Mistral, Qwen2/3, Phi-3, Gemma 2/3, GPT-2) from a local directory
   or the local Hugging Face cache.
@@ -90,27 +93,37 @@ def load_model(
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   flat = nnx.to_flat_state(state)
-  place = None  # without a mesh, tensors stay where they were read
-  if mesh is not None:
-    from specjax.distributed.mesh import LOGICAL_RULES
-    from specjax.distributed.placement import param_shardings
-
-    shardings = {
-      p: v.get_value()
-      for p, v in nnx.to_flat_state(param_shardings(abstract, mesh, rules or LOGICAL_RULES))
-    }
-
-    def place(param_path, value):
-      host = np.asarray(value)  # one tensor on the host; devices get slices of it
-      return jax.make_array_from_callback(
-        host.shape, shardings[param_path], lambda index: host[index]
-      )
-
+  place = _placer(abstract, mesh, rules)
   params = weights.load_params(
     hf["model_type"], cfg, {p: v.get_value() for p, v in flat}, files, place
   )
   loaded = nnx.from_flat_state([(p, v.replace(params[p])) for p, v in flat])
   return nnx.merge(graphdef, loaded), tokenizer
+
+
+def _placer(
+  abstract: Transformer, mesh: Mesh | None, rules: Mapping[str, str | None] | None
+) -> Callable[[tuple, np.ndarray], jax.Array] | None:
+  """`weights.load_params`'s `place`: puts each parameter (by its path in `abstract`)
+  into its sharding on `mesh` under `rules` (None: `LOGICAL_RULES`). None without a
+  mesh: tensors then stay where they were read."""
+  if mesh is None:
+    return None
+  from specjax.distributed.mesh import LOGICAL_RULES
+  from specjax.distributed.placement import param_shardings
+
+  shardings = {
+    p: v.get_value()
+    for p, v in nnx.to_flat_state(param_shardings(abstract, mesh, rules or LOGICAL_RULES))
+  }
+  return functools.partial(_place, shardings)
+
+
+def _place(shardings: dict[tuple, jax.sharding.Sharding], param_path: tuple, value) -> jax.Array:
+  """`value` (one tensor on the host) as an array sharded by `shardings[param_path]`:
+  each device receives only its slice."""
+  host = np.asarray(value)
+  return jax.make_array_from_callback(host.shape, shardings[param_path], lambda index: host[index])
 
 
 def check_same_tokenizer(

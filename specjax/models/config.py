@@ -138,6 +138,12 @@ class ModelConfig:
   init_std: float = 0.02
 
   def __post_init__(self):
+    self._check_sizes()
+    self._check_windows()
+    self._check_scalars()
+
+  def _check_sizes(self) -> None:
+    """The integer sizes: positive, heads dividing evenly, an even RoPE head dimension."""
     for name in (
       "vocab_size",
       "d_model",
@@ -166,6 +172,9 @@ class ModelConfig:
       )
     if self.positions == "rope" and self.resolved_head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.resolved_head_dim}.")
+
+  def _check_windows(self) -> None:
+    """The sliding window and the layers that use it."""
     if self.sliding_window is not None and (
       not is_int(self.sliding_window) or self.sliding_window < 1
     ):
@@ -184,6 +193,9 @@ class ModelConfig:
           f"got {self.local_layers!r}."
         )
       object.__setattr__(self, "local_layers", tuple(int(i) for i in layers))
+
+  def _check_scalars(self) -> None:
+    """The float parameters (positive where they must be) and the named choices."""
     for name in ("rope_local_theta", "attn_scale", "attn_softcap", "logit_softcap"):
       value = getattr(self, name)
       if value is not None and not (isinstance(value, (int, float)) and value > 0):

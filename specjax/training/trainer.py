@@ -451,21 +451,7 @@ def train(
       kept as it was).
   """
   check_config(config)
-  # Runs this one reads, checked before any data is encoded or model loaded.
-  for name in ("teacher", "init_from"):
-    if config.get(name):
-      ckpt.check_run(config[name], f"--config.{name}")
-  head_dir = None
-  if head_training.head_kind(config):
-    # Only the target's JSON is read here: a bad head config fails before any weights load.
-    head_dir = head_training.target_dir(config)
-    target_cfg = head_training.target_config(head_dir)
-    cfg = head_training.head_config(config, target_cfg)
-    vocab = (f"the target's vocab_size ({head_dir})", target_cfg.vocab_size)
-  else:
-    cfg = ModelConfig(**config.model.to_dict())
-    vocab = None
-  ckpt.check_resumable(workdir, cfg)
+  cfg, head_dir, vocab = _run_config(config, workdir)
   mesh = make_mesh(tuple(config.mesh_shape), devices=config.get("mesh_devices") or None)
   if config.batch_size % mesh.shape["data"]:
     raise ValueError(
@@ -474,18 +460,7 @@ def train(
     )
   tokenizer, paths = prepare_data(config, workdir, echo, vocab)
   train_data, val_data = _open_splits(config, paths)
-  # Models are built outside the mesh context (their logical axis names are not
-  # mesh axes) and then placed by the rules.
-  head_loss = None
-  if head_dir is not None:
-    teacher, model = _target_and_head(cfg, head_dir, tokenizer, config, echo)
-    head_loss = head_training.HeadLoss.from_config(config)
-  else:
-    teacher = _teacher(config, cfg, echo) if config.loss != "ce" else None
-    model = _initial_model(config, cfg, echo)
-  if teacher is not None:
-    teacher = shard_model(teacher, mesh)
-  model = shard_model(model, mesh)
+  model, teacher, head_loss = _models(config, cfg, head_dir, tokenizer, mesh, echo)
   with jax.set_mesh(mesh):
     return _fit(
       config,
@@ -500,6 +475,57 @@ def train(
       echo,
       head_loss,
     )
+
+
+def _run_config(
+  config: ml_collections.ConfigDict, workdir: str
+) -> tuple[ModelConfig | HeadConfig, str | None, tuple[str, int] | None]:
+  """`(cfg, head_dir, vocab)` of a checked `config`: the model (or head) config to
+  train, the head's target run (None for a model) and the vocabulary the data must
+  match (`prepare_data`'s `vocab`; None for a model).
+
+  Reads only JSON (the runs this one reads, the target's config), so a bad run
+  directory or head config fails before any data is encoded or weights load; a
+  resume with another model or head fails here too (`check_resumable`).
+  """
+  for name in ("teacher", "init_from"):
+    if config.get(name):
+      ckpt.check_run(config[name], f"--config.{name}")
+  head_dir = vocab = None
+  if head_training.head_kind(config):
+    head_dir = head_training.target_dir(config)
+    target_cfg = head_training.target_config(head_dir)
+    cfg = head_training.head_config(config, target_cfg)
+    vocab = (f"the target's vocab_size ({head_dir})", target_cfg.vocab_size)
+  else:
+    cfg = ModelConfig(**config.model.to_dict())
+  ckpt.check_resumable(workdir, cfg)
+  return cfg, head_dir, vocab
+
+
+def _models(
+  config: ml_collections.ConfigDict,
+  cfg: ModelConfig | HeadConfig,
+  head_dir: str | None,
+  tokenizer: Tokenizer,
+  mesh: jax.sharding.Mesh,
+  echo: Callable[[str], None],
+) -> tuple[nnx.Module, Transformer | None, head_training.HeadLoss | None]:
+  """`(model, teacher, head_loss)` placed on `mesh`: the model (or head) to train,
+  the frozen teacher (a head's target; None for a cross-entropy run) and a head's
+  loss weights (None for a model)."""
+  # Models are built outside the mesh context (their logical axis names are not
+  # mesh axes) and then placed by the rules.
+  head_loss = None
+  if head_dir is not None:
+    teacher, model = _target_and_head(cfg, head_dir, tokenizer, config, echo)
+    head_loss = head_training.HeadLoss.from_config(config)
+  else:
+    teacher = _teacher(config, cfg, echo) if config.loss != "ce" else None
+    model = _initial_model(config, cfg, echo)
+  if teacher is not None:
+    teacher = shard_model(teacher, mesh)
+  return shard_model(model, mesh), teacher, head_loss
 
 
 def _target_and_head(
@@ -581,82 +607,34 @@ def _fit(
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(params)
-  schedule = learning_rate_schedule(config)
   checkpointer = ckpt.Checkpointer(
     workdir, config.checkpoint_every, config.keep_checkpoints, cleanup_tmp=True
   )
-  # A head's noise key is a pure function of (seed, step), like its batches, so a
-  # resumed run draws the same noise as an uninterrupted one.
-  noisy = head_loss is not None and head_loss.feature_noise > 0
-  base_key = jax.random.key(config.seed)
+  update = functools.partial(
+    _update,
+    config=config,
+    mesh=mesh,
+    train_data=train_data,
+    teacher=teacher,
+    graphdef=graphdef,
+    optimizer=optimizer,
+    head_loss=head_loss,
+    checkpoint_dir=checkpointer.directory,
+  )
   # Closing waits for the save in flight: a run failing for any reason leaves
   # its last checkpoint finished, not a `<step>.orbax-checkpoint-tmp`.
   try:
-    start = checkpointer.latest_step() or 0
-    if start:
-      restored = checkpointer.restore(start, params, opt_state)
-      params, opt_state = restored["params"], restored["opt_state"]
-    if jax.process_index() == 0:
-      ckpt.save_run_config(workdir, cfg)
-    log = _Log(workdir, start, echo)
-    what = f"{cfg.kind} head, " if isinstance(cfg, HeadConfig) else ""
-    log(
-      f"{'resuming at' if start else 'starting'} step {start}/{config.num_steps}: "
-      f"{head_training.num_params(model):,} params, {what}loss {config.loss}, workdir {workdir}"
-    )
-
+    start, params, opt_state = _resume(checkpointer, params, opt_state)
+    log = _start_log(config, workdir, cfg, model, start, echo)
     history = []
-    tokens_per_step = config.batch_size * config.seq_len
     last = min(stop_after if stop_after is not None else config.num_steps, config.num_steps)
-    timer_start, timed_steps = time.perf_counter(), 0
+    timer = _Throughput(config.batch_size * config.seq_len)
     for step in range(start + 1, last + 1):
-      # Each process reads only its own rows of the global batch.
-      rows = train_data.batch(
-        step,
-        config.batch_size,
-        config.seq_len,
-        config.seed,
-        jax.process_index(),
-        jax.process_count(),
-      )
-      params, opt_state, metrics = train_step(
-        params,
-        opt_state,
-        shard_process_batch(rows, mesh),
-        teacher,
-        jax.random.fold_in(base_key, step) if noisy else None,
-        graphdef=graphdef,
-        optimizer=optimizer,
-        loss=config.loss,
-        ce_weight=config.ce_weight,
-        head=head_loss,
-      )
-      record = {"step": step, **{k: float(v) for k, v in jax.device_get(metrics).items()}}
-      if not math.isfinite(record["loss"]):
-        raise FloatingPointError(
-          f"step {step}: the loss is {record['loss']}; the last "
-          f"checkpoint in {checkpointer.directory} is unaffected."
-        )
+      params, opt_state, record = update(params, opt_state, step)
       history.append(record)
-      if step == start + 1:  # the first step compiles; time from the second on
-        timer_start, timed_steps = time.perf_counter(), 0
-      else:
-        timed_steps += 1
+      timer.tick(first=step == start + 1)
       if step % config.log_every == 0 or step == config.num_steps:
-        elapsed = time.perf_counter() - timer_start
-        rate = timed_steps * tokens_per_step / elapsed if timed_steps else float("nan")
-        eta = (config.num_steps - step) * tokens_per_step / rate if timed_steps else 0.0
-        record.update(
-          lr=float(schedule(step - 1)),
-          tokens_per_second=rate,
-          tokens_seen=step * tokens_per_step,
-          time=time.time(),
-        )
-        log(
-          f"step {step}/{config.num_steps}  loss {record['loss']:.4f}  "
-          f"lr {record['lr']:.2e}  {rate:,.0f} tok/s  eta {_format_seconds(eta)}",
-          record,
-        )
+        _log_progress(log, record, config, timer)
       if step % config.eval_every == 0 or step == config.num_steps:
         result = validation_metrics(params, teacher, val_data, mesh, config, graphdef, head_loss)
         parts = "  ".join(f"{k} {v:.4f}" for k, v in result.items())
@@ -667,6 +645,128 @@ def _fit(
   finally:
     checkpointer.close()
   return history
+
+
+def _resume(checkpointer: ckpt.Checkpointer, params, opt_state) -> tuple[int, Any, Any]:
+  """`(start, params, opt_state)`: the latest checkpoint's step and state, or 0 and the
+  fresh state when there is none."""
+  start = checkpointer.latest_step() or 0
+  if start:
+    restored = checkpointer.restore(start, params, opt_state)
+    params, opt_state = restored["params"], restored["opt_state"]
+  return start, params, opt_state
+
+
+def _start_log(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  cfg: ModelConfig | HeadConfig,
+  model: nnx.Module,
+  start: int,
+  echo: Callable[[str], None],
+) -> _Log:
+  """Writes the run's config (process 0) and opens its log at `start`, with a first line."""
+  if jax.process_index() == 0:
+    ckpt.save_run_config(workdir, cfg)
+  log = _Log(workdir, start, echo)
+  what = f"{cfg.kind} head, " if isinstance(cfg, HeadConfig) else ""
+  log(
+    f"{'resuming at' if start else 'starting'} step {start}/{config.num_steps}: "
+    f"{head_training.num_params(model):,} params, {what}loss {config.loss}, workdir {workdir}"
+  )
+  return log
+
+
+def _update(
+  params,
+  opt_state,
+  step: int,
+  *,
+  config: ml_collections.ConfigDict,
+  mesh: jax.sharding.Mesh,
+  train_data: TokenDataset,
+  teacher: Transformer | None,
+  graphdef,
+  optimizer: optax.GradientTransformation,
+  head_loss: head_training.HeadLoss | None,
+  checkpoint_dir: str,
+) -> tuple[Any, Any, dict[str, float]]:
+  """Update `step` (1-based) on its batch: `(params, opt_state, {"step", "loss", ...})`.
+
+  Raises FloatingPointError, naming `checkpoint_dir` (left as it was), when the
+  loss is not finite.
+  """
+  # Each process reads only its own rows of the global batch.
+  rows = train_data.batch(
+    step,
+    config.batch_size,
+    config.seq_len,
+    config.seed,
+    jax.process_index(),
+    jax.process_count(),
+  )
+  # A head's noise key is a pure function of (seed, step), like its batches, so a
+  # resumed run draws the same noise as an uninterrupted one.
+  noisy = head_loss is not None and head_loss.feature_noise > 0
+  params, opt_state, metrics = train_step(
+    params,
+    opt_state,
+    shard_process_batch(rows, mesh),
+    teacher,
+    jax.random.fold_in(jax.random.key(config.seed), step) if noisy else None,
+    graphdef=graphdef,
+    optimizer=optimizer,
+    loss=config.loss,
+    ce_weight=config.ce_weight,
+    head=head_loss,
+  )
+  record = {"step": step, **{k: float(v) for k, v in jax.device_get(metrics).items()}}
+  if not math.isfinite(record["loss"]):
+    raise FloatingPointError(
+      f"step {step}: the loss is {record['loss']}; the last "
+      f"checkpoint in {checkpoint_dir} is unaffected."
+    )
+  return params, opt_state, record
+
+
+class _Throughput:
+  """Tokens per second over the updates of one `train` call after its first (which compiles)."""
+
+  def __init__(self, tokens_per_step: int):
+    self.tokens_per_step = tokens_per_step
+    self.start, self.steps = time.perf_counter(), 0
+
+  def tick(self, first: bool) -> None:
+    """Counts an update; the first restarts the clock."""
+    if first:
+      self.start, self.steps = time.perf_counter(), 0
+    else:
+      self.steps += 1
+
+  def rate(self) -> float:
+    """Tokens per second so far; NaN before a timed update."""
+    elapsed = time.perf_counter() - self.start
+    return self.steps * self.tokens_per_step / elapsed if self.steps else float("nan")
+
+
+def _log_progress(
+  log: _Log, record: dict[str, Any], config: ml_collections.ConfigDict, timer: _Throughput
+) -> None:
+  """Adds the rate, learning rate and tokens seen to `record`, and logs it."""
+  step = record["step"]
+  rate = timer.rate()
+  eta = (config.num_steps - step) * timer.tokens_per_step / rate if timer.steps else 0.0
+  record.update(
+    lr=float(learning_rate_schedule(config)(step - 1)),
+    tokens_per_second=rate,
+    tokens_seen=step * timer.tokens_per_step,
+    time=time.time(),
+  )
+  log(
+    f"step {step}/{config.num_steps}  loss {record['loss']:.4f}  "
+    f"lr {record['lr']:.2e}  {rate:,.0f} tok/s  eta {_format_seconds(eta)}",
+    record,
+  )
 
 
 def _meta(config: ml_collections.ConfigDict, step: int) -> dict[str, Any]:
