@@ -84,10 +84,10 @@ def test_check_run_names_the_flag_and_what_the_directory_is(tmp_path):
 
 
 def test_generate_data_checks_its_flags_before_the_target_loads(tmp_path):
-  from experiments import generate_data
+  from specjax.training.continuations import write_continuations
 
   def generate(target, data_dir, out):
-    generate_data.generate(target, data_dir, out, 1, 1, 8, 4, 0)
+    write_continuations(target, data_dir, out, 1, 1, 8, 4, 0)
 
   with pytest.raises(
     FileNotFoundError, match=r"^--target: the target directory runs/target does not exist"

@@ -455,7 +455,7 @@ def test_train_and_eval_steps_run_without_a_run_directory(tiny_cfg):
 def test_generated_data_ends_samples_with_the_tokenizers_eos(tmp_path, corpus_root):
   from tokenizers import ByteLevelBPETokenizer
 
-  from experiments import generate_data
+  from specjax.training.continuations import write_continuations
 
   # Specials in another order: <eos> is id 0 here, not 2.
   bpe = ByteLevelBPETokenizer()
@@ -474,8 +474,8 @@ def test_generated_data_ends_samples_with_the_tokenizers_eos(tmp_path, corpus_ro
   run = str(tmp_path / "run")
   train(_config(corpus_root, data, num_steps=2, eval_every=2), run, echo=_silent)
   out = str(tmp_path / "gen")
-  meta = generate_data.generate(
-    run, data, out, num_batches=2, batch_size=2, prompt_tokens=8, new_tokens=4, seed=0
+  meta = write_continuations(
+    run, data, out, num_batches=2, batch_size=2, prompt_tokens=8, new_tokens=4, seed=0, log=_silent
   )
   tokens = np.fromfile(os.path.join(out, "train.bin"), np.uint16).reshape(4, 13)
   assert meta["tokens"] == tokens.size and (tokens[:, -1] == 0).all()
