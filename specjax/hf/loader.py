@@ -103,10 +103,10 @@ def load_model(
 
 def _placer(
   abstract: Transformer, mesh: Mesh | None, rules: Mapping[str, str | None] | None
-) -> Callable[[tuple, np.ndarray], jax.Array] | None:
+) -> Callable[[weights.Path, np.ndarray], jax.Array] | None:
   """`weights.load_params`'s `place`: puts each parameter (by its path in `abstract`)
   into its sharding on `mesh` under `rules` (None: `LOGICAL_RULES`). None without a
-  mesh: tensors then stay where they were read."""
+  mesh: `load_params` then puts each tensor on the default device."""
   if mesh is None:
     return None
   from specjax.distributed.mesh import LOGICAL_RULES
@@ -119,7 +119,9 @@ def _placer(
   return functools.partial(_place, shardings)
 
 
-def _place(shardings: dict[tuple, jax.sharding.Sharding], param_path: tuple, value) -> jax.Array:
+def _place(
+  shardings: dict[weights.Path, jax.sharding.Sharding], param_path: weights.Path, value: np.ndarray
+) -> jax.Array:
   """`value` (one tensor on the host) as an array sharded by `shardings[param_path]`:
   each device receives only its slice."""
   host = np.asarray(value)

@@ -6,8 +6,8 @@ transform (PyTorch `Linear` weights are `[out, in]`, ours `[in, out]`; GPT-2's
 Shards are read one tensor at a time and converted straight into the requested
 dtype, so at most one full copy of the weights (the result) plus one tensor is
 held. Reading, checking and converting happen in NumPy on memory-mapped files:
-jax ops here would compile a program per tensor shape (56 for the bundled pair,
-about 2 s of every launcher's start).
+jax ops here would compile a program per tensor shape (56 for the bundled pair),
+seconds of every launcher's start.
 """
 
 from __future__ import annotations
@@ -258,14 +258,14 @@ def load_params(
   cfg: ModelConfig,
   abstract: dict[Path, jax.ShapeDtypeStruct],
   files: list[str],
-  place: Callable[[Path, jax.Array], jax.Array] | None = None,
+  place: Callable[[Path, np.ndarray], jax.Array] | None = None,
 ) -> dict[Path, jax.Array]:
   """Reads every tensor of `files` into the parameter paths of `abstract`.
 
   Args:
     abstract: parameter path -> expected shape and dtype.
-    place: optional (path, array) -> array that puts each converted tensor where
-      it belongs (its shards on a mesh) before the next tensor is read.
+    place: optional (path, host array) -> array that puts each converted tensor
+      where it belongs (its shards on a mesh) before the next tensor is read.
 
   Returns:
     parameter path -> array in the expected dtype.

@@ -183,9 +183,9 @@ def check_resumable(workdir: str, cfg: ModelConfig | HeadConfig) -> None:
 
 
 def _orbax():
-  """`orbax.checkpoint`, imported on first use: it takes about 1.4 s to import
-  (2-core AMD EPYC), and every launcher that only loads the bundled pair or a
-  trained run's config would otherwise pay it at start."""
+  """`orbax.checkpoint`, imported on first use: its import is slow, and every
+  launcher that only loads the bundled pair or a trained run's config would
+  otherwise pay it at start."""
   import orbax.checkpoint as ocp
 
   return ocp
