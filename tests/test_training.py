@@ -200,6 +200,21 @@ def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path, corpus_root, da
       if not name.startswith("_"):
         with open(os.path.join(directory, name), "r+b") as f:
           f.write(b"\0" * 64)
+  # It fails before orbax's concurrent reads start: reads still in flight when one
+  # failed would land on orbax's closed event loop ("Event loop is closed").
+  import orbax.checkpoint as ocp
+
+  orbax_restores = []
+
+  def restore(self, step, *args, **kwargs):
+    orbax_restores.append(step)
+    raise RuntimeError("orbax restore")
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(ocp.CheckpointManager, "restore", restore)
+    with pytest.raises(CheckpointError, match=f"cannot restore checkpoint {run}/checkpoints/2"):
+      load_trained_model(str(run))
+  assert orbax_restores == []
   with pytest.raises(CheckpointError, match=f"cannot restore checkpoint {run}/checkpoints/2"):
     load_trained_model(str(run))
   # A run directory without checkpoints names the directory it looked in.
