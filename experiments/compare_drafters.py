@@ -17,7 +17,7 @@ autoregressive baseline (a slow phase of a shared machine hits both alike), and
 the speedup is the ratio of the pair.
 
 Variants run one at a time, and each one's compiled programs are freed before
-the next (`specjax.benchmarking.free_compiled_programs`; the baseline is
+the next (`specjax.bench.free_compiled_programs`; the baseline is
 compiled once per temperature, ahead of time): the process's memory maps stay
 flat however many variants a config holds. Prints a line per variant on stderr
 as it runs, then the markdown table (the README's) on stdout; the JSON (rows
@@ -39,7 +39,7 @@ from absl import flags
 
 import specjax
 from experiments import common
-from specjax import benchmarking, pretrained, theory, trees
+from specjax import bench, pretrained, theory, trees
 from specjax.data import Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import (
@@ -218,7 +218,7 @@ def _target_costs(config, target, prompt, gammas) -> tuple[float, dict[int, floa
   steps}), measured on `prompt` (batch 1)."""
   capacity = cache_capacity(prompt[0].shape[1], config.max_new_tokens, config.gamma_max)
   call = functools.partial(
-    benchmarking.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
+    bench.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
   )
   step_s = call(tokens_per_call=1)
   return step_s, {g: call(tokens_per_call=g + 1) / step_s for g in sorted(gammas)}
@@ -350,12 +350,12 @@ def sweep(
   start = time.perf_counter()
   say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted({v.gamma for v in plan})}")
   step_s, verify = _target_costs(config, target, one[0], {v.gamma for v in plan})
-  benchmarking.free_compiled_programs()
+  bench.free_compiled_programs()
   done = 0
   for temperature in dict.fromkeys(v.temperature for v in plan):
     sampling = specjax.SamplingParams(temperature=temperature)
     key = jax.random.key(config.seed)
-    ar_program = benchmarking.compile_ahead(
+    ar_program = bench.compile_ahead(
       functools.partial(
         specjax.autoregressive_generate, max_new_tokens=config.max_new_tokens, sampling=sampling
       ),
@@ -369,7 +369,7 @@ def sweep(
 
     # With the baseline compiled, before the temperature's variants: each
     # variant's count comes back near it once the variant is freed.
-    maps_before = benchmarking.memory_map_count()
+    maps_before = bench.memory_map_count()
     if maps_before is not None:
       say(f"T={temperature:g}: {maps_before} memory maps (vm.max_map_count: 65530 by default)")
 
@@ -379,9 +379,9 @@ def sweep(
       began = time.perf_counter()
       say(f"[{done:{len(str(len(plan)))}d}/{len(plan)}] {v.label} ...", end=" ")
       calls = {"ar": ar, "variant": _generate(config, target, v, one, key)}
-      timings, outputs = benchmarking.time_calls(calls, config.num_runs)
+      timings, outputs = bench.time_calls(calls, config.num_runs)
       if v.name != SLEM and (v.name, v.gamma) not in drafting_c:
-        seconds = benchmarking.drafting_seconds(
+        seconds = bench.drafting_seconds(
           target,
           v.drafter,
           *one[0],
@@ -393,9 +393,9 @@ def sweep(
         drafting_c[v.name, v.gamma] = seconds / v.gamma / step_s
       row = _row(v, timings, outputs, step_s, verify, drafting_c.get((v.name, v.gamma)))
       del calls, timings, outputs
-      benchmarking.free_compiled_programs()
+      bench.free_compiled_programs()
       # Lines of /proc/self/maps once the variant is freed (None off Linux).
-      row["memory_maps"] = benchmarking.memory_map_count()
+      row["memory_maps"] = bench.memory_map_count()
       row["memory_maps_before"] = maps_before
       now = time.perf_counter()
       maps = "" if row["memory_maps"] is None else f", {row['memory_maps']} memory maps"
@@ -405,7 +405,7 @@ def sweep(
       )
       yield row
     del ar, ar_program
-    benchmarking.free_compiled_programs()
+    bench.free_compiled_programs()
 
 
 def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[dict[str, Any]]:
@@ -440,7 +440,7 @@ def main(argv):
   output_md = check_output_path("--output_md", flags.FLAGS.output_md)
   start = time.perf_counter()
   rows = run(flags.FLAGS.config, progress=True)
-  result = {"rows": rows, **benchmarking.environment_info()}
+  result = {"rows": rows, **bench.environment_info()}
   table = markdown(rows)
   print(table)
   common.write_json(output_json, result)

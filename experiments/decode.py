@@ -23,7 +23,7 @@ from absl import flags, logging
 import specjax
 import specjax.hf
 from experiments import common
-from specjax import benchmarking, dtypes, pretrained, theory
+from specjax import bench, dtypes, pretrained, theory
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
@@ -203,9 +203,9 @@ def _floor(
 ) -> dict[str, Any]:
   """The machine's floor, the target's distance from it, the speculative overhead,
   the drafter's cost ratio c with the speedup Leviathan's formula predicts from
-  it, and compile / long-prompt times (see `specjax.benchmarking.floor_fields`)."""
+  it, and compile / long-prompt times (see `specjax.bench.floor_fields`)."""
   capacity = cache_capacity(prompts.shape[1], config.max_new_tokens, config.gamma)
-  ttft = benchmarking.prefill_timing(
+  ttft = bench.prefill_timing(
     target,
     prompts,
     lengths,
@@ -216,7 +216,7 @@ def _floor(
   ).median_s
   iterations = max(int(stats.iterations), 1)
   steps = max(ar_tokens - 1, 1)  # decode steps after the prefill's token
-  cost = benchmarking.draft_cost(
+  cost = bench.draft_cost(
     target,
     draft if config.drafter == "model" else drafter,
     prompts,
@@ -228,7 +228,7 @@ def _floor(
     num_runs=config.num_runs,
   )
   return {
-    **benchmarking.floor_fields(
+    **bench.floor_fields(
       target,
       batch=config.batch_size,
       ar_step_s=(timings["ar"].median_s - ttft) / steps,
@@ -247,7 +247,7 @@ def _floor(
     "prefill_ms": ttft * 1e3,
     "ar_compile_seconds": timings["ar"].compile_s,
     "spec_compile_seconds": timings["spec"].compile_s,
-    **benchmarking.long_prompt_prefill(
+    **bench.long_prompt_prefill(
       target, draft if config.drafter == "model" else None, 1, num_runs=config.num_runs
     ),
   }
@@ -344,7 +344,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       **shared,
     )
   with jax.set_mesh(mesh):
-    timings, outputs = benchmarking.time_calls(calls, config.num_runs)
+    timings, outputs = bench.time_calls(calls, config.num_runs)
   texts, ms, host_tokens = {}, {}, {}
   for name, out in outputs.items():
     n = _to_host(out.num_generated)
@@ -378,7 +378,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "speedup": ms["ar"] / ms["spec"],
     "acceptance_rate": float(stats.acceptance_rate),
     "tokens_per_iteration": float(stats.tokens_per_iteration),
-    **benchmarking.environment_info(),
+    **bench.environment_info(),
   }
   if config.drafter in CROSS_DRAFTERS:
     result["vocab_map"] = build_vocab_map(

@@ -14,7 +14,7 @@ held-out prompt:
   rest_of_iteration_ms                 spec - propose - score_verify: the commit
   overhead_fraction                    share of an iteration that is neither model's forward
 
-and from the compiled programs, the kernels (`specjax.hlo_ops`) each loop body
+and from the compiled programs, the kernels (`specjax.bench.hlo`) each loop body
 launches: an autoregressive step, a speculative iteration (around its draft
 loop) and one draft call of the proposal loop. `--trace_dir` also writes a
 `jax.profiler` trace of one speculative generate call (TensorBoard / Perfetto).
@@ -30,7 +30,7 @@ from absl import flags, logging
 
 import specjax
 from experiments import common
-from specjax import benchmarking, hlo_ops, pretrained
+from specjax import bench, pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import ModelDrafter, Proposal
 from specjax.generation.autoregressive import _autoregressive_program
@@ -44,9 +44,9 @@ NUM_RUNS = 5  # timed runs per part; each figure is their median
 
 def _kernels(ar_text: str, spec_text: str) -> dict:
   """Kernels per loop body: the AR step, the speculative iteration, one draft call."""
-  ar = max(hlo_ops.loop_kernels(ar_text), key=lambda loop: loop["kernels"])
-  counts = hlo_ops.kernel_counts(spec_text)
-  bodies = hlo_ops.while_bodies(spec_text)
+  ar = max(bench.loop_kernels(ar_text), key=lambda loop: loop["kernels"])
+  counts = bench.kernel_counts(spec_text)
+  bodies = bench.while_bodies(spec_text)
   outer = [b for b in bodies if counts[b]["while"]]
   spec = max(outer, key=lambda b: sum(counts[b].values()))
   # The draft loop: the largest other body (random-bit loops are small).
@@ -84,7 +84,7 @@ def profile(
   vocab = target.cfg.vocab_size
 
   def forward_ms(model, t):
-    seconds = benchmarking.call_seconds(
+    seconds = bench.call_seconds(
       model,
       prompts,
       lengths,
@@ -168,7 +168,7 @@ def profile(
     "ar_ms_per_token": (lambda: ar().tokens, max_new_tokens),
     "spec_ms_per_iteration": (lambda: spec().tokens, iterations),
   }
-  timings, _ = benchmarking.time_calls({name: fn for name, (fn, _) in parts.items()}, NUM_RUNS)
+  timings, _ = bench.time_calls({name: fn for name, (fn, _) in parts.items()}, NUM_RUNS)
   for name, (_, units) in parts.items():
     result[name] = timings[name].median_s * 1e3 / units
   spec_ms = result["spec_ms_per_iteration"]

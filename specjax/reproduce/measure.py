@@ -3,10 +3,10 @@ acceptance by draft position, the cost ratio c, predicted and measured speedup.
 
 `measure` decodes every (drafter, gamma, verifier) variant on the same prompts
 one by one (batch 1), one variant at a time, each run interleaved with a run of
-autoregressive decoding (`benchmarking.time_calls`; the baseline is compiled
+autoregressive decoding (`bench.time_calls`; the baseline is compiled
 once per temperature, ahead of time), and returns one JSON-ready row per
 variant. Each variant's compiled programs are freed before the next
-(`benchmarking.free_compiled_programs`), so the process's memory maps do not
+(`bench.free_compiled_programs`), so the process's memory maps do not
 grow with the number of variants. The prediction is Leviathan's
 S = E(alpha, gamma) / (gamma c + v) with measured alpha, c (drafting one token
 over one target step; see `_costs`) and v (scoring gamma + 1 tokens over one
@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 import specjax
-from specjax import benchmarking, theory
+from specjax import bench, theory
 from specjax.drafting import CountDrafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.models.transformer import Transformer
@@ -73,12 +73,12 @@ def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num
   c is drafting one token over one target step: a draft `Transformer`'s one-token
   call (Leviathan's definition), a count drafter's 0 (a table lookup, no model:
   the paper's convention), any other drafter's whole proposal and commit
-  (`benchmarking.drafting_seconds`). The verify cost is scoring gamma + 1 tokens.
+  (`bench.drafting_seconds`). The verify cost is scoring gamma + 1 tokens.
   """
   gammas = {v.gamma for v in variants}
   capacity = cache_capacity(prompt[0].shape[1], max_new_tokens, max(gammas))
   call = functools.partial(
-    benchmarking.call_seconds,
+    bench.call_seconds,
     prompts=prompt[0],
     prompt_lengths=prompt[1],
     capacity=capacity,
@@ -97,7 +97,7 @@ def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num
         per_model[name] = call(drafter, tokens_per_call=1) / step_s
       costs[name, gamma] = per_model[name]
     else:
-      seconds = benchmarking.drafting_seconds(
+      seconds = bench.drafting_seconds(
         target,
         drafter,
         *prompt,
@@ -107,7 +107,7 @@ def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num
         num_runs=num_runs,
       )
       costs[name, gamma] = seconds / (gamma * step_s)
-    benchmarking.free_compiled_programs()
+    bench.free_compiled_programs()
   return costs, verify
 
 
@@ -156,7 +156,7 @@ def measure(
     key = jax.random.key(seed)
     runs = [v for v in variants if v.runs_at(temperature)]
     progress(f"T={temperature:g}: compiling and timing {len(runs)} variants, one at a time")
-    ar_program = benchmarking.compile_ahead(
+    ar_program = bench.compile_ahead(
       functools.partial(
         specjax.autoregressive_generate, max_new_tokens=max_new_tokens, sampling=sampling
       ),
@@ -186,7 +186,7 @@ def measure(
           for i in range(n)
         ]
 
-      timings, outputs = benchmarking.time_calls({"ar": ar, "spec": spec}, num_runs)
+      timings, outputs = bench.time_calls({"ar": ar, "spec": spec}, num_runs)
       outs = outputs["spec"]
       generated = float(_sum(outs, "generated"))
       alpha = float(_sum(outs, "accepted")) / max(float(_sum(outs, "evaluated")), 1.0)
@@ -213,11 +213,11 @@ def measure(
         }
       )
       del spec, timings, outputs, outs
-      benchmarking.free_compiled_programs()
+      bench.free_compiled_programs()
       progress(
         f"  {v.drafter}, γ={v.gamma}, {v.verifier}: {time.perf_counter() - start:.1f} s, "
         f"α {alpha:.3f}, speedup {ar_ms / ms:.2f}"
       )
     del ar, ar_program
-    benchmarking.free_compiled_programs()
+    bench.free_compiled_programs()
   return rows
