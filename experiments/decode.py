@@ -308,9 +308,9 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
 def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[str, Any]:
   """The timed calls: autoregressive ("ar") and speculative ("spec") decoding."""
   i, key = inputs, jax.random.key(config.seed)
-  shared = dict(max_new_tokens=config.max_new_tokens, sampling=i.sampling, key=key, eos_id=i.eos)
-  calls = {"ar": lambda: specjax.autoregressive_generate(i.target, i.prompts, i.lengths, **shared)}
-  shared.update(gamma=config.gamma, verifier=config.verifier)
+  plain = dict(max_new_tokens=config.max_new_tokens, sampling=i.sampling, key=key, eos_id=i.eos)
+  calls = {"ar": lambda: specjax.autoregressive_generate(i.target, i.prompts, i.lengths, **plain)}
+  shared = dict(plain, gamma=config.gamma, verifier=config.verifier)
   if config.drafter == "string_level":
     calls["spec"] = lambda: specjax.string_level_generate(
       i.target, i.draft, i.draft_tokenizer, i.tokenizer, i.prompts, i.lengths, **shared
