@@ -13,7 +13,7 @@
   generation  `benchmark_generation`: autoregressive against speculative decoding
   iteration   `profile_iteration`: where one speculative iteration's time goes
 
-Imports point down: timing <- floor, costs <- generation, iteration; hlo stands alone.
+Imports point down: timing <- floor, costs <- generation; hlo, costs <- iteration.
 """
 
 from specjax.bench.costs import (
@@ -35,6 +35,7 @@ from specjax.bench.floor import (
 )
 from specjax.bench.generation import benchmark_generation
 from specjax.bench.hlo import kernel_counts, loop_kernels, while_bodies
+from specjax.bench.iteration import profile_iteration
 from specjax.bench.timing import (
   Timing,
   compile_ahead,
@@ -66,6 +67,7 @@ __all__ = [
   "model_floor",
   "predict_speedup",
   "prefill_timing",
+  "profile_iteration",
   "random_prompts",
   "time_calls",
   "weight_bytes",
