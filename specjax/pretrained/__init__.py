@@ -353,13 +353,14 @@ def load_checkpoints(
     return _bundled_checkpoints(dtype, need_draft, own_tokenizer)
   if need_draft and not draft:
     raise ValueError(f"{fields[1]} must name the draft checkpoint for {fields[0]}.")
+  # Both names resolved before any weights load: a missing draft fails at once.
   target_path = resolve_checkpoint(target, flag=f"--{fields[0]}")
+  draft_path = resolve_checkpoint(draft, flag=f"--{fields[1]}") if need_draft else None
   target_model, tokenizer = load_model(target_path, dtype=dtype)
   if tokenizer is None:
     raise ValueError(f"{fields[0]}: {target_path} has no tokenizer.json; decoding text needs one.")
   if not need_draft:
     return Checkpoints(target_model, None, tokenizer, None, target_path, None)
-  draft_path = resolve_checkpoint(draft, flag=f"--{fields[1]}")
   logging.info("pair check:\n%s", check_pair(target_path, draft_path))
   draft_model, draft_tokenizer = load_model(draft_path, dtype=dtype)
   if not own_tokenizer:
