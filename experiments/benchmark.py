@@ -4,7 +4,7 @@
       [--config.max_new_tokens=16 ...] [--output_json=PATH]
 
 Builds the target and draft from the config, random prompts from the seed, and
-hands them to `specjax.benchmarking.benchmark_generation`. Prints a line per
+hands them to `specjax.bench.benchmark_generation`. Prints a line per
 measurement on stderr as it runs, then a markdown table of the headline
 figures on stdout; the full result (about 50 fields: costs, floors, compile
 times, every run) goes to --output_json.
@@ -24,7 +24,7 @@ from flax import nnx
 
 import specjax
 from experiments import common
-from specjax import benchmarking, dtypes
+from specjax import bench, dtypes
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
@@ -124,7 +124,7 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> dict[st
     temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
   )
   target, draft = build_models(config)
-  prompts, lengths = benchmarking.random_prompts(
+  prompts, lengths = bench.random_prompts(
     jax.random.fold_in(jax.random.key(config.seed), 1),
     config.batch_size,
     config.prompt_len,
@@ -136,10 +136,10 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> dict[st
     "target_params": target.num_params,
     "draft_params": draft.num_params,
     "max_seq_len": target.cfg.max_seq_len,
-    **benchmarking.environment_info(),
+    **bench.environment_info(),
   }
   result.update(
-    benchmarking.benchmark_generation(
+    bench.benchmark_generation(
       target,
       draft,
       prompts,

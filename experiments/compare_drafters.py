@@ -17,7 +17,7 @@ autoregressive baseline (a slow phase of a shared machine hits both alike), and
 the speedup is the ratio of the pair.
 
 Variants run one at a time, and each one's compiled programs are freed before
-the next (`specjax.benchmarking.free_compiled_programs`; the baseline is
+the next (`specjax.bench.free_compiled_programs`; the baseline is
 compiled once per temperature, ahead of time): the process's memory maps stay
 flat however many variants a config holds. Prints a line per variant on stderr
 as it runs, then the markdown table (the README's) on stdout; the JSON (rows
@@ -39,18 +39,10 @@ from absl import flags
 
 import specjax
 from experiments import common
-from specjax import benchmarking, pretrained, theory, trees
+from specjax import bench, pretrained, trees
 from specjax.data import Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
-from specjax.drafting import (
-  CrossTokenizerDrafter,
-  EagleDrafter,
-  EarlyExitDrafter,
-  MedusaDrafter,
-  NGramDrafter,
-  TreeDrafter,
-  layer_skip,
-)
+from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
@@ -68,7 +60,6 @@ COLUMNS = (
   ("ms/token", "{ms_per_token:.3f}"),
   ("speedup", "{speedup:.2f}"),
 )
-HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
 HEAD_NAMES = {"eagle": "EAGLE head", "medusa": "Medusa heads", "early_exit": "early exit"}
 # Rows of the bundled draft with its own tokenizer (pretrained.load_cross_draft).
 TLI, SLEM = "cross-tokenizer draft, TLI", "cross-tokenizer draft, SLEM"
@@ -112,26 +103,8 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
   """
   applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
   verifiers = [v for v in applicable if v in config.verifiers]
-  drafters = [("draft model", draft)]
-  if config.ngram:
-    lookup = NGramDrafter(target.cfg.vocab_size, config.ngram)
-    drafters.append((f"prompt lookup (n<={config.ngram})", lookup))
-  drafters += [(f"layer skip k={k}", layer_skip(target, k)) for k in config.layer_skip]
-  heads = {
-    kind: HEAD_DRAFTERS[kind](target, pretrained.load_head(kind, target)) for kind in config.heads
-  }
-  drafters += [(HEAD_NAMES[kind], d) for kind, d in heads.items()]
-  if config.fr_spec:  # the same heads drafting among the K most frequent ids
-    ids = pretrained.frequent_token_ids(config.fr_spec)
-    drafters += [
-      (f"{HEAD_NAMES[kind]}, K={config.fr_spec}", d.with_vocab_subset(ids))
-      for kind, d in heads.items()
-    ]
-  if config.cross_tokenizer:  # SLEM is a host loop, not a drafter: marked by its name
-    cross, cross_tokenizer = pretrained.load_cross_draft()
-    target_tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
-    drafters.append((TLI, CrossTokenizerDrafter(cross, cross_tokenizer, target_tokenizer)))
-    drafters.append((SLEM, (cross, cross_tokenizer, target_tokenizer)))
+  heads = {kind: pretrained.load_drafter(kind, target) for kind in config.heads}
+  drafters = _chain_drafters(config, target, draft, heads)
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
   for kind in heads:  # the heads' own draft lengths, e.g. early exit pays off at small gamma
@@ -144,8 +117,43 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
     ]
   out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
   out += [("draft model", draft, default, config.gamma_max, a) for a in config.adaptive]
+  out += _tree_variants(config, draft, heads)
+  return [Variant(float(temperature), *fields) for fields in out]
+
+
+def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[str, Any]]:
+  """(label, drafter) of every chain drafter of `config`, in the table's order:
+  the draft model, prompt lookup, layer skip, the heads (`heads`, by kind) and
+  their FR-Spec twins, and the cross-tokenizer draft (TLI, then SLEM)."""
+  drafters = [("draft model", draft)]
+  if config.ngram:
+    lookup = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
+    drafters.append((f"prompt lookup (n<={config.ngram})", lookup))
+  drafters += [
+    (f"layer skip k={k}", pretrained.load_drafter("layer_skip", target, num_layers=k))
+    for k in config.layer_skip
+  ]
+  drafters += [(HEAD_NAMES[kind], d) for kind, d in heads.items()]
+  if config.fr_spec:  # the same heads drafting among the K most frequent ids
+    ids = pretrained.frequent_token_ids(config.fr_spec)
+    drafters += [
+      (f"{HEAD_NAMES[kind]}, K={config.fr_spec}", d.with_vocab_subset(ids))
+      for kind, d in heads.items()
+    ]
+  if config.cross_tokenizer:  # SLEM is a host loop, not a drafter: marked by its name
+    cross, cross_tokenizer = pretrained.load_cross_draft()
+    target_tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
+    drafters.append((TLI, CrossTokenizerDrafter(cross, cross_tokenizer, target_tokenizer)))
+    drafters.append((SLEM, (cross, cross_tokenizer, target_tokenizer)))
+  return drafters
+
+
+def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
+  """The token-tree variants' fields: the draft model and the heads drafting the
+  best static tree of each size (`config.trees`), then EAGLE-2's dynamic trees."""
   tree_drafters = {"draft model": draft, **{HEAD_NAMES[k]: d for k, d in heads.items()}}
   names = ("draft model", *HEAD_NAMES.values())
+  out = []
   for name, rates in config.trees.rank_acceptance.items():
     if name not in names:
       raise ValueError(f"config.trees.rank_acceptance keys must be among {names}, got {name!r}.")
@@ -169,22 +177,23 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
       label = f"EAGLE-2, N={size} depth {depth} k={branch} m={expand}"
       drafter = heads["eagle"].replace(tree=spec, tree_mode=config.trees.mode)
       out.append((label, drafter, "tree", size, None))
-  return [Variant(float(temperature), *fields) for fields in out]
+  return out
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises a ValueError naming the first invalid field of `config`."""
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
-  unknown_heads = set(config.heads) - set(HEAD_DRAFTERS)
+  unknown_heads = set(config.heads) - set(pretrained.HEAD_DRAFTERS)
   if unknown_heads:
     raise ValueError(
-      f"config.heads must be a subset of {tuple(HEAD_DRAFTERS)}, got {config.heads!r}."
+      f"config.heads must be a subset of {tuple(pretrained.HEAD_DRAFTERS)}, got {config.heads!r}."
     )
-  unknown_heads = set(config.head_gammas) - set(HEAD_DRAFTERS)
+  unknown_heads = set(config.head_gammas) - set(pretrained.HEAD_DRAFTERS)
   if unknown_heads:
     raise ValueError(
-      f"config.head_gammas keys must be among {tuple(HEAD_DRAFTERS)}, got {sorted(unknown_heads)}."
+      f"config.head_gammas keys must be among {tuple(pretrained.HEAD_DRAFTERS)}, "
+      f"got {sorted(unknown_heads)}."
     )
   for kind, gammas in config.head_gammas.items():
     for g in gammas:
@@ -214,14 +223,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def _target_costs(config, target, prompt, gammas) -> tuple[float, dict[int, float]]:
-  """(one target step in seconds, {gamma: scoring gamma + 1 tokens in target
-  steps}), measured on `prompt` (batch 1)."""
+  """(one target step, {gamma: scoring gamma + 1 tokens}) in seconds, measured on
+  `prompt` (batch 1)."""
   capacity = cache_capacity(prompt[0].shape[1], config.max_new_tokens, config.gamma_max)
   call = functools.partial(
-    benchmarking.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
+    bench.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
   )
-  step_s = call(tokens_per_call=1)
-  return step_s, {g: call(tokens_per_call=g + 1) / step_s for g in sorted(gammas)}
+  return call(tokens_per_call=1), {g: call(tokens_per_call=g + 1) for g in sorted(gammas)}
 
 
 def _generate(config, target, variant: Variant, prompts: list, key) -> Callable[[], list]:
@@ -263,9 +271,9 @@ def _tokens(outs) -> int:
   return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
 
 
-def _row(v: Variant, timings, outputs, step_s: float, verify: dict, c: float | None) -> dict:
-  """The variant's JSON row from its paired timings and outputs; `c` is its
-  drafting cost ratio (None for SLEM, whose own timings give it)."""
+def _row(v: Variant, timings, outputs, step_s: float, verify_s: dict, drafting_s) -> dict:
+  """The variant's JSON row from its paired timings and outputs; `drafting_s` is
+  its drafter's seconds per iteration (None for SLEM, whose own timings give it)."""
   outs = outputs["variant"]
 
   def s(field):
@@ -275,24 +283,28 @@ def _row(v: Variant, timings, outputs, step_s: float, verify: dict, c: float | N
   ms = timings["variant"].median_s * 1e3 / _tokens(outs)
   alpha = s("accepted") / max(s("evaluated"), 1)
   per_iteration = s("generated") / max(s("row_iterations"), 1)
-  verify_cost = verify[v.gamma]
+  costs = dict(gamma=v.gamma, target_step_s=step_s, verify_s=verify_s[v.gamma])
   extra = {}
   if v.name == SLEM:
-    # c from the loop's own draft timings; the host's re-tokenisation is not in
-    # the prediction, it is the gap between predicted and measured.
-    draft_s = sum(o.timings["draft_seconds"] for o in outs)
-    iterations = sum(o.timings["iterations"] for o in outs)
-    c = draft_s / max(s("draft_calls"), 1) / step_s
-    predicted = per_iteration / (c * s("draft_calls") / max(iterations, 1) + verify_cost)
-    extra["host_ms_per_iteration"] = (
-      1e3 * sum(o.timings["host_seconds"] for o in outs) / max(iterations, 1)
+    # c per draft call, from the loop's own draft timings; the host's
+    # re-tokenisation is not in the prediction, it is the gap between predicted
+    # and measured.
+    iterations = max(sum(o.timings["iterations"] for o in outs), 1)
+    prediction = bench.predict_speedup(
+      **costs,
+      drafting_s=sum(o.timings["draft_seconds"] for o in outs) / iterations,
+      tokens_per_iteration=per_iteration,
+      draft_steps=max(s("draft_calls"), 1) / iterations,
     )
+    extra["host_ms_per_iteration"] = 1e3 * sum(o.timings["host_seconds"] for o in outs) / iterations
   elif v.verifier == "tree":
     # No closed form for a tree's accepted length: the measured tokens per
     # iteration over the iteration's cost, in target steps.
-    predicted = per_iteration / (c * v.gamma + verify_cost)
+    prediction = bench.predict_speedup(
+      **costs, drafting_s=drafting_s, tokens_per_iteration=per_iteration
+    )
   else:
-    predicted = theory.predicted_speedup(min(alpha, 1.0), v.gamma, c, verify_cost)
+    prediction = bench.predict_speedup(**costs, drafting_s=drafting_s, alpha=alpha)
   return {
     "temperature": v.temperature,
     "drafter": v.name,
@@ -300,9 +312,7 @@ def _row(v: Variant, timings, outputs, step_s: float, verify: dict, c: float | N
     "gamma": v.gamma,
     "adaptive": v.adaptive or "fixed",
     "acceptance_rate": alpha,
-    "c": c,
-    "verify_cost": verify_cost,
-    "predicted_speedup": predicted,
+    **prediction,  # c, verify_cost, predicted_speedup
     "tokens_per_iteration": per_iteration,
     "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
     "ms_per_token": ms,
@@ -326,7 +336,7 @@ def sweep(
   Each variant decodes every prompt alone (batch 1): one warm-up, then
   `config.num_runs` runs, each paired with a run of the autoregressive
   baseline (compiled once per temperature, ahead of time, so it survives the
-  freeing). The drafting cost c of each (drafter, gamma) is measured once per
+  freeing). The drafting cost of each (drafter, gamma) is measured once per
   temperature, the target's verification costs once.
 
   Args:
@@ -347,65 +357,86 @@ def sweep(
   """
   say = progress or (lambda *args, **kwargs: None)
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
-  start = time.perf_counter()
+  clock = _Progress(say, len(plan))
   say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted({v.gamma for v in plan})}")
-  step_s, verify = _target_costs(config, target, one[0], {v.gamma for v in plan})
-  benchmarking.free_compiled_programs()
-  done = 0
+  step_s, verify_s = _target_costs(config, target, one[0], {v.gamma for v in plan})
+  bench.free_compiled_programs()
   for temperature in dict.fromkeys(v.temperature for v in plan):
     sampling = specjax.SamplingParams(temperature=temperature)
     key = jax.random.key(config.seed)
-    ar_program = benchmarking.compile_ahead(
-      functools.partial(
-        specjax.autoregressive_generate, max_new_tokens=config.max_new_tokens, sampling=sampling
-      ),
-      target,
-      *one[0],
-      key=key,
-    )
-
-    def ar(ar_program=ar_program, key=key):
-      return [ar_program(target, *prompt, key=key) for prompt in one]
-
+    ar = _baseline(config, target, one, sampling, key)
     # With the baseline compiled, before the temperature's variants: each
     # variant's count comes back near it once the variant is freed.
-    maps_before = benchmarking.memory_map_count()
+    maps_before = bench.memory_map_count()
     if maps_before is not None:
       say(f"T={temperature:g}: {maps_before} memory maps (vm.max_map_count: 65530 by default)")
-
-    drafting_c = {}  # (name, gamma) -> c at this temperature
+    drafting_s = {}  # (name, gamma) -> seconds per iteration at this temperature
     for v in [v for v in plan if v.temperature == temperature]:
-      done += 1
-      began = time.perf_counter()
-      say(f"[{done:{len(str(len(plan)))}d}/{len(plan)}] {v.label} ...", end=" ")
+      clock.start(v)
       calls = {"ar": ar, "variant": _generate(config, target, v, one, key)}
-      timings, outputs = benchmarking.time_calls(calls, config.num_runs)
-      if v.name != SLEM and (v.name, v.gamma) not in drafting_c:
-        seconds = benchmarking.drafting_seconds(
-          target,
-          v.drafter,
-          *one[0],
-          gamma=v.gamma,
-          max_new_tokens=config.max_new_tokens,
-          sampling=sampling,
-          num_runs=config.num_runs,
-        )
-        drafting_c[v.name, v.gamma] = seconds / v.gamma / step_s
-      row = _row(v, timings, outputs, step_s, verify, drafting_c.get((v.name, v.gamma)))
+      timings, outputs = bench.time_calls(calls, config.num_runs)
+      if v.name != SLEM and (v.name, v.gamma) not in drafting_s:
+        drafting_s[v.name, v.gamma] = _drafting_seconds(config, target, v, one[0], sampling)
+      row = _row(v, timings, outputs, step_s, verify_s, drafting_s.get((v.name, v.gamma)))
       del calls, timings, outputs
-      benchmarking.free_compiled_programs()
+      bench.free_compiled_programs()
       # Lines of /proc/self/maps once the variant is freed (None off Linux).
-      row["memory_maps"] = benchmarking.memory_map_count()
+      row["memory_maps"] = bench.memory_map_count()
       row["memory_maps_before"] = maps_before
-      now = time.perf_counter()
-      maps = "" if row["memory_maps"] is None else f", {row['memory_maps']} memory maps"
-      say(
-        f"{now - began:.1f} s, α {row['acceptance_rate']:.3f}, {row['ms_per_token']:.3f} ms/token, "
-        f"speedup {row['speedup']:.2f}{maps} ({now - start:.0f} s in all)"
-      )
+      clock.done(row)
       yield row
-    del ar, ar_program
-    benchmarking.free_compiled_programs()
+    del ar
+    bench.free_compiled_programs()
+
+
+def _baseline(config, target, prompts: list, sampling, key) -> Callable[[], list]:
+  """Autoregressive decoding of each of `prompts` (`(tokens [1, P], lengths [1])`),
+  compiled now and held outside JAX's caches (`bench.compile_ahead`), so it
+  survives `bench.free_compiled_programs`."""
+  program = bench.compile_ahead(
+    functools.partial(
+      specjax.autoregressive_generate, max_new_tokens=config.max_new_tokens, sampling=sampling
+    ),
+    target,
+    *prompts[0],
+    key=key,
+  )
+  return lambda: [program(target, *prompt, key=key) for prompt in prompts]
+
+
+def _drafting_seconds(config, target, v: Variant, prompt, sampling) -> float:
+  """`bench.drafting_seconds` of variant `v`'s drafter on `prompt` (batch 1)."""
+  return bench.drafting_seconds(
+    target,
+    v.drafter,
+    *prompt,
+    gamma=v.gamma,
+    max_new_tokens=config.max_new_tokens,
+    sampling=sampling,
+    num_runs=config.num_runs,
+  )
+
+
+class _Progress:
+  """`sweep`'s progress lines: a variant's label as it starts, its figures as it ends."""
+
+  def __init__(self, say: Callable[..., None], total: int):
+    self.say, self.total, self.count = say, total, 0
+    self.began = self.first = time.perf_counter()
+
+  def start(self, v: Variant) -> None:
+    self.count += 1
+    self.began = time.perf_counter()
+    self.say(f"[{self.count:{len(str(self.total))}d}/{self.total}] {v.label} ...", end=" ")
+
+  def done(self, row: dict[str, Any]) -> None:
+    now = time.perf_counter()
+    maps = "" if row["memory_maps"] is None else f", {row['memory_maps']} memory maps"
+    self.say(
+      f"{now - self.began:.1f} s, α {row['acceptance_rate']:.3f}, "
+      f"{row['ms_per_token']:.3f} ms/token, speedup {row['speedup']:.2f}{maps} "
+      f"({now - self.first:.0f} s in all)"
+    )
 
 
 def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[dict[str, Any]]:
@@ -440,7 +471,7 @@ def main(argv):
   output_md = check_output_path("--output_md", flags.FLAGS.output_md)
   start = time.perf_counter()
   rows = run(flags.FLAGS.config, progress=True)
-  result = {"rows": rows, **benchmarking.environment_info()}
+  result = {"rows": rows, **bench.environment_info()}
   table = markdown(rows)
   print(table)
   common.write_json(output_json, result)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -23,18 +23,11 @@ from absl import flags, logging
 import specjax
 import specjax.hf
 from experiments import common
-from specjax import benchmarking, dtypes, pretrained, theory
+from specjax import bench, dtypes, pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import launch, make_mesh, shard_batch, shard_model
-from specjax.drafting import (
-  CrossTokenizerDrafter,
-  EagleDrafter,
-  EarlyExitDrafter,
-  MedusaDrafter,
-  NGramDrafter,
-  layer_skip,
-)
+from specjax.drafting import CrossTokenizerDrafter
 from specjax.hf.optional import import_torch_transformers
 from specjax.models.kv_cache import cache_capacity
 from specjax.training import heads as head_training
@@ -47,8 +40,7 @@ from specjax.vocab_map import build_vocab_map
 DECODE_DTYPES = ("float32", "bfloat16")
 
 
-HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
-HEAD_KINDS = tuple(HEAD_DRAFTERS)
+HEAD_KINDS = tuple(pretrained.HEAD_DRAFTERS)
 # A draft with a tokenizer of its own: token-level intersection inside the jitted
 # loop, or string-level exact match around it (`specjax.vocab_map`).
 CROSS_DRAFTERS = ("cross_tokenizer", "string_level")
@@ -56,15 +48,13 @@ DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS, *CROSS_DRAFTERS)
 
 # Default draft length by batch size (the largest key <= the batch). Scoring
 # gamma + 1 tokens per row costs about one step while the target is memory-bound
-# (batch 1), but nearly gamma + 1 steps once the batch makes it compute-bound:
-# on the 2-core CPU of docs/performance.md the bundled pair at batch 8 gave speedups
-# 1.13 / 1.05 / 0.84 at gamma 1 / 2 / 4; at batch 1 the best gamma is 4. Batches
-# in between were not measured and keep 4.
+# (batch 1), but nearly gamma + 1 steps once the batch makes it compute-bound, so
+# a large batch drafts less (the measurements: docs/performance.md). Batches in
+# between were not measured and keep 4.
 DEFAULT_GAMMA = {1: 4, 8: 1}
 # Drafters whose draft step costs a large share of a target step draft fewer
-# tokens: early exit (2 of 6 target layers + the adapter + the head, c about
-# 0.5) gave 1.06x at gamma 1 against 0.72x at gamma 4 (T = 0, batch 1, the
-# comparison run in docs/heads.md).
+# tokens: early exit (2 of 6 target layers + the adapter + the head) pays off at
+# gamma 1, not 4 (the comparison in docs/heads.md).
 DRAFTER_GAMMA = {"early_exit": 1}
 
 
@@ -74,46 +64,18 @@ def default_gamma(batch_size: int, drafter: str = "model") -> int:
   return min(by_batch, DRAFTER_GAMMA.get(drafter, by_batch))
 
 
-def _load(config: ml_collections.ConfigDict, dtype):
-  """(target, draft, tokenizer, draft_tokenizer, target_path, draft_path): the
-  bundled pair (with the bundled cross draft for the cross-tokenizer drafters)
-  or two HF dirs."""
+def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
+  """The models (`pretrained.load_checkpoints`): the bundled pair (with the bundled
+  cross draft for the cross-tokenizer drafters) or two HF dirs."""
   if bool(config.target) != bool(config.draft):
     raise ValueError(
       "config.target and config.draft must both name local Hugging Face "
       "checkpoint directories (config.json, *.safetensors, tokenizer.json), "
       "or both be empty for the bundled pair."
     )
-  cross = config.drafter in CROSS_DRAFTERS
-  if not config.target:
-    target, draft, tokenizer = pretrained.load_pair(dtype)
-    if cross:
-      draft, draft_tokenizer = pretrained.load_cross_draft(dtype)
-      return (
-        target,
-        draft,
-        tokenizer,
-        draft_tokenizer,
-        pretrained.TARGET_DIR,
-        pretrained.CROSS_DRAFT_DIR,
-      )
-    return target, draft, tokenizer, tokenizer, pretrained.TARGET_DIR, pretrained.DRAFT_DIR
-  # Directories or hub repo ids, resolved offline in the local Hugging Face cache.
-  target_path = specjax.hf.resolve_checkpoint(config.target, flag="--config.target")
-  draft_path = specjax.hf.resolve_checkpoint(config.draft, flag="--config.draft")
-  logging.info("pair check:\n%s", specjax.hf.check_pair(target_path, draft_path))
-  target, tokenizer = specjax.hf.load_model(target_path, dtype=dtype)
-  draft, draft_tokenizer = specjax.hf.load_model(draft_path, dtype=dtype)
-  if tokenizer is None:
-    raise ValueError(f"{config.target} has no tokenizer.json; text prompts need one.")
-  if not cross:
-    specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, target_path, draft_path)
-  elif draft_tokenizer is None:
-    raise ValueError(
-      f"config.drafter={config.drafter!r} reads the draft's own tokenizer: "
-      f"{config.draft} has no tokenizer.json."
-    )
-  return target, draft, tokenizer, draft_tokenizer, target_path, draft_path
+  return pretrained.load_checkpoints(
+    config.target, config.draft, dtype=dtype, own_tokenizer=config.drafter in CROSS_DRAFTERS
+  )
 
 
 def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
@@ -136,37 +98,43 @@ def _drafter(
   if config.drafter == "string_level":
     return None, drafter_fields(config.drafter, draft_path, draft)
   if config.drafter in HEAD_KINDS:
-    if config.head:
-      from specjax.training import load_trained_head
-
-      head, _ = load_trained_head(config.head)
-    elif config.target:
-      raise ValueError(
-        f"config.drafter={config.drafter!r} with your own config.target needs "
-        "config.head, the run directory of a head trained for it (the bundled "
-        "heads read the bundled target)."
-      )
-    else:
-      head = pretrained.load_head(config.drafter, target)
-    drafter = HEAD_DRAFTERS[config.drafter](target, head)
-    if config.vocab_subset:
-      if config.target:
-        raise ValueError(
-          "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
-        )
-      drafter = drafter.with_vocab_subset(pretrained.frequent_token_ids(config.vocab_subset))
-    where = config.head or os.path.join(pretrained.HEADS_DIR, config.drafter)
-    return drafter, drafter_fields(config.drafter, where, head)
+    return _head_drafter(config, target)
   if config.drafter == "ngram":
-    drafter = NGramDrafter(target.cfg.vocab_size, max_ngram=config.ngram)
+    drafter = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
     return drafter, drafter_fields(
       config.drafter, f"prompt lookup of n-grams up to n = {config.ngram}"
     )
   if config.drafter == "layer_skip":
-    return layer_skip(target, config.layer_skip), drafter_fields(
+    drafter = pretrained.load_drafter("layer_skip", target, num_layers=config.layer_skip)
+    return drafter, drafter_fields(
       config.drafter, f"the target's first {config.layer_skip} of {target.cfg.n_layers} layers"
     )
   return draft, drafter_fields(config.drafter, draft_path, draft)
+
+
+def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[str, Any]]:
+  """`_drafter` for a draft head: `config.head`'s trained run, or the bundled head."""
+  if config.head:
+    from specjax.training import load_trained_head
+
+    head, _ = load_trained_head(config.head)
+  elif config.target:
+    raise ValueError(
+      f"config.drafter={config.drafter!r} with your own config.target needs "
+      "config.head, the run directory of a head trained for it (the bundled "
+      "heads read the bundled target)."
+    )
+  else:
+    head = pretrained.load_head(config.drafter, target)
+  if config.vocab_subset and config.target:
+    raise ValueError(
+      "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
+    )
+  drafter = pretrained.load_drafter(
+    config.drafter, target, head=head, vocab_subset=config.vocab_subset
+  )
+  where = config.head or os.path.join(pretrained.HEADS_DIR, config.drafter)
+  return drafter, drafter_fields(config.drafter, where, head)
 
 
 def drafter_fields(kind: str, what: str, module=None) -> dict[str, Any]:
@@ -198,14 +166,14 @@ def _to_host(x) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _floor(
-  config, target, draft, drafter, sampling, prompts, lengths, timings, stats, ar_tokens
-) -> dict[str, Any]:
+def _floor(config, inputs, drafter, timings, stats, ar_tokens: int) -> dict[str, Any]:
   """The machine's floor, the target's distance from it, the speculative overhead,
   the drafter's cost ratio c with the speedup Leviathan's formula predicts from
-  it, and compile / long-prompt times (see `specjax.benchmarking.floor_fields`)."""
+  it (`bench.draft_cost`), and compile / long-prompt times (see
+  `specjax.bench.floor_fields`)."""
+  target, draft, prompts, lengths = inputs.target, inputs.draft, inputs.prompts, inputs.lengths
   capacity = cache_capacity(prompts.shape[1], config.max_new_tokens, config.gamma)
-  ttft = benchmarking.prefill_timing(
+  ttft = bench.prefill_timing(
     target,
     prompts,
     lengths,
@@ -216,19 +184,19 @@ def _floor(
   ).median_s
   iterations = max(int(stats.iterations), 1)
   steps = max(ar_tokens - 1, 1)  # decode steps after the prefill's token
-  cost = benchmarking.draft_cost(
+  cost = bench.draft_cost(
     target,
     draft if config.drafter == "model" else drafter,
     prompts,
     lengths,
     gamma=config.gamma,
     max_new_tokens=config.max_new_tokens,
-    sampling=sampling,
+    sampling=inputs.sampling,
     stats=stats.summary(),
     num_runs=config.num_runs,
   )
   return {
-    **benchmarking.floor_fields(
+    **bench.floor_fields(
       target,
       batch=config.batch_size,
       ar_step_s=(timings["ar"].median_s - ttft) / steps,
@@ -240,21 +208,19 @@ def _floor(
     ),
     "draft_cost_ratio_c": cost["c"],
     "verify_cost": cost["verify_cost"],
-    "predicted_speedup": theory.predicted_speedup(
-      min(float(stats.acceptance_rate), 1.0), config.gamma, cost["c"], cost["verify_cost"]
-    ),
+    "predicted_speedup": cost["predicted_speedup"],
     "spec_iterations": iterations,
     "prefill_ms": ttft * 1e3,
     "ar_compile_seconds": timings["ar"].compile_s,
     "spec_compile_seconds": timings["spec"].compile_s,
-    **benchmarking.long_prompt_prefill(
+    **bench.long_prompt_prefill(
       target, draft if config.drafter == "model" else None, 1, num_runs=config.num_runs
     ),
   }
 
 
-def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a ValueError naming the first invalid field of `config`."""
   check_positive_int("config.batch_size", config.batch_size)
   check_positive_int("config.num_runs", config.num_runs, 3)
   if config.gamma != 0:
@@ -278,156 +244,190 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     )
   if config.dtype not in DECODE_DTYPES:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
-  if config.compare_transformers:  # before any model loads: one line on how to install them
-    import_torch_transformers("--config.compare_transformers")
-  dtype = dtypes.to_dtype(config.dtype, "config.dtype")
-  if config.head and config.drafter in HEAD_KINDS:
-    check_run(config.head, "--config.head", kind="head")
-  target, draft, tokenizer, draft_tokenizer, target_path, draft_path = _load(config, dtype)
+
+
+class _Inputs(NamedTuple):
+  """What `run` decodes: the models (sharded on `mesh`), their checkpoint paths,
+  the sampling settings, and the prompts (`prompts [B, P]`, `lengths [B]`,
+  sharded; `prompt` and `ids` are the first row's text and token ids)."""
+
+  target: Any
+  draft: Any
+  tokenizer: Tokenizer
+  draft_tokenizer: Tokenizer | None
+  target_path: str
+  draft_path: str
+  mesh: jax.sharding.Mesh
+  sampling: specjax.SamplingParams
+  eos: list[int] | None
+  prompt: str
+  ids: list[int]
+  prompts: jax.Array
+  lengths: jax.Array
+
+
+def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
+  """Loads and shards the models, reads the sampling settings, encodes the prompts."""
+  models = _load(config, dtypes.to_dtype(config.dtype, "config.dtype"))
   mesh = make_mesh(tuple(config.mesh_shape))
   if config.batch_size % mesh.shape["data"]:
     raise ValueError(
       f"config.batch_size ({config.batch_size}) must be divisible by the "
       f"mesh's data axis ({mesh.shape['data']})."
     )
-  target = shard_model(target, mesh)
-  draft = shard_model(draft, mesh, replicate=config.replicate_draft)
+  target = shard_model(models.target, mesh)
+  draft = shard_model(models.draft, mesh, replicate=config.replicate_draft)
   # The target's generation_config.json (else config.json): EOS ids, default sampling.
-  settings = specjax.hf.generation_settings(target_path)
+  settings = specjax.hf.generation_settings(models.target_path)
   if config.checkpoint_sampling:
     sampling = settings.sampling
   else:
     sampling = specjax.SamplingParams(
       temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
     )
-  texts_in, prompts, lengths = _prompt_batch(config, tokenizer)
+  texts, prompts, lengths = _prompt_batch(config, models.tokenizer)
   ids = np.asarray(prompts[0, : lengths[0]]).tolist()
-  prompts, lengths = shard_batch(prompts, mesh), shard_batch(lengths, mesh)
   eos = (list(settings.eos_ids) or None) if config.stop_at_eos else None
-  key = jax.random.key(config.seed)
-  drafter, draft_fields = _drafter(config, target, draft, draft_tokenizer, tokenizer, draft_path)
-  auto_gamma = config.gamma == 0
-  if auto_gamma:
-    config = config.copy_and_resolve_references()
-    config.gamma = default_gamma(config.batch_size, config.drafter)
-  calls = {
-    "ar": lambda: specjax.autoregressive_generate(
-      target,
-      prompts,
-      lengths,
-      max_new_tokens=config.max_new_tokens,
-      sampling=sampling,
-      key=key,
-      eos_id=eos,
-    ),
-  }
-  shared = dict(
-    gamma=config.gamma,
-    max_new_tokens=config.max_new_tokens,
-    sampling=sampling,
-    key=key,
-    eos_id=eos,
-    verifier=config.verifier,
+  return _Inputs(
+    target,
+    draft,
+    models.tokenizer,
+    models.draft_tokenizer,
+    models.target_path,
+    models.draft_path,
+    mesh,
+    sampling,
+    eos,
+    texts[0],
+    ids,
+    shard_batch(prompts, mesh),
+    shard_batch(lengths, mesh),
   )
+
+
+def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[str, Any]:
+  """The timed calls: autoregressive ("ar") and speculative ("spec") decoding."""
+  i, key = inputs, jax.random.key(config.seed)
+  plain = dict(max_new_tokens=config.max_new_tokens, sampling=i.sampling, key=key, eos_id=i.eos)
+  calls = {"ar": lambda: specjax.autoregressive_generate(i.target, i.prompts, i.lengths, **plain)}
+  shared = dict(plain, gamma=config.gamma, verifier=config.verifier)
   if config.drafter == "string_level":
     calls["spec"] = lambda: specjax.string_level_generate(
-      target, draft, draft_tokenizer, tokenizer, prompts, lengths, **shared
+      i.target, i.draft, i.draft_tokenizer, i.tokenizer, i.prompts, i.lengths, **shared
     )
   else:
     calls["spec"] = lambda: specjax.speculative_generate(
-      target,
+      i.target,
       drafter,
-      prompts,
-      lengths,
+      i.prompts,
+      i.lengths,
       adaptive=config.adaptive or None,
       confidence_threshold=config.confidence_threshold,
       **shared,
     )
-  with jax.set_mesh(mesh):
-    timings, outputs = benchmarking.time_calls(calls, config.num_runs)
-  texts, ms, host_tokens = {}, {}, {}
-  for name, out in outputs.items():
-    n = _to_host(out.num_generated)
-    host_tokens[name] = _to_host(out.tokens)
-    texts[name] = tokenizer.decode(host_tokens[name][0, : n[0]].tolist())
-    # The loop runs until its longest row is done.
-    ms[name] = timings[name].median_s * 1e3 / int(n.max())
+  return calls
+
+
+def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
+  check_config(config)
+  if config.compare_transformers:  # before any model loads: one line on how to install them
+    import_torch_transformers("--config.compare_transformers")
+  if config.head and config.drafter in HEAD_KINDS:
+    check_run(config.head, "--config.head", kind="head")
+  inputs = _inputs(config)
+  drafter, draft_fields = _drafter(
+    config, inputs.target, inputs.draft, inputs.draft_tokenizer, inputs.tokenizer, inputs.draft_path
+  )
+  auto_gamma = config.gamma == 0
+  if auto_gamma:
+    config = config.copy_and_resolve_references()
+    config.gamma = default_gamma(config.batch_size, config.drafter)
+  with jax.set_mesh(inputs.mesh):
+    timings, outputs = bench.time_calls(_calls(config, inputs, drafter), config.num_runs)
+  host = {
+    name: (_to_host(out.tokens), _to_host(out.num_generated)) for name, out in outputs.items()
+  }
+  texts = {name: inputs.tokenizer.decode(t[0, : n[0]].tolist()) for name, (t, n) in host.items()}
+  # The loop runs until its longest row is done.
+  ms = {name: timings[name].median_s * 1e3 / int(n.max()) for name, (_, n) in host.items()}
   stats = outputs["spec"].stats
   result = {
-    "target": target_path,
-    "target_params": target.num_params,
+    "target": inputs.target_path,
+    "target_params": inputs.target.num_params,
     **draft_fields,  # "draft", "draft_params": the drafter that decoded
-    "prompt": texts_in[0],
-    "prompt_tokens": len(ids),
+    "prompt": inputs.prompt,
+    "prompt_tokens": len(inputs.ids),
     "ar_text": texts["ar"],
     "spec_text": texts["spec"],
     "gamma": config.gamma,
     "gamma_policy": "by batch size" if auto_gamma else "fixed",
-    "temperature": float(sampling.temperature),
-    "eos_ids": eos,
-    "drafter": config.drafter,
-    # FR-Spec: the head drafts among this many frequent ids (None: all)
-    "vocab_subset": None
-    if getattr(drafter, "vocab_subset", None) is None
-    else int(drafter.vocab_subset.shape[0]),
-    "verifier": config.verifier,
-    "adaptive": config.adaptive or "fixed",
-    "batch_size": config.batch_size,
+    **_settings_fields(config, inputs, drafter),
     "ar_ms_per_token": ms["ar"],
     "spec_ms_per_token": ms["spec"],
     "speedup": ms["ar"] / ms["spec"],
     "acceptance_rate": float(stats.acceptance_rate),
     "tokens_per_iteration": float(stats.tokens_per_iteration),
-    **benchmarking.environment_info(),
+    **bench.environment_info(),
   }
   if config.drafter in CROSS_DRAFTERS:
     result["vocab_map"] = build_vocab_map(
-      draft_tokenizer, tokenizer, draft.cfg.vocab_size, target.cfg.vocab_size
+      inputs.draft_tokenizer,
+      inputs.tokenizer,
+      inputs.draft.cfg.vocab_size,
+      inputs.target.cfg.vocab_size,
     ).report()
   if config.drafter == "string_level":  # where a host loop's time goes
     result["string_level_timings"] = outputs["spec"].timings
   elif config.report_floor:
-    result.update(
-      _floor(
-        config,
-        target,
-        draft,
-        drafter,
-        sampling,
-        prompts,
-        lengths,
-        timings,
-        stats,
-        int(_to_host(outputs["ar"].num_generated).max()),
-      )
-    )
-  if sampling.greedy:
-    result["texts_identical"] = bool(np.array_equal(host_tokens["ar"], host_tokens["spec"]))
+    result.update(_floor(config, inputs, drafter, timings, stats, int(host["ar"][1].max())))
+  if inputs.sampling.greedy:
+    result["texts_identical"] = bool(np.array_equal(host["ar"][0], host["spec"][0]))
   if config.compare_transformers:
-    from specjax.hf.transformers_baseline import time_transformers
-
-    hf = time_transformers(
-      target_path,
-      draft_path,
-      ids,
-      gamma=config.gamma,
-      max_new_tokens=config.max_new_tokens,
-      sampling=sampling,
-      dtype=config.dtype,
-      num_runs=config.num_runs,
-      seed=config.seed,
-    )
-    result.update(
-      hf_ms_per_token=hf["hf_ms_per_token"],
-      hf_assisted_ms_per_token=hf["hf_assisted_ms_per_token"],
-      spec_over_hf_assisted=ms["spec"] / hf["hf_assisted_ms_per_token"],
-      ar_over_hf=ms["ar"] / hf["hf_ms_per_token"],
-    )
-    if sampling.greedy and eos is None:
-      result["hf_assisted_matches_spec"] = (
-        hf["hf_assisted_tokens"] == host_tokens["spec"][0].tolist()
-      )
+    result.update(_transformers_fields(config, inputs, ms, host["spec"][0]))
   return result
+
+
+def _settings_fields(config, inputs: _Inputs, drafter) -> dict[str, Any]:
+  """The result's decoding settings: temperature, EOS ids, drafter, verifier, ..."""
+  subset = getattr(drafter, "vocab_subset", None)
+  return {
+    "temperature": float(inputs.sampling.temperature),
+    "eos_ids": inputs.eos,
+    "drafter": config.drafter,
+    # FR-Spec: the head drafts among this many frequent ids (None: all)
+    "vocab_subset": None if subset is None else int(subset.shape[0]),
+    "verifier": config.verifier,
+    "adaptive": config.adaptive or "fixed",
+    "batch_size": config.batch_size,
+  }
+
+
+def _transformers_fields(config, inputs: _Inputs, ms, spec_tokens) -> dict[str, Any]:
+  """transformers' plain and assisted generation on the same checkpoints and
+  prompt (`specjax.hf.transformers_baseline`), against ours (`ms` per token)."""
+  from specjax.hf.transformers_baseline import time_transformers
+
+  hf = time_transformers(
+    inputs.target_path,
+    inputs.draft_path,
+    inputs.ids,
+    gamma=config.gamma,
+    max_new_tokens=config.max_new_tokens,
+    sampling=inputs.sampling,
+    dtype=config.dtype,
+    num_runs=config.num_runs,
+    seed=config.seed,
+  )
+  out = dict(
+    hf_ms_per_token=hf["hf_ms_per_token"],
+    hf_assisted_ms_per_token=hf["hf_assisted_ms_per_token"],
+    spec_over_hf_assisted=ms["spec"] / hf["hf_assisted_ms_per_token"],
+    ar_over_hf=ms["ar"] / hf["hf_ms_per_token"],
+  )
+  if inputs.sampling.greedy and inputs.eos is None:
+    out["hf_assisted_matches_spec"] = hf["hf_assisted_tokens"] == spec_tokens[0].tolist()
+  return out
 
 
 def main(argv):

@@ -13,7 +13,7 @@ rewritten after each, so a run cut short keeps what it measured:
      to fit (the bundled pair: chains against trees of 8 and 16 nodes with the
      draft model, EAGLE and Medusa, at T = 0 and 1; real acceptance);
   decode:
-  1. measures copy bandwidth (read + write of a 2 GiB buffer, `specjax.roofline`);
+  1. measures copy bandwidth (read + write of a 2 GiB buffer, `specjax.bench.floor`);
   2. builds a TinyLlama-1.1B-shaped bfloat16 target (d_model 2048, 22 layers,
      32 heads, 4 kv heads, d_ff 5632, vocab 32000) and a 68M-shaped draft
      (d_model 768, 2 layers, 12 heads, d_ff 3072), random weights;
@@ -40,7 +40,7 @@ from flax import nnx
 import specjax
 from configs import compare_trees
 from experiments import common, compare_drafters
-from specjax import benchmarking, roofline, trees
+from specjax import bench, trees
 from specjax.drafting import EagleDrafter
 from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
@@ -116,11 +116,11 @@ def scoring_rows(target, sizes: dict, scale: str) -> list[dict]:
   rows = []
   vocab = target.cfg.vocab_size
   for batch in (1,):
-    prompts, lengths = benchmarking.random_prompts(
+    prompts, lengths = bench.random_prompts(
       jax.random.key(batch), batch, sizes["prompt_len"], vocab
     )
     call = functools.partial(
-      benchmarking.call_seconds,
+      bench.call_seconds,
       target,
       prompts,
       lengths,
@@ -164,7 +164,7 @@ def main(argv):
   scale = flags.FLAGS.scale
   sizes = SIZES[scale]
   start = time.perf_counter()
-  result = {**benchmarking.environment_info(), "scale": scale, "gamma": GAMMA}
+  result = {**bench.environment_info(), "scale": scale, "gamma": GAMMA}
 
   def save(name, rows, columns):
     result[name] = rows
@@ -189,22 +189,22 @@ def main(argv):
       save("cases", decode_rows(target, draft, sizes, result), COLUMNS)
     # The sections share no program (the cases of `decode` share the target's,
     # so they are kept together): free each section's before the next.
-    benchmarking.free_compiled_programs()
+    bench.free_compiled_programs()
   print(json.dumps(result, indent=2))
 
 
 def decode_rows(target, draft, sizes: dict, result: dict) -> list[dict]:
   """Autoregressive and speculative decoding of the 1.1B shape (`CASES`) against
   the memory floor; records the bandwidth and floor in `result`."""
-  bandwidth = 1e9 * roofline.memory_bandwidth_gbs(
+  bandwidth = 1e9 * bench.memory_bandwidth_gbs(
     megabytes=sizes["copy_bytes"] >> 20, num_runs=sizes["num_runs"]
   )
-  floor_ms = roofline.weight_bytes(target) / bandwidth * 1e3
+  floor_ms = bench.weight_bytes(target) / bandwidth * 1e3
   result.update(
     copy_bandwidth_gb_s=bandwidth / 1e9,
     target_params=target.num_params,
     draft_params=draft.num_params,
-    target_param_bytes=roofline.weight_bytes(target),
+    target_param_bytes=bench.weight_bytes(target),
     memory_floor_ms_per_step=floor_ms,
   )
   print(
@@ -216,10 +216,10 @@ def decode_rows(target, draft, sizes: dict, result: dict) -> list[dict]:
   drafts = {"68m": draft, "self": target, "eagle": eagle}
   rows = []
   for batch, which in CASES:
-    prompts, lengths = benchmarking.random_prompts(
+    prompts, lengths = bench.random_prompts(
       jax.random.key(batch), batch, sizes["prompt_len"], vocab
     )
-    case = benchmarking.benchmark_generation(
+    case = bench.benchmark_generation(
       target,
       drafts[which],
       prompts,

@@ -192,9 +192,9 @@ def _requests(config, tokenizer, max_prompt_len: int):
 
 
 def _environment() -> dict[str, Any]:
-  from specjax import benchmarking
+  from specjax import bench
 
-  return benchmarking.environment_info()
+  return bench.environment_info()
 
 
 def main(argv):

@@ -14,7 +14,7 @@ held-out prompt:
   rest_of_iteration_ms                 spec - propose - score_verify: the commit
   overhead_fraction                    share of an iteration that is neither model's forward
 
-and from the compiled programs, the kernels (`specjax.hlo_ops`) each loop body
+and from the compiled programs, the kernels (`specjax.bench.hlo`) each loop body
 launches: an autoregressive step, a speculative iteration (around its draft
 loop) and one draft call of the proposal loop. `--trace_dir` also writes a
 `jax.profiler` trace of one speculative generate call (TensorBoard / Perfetto).
@@ -24,39 +24,14 @@ from __future__ import annotations
 
 import json
 
-import jax
-import jax.numpy as jnp
 from absl import flags, logging
 
-import specjax
 from experiments import common
-from specjax import benchmarking, hlo_ops, pretrained
+from specjax import bench, pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
-from specjax.drafting import ModelDrafter, Proposal
-from specjax.generation.autoregressive import _autoregressive_program
-from specjax.generation.speculative import _speculative_program, verifier_inputs
-from specjax.generation.state import SpecConfig
-from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path, check_positive_int
 
 NUM_RUNS = 5  # timed runs per part; each figure is their median
-
-
-def _kernels(ar_text: str, spec_text: str) -> dict:
-  """Kernels per loop body: the AR step, the speculative iteration, one draft call."""
-  ar = max(hlo_ops.loop_kernels(ar_text), key=lambda loop: loop["kernels"])
-  counts = hlo_ops.kernel_counts(spec_text)
-  bodies = hlo_ops.while_bodies(spec_text)
-  outer = [b for b in bodies if counts[b]["while"]]
-  spec = max(outer, key=lambda b: sum(counts[b].values()))
-  # The draft loop: the largest other body (random-bit loops are small).
-  draft = max((b for b in bodies if b != spec), key=lambda b: sum(counts[b].values()))
-  return {
-    "ar_step_kernels": ar["kernels"],
-    "spec_iteration_kernels": sum(counts[spec].values()),
-    "draft_call_kernels": sum(counts[draft].values()),
-    "spec_iteration_calls": counts[spec]["call"],  # random-bit loops called per iteration
-  }
 
 
 def profile(
@@ -66,143 +41,22 @@ def profile(
   temperature: float = 0.0,
   trace_dir: str | None = None,
 ) -> dict:
-  """Milliseconds of each part of a speculative iteration (see the module doc)."""
-  check_positive_int("gamma", gamma)
-  check_positive_int("repeats", repeats)
-  check_positive_int("max_new_tokens", max_new_tokens)
-  sampling = specjax.SamplingParams(temperature=temperature)
+  """Milliseconds of each part of a speculative iteration on the bundled pair and
+  the first held-out prompt (`specjax.bench.profile_iteration`)."""
   target, draft, tokenizer = pretrained.load_pair()
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(1))
-  verifier = "greedy" if sampling.greedy else "token"
-  config = SpecConfig(
-    gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, verifier=verifier
+  return bench.profile_iteration(
+    target,
+    draft,
+    prompts,
+    lengths,
+    gamma=gamma,
+    repeats=repeats,
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    num_runs=NUM_RUNS,
+    trace_dir=trace_dir,
   )
-  drafter = ModelDrafter(draft)
-  capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)
-  width = int(lengths[0])
-  key = jax.random.key(0)
-  vocab = target.cfg.vocab_size
-
-  def forward_ms(model, t):
-    seconds = benchmarking.call_seconds(
-      model,
-      prompts,
-      lengths,
-      tokens_per_call=t,
-      capacity=capacity,
-      num_steps=repeats,
-      num_runs=NUM_RUNS,
-    )
-    return 1e3 * seconds
-
-  @jax.jit
-  def propose(drafter, state):
-    def body(i, acc):
-      recent = jnp.stack([prompts[:, width - 2], jnp.full((1,), i % 97)], axis=1)
-      proposal, _ = drafter.propose(
-        state,
-        recent.astype(jnp.int32),
-        jax.random.fold_in(key, i),
-        jnp.full((1,), gamma, jnp.int32),
-        gamma=gamma,
-        sampling=sampling,
-      )
-      return acc + proposal.tokens[0, 0]
-
-    return jax.lax.fori_loop(0, repeats, body, 0)
-
-  @jax.jit
-  def score_verify(model, cache):
-    # As the step does it: the target over gamma + 1 tokens, then the verifier's
-    # inputs (warp, q) and the rule itself.
-    q = jax.nn.softmax(jnp.zeros((1, gamma, vocab)))
-
-    def body(i, acc):
-      block = jnp.full((1, gamma + 1), i % 97, jnp.int32)
-      logits, _ = model.forward_cached(block, cache)
-      proposal = Proposal(
-        block[:, 1:], None if sampling.greedy else q, jnp.full((1,), gamma), jnp.int32(gamma)
-      )
-      inputs = verifier_inputs(proposal, logits, sampling, vocab, sampling.greedy)
-      n, y = specjax.verify.get_verifier(verifier)(jax.random.fold_in(key, i), *inputs)
-      return acc + n[0] + y[0]
-
-    return jax.lax.fori_loop(0, repeats, body, 0)
-
-  def ar():
-    return specjax.autoregressive_generate(
-      target, prompts, lengths, max_new_tokens=max_new_tokens, sampling=sampling, key=key
-    )
-
-  def spec():
-    return specjax.speculative_generate(
-      target,
-      draft,
-      prompts,
-      lengths,
-      gamma=gamma,
-      max_new_tokens=max_new_tokens,
-      sampling=sampling,
-      key=key,
-    )
-
-  cache = target.init_cache(1, capacity)
-  cache = target.forward_cached(prompts, cache)[1].with_lengths(lengths)
-  draft_state = drafter.init(prompts, lengths, jnp.zeros((1,), jnp.int32), capacity)
-  out = spec()
-  iterations = int(out.stats.iterations)
-  draft_calls = (int(out.stats.draft_calls) - 1) / max(iterations, 1)
-  result = {
-    "gamma": gamma,
-    "temperature": float(temperature),
-    "target_params": target.num_params,
-    "draft_params": draft.num_params,
-    "target_forward_1_ms": forward_ms(target, 1),
-    "target_forward_gamma_plus_1_ms": forward_ms(target, gamma + 1),
-    "draft_forward_1_ms": forward_ms(draft, 1),
-  }
-  # name -> (call, units of work per call): a call's time / units is the figure.
-  parts = {
-    "draft_propose_ms": (lambda: propose(drafter, draft_state), repeats),
-    "verify_ms": (lambda: score_verify(target, cache), repeats),
-    "ar_ms_per_token": (lambda: ar().tokens, max_new_tokens),
-    "spec_ms_per_iteration": (lambda: spec().tokens, iterations),
-  }
-  timings, _ = benchmarking.time_calls({name: fn for name, (fn, _) in parts.items()}, NUM_RUNS)
-  for name, (_, units) in parts.items():
-    result[name] = timings[name].median_s * 1e3 / units
-  spec_ms = result["spec_ms_per_iteration"]
-  result["rest_of_iteration_ms"] = spec_ms - result["draft_propose_ms"] - result["verify_ms"]
-  models_ms = result["target_forward_gamma_plus_1_ms"] + draft_calls * result["draft_forward_1_ms"]
-  result["overhead_fraction"] = 1 - models_ms / spec_ms
-  result["iterations"] = iterations
-  result["draft_calls_per_iteration"] = draft_calls
-  ar_text = (
-    _autoregressive_program.lower(
-      target,
-      prompts,
-      lengths,
-      key,
-      None,
-      sampling=sampling,
-      max_new_tokens=max_new_tokens,
-      eos_id=None,
-      pad_id=0,
-      capacity=cache_capacity(prompts.shape[1], max_new_tokens),
-    )
-    .compile()
-    .as_text()
-  )
-  spec_text = (
-    _speculative_program.lower(target, drafter, prompts, lengths, key, config=config)
-    .compile()
-    .as_text()
-  )
-  result.update(_kernels(ar_text, spec_text))
-  if trace_dir:
-    with jax.profiler.trace(trace_dir):
-      jax.block_until_ready(spec().tokens)
-  return {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
 
 
 def main(argv):

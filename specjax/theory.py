@@ -29,9 +29,27 @@ def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1
   over gamma + 1 tokens / over 1 token) replaces that 1 on compute-bound
   hardware: S = E / (gamma c + verify_cost).
   """
+  _check_costs(c, verify_cost)
+  return speedup_from_tokens(expected_tokens_per_iteration(alpha, gamma), gamma, c, verify_cost)
+
+
+def speedup_from_tokens(
+  tokens_per_iteration: float, draft_steps: float, c: float, verify_cost: float = 1.0
+) -> float:
+  """S = tokens_per_iteration / (draft_steps c + verify_cost): `predicted_speedup`
+  with the tokens an iteration emits given (measured) instead of E(alpha, gamma).
+
+  For drafters with no closed form for their accepted length (token trees,
+  whose `draft_steps` are their nodes; host loops, whose draft steps are the
+  draft model's calls per iteration).
+  """
+  _check_costs(c, verify_cost)
+  return tokens_per_iteration / (draft_steps * c + verify_cost)
+
+
+def _check_costs(c: float, verify_cost: float) -> None:
   if c < 0 or verify_cost <= 0:
     raise ValueError(f"c must be >= 0 and verify_cost > 0, got {c!r}, {verify_cost!r}.")
-  return expected_tokens_per_iteration(alpha, gamma) / (gamma * c + verify_cost)
 
 
 def arithmetic_ops_factor(alpha: float, gamma: int, c_hat: float) -> float:

@@ -52,7 +52,7 @@ from flax import nnx
 
 import specjax
 from helpers import TINY, TINY_DRAFT
-from specjax import benchmarking
+from specjax import bench
 
 # Subprocess suites started at collection (see `background`), by start function.
 _BACKGROUND = {}
@@ -176,11 +176,11 @@ def free_compiled_programs():
   keeps memory mappings of its code; a whole suite in one process would otherwise
   pass the kernel's limit (vm.max_map_count, 65530 by default) and crash inside
   a later compile. Traced and lowered programs stay cached
-  (`specjax.benchmarking.free_compiled_programs`): one a later module shares
+  (`specjax.bench.free_compiled_programs`): one a later module shares
   skips tracing and lowering and comes back from the persistent compilation
   cache."""
   yield
-  benchmarking.free_compiled_programs()
+  bench.free_compiled_programs()
 
 
 @pytest.fixture

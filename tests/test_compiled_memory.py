@@ -12,7 +12,7 @@ traced programs, so a freed program runs again without tracing again.
 import jax
 import jax.numpy as jnp
 
-from specjax import benchmarking
+from specjax import bench
 
 
 def test_a_freed_program_runs_again_without_retracing():
@@ -27,6 +27,6 @@ def test_a_freed_program_runs_again_without_retracing():
     return 2 * x
 
   assert int(double(jnp.int32(3))) == 6
-  benchmarking.free_compiled_programs()
+  bench.free_compiled_programs()
   assert int(double(jnp.int32(4))) == 8
   assert traces == [()], "traced again after free_compiled_programs"

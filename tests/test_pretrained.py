@@ -228,6 +228,41 @@ def test_load_pair_names_a_card_without_sums(monkeypatch, tmp_path):
     pretrained.load_pair()
 
 
+def test_load_drafter_builds_every_kind(pair):
+  """One registry of drafters for the launchers: the bundled heads (optionally
+  among the K most frequent ids), prompt lookup and layer skip."""
+  for kind, cls in pretrained.HEAD_DRAFTERS.items():
+    assert type(pretrained.load_drafter(kind, pair.target)) is cls
+  head = pretrained.load_head("medusa", pair.target)
+  assert pretrained.load_drafter("medusa", pair.target, head=head).heads is head
+  subset = pretrained.load_drafter("eagle", pair.target, vocab_subset=64)
+  np.testing.assert_array_equal(subset.vocab_subset, pretrained.frequent_token_ids(64))
+  assert pretrained.load_drafter("ngram", pair.target, max_ngram=2).max_ngram == 2
+  assert pretrained.load_drafter("layer_skip", pair.target, num_layers=1).num_layers == 1
+  with pytest.raises(ValueError, match="kind must be one of eagle, medusa, early_exit, ngram, "):
+    pretrained.load_drafter("hydra", pair.target)
+  with pytest.raises(ValueError, match=r"vocab_subset must be an int >= 0 \(0: all ids\)"):
+    pretrained.load_drafter("eagle", pair.target, vocab_subset=-1)
+
+
+def test_load_checkpoints_loads_the_bundled_pair_and_names_a_missing_field():
+  """The launchers' one pair loader (Hugging Face checkpoints: tests/test_decode.py)."""
+  models = pretrained.load_checkpoints()
+  assert (models.target_path, models.draft_path) == (pretrained.TARGET_DIR, pretrained.DRAFT_DIR)
+  assert models.draft_tokenizer is models.tokenizer
+  cross = pretrained.load_checkpoints(own_tokenizer=True)
+  assert cross.draft_path == pretrained.CROSS_DRAFT_DIR
+  assert (
+    cross.draft_tokenizer.vocab_size == cross.draft.cfg.vocab_size != cross.tokenizer.vocab_size
+  )
+  alone = pretrained.load_checkpoints(need_draft=False)
+  assert alone.draft is None and alone.draft_path is None and alone.draft_tokenizer is None
+  with pytest.raises(ValueError, match="--draft needs --target"):
+    pretrained.load_checkpoints(draft="d", fields=("--target", "--draft"))
+  with pytest.raises(ValueError, match="config.draft must name the draft checkpoint"):
+    pretrained.load_checkpoints("some/target")
+
+
 def test_loading_compiles_no_program(caplog):
   """Reading, checking and converting the bundled files is NumPy work: a jax op
   there compiles a program per tensor shape (56 for the pair once, about 2 s of

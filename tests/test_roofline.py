@@ -4,20 +4,21 @@ import jax
 import jax.numpy as jnp
 
 import specjax
-from specjax import hlo_ops, roofline
+from specjax import bench
+from specjax.bench import floor
 
 
 def test_weight_bytes_count_every_parameter(target):
-  assert roofline.weight_bytes(target) == 4 * target.num_params  # float32
+  assert bench.weight_bytes(target) == 4 * target.num_params  # float32
 
 
 def test_matmul_skeleton_does_the_models_products(target):
   """Its FLOPs per step are the model's projections and head, 2 * N * (weights in
   matrices), within the small extra of the residual adds."""
-  layers, head = roofline._kernels(target)
+  layers, head = floor._kernels(target)
   n = 3
   x = jnp.ones((n, target.cfg.d_model))
-  compiled = roofline._matmul_skeleton.lower(layers, head, x, num_steps=1).compile()
+  compiled = floor._matmul_skeleton.lower(layers, head, x, num_steps=1).compile()
   flops = compiled.cost_analysis()["flops"]
   matrix_weights = sum(w.size for mats in layers for w in mats.values()) + head.size
   assert 2 * n * matrix_weights <= flops <= 1.1 * 2 * n * matrix_weights
@@ -27,8 +28,8 @@ def test_matmul_skeleton_does_the_models_products(target):
 def test_floor_measurements_are_positive():
   # Small sizes; machine_floor at its own sizes runs in every floor report (the
   # decode step of test_launchers.py, test_benchmark.py), which check its fields.
-  assert roofline.memory_bandwidth_gbs(megabytes=8, num_runs=1) > 0
-  assert roofline.matmul_gflops(n=128, num_runs=1) > 0
+  assert bench.memory_bandwidth_gbs(megabytes=8, num_runs=1) > 0
+  assert bench.matmul_gflops(n=128, num_runs=1) > 0
 
 
 def test_kernel_counts_see_loop_bodies_and_skip_free_ops():
@@ -41,9 +42,9 @@ def test_kernel_counts_see_loop_bodies_and_skip_free_ops():
     return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1]
 
   text = f.lower(jnp.ones((8, 8))).compile().as_text()
-  loops = hlo_ops.loop_kernels(text)
+  loops = bench.loop_kernels(text)
   assert len(loops) == 1
-  counts = hlo_ops.kernel_counts(text)[loops[0]["body"]]
+  counts = bench.kernel_counts(text)[loops[0]["body"]]
   assert counts["dot"] + counts["fusion"] >= 1  # the product, fused or not
   assert not {"parameter", "constant", "tuple", "get-tuple-element"} & set(counts)
 
@@ -62,8 +63,8 @@ def test_greedy_iteration_draws_no_random_bits(target, draft):
     .compile()
     .as_text()
   )
-  counts = hlo_ops.kernel_counts(text)
-  outer = [counts[body] for body in hlo_ops.while_bodies(text) if counts[body]["while"]]
+  counts = bench.kernel_counts(text)
+  outer = [counts[body] for body in bench.while_bodies(text) if counts[body]["while"]]
   # The generation loop holds exactly one loop (the drafter's) and calls nothing
   # (random bits on CPU are a called loop).
   assert len(outer) == 1 and outer[0]["while"] == 1 and outer[0]["call"] == 0, outer

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specjax import benchmarking
+from specjax.bench.timing import time_calls
 from specjax.dtypes import to_dtype
 from specjax.hf.optional import import_torch_transformers
 from specjax.sampling import SamplingParams
@@ -70,7 +70,7 @@ def time_transformers(
     with torch.no_grad():
       return target.generate(ids, **kwargs, **extra)[0, ids.shape[1] :]
 
-  timings, outputs = benchmarking.time_calls(
+  timings, outputs = time_calls(
     {"plain": generate, "assisted": lambda: generate(assistant_model=draft)}, num_runs
   )
   result = {}

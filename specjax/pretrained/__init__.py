@@ -2,6 +2,8 @@
 
   target, draft, tokenizer = specjax.pretrained.load_pair()
   head = specjax.pretrained.load_head("eagle", target)   # or "medusa", "early_exit"
+  drafter = specjax.pretrained.load_drafter("eagle", target)  # the head, as a drafter
+  models = specjax.pretrained.load_checkpoints()  # the bundled pair, or HF checkpoints
 
 Both models were trained on the Python standard library's source (see the
 model card in docs/bundled_pair.md and `stdlib_pair/card.json`); the draft is distilled
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from typing import NamedTuple
 
@@ -29,8 +32,11 @@ import numpy as np
 from flax import nnx
 
 from specjax.data.tokenizer import Tokenizer
+from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
 from specjax.dtypes import dtype_name
-from specjax.hf.loader import load_model
+from specjax.hf.hub import resolve_checkpoint
+from specjax.hf.loader import check_same_tokenizer, load_model
+from specjax.hf.pairs import check_pair
 from specjax.models.heads import HEAD_KINDS, HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.validation import is_int, read_json_object
@@ -60,10 +66,34 @@ CROSS_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 _REBUILD_CROSS = "reinstall specjax, or rebuild it with experiments/bundle_cross_draft.py"
 
 
+# The drafter class of each draft head kind (`load_drafter`).
+HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
+# What `load_drafter` builds: the heads, prompt lookup, the target's first layers.
+DRAFTER_KINDS = (*HEAD_DRAFTERS, "ngram", "layer_skip")
+
+
 class Pair(NamedTuple):
   target: Transformer
   draft: Transformer
   tokenizer: Tokenizer
+
+
+class Checkpoints(NamedTuple):
+  """The models a launcher decodes with (`load_checkpoints`).
+
+  Attributes:
+    target, tokenizer: the target and its tokenizer.
+    draft, draft_tokenizer: the draft model and its tokenizer (the target's for
+      a pair that shares one); None when no draft was asked for.
+    target_path, draft_path: their checkpoint directories (None: no draft).
+  """
+
+  target: Transformer
+  draft: Transformer | None
+  tokenizer: Tokenizer
+  draft_tokenizer: Tokenizer | None
+  target_path: str
+  draft_path: str | None
 
 
 def file_sha256(path: str) -> str:
@@ -251,6 +281,109 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
   return nnx.merge(graphdef, params)
 
 
+def load_drafter(
+  kind: str,
+  target: Transformer,
+  *,
+  head: nnx.Module | None = None,
+  vocab_subset: int = 0,
+  max_ngram: int = 3,
+  num_layers: int = 2,
+  dtype=jnp.float32,
+):
+  """A drafter of `kind` for `target`, e.g. `load_drafter("eagle", load_pair().target)`.
+
+  Args:
+    kind: one of `DRAFTER_KINDS`: "eagle", "medusa", "early_exit" (a draft
+      head's drafter), "ngram" (prompt lookup of n-grams up to `max_ngram`) or
+      "layer_skip" (the target's first `num_layers` layers).
+    target: the target `Transformer` the drafter drafts for.
+    head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`);
+      None: the bundled head of `kind` (`load_head`, in `dtype`), which reads
+      the bundled target.
+    vocab_subset: K > 0: a head drafts among the bundled tokenizer's K most
+      frequent ids (FR-Spec, `frequent_token_ids`); 0: among all ids.
+
+  Raises:
+    ValueError: an unknown `kind`, or a setting out of range.
+  """
+  if kind not in DRAFTER_KINDS:
+    raise ValueError(f"kind must be one of {', '.join(DRAFTER_KINDS)}; got {kind!r}.")
+  if kind == "ngram":
+    return NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram)
+  if kind == "layer_skip":
+    return layer_skip(target, num_layers)
+  if not is_int(vocab_subset) or vocab_subset < 0:
+    raise ValueError(f"vocab_subset must be an int >= 0 (0: all ids), got {vocab_subset!r}.")
+  drafter = HEAD_DRAFTERS[kind](target, load_head(kind, target, dtype) if head is None else head)
+  if vocab_subset:
+    drafter = drafter.with_vocab_subset(frequent_token_ids(vocab_subset))
+  return drafter
+
+
+def load_checkpoints(
+  target: str = "",
+  draft: str = "",
+  *,
+  dtype=jnp.float32,
+  need_draft: bool = True,
+  own_tokenizer: bool = False,
+  fields: tuple[str, str] = ("config.target", "config.draft"),
+) -> Checkpoints:
+  """The target and draft a launcher decodes with: the bundled pair, or two
+  Hugging Face checkpoints (directories, or hub repo ids in the local cache).
+
+  Args:
+    target, draft: checkpoint names; both empty: the bundled pair (with
+      `own_tokenizer`, the bundled cross draft in place of its draft).
+    dtype: the weights' dtype.
+    need_draft: False: no draft is loaded (`draft` and its fields are None).
+    own_tokenizer: the draft has a tokenizer of its own (cross-tokenizer
+      drafting), which it must have; otherwise the two must share one.
+    fields: how messages name `target` and `draft` (the launcher's flags).
+
+  Raises:
+    ValueError: a target without a tokenizer, a draft that is needed but not
+      named, or a draft whose tokenizer does not fit.
+    FileNotFoundError: a checkpoint that is not there (`resolve_checkpoint`).
+  """
+  if not target:
+    if draft:
+      raise ValueError(f"{fields[1]} needs {fields[0]} (both Hugging Face checkpoints).")
+    return _bundled_checkpoints(dtype, need_draft, own_tokenizer)
+  if need_draft and not draft:
+    raise ValueError(f"{fields[1]} must name the draft checkpoint for {fields[0]}.")
+  # Both names resolved before any weights load: a missing draft fails at once.
+  target_path = resolve_checkpoint(target, flag=f"--{fields[0]}")
+  draft_path = resolve_checkpoint(draft, flag=f"--{fields[1]}") if need_draft else None
+  target_model, tokenizer = load_model(target_path, dtype=dtype)
+  if tokenizer is None:
+    raise ValueError(f"{fields[0]}: {target_path} has no tokenizer.json; decoding text needs one.")
+  if not need_draft:
+    return Checkpoints(target_model, None, tokenizer, None, target_path, None)
+  logging.info("pair check:\n%s", check_pair(target_path, draft_path))
+  draft_model, draft_tokenizer = load_model(draft_path, dtype=dtype)
+  if not own_tokenizer:
+    check_same_tokenizer(tokenizer, draft_tokenizer, target_path, draft_path)
+  elif draft_tokenizer is None:
+    raise ValueError(
+      f"{fields[1]}: {draft_path} has no tokenizer.json; a draft with a tokenizer of its "
+      "own needs one."
+    )
+  return Checkpoints(target_model, draft_model, tokenizer, draft_tokenizer, target_path, draft_path)
+
+
+def _bundled_checkpoints(dtype, need_draft: bool, own_tokenizer: bool) -> Checkpoints:
+  """`load_checkpoints` of the bundled pair (the cross draft with `own_tokenizer`)."""
+  target, draft, tokenizer = load_pair(dtype)
+  if not need_draft:
+    return Checkpoints(target, None, tokenizer, None, TARGET_DIR, None)
+  if own_tokenizer:
+    cross, cross_tokenizer = load_cross_draft(dtype)
+    return Checkpoints(target, cross, tokenizer, cross_tokenizer, TARGET_DIR, CROSS_DRAFT_DIR)
+  return Checkpoints(target, draft, tokenizer, tokenizer, TARGET_DIR, DRAFT_DIR)
+
+
 def model_card() -> dict:
   """The training record of the bundled pair (commands, steps, tokens, metrics, sha256)."""
   if not os.path.exists(CARD_FILE):
@@ -261,9 +394,13 @@ def model_card() -> dict:
 __all__ = [
   "BUNDLED_FILES",
   "CARD_FILE",
+  "CROSS_DRAFT_DIR",
+  "Checkpoints",
+  "DRAFTER_KINDS",
   "DRAFT_DIR",
   "HEADS_CARD_FILE",
   "HEADS_DIR",
+  "HEAD_DRAFTERS",
   "HEAD_FILES",
   "PAIR_DIR",
   "Pair",
@@ -274,6 +411,10 @@ __all__ = [
   "head_file_sums",
   "head_tensors",
   "heads_card",
+  "frequent_token_ids",
+  "load_checkpoints",
+  "load_cross_draft",
+  "load_drafter",
   "load_head",
   "load_pair",
   "model_card",

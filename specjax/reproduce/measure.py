@@ -3,15 +3,15 @@ acceptance by draft position, the cost ratio c, predicted and measured speedup.
 
 `measure` decodes every (drafter, gamma, verifier) variant on the same prompts
 one by one (batch 1), one variant at a time, each run interleaved with a run of
-autoregressive decoding (`benchmarking.time_calls`; the baseline is compiled
+autoregressive decoding (`bench.time_calls`; the baseline is compiled
 once per temperature, ahead of time), and returns one JSON-ready row per
 variant. Each variant's compiled programs are freed before the next
-(`benchmarking.free_compiled_programs`), so the process's memory maps do not
+(`bench.free_compiled_programs`), so the process's memory maps do not
 grow with the number of variants. The prediction is Leviathan's
 S = E(alpha, gamma) / (gamma c + v) with measured alpha, c (drafting one token
 over one target step; see `_costs`) and v (scoring gamma + 1 tokens over one
 target step), so prediction and measurement share every input but the loop's
-own overheads.
+own overheads (`bench.predict_speedup`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 import specjax
-from specjax import benchmarking, theory
+from specjax import bench
 from specjax.drafting import CountDrafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.models.transformer import Transformer
@@ -66,38 +66,56 @@ def _position_rates(outs, gamma: int) -> tuple[list[float], list[float]]:
   return through[:gamma], conditional[:gamma]
 
 
-def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num_runs):
-  """({(drafter, gamma): c}, {gamma: verify cost}), both in target steps, timed once
-  for all temperatures on `prompt` (batch 1).
+class _Costs(NamedTuple):
+  """Measured seconds, timed once for all temperatures: one target step, scoring
+  gamma + 1 tokens by gamma, and drafting per iteration by (drafter, gamma)."""
 
-  c is drafting one token over one target step: a draft `Transformer`'s one-token
-  call (Leviathan's definition), a count drafter's 0 (a table lookup, no model:
-  the paper's convention), any other drafter's whole proposal and commit
-  (`benchmarking.drafting_seconds`). The verify cost is scoring gamma + 1 tokens.
+  step_s: float
+  verify_s: dict[int, float]
+  drafting_s: dict[tuple[str, int], float]
+
+  def prediction(self, v: Variant, alpha: float) -> dict[str, float]:
+    """c, verify_cost and the predicted speedup of `v` at acceptance rate `alpha`."""
+    return bench.predict_speedup(
+      gamma=v.gamma,
+      target_step_s=self.step_s,
+      verify_s=self.verify_s[v.gamma],
+      drafting_s=self.drafting_s[v.drafter, v.gamma],
+      alpha=alpha,
+    )
+
+
+def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num_runs) -> _Costs:
+  """The costs of `variants`, timed on `prompt` (batch 1).
+
+  A draft `Transformer` drafts a token with one call (Leviathan's c), a count
+  drafter's drafting is free (a table lookup, no model: the paper's convention),
+  any other drafter's is its whole proposal and commit
+  (`bench.drafting_seconds`).
   """
   gammas = {v.gamma for v in variants}
   capacity = cache_capacity(prompt[0].shape[1], max_new_tokens, max(gammas))
   call = functools.partial(
-    benchmarking.call_seconds,
+    bench.call_seconds,
     prompts=prompt[0],
     prompt_lengths=prompt[1],
     capacity=capacity,
     num_runs=num_runs,
   )
   step_s = call(target, tokens_per_call=1)
-  verify = {g: call(target, tokens_per_call=g + 1) / step_s for g in gammas}
-  per_model, costs = {}, {}
+  verify = {g: call(target, tokens_per_call=g + 1) for g in gammas}
+  per_call, drafting = {}, {}
   sampling = specjax.SamplingParams(temperature=float(max(temperatures)))
   for name, gamma in {(v.drafter, v.gamma) for v in variants}:
     drafter = drafters[name]
     if isinstance(drafter, CountDrafter):
-      costs[name, gamma] = 0.0
+      drafting[name, gamma] = 0.0
     elif isinstance(drafter, Transformer):
-      if name not in per_model:
-        per_model[name] = call(drafter, tokens_per_call=1) / step_s
-      costs[name, gamma] = per_model[name]
+      if name not in per_call:
+        per_call[name] = call(drafter, tokens_per_call=1)
+      drafting[name, gamma] = per_call[name] * gamma
     else:
-      seconds = benchmarking.drafting_seconds(
+      drafting[name, gamma] = bench.drafting_seconds(
         target,
         drafter,
         *prompt,
@@ -106,9 +124,8 @@ def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num
         sampling=sampling,
         num_runs=num_runs,
       )
-      costs[name, gamma] = seconds / (gamma * step_s)
-    benchmarking.free_compiled_programs()
-  return costs, verify
+    bench.free_compiled_programs()
+  return _Costs(step_s, verify, drafting)
 
 
 def measure(
@@ -143,81 +160,83 @@ def measure(
     accepted_through / accepted_given_previous (per draft position), c,
     verify_cost, predicted_speedup, ms_per_token, ar_ms_per_token, speedup.
   """
-  n = len(lengths)
-
-  def one(i):
-    return prompts[i : i + 1], lengths[i : i + 1]
-
+  one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
   progress("measuring draft and verification costs")
-  costs, verify = _costs(target, drafters, variants, one(0), max_new_tokens, temperatures, num_runs)
+  costs = _costs(target, drafters, variants, one[0], max_new_tokens, temperatures, num_runs)
   rows = []
   for temperature in temperatures:
     sampling = specjax.SamplingParams(temperature=float(temperature))
     key = jax.random.key(seed)
     runs = [v for v in variants if v.runs_at(temperature)]
     progress(f"T={temperature:g}: compiling and timing {len(runs)} variants, one at a time")
-    ar_program = benchmarking.compile_ahead(
+    ar_program = bench.compile_ahead(
       functools.partial(
         specjax.autoregressive_generate, max_new_tokens=max_new_tokens, sampling=sampling
       ),
       target,
-      *one(0),
+      *one[0],
       key=key,
     )
 
     def ar(ar_program=ar_program, key=key):
-      return [ar_program(target, *one(i), key=key) for i in range(n)]
+      return [ar_program(target, *prompt, key=key) for prompt in one]
 
     for v in runs:
       start = time.perf_counter()
-
-      def spec(v=v, s=sampling, k=key):
-        return [
-          specjax.speculative_generate(
-            target,
-            drafters[v.drafter],
-            *one(i),
-            gamma=v.gamma,
-            max_new_tokens=max_new_tokens,
-            sampling=s,
-            key=k,
-            verifier=v.verifier,
-          )
-          for i in range(n)
-        ]
-
-      timings, outputs = benchmarking.time_calls({"ar": ar, "spec": spec}, num_runs)
-      outs = outputs["spec"]
-      generated = float(_sum(outs, "generated"))
-      alpha = float(_sum(outs, "accepted")) / max(float(_sum(outs, "evaluated")), 1.0)
-      c, verify_cost = costs[v.drafter, v.gamma], verify[v.gamma]
-      through, conditional = _position_rates(outs, v.gamma)
-      ms = timings["spec"].median_s * 1e3 / _tokens(outs)
-      ar_ms = timings["ar"].median_s * 1e3 / _tokens(outputs["ar"])
-      rows.append(
-        {
-          "temperature": float(temperature),
-          "drafter": v.drafter,
-          "gamma": v.gamma,
-          "verifier": v.verifier,
-          "alpha": alpha,
-          "tokens_per_iteration": generated / max(float(_sum(outs, "row_iterations")), 1.0),
-          "accepted_through": through,
-          "accepted_given_previous": conditional,
-          "c": c,
-          "verify_cost": verify_cost,
-          "predicted_speedup": theory.predicted_speedup(min(alpha, 1.0), v.gamma, c, verify_cost),
-          "ms_per_token": ms,
-          "ar_ms_per_token": ar_ms,
-          "speedup": ar_ms / ms,
-        }
+      drafter = drafters[v.drafter]
+      spec = functools.partial(
+        _decode, target, drafter, v, one, sampling, key, max_new_tokens=max_new_tokens
       )
-      del spec, timings, outputs, outs
-      benchmarking.free_compiled_programs()
+      timings, outputs = bench.time_calls({"ar": ar, "spec": spec}, num_runs)
+      row = _row(v, float(temperature), timings, outputs, costs)
+      rows.append(row)
+      del spec, timings, outputs
+      bench.free_compiled_programs()
       progress(
         f"  {v.drafter}, γ={v.gamma}, {v.verifier}: {time.perf_counter() - start:.1f} s, "
-        f"α {alpha:.3f}, speedup {ar_ms / ms:.2f}"
+        f"α {row['alpha']:.3f}, speedup {row['speedup']:.2f}"
       )
     del ar, ar_program
-    benchmarking.free_compiled_programs()
+    bench.free_compiled_programs()
   return rows
+
+
+def _decode(target, drafter, v: Variant, prompts, sampling, key, *, max_new_tokens) -> list:
+  """`speculative_generate` of variant `v` on each `(tokens [1, P], lengths [1])` of `prompts`."""
+  return [
+    specjax.speculative_generate(
+      target,
+      drafter,
+      *prompt,
+      gamma=v.gamma,
+      max_new_tokens=max_new_tokens,
+      sampling=sampling,
+      key=key,
+      verifier=v.verifier,
+    )
+    for prompt in prompts
+  ]
+
+
+def _row(v: Variant, temperature: float, timings, outputs, costs: _Costs) -> dict[str, Any]:
+  """The variant's JSON row from its paired timings and outputs."""
+  outs = outputs["spec"]
+  generated = float(_sum(outs, "generated"))
+  alpha = float(_sum(outs, "accepted")) / max(float(_sum(outs, "evaluated")), 1.0)
+  through, conditional = _position_rates(outs, v.gamma)
+  ms = timings["spec"].median_s * 1e3 / _tokens(outs)
+  ar_ms = timings["ar"].median_s * 1e3 / _tokens(outputs["ar"])
+  return {
+    "temperature": temperature,
+    "drafter": v.drafter,
+    "gamma": v.gamma,
+    "verifier": v.verifier,
+    "alpha": alpha,
+    "tokens_per_iteration": generated / max(float(_sum(outs, "row_iterations")), 1.0),
+    "accepted_through": through,
+    "accepted_given_previous": conditional,
+    **costs.prediction(v, alpha),  # c, verify_cost, predicted_speedup
+    "ms_per_token": ms,
+    "ar_ms_per_token": ar_ms,
+    "speedup": ar_ms / ms,
+  }

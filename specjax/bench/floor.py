@@ -12,25 +12,25 @@ weights and runs the same matrix products. Three measurements:
 
 `ar_over_floor` = autoregressive seconds per step / matmul floor: how far a real
 decode step is from the products it cannot avoid. Timing follows
-`specjax.benchmarking`: one warm-up, median of the timed runs, N calls inside
+`specjax.bench.timing`: one warm-up, median of the timed runs, N calls inside
 one jitted `lax.fori_loop` divided by N.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.bench.timing import time_calls
 from specjax.models.transformer import Transformer
 from specjax.validation import check_positive_int
 
 
 def _median_seconds(fn, *args, num_runs: int) -> float:
-  from specjax.benchmarking import time_calls  # benchmarking imports generation
-
   timings, _ = time_calls({"f": lambda: fn(*args)}, num_runs)
   return timings["f"].median_s
 
@@ -155,7 +155,62 @@ def model_floor(
   return {"matmul_floor_ms": seconds * 1e3, "weight_bytes": weight_bytes(model)}
 
 
+def floor_fields(
+  target: Transformer,
+  *,
+  batch: int,
+  ar_step_s: float,
+  spec_iteration_s: float,
+  verify_call_s: float,
+  draft_call_s: float | None,
+  draft_calls_per_iteration: float,
+  num_runs: int,
+) -> dict[str, Any]:
+  """How far decoding is from the machine's floor (the measurements above).
+
+  Args:
+    target: the target model (its weights set the floor).
+    batch: rows decoded together.
+    ar_step_s: seconds of one autoregressive step (all rows, one token each).
+    spec_iteration_s: seconds of one speculative iteration.
+    verify_call_s: seconds of one target call over gamma + 1 tokens.
+    draft_call_s: seconds of one draft model call over 1 token; None when the
+      drafter's cost is not a model call of its own (layer skip).
+    draft_calls_per_iteration: draft model calls per iteration (0 for prompt lookup).
+
+  Returns:
+    `memory_bandwidth_gbs`, `matmul_gflops` (the machine), the target's
+    `target_weight_bytes`, `target_bandwidth_floor_ms` (weight bytes at that
+    bandwidth), `target_matmul_floor_ms` (its products alone at this batch),
+    `ar_over_floor` (an autoregressive step over the matmul floor), and
+    `spec_overhead_fraction`: the share of a speculative iteration that is
+    neither the drafter's forward calls nor the target's verification call
+    (None when the drafter's calls are not measured).
+  """
+  machine = machine_floor(num_runs)
+  floor_s = matmul_floor_seconds(target, batch, num_runs=num_runs)
+  weights = weight_bytes(target)
+  out = {
+    **machine,
+    "target_weight_bytes": weights,
+    "target_bandwidth_floor_ms": weights / (machine["memory_bandwidth_gbs"] * 1e9) * 1e3,
+    "target_matmul_floor_ms": floor_s * 1e3,
+    "ar_step_ms": ar_step_s * 1e3,
+    "ar_over_floor": ar_step_s / floor_s,
+    "spec_ms_per_iteration": spec_iteration_s * 1e3,
+    "target_verify_ms": verify_call_s * 1e3,
+    "draft_call_ms": None if draft_call_s is None else draft_call_s * 1e3,
+    "draft_calls_per_iteration": draft_calls_per_iteration,
+    "spec_overhead_fraction": None,
+  }
+  if draft_call_s is not None:
+    models_s = verify_call_s + draft_calls_per_iteration * draft_call_s
+    out["spec_overhead_fraction"] = 1.0 - models_s / spec_iteration_s
+  return out
+
+
 __all__ = [
+  "floor_fields",
   "machine_floor",
   "matmul_floor_seconds",
   "matmul_gflops",

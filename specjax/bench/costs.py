@@ -1,0 +1,355 @@
+"""What a model call and a drafter cost, and the speedup Leviathan's formula predicts.
+
+`call_seconds` times N cached model calls inside one jitted `fori_loop`,
+`drafting_seconds` a drafter's proposal and commit, `prefill_timing` the time
+to first token. `predict_speedup` is the one place measured times become the
+cost ratio c, the verification's cost and the predicted speedup
+(`specjax.theory`'s formula); `draft_cost` measures those times for a target
+and a drafter and calls it.
+
+Axis letters as in `specjax.models.config`: B batch, T tokens per call, P prompt
+width, S cache capacity, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specjax import theory
+from specjax.bench.timing import Timing, random_prompts, time_calls
+from specjax.drafting import Commit, as_drafter
+from specjax.generation.common import prefill
+from specjax.generation.speculative import init_state
+from specjax.generation.state import SpecConfig
+from specjax.models.kv_cache import KVCache, cache_capacity
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams
+from specjax.trees import RowTrees, tree_depths
+from specjax.validation import check_positive_int
+
+
+@functools.partial(jax.jit, static_argnames=("capacity", "sampling"))
+def _prefill_program(model, prompts, prompt_lengths, key, *, capacity, sampling):
+  return prefill(model, prompts, prompt_lengths, capacity, key, sampling)
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps", "tree"))
+def _decode_loop(model, tokens, cache: KVCache, *, num_steps: int, tree=None):
+  """`num_steps` cached calls on `tokens [B, T]`, each at the same cache length
+  (with `tree`, the T tokens are a token tree's block, tree attention)."""
+  start = cache.lengths
+  layout = None if tree is None else (tree, 0)
+
+  def body(_, carry):
+    tokens, cache = carry
+    logits, cache = model.forward_cached(tokens, cache, tree=layout)
+    # The next tokens depend on the logits, so XLA cannot drop the output head
+    # as dead code; rolling the lengths back (as a rejected block is rolled
+    # back) keeps every call at the same position and inside the capacity.
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return tokens, cache.with_lengths(start)
+
+  return jax.lax.fori_loop(0, num_steps, body, (tokens, cache))
+
+
+def prefill_timing(
+  model: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  capacity: int,
+  sampling: SamplingParams,
+  key: jax.Array,
+  num_runs: int,
+) -> Timing:
+  """Times one jitted `prefill` (time to first token, without the Python wrapper).
+
+  Args:
+    prompts: `[B, P]` int32; prompt_lengths `[B]`.
+    capacity: cache slots S to allocate, as the generate call would.
+  """
+  run = functools.partial(
+    _prefill_program, model, prompts, prompt_lengths, key, capacity=capacity, sampling=sampling
+  )
+  timings, _ = time_calls({"prefill": run}, num_runs)
+  return timings["prefill"]
+
+
+def call_seconds(
+  model: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  tokens_per_call: int,
+  capacity: int,
+  num_steps: int = 16,
+  num_runs: int = 3,
+  tree: tuple[int, ...] | None = None,
+) -> float:
+  """Median seconds of one `model.forward_cached` call over `tokens_per_call` tokens.
+
+  The cache is first prefilled with the prompts (so attention reads a realistic
+  prefix, and spans the same S slots as in generation); then `num_steps` calls
+  run in one jitted `fori_loop`, and the loop's median time is divided by
+  `num_steps`. Only the model call is timed: no warp or sampling.
+
+  Args:
+    prompts: `[B, P]` int32; prompt_lengths `[B]`.
+    tokens_per_call: T, 1 for a decode step, gamma + 1 for a verification.
+    capacity: cache slots S; needs max(prompt_lengths) + T <= S.
+    num_steps: N calls per timed loop.
+    tree: None (a chain), or the static parents of a `tokens_per_call`-token
+      block scored with tree attention (-1 for the block's root).
+  """
+  check_positive_int("tokens_per_call", tokens_per_call)
+  if tree is not None and len(tree) != tokens_per_call:
+    raise ValueError(f"tree must have tokens_per_call={tokens_per_call} entries, got {len(tree)}.")
+  check_positive_int("num_steps", num_steps)
+  first, cache = jax.block_until_ready(
+    _prefill_program(
+      model,
+      prompts,
+      prompt_lengths,
+      jax.random.key(0),
+      capacity=capacity,
+      sampling=SamplingParams(temperature=0.0),
+    )
+  )
+  tokens = jnp.tile(first[:, None], (1, tokens_per_call))
+  run = functools.partial(_decode_loop, model, tokens, cache, num_steps=num_steps, tree=tree)
+  timings, _ = time_calls({"loop": run}, num_runs)
+  return timings["loop"].median_s / num_steps
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_steps"))
+def _drafting_loop(target, drafter, state, *, config, num_steps: int):
+  """`num_steps` x (propose gamma tokens, commit them) from one prefilled state.
+
+  The commit marks every row as stopped, so the drafter's lengths stay where
+  they were (constant work per step, never past the capacity), but its state
+  is still carried from step to step: otherwise a greedy proposal, which reads
+  no key, would be loop-invariant and XLA would hoist it out of the loop.
+  """
+  b, g = state.recent.shape[0], config.gamma
+  features = drafter.target_features
+  width = (
+    0 if features is False else target.cfg.d_model * (1 if features is True else len(features))
+  )
+  old = state.target_cache.lengths + 1
+  stopped = old < 0  # False, but not a constant the compiler could fold away
+
+  def body(i, carry):
+    total, drafter_state = carry
+    proposal, drafted = drafter.propose(
+      drafter_state,
+      state.recent,
+      jax.random.fold_in(jax.random.key(1), i),
+      jnp.full((b,), g, jnp.int32),
+      gamma=g,
+      sampling=config.sampling,
+    )
+    # A chain commits g + 1 tokens; a tree its deepest path and one token.
+    tree = proposal.parents
+    kept = (
+      g if tree is None else tree.depth if isinstance(tree, RowTrees) else max(tree_depths(tree))
+    )
+    emitted = jnp.pad(proposal.tokens[:, :kept], ((0, 0), (0, 1)))
+    hidden = None if features is False else jnp.zeros((b, kept + 1, width), jnp.float32)
+    path = None if proposal.parents is None else jnp.zeros((b, kept), jnp.int32)
+    committed = drafter.commit(drafted, Commit(emitted, old, old + kept + 1, stopped, hidden, path))
+    return total + jnp.sum(proposal.tokens), committed
+
+  return jax.lax.fori_loop(0, num_steps, body, (jnp.int32(0), state.drafter_state))[0]
+
+
+def drafting_seconds(
+  target: Transformer,
+  drafter,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams,
+  num_steps: int = 16,
+  num_runs: int = 3,
+) -> float:
+  """Median seconds a drafter spends per speculative iteration: proposing
+  `gamma` tokens for every row and committing a fully accepted block.
+
+  Divided by gamma and by one target decode step (`call_seconds(target, 1)`)
+  it is Leviathan's cost ratio c of that drafter. Prompt lookup's is the cost
+  of its host-free lookup; a feature drafter's commit includes its head call.
+  """
+  check_positive_int("gamma", gamma)
+  check_positive_int("num_steps", num_steps)
+  config = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
+  drafter = as_drafter(drafter)
+  state = jax.jit(init_state, static_argnames="config")(
+    target, drafter, prompts, prompt_lengths, jax.random.key(0), config=config
+  )
+  run = functools.partial(
+    _drafting_loop, target, drafter, state, config=config, num_steps=num_steps
+  )
+  timings, _ = time_calls({"drafting": run}, num_runs)
+  return timings["drafting"].median_s / num_steps
+
+
+def _draft_seconds(
+  target: Transformer, draft, stats: dict[str, Any], gamma: int, target_s: float, step, drafting
+) -> tuple[float, float]:
+  """(seconds of one draft call, or of a drafter's proposal + commit per drafted
+  token; draft calls per iteration), for `draft_cost`. `step` times a model's
+  call (`call_seconds`), `drafting` the drafter (`drafting_seconds`)."""
+  if draft is target:  # a perfect draft: c is 1 by definition
+    return target_s, float(gamma)
+  if isinstance(draft, Transformer):
+    # Less the prefill's draft call, which is not part of an iteration.
+    return step(draft, tokens_per_call=1), (stats["draft_calls"] - 1) / max(stats["iterations"], 1)
+  return drafting() / gamma, float(gamma)
+
+
+def predict_speedup(
+  *,
+  gamma: int,
+  target_step_s: float,
+  verify_s: float,
+  drafting_s: float,
+  alpha: float | None = None,
+  tokens_per_iteration: float | None = None,
+  draft_steps: float | None = None,
+) -> dict[str, float]:
+  """The cost ratio c, the verification's cost and the predicted speedup, from
+  measured times: the one place measurements become Leviathan's prediction.
+
+  c = drafting_s / (draft_steps * target_step_s) and verify_cost = verify_s /
+  target_step_s; the speedup is `theory.predicted_speedup(alpha, gamma, c,
+  verify_cost)` or, given `tokens_per_iteration` instead of alpha,
+  `theory.speedup_from_tokens(tokens_per_iteration, draft_steps, c, verify_cost)`.
+
+  Args:
+    gamma: drafted tokens per iteration (a token tree's nodes).
+    target_step_s: seconds of one target call over 1 token.
+    verify_s: seconds of one target call over gamma + 1 tokens.
+    drafting_s: the drafter's seconds per iteration: all its draft model calls,
+      or its whole proposal and commit.
+    alpha: the measured acceptance rate (clipped to 1); or
+    tokens_per_iteration: the measured tokens per iteration, for drafters whose
+      accepted length has no closed form (token trees, host loops).
+    draft_steps: what c is per: None for the gamma drafted tokens (Leviathan's
+      c), or a host loop's draft calls per iteration.
+
+  Returns:
+    `{"c", "verify_cost", "predicted_speedup"}`.
+  """
+  if (alpha is None) == (tokens_per_iteration is None):
+    raise ValueError("predict_speedup takes exactly one of alpha and tokens_per_iteration.")
+  steps = gamma if draft_steps is None else draft_steps
+  c = drafting_s / (steps * target_step_s)
+  verify_cost = verify_s / target_step_s
+  if alpha is not None:
+    predicted = theory.predicted_speedup(min(alpha, 1.0), gamma, c, verify_cost)
+  else:
+    predicted = theory.speedup_from_tokens(tokens_per_iteration, steps, c, verify_cost)
+  return {"c": c, "verify_cost": verify_cost, "predicted_speedup": predicted}
+
+
+def draft_cost(
+  target: Transformer,
+  draft,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: SamplingParams,
+  stats: dict[str, Any],
+  num_steps: int = 16,
+  num_runs: int = 3,
+) -> dict[str, float]:
+  """Leviathan's cost ratio c of `draft`, the verification's cost, and the
+  speedup they predict with the measured acceptance rate (`predict_speedup`).
+
+  `draft` is a `Transformer` (its one-token step is timed, times the draft
+  calls per iteration in `stats`, a speculative run's `stats.summary()`) or any
+  other drafter (its whole proposal + commit is timed by `drafting_seconds`:
+  prompt lookup's lookup, a head's forward calls). The target's one-token
+  step and its `gamma + 1`-token verification are timed by `call_seconds`.
+
+  Returns:
+    `target_step_s`, `verify_s`, `draft_call_s` (one draft call, or a
+    drafter's proposal + commit per drafted token), `draft_calls_per_iteration`,
+    `c` (drafting one token / one target step), `verify_cost` (verify_s /
+    target_step_s) and `predicted_speedup`.
+  """
+  capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)  # as speculative_generate
+  step = functools.partial(
+    call_seconds,
+    prompts=prompts,
+    prompt_lengths=prompt_lengths,
+    capacity=capacity,
+    num_steps=num_steps,
+    num_runs=num_runs,
+  )
+  drafting = functools.partial(
+    drafting_seconds,
+    target,
+    draft,
+    prompts,
+    prompt_lengths,
+    gamma=gamma,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    num_steps=num_steps,
+    num_runs=num_runs,
+  )
+  target_s = step(target, tokens_per_call=1)
+  draft_s, draft_calls = _draft_seconds(target, draft, stats, gamma, target_s, step, drafting)
+  verify_s = step(target, tokens_per_call=gamma + 1)
+  prediction = predict_speedup(
+    gamma=gamma,
+    target_step_s=target_s,
+    verify_s=verify_s,
+    drafting_s=draft_s * draft_calls,
+    alpha=stats["acceptance_rate"],
+  )
+  return {
+    "target_step_s": target_s,
+    "verify_s": verify_s,
+    "draft_call_s": draft_s,
+    "draft_calls_per_iteration": draft_calls,
+    **prediction,
+  }
+
+
+def long_prompt_prefill(
+  target: Transformer, draft: Transformer | None, batch: int, width: int = 512, num_runs: int = 3
+) -> dict[str, Any]:
+  """Time to first token for a long prompt: each model's jitted prefill of `width` tokens.
+
+  Random ids, every row full width; the cache holds exactly the prompt, so the
+  models' `max_seq_len` must be >= width (smaller models report None). The
+  speculative loop's first token needs the target's prefill; its first
+  iteration also needs the draft's.
+  """
+  out: dict[str, Any] = {"long_prompt_tokens": width}
+  for name, model in (("target", target), ("draft", draft)):
+    if model is None or model.cfg.max_seq_len < width:
+      out[f"{name}_long_prefill_ms"] = None
+      continue
+    prompts, lengths = random_prompts(jax.random.key(1), batch, width, model.cfg.vocab_size)
+    timing = prefill_timing(
+      model,
+      prompts,
+      lengths,
+      capacity=width,
+      sampling=SamplingParams(temperature=0.0),
+      key=jax.random.key(0),
+      num_runs=num_runs,
+    )
+    out[f"{name}_long_prefill_ms"] = timing.median_s * 1e3
+  return out
