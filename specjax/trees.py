@@ -359,13 +359,13 @@ def tree_attention(
   n = tree.num_nodes
   node = jnp.clip(offset, 0, n - 1)
   visible = tree.ancestors()[:, start:stop]  # [1 or B, T, N]
-  ancestors = jnp.take_along_axis(visible, node[:, None, :], 2)  # [B, T, S]
+  ancestors = jnp.take_along_axis(visible, node[:, None, :], 2, mode="clip")  # [B, T, S]
   depths = tree.depths()  # [1 or B, N]
   positions = lengths[:, None] + depths[:, start:stop] - 1
   in_block = (offset >= 0) & (offset < n)
   mask = (offset < 0)[:, None, :] | (in_block[:, None, :] & ancestors)
   if sliding_window is not None:
-    node_positions = lengths[:, None] + jnp.take_along_axis(depths, node, 1) - 1
+    node_positions = lengths[:, None] + jnp.take_along_axis(depths, node, 1, mode="clip") - 1
     key_positions = jnp.where(offset < 0, slots[None, :], node_positions)
     mask &= key_positions[:, None, :] > positions[:, :, None] - sliding_window
   return lengths + start, positions, mask

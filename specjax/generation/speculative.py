@@ -489,18 +489,43 @@ def speculative_generate(
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
     stats: SpeculativeStats)`.
   """
-  drafter = as_drafter(draft)
-  gamma = check_positive_int("gamma", gamma)
-  args = validation.check_generate_args(
-    target.cfg,
-    "target",
+  drafter, config = _checked_run(
+    target,
+    draft,
     prompts,
     prompt_lengths,
+    gamma=gamma,
     max_new_tokens=max_new_tokens,
     sampling=sampling,
     eos_id=eos_id,
+    verifier=verifier,
     pad_id=pad_id,
-    gamma=gamma,
+    adaptive=adaptive,
+    confidence_threshold=confidence_threshold,
+  )
+  key = validation.check_key(key, sampling)
+  # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
+  return _speculative_program(
+    target,
+    drafter,
+    jnp.asarray(prompts, jnp.int32),
+    jnp.asarray(prompt_lengths, jnp.int32),
+    key,
+    sampling if isinstance(sampling, RowSampling) else None,
+    config=config,
+  )
+
+
+def _checked_run(
+  target, draft, prompts, prompt_lengths, *, gamma, adaptive, confidence_threshold, **settings
+) -> tuple[Drafter, SpecConfig]:
+  """`speculative_generate`'s checks, before anything compiles: its drafter
+  (with the confidence length if asked) and static configuration."""
+  drafter = as_drafter(draft)
+  gamma = check_positive_int("gamma", gamma)
+  verifier, sampling = settings.pop("verifier"), settings["sampling"]
+  args = validation.check_generate_args(
+    target.cfg, "target", prompts, prompt_lengths, gamma=gamma, **settings
   )
   if adaptive not in ADAPTIVE:
     raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
@@ -515,27 +540,16 @@ def speculative_generate(
   )
   if adaptive == "confidence":
     drafter = drafter.with_confidence(confidence_threshold)
-  # A tree is verified by what the proposal's tree says (`verify_block`).
-  tree = drafter.tree is not None
-  verifier = "tree" if tree else validation.resolve_verifier(verifier, sampling)
-  key = validation.check_key(key, sampling)
-  rows = sampling if isinstance(sampling, RowSampling) else None
   config = SpecConfig(
     gamma=gamma,
     max_new_tokens=args.max_new_tokens,
-    sampling=None if rows is not None else sampling,
-    verifier=verifier,
+    sampling=None if isinstance(sampling, RowSampling) else sampling,
+    # A tree is verified as the proposal's tree says (`verify_block`).
+    verifier="tree"
+    if drafter.tree is not None
+    else validation.resolve_verifier(verifier, sampling),
     eos_id=args.eos_id,
     pad_id=args.pad_id,
     adaptive=adaptive,
   )
-  # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
-  return _speculative_program(
-    target,
-    drafter,
-    jnp.asarray(prompts, jnp.int32),
-    jnp.asarray(prompt_lengths, jnp.int32),
-    key,
-    rows,
-    config=config,
-  )
+  return drafter, config

@@ -179,13 +179,13 @@ def _sibling_law(q: jax.Array | None, tree: Tree, tree_tokens: jax.Array, c: int
 class _Walk(NamedTuple):
   """Where each row's walk down the tree stands.
 
-  current: `[B]` the deepest accepted node (-1: the root); path: `[B, D]` the
-  accepted nodes by depth (-1 padded); law: `[B, V]` the law of the token after
-  `current` (None in greedy mode); residual: `[B]` whether law is a residual.
+  current: `[B]` the deepest accepted node (-1: the root); path: D `[B]` columns,
+  the accepted node at each depth (-1: none); law: `[B, V]` the law of the token
+  after `current` (None in greedy mode); residual: `[B]` whether law is a residual.
   """
 
   current: jax.Array
-  path: jax.Array
+  path: tuple[jax.Array, ...]
   law: jax.Array | None
   residual: jax.Array | None
 
@@ -249,7 +249,7 @@ def tree_verify(
     u = jax.random.uniform(key, (b, n + 1), jnp.float32)
   walk = _Walk(
     current=jnp.full((b,), -1, jnp.int32),
-    path=jnp.full((b, tree.depth), -1, jnp.int32),
+    path=(jnp.full((b,), -1, jnp.int32),) * tree.depth,
     law=None if greedy else p[:, 0],
     residual=None if greedy else jnp.zeros((b,), bool),
   )
@@ -264,24 +264,33 @@ def tree_verify(
     q_x = None if q_c is None else _gather(q_c, x)
     valid = valid_node[:, c] if q_x is None else valid_node[:, c] & (q_x > 0)
     valid &= depths[:, c] <= tree.depth  # a per-row node too deep is never accepted
-    if greedy:
+    if greedy:  # x must be the target's argmax after the parent
       accept = tried & valid & (x == _gather(best, parent + 1))
       law, residual = None, None
     else:
       accept, law, residual = _try_sampled(walk, tried, valid, x, q_x, q_c, u[:, c], p[:, c + 1])
-    level = jnp.arange(tree.depth)[None, :] == depths[:, c : c + 1] - 1  # [1 or B, D]
+    # One column per depth: a static tree's constant depths leave one select per node.
+    at_depth = [depths[:, c] == d + 1 for d in range(tree.depth)]
     walk = _Walk(
       current=jnp.where(accept, c, walk.current),
-      path=jnp.where(accept[:, None] & level, c, walk.path),
+      path=tuple(jnp.where(accept & at, c, col) for at, col in zip(at_depth, walk.path)),
       law=law,
       residual=residual,
     )
-  num_accepted = jnp.sum(walk.path >= 0, axis=1).astype(jnp.int32)
-  if greedy:
+  path = jnp.stack(walk.path, axis=1) if tree.depth else jnp.zeros((b, 0), jnp.int32)
+  num_accepted = jnp.sum(path >= 0, axis=1).astype(jnp.int32)
+  if greedy:  # the target's argmax after the deepest accepted node
     next_token = jnp.take_along_axis(best, (walk.current + 1)[:, None], axis=1)[:, 0]
-    return TreeVerifyResult(walk.path, num_accepted, next_token)
-  # A target row is normalised as token_verify does for its bonus row, so a chain
-  # draws the very same token.
+  else:
+    next_token = _last_draw(walk, u[:, n])
+  return TreeVerifyResult(path, num_accepted, next_token)
+
+
+def _last_draw(walk: _Walk, u: jax.Array) -> jax.Array:
+  """`[B]` the token after the walk: drawn from its law with the uniforms `u [B]`.
+
+  A target row is normalised as token_verify does for its bonus row, so a chain
+  draws the very same token."""
   law = walk.law
   dist = jnp.where(walk.residual[:, None], law, _normalized(jnp.maximum(law, 0.0), law))
-  return TreeVerifyResult(walk.path, num_accepted, sample_with_uniform(u[:, n], dist))
+  return sample_with_uniform(u, dist)
