@@ -4,10 +4,10 @@ A drafter is a pytree (a `flax.struct` dataclass: arrays and modules as
 children, settings static and fixed at construction) whose pure methods
 `init`, `propose` and `commit` carry a state of its choosing (a KV cache, a
 token history) through the loop. `Drafter` below is the one written list of
-what generation reads: it never looks at a drafter's class, and `check_drafter`
-runs the checks a drafter asks for before anything compiles. `DrafterBase`
-gives the defaults (a model-free chain drafter); one `speculative_step` serves
-every drafter.
+what generation reads: it never looks at a drafter's class, and
+`specjax.drafting.check_drafter` runs the checks a drafter asks for before
+anything compiles. `DrafterBase` gives the defaults (a model-free chain
+drafter); one `speculative_step` serves every drafter.
 """
 
 from __future__ import annotations

@@ -2,14 +2,15 @@
 
 An iteration reads like the algorithm (Leviathan et al. 2023, Chen et al. 2023):
   1. draft  - a drafter (`specjax.drafting`) proposes up to gamma tokens with their q,
-              as a chain or as a static token tree of gamma nodes;
-  2. score  - one target call over gamma + 1 positions gives p (tree attention
-              for a tree: each node sees the prefix and its ancestors);
+              as a chain or as a token tree of gamma nodes (`trees.Tree`);
+  2. score  - one target call over gamma + 1 positions gives p (`score`; tree
+              attention for a tree: each node sees the prefix and its ancestors);
   3. verify - a verifier keeps n tokens (a tree: the n nodes of one path) and
-              draws one more;
+              draws one more (`verify_block`);
   4. commit - per-row output buffer, cache lengths (rollback is bookkeeping; a
               tree's accepted path is first gathered into consecutive slots),
-              EOS / budget, the drafter's own state, draft limit, statistics.
+              EOS / budget, the drafter's own state, draft limit, statistics
+              (`commit_step`).
 Rows accept different numbers of tokens and stay in one compiled program.
 """
 
