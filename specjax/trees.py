@@ -1,24 +1,26 @@
-"""Static token trees: topologies, and the attention mask of a tree block.
+"""Token trees: one type, `Tree`, its builders, and the attention mask of a tree block.
 
-A tree of N drafted nodes is a static tuple `parents` of N ints: node i continues
+A tree of N drafted nodes knows each node's parent and its depth. Node i continues
 node `parents[i]`, or the root (-1, the last committed token); a parent comes
-before its children. Being static, one compiled program serves every iteration;
-rows differ only in their tokens (a node a drafter cannot fill, e.g. a second
-top-k child where q has one non-zero entry, gets q = 0 and is never accepted).
+before its children. `Tree` holds the parents as `[1, N]` numpy constants for a
+tree every row shares (`Tree.static(parents)`, from a static tuple: one compiled
+program per tree, whose masks and depths fold into constants), or as `[B, N]`
+data for a tree per row (`Tree.per_row`, what EAGLE-2's dynamic drafting,
+`DynamicTree`, proposes). Tree attention, the target's scoring call and
+`verify.tree_verify` read either the same way. Rows sharing a static tree differ
+only in their tokens (a node a drafter cannot fill, e.g. a second top-k child
+where q has one non-zero entry, gets q = 0 and is never accepted).
 
-Tree drafters also need the nodes in breadth-first order (depth never decreases),
-so that each depth is one contiguous slice: one model call per depth.
+Drafters state their static trees as tuples of parents. Tree drafters also need
+the nodes in breadth-first order (depth never decreases), so that each depth is
+one contiguous slice: one model call per depth.
 
-Builders:
+Builders (static tuples):
   chain(g)                  g nodes in a line: what chain drafting proposes
   from_paths(paths)         Medusa-style sparse trees from child-rank paths
   full(branching)           every node of depth d has branching[d] children
   best(rank_acceptance, n)  the n nodes of highest estimated acceptance (Sequoia/
                             Medusa-style static trees from per-rank acceptance rates)
-
-Per-row trees (`RowTrees`: parents `[B, N]` and a static depth bound) are what
-EAGLE-2's dynamic drafting (`DynamicTree`) proposes; tree attention and
-`verify.tree_verify` take them wherever they take a static tuple.
 
 In a cached forward a tree block is written at consecutive cache slots
 (`tree_attention`): node j attends to the row's cached prefix, its ancestors and
@@ -31,24 +33,126 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-class RowTrees(NamedTuple):
-  """Token trees that differ per row (dynamic drafting, e.g. EAGLE-2), in static shapes.
+@jax.tree_util.register_pytree_node_class
+class Tree:
+  """A token tree of N nodes: each node's parent, and a static bound on the depth.
 
   Attributes:
-    parents: `[B, N]` int32, node i's parent in row b (-1: the root), with
-      -1 <= parents[b, i] < i. A node that breaks this is never accepted.
-    depth: static int >= 1, no node is deeper (the path's length).
+    parents: `[1, N]` int32 numpy constants, one tree for every row (static, part
+      of the compiled program; `Tree.static`), or `[B, N]` int32 data, a tree per
+      row (`Tree.per_row`). parents[b, i] is node i's parent, -1 the root, with
+      -1 <= parents[b, i] < i; in a per-row tree a node that breaks this, or is
+      deeper than `depth`, is never accepted.
+    depth: static int, no node is deeper (the longest path; 0 for no nodes).
   """
 
-  parents: jax.Array
-  depth: int
+  def __init__(self, parents: np.ndarray | jax.Array, depth: int):
+    self.parents = parents
+    self.depth = depth
+
+  @classmethod
+  def static(cls, parents: tuple[int, ...], name: str = "parents") -> Tree:
+    """The tree of a static tuple of parents (checked: `check_parents`), shared by every row."""
+    parents = check_parents(parents, name)
+    shared = np.asarray(parents, np.int32).reshape(1, len(parents))
+    return cls(shared, max(tree_depths(parents), default=0))
+
+  @classmethod
+  def per_row(cls, parents: jax.Array, depth: int) -> Tree:
+    """A tree per row: `parents [B, N]` int32, no node deeper than the static `depth`."""
+    return cls(parents, depth)
+
+  @property
+  def num_nodes(self) -> int:
+    return self.parents.shape[1]
+
+  @property
+  def _xp(self):
+    """numpy for a static tree (its masks and depths are constants), else jax.numpy."""
+    return np if isinstance(self.parents, np.ndarray) else jnp
+
+  def with_root(self) -> Tree:
+    """The scored block's tree: the root (s[-1]) as node 0, then these nodes."""
+    xp = self._xp
+    root = xp.full((self.parents.shape[0], 1), -1, np.int32)
+    return Tree(xp.concatenate([root, self.parents + 1], axis=1).astype(np.int32), self.depth + 1)
+
+  def depths(self) -> np.ndarray | jax.Array:
+    """`[1 or B, N]` int32 depth of every node (a child of the root has depth 1; a
+    node whose parent is not before it gets depth + 1, deeper than any path)."""
+    xp, parents = self._xp, self.parents
+    b, n = parents.shape
+    depths = []
+    for c in range(n):
+      parent = parents[:, c]
+      ok = (parent >= -1) & (parent < c)
+      d = xp.ones((b,), np.int32)
+      if c:
+        above = xp.take_along_axis(xp.stack(depths, 1), xp.clip(parent, 0, c - 1)[:, None], 1)
+        d = xp.where(parent < 0, 1, above[:, 0] + 1)
+      depths.append(xp.where(ok, xp.minimum(d, self.depth + 1), self.depth + 1))
+    return xp.stack(depths, axis=1).astype(np.int32) if n else xp.zeros((b, 0), np.int32)
+
+  def ancestors(self) -> np.ndarray | jax.Array:
+    """`[1 or B, N, N]` bool: entry (b, j, i) says node i is node j or its ancestor."""
+    xp, parents = self._xp, self.parents
+    b, n = parents.shape
+    rows = []
+    for c in range(n):
+      own = xp.broadcast_to(xp.arange(n) == c, (b, n))
+      if c:
+        parent = parents[:, c]
+        above = xp.take_along_axis(xp.stack(rows, 1), xp.clip(parent, 0, c - 1)[:, None, None], 1)
+        own = own | (above[:, 0] & ((parent >= 0) & (parent < c))[:, None])
+      rows.append(own)
+    return xp.stack(rows, axis=1) if n else xp.zeros((b, 0, 0), bool)
+
+  def earlier_siblings(self, c: int) -> tuple[list[int], np.ndarray | jax.Array]:
+    """The nodes before `c` that may share its parent: `(columns, same [1 or B, k])`,
+    `same` saying in which rows each one does (a static tree names just its siblings)."""
+    same = self.parents[:, :c] == self.parents[:, c : c + 1]
+    if self._xp is np:
+      columns = np.flatnonzero(same[0]).tolist()
+      return columns, same[:, columns]
+    return list(range(c)), same
+
+  # A pytree: a static tree's parents are part of its structure (hashable, as a
+  # static argument or field), a per-row tree's are its one leaf.
+  def tree_flatten(self):
+    if isinstance(self.parents, np.ndarray):
+      return (), (tuple(self.parents[0].tolist()), self.depth)
+    return (self.parents,), (None, self.depth)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    static, depth = aux
+    if static is not None:
+      return cls(np.asarray(static, np.int32).reshape(1, len(static)), depth)
+    return cls(children[0], depth)
+
+  def _key(self):
+    return self.tree_flatten()[1] if isinstance(self.parents, np.ndarray) else id(self)
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Tree) and self._key() == other._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
+  def __repr__(self) -> str:
+    parents = self.parents[0].tolist() if self._xp is np else self.parents
+    return f"Tree(parents={parents}, depth={self.depth})"
+
+
+def as_tree(tree: Tree | tuple[int, ...], name: str = "parents") -> Tree:
+  """`tree` itself, or a static tuple of parents as a `Tree` (`Tree.static`)."""
+  return tree if isinstance(tree, Tree) else Tree.static(tree, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +161,7 @@ class DynamicTree:
 
   Each depth expands the `expand` most valuable nodes of the one before with
   `branch` children each; after `depth` levels the `size` most valuable nodes
-  form the row's tree (`RowTrees`). A node's value is its parent's plus the log
+  form the row's tree (`Tree.per_row`). A node's value is its parent's plus the log
   of the parent's `rank`-th largest draft probability (rank: its place among
   its siblings), the cumulative draft log-probability at temperature 0. It never
   depends on the node's own drawn token, which keeps sampled verification exact.
@@ -79,39 +183,6 @@ class DynamicTree:
         f"DynamicTree: depth must be in [2, size] and size <= branch + (depth - 1) * "
         f"expand * branch = {most}, got depth {self.depth}, size {self.size}."
       )
-
-
-def row_depths(tree: RowTrees) -> jax.Array:
-  """`[B, N]` int32 depth of every node (a child of the root has depth 1; a node
-  whose parent is not before it gets depth + 1, deeper than any path)."""
-  b, n = tree.parents.shape
-  depths = []
-  for c in range(n):
-    parent = tree.parents[:, c]
-    ok = (parent >= -1) & (parent < c)
-    if c:
-      above = jnp.take_along_axis(jnp.stack(depths, 1), jnp.clip(parent, 0, c - 1)[:, None], 1)
-      d = jnp.where(parent < 0, 1, above[:, 0] + 1)
-    else:
-      d = jnp.ones((b,), jnp.int32)
-    depths.append(jnp.where(ok, jnp.minimum(d, tree.depth + 1), tree.depth + 1))
-  return jnp.stack(depths, axis=1).astype(jnp.int32)
-
-
-def row_ancestors(tree: RowTrees) -> jax.Array:
-  """`[B, N, N]` bool: entry (b, j, i) says node i is node j or its ancestor in row b."""
-  b, n = tree.parents.shape
-  rows = []
-  for c in range(n):
-    own = jnp.zeros((b, n), bool).at[:, c].set(True)
-    parent = tree.parents[:, c]
-    if c:
-      above = jnp.take_along_axis(jnp.stack(rows, 1), jnp.clip(parent, 0, c - 1)[:, None, None], 1)[
-        :, 0
-      ]
-      own |= above & ((parent >= 0) & (parent < c))[:, None]
-    rows.append(own)
-  return jnp.stack(rows, axis=1)
 
 
 def check_parents(parents, name: str = "parents") -> tuple[int, ...]:
@@ -258,20 +329,10 @@ def best(rank_acceptance: Sequence[float], size: int, max_depth: int = 16) -> tu
   return from_paths(chosen)
 
 
-def ancestor_matrix(parents: tuple[int, ...]) -> np.ndarray:
-  """`[N, N]` bool: entry (j, i) says node i is node j or one of its ancestors."""
-  n = len(parents)
-  visible = np.eye(n, dtype=bool)
-  for j, u in enumerate(parents):
-    if u >= 0:
-      visible[j] |= visible[u]
-  return visible
-
-
 def tree_attention(
   lengths: jax.Array,
   capacity: int,
-  parents: tuple[int, ...],
+  tree: Tree,
   start: int,
   stop: int,
   sliding_window: int | None = None,
@@ -285,8 +346,7 @@ def tree_attention(
   Args:
     lengths: `[B]` int32, each row's cached prefix (not advanced by tree calls).
     capacity: cache slots per row (static).
-    parents: the block's static tree (-1: continues the prefix), or `RowTrees`
-      (a tree per row).
+    tree: the block's `Tree` (its root -1 continues the prefix).
     start, stop: the nodes this call writes (static).
     sliding_window: the model's window, if any; applied to positions.
 
@@ -296,28 +356,16 @@ def tree_attention(
   """
   slots = jnp.arange(capacity, dtype=jnp.int32)
   offset = slots[None, :] - lengths[:, None]  # [B, S]: node index of each slot
-  if isinstance(parents, RowTrees):
-    n = parents.parents.shape[1]
-    node = jnp.clip(offset, 0, n - 1)
-    visible = row_ancestors(parents)[:, start:stop]  # [B, T, N]
-    ancestors = jnp.take_along_axis(
-      visible, jnp.broadcast_to(node[:, None], visible.shape[:2] + node.shape[1:]), 2
-    )
-    depths = row_depths(parents)  # [B, N]
-    node_depths = jnp.take_along_axis(depths, node, 1)
-    positions = lengths[:, None] + depths[:, start:stop] - 1
-  else:
-    n = len(parents)
-    node = jnp.clip(offset, 0, n - 1)
-    visible = ancestor_matrix(parents)[start:stop]  # [T, N]
-    ancestors = jnp.asarray(visible)[:, node].swapaxes(0, 1)  # [B, T, S]
-    depths = np.asarray(tree_depths(parents), np.int32)
-    node_depths = jnp.asarray(depths)[node]
-    positions = lengths[:, None] + jnp.asarray(depths[start:stop] - 1)[None, :]
+  n = tree.num_nodes
+  node = jnp.clip(offset, 0, n - 1)
+  visible = tree.ancestors()[:, start:stop]  # [1 or B, T, N]
+  ancestors = jnp.take_along_axis(visible, node[:, None, :], 2, mode="clip")  # [B, T, S]
+  depths = tree.depths()  # [1 or B, N]
+  positions = lengths[:, None] + depths[:, start:stop] - 1
   in_block = (offset >= 0) & (offset < n)
   mask = (offset < 0)[:, None, :] | (in_block[:, None, :] & ancestors)
   if sliding_window is not None:
-    node_positions = lengths[:, None] + node_depths - 1
+    node_positions = lengths[:, None] + jnp.take_along_axis(depths, node, 1, mode="clip") - 1
     key_positions = jnp.where(offset < 0, slots[None, :], node_positions)
     mask &= key_positions[:, None, :] > positions[:, :, None] - sliding_window
   return lengths + start, positions, mask

@@ -4,6 +4,8 @@ Importable as `helpers` from any test: pytest puts tests/ on sys.path because
 tests/conftest.py lives there.
 """
 
+import collections
+import contextlib
 import functools
 
 import jax
@@ -65,6 +67,35 @@ def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:
     specjax.Transformer(cfg, rngs=nnx.Rngs(0)),
     specjax.Transformer(cfg.replace(**TINY_DRAFT), rngs=nnx.Rngs(1)),
   )
+
+
+# What JAX records each time `jax.jit` traces a function into a new program (a
+# call whose shapes and static arguments the function's cache already holds
+# records nothing).
+JAXPR_TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+
+
+@contextlib.contextmanager
+def traces():
+  """Counts the programs `jax.jit` traces inside the block, by function name.
+
+  Observed from outside through `jax.monitoring`: tests prove "no recompilation"
+  by an empty count, e.g. `with traces() as traced: ...; assert not traced`.
+  Only top-level traces are recorded (a jitted function called inside another
+  is part of that program).
+  """
+  counts: collections.Counter = collections.Counter()
+
+  def listen(event, duration, **kwargs):
+    del duration
+    if event == JAXPR_TRACE_EVENT:
+      counts[kwargs.get("fun_name")] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield counts
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 @jax.jit

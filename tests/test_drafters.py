@@ -13,7 +13,7 @@ from flax import struct
 
 import specjax
 from helpers import forward_cached, full_logits, make_drafter
-from specjax import GREEDY
+from specjax import GREEDY, trees
 from specjax.drafting import DrafterBase, NGramDrafter, Proposal, layer_skip, lookup
 
 MAX_NEW = 16
@@ -197,7 +197,11 @@ class _Repeat(DrafterBase):
   def propose(self, state, recent, key, limit, *, gamma, sampling):
     b = recent.shape[0]
     return Proposal(
-      jnp.tile(recent[:, 1:], (1, gamma)), None, jnp.full((b,), gamma), jnp.int32(0), self.tree
+      jnp.tile(recent[:, 1:], (1, gamma)),
+      None,
+      jnp.full((b,), gamma),
+      jnp.int32(0),
+      None if self.tree is None else trees.Tree.static(self.tree),
     ), state
 
   def commit(self, state, commit):

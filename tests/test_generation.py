@@ -7,9 +7,8 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import full_logits
+from helpers import full_logits, traces
 from specjax import GREEDY
-from specjax.generation.common import TRACE_COUNTS
 
 SAMPLED = specjax.SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
 MAX_NEW = 16
@@ -159,25 +158,27 @@ def test_no_recompilation_on_second_call(target, draft, prompts):
   specjax.autoregressive_generate(
     target, tokens, lengths, max_new_tokens=MAX_NEW, sampling=SAMPLED, key=jax.random.key(0)
   )
-  before = dict(TRACE_COUNTS)
-  other = (tokens + 1) % 512
-  specjax.speculative_generate(target, draft, other, lengths[::-1], key=jax.random.key(9), **kwargs)
-  specjax.autoregressive_generate(
-    target, other, lengths[::-1], max_new_tokens=MAX_NEW, sampling=SAMPLED, key=jax.random.key(9)
-  )
-  assert dict(TRACE_COUNTS) == before
+  other, other_lengths = (tokens + 1) % 512, lengths[::-1]
+  keys = jax.random.key(9), jax.random.key(0)
+  with traces() as traced:
+    specjax.speculative_generate(target, draft, other, other_lengths, key=keys[0], **kwargs)
+    specjax.autoregressive_generate(
+      target, other, other_lengths, max_new_tokens=MAX_NEW, sampling=SAMPLED, key=keys[0]
+    )
+  assert not traced
   # A different static setting does compile a new program (the counter works).
-  specjax.speculative_generate(
-    target,
-    draft,
-    tokens,
-    lengths,
-    key=jax.random.key(0),
-    gamma=2,
-    max_new_tokens=MAX_NEW,
-    sampling=SAMPLED,
-  )
-  assert TRACE_COUNTS["speculative"] == before["speculative"] + 1
+  with traces() as traced:
+    specjax.speculative_generate(
+      target,
+      draft,
+      tokens,
+      lengths,
+      key=keys[1],
+      gamma=2,
+      max_new_tokens=MAX_NEW,
+      sampling=SAMPLED,
+    )
+  assert traced["_speculative_program"] == 1
 
 
 def test_speculative_step_is_pure(target, draft, prompts):

@@ -27,7 +27,7 @@ import pytest
 import test_verify_exactness as chain
 
 from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue
-from specjax.trees import RowTrees
+from specjax.trees import Tree
 from specjax.verify import TreeVerifyResult, token_verify, tree_verify
 
 CASES = chain.CASES
@@ -535,8 +535,8 @@ def test_bad_inputs_raise_naming_the_argument(name, change):
 
 @pytest.mark.parametrize("mode", [*MODES, "greedy"])
 def test_per_row_trees_equal_the_static_tree(mode):
-  """`RowTrees` holding the same tree in every row decide exactly as the static
-  tuple (the per-row code path EAGLE-2's dynamic trees take)."""
+  """A per-row `Tree` holding the same tree in every row decides exactly as the
+  static tuple (the per-row trees EAGLE-2's dynamic drafting proposes)."""
   parents = TREES["binary"]
   b, n, v = 4096, len(parents), 4
 
@@ -546,7 +546,7 @@ def test_per_row_trees_equal_the_static_tree(mode):
     tokens = jax.random.randint(keys[0], (b, n), 0, v)
     q = jax.nn.softmax(2 * jax.random.normal(keys[1], (b, n, v)))
     p = jax.nn.softmax(2 * jax.random.normal(keys[2], (b, n + 1, v)))
-    rows = RowTrees(jnp.broadcast_to(jnp.array(parents), (b, n)), DEPTH)
+    rows = Tree.per_row(jnp.broadcast_to(jnp.array(parents), (b, n)), DEPTH)
     static = tree_verify(keys[3], tokens, parents, q, p, mode)
     return static, tree_verify(keys[3], tokens, rows, q, p, mode)
 

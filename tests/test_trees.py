@@ -30,7 +30,7 @@ def test_builders_and_topology():
   assert trees.num_children(TREE) == (2, 0, 2, 1, 0, 0)
   assert trees.full((2, 2)) == (-1, -1, 0, 0, 1, 1)
   assert trees.chain(3) == (-1, 0, 1)
-  visible = trees.ancestor_matrix(TREE)
+  visible = trees.Tree.static(TREE).ancestors()[0]
   assert visible[4].tolist() == [False, True, True, False, True]
 
 
@@ -57,7 +57,7 @@ def test_drafting_trees_must_be_breadth_first(draft):
 
 
 # The block trees (s[-1] is node 0): TREE's for both rows, or a different tree per
-# row (`RowTrees`, as EAGLE-2 drafts).
+# row (`Tree.per_row`, as EAGLE-2 drafts).
 ROW_TREES = ((-1, 0, 0, 1, 2, 3), (-1, 0, 1, 1, 0, 4))
 
 
@@ -81,14 +81,14 @@ def test_tree_attention_scores_every_path_as_a_sequence(target, tiny_cfg, per_ro
   nodes = jax.random.randint(jax.random.key(4), (b, len(row_trees[0]) - 1), 0, 512)
   root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)
   block = jnp.concatenate([root, nodes], axis=1)
-  layout = trees.RowTrees(jnp.array(row_trees), 4) if per_row else row_trees[0]
+  layout = trees.Tree.per_row(jnp.array(row_trees), 4) if per_row else row_trees[0]
   call = jax.jit(lambda model, block, cache: model.forward_cached(block, cache, tree=(layout, 0)))
   logits, out = call(target, block, cache)
   assert out.lengths.tolist() == (lengths - 1).tolist()  # a tree call does not advance
   # Every (row, node) path as one right-padded batch of plain sequences: one call.
   seqs, ends = [], []
   for row in range(b):
-    visible = trees.ancestor_matrix(row_trees[row])
+    visible = trees.Tree.static(row_trees[row]).ancestors()[0]
     prefix = np.asarray(tokens[row, : int(lengths[row]) - 1])
     for j in range(len(row_trees[row])):
       seqs.append(np.concatenate([prefix, np.asarray(block[row])[visible[j]]]))

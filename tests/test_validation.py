@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from specjax.generation.common import TRACE_COUNTS
+from helpers import traces
 
 PROMPTS = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0]], jnp.int32)
 LENGTHS = jnp.array([3, 2], jnp.int32)
@@ -63,10 +63,9 @@ def _spec(target, draft, **overrides):
   ],
 )
 def test_speculative_generate_rejects(target, draft, overrides, message):
-  before = dict(TRACE_COUNTS)
-  with pytest.raises(ValueError, match=message):
+  with traces() as traced, pytest.raises(ValueError, match=message):
     _spec(target, draft, **overrides)
-  assert dict(TRACE_COUNTS) == before  # raised before tracing or compiling
+  assert not traced  # raised before tracing or compiling
 
 
 @pytest.mark.parametrize(
@@ -131,10 +130,9 @@ def test_padding_beyond_lengths_is_ignored(target):
   ],
 )
 def test_more_arguments_are_named(target, draft, overrides, message):
-  before = dict(TRACE_COUNTS)
-  with pytest.raises(ValueError, match=message):
+  with traces() as traced, pytest.raises(ValueError, match=message):
     _spec(target, draft, **overrides)
-  assert dict(TRACE_COUNTS) == before
+  assert not traced
 
 
 @pytest.mark.parametrize("draft", [None, "draft", 3])
@@ -154,18 +152,18 @@ def test_numpy_scalars_are_accepted(target, draft):
     pad_id=1,
     sampling=specjax.SamplingParams(temperature=0.5, top_k=20),
   )
-  before = dict(TRACE_COUNTS)
-  numpy = _spec(
-    target,
-    draft,
-    gamma=np.int64(2),
-    max_new_tokens=np.int32(6),
-    eos_id=np.int64(7),
-    pad_id=np.int64(1),
-    sampling=specjax.SamplingParams(temperature=np.float32(0.5), top_k=np.int64(20)),
-  )
+  with traces() as traced:
+    numpy = _spec(
+      target,
+      draft,
+      gamma=np.int64(2),
+      max_new_tokens=np.int32(6),
+      eos_id=np.int64(7),
+      pad_id=np.int64(1),
+      sampling=specjax.SamplingParams(temperature=np.float32(0.5), top_k=np.int64(20)),
+    )
   np.testing.assert_array_equal(numpy.tokens, plain.tokens)
-  assert dict(TRACE_COUNTS) == before  # the same static configuration
+  assert not traced  # the same static configuration
 
 
 @pytest.mark.parametrize(

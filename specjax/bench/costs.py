@@ -28,7 +28,6 @@ from specjax.generation.state import SpecConfig
 from specjax.models.kv_cache import KVCache, cache_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
-from specjax.trees import RowTrees, tree_depths
 from specjax.validation import check_positive_int
 
 
@@ -153,13 +152,10 @@ def _drafting_loop(target, drafter, state, *, config, num_steps: int):
       sampling=config.sampling,
     )
     # A chain commits g + 1 tokens; a tree its deepest path and one token.
-    tree = proposal.parents
-    kept = (
-      g if tree is None else tree.depth if isinstance(tree, RowTrees) else max(tree_depths(tree))
-    )
+    kept = g if proposal.tree is None else proposal.tree.depth
     emitted = jnp.pad(proposal.tokens[:, :kept], ((0, 0), (0, 1)))
     hidden = None if features is False else jnp.zeros((b, kept + 1, width), jnp.float32)
-    path = None if proposal.parents is None else jnp.zeros((b, kept), jnp.int32)
+    path = None if proposal.tree is None else jnp.zeros((b, kept), jnp.int32)
     committed = drafter.commit(drafted, Commit(emitted, old, old + kept + 1, stopped, hidden, path))
     return total + jnp.sum(proposal.tokens), committed
 

@@ -14,7 +14,8 @@
                                 EagleDrafter and MedusaDrafter take `tree=` too
 
 All share the `Drafter` protocol (`specjax.drafting.base`); `as_drafter` turns a
-plain `Transformer` into a `ModelDrafter`.
+plain `Transformer` into a `ModelDrafter`, and `check_drafter` checks a drafter
+against a run (capacity, target, tree rules) before anything compiles.
 """
 
 from specjax.drafting.base import Commit, Drafter, DrafterBase, Proposal, proposal_probs
@@ -23,7 +24,7 @@ from specjax.drafting.cross_tokenizer import CrossTokenizerDrafter
 from specjax.drafting.eagle import EagleDrafter
 from specjax.drafting.early_exit import EarlyExitDrafter
 from specjax.drafting.medusa import MedusaDrafter
-from specjax.drafting.model import ModelDrafter, as_drafter, layer_skip
+from specjax.drafting.model import ModelDrafter, as_drafter, check_drafter, layer_skip
 from specjax.drafting.ngram import NGramDrafter, lookup
 from specjax.drafting.tree import TreeDrafter
 
@@ -41,6 +42,7 @@ __all__ = [
   "Proposal",
   "TreeDrafter",
   "as_drafter",
+  "check_drafter",
   "count_drafter",
   "layer_skip",
   "lookup",

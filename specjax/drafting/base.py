@@ -1,39 +1,13 @@
-"""The drafter protocol: what `speculative_step` needs from any way of drafting.
+"""The drafter protocol: what generation needs from any way of drafting.
 
 A drafter is a pytree (a `flax.struct` dataclass: arrays and modules as
-children, settings static and fixed at construction) with three pure methods:
-
-  init(prompts [B, P], prompt_lengths [B], first [B], capacity, hidden) -> state
-      Prepare for the committed sequence s = prompt + first token. `hidden` is
-      None, or for drafters with `target_features` the target's features at
-      the P prompt positions, `[B, P, F]` (position t predicted s[t + 1]).
-  propose(state, recent [B, 2], key, limit [B], *, gamma, sampling) -> (Proposal, state)
-      Propose up to `gamma` tokens per row continuing s, at most `limit[b]`
-      for row b, drawn under the `sampling` warp. `recent = [s[-2], s[-1]]`.
-  commit(state, Commit) -> state
-      What the iteration kept; a drafter with `target_features` also gets
-      the target's features over the scored block (draft heads).
-
-and what generation asks of it instead of looking at its class:
-
-  vocab_size              static, the ids its proposals are drawn from
-  tree                    static: None (chains), the parents of the token tree
-                          it drafts, or a spec of per-row trees (EAGLE-2's
-                          `trees.DynamicTree`); gamma = its N nodes
-  tree_mode               how a tree's siblings are drawn: "iid" or
-                          "without_replacement" (`specjax.verify.tree_verify`)
-  prefill_calls           model calls `init` spends (statistics)
-  target_features         static: False, True (the features before the final
-                          norm) or a tuple of layer counts (EAGLE-3 fusion); the
-                          `return_hidden` of the target's calls, see `init`/`commit`
-  check_capacity(prompt_width, max_new_tokens, gamma)   raises before compiling
-  check_target(target)    optional; raises before compiling when the drafter
-                          cannot serve this target (e.g. a tokenizer mismatch)
-  with_confidence(threshold) -> drafter   the adaptive "confidence" draft length
-
-`DrafterBase` gives the defaults of a model-free drafter. The state is any
-pytree the drafter likes (a KV cache, a token history). One `speculative_step`
-serves every drafter.
+children, settings static and fixed at construction) whose pure methods
+`init`, `propose` and `commit` carry a state of its choosing (a KV cache, a
+token history) through the loop. `Drafter` below is the one written list of
+what generation reads: it never looks at a drafter's class, and
+`specjax.drafting.check_drafter` runs the checks a drafter asks for before
+anything compiles. `DrafterBase` gives the defaults (a model-free chain
+drafter); one `speculative_step` serves every drafter.
 """
 
 from __future__ import annotations
@@ -44,7 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.sampling import SamplingParams
+from specjax.models.transformer import Transformer
+from specjax.sampling import RowSampling, SamplingParams
+from specjax.trees import DynamicTree, Tree
 from specjax.validation import is_real
 from specjax.vocab import pad_vocab
 
@@ -60,19 +36,18 @@ class Proposal(NamedTuple):
       Verification sees q = 0 past them, which every verifier treats as a
       rejection there, so a row with lengths k is verified as a block of k.
     calls: scalar int32, model forward calls spent (for statistics).
-    parents: None for a chain (token i continues token i - 1). A token tree
-      (`Drafter.tree`) sets the static tuple of each node's parent (-1: it
-      continues s[-1]; `specjax.trees`), or `trees.RowTrees` (a tree per row,
-      parents `[B, g]` and a static depth); `probs[:, i]` is then the law node
-      i was drawn from, its parent's q (all zero for a node the drafter could
-      not fill), and `lengths` is g.
+    tree: None for a chain (token i continues token i - 1). A token tree
+      (`Drafter.tree`) sets the `trees.Tree` of its g nodes (each node's parent,
+      -1: it continues s[-1]; one static tree, or a tree per row); `probs[:, i]`
+      is then the law node i was drawn from, its parent's q (all zero for a node
+      the drafter could not fill), and `lengths` is g.
   """
 
   tokens: jax.Array
   probs: jax.Array | None
   lengths: jax.Array
   calls: jax.Array
-  parents: tuple[int, ...] | None = None
+  tree: Tree | None = None
 
 
 class Commit(NamedTuple):
@@ -105,15 +80,25 @@ class Commit(NamedTuple):
 
 
 class Drafter(Protocol):
-  """The protocol `speculative_step` drafts through (see the module docstring)."""
+  """What generation reads from a drafter, and nothing more (`DrafterBase` has
+  the defaults of every member it can default)."""
 
   vocab_size: int
+  """Static: the ids its proposals are drawn from, [0, vocab_size)."""
+  tree: tuple[int, ...] | DynamicTree | None
+  """Static: None (it drafts chains), the parents of the token tree it drafts
+  (`specjax.trees`; its proposals carry it as a `trees.Tree`), or a spec of
+  per-row trees (EAGLE-2's `trees.DynamicTree`); gamma is then the tree's
+  number of nodes. Default None."""
+  tree_mode: str
+  """How a tree's siblings are drawn, "iid" or "without_replacement"
+  (`specjax.verify.tree_verify`). Default "iid"."""
   prefill_calls: int
+  """Model calls `init` spends (statistics). Default 0."""
   target_features: bool | tuple[int, ...]
-
-  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None: ...
-
-  def with_confidence(self, threshold: float) -> Drafter: ...
+  """Static: False, True (the target's features before the final norm) or a
+  tuple of layer counts (EAGLE-3 fusion): the `return_hidden` of the target's
+  calls, whose features `init` and `commit` receive. Default False."""
 
   def init(
     self,
@@ -122,7 +107,14 @@ class Drafter(Protocol):
     first: jax.Array,
     capacity: int,
     hidden: jax.Array | None = None,
-  ) -> Any: ...
+  ) -> Any:
+    """The state for the committed sequence s = prompt + first token.
+
+    `prompts [B, P]`, `prompt_lengths [B]`, `first [B]`; `capacity` the cache
+    slots per row. `hidden` is None, or for drafters with `target_features`
+    the target's features at the P prompt positions, `[B, P, F]` (position t
+    predicted s[t + 1])."""
+    ...
 
   def propose(
     self,
@@ -132,15 +124,47 @@ class Drafter(Protocol):
     limit: jax.Array,
     *,
     gamma: int,
-    sampling: SamplingParams,
-  ) -> tuple[Proposal, Any]: ...
+    sampling: SamplingParams | RowSampling,
+  ) -> tuple[Proposal, Any]:
+    """Up to `gamma` tokens per row continuing s, at most `limit[b]` for row b,
+    drawn under the `sampling` warp; `recent [B, 2] = [s[-2], s[-1]]`."""
+    ...
 
-  def commit(self, state: Any, commit: Commit) -> Any: ...
+  def commit(self, state: Any, commit: Commit) -> Any:
+    """The state after what the iteration kept (`Commit`); a drafter with
+    `target_features` also gets the target's features over the scored block."""
+    ...
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    """Raises before compiling when the drafter cannot hold a run of this size
+    (its cache, its tree's nodes). Default: nothing to check."""
+    ...
+
+  def check_target(self, target: Transformer) -> None:
+    """Raises before compiling when the drafter cannot serve `target` (e.g. a
+    tokenizer mismatch). Default: any target."""
+    ...
+
+  def with_confidence(self, threshold: float) -> Drafter:
+    """The same drafter with the adaptive "confidence" draft length (a row
+    stops once q's top probability falls below `threshold`). Default: a
+    ValueError, the drafter has no q to read."""
+    ...
+
+
+def _members(protocol: type) -> tuple[str, ...]:
+  """The attributes and methods a protocol class declares, in order."""
+  methods = [name for name, value in vars(protocol).items() if callable(value)]
+  return (*protocol.__annotations__, *(name for name in methods if not name.startswith("_")))
+
+
+DRAFTER_MEMBERS = _members(Drafter)
 
 
 class DrafterBase:
-  """Defaults for drafters that run no model: no prefill calls, no capacity of
-  their own to check, no hidden states, no confidence-based length."""
+  """The `Drafter` defaults, those of a drafter that runs no model: no prefill
+  calls, no features, chains, no capacity or target to check, no
+  confidence-based length."""
 
   prefill_calls = 0
   target_features = False
@@ -150,7 +174,10 @@ class DrafterBase:
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     del prompt_width, max_new_tokens, gamma
 
-  def with_confidence(self, threshold: float):
+  def check_target(self, target: Transformer) -> None:
+    del target
+
+  def with_confidence(self, threshold: float) -> Drafter:
     raise ValueError(
       "adaptive='confidence' needs a model drafter (a Transformer, "
       f"ModelDrafter or layer_skip), got {type(self).__name__}."
@@ -163,12 +190,12 @@ def check_confidence(confidence) -> None:
     raise ValueError(f"confidence must be in [0, 1] (0 = off), got {confidence!r}.")
 
 
-class ConfidenceLength:
+class ConfidenceLength(DrafterBase):
   """`with_confidence` for drafters with a `confidence` field (a struct dataclass):
   the adaptive "confidence" draft length stops a row once q's top probability
   falls below the threshold."""
 
-  def with_confidence(self, threshold: float):
+  def with_confidence(self, threshold: float) -> Drafter:
     if not is_real(threshold) or not 0 < threshold <= 1:
       raise ValueError(f"confidence_threshold must be in (0, 1], got {threshold!r}.")
     return self.replace(confidence=float(threshold))
@@ -178,7 +205,7 @@ class VocabSubset:
   """FR-Spec for drafters that read the target's head (a struct dataclass with
   `target` and `vocab_subset` fields): draft only among K frequent ids."""
 
-  def with_vocab_subset(self, ids):
+  def with_vocab_subset(self, ids: Any) -> Drafter:
     """The same drafter drafting only among `ids` (`[K]` distinct ids in [0, V)),
     e.g. the K most frequent tokens; None drafts over the whole vocabulary.
     Exact either way: q is 0 outside the subset, and q is what verification reads."""

@@ -28,7 +28,7 @@ the target's true features, consecutively.
 With `tree=trees.DynamicTree(size, depth, branch, expand)` it drafts EAGLE-2's
 dynamic trees: each depth expands the `expand` most valuable nodes with `branch`
 children, and the `size` most valuable of all candidates become the row's tree
-(`trees.RowTrees`, one per row, verified as any tree). A node's value is its
+(`trees.Tree.per_row`, one per row, verified as any tree). A node's value is its
 parent's plus the log of the parent's rank-th largest draft probability: the
 cumulative draft log-probability at temperature 0, as in the paper, and a
 quantity that does not depend on the node's own drawn token when sampling. If it
@@ -37,6 +37,8 @@ draw from q, and sampled verification would be biased.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +56,7 @@ from specjax.drafting.tree import check_tree_gamma, check_tree_mode, children, d
 from specjax.models.heads import EagleHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
+from specjax.sampling import RowSampling, SamplingParams, sample_with_uniform, warp_probs
 from specjax.vocab import fit_ids
 
 
@@ -64,6 +66,60 @@ class EagleState:
 
   cache: KVCache
   next_feature: jax.Array
+
+
+class _Group(NamedTuple):
+  """The candidates one depth of EAGLE-2's dynamic tree adds: `branch` children of
+  each of m nodes, `[B, m * branch]` each (laws: `[B, m, V]`).
+
+  Attributes:
+    tokens: the drawn children.
+    values: each child's value (its parent's plus the log of the parent's
+      rank-th largest draft probability).
+    parents: the parent's candidate index (-1: the root).
+    law_ids: the index, among all groups' laws, of the law it was drawn from.
+    beams: which of the m nodes it continues.
+    laws: the m laws q (the logits at temperature 0).
+  """
+
+  tokens: jax.Array
+  values: jax.Array
+  parents: jax.Array
+  law_ids: jax.Array
+  beams: jax.Array
+  laws: jax.Array
+
+
+def _best_tree(groups: list[_Group], spec: trees.DynamicTree, sampling) -> Proposal:
+  """The proposal of each row's `spec.size` most valuable candidates, as its tree.
+
+  A parent outranks its children and an elder sibling the younger (values never
+  grow along a path or a sibling list; ties go to the lower index), so the best
+  N are a tree whose parents come first.
+  """
+  token, value, parent, law_id = (
+    jnp.concatenate([getattr(g, name) for g in groups], 1)
+    for name in ("tokens", "values", "parents", "law_ids")
+  )
+  b = token.shape[0]
+  order = jnp.argsort(-value, axis=1, stable=True)[:, : spec.size]
+  rows = jnp.arange(b)[:, None]
+  position = jnp.full(token.shape, -1, jnp.int32).at[rows, order].set(jnp.arange(spec.size))
+  chosen_parent = jnp.take_along_axis(parent, order, 1)
+  tree_parents = jnp.where(
+    chosen_parent < 0, -1, jnp.take_along_axis(position, jnp.maximum(chosen_parent, 0), 1)
+  )
+  probs = None
+  if not sampling.greedy:
+    table = jnp.concatenate([g.laws for g in groups], 1)  # [B, L, V]
+    probs = jnp.take_along_axis(table, jnp.take_along_axis(law_id, order, 1)[:, :, None], 1)
+  return Proposal(
+    jnp.take_along_axis(token, order, 1),
+    probs,
+    jnp.full((b,), spec.size, jnp.int32),
+    jnp.int32(spec.depth),  # depth - 1 head calls, then the commit's
+    trees.Tree.per_row(tree_parents.astype(jnp.int32), spec.depth),
+  )
 
 
 @struct.dataclass
@@ -85,7 +141,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
   head: EagleHead
   confidence: float = struct.field(pytree_node=False, default=0.0)
   vocab_subset: jax.Array | None = None
-  tree: tuple[int, ...] | None = struct.field(pytree_node=False, default=None)
+  tree: tuple[int, ...] | trees.DynamicTree | None = struct.field(pytree_node=False, default=None)
   tree_mode: str = struct.field(pytree_node=False, default="without_replacement")
 
   prefill_calls = 1
@@ -105,7 +161,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     return self.target.cfg.vocab_size
 
   @property
-  def target_features(self):
+  def target_features(self) -> bool | tuple[int, ...]:
     return self.head.cfg.target_features
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
@@ -122,7 +178,13 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
       check_tree_gamma(self.tree, gamma)
     check_capacity("eagle head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
 
-  def _pairs(self, cache: KVCache, features: jax.Array, tokens: jax.Array, tree=None):
+  def _pairs(
+    self,
+    cache: KVCache,
+    features: jax.Array,
+    tokens: jax.Array,
+    tree: tuple[trees.Tree | tuple[int, ...], int] | None = None,
+  ) -> tuple[jax.Array, KVCache]:
     return self.head.forward_cached(
       self.target, features, fit_ids(tokens, self.vocab_size), cache, tree
     )
@@ -149,7 +211,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     limit: jax.Array,
     *,
     gamma: int,
-    sampling: SamplingParams,
+    sampling: SamplingParams | RowSampling,
   ) -> tuple[Proposal, EagleState]:
     del recent  # the head's state already continues s
     if isinstance(self.tree, trees.DynamicTree):
@@ -202,13 +264,15 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     # The commit's head call is this iteration's last draft call.
     return Proposal(tokens, probs, lengths, calls=i), state.replace(cache=cache)
 
-  def _propose_tree(self, state: EagleState, key: jax.Array, sampling: SamplingParams):
+  def _propose_tree(
+    self, state: EagleState, key: jax.Array, sampling: SamplingParams | RowSampling
+  ):
     features = {-1: state.next_feature}  # node -> the head's feature at its position
-    cache = {"cache": state.cache}
+    cache, tree = {"cache": state.cache}, trees.Tree.static(self.tree)
 
     def read(start, stop, tokens):
       parents = jnp.stack([features[self.tree[c]] for c in range(start, stop)], axis=1)
-      predicted, cache["cache"] = self._pairs(cache["cache"], parents, tokens, (self.tree, start))
+      predicted, cache["cache"] = self._pairs(cache["cache"], parents, tokens, (tree, start))
       features.update({c: predicted[:, c - start] for c in range(start, stop)})
       return self._logits(predicted)
 
@@ -217,88 +281,76 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     b, calls = tokens.shape[0], len(trees.levels(self.tree)) - 1
     lengths = jnp.full((b,), len(self.tree), jnp.int32)
     # As for a chain, the commit's head call is this iteration's last draft call.
-    proposal = Proposal(tokens, probs, lengths, jnp.int32(calls + 1), self.tree)
+    proposal = Proposal(tokens, probs, lengths, jnp.int32(calls + 1), tree)
     return proposal, state.replace(cache=cache["cache"])
 
-  def _propose_dynamic(self, state: EagleState, key: jax.Array, sampling: SamplingParams):
+  def _propose_dynamic(
+    self, state: EagleState, key: jax.Array, sampling: SamplingParams | RowSampling
+  ):
     """EAGLE-2 (`trees.DynamicTree`): expand the most valuable nodes depth by depth,
-    then keep the best N of all candidates as this row's tree (`trees.RowTrees`).
+    then keep the best N of all candidates as this row's tree (`Tree.per_row`).
 
-    Candidates are numbered depth by depth. The expanded nodes ("beams") go through
-    the head with tree attention over a scratch tree in its cache (their ancestors
-    are earlier beams); the commit rewrites the accepted path as for a chain.
+    Candidates are numbered depth by depth, one `_Group` per depth. The expanded
+    nodes ("beams") go through the head with tree attention over a scratch tree in
+    its cache (their ancestors are earlier beams); the commit rewrites the
+    accepted path as for a chain.
     """
-    spec, b, k = self.tree, state.next_feature.shape[0], self.tree.branch
+    spec, b = self.tree, state.next_feature.shape[0]
     keys = jax.random.split(key, spec.depth)
-    tokens, values, parents, law_ids, beam_of, laws = [], [], [], [], [], []
-
-    def add_children(logits, parent_values, parent_ids, key):
-      # logits [B, m, V] of m nodes -> their k children each, as one new group.
-      m, v = logits.shape[1:]
-      drawn, q = children(key, logits.reshape(b * m, v), k, sampling, self.tree_mode)
-      # A child's value reads its parent's law only: the rank-th largest probability.
-      ranked = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)[0]  # [B, m, k]
-      grid = (b, m, k)
-      tokens.append(drawn.reshape(b, m * k))
-      values.append((parent_values[:, :, None] + ranked).reshape(b, m * k))
-      parents.append(jnp.broadcast_to(parent_ids[:, :, None], grid).reshape(b, m * k))
-      first_law = sum(x.shape[1] for x in laws)
-      law_ids.append(
-        jnp.broadcast_to(first_law + jnp.arange(m)[None, :, None], grid).reshape(b, m * k)
-      )
-      beam_of.append(jnp.broadcast_to(jnp.arange(m)[None, :, None], grid).reshape(b, m * k))
-      laws.append(logits if q is None else q.reshape(b, m, v))
-
     root = self._logits(state.next_feature)[:, None]  # [B, 1, V]
-    add_children(root, jnp.zeros((b, 1)), jnp.full((b, 1), -1, jnp.int32), keys[0])
-    width = (spec.depth - 1) * spec.expand
-    scratch = jnp.full((b, width), -1, jnp.int32)  # the beams' tree in the head's cache
-    cache, start, group_start = state.cache, 0, 0
+    groups = [
+      self._group(root, jnp.zeros((b, 1)), jnp.full((b, 1), -1, jnp.int32), 0, keys[0], sampling)
+    ]
+    scratch = jnp.full((b, (spec.depth - 1) * spec.expand), -1, jnp.int32)  # the beams' tree
+    cache, start, last_slots = state.cache, 0, None
     predicted = state.next_feature[:, None]  # [B, m, D] of the last beams (root: 1)
-    last_slots = None
     for step in range(1, spec.depth):
-      m = min(spec.expand, tokens[-1].shape[1])
-      pick = jax.lax.top_k(values[-1], m)[1]  # [B, m], local to the newest group
-      beam = jnp.take_along_axis(beam_of[-1], pick, 1)  # their parents among the last beams
-      features = jnp.take_along_axis(predicted, beam[:, :, None], 1)
+      newest = groups[-1]
+      m = min(spec.expand, newest.tokens.shape[1])
+      pick = jax.lax.top_k(newest.values, m)[1]  # [B, m], local to the newest group
+      beam = jnp.take_along_axis(newest.beams, pick, 1)  # their parents among the last beams
       if last_slots is not None:
         scratch = scratch.at[:, start : start + m].set(jnp.take_along_axis(last_slots, beam, 1))
       predicted, cache = self._pairs(
         cache,
-        features,
-        jnp.take_along_axis(tokens[-1], pick, 1),
-        (trees.RowTrees(scratch, spec.depth - 1), start),
+        jnp.take_along_axis(predicted, beam[:, :, None], 1),
+        jnp.take_along_axis(newest.tokens, pick, 1),
+        (trees.Tree.per_row(scratch, spec.depth - 1), start),
       )
-      picked_values = jnp.take_along_axis(values[-1], pick, 1)
-      add_children(self._logits(predicted), picked_values, group_start + pick, keys[step])
+      group_start = sum(g.tokens.shape[1] for g in groups[:-1])  # the newest's first index
+      groups.append(
+        self._group(
+          self._logits(predicted),
+          jnp.take_along_axis(newest.values, pick, 1),
+          group_start + pick,
+          sum(g.laws.shape[1] for g in groups),
+          keys[step],
+          sampling,
+        )
+      )
       last_slots = start + jnp.broadcast_to(jnp.arange(m)[None], (b, m))
-      group_start += tokens[-2].shape[1]
       start += m
+    return _best_tree(groups, spec, sampling), state.replace(cache=cache)
 
-    token, value, parent, law_id = (
-      jnp.concatenate(x, 1) for x in (tokens, values, parents, law_ids)
+  def _group(self, logits, parent_values, parent_ids, first_law, key, sampling) -> _Group:
+    """The `branch` children of each of m nodes, from their next-token `logits [B, m, V]`;
+    `parent_values`, `parent_ids` `[B, m]`, `first_law` the index of their first law."""
+    (b, m, v), k = logits.shape, self.tree.branch
+    drawn, q = children(key, logits.reshape(b * m, v), k, sampling, self.tree_mode)
+    # A child's value reads its parent's law only: the rank-th largest probability.
+    ranked = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)[0]  # [B, m, k]
+
+    def flat(x):  # [B or 1, m, k or 1] -> [B, m * k]
+      return jnp.broadcast_to(x, (b, m, k)).reshape(b, m * k)
+
+    return _Group(
+      tokens=drawn.reshape(b, m * k),
+      values=flat(parent_values[:, :, None] + ranked),
+      parents=flat(parent_ids[:, :, None]),
+      law_ids=flat(first_law + jnp.arange(m)[None, :, None]),
+      beams=flat(jnp.arange(m)[None, :, None]),
+      laws=logits if q is None else q.reshape(b, m, v),
     )
-    # The best N: a parent outranks its children and an elder sibling the younger
-    # (values never grow along a path or a sibling list; ties go to the lower index).
-    order = jnp.argsort(-value, axis=1, stable=True)[:, : spec.size]
-    rows = jnp.arange(b)[:, None]
-    position = jnp.full(token.shape, -1, jnp.int32).at[rows, order].set(jnp.arange(spec.size))
-    chosen_parent = jnp.take_along_axis(parent, order, 1)
-    tree_parents = jnp.where(
-      chosen_parent < 0, -1, jnp.take_along_axis(position, jnp.maximum(chosen_parent, 0), 1)
-    )
-    probs = None
-    if not sampling.greedy:
-      table = jnp.concatenate(laws, 1)  # [B, L, V]
-      probs = jnp.take_along_axis(table, jnp.take_along_axis(law_id, order, 1)[:, :, None], 1)
-    proposal = Proposal(
-      jnp.take_along_axis(token, order, 1),
-      probs,
-      jnp.full((b,), spec.size, jnp.int32),
-      jnp.int32(spec.depth),  # depth - 1 head calls, then the commit's
-      trees.RowTrees(tree_parents.astype(jnp.int32), spec.depth),
-    )
-    return proposal, state.replace(cache=cache)
 
   def commit(self, state: EagleState, commit: Commit) -> EagleState:
     start = commit.old_length - 1  # slot of s[-1]

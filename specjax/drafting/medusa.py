@@ -126,7 +126,7 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
 
     tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, logits[:, 0], read)
     lengths = jnp.full((feature.shape[0],), len(self.tree), jnp.int32)
-    return Proposal(tokens, probs, lengths, jnp.int32(1), self.tree)
+    return Proposal(tokens, probs, lengths, jnp.int32(1), trees.Tree.static(self.tree))
 
   def commit(self, feature: jax.Array, commit: Commit) -> jax.Array:
     kept = commit.new_length - commit.old_length  # n + 1; hidden[n] predicted s'[-1]

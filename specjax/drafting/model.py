@@ -14,11 +14,20 @@ shape.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafting.base import Commit, ConfidenceLength, Proposal, check_confidence
+from specjax.drafting.base import (
+  DRAFTER_MEMBERS,
+  Commit,
+  ConfidenceLength,
+  Drafter,
+  Proposal,
+  check_confidence,
+)
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
@@ -162,25 +171,47 @@ def layer_skip(target: Transformer, num_layers: int, confidence: float = 0.0) ->
   return ModelDrafter(target, num_layers=int(num_layers), confidence=confidence)
 
 
-def as_drafter(draft) -> ModelDrafter:
-  """A `Transformer` becomes a `ModelDrafter`; anything with the `Drafter`
-  methods passes through; anything else is a ValueError naming `draft`."""
+def as_drafter(draft) -> Drafter:
+  """A `Transformer` becomes a `ModelDrafter`; anything with every `Drafter`
+  member passes through; anything else is a ValueError naming `draft`."""
   if isinstance(draft, Transformer):
     return ModelDrafter(draft)
-  needed = (
-    "vocab_size",
-    "prefill_calls",
-    "target_features",
-    "check_capacity",
-    "with_confidence",
-    "init",
-    "propose",
-    "commit",
-  )
-  missing = [name for name in needed if not hasattr(draft, name)]
+  missing = [name for name in DRAFTER_MEMBERS if not hasattr(draft, name)]
   if not missing:
     return draft
   raise ValueError(
     "draft must be a specjax.Transformer or a specjax.drafting.Drafter, got "
     f"{type(draft).__name__} (missing {', '.join(missing)})."
   )
+
+
+def check_drafter(
+  draft,
+  target: Transformer,
+  *,
+  prompt_width: int,
+  max_new_tokens: int,
+  gamma: int,
+  verifier: Any = "auto",
+  adaptive: str | None = None,
+) -> Drafter:
+  """`as_drafter(draft)`, checked for a run before anything compiles.
+
+  The drafter's own checks (`Drafter.check_capacity` for prompts of
+  `prompt_width`, `max_new_tokens` and `gamma`; `Drafter.check_target`), and a
+  tree drafter's rule: token trees are verified by tree verification, so
+  `verifier` must be "auto" and `adaptive` None.
+
+  Raises:
+    ValueError naming the argument that cannot serve the run.
+  """
+  drafter = as_drafter(draft)
+  drafter.check_capacity(prompt_width, max_new_tokens, gamma)
+  drafter.check_target(target)  # e.g. a draft with a tokenizer of its own
+  if drafter.tree is not None and (verifier != "auto" or adaptive is not None):
+    raise ValueError(
+      f"{type(drafter).__name__} drafts a token tree, which tree verification checks "
+      f"(specjax.verify.tree_verify): verifier must be 'auto' (got {verifier!r}) and "
+      f"adaptive None (got {adaptive!r})."
+    )
+  return drafter

@@ -194,18 +194,18 @@ class TreeDrafter(CachedDrafting):
     """One call on `recent` (the cache then holds s), then one per depth but the
     last; node i is written at slot len(s) + i."""
     del limit, gamma  # a tree is drafted whole
-    b = recent.shape[0]
+    b, tree = recent.shape[0], trees.Tree.static(self.tree)
     logits, cache = self._forward(recent, cache, jnp.ones((b, 1), jnp.int32))
     state = {"cache": cache}
 
     def read(start, stop, tokens):
-      logits, state["cache"] = self._forward(tokens, state["cache"], tree=(self.tree, start))
+      logits, state["cache"] = self._forward(tokens, state["cache"], tree=(tree, start))
       return logits
 
     tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, logits[:, 0], read)
     calls = len(trees.levels(self.tree))  # recent, then every depth but the last
     lengths = jnp.full((b,), len(self.tree), jnp.int32)
-    return Proposal(tokens, probs, lengths, jnp.int32(calls), self.tree), state["cache"]
+    return Proposal(tokens, probs, lengths, jnp.int32(calls), tree), state["cache"]
 
   def commit(self, cache: KVCache, commit: Commit) -> KVCache:
     # The path moves next to s (node i sat at slot len(s) + i); then the chain rule.

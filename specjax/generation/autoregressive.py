@@ -13,7 +13,6 @@ import jax.numpy as jnp
 
 from specjax.generation import validation
 from specjax.generation.common import (
-  TRACE_COUNTS,
   finalize,
   first_done,
   is_eos,
@@ -72,7 +71,6 @@ def autoregressive_step(
 def _autoregressive_program(
   model, prompts, prompt_lengths, key, rows, *, sampling, max_new_tokens, eos_id, pad_id, capacity
 ) -> GenerateOutput:
-  TRACE_COUNTS["autoregressive"] += 1
   sampling = rows if sampling is None else sampling  # per-row settings are data
   prompts = zero_padding(prompts, prompt_lengths)
   key, first_key = jax.random.split(key)

@@ -1,25 +1,19 @@
-"""What both generation loops share: prefill, padding, output, trace counts.
+"""What both generation loops share: prefill, padding, output.
 
 prefill         prompt through a fresh cache, first token sampled
 zero_padding    prompt ids past each row's length set to a valid id
 first_done      rows finished by the prefill's token alone
 is_eos          which tokens are an EOS (one id or several)
 finalize        output buffer cut to the budget, padded past each row's count
-TRACE_COUNTS    traces of the jitted programs (tests prove no recompilation)
 """
 
 from __future__ import annotations
-
-import collections
 
 import jax
 import jax.numpy as jnp
 
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
-
-# Traces of the jitted programs, by name: tests use it to prove no recompilation.
-TRACE_COUNTS: collections.Counter = collections.Counter()
 
 
 def prefill(

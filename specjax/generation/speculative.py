@@ -2,29 +2,37 @@
 
 An iteration reads like the algorithm (Leviathan et al. 2023, Chen et al. 2023):
   1. draft  - a drafter (`specjax.drafting`) proposes up to gamma tokens with their q,
-              as a chain or as a static token tree of gamma nodes;
-  2. score  - one target call over gamma + 1 positions gives p (tree attention
-              for a tree: each node sees the prefix and its ancestors);
+              as a chain or as a token tree of gamma nodes (`trees.Tree`);
+  2. score  - one target call over gamma + 1 positions gives p (`score`; tree
+              attention for a tree: each node sees the prefix and its ancestors);
   3. verify - a verifier keeps n tokens (a tree: the n nodes of one path) and
-              draws one more;
+              draws one more (`verify_block`);
   4. commit - per-row output buffer, cache lengths (rollback is bookkeeping; a
               tree's accepted path is first gathered into consecutive slots),
-              EOS / budget, the drafter's own state, draft limit, statistics.
+              EOS / budget, the drafter's own state, draft limit, statistics
+              (`commit_step`).
 Rows accept different numbers of tokens and stay in one compiled program.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from specjax import verify as verify_lib
-from specjax.drafting import Commit, Drafter, Proposal, as_drafter, proposal_probs
+from specjax.drafting import (
+  Commit,
+  Drafter,
+  Proposal,
+  as_drafter,
+  check_drafter,
+  proposal_probs,
+)
 from specjax.generation import validation
 from specjax.generation.common import (
-  TRACE_COUNTS,
   finalize,
   is_eos,
   prefill,
@@ -34,7 +42,7 @@ from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, Spec
 from specjax.models.kv_cache import KVCache, cache_capacity, write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams, warp_probs
-from specjax.trees import RowTrees
+from specjax.trees import Tree
 from specjax.validation import check_positive_int
 from specjax.vocab import fit_ids, pad_vocab
 
@@ -53,10 +61,8 @@ def speculative_step(
   """
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
-  vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
   sampling = step_sampling(state, config)
-
-  # 1. Draft up to gamma tokens per row, with the laws q they were drawn from.
+  # 1. Draft up to gamma tokens per row (a chain or a tree), with the laws q they were drawn from.
   proposal, drafter_state = drafter.propose(
     state.drafter_state,
     state.recent,
@@ -65,48 +71,90 @@ def speculative_step(
     gamma=config.gamma,
     sampling=sampling,
   )
-  tree = proposal.parents  # static: None for a chain
-
-  # 2. Score s[-1] and the drafted tokens (a chain, or a tree with tree attention) in
-  # one target call: logits at g + 1 positions.
+  # 2. Score s[-1] and the drafted tokens in one target call: logits at g + 1 positions.
   block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
-  logits, target_cache, hidden = score(
-    target, block, state.target_cache, return_hidden=drafter.target_features, tree=tree
+  logits, cache, hidden = score(
+    target, block, state.target_cache, drafter.target_features, proposal.tree
   )
+  # 3. Verify: keep n drafted tokens (a tree: the nodes of one path), then the verifier's token.
+  vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
+  verified = verify_block(
+    verify_key, proposal, logits, cache, hidden, sampling, vocab, drafter.tree_mode, config
+  )
+  # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics.
+  return commit_step(state, drafter, drafter_state, proposal, verified, config)
 
-  # 3. Verify: keep n drafted tokens (a tree: the n nodes of the accepted path), then
-  # the token the verifier draws.
-  if tree is None:
+
+class Verified(NamedTuple):
+  """What verification kept of a drafted block, laid out as a chain.
+
+  Attributes:
+    n: `[B]` int32, drafted tokens accepted.
+    next_token: `[B]` int32, the token the verifier drew after them.
+    drafted: `[B, D]` the drafted tokens along what was accepted (a chain: the
+      proposal's `[B, g]`; a tree: the tokens of its accepted path, D its depth).
+    path: None for a chain; for a tree `[B, D]` the accepted nodes (`Commit.path`).
+    cache: the target's cache, a tree's accepted path moved next to the prefix.
+    hidden: None, or `[B, D + 1, F]` the target's features along s[-1] and the
+      accepted tokens (`Commit.hidden`).
+  """
+
+  n: jax.Array
+  next_token: jax.Array
+  drafted: jax.Array
+  path: jax.Array | None
+  cache: KVCache
+  hidden: jax.Array | None
+
+
+def verify_block(
+  key: jax.Array,
+  proposal: Proposal,
+  logits: jax.Array,
+  cache: KVCache,
+  hidden: jax.Array | None,
+  sampling: SamplingParams | RowSampling,
+  vocab_size: int,
+  tree_mode: str,
+  config: SpecConfig,
+) -> Verified:
+  """Verifies a proposal against the target's `logits [B, g+1, V]` (`score`'s
+  output, with its `cache` and `hidden`): the config's verifier for a chain,
+  `tree_verify` for a tree (greedy at temperature 0, else `tree_mode`)."""
+  if proposal.tree is None:
     verifier = verify_lib.get_verifier(config.verifier)
     argmax_only = verifier is verify_lib.greedy_verify
-    n, next_token = verifier(
-      verify_key, *verifier_inputs(proposal, logits, sampling, vocab, argmax_only)
-    )
-    drafted, path = proposal.tokens, None
-  else:
-    path, n, next_token = verify_tree(
-      verify_key, proposal, logits, sampling, vocab, drafter.tree_mode
-    )
-    drafted = jnp.take_along_axis(proposal.tokens, jnp.maximum(path, 0), axis=1)
-    # The accepted path's keys and values move next to the prefix, after s[-1].
-    target_cache = target_cache.gather_path(path, state.target_cache.lengths + 1)
-    if hidden is not None:  # features along s[-1], then the path: a chain's layout
-      hidden = jnp.take_along_axis(hidden, path_rows(path)[:, :, None], axis=1)
+    inputs = verifier_inputs(proposal, logits, sampling, vocab_size, argmax_only)
+    n, next_token = verifier(key, *inputs)
+    return Verified(n, next_token, proposal.tokens, None, cache, hidden)
+  path, n, next_token = verify_tree(key, proposal, logits, sampling, vocab_size, tree_mode)
+  drafted = jnp.take_along_axis(proposal.tokens, jnp.maximum(path, 0), axis=1)
+  # The accepted path's keys and values move next to the prefix, after s[-1] (a
+  # tree call left the lengths at the prefix).
+  cache = cache.gather_path(path, cache.lengths + 1)
+  if hidden is not None:  # features along s[-1], then the path: a chain's layout
+    hidden = jnp.take_along_axis(hidden, path_rows(path)[:, :, None], axis=1)
+  return Verified(n, next_token, drafted, path, cache, hidden)
 
-  # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, limit, statistics.
-  emitted = emitted_tokens(drafted, n, next_token)
+
+def commit_step(
+  state: SpecState,
+  drafter: Drafter,
+  drafter_state: Any,
+  proposal: Proposal,
+  verified: Verified,
+  config: SpecConfig,
+) -> SpecState:
+  """The state after an iteration: each active row's n + 1 tokens appended (cut
+  at EOS and budget), the target's cache rolled to s'[:-1], the drafter's
+  commit, the next draft limit and the statistics."""
+  n = verified.n
+  emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
   old_length = state.target_cache.lengths + 1  # len(s)
-  commit = Commit(
-    emitted,
-    old_length,
-    new_length=old_length + n + 1,
-    goes_on=~done,
-    hidden=hidden,
-    path=path,
-  )
+  commit = Commit(emitted, old_length, old_length + n + 1, ~done, verified.hidden, verified.path)
   return state.replace(
-    target_cache=commit_cache(target_cache, commit),
+    target_cache=commit_cache(verified.cache, commit),
     drafter_state=drafter.commit(drafter_state, commit),
     recent=next_recent(state.recent, emitted, n, commit.goes_on),
     draft_limit=next_draft_limit(state.draft_limit, n, proposal.lengths, ~state.done, config),
@@ -133,11 +181,11 @@ def score(
   block: jax.Array,
   cache: KVCache,
   return_hidden: bool | tuple[int, ...] = False,
-  tree: tuple[int, ...] | RowTrees | None = None,
+  tree: Tree | None = None,
 ) -> tuple[jax.Array, KVCache, jax.Array | None]:
   """The target's logits at every position of `block [B, g+1]` in one call.
 
-  With `tree` (the drafted nodes' static parents) the block is s[-1] and a token
+  With `tree` (the drafted nodes' `trees.Tree`) the block is s[-1] and a token
   tree: node i attends to the cache, s[-1] and its own ancestors (tree attention),
   and the cache's lengths stay put for the commit's gather.
 
@@ -146,19 +194,11 @@ def score(
     the features a drafter asked for (`Drafter.target_features`); ids the
     target lacks are read as 0.
   """
-  layout = None if tree is None else (block_tree(tree), 0)
+  layout = None if tree is None else (tree.with_root(), 0)  # s[-1] is the block's root
   out = target.forward_cached(
     fit_ids(block, target.cfg.vocab_size), cache, return_hidden=return_hidden, tree=layout
   )
   return out[0], out[1], out[2] if return_hidden is not False else None
-
-
-def block_tree(tree: tuple[int, ...] | RowTrees) -> tuple[int, ...] | RowTrees:
-  """The scored block's tree: s[-1] (the root, node 0), then the drafted nodes."""
-  if isinstance(tree, RowTrees):
-    root = jnp.full((tree.parents.shape[0], 1), -1, jnp.int32)
-    return RowTrees(jnp.concatenate([root, tree.parents + 1], axis=1), tree.depth + 1)
-  return (-1, *(u + 1 for u in tree))
 
 
 def verify_tree(
@@ -180,10 +220,10 @@ def verify_tree(
   if sampling.greedy:
     logits = pad_vocab(logits, vocab_size, fill=-jnp.inf)  # ids the target lacks: never argmax
     q = None if proposal.probs is None else proposal_probs(proposal, vocab_size)
-    return verify_lib.tree_verify(None, proposal.tokens, proposal.parents, q, logits, "greedy")
+    return verify_lib.tree_verify(None, proposal.tokens, proposal.tree, q, logits, "greedy")
   p = pad_vocab(warp_probs(logits, sampling), vocab_size)
   q = proposal_probs(proposal, vocab_size)
-  return verify_lib.tree_verify(key, proposal.tokens, proposal.parents, q, p, mode)
+  return verify_lib.tree_verify(key, proposal.tokens, proposal.tree, q, p, mode)
 
 
 def path_rows(path: jax.Array) -> jax.Array:
@@ -384,7 +424,6 @@ def prefill_state(
 def _speculative_program(
   target, drafter, prompts, prompt_lengths, key, rows=None, *, config: SpecConfig
 ) -> GenerateOutput:
-  TRACE_COUNTS["speculative"] += 1
   prompts = zero_padding(prompts, prompt_lengths)
   state = init_state(target, drafter, prompts, prompt_lengths, key, config, rows)
   state = jax.lax.while_loop(
@@ -451,54 +490,21 @@ def speculative_generate(
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
     stats: SpeculativeStats)`.
   """
-  drafter = as_drafter(draft)
-  gamma = check_positive_int("gamma", gamma)
-  args = validation.check_generate_args(
-    target.cfg,
-    "target",
+  drafter, config = _checked_run(
+    target,
+    draft,
     prompts,
     prompt_lengths,
+    gamma=gamma,
     max_new_tokens=max_new_tokens,
     sampling=sampling,
     eos_id=eos_id,
-    pad_id=pad_id,
-    gamma=gamma,
-  )
-  drafter.check_capacity(args.width, args.max_new_tokens, gamma)
-  if hasattr(drafter, "check_target"):  # e.g. a draft with a tokenizer of its own
-    drafter.check_target(target)
-  if adaptive not in ADAPTIVE:
-    raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
-  tree = getattr(drafter, "tree", None)
-  if tree is not None and (verifier != "auto" or adaptive is not None):
-    raise ValueError(
-      f"{type(drafter).__name__} drafts a token tree, which tree verification checks "
-      f"(specjax.verify.tree_verify): verifier must be 'auto' (got {verifier!r}) and "
-      f"adaptive None (got {adaptive!r})."
-    )
-  if adaptive == "confidence":
-    drafter = drafter.with_confidence(confidence_threshold)
-  if tree is not None:
-    verifier = "tree"  # speculative_step verifies what the proposal's parents say
-  elif verifier == "auto":
-    verifier = "greedy" if sampling.greedy else "token"
-  greedy_rule = tree is None and verify_lib.get_verifier(verifier) is verify_lib.greedy_verify
-  if greedy_rule and not sampling.greedy:
-    raise ValueError(
-      "verifier='greedy' needs temperature 0 (a static SamplingParams); use 'token', "
-      "'block' or 'auto'."
-    )
-  key = validation.check_key(key, sampling)
-  rows = sampling if isinstance(sampling, RowSampling) else None
-  config = SpecConfig(
-    gamma=gamma,
-    max_new_tokens=args.max_new_tokens,
-    sampling=None if rows is not None else sampling,
     verifier=verifier,
-    eos_id=args.eos_id,
-    pad_id=args.pad_id,
+    pad_id=pad_id,
     adaptive=adaptive,
+    confidence_threshold=confidence_threshold,
   )
+  key = validation.check_key(key, sampling)
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
   return _speculative_program(
     target,
@@ -506,6 +512,45 @@ def speculative_generate(
     jnp.asarray(prompts, jnp.int32),
     jnp.asarray(prompt_lengths, jnp.int32),
     key,
-    rows,
+    sampling if isinstance(sampling, RowSampling) else None,
     config=config,
   )
+
+
+def _checked_run(
+  target, draft, prompts, prompt_lengths, *, gamma, adaptive, confidence_threshold, **settings
+) -> tuple[Drafter, SpecConfig]:
+  """`speculative_generate`'s checks, before anything compiles: its drafter
+  (with the confidence length if asked) and static configuration."""
+  drafter = as_drafter(draft)
+  gamma = check_positive_int("gamma", gamma)
+  verifier, sampling = settings.pop("verifier"), settings["sampling"]
+  args = validation.check_generate_args(
+    target.cfg, "target", prompts, prompt_lengths, gamma=gamma, **settings
+  )
+  if adaptive not in ADAPTIVE:
+    raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
+  drafter = check_drafter(
+    drafter,
+    target,
+    prompt_width=args.width,
+    max_new_tokens=args.max_new_tokens,
+    gamma=gamma,
+    verifier=verifier,
+    adaptive=adaptive,
+  )
+  if adaptive == "confidence":
+    drafter = drafter.with_confidence(confidence_threshold)
+  config = SpecConfig(
+    gamma=gamma,
+    max_new_tokens=args.max_new_tokens,
+    sampling=None if isinstance(sampling, RowSampling) else sampling,
+    # A tree is verified as the proposal's tree says (`verify_block`).
+    verifier="tree"
+    if drafter.tree is not None
+    else validation.resolve_verifier(verifier, sampling),
+    eos_id=args.eos_id,
+    pad_id=args.pad_id,
+    adaptive=adaptive,
+  )
+  return drafter, config

@@ -272,18 +272,62 @@ def string_level_generate(
   Returns:
     `StringLevelOutput(tokens [B, max_new_tokens], num_generated [B], stats, timings)`.
   """
+  args, config, draft_tokens, window = _checked_run(
+    target,
+    draft,
+    prompts,
+    prompt_lengths,
+    gamma=gamma,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    verifier=verifier,
+    draft_tokens=draft_tokens,
+    window=window,
+  )
+  draft_pieces, target_pieces = token_bytes(draft_tokenizer), token_bytes(target_tokenizer)
+  check_size("draft_tokenizer", len(draft_pieces), draft.cfg.vocab_size)
+  check_size("target_tokenizer", len(target_pieces), target.cfg.vocab_size)
+  key = validation.check_key(key, sampling)
+  # Twice the target's slots: rows whose text needs more stop drafting (see
+  # `_DraftSide`); every draft call's cost grows with its cache.
+  draft_capacity = min(draft.cfg.max_seq_len, 2 * args.capacity + 2 * draft_tokens)
+  side = _DraftSide(draft, draft_tokenizer, draft_pieces, args.batch, draft_capacity)
+  target_side = _TargetSide(target, target_tokenizer, target_pieces, config, window)
+  draft_key, key = jax.random.split(key)
+  state, iterations, verify_seconds, host_seconds = target_side.run(
+    side, prompts, prompt_lengths, key, draft_key, draft_tokens
+  )
+  timings = dict(
+    host_seconds=host_seconds - side.seconds,
+    draft_seconds=side.seconds,
+    verify_seconds=verify_seconds,
+    iterations=iterations,
+    host_ms_per_iteration=1e3 * (host_seconds - side.seconds) / max(1, iterations),
+  )
+  return StringLevelOutput(
+    tokens=finalize(state.tokens, state.num_generated, args.max_new_tokens, args.pad_id),
+    num_generated=state.num_generated,
+    stats=state.stats.replace(draft_calls=jnp.int32(side.calls)),
+    timings=timings,
+  )
+
+
+def _checked_run(
+  target, draft, prompts, prompt_lengths, *, gamma, verifier, draft_tokens, window, **settings
+) -> tuple[validation.GenerateArgs, SpecConfig, int, int]:
+  """`string_level_generate`'s checks of its numbers and models, before anything
+  compiles: `(args, config, draft_tokens, window)`."""
   gamma = check_positive_int("gamma", gamma)
   args = validation.check_generate_args(
     target.cfg,
     "target",
     prompts,
     prompt_lengths,
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
-    eos_id=eos_id,
-    pad_id=pad_id,
     gamma=gamma,
     per_row=False,  # a host loop over one warp
+    **settings,
   )
   draft_tokens = check_positive_int(
     "draft_tokens", gamma + gamma // 2 if draft_tokens is None else draft_tokens
@@ -291,84 +335,73 @@ def string_level_generate(
   window = check_positive_int("window", window)
   if not isinstance(draft, Transformer):
     raise ValueError(f"draft must be a specjax.Transformer, got {type(draft).__name__}.")
-  draft_pieces, target_pieces = token_bytes(draft_tokenizer), token_bytes(target_tokenizer)
-  check_size("draft_tokenizer", len(draft_pieces), draft.cfg.vocab_size)
-  check_size("target_tokenizer", len(target_pieces), target.cfg.vocab_size)
-  if verifier == "auto":
-    verifier = "greedy" if sampling.greedy else "token"
-  elif verifier not in ("token", "block"):
-    raise ValueError(f"verifier must be 'auto', 'token' or 'block', got {verifier!r}.")
-  key = validation.check_key(key, sampling)
-  draft_key, key = jax.random.split(key)
-
+  sampling = settings["sampling"]
   config = SpecConfig(
     gamma=gamma,
     max_new_tokens=args.max_new_tokens,
     sampling=sampling,
-    verifier=verifier,
+    verifier=validation.resolve_verifier(verifier, sampling, allowed=("token", "block")),
     eos_id=args.eos_id,
     pad_id=args.pad_id,
     adaptive=None,
   )
-  batch, capacity = args.batch, args.capacity
-  given = GivenProposal(gamma=gamma, vocab_size=target.cfg.vocab_size)
-  prompts = np.asarray(prompts, np.int32)
-  lengths = np.asarray(prompt_lengths, np.int32)
-  target_backend = backend_of(target_tokenizer)
-  committed = [prompts[b, : lengths[b]].tolist() for b in range(batch)]
-  # Twice the target's slots: rows whose text needs more stop drafting (see
-  # `_DraftSide`); every draft call's cost grows with its cache.
-  side = _DraftSide(
-    draft,
-    draft_tokenizer,
-    draft_pieces,
-    batch,
-    min(draft.cfg.max_seq_len, 2 * capacity + 2 * draft_tokens),
-  )
+  return args, config, draft_tokens, window
 
-  timings = dict(host_seconds=0.0, draft_seconds=0.0, verify_seconds=0.0)
-  graph, params = nnx.split(target)
-  state = _init(
-    graph, params, given, jnp.asarray(prompts), jnp.asarray(lengths), key, config=config
-  )
-  generated = np.ones((batch,), np.int64)
-  first = np.asarray(state.tokens[:, 0])
-  for b in range(batch):
-    committed[b].append(int(first[b]))
-  done = np.asarray(state.done)
-  iteration = 0
-  while not done.all():
-    t0 = time.perf_counter()
-    texts = [_text(target_pieces, ids) for ids in committed]
-    drafted = side.continue_texts(
-      texts, ~done, jax.random.fold_in(draft_key, iteration), draft_tokens, sampling
-    )
-    proposal = np.zeros((batch, gamma), np.int32)
-    proposed = np.zeros((batch,), np.int32)
-    for b in range(batch):
-      ids = _propose(target_backend, target_pieces, committed[b], drafted[b], window, gamma)
-      ids = [i for i in ids if i < target.cfg.vocab_size][:gamma]
+
+class _TargetSide:
+  """The target's host-side loop: what each row committed, in target ids, and
+  the jitted init and `speculative_step` on a proposal the host made."""
+
+  def __init__(self, target, tokenizer, pieces, config: SpecConfig, window: int):
+    self.graph, self.params = nnx.split(target)
+    self.backend = backend_of(tokenizer)
+    self.pieces = pieces
+    self.vocab_size = target.cfg.vocab_size
+    self.config = config
+    self.window = window
+    self.given = GivenProposal(gamma=config.gamma, vocab_size=target.cfg.vocab_size)
+
+  def propose(self, committed: list[list[int]], drafted: list[bytes]):
+    """`(proposal [B, gamma], proposed [B])` target ids spelling each row's draft."""
+    gamma = self.config.gamma
+    proposal = np.zeros((len(committed), gamma), np.int32)
+    proposed = np.zeros((len(committed),), np.int32)
+    for b, (ids, text) in enumerate(zip(committed, drafted)):
+      ids = _propose(self.backend, self.pieces, ids, text, self.window, gamma)
+      ids = [i for i in ids if i < self.vocab_size][:gamma]
       proposal[b, : len(ids)] = ids
       proposed[b] = len(ids)
-    t1 = time.perf_counter()
-    state = state.replace(drafter_state=(jnp.asarray(proposal), jnp.asarray(proposed)))
-    state = _step(graph, params, given, state, config=config)
-    tokens, new_generated, done = jax.device_get((state.tokens, state.num_generated, state.done))
-    t2 = time.perf_counter()
-    for b in range(batch):
-      committed[b].extend(tokens[b, generated[b] : new_generated[b]].tolist())
-    generated = new_generated
-    timings["host_seconds"] += time.perf_counter() - t0 - (t2 - t1)
-    timings["verify_seconds"] += t2 - t1
-    iteration += 1
-  timings["draft_seconds"] = side.seconds
-  timings["host_seconds"] -= side.seconds
-  timings["iterations"] = iteration
-  timings["host_ms_per_iteration"] = 1e3 * timings["host_seconds"] / max(1, iteration)
-  stats = state.stats.replace(draft_calls=jnp.int32(side.calls))
-  return StringLevelOutput(
-    tokens=finalize(state.tokens, state.num_generated, args.max_new_tokens, args.pad_id),
-    num_generated=state.num_generated,
-    stats=stats,
-    timings=timings,
-  )
+    return proposal, proposed
+
+  def run(self, side: _DraftSide, prompts, prompt_lengths, key, draft_key, draft_tokens: int):
+    """Iterates until every row is done: `(state, iterations, verify_seconds,
+    host_seconds)`, host seconds including the draft's calls."""
+    config, graph, params = self.config, self.graph, self.params
+    prompts = np.asarray(prompts, np.int32)
+    lengths = np.asarray(prompt_lengths, np.int32)
+    state = _init(
+      graph, params, self.given, jnp.asarray(prompts), jnp.asarray(lengths), key, config=config
+    )
+    first = np.asarray(state.tokens[:, 0])
+    committed = [prompts[b, : lengths[b]].tolist() + [int(first[b])] for b in range(len(first))]
+    generated, done = np.ones((len(first),), np.int64), np.asarray(state.done)
+    iteration, verify_seconds, host_seconds = 0, 0.0, 0.0
+    while not done.all():
+      t0 = time.perf_counter()
+      texts = [_text(self.pieces, ids) for ids in committed]
+      drafted = side.continue_texts(
+        texts, ~done, jax.random.fold_in(draft_key, iteration), draft_tokens, config.sampling
+      )
+      proposal, proposed = self.propose(committed, drafted)
+      t1 = time.perf_counter()
+      state = state.replace(drafter_state=(jnp.asarray(proposal), jnp.asarray(proposed)))
+      state = _step(graph, params, self.given, state, config=config)
+      tokens, new_generated, done = jax.device_get((state.tokens, state.num_generated, state.done))
+      t2 = time.perf_counter()
+      for b, ids in enumerate(committed):
+        ids.extend(tokens[b, generated[b] : new_generated[b]].tolist())
+      generated = new_generated
+      host_seconds += time.perf_counter() - t0 - (t2 - t1)
+      verify_seconds += t2 - t1
+      iteration += 1
+    return state, iteration, verify_seconds, host_seconds

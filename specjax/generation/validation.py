@@ -13,6 +13,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from specjax import verify
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import check_capacity
 from specjax.sampling import RowSampling, SamplingParams
@@ -164,3 +165,29 @@ def check_generate_args(
   pad_id = check_pad_id(pad_id)
   capacity = check_capacity(role, cfg.max_seq_len, width, max_new_tokens, gamma)
   return GenerateArgs(max_new_tokens, eos_id, pad_id, batch, width, capacity)
+
+
+def resolve_verifier(verifier, sampling: SamplingParams | RowSampling, allowed=None):
+  """The verifier a loop runs: "auto" is "greedy" at temperature 0, else "token".
+
+  Args:
+    verifier: "auto", a name in `specjax.verify.VERIFIERS`, or a verifier function.
+    sampling: the loop's warp (`RowSampling` is never greedy as a whole).
+    allowed: None (any verifier), or the names a loop takes besides "auto".
+
+  Raises:
+    ValueError naming `verifier` when it is unknown, not allowed, or "greedy"
+    while sampling.
+  """
+  if verifier == "auto":
+    return "greedy" if sampling.greedy else "token"
+  if allowed is not None and verifier not in allowed:
+    names = [repr(name) for name in ("auto", *allowed)]
+    names = ", ".join(names[:-1]) + " or " + names[-1]
+    raise ValueError(f"verifier must be one of {names}, got {verifier!r}.")
+  if verify.get_verifier(verifier) is verify.greedy_verify and not sampling.greedy:
+    raise ValueError(
+      "verifier='greedy' needs temperature 0 (a static SamplingParams); use 'token', "
+      "'block' or 'auto'."
+    )
+  return verifier

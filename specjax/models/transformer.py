@@ -27,7 +27,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.kv_cache import KVCache, write_rows
-from specjax.trees import RowTrees, tree_attention
+from specjax.trees import Tree, as_tree, tree_attention
 
 _NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
 
@@ -289,7 +289,7 @@ def run_blocks(
   x: jax.Array,
   cache: KVCache,
   feature_layers: tuple[int, ...] = (),
-  tree: tuple[tuple[int, ...], int] | None = None,
+  tree: tuple[Tree | tuple[int, ...], int] | None = None,
 ) -> tuple[jax.Array, KVCache, list[jax.Array]]:
   """Runs `blocks` over `x [B, T, D]` after each row's cached prefix.
 
@@ -297,8 +297,9 @@ def run_blocks(
   keys/values there and attends to the cache. Shared by the transformer and by
   draft heads that keep a cache of their own (EAGLE, early-exit adapters).
 
-  With `tree = (parents, start)` (static) the T inputs are nodes
-  `start .. start + T - 1` of a token tree over the prefix (`specjax.trees`):
+  With `tree = (parents, start)` (a `trees.Tree` or a static tuple of parents, and
+  a static start) the T inputs are nodes `start .. start + T - 1` of a token
+  tree over the prefix (`specjax.trees`):
   written at slots `lengths + start ..`, each reading the prefix, its ancestors
   and itself at position lengths + depth - 1; `lengths` is not advanced (the
   commit decides what stays).
@@ -333,7 +334,8 @@ def _layout(cache: KVCache, t: int, tree, windows=()) -> tuple:
     masks = {w: attention_mask(positions, slots, w) for w in windows}
     return cache.lengths, positions, masks
   parents, start = tree
-  n = parents.parents.shape[1] if isinstance(parents, RowTrees) else len(parents)
+  parents = as_tree(parents, "tree")
+  n = parents.num_nodes
   if start + t > n:
     raise ValueError(f"tree nodes {start}..{start + t - 1} do not exist in a tree of {n} nodes.")
   masks = {}
@@ -436,7 +438,7 @@ class Transformer(nnx.Module):
     logit_indices: jax.Array | None = None,
     num_layers: int | None = None,
     return_hidden: bool | tuple[int, ...] = False,
-    tree: tuple[tuple[int, ...], int] | None = None,
+    tree: tuple[Tree | tuple[int, ...], int] | None = None,
   ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
     """Feeds T >= 1 new tokens per row after each row's cached prefix.
 
@@ -455,7 +457,8 @@ class Transformer(nnx.Module):
         `(2, 4, 6)`): the residual stream after each of those blocks,
         concatenated, `[B, T, len * D]` (EAGLE-3-style fusion of lower
         layers). False (the default) costs nothing.
-      tree: None, or `(parents, start)` (static): the T tokens are nodes
+      tree: None, or `(parents, start)` (a `trees.Tree` or a static tuple of
+        parents, and a static start): the T tokens are nodes
         `start ..` of a token tree over the cached prefix (tree attention, see
         `run_blocks`; `lengths` is not advanced). `(parents, 0)` with all N
         tokens scores a whole tree in one call.

@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafting import Drafter, as_drafter
-from specjax.generation.common import TRACE_COUNTS
 from specjax.generation.state import SpecConfig
 from specjax.models.kv_cache import check_capacity
 from specjax.models.transformer import Transformer
@@ -761,8 +760,3 @@ class Engine:
       "tpot_s": percentiles([x.tpot for x in recent]),
       "e2e_s": percentiles([x.e2e for x in recent]),
     }
-
-  @staticmethod
-  def trace_count() -> int:
-    """Traces of the engine's programs so far (tests prove no recompilation)."""
-    return sum(v for k, v in TRACE_COUNTS.items() if k.startswith("engine"))

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.drafting import Commit, Drafter
-from specjax.generation.common import TRACE_COUNTS, prefill, zero_padding
+from specjax.generation.common import prefill, zero_padding
 from specjax.generation.speculative import (
   commit_cache,
   commit_tokens,
@@ -194,7 +194,6 @@ def _step(
   width: int,
   config: SlotConfig,
 ) -> tuple[SlotState, jax.Array]:
-  TRACE_COUNTS["engine_step"] += 1
   part = _prefix(state, width)
   spec = part.spec.replace(keys=jax.random.split(key, (1, 2)))
   before = spec.stats
@@ -217,7 +216,6 @@ def _resync(
 ) -> SlotState:
   """Rebuilds the drafter's state of the first `width` rows from their tokens
   s = prompt + generated (as its `init` would after prefilling s)."""
-  TRACE_COUNTS["engine_resync"] += 1
   part = _prefix(state, width)
   spec = part.spec
   length = part.prompt_lengths + spec.num_generated  # len(s)
@@ -266,7 +264,6 @@ def _admit(
   while plain steps run, since the drafter is re-synced from every row's
   tokens before it drafts again.
   """
-  TRACE_COUNTS["engine_admit"] += 1
   row = fresh_rows(target, drafter, prompt, prompt_length, budget, stop, sampling, key, config)
   if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
     stale = jax.tree.map(lambda x: x[slot][None], state.spec.drafter_state)
@@ -275,13 +272,11 @@ def _admit(
 
 
 def _move(state: SlotState, source: jax.Array, dest: jax.Array) -> SlotState:
-  TRACE_COUNTS["engine_move"] += 1
   return map_rows(lambda x: x.at[dest].set(x[source]), state)
 
 
 def _release(state: SlotState, slots: jax.Array) -> SlotState:
   """Slots `slots [B]` (bool) stop: marked done, they commit nothing more."""
-  TRACE_COUNTS["engine_release"] += 1
   return state.replace(spec=state.spec.replace(done=state.spec.done | slots))
 
 

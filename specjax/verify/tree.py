@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.sampling import sample_with_uniform
-from specjax.trees import RowTrees, check_parents, row_depths, tree_depths
+from specjax.trees import Tree, as_tree
 from specjax.verify.base import _shape, check_key
 
 MODES = ("iid", "without_replacement", "greedy")
@@ -75,7 +75,7 @@ class TreeVerifyResult(NamedTuple):
 
 
 def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
-  """Checks mode, tree and shapes at trace time; returns (parents, B, N, V)."""
+  """Checks mode, tree and shapes at trace time; returns (tree, B, N, V)."""
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
   tokens_shape = _shape("tree_tokens", tree_tokens)
@@ -84,24 +84,23 @@ def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
       f"tree_tokens must be an integer array [B, N], got {tree_tokens.dtype}{list(tokens_shape)}."
     )
   b, n = tokens_shape
-  if isinstance(parents, RowTrees):
-    shape = _shape("parents.parents", parents.parents)
-    if shape != (b, n) or not jnp.issubdtype(parents.parents.dtype, jnp.integer):
-      raise ValueError(
-        f"parents.parents must be an integer array [B={b}, N={n}] (one tree per row), "
-        f"got {parents.parents.dtype}{list(shape)}."
-      )
-    depth = parents.depth
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= n:
-      # A path never has more nodes than the tree; the commit writes depth + 1 slots.
-      raise ValueError(f"parents.depth must be a static int in [1, N={n}], got {depth!r}.")
-  else:
-    parents = check_parents(parents)
-  if not isinstance(parents, RowTrees) and len(parents) != n:
+  tree = as_tree(parents)
+  shape = _shape("parents.parents", tree.parents)
+  if (
+    len(shape) != 2
+    or shape[0] not in (1, b)
+    or shape[1] != n
+    or not np.issubdtype(tree.parents.dtype, np.integer)
+  ):
     raise ValueError(
-      f"parents must have one entry per node: len(parents) = N = {n} (tree_tokens "
-      f"{list(tokens_shape)}), got {len(parents)}."
+      f"parents must have one entry per node, N = {n} (tree_tokens {list(tokens_shape)}): "
+      f"a static tuple of N ints or a Tree of parents [1 or B={b}, N={n}], got "
+      f"{tree.parents.dtype}{list(shape)}."
     )
+  depth = tree.depth
+  if isinstance(depth, bool) or not isinstance(depth, int) or not min(1, n) <= depth <= n:
+    # A path never has more nodes than the tree; the commit writes depth + 1 slots.
+    raise ValueError(f"parents.depth must be a static int in [1, N={n}], got {depth!r}.")
   target_shape = _shape("target_probs", target_probs)
   if len(target_shape) != 3 or not jnp.issubdtype(target_probs.dtype, jnp.floating):
     raise ValueError(
@@ -117,7 +116,7 @@ def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
   if draft_probs is None:
     if mode != "greedy":
       raise ValueError(f"draft_probs must be a float array [B, N, V] in mode {mode!r}, got None.")
-    return parents, b, n, v
+    return tree, b, n, v
   probs_shape = _shape("draft_probs", draft_probs)
   if len(probs_shape) != 3 or not jnp.issubdtype(draft_probs.dtype, jnp.floating):
     raise ValueError(
@@ -128,7 +127,7 @@ def _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode):
       f"draft_probs must have shape [B={b}, N={n}, V={v}] to match tree_tokens and "
       f"target_probs, got {list(probs_shape)}."
     )
-  return parents, b, n, v
+  return tree, b, n, v
 
 
 def _normalized(residual: jax.Array, fallback: jax.Array) -> jax.Array:
@@ -151,27 +150,79 @@ def _gather(rows: jax.Array, index: jax.Array) -> jax.Array:
   return jnp.take_along_axis(rows, index[:, None], axis=-1)[:, 0]
 
 
+def _node_laws(
+  tree_tokens: jax.Array, draft_probs: jax.Array | None, v: int
+) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+  """`(tokens [B, N] safe to gather with, q [B, N, V] float32 or None, valid [B, N])`:
+  a node is invalid when its id is outside [0, V) or its row of q is not a law."""
+  in_vocab = (tree_tokens >= 0) & (tree_tokens < v)
+  tokens = jnp.where(in_vocab, tree_tokens, 0).astype(jnp.int32)
+  if draft_probs is None:
+    return tokens, None, in_vocab
+  q = draft_probs.astype(jnp.float32)
+  finite = jnp.isfinite(q)
+  # A row of q with any non-finite entry is not a law: its node is rejected.
+  return tokens, jnp.where(finite, q, 0.0), in_vocab & jnp.all(finite, axis=-1)
+
+
+def _sibling_law(q: jax.Array | None, tree: Tree, tree_tokens: jax.Array, c: int, mode: str):
+  """`[B, V]` q_c, the law node c was drawn from given its earlier siblings (None: no q)."""
+  if q is None or mode != "without_replacement":
+    return None if q is None else q[:, c]
+  columns, same = tree.earlier_siblings(c)
+  if not columns:
+    return q[:, c]
+  # The earlier siblings in each row (-1 elsewhere, which _without drops).
+  return _without(q[:, c], jnp.where(same, tree_tokens[:, columns], -1))
+
+
+class _Walk(NamedTuple):
+  """Where each row's walk down the tree stands.
+
+  current: `[B]` the deepest accepted node (-1: the root); path: D `[B]` columns,
+  the accepted node at each depth (-1: none); law: `[B, V]` the law of the token
+  after `current` (None in greedy mode); residual: `[B]` whether law is a residual.
+  """
+
+  current: jax.Array
+  path: tuple[jax.Array, ...]
+  law: jax.Array | None
+  residual: jax.Array | None
+
+
+def _try_sampled(walk: _Walk, tried, valid, x, q_x, q_c, u_c, p_next):
+  """Node c's test for the rows standing at its parent: accept x with probability
+  min(1, p(x) / q_c(x)); a rejection moves the law to its normalised residual.
+
+  Returns `(accept [B], law [B, V], residual [B])`."""
+  accept = tried & valid & (u_c * q_x < _gather(walk.law, x))  # u < p/q without dividing
+  reject = tried & ~accept
+  residual = _normalized(jnp.maximum(walk.law - q_c, 0.0), walk.law)
+  law = jnp.where(accept[:, None], p_next, jnp.where(reject[:, None], residual, walk.law))
+  return accept, law, (walk.residual | reject) & ~accept
+
+
 def tree_verify(
   key: jax.Array | None,
   tree_tokens: jax.Array,
-  parents: tuple[int, ...],
+  parents: Tree | tuple[int, ...],
   draft_probs: jax.Array | None,
   target_probs: jax.Array,
   mode: str = "iid",
 ) -> TreeVerifyResult:
   """Exact verification of a drafted token tree, vectorised over rows.
 
-  The loops run over the static tree (N is small), each step over the batch. With
-  `parents = (-1, 0, ..., g - 2)` (a chain) this is `token_verify`, draw for draw.
+  The loops run over the tree's N nodes (N is small), each step over the batch.
+  With `parents = (-1, 0, ..., g - 2)` (a chain) this is `token_verify`, draw for draw.
 
   Args:
     key: PRNG key; all randomness of this call comes from it (ignored, may be None,
       in mode "greedy").
     tree_tokens: `[B, N]` int32, the token of each node.
-    parents: static tuple of N ints, node i's parent (-1: the root); parents[i] < i.
-      Or `specjax.trees.RowTrees(parents [B, N], depth)`: a tree per row (dynamic
-      drafting); a node whose parent does not come before it, or deeper than
-      `depth`, is never accepted.
+    parents: the `specjax.trees.Tree` of the N nodes (one static tree, or a tree
+      per row: dynamic drafting), or a static tuple of N ints, node i's parent
+      (-1: the root; parents[i] < i). In a per-row tree a node whose parent does
+      not come before it, or deeper than its `depth`, is never accepted.
     draft_probs: `[B, N, V]`, row i the law node i's token was drawn from (its
       parent's q; siblings share it). Mode "greedy" needs no law (None allowed);
       if given, a node with q(x) = 0 is never accepted, as in `greedy_verify`.
@@ -186,77 +237,60 @@ def tree_verify(
     ValueError naming the argument (mode, parents, tree_tokens, draft_probs,
     target_probs, key) when it is out of range or shapes disagree.
   """
-  parents, b, n, v = _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode)
-  rows = isinstance(parents, RowTrees)  # a tree per row, else one static tree
-  if rows:
-    depths, depth = row_depths(parents), parents.depth
-    row_parents = parents.parents.astype(jnp.int32)
-  else:
-    depths = tree_depths(parents)
-    depth = max(depths, default=0)
-  in_vocab = (tree_tokens >= 0) & (tree_tokens < v)
-  tokens = jnp.where(in_vocab, tree_tokens, 0).astype(jnp.int32)  # safe to gather with
-  if draft_probs is None:
-    q, valid_row = None, in_vocab
-  else:
-    q = draft_probs.astype(jnp.float32)
-    finite = jnp.isfinite(q)
-    # A row of q with any non-finite entry is not a law: its node is rejected.
-    valid_row = in_vocab & jnp.all(finite, axis=-1)
-    q = jnp.where(finite, q, 0.0)
-  if mode == "greedy":
+  tree, b, n, v = _check_inputs(tree_tokens, parents, draft_probs, target_probs, mode)
+  tokens, q, valid_node = _node_laws(tree_tokens, draft_probs, v)
+  greedy = mode == "greedy"
+  if greedy:
     best = jnp.argmax(target_probs, axis=-1).astype(jnp.int32)  # [B, N + 1]
   else:
     check_key(key)
     p = target_probs.astype(jnp.float32)
     # One random-bit computation: a uniform per node's test, then the emitted token's.
     u = jax.random.uniform(key, (b, n + 1), jnp.float32)
-    law = p[:, 0]  # the law of the token after the current node
-    law_is_residual = jnp.zeros((b,), bool)
-
-  current = jnp.full((b,), -1, jnp.int32)  # the deepest accepted node, -1: the root
-  path = [jnp.full((b,), -1, jnp.int32) for _ in range(depth)]
+  walk = _Walk(
+    current=jnp.full((b,), -1, jnp.int32),
+    path=(jnp.full((b,), -1, jnp.int32),) * tree.depth,
+    law=None if greedy else p[:, 0],
+    residual=None if greedy else jnp.zeros((b,), bool),
+  )
+  depths = tree.depths()  # [1 or B, N]
   for c in range(n):
-    parent = row_parents[:, c] if rows else parents[c]
+    parent = tree.parents[:, c]
     # Only rows standing at c's parent try c: an accepted earlier sibling moved on,
     # and every child of the current node comes after it in index order.
-    tried = current == parent
+    tried = walk.current == parent
     x = tokens[:, c]
-    q_c = None if q is None else q[:, c]
-    if mode == "without_replacement" and rows and c:
-      # The earlier siblings in each row (-1 elsewhere, which _without drops).
-      same = row_parents[:, :c] == parent[:, None]
-      q_c = _without(q_c, jnp.where(same, tree_tokens[:, :c], -1))
-    elif mode == "without_replacement" and not rows:
-      earlier = [s for s in range(c) if parents[s] == parent]
-      if earlier:
-        q_c = _without(q_c, tree_tokens[:, earlier])
+    q_c = _sibling_law(q, tree, tree_tokens, c, mode)
     q_x = None if q_c is None else _gather(q_c, x)
-    valid = valid_row[:, c] if q_x is None else valid_row[:, c] & (q_x > 0)
-    if rows:  # a node whose parent is not before it, or too deep, is never accepted
-      valid &= depths[:, c] <= depth
-    if mode == "greedy":
-      after_parent = best[:, parent + 1] if not rows else _gather(best, parent + 1)
-      accept = tried & valid & (x == after_parent)
+    valid = valid_node[:, c] if q_x is None else valid_node[:, c] & (q_x > 0)
+    valid &= depths[:, c] <= tree.depth  # a per-row node too deep is never accepted
+    if greedy:  # x must be the target's argmax after the parent
+      accept = tried & valid & (x == _gather(best, parent + 1))
+      law, residual = None, None
     else:
-      accept = tried & valid & (u[:, c] * q_x < _gather(law, x))  # u < p/q without dividing
-      reject = tried & ~accept
-      residual = _normalized(jnp.maximum(law - q_c, 0.0), law)
-      law = jnp.where(accept[:, None], p[:, c + 1], jnp.where(reject[:, None], residual, law))
-      law_is_residual = (law_is_residual | reject) & ~accept
-    current = jnp.where(accept, c, current)
-    if rows:
-      level = jnp.arange(depth)[None, :] == depths[:, c : c + 1] - 1  # [B, D]
-      path = [jnp.where(accept & level[:, d], c, path[d]) for d in range(depth)]
-    else:
-      path[depths[c] - 1] = jnp.where(accept, c, path[depths[c] - 1])
-
-  path = jnp.stack(path, axis=1) if depth else jnp.zeros((b, 0), jnp.int32)
+      accept, law, residual = _try_sampled(walk, tried, valid, x, q_x, q_c, u[:, c], p[:, c + 1])
+    # One column per depth: a static tree's constant depths leave one select per node.
+    at_depth = [depths[:, c] == d + 1 for d in range(tree.depth)]
+    walk = _Walk(
+      current=jnp.where(accept, c, walk.current),
+      path=tuple(jnp.where(accept & at, c, col) for at, col in zip(at_depth, walk.path)),
+      law=law,
+      residual=residual,
+    )
+  path = jnp.stack(walk.path, axis=1) if tree.depth else jnp.zeros((b, 0), jnp.int32)
   num_accepted = jnp.sum(path >= 0, axis=1).astype(jnp.int32)
-  if mode == "greedy":
-    next_token = jnp.take_along_axis(best, (current + 1)[:, None], axis=1)[:, 0]
-    return TreeVerifyResult(path, num_accepted, next_token)
-  # A target row is normalised as token_verify does for its bonus row, so a chain
-  # draws the very same token.
-  dist = jnp.where(law_is_residual[:, None], law, _normalized(jnp.maximum(law, 0.0), law))
-  return TreeVerifyResult(path, num_accepted, sample_with_uniform(u[:, n], dist))
+  if greedy:  # the target's argmax after the deepest accepted node
+    next_token = jnp.take_along_axis(best, (walk.current + 1)[:, None], axis=1)[:, 0]
+  else:
+    next_token = _last_draw(walk, u[:, n])
+  return TreeVerifyResult(path, num_accepted, next_token)
+
+
+def _last_draw(walk: _Walk, u: jax.Array) -> jax.Array:
+  """`[B]` the token after the walk: drawn from its law with the uniforms `u [B]`.
+
+  A target row is normalised as token_verify does for its bonus row, so a chain
+  draws the very same token."""
+  law = walk.law
+  dist = jnp.where(walk.residual[:, None], law, _normalized(jnp.maximum(law, 0.0), law))
+  return sample_with_uniform(u, dist)
