@@ -50,6 +50,7 @@ reference links outside code) names an existing file or directory, and that a
 
 import glob
 import os
+import pathlib
 import re
 import textwrap
 
@@ -91,6 +92,20 @@ def test_blocks_run(name):
 def test_relative_links_resolve():
   broken = [b for name in DOCS for b in docs_blocks.broken_links(os.path.join(ROOT, name))]
   assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+# A path in backticks (the layout table, the guides' "see `specjax/...`") is a link too.
+REPO_PATH = re.compile(r"`((?:specjax|experiments|configs|tests|docs)/[\w/.\-]*)`")
+
+
+def test_repository_paths_named_in_docs_exist():
+  missing = [
+    f"{name}: {match.group(1)}"
+    for name in DOCS
+    for match in REPO_PATH.finditer(pathlib.Path(ROOT, name).read_text())
+    if not os.path.exists(os.path.join(ROOT, match.group(1)))
+  ]
+  assert not missing, "paths that do not exist:\n" + "\n".join(missing)
 
 
 # -- the harness itself, on markdown of its own
