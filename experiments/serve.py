@@ -30,7 +30,8 @@ from absl import flags, logging
 
 from experiments import common
 from specjax import dtypes
-from specjax.serving.load import MODES, ByteTokenizer, tiny_setup
+from specjax.serving.load import MODES
+from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
 
 MODEL_KINDS = ("bundled", "hf", "tiny")

@@ -12,15 +12,13 @@ from experiments import load_test
 from helpers import SERVING_ENGINE
 from specjax.serving import Engine, EngineConfig, summarize
 from specjax.serving.load import (
-  ByteTokenizer,
-  aggregate,
-  compare_modes,
   held_out_requests,
   held_out_texts,
   poisson_arrivals,
   run_in_process,
-  tiny_setup,
 )
+from specjax.serving.load_report import aggregate, compare_modes
+from specjax.testing import ByteTokenizer, tiny_setup
 
 # As tests/test_serving_http.py: the programs come from the compilation cache.
 ENGINE = SERVING_ENGINE

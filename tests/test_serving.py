@@ -12,8 +12,8 @@ import specjax
 from helpers import SERVING_ENGINE
 from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy, fit_config
 from specjax.serving import slots as programs
-from specjax.serving.load import tiny_setup
-from specjax.serving.policy import expected_tokens
+from specjax.testing import tiny_setup
+from specjax.theory import expected_tokens_per_iteration
 
 V = 256
 CONFIG = EngineConfig(**SERVING_ENGINE)  # gammas (0, 3): plain and drafting steps
@@ -213,9 +213,12 @@ def test_a_bad_request_fails_alone(pair, engine, monkeypatch):
   [
     (Request(prompt=[], max_new_tokens=4), "prompt must be a non-empty list"),
     (Request(prompt=[1] * 33, max_new_tokens=4), "prompt has 33 tokens.*max_prompt_len=32"),
-    (Request(prompt=[1], max_new_tokens=0), r"max_new_tokens must be in \[1, 16\]"),
-    (Request(prompt=[1], max_new_tokens=17), r"max_new_tokens must be in \[1, 16\]"),
-    (Request(prompt=[1], max_new_tokens=2, stop_id=V), "stop_id must be None or an id"),
+    (Request(prompt=[1], max_new_tokens=0), r"max_new_tokens must be an integer in \[1, 16\]"),
+    (Request(prompt=[1], max_new_tokens=17), r"max_new_tokens must be an integer in \[1, 16\]"),
+    (
+      Request(prompt=[1], max_new_tokens=2, stop_id=V),
+      r"stop_id must be None or an integer in \[0, vocab_size=256\)",
+    ),
     (
       Request(prompt=[1], max_new_tokens=2, sampling=specjax.SamplingParams(top_k=V + 1)),
       r"sampling.top_k must be in \[0, vocab_size=256\]",
@@ -382,8 +385,9 @@ def test_policy_takes_cost_ratios_from_adjacent_runs():
 def test_policy_follows_measured_costs_and_acceptance():
   policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_steps=0)
   policy.step_time = {(0, 1): 1.0, (4, 1): 1.5, (0, 16): 1.0, (4, 16): 4.0}
-  assert expected_tokens(0.0, 4) == 1 and expected_tokens(1.0, 4) == 5
-  assert expected_tokens(0.5, 0) == 1 and expected_tokens(0.5, 2) == pytest.approx(1.75)
+  e = expected_tokens_per_iteration  # Leviathan's E(alpha, gamma): the policy's prior
+  assert e(0.0, 4) == 1 and e(1.0, 4) == 5
+  assert e(0.5, 0) == 1 and e(0.5, 2) == pytest.approx(1.75)
   policy.observe(4, 1, 1.5, accepted=11, evaluated=13)  # alpha (11 + 1) / (13 + 2) = 0.8
   assert policy.alpha == pytest.approx(0.8)
   assert policy.choose(1) == 4  # light load: E = 3.36 tokens for 1.5x the time

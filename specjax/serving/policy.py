@@ -14,8 +14,9 @@ al. 2024, arXiv 2406.14066) with measured inputs:
 
 E(alpha, gamma) is the tokens a row commits per step: measured (committed
 tokens over live row-steps, decayed counts) once that draft length has run,
-before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha) from the
-measured acceptance alpha (accepted / evaluated drafted tokens). Acceptance
+before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha)
+(`specjax.theory.expected_tokens_per_iteration`) from the measured acceptance
+alpha (accepted / evaluated drafted tokens). Acceptance
 is neither i.i.d. nor unbounded by budgets, so the measured count is the
 better guide. Compute is static per width, so the live rows cancel within
 one width; the load enters through the width, as in SmartSpec's batch-size
@@ -23,17 +24,15 @@ term.
 
 t(gamma, width) enters only as a ratio to a plain step's time at that width,
 rho(gamma, width) = t(gamma) / t(0), measured from steps that ran next to
-each other. Times taken apart drift on a shared machine (one plain step
-program measured 15-23 ms from one second to the next here), while the
-choice at a full batch hangs on 5-10% (on the bundled pair at T = 1 and 16
-rows, drafting 4 tokens costs about 3x a plain step, for 2.7 tokens). rho
-is the median of the last `window` ratios: first warm-up's (runs of each
-draft length in turn, every row live), then live ones. Every `probe_every`
-steps the policy runs `probe_steps` steps of another draft length (in turn),
-whichever it uses; the median time of a run of steps over that of the run
-before it at that width is one live ratio, so a probe gives two. A probe
-costs (at 16 rows and T = 1 about 3% of the steps between probes: a drafter
-re-sync and four dearer steps), so each probe that leaves the choice
+each other: times taken apart drift on a shared machine by more than the
+few percent the choice at a full batch hangs on (docs/serving.md gives the
+measured spread). rho is the median of the last `window` ratios: first
+warm-up's (`specjax.serving.calibration`: runs of each draft length in turn,
+every row live), then live ones. Every `probe_every` steps the policy runs
+`probe_steps` steps of another draft length (in turn), whichever it uses;
+the median time of a run of steps over that of the run before it at that
+width is one live ratio, so a probe gives two. A probe costs (a drafter
+re-sync and a few dearer steps), so each probe that leaves the choice
 standing doubles the wait for the next.
 
 For its first `explore_steps` drafting steps the policy drafts, to measure
@@ -49,16 +48,9 @@ import collections
 import dataclasses
 import statistics
 
+from specjax.theory import expected_tokens_per_iteration
+
 POLICIES = ("never", "always", "adaptive")
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-  """Tokens one row commits per step drafting gamma tokens at acceptance alpha."""
-  if gamma == 0:
-    return 1.0
-  if alpha >= 1.0:
-    return gamma + 1.0
-  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 @dataclasses.dataclass
@@ -83,8 +75,8 @@ class SpeculationPolicy:
     window: the last steps of a run whose median times it (and the length
       of warm-up's runs); and the ratios kept per (gamma, width) (warm-up's
       first, then live ones), whose median is rho.
-    step_time: (gamma, width) -> warm-up seconds (the engine's `warmup` sets
-      them; a program without one takes its first live time).
+    step_time: (gamma, width) -> warm-up seconds (`calibration.calibrate_width`
+      sets them; a program without one takes its first live time).
   """
 
   kind: str
@@ -122,7 +114,7 @@ class SpeculationPolicy:
   def tokens_per_step(self, gamma: int) -> float:
     """Tokens a row commits per step drafting `gamma`: measured, or from alpha."""
     tokens, rows = self._committed.get(gamma, (0.0, 0.0))
-    return tokens / rows if rows else expected_tokens(self.alpha, gamma)
+    return tokens / rows if rows else expected_tokens_per_iteration(self.alpha, gamma)
 
   def cost(self, gamma: int, width: int) -> float:
     """rho: the time of a step drafting `gamma` at `width` over a plain step's,
