@@ -105,13 +105,20 @@ class Engine:
     if draft is None and config.policy != "never":
       raise ValueError(f"draft is None: policy must be 'never', got {config.policy!r}.")
     self.drafter = None if draft is None else as_drafter(draft)
+    if self.drafter is not None and getattr(self.drafter, "tree", None) is not None:
+      raise ValueError(
+        f"draft: {type(self.drafter).__name__} drafts token trees; the engine takes chain "
+        "drafters (a draft model, prompt lookup, layer skip, draft heads without a tree)."
+      )
     self.config = config = fit_config(config, target, self.drafter)
     self.eos_ids = check_eos_ids("eos_ids", eos_ids, self.vocab_size)
     capacity = check_capacity(
       "target", target.cfg.max_seq_len, config.max_prompt_len, config.max_new_tokens, config.gamma
     )
     if self.drafter is not None:
-      _check_chain_drafter(self.drafter, target, config)
+      self.drafter.check_capacity(config.max_prompt_len, config.max_new_tokens, config.gamma)
+      if hasattr(self.drafter, "check_target"):
+        self.drafter.check_target(target)
     # The static settings of every slot program (`specjax.serving.slots`).
     self._slot_config = slots.SlotConfig(
       spec=SpecConfig(
@@ -526,19 +533,6 @@ class Engine:
   def trace_count() -> int:
     """Traces of the engine's programs so far (tests prove no recompilation)."""
     return sum(v for k, v in TRACE_COUNTS.items() if k.startswith("engine"))
-
-
-def _check_chain_drafter(drafter: Drafter, target: Transformer, config: EngineConfig) -> None:
-  """Raises unless `drafter` drafts chains for `target` within the engine's
-  caches (the engine serves no token trees)."""
-  if getattr(drafter, "tree", None) is not None:
-    raise ValueError(
-      f"draft: {type(drafter).__name__} drafts token trees; the engine takes chain "
-      "drafters (a draft model, prompt lookup, layer skip, draft heads without a tree)."
-    )
-  drafter.check_capacity(config.max_prompt_len, config.max_new_tokens, config.gamma)
-  if hasattr(drafter, "check_target"):
-    drafter.check_target(target)
 
 
 def _timing_line(result: WidthTimes, timed_runs: int, seconds: float) -> str:
