@@ -394,13 +394,18 @@ def test_policy_follows_measured_costs_and_acceptance():
   assert policy.choose(16) == 0  # full batch: drafting costs 4x a plain step
   policy.observe(0, 16, 1.0, 0, 0)
   assert policy.choose(1) == 4  # back to drafting at a small width
-  # Measured tokens per step replace the i.i.d. formula: 2.2 tokens for 1.5x the
-  # time pays at width 1; 1.3 does not.
-  policy.observe(4, 1, 1.5, accepted=0, evaluated=0, tokens=22, rows=10)
-  assert policy.tokens_per_step(4) == pytest.approx(2.2) and policy.choose(1) == 4
-  policy.observe(4, 1, 1.5, accepted=0, evaluated=0, tokens=5, rows=10)
-  assert policy.tokens_per_step(4) == pytest.approx(24.8 / 19) and policy.choose(1) == 0
-  policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
+  # Tokens per step follow the measured acceptance (decayed counts): 2.09
+  # tokens for 1.5x the time pays at width 1; 1.39 does not.
+  policy.observe(4, 1, 1.5, accepted=2, evaluated=10, rows=10)
+  assert policy.alpha == pytest.approx(0.5443, abs=1e-4)
+  assert (
+    policy.tokens_per_step(4)
+    == pytest.approx(e(policy.alpha, 4))
+    == pytest.approx(2.0896, abs=1e-4)
+  )
+  assert policy.choose(1) == 4
+  policy.observe(4, 1, 1.5, accepted=0, evaluated=20, rows=10)
+  assert policy.tokens_per_step(4) == pytest.approx(1.3902, abs=1e-4) and policy.choose(1) == 0
   policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
   assert policy.alpha < 0.7
   assert SpeculationPolicy("never", (0,)).choose(1) == 0
@@ -408,14 +413,15 @@ def test_policy_follows_measured_costs_and_acceptance():
 
 
 def test_policy_compares_step_times_taken_under_the_same_load():
-  # Warm-up times say drafting pays 5% (2.1 tokens for 2x a plain step). Under
-  # load every step takes 20% longer: the drafting steps in use and the plain
-  # steps it probes alike, so it keeps drafting.
+  # Warm-up times say drafting pays 5.5% (alpha 0.55: 2.11 tokens for 2x a
+  # plain step). Under load every step takes 20% longer: the drafting steps in
+  # use and the plain steps it probes alike, so it keeps drafting.
   policy = SpeculationPolicy(
     "adaptive", (0, 4), probe_every=8, max_probe_every=8, probe_steps=4, explore_steps=0
   )
   policy.step_time = {(0, 16): 1.0, (4, 16): 2.0}
-  policy.observe(4, 16, 2.4, accepted=0, evaluated=0, tokens=21, rows=10)
+  policy.observe(4, 16, 2.4, accepted=10, evaluated=18, rows=10)  # alpha (10 + 1) / (18 + 2)
+  assert policy.tokens_per_step(4) == pytest.approx(2.1104, abs=1e-4)
 
   def serve(steps, plain_s, draft_s):
     chosen = []
@@ -423,7 +429,7 @@ def test_policy_compares_step_times_taken_under_the_same_load():
       gamma = policy.choose(16)
       chosen.append(gamma)
       seconds = draft_s if gamma else plain_s
-      policy.observe(gamma, 16, seconds, 0, 0, tokens=21 if gamma else 10, rows=10)
+      policy.observe(gamma, 16, seconds, 0, 0, rows=10)
     return chosen
 
   chosen = serve(40, plain_s=1.2, draft_s=2.4)
@@ -444,7 +450,7 @@ def test_policy_probes_acceptance_after_plain_runs():
   policy.step_time = {(0, 4): 1.0, (4, 4): 2.0}
   for _ in range(2):  # it drafts until 2 steps are measured, whatever they show
     assert policy.choose(4) == 4
-    policy.observe(4, 4, 2.0, accepted=0, evaluated=4, tokens=4, rows=4)  # alpha 0
+    policy.observe(4, 4, 2.0, accepted=0, evaluated=4, rows=4)  # alpha 0
   chosen = []
   for _ in range(45):
     gamma = policy.choose(4)

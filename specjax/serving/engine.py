@@ -265,10 +265,7 @@ class Engine:
     seconds = time.perf_counter() - start
     self._steps += 1
     self._drafter_stale |= gamma == 0
-    committed = sum(int(num_generated[i]) - self._slot_requests[i].emitted for i in live)
-    self.policy.observe(
-      gamma, width, seconds, int(counts[0]), int(counts[1]), tokens=committed, rows=len(live)
-    )
+    self.policy.observe(gamma, width, seconds, int(counts[0]), int(counts[1]), rows=len(live))
     self.counters[f"steps_gamma_{gamma}"] += 1
     self.counters["accepted"] += int(counts[0])
     self.counters["evaluated"] += int(counts[1])

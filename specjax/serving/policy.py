@@ -12,15 +12,14 @@ al. 2024, arXiv 2406.14066) with measured inputs:
 
     goodput(gamma) = live rows x E(alpha, gamma) / t(gamma, width)
 
-E(alpha, gamma) is the tokens a row commits per step: measured (committed
-tokens over live row-steps, decayed counts) once that draft length has run,
-before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha)
-(`specjax.theory.expected_tokens_per_iteration`) from the measured acceptance
-alpha (accepted / evaluated drafted tokens). Acceptance
-is neither i.i.d. nor unbounded by budgets, so the measured count is the
-better guide. Compute is static per width, so the live rows cancel within
-one width; the load enters through the width, as in SmartSpec's batch-size
-term.
+E(alpha, gamma) is the tokens a row commits per step: Leviathan et al.'s
+(1 - alpha^(gamma+1)) / (1 - alpha) (`specjax.theory.expected_tokens_per_iteration`)
+at the measured acceptance alpha (accepted / evaluated drafted tokens,
+decayed counts). (Counting the committed tokens per row-step instead, which
+budgets and non-i.i.d. acceptance make differ from the formula, showed no
+gain in the load test and was removed.) Compute is static per width, so the
+live rows cancel within one width; the load enters through the width, as in
+SmartSpec's batch-size term.
 
 t(gamma, width) enters only as a ratio to a plain step's time at that width,
 rho(gamma, width) = t(gamma) / t(0), measured from steps that ran next to
@@ -62,8 +61,7 @@ class SpeculationPolicy:
     gammas: the draft lengths the engine compiled.
     alpha: the acceptance estimate: (accepted + prior_weight / 2) /
       (evaluated + prior_weight) over decayed counts.
-    smoothing: the decay (1 - smoothing) per step of the acceptance and
-      committed-token counts.
+    smoothing: the decay (1 - smoothing) per step of the acceptance counts.
     prior_weight: pseudo-counts of the prior alpha = 0.5.
     margin: the predicted relative gain a switch needs.
     dwell: plain steps between reconsidering drafting.
@@ -103,7 +101,6 @@ class SpeculationPolicy:
   _ratios: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> recent rho
   _accepted: float = 0.0  # decayed counts
   _evaluated: float = 0.0
-  _committed: dict = dataclasses.field(default_factory=dict)  # gamma -> [tokens, row-steps]
   _drafted_steps: int = 0  # drafting steps measured
 
   def __post_init__(self):
@@ -112,9 +109,8 @@ class SpeculationPolicy:
     self._probe_interval = self.probe_every
 
   def tokens_per_step(self, gamma: int) -> float:
-    """Tokens a row commits per step drafting `gamma`: measured, or from alpha."""
-    tokens, rows = self._committed.get(gamma, (0.0, 0.0))
-    return tokens / rows if rows else expected_tokens_per_iteration(self.alpha, gamma)
+    """Tokens a row commits per step drafting `gamma`: E(alpha, gamma)."""
+    return expected_tokens_per_iteration(self.alpha, gamma)
 
   def cost(self, gamma: int, width: int) -> float:
     """rho: the time of a step drafting `gamma` at `width` over a plain step's,
@@ -182,19 +178,15 @@ class SpeculationPolicy:
     seconds: float,
     accepted: int,
     evaluated: int,
-    tokens: int = 0,
     rows: int = 0,
   ) -> None:
     """Records a step that ran: its wall time, the drafted tokens it accepted out
-    of those it evaluated, and the tokens its `rows` live rows committed."""
+    of those it evaluated, and its live rows (0: a warm-up step, which does not
+    count towards `explore_steps`)."""
     self.step_time.setdefault((gamma, width), seconds)
     self._time_run(gamma, width, seconds)
     if rows and gamma:
       self._drafted_steps += 1
-    if rows:
-      keep = 1.0 - self.smoothing
-      committed, row_steps = self._committed.get(gamma, (0.0, 0.0))
-      self._committed[gamma] = (keep * committed + tokens, keep * row_steps + rows)
     if evaluated:
       keep = 1.0 - self.smoothing
       self._accepted = keep * self._accepted + accepted
