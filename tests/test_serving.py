@@ -383,7 +383,7 @@ def test_policy_takes_cost_ratios_from_adjacent_runs():
 
 
 def test_policy_follows_measured_costs_and_acceptance():
-  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_steps=0)
+  policy = SpeculationPolicy("adaptive", (0, 4), explore_steps=0)
   policy.step_time = {(0, 1): 1.0, (4, 1): 1.5, (0, 16): 1.0, (4, 16): 4.0}
   e = expected_tokens_per_iteration  # Leviathan's E(alpha, gamma): the policy's prior
   assert e(0.0, 4) == 1 and e(1.0, 4) == 5
@@ -416,9 +416,7 @@ def test_policy_compares_step_times_taken_under_the_same_load():
   # Warm-up times say drafting pays 5.5% (alpha 0.55: 2.11 tokens for 2x a
   # plain step). Under load every step takes 20% longer: the drafting steps in
   # use and the plain steps it probes alike, so it keeps drafting.
-  policy = SpeculationPolicy(
-    "adaptive", (0, 4), probe_every=8, max_probe_every=8, probe_steps=4, explore_steps=0
-  )
+  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=8, probe_steps=4, explore_steps=0)
   policy.step_time = {(0, 16): 1.0, (4, 16): 2.0}
   policy.observe(4, 16, 2.4, accepted=10, evaluated=18, rows=10)  # alpha (10 + 1) / (18 + 2)
   assert policy.tokens_per_step(4) == pytest.approx(2.1104, abs=1e-4)
@@ -444,9 +442,7 @@ def test_policy_compares_step_times_taken_under_the_same_load():
 
 
 def test_policy_probes_acceptance_after_plain_runs():
-  policy = SpeculationPolicy(
-    "adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1, explore_steps=2
-  )
+  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=5, probe_steps=2, explore_steps=2)
   policy.step_time = {(0, 4): 1.0, (4, 4): 2.0}
   for _ in range(2):  # it drafts until 2 steps are measured, whatever they show
     assert policy.choose(4) == 4
@@ -456,9 +452,9 @@ def test_policy_probes_acceptance_after_plain_runs():
     gamma = policy.choose(4)
     chosen.append(gamma)
     policy.observe(gamma, 4, policy.step_time[gamma, 4], 0, 4 if gamma else 0)
-  # Each probe that leaves plain decoding standing doubles the wait: 5, 10, 20 steps.
+  # Plain decoding, with a probe of drafting (2 steps) after every 5 plain steps.
   probe = [4, 4]
-  assert chosen == [0] * 5 + probe + [0] * 10 + probe + [0] * 20 + probe + [0] * 4
+  assert chosen == ([0] * 5 + probe) * 6 + [0] * 3
 
 
 def test_a_failing_step_fails_its_requests_and_serving_goes_on(pair, engine, monkeypatch):

@@ -30,15 +30,14 @@ warm-up's (`specjax.serving.calibration`: runs of each draft length in turn,
 every row live), then live ones. Every `probe_every` steps the policy runs
 `probe_steps` steps of another draft length (in turn), whichever it uses;
 the median time of a run of steps over that of the run before it at that
-width is one live ratio, so a probe gives two. A probe costs (a drafter
-re-sync and a few dearer steps), so each probe that leaves the choice
-standing doubles the wait for the next.
+width is one live ratio, so a probe gives two.
 
 For its first `explore_steps` drafting steps the policy drafts, to measure
-E: a few early unlucky steps must not send it to plain decoding. Hysteresis
-keeps it from flapping: a switch needs a predicted gain above `margin`, and
-going from plain steps back to drafting (which re-syncs the drafter with the
-rows' tokens first) is only considered every `dwell` steps.
+alpha: a few early unlucky steps must not send it to plain decoding.
+Hysteresis keeps it from flapping: a switch needs a predicted gain above
+`margin`. (A wait between reconsidering drafting after plain steps, and
+probes spaced further apart each time they confirmed the choice, showed no
+gain in the load test and were removed.)
 """
 
 from __future__ import annotations
@@ -64,12 +63,10 @@ class SpeculationPolicy:
     smoothing: the decay (1 - smoothing) per step of the acceptance counts.
     prior_weight: pseudo-counts of the prior alpha = 0.5.
     margin: the predicted relative gain a switch needs.
-    dwell: plain steps between reconsidering drafting.
     explore_steps: drafting steps measured before the policy may decode plainly.
     probe_every, probe_steps: after this many steps of one draft length, run
       `probe_steps` steps of another, to time it against its neighbours (and
-      measure its tokens). A probe after which the choice stands doubles the
-      wait for the next, up to `max_probe_every`; a switch it leads to resets it.
+      measure its acceptance).
     window: the last steps of a run whose median times it (and the length
       of warm-up's runs); and the ratios kept per (gamma, width) (warm-up's
       first, then live ones), whose median is rho.
@@ -83,11 +80,9 @@ class SpeculationPolicy:
   smoothing: float = 0.1
   prior_weight: float = 2.0
   margin: float = 0.03
-  dwell: int = 8
   explore_steps: int = 16
   probe_every: int = 128
   probe_steps: int = 4
-  max_probe_every: int = 1024
   window: int = 8
   step_time: dict = dataclasses.field(default_factory=dict)
   current: int | None = None
@@ -95,8 +90,6 @@ class SpeculationPolicy:
   _probing: int = 0  # probe steps left
   _probe: int = 0  # the draft length probed
   _probes: int = 0
-  _probed: bool = False  # a probe just ended: decide now
-  _probe_interval: int = 0  # probe_every, doubled by each probe that confirms the choice
   _runs: dict = dataclasses.field(default_factory=dict)  # width -> the last runs of steps
   _ratios: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> recent rho
   _accepted: float = 0.0  # decayed counts
@@ -149,25 +142,17 @@ class SpeculationPolicy:
       self.current = self.gammas[-1]
       return self.current
     current = self.gammas[-1] if self.current is None else self.current
-    if self._run >= self._probe_interval and len(self.gammas) > 1:  # time another one now
+    if self._run >= self.probe_every and len(self.gammas) > 1:  # time another one now
       others = [g for g in self.gammas if g != current]
       self._probe = others[self._probes % len(others)]
       self._probes += 1
-      self._run, self._probing, self._probed = 0, self.probe_steps - 1, True
+      self._run, self._probing = 0, self.probe_steps - 1
       return self._probe
     self.current = current
-    # Drafting resumes after a re-sync: from plain it is not considered every step.
-    if current != 0 or self._run % self.dwell == 0 or self._probed:
-      rates = {g: self.predicted_rate(g, width) for g in self.gammas}
-      best = max(rates, key=rates.get)
-      if rates[best] / rates[current] > 1 + self.margin:
-        self.current, self._run = best, 0
-      if self._probed:  # after a probe: the choice stands and the next waits longer, or not
-        if self.current == current:
-          self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
-        else:
-          self._probe_interval = self.probe_every
-        self._probed = False
+    rates = {g: self.predicted_rate(g, width) for g in self.gammas}
+    best = max(rates, key=rates.get)
+    if rates[best] / rates[current] > 1 + self.margin:  # hysteresis: no flapping
+      self.current, self._run = best, 0
     self._run += 1
     return self.current
 
