@@ -41,7 +41,7 @@ from absl import app, flags, logging
 from experiments import common
 from experiments.serve import engine_config, load_models, load_tokenizer
 from specjax.sampling import SamplingParams
-from specjax.serving import load
+from specjax.serving import load, load_report
 from specjax.validation import check_int, check_positive_int, is_real
 
 JSON_FILE, TABLE_FILE, FIGURE_FILE = "load_test.json", "load_test.md", "load_sweep.png"
@@ -160,7 +160,7 @@ def run(
     result["server"] = server
     result["server_metrics"] = load.http_metrics(config.target)
   result["runs"] = rows
-  result["adaptive_vs_best"] = load.compare_modes(rows)
+  result["adaptive_vs_best"] = load_report.compare_modes(rows)
   result["environment"] = _environment()
   with open(os.path.join(output_dir, JSON_FILE), "w") as f:
     json.dump(result, f, indent=2)
@@ -173,12 +173,13 @@ def render(
   result: dict[str, Any], output_dir: str, progress: Callable[[str], None] = print
 ) -> None:
   """The report's table (DIR/load_test.md, and printed) and, for a sweep, its figure."""
-  table = load.sweep_table(result["runs"])
+  table = load_report.sweep_table(result["runs"])
   with open(os.path.join(output_dir, TABLE_FILE), "w") as f:
     f.write(table + "\n")
   progress(table)
   if len({r["rate"] for r in result["runs"]}) > 1:
-    progress(f"wrote {load.plot_sweep(result['runs'], os.path.join(output_dir, FIGURE_FILE))}")
+    figure = load_report.plot_sweep(result["runs"], os.path.join(output_dir, FIGURE_FILE))
+    progress(f"wrote {figure}")
 
 
 def _requests(config, tokenizer, max_prompt_len: int):

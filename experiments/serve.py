@@ -30,7 +30,8 @@ from absl import flags, logging
 
 from experiments import common
 from specjax import dtypes
-from specjax.serving.load import MODES, ByteTokenizer, tiny_setup
+from specjax.serving.load import MODES
+from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
 
 MODEL_KINDS = ("bundled", "hf", "tiny")
@@ -191,26 +192,55 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def serve(config: ml_collections.ConfigDict) -> None:
   """Loads the models, warms the engine up and serves until SIGINT / SIGTERM."""
   check_config(config)
-  # A signal before the server starts (loading, warm-up) ends the process at
-  # once, with code 0 (Python runs the handler when the compile under way
-  # returns). uvicorn installs its own handlers while it serves and raises the
-  # signal again once it has shut down: this handler absorbs that, so the
-  # engine is closed and the process exits normally (code 0).
-  serving = False
-
-  def on_signal(signum, _frame) -> None:
-    logging.info("%s: shutting down", signal.Signals(signum).name)
-    if not serving:
-      raise SystemExit(0)
-
+  signals = _Shutdown()
   for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, on_signal)
+    signal.signal(sig, signals)
 
   import uvicorn
 
-  from specjax.serving import Engine, fit_config
   from specjax.serving.background import BackgroundEngine
   from specjax.serving.http import make_app
+
+  engine, tokenizer, name = warm_engine(config)
+  background = BackgroundEngine(engine)
+  signals.serving = True
+  try:
+    server = uvicorn.Server(
+      uvicorn.Config(
+        make_app(background, tokenizer, name),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        log_config=None,  # uvicorn's records go through absl's handler like ours
+        timeout_graceful_shutdown=config.shutdown_timeout_s,
+      )
+    )
+    logging.info("serving %s on http://%s:%d", name, config.host, config.port)
+    server.run()
+  finally:
+    background.close()
+  logging.info("stopped")
+
+
+class _Shutdown:
+  """The SIGINT / SIGTERM handler. A signal before the server starts (loading,
+  warm-up) ends the process at once, with code 0 (Python runs the handler when
+  the compile under way returns). uvicorn installs its own handlers while it
+  serves and raises the signal again once it has shut down: this handler
+  absorbs that, so the engine is closed and the process exits normally (code 0)."""
+
+  serving = False
+
+  def __call__(self, signum, _frame) -> None:
+    logging.info("%s: shutting down", signal.Signals(signum).name)
+    if not self.serving:
+      raise SystemExit(0)
+
+
+def warm_engine(config: ml_collections.ConfigDict):
+  """`(engine, tokenizer, model name)`: the models `config` names, an engine
+  fitted to their context and warmed up (every program compiled)."""
+  from specjax.serving import Engine, fit_config
 
   plain = config.policy == "never"
   target, draft, tokenizer, eos, name = load_models(
@@ -222,7 +252,6 @@ def serve(config: ml_collections.ConfigDict) -> None:
     seed=config.seed,
     need_draft=not plain,
   )
-  name = config.model_name or name
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config), target, draft, names=FIT_FLAGS)
@@ -246,24 +275,7 @@ def serve(config: ml_collections.ConfigDict) -> None:
     engine.config.max_prompt_len,
     engine.config.max_new_tokens,
   )
-  background = BackgroundEngine(engine)
-  serving = True
-  try:
-    server = uvicorn.Server(
-      uvicorn.Config(
-        make_app(background, tokenizer, name),
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        log_config=None,  # uvicorn's records go through absl's handler like ours
-        timeout_graceful_shutdown=config.shutdown_timeout_s,
-      )
-    )
-    logging.info("serving %s on http://%s:%d", name, config.host, config.port)
-    server.run()
-  finally:
-    background.close()
-  logging.info("stopped")
+  return engine, tokenizer, config.model_name or name
 
 
 def main(argv):

@@ -58,6 +58,25 @@ def check_token_id(name: str, value, vocab_size: int) -> int | None:
   return int(value)
 
 
+def check_token_ids(name: str, ids, vocab_size: int) -> np.ndarray:
+  """`ids`, a non-empty sequence of token ids each in [0, vocab_size), as an
+  integer array `[T]` (one prompt; `generation.validation.check_prompts`
+  checks a padded batch)."""
+  array = np.asarray(ids)
+  if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+    raise ValueError(
+      f"{name} must be a non-empty list of token ids, got {array.size} items of dtype "
+      f"{array.dtype}."
+    )
+  bad = (array < 0) | (array >= vocab_size)
+  if bad.any():
+    i = int(np.argmax(bad))
+    raise ValueError(
+      f"{name} must hold token ids in [0, vocab_size={vocab_size}); got {array[i]} at position {i}."
+    )
+  return array
+
+
 def check_eos_ids(name: str, value, vocab_size: int) -> int | tuple[int, ...] | None:
   """None, one id, or a non-empty sequence of distinct ids (checkpoints may list
   several EOS ids), each an int in [0, vocab_size); one id stays an int, several

@@ -34,7 +34,7 @@ SIMULATION_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 # The tiny target every generation test shares, and the draft's overrides of it.
 # The serving tests' engine (tests/test_serving*.py, tests/test_load_test.py): one
-# shape set for all, on `specjax.serving.load.tiny_setup`'s models, so each
+# shape set for all, on `specjax.testing.tiny_setup`'s models, so each
 # program compiles once per suite.
 SERVING_ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(2, 4))
 

@@ -12,15 +12,13 @@ from experiments import load_test
 from helpers import SERVING_ENGINE
 from specjax.serving import Engine, EngineConfig, summarize
 from specjax.serving.load import (
-  ByteTokenizer,
-  aggregate,
-  compare_modes,
   held_out_requests,
   held_out_texts,
   poisson_arrivals,
   run_in_process,
-  tiny_setup,
 )
+from specjax.serving.load_report import aggregate, compare_modes
+from specjax.testing import ByteTokenizer, tiny_setup
 
 # As tests/test_serving_http.py: the programs come from the compilation cache.
 ENGINE = SERVING_ENGINE
@@ -72,11 +70,21 @@ def test_run_in_process_times_every_request(engine):
     assert len(c.tokens) == 12 and c.prompt_length == 32
     assert 0 < c.ttft <= c.e2e and c.tpot > 0
   assert not engine.has_work() and engine.live_requests() == 0
-  summary = summarize(completions, slo_ttft_s=10.0, slo_tpot_s=10.0)
+  # Objectives the slowest request just meets: every request counts towards
+  # goodput, on a machine of any speed.
+  ttfts, tpots = [c.ttft for c in completions], [c.tpot for c in completions]
+  summary = summarize(completions, slo_ttft_s=max(ttfts), slo_tpot_s=max(tpots))
   assert summary["completed"] == 6 and summary["output_tokens"] == 72
   assert summary["throughput_tok_s"] > 0 and summary["goodput_req_s"] == summary["request_rate"]
   for key in ("ttft_s", "tpot_s", "e2e_s"):
     assert summary[key]["p50"] <= summary[key]["p99"]
+  # A TTFT objective at the median: goodput counts exactly the requests within it.
+  slo = float(np.median(ttfts))
+  within = sum(t <= slo for t in ttfts)
+  strict = summarize(completions, slo_ttft_s=slo, slo_tpot_s=max(tpots))
+  assert 3 <= within < 6
+  assert strict["goodput_req_s"] == pytest.approx(within / strict["duration_s"])
+  assert strict["goodput_tok_s"] == pytest.approx(12 * within / strict["duration_s"])
   with pytest.raises(ValueError, match=r"arrivals must hold one offset per request"):
     run_in_process(engine, requests, arrivals[:3])
 

@@ -12,8 +12,8 @@ import specjax
 from helpers import SERVING_ENGINE, traces
 from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy, fit_config
 from specjax.serving import slots as programs
-from specjax.serving.load import tiny_setup
-from specjax.serving.policy import expected_tokens
+from specjax.testing import tiny_setup
+from specjax.theory import expected_tokens_per_iteration
 
 V = 256
 CONFIG = EngineConfig(**SERVING_ENGINE)  # gammas (0, 3): plain and drafting steps
@@ -211,9 +211,12 @@ def test_a_bad_request_fails_alone(pair, engine, monkeypatch):
   [
     (Request(prompt=[], max_new_tokens=4), "prompt must be a non-empty list"),
     (Request(prompt=[1] * 33, max_new_tokens=4), "prompt has 33 tokens.*max_prompt_len=32"),
-    (Request(prompt=[1], max_new_tokens=0), r"max_new_tokens must be in \[1, 16\]"),
-    (Request(prompt=[1], max_new_tokens=17), r"max_new_tokens must be in \[1, 16\]"),
-    (Request(prompt=[1], max_new_tokens=2, stop_id=V), "stop_id must be None or an id"),
+    (Request(prompt=[1], max_new_tokens=0), r"max_new_tokens must be an integer in \[1, 16\]"),
+    (Request(prompt=[1], max_new_tokens=17), r"max_new_tokens must be an integer in \[1, 16\]"),
+    (
+      Request(prompt=[1], max_new_tokens=2, stop_id=V),
+      r"stop_id must be None or an integer in \[0, vocab_size=256\)",
+    ),
     (
       Request(prompt=[1], max_new_tokens=2, sampling=specjax.SamplingParams(top_k=V + 1)),
       r"sampling.top_k must be in \[0, vocab_size=256\]",
@@ -378,23 +381,29 @@ def test_policy_takes_cost_ratios_from_adjacent_runs():
 
 
 def test_policy_follows_measured_costs_and_acceptance():
-  policy = SpeculationPolicy("adaptive", (0, 4), dwell=1, explore_steps=0)
+  policy = SpeculationPolicy("adaptive", (0, 4), explore_steps=0)
   policy.step_time = {(0, 1): 1.0, (4, 1): 1.5, (0, 16): 1.0, (4, 16): 4.0}
-  assert expected_tokens(0.0, 4) == 1 and expected_tokens(1.0, 4) == 5
-  assert expected_tokens(0.5, 0) == 1 and expected_tokens(0.5, 2) == pytest.approx(1.75)
+  e = expected_tokens_per_iteration  # Leviathan's E(alpha, gamma): the policy's prior
+  assert e(0.0, 4) == 1 and e(1.0, 4) == 5
+  assert e(0.5, 0) == 1 and e(0.5, 2) == pytest.approx(1.75)
   policy.observe(4, 1, 1.5, accepted=11, evaluated=13)  # alpha (11 + 1) / (13 + 2) = 0.8
   assert policy.alpha == pytest.approx(0.8)
   assert policy.choose(1) == 4  # light load: E = 3.36 tokens for 1.5x the time
   assert policy.choose(16) == 0  # full batch: drafting costs 4x a plain step
   policy.observe(0, 16, 1.0, 0, 0)
   assert policy.choose(1) == 4  # back to drafting at a small width
-  # Measured tokens per step replace the i.i.d. formula: 2.2 tokens for 1.5x the
-  # time pays at width 1; 1.3 does not.
-  policy.observe(4, 1, 1.5, accepted=0, evaluated=0, tokens=22, rows=10)
-  assert policy.tokens_per_step(4) == pytest.approx(2.2) and policy.choose(1) == 4
-  policy.observe(4, 1, 1.5, accepted=0, evaluated=0, tokens=5, rows=10)
-  assert policy.tokens_per_step(4) == pytest.approx(24.8 / 19) and policy.choose(1) == 0
-  policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
+  # Tokens per step follow the measured acceptance (decayed counts): 2.09
+  # tokens for 1.5x the time pays at width 1; 1.39 does not.
+  policy.observe(4, 1, 1.5, accepted=2, evaluated=10, rows=10)
+  assert policy.alpha == pytest.approx(0.5443, abs=1e-4)
+  assert (
+    policy.tokens_per_step(4)
+    == pytest.approx(e(policy.alpha, 4))
+    == pytest.approx(2.0896, abs=1e-4)
+  )
+  assert policy.choose(1) == 4
+  policy.observe(4, 1, 1.5, accepted=0, evaluated=20, rows=10)
+  assert policy.tokens_per_step(4) == pytest.approx(1.3902, abs=1e-4) and policy.choose(1) == 0
   policy.observe(4, 1, 1.5, accepted=0, evaluated=10)
   assert policy.alpha < 0.7
   assert SpeculationPolicy("never", (0,)).choose(1) == 0
@@ -402,14 +411,13 @@ def test_policy_follows_measured_costs_and_acceptance():
 
 
 def test_policy_compares_step_times_taken_under_the_same_load():
-  # Warm-up times say drafting pays 5% (2.1 tokens for 2x a plain step). Under
-  # load every step takes 20% longer: the drafting steps in use and the plain
-  # steps it probes alike, so it keeps drafting.
-  policy = SpeculationPolicy(
-    "adaptive", (0, 4), probe_every=8, max_probe_every=8, probe_steps=4, explore_steps=0
-  )
+  # Warm-up times say drafting pays 5.5% (alpha 0.55: 2.11 tokens for 2x a
+  # plain step). Under load every step takes 20% longer: the drafting steps in
+  # use and the plain steps it probes alike, so it keeps drafting.
+  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=8, probe_steps=4, explore_steps=0)
   policy.step_time = {(0, 16): 1.0, (4, 16): 2.0}
-  policy.observe(4, 16, 2.4, accepted=0, evaluated=0, tokens=21, rows=10)
+  policy.observe(4, 16, 2.4, accepted=10, evaluated=18, rows=10)  # alpha (10 + 1) / (18 + 2)
+  assert policy.tokens_per_step(4) == pytest.approx(2.1104, abs=1e-4)
 
   def serve(steps, plain_s, draft_s):
     chosen = []
@@ -417,7 +425,7 @@ def test_policy_compares_step_times_taken_under_the_same_load():
       gamma = policy.choose(16)
       chosen.append(gamma)
       seconds = draft_s if gamma else plain_s
-      policy.observe(gamma, 16, seconds, 0, 0, tokens=21 if gamma else 10, rows=10)
+      policy.observe(gamma, 16, seconds, 0, 0, rows=10)
     return chosen
 
   chosen = serve(40, plain_s=1.2, draft_s=2.4)
@@ -432,21 +440,19 @@ def test_policy_compares_step_times_taken_under_the_same_load():
 
 
 def test_policy_probes_acceptance_after_plain_runs():
-  policy = SpeculationPolicy(
-    "adaptive", (0, 4), probe_every=5, probe_steps=2, dwell=1, explore_steps=2
-  )
+  policy = SpeculationPolicy("adaptive", (0, 4), probe_every=5, probe_steps=2, explore_steps=2)
   policy.step_time = {(0, 4): 1.0, (4, 4): 2.0}
   for _ in range(2):  # it drafts until 2 steps are measured, whatever they show
     assert policy.choose(4) == 4
-    policy.observe(4, 4, 2.0, accepted=0, evaluated=4, tokens=4, rows=4)  # alpha 0
+    policy.observe(4, 4, 2.0, accepted=0, evaluated=4, rows=4)  # alpha 0
   chosen = []
   for _ in range(45):
     gamma = policy.choose(4)
     chosen.append(gamma)
     policy.observe(gamma, 4, policy.step_time[gamma, 4], 0, 4 if gamma else 0)
-  # Each probe that leaves plain decoding standing doubles the wait: 5, 10, 20 steps.
+  # Plain decoding, with a probe of drafting (2 steps) after every 5 plain steps.
   probe = [4, 4]
-  assert chosen == [0] * 5 + probe + [0] * 10 + probe + [0] * 20 + probe + [0] * 4
+  assert chosen == ([0] * 5 + probe) * 6 + [0] * 3
 
 
 def test_a_failing_step_fails_its_requests_and_serving_goes_on(pair, engine, monkeypatch):

@@ -1,18 +1,23 @@
 """Serving under load: continuous batching with speculation (`Engine`), requests
 with their own settings, an adaptive speculation policy, metrics.
 
-  Engine, EngineConfig        the engine (`specjax.serving.engine`)
-  fit_config                  prompt buckets and budget fitted to the models' context
+  Engine                      the engine: scheduling (`specjax.serving.engine`)
+  EngineConfig, fit_config    its settings, fitted to the models' context (`.config`)
   Request, Event, Completion  what goes in and comes out (`.request`)
-  SpeculationPolicy           draft length per step (`.policy`)
+  SpeculationPolicy           draft length per step (`.policy`; warm-up timing
+                              in `.calibration`)
   summarize, percentiles      latency and throughput figures (`.metrics`)
   BackgroundEngine            the engine behind a thread, for servers (`.background`)
+
+Device programs of the slots: `.slots`; finished requests: `.store`; load
+generation and its report: `.load`, `.load_report`.
 
 The HTTP endpoint (`specjax.serving.http`, FastAPI) needs `pip install 'specjax[serve]'`.
 """
 
 from specjax.serving.background import BackgroundEngine
-from specjax.serving.engine import Engine, EngineConfig, fit_config
+from specjax.serving.config import EngineConfig, fit_config
+from specjax.serving.engine import Engine
 from specjax.serving.metrics import percentiles, summarize
 from specjax.serving.policy import SpeculationPolicy
 from specjax.serving.request import Completion, Event, Request

@@ -204,60 +204,60 @@ def make_app(background: BackgroundEngine, tokenizer, model_name: str):
       (`encode(str) -> list[int]`, `decode(ids) -> str`).
     model_name: the name clients see (and may pass as `model`).
   """
-  engine = background.engine
-  settings = {
-    "policy": engine.config.policy,
-    "gamma": engine.config.gamma,
-    "slots": engine.config.slots,
-    "max_prompt_len": engine.config.max_prompt_len,
-    "max_new_tokens": engine.config.max_new_tokens,
-    "vocab_size": engine.vocab_size,
-  }
+  api = _Completions(background, tokenizer, model_name)
   app = fastapi.FastAPI(title="specjax", version="1")
+  app.add_exception_handler(APIError, _api_error)
+  app.add_exception_handler(HTTPException, _http_error)
+  app.get("/health")(api.health)
+  app.get("/metrics")(api.metrics)
+  app.post("/v1/completions")(api.completions)
+  return app
 
-  @app.exception_handler(APIError)
-  async def api_error(_, error: APIError):
-    return error.response()
 
-  @app.exception_handler(HTTPException)
-  async def http_error(_, error: HTTPException):  # 404 / 405 in the same shape
-    return APIError(error.status_code, str(error.detail)).response()
+async def _api_error(_, error: APIError):
+  return error.response()
 
-  @app.get("/health")
-  async def health():
-    status = "closing" if background.closed else "ok"
+
+async def _http_error(_, error: HTTPException):  # 404 / 405 in the same shape
+  return APIError(error.status_code, str(error.detail)).response()
+
+
+class _Completions:
+  """The endpoints of one served model."""
+
+  def __init__(self, background: BackgroundEngine, tokenizer, model_name: str):
+    self.background, self.tokenizer, self.model_name = background, tokenizer, model_name
+    config = background.engine.config
+    self.settings = {
+      "policy": config.policy,
+      "gamma": config.gamma,
+      "slots": config.slots,
+      "max_prompt_len": config.max_prompt_len,
+      "max_new_tokens": config.max_new_tokens,
+      "vocab_size": background.engine.vocab_size,
+    }
+
+  async def health(self):
+    closed = self.background.closed
     return JSONResponse(
-      {"status": status, "model": model_name, **_jsonable(settings)},
-      status_code=503 if background.closed else 200,
+      {
+        "status": "closing" if closed else "ok",
+        "model": self.model_name,
+        **_jsonable(self.settings),
+      },
+      status_code=503 if closed else 200,
     )
 
-  @app.get("/metrics")
-  async def metrics():
+  async def metrics(self):
     try:
-      future = background.call_future(lambda e: e.metrics())
+      future = self.background.call_future(lambda e: e.metrics())
     except RuntimeError:
       raise APIError(503, "the server is shutting down.") from None
     return JSONResponse(_jsonable(await asyncio.wrap_future(future)))
 
-  @app.post("/v1/completions")
-  async def completions(http_request: fastapi.Request):
+  async def completions(self, http_request: fastapi.Request):
     body = parse_body(await http_request.body())
-    if body.model is not None and body.model != model_name:
-      raise APIError(404, f"model {body.model!r} is not served here; use {model_name!r}.", "model")
-    if body.stream_options is not None and not body.stream:
-      raise APIError(400, "stream_options needs stream: true.", "stream_options")
-    prompt = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
-    try:
-      sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
-      request = Request(
-        prompt=prompt,
-        max_new_tokens=body.max_tokens,
-        sampling=sampling,
-        stop_id=body.stop_token_id,
-      )
-    except ValueError as e:
-      raise engine_error(e) from None
-
+    request = self._request(body)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
@@ -265,21 +265,45 @@ def make_app(background: BackgroundEngine, tokenizer, model_name: str):
       with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
         loop.call_soon_threadsafe(events.put_nowait, event)
 
-    rid = await _submit(background, request, on_event)
+    rid = await _submit(self.background, request, on_event)
     head = {
       "id": f"cmpl-{uuid.uuid4().hex}",
       "object": "text_completion",
       "created": int(time.time()),
-      "model": model_name,
+      "model": self.model_name,
     }
-    watcher = asyncio.create_task(_watch_disconnect(http_request, background, rid, events))
+    watcher = asyncio.create_task(_watch_disconnect(http_request, self.background, rid, events))
+    prompt_tokens = len(request.prompt)
     if body.stream:
       include_usage = body.stream_options is not None and body.stream_options.include_usage
       return StreamingResponse(
-        _stream(background, tokenizer, rid, events, watcher, head, len(prompt), include_usage),
+        _stream(
+          self.background, self.tokenizer, rid, events, watcher, head, prompt_tokens, include_usage
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
       )
+    return await self._whole(rid, events, watcher, head, prompt_tokens)
+
+  def _request(self, body: CompletionBody) -> Request:
+    """The engine request `body` asks for; APIError naming the field it cannot."""
+    if body.model is not None and body.model != self.model_name:
+      raise APIError(
+        404, f"model {body.model!r} is not served here; use {self.model_name!r}.", "model"
+      )
+    if body.stream_options is not None and not body.stream:
+      raise APIError(400, "stream_options needs stream: true.", "stream_options")
+    prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+    try:
+      sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+      return Request(
+        prompt=prompt, max_new_tokens=body.max_tokens, sampling=sampling, stop_id=body.stop_token_id
+      )
+    except ValueError as e:
+      raise engine_error(e) from None
+
+  async def _whole(self, rid: int, events, watcher, head: dict, prompt_tokens: int):
+    """The non-streamed answer: waits for the request's last event."""
     finished = False
     try:
       tokens: list[int] = []
@@ -294,19 +318,17 @@ def make_app(background: BackgroundEngine, tokenizer, model_name: str):
     finally:
       watcher.cancel()
       if not finished:
-        background.cancel(rid)
+        self.background.cancel(rid)
     error = _finish_error(event)
     if error is not None:
       raise error
     choice = {
       "index": 0,
-      "text": tokenizer.decode(tokens),
+      "text": self.tokenizer.decode(tokens),
       "finish_reason": event.finish_reason,
       "logprobs": None,
     }
-    return {**head, "choices": [choice], "usage": _usage(len(prompt), len(tokens))}
-
-  return app
+    return {**head, "choices": [choice], "usage": _usage(prompt_tokens, len(tokens))}
 
 
 async def _submit(background: BackgroundEngine, request: Request, on_event) -> int:

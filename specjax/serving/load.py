@@ -6,11 +6,12 @@
   summarize(completions)                                       # specjax.serving.metrics
 
   rows = sweep({"plain": plain_engine, "adaptive": engine}, requests, rates=(2, 4, 8))
-  plot_sweep(rows, "load_sweep.png")   # throughput and p99 TTFT against offered load
 
 Latencies count from a request's scheduled arrival, so time spent waiting for
 the driver (a step in progress, a full queue) counts as it would for a client.
-`tiny_setup` gives random tiny models and a byte-level tokenizer for smoke tests.
+A sweep's tables and figure are `specjax.serving.load_report`'s;
+`specjax.testing.tiny_setup` gives random tiny models and a byte-level
+tokenizer for smoke runs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from specjax.sampling import GREEDY, SamplingParams
-from specjax.serving.metrics import percentiles, summarize
+from specjax.serving.metrics import summarize
 from specjax.serving.request import Completion, Request
 from specjax.validation import check_positive_int, is_real
 
@@ -284,7 +285,7 @@ def sweep(
   Within a round every mode serves the same Poisson arrival times (seed
   `seed + round`); the modes take turns, in an order rotated each round, so a
   machine whose speed drifts (a shared CPU) weighs on every mode alike and the
-  modes compare round by round (`compare_modes`).
+  modes compare round by round (`load_report.compare_modes`).
 
   Args:
     targets: mode name -> a warmed-up `Engine` (served in process) or a server
@@ -314,268 +315,37 @@ def sweep(
       arrivals = poisson_arrivals(rate, len(requests), seed + round_)
       turn = round_ % len(modes)
       for mode in modes[turn:] + modes[:turn]:
-        target = targets[mode]
         name = f"{mode} at {rate:g} req/s" + (
           f", round {round_ + 1}/{repeats}" if repeats > 1 else ""
         )
-        if progress is not None:
-          progress(f"{name}: {len(requests)} requests over {arrivals[-1]:.1f} s")
-        if isinstance(target, str):
-          completions = run_http(target, requests, arrivals)
-        else:
-          completions = run_in_process(target, requests, arrivals, progress)
-        summary = summarize(completions, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
-        if progress is not None:
-          progress(
-            f"{name}: {_fmt(summary['throughput_tok_s'], '.1f')} tok/s, "
-            f"p99 TTFT {_fmt(summary['ttft_s']['p99'], '.3f')} s, "
-            f"acceptance {_fmt(summary['acceptance_rate'], '.3f')}, "
-            f"{summary['completed']}/{summary['requests']} completed"
-          )
-        row = {"mode": mode, "rate": rate, "round": round_, "summary": summary}
-        if not isinstance(target, str):  # what the engine's policy measured so far
-          row["policy"] = target.metrics()["policy"]
-        row["requests"] = [request_record(i, c) for i, c in enumerate(completions)]
-        rows.append(row)
+        row = _serve_run(name, targets[mode], requests, arrivals, progress, slo_ttft_s, slo_tpot_s)
+        rows.append({"mode": mode, "rate": rate, "round": round_, **row})
   return rows
 
 
-def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-  """One entry per (mode, rate) of a sweep's rows, its rounds pooled.
-
-  Returns:
-    `[{"mode", "rate", "rounds", "throughput_tok_s": [one per round],
-    "acceptance_rate", "ttft_s", "tpot_s", "e2e_s"}]` in the rows' order of
-    first appearance: the mean of the rounds' acceptance rates (None without
-    drafting) and `percentiles` of every round's completed requests.
-  """
-  groups: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
-  for r in rows:
-    groups.setdefault((r["mode"], r["rate"]), []).append(r)
-  out = []
-  for (mode, rate), runs in groups.items():
-    done = [q for r in runs for q in r["requests"] if q["finish_reason"] in ("stop", "length")]
-    alphas = [r["summary"]["acceptance_rate"] for r in runs]
-    drafted = [a for a in alphas if a is not None]
-    out.append(
-      {
-        "mode": mode,
-        "rate": rate,
-        "rounds": len(runs),
-        "throughput_tok_s": [r["summary"]["throughput_tok_s"] for r in runs],
-        "acceptance_rate": sum(drafted) / len(drafted) if drafted else None,
-        **{k: percentiles([q[k] for q in done]) for k in ("ttft_s", "tpot_s", "e2e_s")},
-      }
+def _serve_run(name, target, requests, arrivals, progress, slo_ttft_s, slo_tpot_s) -> dict:
+  """One run of a sweep (`name` in its progress lines): `{"summary", "requests"}`,
+  in process also "policy"."""
+  if progress is not None:
+    progress(f"{name}: {len(requests)} requests over {arrivals[-1]:.1f} s")
+  if isinstance(target, str):
+    completions = run_http(target, requests, arrivals)
+  else:
+    completions = run_in_process(target, requests, arrivals, progress)
+  summary = summarize(completions, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+  if progress is not None:
+    progress(
+      f"{name}: {_fmt(summary['throughput_tok_s'], '.1f')} tok/s, "
+      f"p99 TTFT {_fmt(summary['ttft_s']['p99'], '.3f')} s, "
+      f"acceptance {_fmt(summary['acceptance_rate'], '.3f')}, "
+      f"{summary['completed']}/{summary['requests']} completed"
     )
-  return out
-
-
-def compare_modes(
-  rows: Sequence[Mapping[str, Any]],
-  mode: str = "adaptive",
-  others: Sequence[str] = ("plain", "always"),
-) -> list[dict[str, Any]]:
-  """`mode`'s throughput against the better of `others`, paired round by round.
-
-  The better one is the mode of `others` with the higher mean throughput over
-  the rounds where every mode completed something: the better fixed policy at
-  that load. (The largest of `others` in each round would not do: where two
-  modes are about even, it picks each round's luckier run, and the largest of
-  two noisy throughputs is biased high by about half a run's spread.)
-
-  Returns:
-    Per rate with every one of these modes measured, `{"rate", "best": its
-    name, "ratios": [per round: mode's throughput / best's in that round],
-    "mean", "stderr" (of the mean; 0 for one round), "low": mean - 2 stderr,
-    "median", "min"}`; [] when a mode never ran.
-  """
-  wanted = (mode, *others)
-  if not set(wanted) <= {r["mode"] for r in rows}:
-    return []
-  # A report from before rounds existed has one round a rate.
-  by_run = {
-    (r["rate"], r.get("round", 0), r["mode"]): r["summary"]["throughput_tok_s"] for r in rows
-  }
-  out = []
-  for rate in sorted({r["rate"] for r in rows}):
-    rounds = [
-      round_
-      for round_ in sorted({r.get("round", 0) for r in rows if r["rate"] == rate})
-      if all((by_run.get((rate, round_, m)) or 0) > 0 for m in wanted)
-    ]
-    if not rounds:
-      continue
-    best = max(others, key=lambda m: np.mean([by_run[rate, r, m] for r in rounds]))
-    ratios = np.array([by_run[rate, r, mode] / by_run[rate, r, best] for r in rounds])
-    stderr = float(ratios.std(ddof=1) / np.sqrt(len(ratios))) if len(ratios) > 1 else 0.0
-    out.append(
-      {
-        "rate": rate,
-        "best": best,
-        "ratios": ratios.tolist(),
-        "mean": float(ratios.mean()),
-        "stderr": stderr,
-        "low": float(ratios.mean()) - 2 * stderr,
-        "median": float(np.median(ratios)),
-        "min": float(ratios.min()),
-      }
-    )
-  return out
+  row = {"summary": summary}
+  if not isinstance(target, str):  # what the engine's policy measured so far
+    row["policy"] = target.metrics()["policy"]
+  row["requests"] = [request_record(i, c) for i, c in enumerate(completions)]
+  return row
 
 
 def _fmt(value, spec: str) -> str:
   return "n/a" if value is None else format(value, spec)
-
-
-def _pyplot():
-  try:
-    import matplotlib
-  except ImportError as e:
-    raise ImportError(
-      "the load sweep's figure needs matplotlib: pip install 'specjax[plots]'"
-    ) from e
-  matplotlib.use("Agg")  # files only, no display
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
-def plot_sweep(rows: Sequence[Mapping[str, Any]], path: str) -> str:
-  """Three panels against offered load (requests/s), one line per mode:
-  throughput (output tokens/s; the median round, bars from the slowest to the
-  fastest when a rate ran several), p99 TTFT and median TPOT (of every
-  round's requests). Writes a PNG to `path`."""
-  plt = _pyplot()
-  fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-  labels = (
-    "throughput (output tokens/s)",
-    "p99 time to first token (s)",
-    "median time per output token (s)",
-  )
-  groups = aggregate(rows)
-  rates = sorted({g["rate"] for g in groups})
-  for mode in dict.fromkeys(g["mode"] for g in groups):
-    mine = sorted((g for g in groups if g["mode"] == mode), key=lambda g: g["rate"])
-    x = [g["rate"] for g in mine]
-    # None (nothing completed) becomes NaN: a gap in the line.
-    middle, low, high = (
-      np.array([_nan(_middle(g["throughput_tok_s"], f)) for g in mine])
-      for f in (np.median, min, max)
-    )
-    line = axes[0].plot(x, middle, marker="o", label=mode)[0]
-    if any(g["rounds"] > 1 for g in mine):
-      axes[0].errorbar(
-        x, middle, yerr=[middle - low, high - middle], fmt="none", color=line.get_color(), capsize=3
-      )
-    axes[1].plot(x, [_nan(g["ttft_s"]["p99"]) for g in mine], marker="o", label=mode)
-    axes[2].plot(x, [_nan(g["tpot_s"]["p50"]) for g in mine], marker="o", label=mode)
-  for ax, label in zip(axes, labels):
-    if rates and rates[-1] > 8 * rates[0]:  # a sweep over decades reads best on a log axis
-      ax.set_xscale("log", base=2)
-    ax.set_xlabel("offered load (requests/s)")
-    ax.set_ylabel(label)
-    ax.grid(alpha=0.3)
-    ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
-  return path
-
-
-def _middle(values, reduce):
-  values = [v for v in values if v is not None]
-  return float(reduce(values)) if values else None
-
-
-def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:
-  """A markdown table of a sweep: per offered load and mode, throughput (the
-  median round, and the range when a rate ran several), TTFT and TPOT (p50 /
-  p99 of every round's requests, milliseconds) and the acceptance rate; then,
-  when plain, always and adaptive all ran, the adaptive policy's throughput
-  against the better of the other two, round by round (`compare_modes`)."""
-
-  def ms(value):
-    return "–" if value is None else f"{1e3 * value:.0f}"
-
-  def tok_s(values):
-    middle = _middle(values, np.median)
-    if middle is None:
-      return "–"
-    if len(values) == 1:
-      return f"{middle:.0f}"
-    return f"{middle:.0f} ({_middle(values, min):.0f}–{_middle(values, max):.0f})"
-
-  lines = [
-    "| load (req/s) | mode | throughput (tok/s) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
-    "| acceptance |",
-    "|---|---|---|---|---|---|",
-  ]
-  for g in sorted(aggregate(rows), key=lambda g: g["rate"]):
-    alpha = "–" if g["acceptance_rate"] is None else f"{g['acceptance_rate']:.2f}"
-    lines.append(
-      f"| {g['rate']:g} | {g['mode']} | {tok_s(g['throughput_tok_s'])} "
-      f"| {ms(g['ttft_s']['p50'])} / {ms(g['ttft_s']['p99'])} "
-      f"| {ms(g['tpot_s']['p50'])} / {ms(g['tpot_s']['p99'])} | {alpha} |"
-    )
-  comparison = compare_modes(rows)
-  if comparison:
-    lines += [
-      "",
-      "| load (req/s) | better fixed mode | adaptive / it, per round | mean ± s.e. "
-      "| mean − 2 s.e. | lowest |",
-      "|---|---|---|---|---|---|",
-    ]
-    for c in comparison:
-      per_round = ", ".join(f"{x:.3f}" for x in c["ratios"])
-      lines.append(
-        f"| {c['rate']:g} | {c['best']} | {per_round} | {c['mean']:.3f} ± {c['stderr']:.3f} "
-        f"| {c['low']:.3f} | {c['min']:.3f} |"
-      )
-  return "\n".join(lines)
-
-
-def _nan(value) -> float:
-  return math.nan if value is None else float(value)
-
-
-# ---------------------------------------------------------------- smoke tests
-
-
-class ByteTokenizer:
-  """Text as its UTF-8 bytes: ids 0-255, for models with a vocabulary of at
-  least 256 (the tiny smoke-test models). Invalid sequences decode to U+FFFD."""
-
-  vocab_size = 256
-  pad_id = bos_id = eos_id = None
-
-  def encode(self, text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-  def decode(self, ids) -> str:
-    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-
-# The tiny random target of smoke tests (and of the serving tests).
-TINY_CONFIG = dict(
-  vocab_size=256, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=256
-)
-
-
-def tiny_setup(seed: int = 0, noise: float = 0.3):
-  """`(target, draft, tokenizer)`: a random tiny target (seed `seed`), its draft
-  (the target's weights plus `noise` times another random model's: it agrees
-  often, not always) and a `ByteTokenizer`, for smoke tests of the serving
-  stack (the text is noise)."""
-  import jax
-  from flax import nnx
-
-  from specjax.models import ModelConfig, Transformer
-
-  cfg = ModelConfig(**TINY_CONFIG)
-  target = Transformer(cfg, rngs=nnx.Rngs(seed))
-  draft = Transformer(cfg, rngs=nnx.Rngs(seed + 1))
-  perturbed = jax.tree.map(
-    lambda p, n: p + noise * n, nnx.state(target, nnx.Param), nnx.state(draft, nnx.Param)
-  )
-  nnx.update(draft, perturbed)
-  return target, draft, ByteTokenizer()

@@ -1,12 +1,12 @@
 """Summaries of completions: latency percentiles, throughput, goodput, acceptance.
 
-One place for the numbers the server's /metrics endpoint and the load test
-report, so both say the same thing.
+One place for the numbers the server's /metrics endpoint (`engine_metrics`)
+and the load test (`summarize`) report, so both say the same thing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -77,4 +77,49 @@ def summarize(
     "ttft_s": percentiles([c.ttft for c in done]),
     "tpot_s": percentiles([c.tpot for c in done]),
     "e2e_s": percentiles([c.e2e for c in done]),
+  }
+
+
+def engine_metrics(
+  counters: Mapping[str, int],
+  recent: Sequence[Completion],
+  *,
+  live: int,
+  queued: int,
+  draft_lengths: Sequence[int],
+  policy,
+) -> dict:
+  """What `Engine.metrics()` reports: its counters since start and the latency
+  percentiles of its `recent` completions.
+
+  Args:
+    counters: the engine's counts (submitted, finish reasons, tokens, steps
+      per draft length, accepted and evaluated drafted tokens).
+    recent: the last completions.
+    live, queued: requests holding a slot; waiting for one.
+    draft_lengths: the engine's compiled draft lengths.
+    policy: its `SpeculationPolicy`.
+  """
+  c = counters
+  return {
+    "requests": {
+      "submitted": c["submitted"],
+      "completed": c["stop"] + c["length"],
+      "cancelled": c["cancelled"],
+      "failed": c["error"],
+      "live": live,
+      "queued": queued,
+    },
+    "tokens": c["tokens"],
+    "steps": {g: c[f"steps_gamma_{g}"] for g in draft_lengths},
+    "acceptance_rate": c["accepted"] / c["evaluated"] if c["evaluated"] else None,
+    "policy": {
+      "kind": policy.kind,
+      "alpha": policy.alpha,
+      "gamma": policy.current,  # adaptive: the draft length in use (else None)
+      "step_ms": policy.live_step_ms(),
+    },
+    "ttft_s": percentiles([x.ttft for x in recent]),
+    "tpot_s": percentiles([x.tpot for x in recent]),
+    "e2e_s": percentiles([x.e2e for x in recent]),
   }

@@ -12,35 +12,32 @@ al. 2024, arXiv 2406.14066) with measured inputs:
 
     goodput(gamma) = live rows x E(alpha, gamma) / t(gamma, width)
 
-E(alpha, gamma) is the tokens a row commits per step: measured (committed
-tokens over live row-steps, decayed counts) once that draft length has run,
-before that Leviathan et al.'s (1 - alpha^(gamma+1)) / (1 - alpha) from the
-measured acceptance alpha (accepted / evaluated drafted tokens). Acceptance
-is neither i.i.d. nor unbounded by budgets, so the measured count is the
-better guide. Compute is static per width, so the live rows cancel within
-one width; the load enters through the width, as in SmartSpec's batch-size
-term.
+E(alpha, gamma) is the tokens a row commits per step: Leviathan et al.'s
+(1 - alpha^(gamma+1)) / (1 - alpha) (`specjax.theory.expected_tokens_per_iteration`)
+at the measured acceptance alpha (accepted / evaluated drafted tokens,
+decayed counts). (Counting the committed tokens per row-step instead, which
+budgets and non-i.i.d. acceptance make differ from the formula, showed no
+gain in the load test and was removed.) Compute is static per width, so the
+live rows cancel within one width; the load enters through the width, as in
+SmartSpec's batch-size term.
 
 t(gamma, width) enters only as a ratio to a plain step's time at that width,
 rho(gamma, width) = t(gamma) / t(0), measured from steps that ran next to
-each other. Times taken apart drift on a shared machine (one plain step
-program measured 15-23 ms from one second to the next here), while the
-choice at a full batch hangs on 5-10% (on the bundled pair at T = 1 and 16
-rows, drafting 4 tokens costs about 3x a plain step, for 2.7 tokens). rho
-is the median of the last `window` ratios: first warm-up's (runs of each
-draft length in turn, every row live), then live ones. Every `probe_every`
-steps the policy runs `probe_steps` steps of another draft length (in turn),
-whichever it uses; the median time of a run of steps over that of the run
-before it at that width is one live ratio, so a probe gives two. A probe
-costs (at 16 rows and T = 1 about 3% of the steps between probes: a drafter
-re-sync and four dearer steps), so each probe that leaves the choice
-standing doubles the wait for the next.
+each other: times taken apart drift on a shared machine by more than the
+few percent the choice at a full batch hangs on (docs/serving.md gives the
+measured spread). rho is the median of the last `window` ratios: first
+warm-up's (`specjax.serving.calibration`: runs of each draft length in turn,
+every row live), then live ones. Every `probe_every` steps the policy runs
+`probe_steps` steps of another draft length (in turn), whichever it uses;
+the median time of a run of steps over that of the run before it at that
+width is one live ratio, so a probe gives two.
 
 For its first `explore_steps` drafting steps the policy drafts, to measure
-E: a few early unlucky steps must not send it to plain decoding. Hysteresis
-keeps it from flapping: a switch needs a predicted gain above `margin`, and
-going from plain steps back to drafting (which re-syncs the drafter with the
-rows' tokens first) is only considered every `dwell` steps.
+alpha: a few early unlucky steps must not send it to plain decoding.
+Hysteresis keeps it from flapping: a switch needs a predicted gain above
+`margin`. (A wait between reconsidering drafting after plain steps, and
+probes spaced further apart each time they confirmed the choice, showed no
+gain in the load test and were removed.)
 """
 
 from __future__ import annotations
@@ -49,16 +46,9 @@ import collections
 import dataclasses
 import statistics
 
+from specjax.theory import expected_tokens_per_iteration
+
 POLICIES = ("never", "always", "adaptive")
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-  """Tokens one row commits per step drafting gamma tokens at acceptance alpha."""
-  if gamma == 0:
-    return 1.0
-  if alpha >= 1.0:
-    return gamma + 1.0
-  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 @dataclasses.dataclass
@@ -70,21 +60,18 @@ class SpeculationPolicy:
     gammas: the draft lengths the engine compiled.
     alpha: the acceptance estimate: (accepted + prior_weight / 2) /
       (evaluated + prior_weight) over decayed counts.
-    smoothing: the decay (1 - smoothing) per step of the acceptance and
-      committed-token counts.
+    smoothing: the decay (1 - smoothing) per step of the acceptance counts.
     prior_weight: pseudo-counts of the prior alpha = 0.5.
     margin: the predicted relative gain a switch needs.
-    dwell: plain steps between reconsidering drafting.
     explore_steps: drafting steps measured before the policy may decode plainly.
     probe_every, probe_steps: after this many steps of one draft length, run
       `probe_steps` steps of another, to time it against its neighbours (and
-      measure its tokens). A probe after which the choice stands doubles the
-      wait for the next, up to `max_probe_every`; a switch it leads to resets it.
+      measure its acceptance).
     window: the last steps of a run whose median times it (and the length
       of warm-up's runs); and the ratios kept per (gamma, width) (warm-up's
       first, then live ones), whose median is rho.
-    step_time: (gamma, width) -> warm-up seconds (the engine's `warmup` sets
-      them; a program without one takes its first live time).
+    step_time: (gamma, width) -> warm-up seconds (`calibration.calibrate_width`
+      sets them; a program without one takes its first live time).
   """
 
   kind: str
@@ -93,11 +80,9 @@ class SpeculationPolicy:
   smoothing: float = 0.1
   prior_weight: float = 2.0
   margin: float = 0.03
-  dwell: int = 8
   explore_steps: int = 16
   probe_every: int = 128
   probe_steps: int = 4
-  max_probe_every: int = 1024
   window: int = 8
   step_time: dict = dataclasses.field(default_factory=dict)
   current: int | None = None
@@ -105,13 +90,10 @@ class SpeculationPolicy:
   _probing: int = 0  # probe steps left
   _probe: int = 0  # the draft length probed
   _probes: int = 0
-  _probed: bool = False  # a probe just ended: decide now
-  _probe_interval: int = 0  # probe_every, doubled by each probe that confirms the choice
   _runs: dict = dataclasses.field(default_factory=dict)  # width -> the last runs of steps
   _ratios: dict = dataclasses.field(default_factory=dict)  # (gamma, width) -> recent rho
   _accepted: float = 0.0  # decayed counts
   _evaluated: float = 0.0
-  _committed: dict = dataclasses.field(default_factory=dict)  # gamma -> [tokens, row-steps]
   _drafted_steps: int = 0  # drafting steps measured
 
   def __post_init__(self):
@@ -120,9 +102,8 @@ class SpeculationPolicy:
     self._probe_interval = self.probe_every
 
   def tokens_per_step(self, gamma: int) -> float:
-    """Tokens a row commits per step drafting `gamma`: measured, or from alpha."""
-    tokens, rows = self._committed.get(gamma, (0.0, 0.0))
-    return tokens / rows if rows else expected_tokens(self.alpha, gamma)
+    """Tokens a row commits per step drafting `gamma`: E(alpha, gamma)."""
+    return expected_tokens_per_iteration(self.alpha, gamma)
 
   def cost(self, gamma: int, width: int) -> float:
     """rho: the time of a step drafting `gamma` at `width` over a plain step's,
@@ -161,25 +142,17 @@ class SpeculationPolicy:
       self.current = self.gammas[-1]
       return self.current
     current = self.gammas[-1] if self.current is None else self.current
-    if self._run >= self._probe_interval and len(self.gammas) > 1:  # time another one now
+    if self._run >= self.probe_every and len(self.gammas) > 1:  # time another one now
       others = [g for g in self.gammas if g != current]
       self._probe = others[self._probes % len(others)]
       self._probes += 1
-      self._run, self._probing, self._probed = 0, self.probe_steps - 1, True
+      self._run, self._probing = 0, self.probe_steps - 1
       return self._probe
     self.current = current
-    # Drafting resumes after a re-sync: from plain it is not considered every step.
-    if current != 0 or self._run % self.dwell == 0 or self._probed:
-      rates = {g: self.predicted_rate(g, width) for g in self.gammas}
-      best = max(rates, key=rates.get)
-      if rates[best] / rates[current] > 1 + self.margin:
-        self.current, self._run = best, 0
-      if self._probed:  # after a probe: the choice stands and the next waits longer, or not
-        if self.current == current:
-          self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
-        else:
-          self._probe_interval = self.probe_every
-        self._probed = False
+    rates = {g: self.predicted_rate(g, width) for g in self.gammas}
+    best = max(rates, key=rates.get)
+    if rates[best] / rates[current] > 1 + self.margin:  # hysteresis: no flapping
+      self.current, self._run = best, 0
     self._run += 1
     return self.current
 
@@ -190,19 +163,15 @@ class SpeculationPolicy:
     seconds: float,
     accepted: int,
     evaluated: int,
-    tokens: int = 0,
     rows: int = 0,
   ) -> None:
     """Records a step that ran: its wall time, the drafted tokens it accepted out
-    of those it evaluated, and the tokens its `rows` live rows committed."""
+    of those it evaluated, and its live rows (0: a warm-up step, which does not
+    count towards `explore_steps`)."""
     self.step_time.setdefault((gamma, width), seconds)
     self._time_run(gamma, width, seconds)
     if rows and gamma:
       self._drafted_steps += 1
-    if rows:
-      keep = 1.0 - self.smoothing
-      committed, row_steps = self._committed.get(gamma, (0.0, 0.0))
-      self._committed[gamma] = (keep * committed + tokens, keep * row_steps + rows)
     if evaluated:
       keep = 1.0 - self.smoothing
       self._accepted = keep * self._accepted + accepted
