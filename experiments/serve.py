@@ -71,32 +71,26 @@ def load_models(
   import specjax.hf
   from specjax import pretrained
 
-  dtype = dtypes.to_dtype(dtype, "config.dtype")
-  if kind == "bundled":
-    target_model, draft_model, tokenizer = pretrained.load_pair(dtype)
-    target_path, name = pretrained.TARGET_DIR, "stdlib_pair"
-  else:
-    if need_draft and not draft:
-      raise ValueError(
-        f"{fields[2]} must name the draft checkpoint (or set config.policy='never' to serve "
-        "without speculation)."
-      )
-    target_path = specjax.hf.resolve_checkpoint(target, flag=f"--{fields[1]}")
-    target_model, tokenizer = specjax.hf.load_model(target_path, dtype=dtype)
-    if tokenizer is None:
-      raise ValueError(f"{fields[1]}: {target_path} has no tokenizer.json; the server needs one.")
-    draft_model = None
-    if need_draft:
-      draft_path = specjax.hf.resolve_checkpoint(draft, flag=f"--{fields[2]}")
-      logging.info("pair check:\n%s", specjax.hf.check_pair(target_path, draft_path))
-      draft_model, draft_tokenizer = specjax.hf.load_model(draft_path, dtype=dtype)
-      specjax.hf.check_same_tokenizer(tokenizer, draft_tokenizer, target_path, draft_path)
+  if kind == "hf" and need_draft and not draft:
+    raise ValueError(
+      f"{fields[2]} must name the draft checkpoint (or set config.policy='never' to serve "
+      "without speculation)."
+    )
+  models = pretrained.load_checkpoints(
+    target if kind == "hf" else "",
+    draft if kind == "hf" else "",
+    dtype=dtypes.to_dtype(dtype, "config.dtype"),
+    need_draft=need_draft,
+    fields=fields[1:],
+  )
+  name = "stdlib_pair"
+  if kind == "hf":
     name = target.rstrip("/")
     name = os.path.basename(name) if os.path.isdir(name) else name
   eos = None
   if stop_at_eos:
-    eos = list(specjax.hf.generation_settings(target_path).eos_ids) or None
-  return target_model, draft_model if need_draft else None, tokenizer, eos, name
+    eos = list(specjax.hf.generation_settings(models.target_path).eos_ids) or None
+  return models.target, models.draft, models.tokenizer, eos, name
 
 
 def load_tokenizer(
