@@ -58,8 +58,8 @@ def memory_bandwidth_gbs(megabytes: int = 256, num_steps: int = 8, num_runs: int
   lowered = jax.jit(run).lower(x)
   # On CPU, an optimised loop whatever the process's XLA flags: compiled at
   # --xla_backend_optimization_level=0 (the test suite's), `x + 1` is not
-  # vectorised and the loop measures the core, not memory (0.95 against
-  # 4.2 GB/s, 23 s against 6 s, 2-core AMD EPYC, 2026-12-02).
+  # vectorised and the loop measures the core, not memory (a floor several
+  # times too low, and slower to measure).
   options = {"xla_backend_optimization_level": 2} if jax.default_backend() == "cpu" else None
   compiled = lowered.compile(options)
   seconds = _median_seconds(compiled, x, num_runs=num_runs) / num_steps

@@ -99,7 +99,6 @@ class SpeculationPolicy:
   def __post_init__(self):
     if self.kind not in POLICIES:
       raise ValueError(f"policy must be one of {POLICIES}, got {self.kind!r}.")
-    self._probe_interval = self.probe_every
 
   def tokens_per_step(self, gamma: int) -> float:
     """Tokens a row commits per step drafting `gamma`: E(alpha, gamma)."""
