@@ -59,7 +59,7 @@ class Tokenizer:
     return self._backend.decode([int(i) for i in ids])
 
   def save(self, path: str) -> None:
-    self._backend.save(path)
+    self._backend.save(path, pretty=False)  # compact: the bundled pair ships in a size budget
 
 
 def train_tokenizer(
