@@ -9,7 +9,7 @@ rewritten after each, so a run cut short keeps what it measured:
   scoring: the 1.1B-shaped target's cost of one call over T = 2..64 positions
      (a chain, and a token tree with tree attention) against one position:
      what a tree's extra nodes cost on memory-bound hardware;
-  trees: `experiments.compare_drafters` with `configs/compare_trees.py` narrowed
+  trees: `specjax.jobs.compare_drafters` with `configs/compare_trees.py` narrowed
      to fit (the bundled pair: chains against trees of 8 and 16 nodes with the
      draft model, EAGLE and Medusa, at T = 0 and 1; real acceptance);
   decode:
@@ -39,9 +39,10 @@ from flax import nnx
 
 import specjax
 from configs import compare_trees
-from experiments import common, compare_drafters
+from experiments import common
 from specjax import bench, trees
 from specjax.drafting import EagleDrafter
+from specjax.jobs import compare_drafters
 from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path

@@ -44,7 +44,7 @@ def test_rules_map_logical_names_and_replicate_what_does_not_divide():
 
 
 def test_memory_table_shrinks_with_tensor_parallelism():
-  from experiments.memory_table import per_device_bytes
+  from specjax.jobs.memory_table import per_device_bytes
 
   cfg = ModelConfig(
     vocab_size=512, d_model=64, n_layers=2, n_heads=8, n_kv_heads=8, d_ff=256, max_seq_len=128

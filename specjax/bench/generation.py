@@ -1,5 +1,5 @@
 """Autoregressive against speculative decoding, measured with the costs that predict
-the speedup: the library side of `experiments/benchmark.py`.
+the speedup: what `specjax.jobs.benchmark` (`experiments/benchmark.py`) runs.
 
 Timing follows `specjax.bench.timing`; costs and the prediction come from
 `specjax.bench.costs`, the floor from `specjax.bench.floor`.

@@ -1,0 +1,455 @@
+"""The drafter x verifier comparison on the bundled pair: what
+`experiments/compare_drafters.py` runs (`run`).
+
+For each temperature: autoregressive decoding (the baseline) and speculative
+decoding with every drafter (the bundled draft model, prompt lookup, the
+target's first k layers) x every verifier that applies (greedy only at
+temperature 0), at gamma = config.gamma; then the draft model at each fixed
+gamma of `gamma_sweep` and with both adaptive draft lengths; then token trees
+(`config.trees`: the draft model, EAGLE and Medusa each drafting the best static
+tree of each size for its per-rank acceptance, `specjax.trees.best`, no deeper
+than `config.trees.max_depth`, by default gamma: the same depth as the chains). Each variant
+decodes the same held-out test-split prompts one by one (batch 1); times are
+medians of `num_runs` runs after a warm-up, each interleaved with a run of the
+autoregressive baseline (a slow phase of a shared machine hits both alike), and
+the speedup is the ratio of the pair.
+
+Variants run one at a time, and each one's compiled programs are freed before
+the next (`specjax.bench.free_compiled_programs`; the baseline is
+compiled once per temperature, ahead of time): the process's memory maps stay
+flat however many variants a config holds. `run` returns one JSON-ready row
+per variant; `COLUMNS` is the README's table of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+
+import specjax
+from specjax import bench, pretrained, trees
+from specjax.data import Tokenizer
+from specjax.data.prompts import encode_prompts, held_out_prompts
+from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
+from specjax.models.kv_cache import cache_capacity
+from specjax.validation import check_positive_int
+
+# The README's table: one line per variant.
+COLUMNS = (
+  ("T", "{temperature:g}"),
+  ("drafter", "{drafter}"),
+  ("verifier", "{verifier}"),
+  ("γ", "{gamma}"),
+  ("draft length", "{adaptive}"),
+  ("α", "{acceptance_rate:.3f}"),
+  ("tokens/iter", "{tokens_per_iteration:.2f}"),
+  ("c", "{c:.3f}"),
+  ("predicted", "{predicted_speedup:.2f}"),
+  ("ms/token", "{ms_per_token:.3f}"),
+  ("speedup", "{speedup:.2f}"),
+)
+HEAD_NAMES = {"eagle": "EAGLE head", "medusa": "Medusa heads", "early_exit": "early exit"}
+# Rows of the bundled draft with its own tokenizer (pretrained.load_cross_draft).
+TLI, SLEM = "cross-tokenizer draft, TLI", "cross-tokenizer draft, SLEM"
+
+
+class Variant(NamedTuple):
+  """One row of the comparison.
+
+  Attributes:
+    temperature: the sampling temperature (0: greedy).
+    name: the drafter's label in the table.
+    drafter: what `speculative_generate` takes; for SLEM the tuple (cross
+      draft, its tokenizer, the target's tokenizer) of `string_level_generate`.
+    verifier: "greedy", "token", "block", or "tree" (a token-tree drafter).
+    gamma: drafted tokens per iteration (a tree's number of nodes).
+    adaptive: None (fixed gamma), "schedule" or "confidence".
+  """
+
+  temperature: float
+  name: str
+  drafter: Any
+  verifier: str
+  gamma: int
+  adaptive: str | None = None
+
+  @property
+  def label(self) -> str:
+    return f"T={self.temperature:g} {self.name} | {self.verifier} | γ={self.gamma} | " + (
+      self.adaptive or "fixed"
+    )
+
+
+def variants(config, target, draft, temperature: float) -> list[Variant]:
+  """The variants of `config` at one temperature, in the table's order.
+
+  Args:
+    config: the comparison's configuration (configs/compare_drafters.py).
+    target, draft: the pair's `Transformer`s (the heads, layer skip and prompt
+      lookup draft for `target`).
+    temperature: the sampling temperature; greedy verification only at 0.
+  """
+  applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
+  verifiers = [v for v in applicable if v in config.verifiers]
+  heads = {kind: pretrained.load_drafter(kind, target) for kind in config.heads}
+  drafters = _chain_drafters(config, target, draft, heads)
+  out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
+  default = verifiers[0]
+  for kind in heads:  # the heads' own draft lengths, e.g. early exit pays off at small gamma
+    twins = [(n, d) for n, d in drafters if n.startswith(HEAD_NAMES[kind])]
+    out += [
+      (name, d, default, g, None)
+      for g in config.head_gammas.get(kind, ())
+      if g != config.gamma
+      for name, d in twins
+    ]
+  out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
+  out += [("draft model", draft, default, config.gamma_max, a) for a in config.adaptive]
+  out += _tree_variants(config, draft, heads)
+  return [Variant(float(temperature), *fields) for fields in out]
+
+
+def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[str, Any]]:
+  """(label, drafter) of every chain drafter of `config`, in the table's order:
+  the draft model, prompt lookup, layer skip, the heads (`heads`, by kind) and
+  their FR-Spec twins, and the cross-tokenizer draft (TLI, then SLEM)."""
+  drafters = [("draft model", draft)]
+  if config.ngram:
+    lookup = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
+    drafters.append((f"prompt lookup (n<={config.ngram})", lookup))
+  drafters += [
+    (f"layer skip k={k}", pretrained.load_drafter("layer_skip", target, num_layers=k))
+    for k in config.layer_skip
+  ]
+  drafters += [(HEAD_NAMES[kind], d) for kind, d in heads.items()]
+  if config.fr_spec:  # the same heads drafting among the K most frequent ids
+    ids = pretrained.frequent_token_ids(config.fr_spec)
+    drafters += [
+      (f"{HEAD_NAMES[kind]}, K={config.fr_spec}", d.with_vocab_subset(ids))
+      for kind, d in heads.items()
+    ]
+  if config.cross_tokenizer:  # SLEM is a host loop, not a drafter: marked by its name
+    cross, cross_tokenizer = pretrained.load_cross_draft()
+    target_tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)
+    drafters.append((TLI, CrossTokenizerDrafter(cross, cross_tokenizer, target_tokenizer)))
+    drafters.append((SLEM, (cross, cross_tokenizer, target_tokenizer)))
+  return drafters
+
+
+def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
+  """The token-tree variants' fields: the draft model and the heads drafting the
+  best static tree of each size (`config.trees`), then EAGLE-2's dynamic trees."""
+  tree_drafters = {"draft model": draft, **{HEAD_NAMES[k]: d for k, d in heads.items()}}
+  names = ("draft model", *HEAD_NAMES.values())
+  out = []
+  for name, rates in config.trees.rank_acceptance.items():
+    if name not in names:
+      raise ValueError(f"config.trees.rank_acceptance keys must be among {names}, got {name!r}.")
+    if name not in tree_drafters:  # a head config.heads leaves out
+      continue
+    drafter = tree_drafters[name]
+    max_depth = config.trees.max_depth or config.gamma
+    if name == HEAD_NAMES["medusa"]:
+      max_depth = min(max_depth, drafter.heads.cfg.num_heads)
+    for size in config.trees.sizes:
+      tree = trees.best(rates, size, max_depth)
+      label = f"{name}, tree N={size} depth {max(trees.tree_depths(tree))}"
+      if name == "draft model":
+        tree_drafter = TreeDrafter(draft, tree, tree_mode=config.trees.mode)
+      else:
+        tree_drafter = drafter.replace(tree=tree, tree_mode=config.trees.mode)
+      out.append((label, tree_drafter, "tree", size, None))
+  if "eagle" in heads:  # EAGLE-2: a tree per row, chosen by the head's confidence
+    for size, depth, branch, expand in config.trees.eagle2:
+      spec = trees.DynamicTree(size, depth, branch, expand)
+      label = f"EAGLE-2, N={size} depth {depth} k={branch} m={expand}"
+      drafter = heads["eagle"].replace(tree=spec, tree_mode=config.trees.mode)
+      out.append((label, drafter, "tree", size, None))
+  return out
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a ValueError naming the first invalid field of `config`."""
+  for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
+    check_positive_int(f"config.{name}", config[name])
+  unknown_heads = set(config.heads) - set(pretrained.HEAD_DRAFTERS)
+  if unknown_heads:
+    raise ValueError(
+      f"config.heads must be a subset of {tuple(pretrained.HEAD_DRAFTERS)}, got {config.heads!r}."
+    )
+  unknown_heads = set(config.head_gammas) - set(pretrained.HEAD_DRAFTERS)
+  if unknown_heads:
+    raise ValueError(
+      f"config.head_gammas keys must be among {tuple(pretrained.HEAD_DRAFTERS)}, "
+      f"got {sorted(unknown_heads)}."
+    )
+  for kind, gammas in config.head_gammas.items():
+    for g in gammas:
+      check_positive_int(f"config.head_gammas.{kind}", g)
+  unknown = set(config.verifiers) - {"greedy", "token", "block"}
+  if unknown or not config.verifiers:
+    raise ValueError(
+      f"config.verifiers must be a non-empty subset of (greedy, token, block), "
+      f"got {tuple(config.verifiers)!r}."
+    )
+  check_positive_int("config.num_runs", config.num_runs, 3)
+  if set(config.adaptive) - {"schedule", "confidence"}:
+    raise ValueError(
+      f"config.adaptive must be a subset of (schedule, confidence), got {config.adaptive!r}."
+    )
+  if config.trees.mode not in ("without_replacement", "iid"):
+    raise ValueError(
+      f"config.trees.mode must be 'without_replacement' or 'iid', got {config.trees.mode!r}."
+    )
+  for size in config.trees.sizes:
+    check_positive_int("config.trees.sizes", size)
+  if not isinstance(config.trees.max_depth, int) or config.trees.max_depth < 0:
+    raise ValueError(
+      f"config.trees.max_depth must be an int >= 0 (0: config.gamma), "
+      f"got {config.trees.max_depth!r}."
+    )
+
+
+def _target_costs(config, target, prompt, gammas) -> tuple[float, dict[int, float]]:
+  """(one target step, {gamma: scoring gamma + 1 tokens}) in seconds, measured on
+  `prompt` (batch 1)."""
+  capacity = cache_capacity(prompt[0].shape[1], config.max_new_tokens, config.gamma_max)
+  call = functools.partial(
+    bench.call_seconds, target, *prompt, capacity=capacity, num_runs=config.num_runs
+  )
+  return call(tokens_per_call=1), {g: call(tokens_per_call=g + 1) for g in sorted(gammas)}
+
+
+def _generate(config, target, variant: Variant, prompts: list, key) -> Callable[[], list]:
+  """The variant's decoding of each of `prompts` (`(tokens [1, P], lengths [1])`)."""
+  v, sampling = variant, specjax.SamplingParams(temperature=variant.temperature)
+  if v.name == SLEM:
+    return lambda: [
+      specjax.string_level_generate(
+        target,
+        v.drafter[0],
+        *v.drafter[1:],
+        *prompt,
+        gamma=v.gamma,
+        max_new_tokens=config.max_new_tokens,
+        sampling=sampling,
+        key=key,
+        verifier="auto" if v.verifier == "greedy" else v.verifier,
+      )
+      for prompt in prompts
+    ]
+  return lambda: [
+    specjax.speculative_generate(
+      target,
+      v.drafter,
+      *prompt,
+      gamma=v.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      key=key,
+      verifier="auto" if v.verifier == "tree" else v.verifier,
+      adaptive=v.adaptive,
+      confidence_threshold=config.confidence_threshold,
+    )
+    for prompt in prompts
+  ]
+
+
+def _tokens(outs) -> int:
+  return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
+
+
+def _row(v: Variant, timings, outputs, step_s: float, verify_s: dict, drafting_s) -> dict:
+  """The variant's JSON row from its paired timings and outputs; `drafting_s` is
+  its drafter's seconds per iteration (None for SLEM, whose own timings give it)."""
+  outs = outputs["variant"]
+
+  def s(field):
+    return sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
+
+  ar_ms = timings["ar"].median_s * 1e3 / _tokens(outputs["ar"])
+  ms = timings["variant"].median_s * 1e3 / _tokens(outs)
+  alpha = s("accepted") / max(s("evaluated"), 1)
+  per_iteration = s("generated") / max(s("row_iterations"), 1)
+  costs = dict(gamma=v.gamma, target_step_s=step_s, verify_s=verify_s[v.gamma])
+  extra = {}
+  if v.name == SLEM:
+    # c per draft call, from the loop's own draft timings; the host's
+    # re-tokenisation is not in the prediction, it is the gap between predicted
+    # and measured.
+    iterations = max(sum(o.timings["iterations"] for o in outs), 1)
+    prediction = bench.predict_speedup(
+      **costs,
+      drafting_s=sum(o.timings["draft_seconds"] for o in outs) / iterations,
+      tokens_per_iteration=per_iteration,
+      draft_steps=max(s("draft_calls"), 1) / iterations,
+    )
+    extra["host_ms_per_iteration"] = 1e3 * sum(o.timings["host_seconds"] for o in outs) / iterations
+  elif v.verifier == "tree":
+    # No closed form for a tree's accepted length: the measured tokens per
+    # iteration over the iteration's cost, in target steps.
+    prediction = bench.predict_speedup(
+      **costs, drafting_s=drafting_s, tokens_per_iteration=per_iteration
+    )
+  else:
+    prediction = bench.predict_speedup(**costs, drafting_s=drafting_s, alpha=alpha)
+  return {
+    "temperature": v.temperature,
+    "drafter": v.name,
+    "verifier": v.verifier,
+    "gamma": v.gamma,
+    "adaptive": v.adaptive or "fixed",
+    "acceptance_rate": alpha,
+    **prediction,  # c, verify_cost, predicted_speedup
+    "tokens_per_iteration": per_iteration,
+    "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
+    "ms_per_token": ms,
+    "ar_ms_per_token": ar_ms,
+    "speedup": ar_ms / ms,
+    **extra,
+  }
+
+
+def sweep(
+  config: ml_collections.ConfigDict,
+  target,
+  plan: Sequence[Variant],
+  prompts,
+  lengths,
+  *,
+  progress: Callable[[str], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+  """Times each variant of `plan` in turn, freeing its compiled programs before the next.
+
+  Each variant decodes every prompt alone (batch 1): one warm-up, then
+  `config.num_runs` runs, each paired with a run of the autoregressive
+  baseline (compiled once per temperature, ahead of time, so it survives the
+  freeing). The drafting cost of each (drafter, gamma) is measured once per
+  temperature, the target's verification costs once.
+
+  Args:
+    config: the comparison's configuration (max_new_tokens, num_runs, seed,
+      gamma_max, confidence_threshold are read).
+    target: the target `Transformer`.
+    plan: the variants, e.g. `variants(...)` at each temperature.
+    prompts: `[N, P]` int32 prompts; lengths `[N]`.
+    progress: a `print`-like function, called with a variant's label as it
+      starts (end=" ") and with the rest of its line as it ends (seconds,
+      alpha, ms/token, speedup); None: quiet.
+
+  Yields:
+    One JSON-ready row per variant, in `plan`'s order; the variant's programs
+    are freed by the time it is yielded. Its `memory_maps`: the process's
+    memory mappings then (`memory_maps_before`: before the temperature's first
+    variant, its baseline compiled).
+  """
+  say = progress or (lambda *args, **kwargs: None)
+  one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
+  clock = _Progress(say, len(plan))
+  say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted({v.gamma for v in plan})}")
+  step_s, verify_s = _target_costs(config, target, one[0], {v.gamma for v in plan})
+  bench.free_compiled_programs()
+  for temperature in dict.fromkeys(v.temperature for v in plan):
+    sampling = specjax.SamplingParams(temperature=temperature)
+    key = jax.random.key(config.seed)
+    ar = _baseline(config, target, one, sampling, key)
+    # With the baseline compiled, before the temperature's variants: each
+    # variant's count comes back near it once the variant is freed.
+    maps_before = bench.memory_map_count()
+    if maps_before is not None:
+      say(f"T={temperature:g}: {maps_before} memory maps (vm.max_map_count: 65530 by default)")
+    drafting_s = {}  # (name, gamma) -> seconds per iteration at this temperature
+    for v in [v for v in plan if v.temperature == temperature]:
+      clock.start(v)
+      calls = {"ar": ar, "variant": _generate(config, target, v, one, key)}
+      timings, outputs = bench.time_calls(calls, config.num_runs)
+      if v.name != SLEM and (v.name, v.gamma) not in drafting_s:
+        drafting_s[v.name, v.gamma] = _drafting_seconds(config, target, v, one[0], sampling)
+      row = _row(v, timings, outputs, step_s, verify_s, drafting_s.get((v.name, v.gamma)))
+      del calls, timings, outputs
+      bench.free_compiled_programs()
+      # Lines of /proc/self/maps once the variant is freed (None off Linux).
+      row["memory_maps"] = bench.memory_map_count()
+      row["memory_maps_before"] = maps_before
+      clock.done(row)
+      yield row
+    del ar
+    bench.free_compiled_programs()
+
+
+def _baseline(config, target, prompts: list, sampling, key) -> Callable[[], list]:
+  """Autoregressive decoding of each of `prompts` (`(tokens [1, P], lengths [1])`),
+  compiled now and held outside JAX's caches (`bench.compile_ahead`), so it
+  survives `bench.free_compiled_programs`."""
+  program = bench.compile_ahead(
+    functools.partial(
+      specjax.autoregressive_generate, max_new_tokens=config.max_new_tokens, sampling=sampling
+    ),
+    target,
+    *prompts[0],
+    key=key,
+  )
+  return lambda: [program(target, *prompt, key=key) for prompt in prompts]
+
+
+def _drafting_seconds(config, target, v: Variant, prompt, sampling) -> float:
+  """`bench.drafting_seconds` of variant `v`'s drafter on `prompt` (batch 1)."""
+  return bench.drafting_seconds(
+    target,
+    v.drafter,
+    *prompt,
+    gamma=v.gamma,
+    max_new_tokens=config.max_new_tokens,
+    sampling=sampling,
+    num_runs=config.num_runs,
+  )
+
+
+class _Progress:
+  """`sweep`'s progress lines: a variant's label as it starts, its figures as it ends."""
+
+  def __init__(self, say: Callable[..., None], total: int):
+    self.say, self.total, self.count = say, total, 0
+    self.began = self.first = time.perf_counter()
+
+  def start(self, v: Variant) -> None:
+    self.count += 1
+    self.began = time.perf_counter()
+    self.say(f"[{self.count:{len(str(self.total))}d}/{self.total}] {v.label} ...", end=" ")
+
+  def done(self, row: dict[str, Any]) -> None:
+    now = time.perf_counter()
+    maps = "" if row["memory_maps"] is None else f", {row['memory_maps']} memory maps"
+    self.say(
+      f"{now - self.began:.1f} s, α {row['acceptance_rate']:.3f}, "
+      f"{row['ms_per_token']:.3f} ms/token, speedup {row['speedup']:.2f}{maps} "
+      f"({now - self.first:.0f} s in all)"
+    )
+
+
+def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[dict[str, Any]]:
+  """Times every variant of `config` on the bundled pair; one JSON-ready row each.
+
+  Args:
+    config: the comparison's configuration (configs/compare_drafters.py).
+    progress: print a line on stderr per variant (its label as it starts, its
+      time and figures as it ends).
+  """
+  check_config(config)
+  target, draft, tokenizer = pretrained.load_pair()
+  prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
+  plan = [v for t in config.temperatures for v in variants(config, target, draft, float(t))]
+  say = functools.partial(print, file=sys.stderr, flush=True) if progress else None
+  if say:
+    say(
+      f"{len(plan)} variants on the bundled pair, each {config.num_prompts} prompts x "
+      f"{config.max_new_tokens} tokens, batch 1, {config.num_runs} timed runs"
+    )
+  return list(sweep(config, target, plan, prompts, lengths, progress=say))
