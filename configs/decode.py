@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.draft = ""
   config.prompt = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
-  # (experiments.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
+  # (specjax.jobs.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
   # drafter (DRAFTER_GAMMA: early exit drafts 1).
   config.gamma = 0
   config.verifier = "auto"  # auto (greedy at T=0, else token) | token | block | greedy

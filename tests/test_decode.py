@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from configs import decode as decode_config
-from experiments import decode
 from experiments.make_hf_checkpoint import make_checkpoint
 from helpers import COMMIT, hub_cache
+from specjax.jobs import decode
 
 # Runs in tests/test_front_door.py's process when the whole suite runs.
 pytestmark = pytest.mark.front_door

@@ -120,7 +120,7 @@ def test_evaluate_and_bundle_launchers_name_the_missing_run(tmp_path):
 
 def test_decode_names_the_checkpoint_flags(tmp_path, monkeypatch):
   from configs import decode as decode_config
-  from experiments import decode
+  from specjax.jobs import decode
 
   monkeypatch.chdir(tmp_path)
   (tmp_path / "runs").mkdir()

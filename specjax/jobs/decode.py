@@ -1,0 +1,455 @@
+"""The main job: decode prompts with speculative and autoregressive decoding,
+side by side (`experiments/decode.py`, configured by `configs/decode.py`).
+
+`run(config)` loads the pair, decodes both ways and returns the JSON-ready
+result: both continuations and, for the same key, ms/token, speedup, acceptance
+rate and tokens per iteration (medians of `config.num_runs` runs after a
+warm-up). `decode_and_report` also prints it and writes it to a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+
+import specjax
+import specjax.hf
+from specjax import bench, dtypes, pretrained
+from specjax.data.prompts import encode_prompts, held_out_prompts
+from specjax.data.tokenizer import Tokenizer
+from specjax.distributed import make_mesh, shard_batch, shard_model
+from specjax.drafting import CrossTokenizerDrafter
+from specjax.hf.optional import import_torch_transformers
+from specjax.models.kv_cache import cache_capacity
+from specjax.training import heads as head_training
+from specjax.training.checkpoint import check_run
+from specjax.validation import check_int, check_output_path, check_positive_int
+from specjax.vocab_map import build_vocab_map
+
+# float16 is not offered: the transformers comparison
+# (`specjax.hf.transformers_baseline`) loads float32 and bfloat16 only.
+DECODE_DTYPES = ("float32", "bfloat16")
+
+
+HEAD_KINDS = tuple(pretrained.HEAD_DRAFTERS)
+# A draft with a tokenizer of its own: token-level intersection inside the jitted
+# loop, or string-level exact match around it (`specjax.vocab_map`).
+CROSS_DRAFTERS = ("cross_tokenizer", "string_level")
+DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS, *CROSS_DRAFTERS)
+
+# Default draft length by batch size (the largest key <= the batch). Scoring
+# gamma + 1 tokens per row costs about one step while the target is memory-bound
+# (batch 1), but nearly gamma + 1 steps once the batch makes it compute-bound, so
+# a large batch drafts less (the measurements: docs/performance.md). Batches in
+# between were not measured and keep 4.
+DEFAULT_GAMMA = {1: 4, 8: 1}
+# Drafters whose draft step costs a large share of a target step draft fewer
+# tokens: early exit (2 of 6 target layers + the adapter + the head) pays off at
+# gamma 1, not 4 (the comparison in docs/heads.md).
+DRAFTER_GAMMA = {"early_exit": 1}
+
+
+def default_gamma(batch_size: int, drafter: str = "model") -> int:
+  """The draft length `config.gamma = 0` means for `batch_size` rows and `drafter`."""
+  by_batch = DEFAULT_GAMMA[max(b for b in DEFAULT_GAMMA if b <= batch_size)]
+  return min(by_batch, DRAFTER_GAMMA.get(drafter, by_batch))
+
+
+def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
+  """The models (`pretrained.load_checkpoints`): the bundled pair (with the bundled
+  cross draft for the cross-tokenizer drafters) or two HF dirs."""
+  if bool(config.target) != bool(config.draft):
+    raise ValueError(
+      "config.target and config.draft must both name local Hugging Face "
+      "checkpoint directories (config.json, *.safetensors, tokenizer.json), "
+      "or both be empty for the bundled pair."
+    )
+  return pretrained.load_checkpoints(
+    config.target, config.draft, dtype=dtype, own_tokenizer=config.drafter in CROSS_DRAFTERS
+  )
+
+
+def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
+  """(texts, tokens [B, P], lengths [B]): `config.prompt` on every row, or when it
+  is empty, row i holds the i-th held-out test-split prompt."""
+  texts = (
+    [config.prompt] * config.batch_size if config.prompt else held_out_prompts(config.batch_size)
+  )
+  return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"))
+
+
+def _drafter(
+  config: ml_collections.ConfigDict, target, draft, draft_tokenizer, tokenizer, draft_path: str
+) -> tuple[Any, dict[str, Any]]:
+  """The drafter named by `config.drafter` (None for string_level, a host loop), and
+  the result's `draft` and `draft_params` for it (`drafter_fields`)."""
+  if config.drafter == "cross_tokenizer":
+    drafter = CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer)
+    return drafter, drafter_fields(config.drafter, draft_path, draft)
+  if config.drafter == "string_level":
+    return None, drafter_fields(config.drafter, draft_path, draft)
+  if config.drafter in HEAD_KINDS:
+    return _head_drafter(config, target)
+  if config.drafter == "ngram":
+    drafter = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
+    return drafter, drafter_fields(
+      config.drafter, f"prompt lookup of n-grams up to n = {config.ngram}"
+    )
+  if config.drafter == "layer_skip":
+    drafter = pretrained.load_drafter("layer_skip", target, num_layers=config.layer_skip)
+    return drafter, drafter_fields(
+      config.drafter, f"the target's first {config.layer_skip} of {target.cfg.n_layers} layers"
+    )
+  return draft, drafter_fields(config.drafter, draft_path, draft)
+
+
+def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[str, Any]]:
+  """`_drafter` for a draft head: `config.head`'s trained run, or the bundled head."""
+  if config.head:
+    from specjax.training import load_trained_head
+
+    head, _ = load_trained_head(config.head)
+  elif config.target:
+    raise ValueError(
+      f"config.drafter={config.drafter!r} with your own config.target needs "
+      "config.head, the run directory of a head trained for it (the bundled "
+      "heads read the bundled target)."
+    )
+  else:
+    head = pretrained.load_head(config.drafter, target)
+  if config.vocab_subset and config.target:
+    raise ValueError(
+      "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
+    )
+  drafter = pretrained.load_drafter(
+    config.drafter, target, head=head, vocab_subset=config.vocab_subset
+  )
+  where = config.head or os.path.join(pretrained.HEADS_DIR, config.drafter)
+  return drafter, drafter_fields(config.drafter, where, head)
+
+
+def drafter_fields(kind: str, what: str, module=None) -> dict[str, Any]:
+  """The result's `draft` and `draft_params`: the drafter that decoded, not the
+  draft model when another drafter (`kind`) was used.
+
+  Args:
+    kind: `config.drafter`.
+    what: the draft model's checkpoint directory; a head's (the bundled head's
+      directory, or its training run); for n-gram lookup and layer skipping,
+      what they draft from.
+    module: the draft model or head, whose parameters `draft_params` counts;
+      None for drafters with no parameters of their own (n-gram lookup, layer
+      skipping, which reuse the target's), `draft_params` 0.
+  """
+  params = 0 if module is None else head_training.num_params(module)
+  return {
+    "draft": what if kind in ("model", *CROSS_DRAFTERS) else f"{kind}: {what}",
+    "draft_params": params,
+  }
+
+
+def _to_host(x) -> np.ndarray:
+  """A (possibly multi-host) array as one numpy array on every process."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _floor(config, inputs, drafter, timings, stats, ar_tokens: int) -> dict[str, Any]:
+  """The machine's floor, the target's distance from it, the speculative overhead,
+  the drafter's cost ratio c with the speedup Leviathan's formula predicts from
+  it (`bench.draft_cost`), and compile / long-prompt times (see
+  `specjax.bench.floor_fields`)."""
+  target, draft, prompts, lengths = inputs.target, inputs.draft, inputs.prompts, inputs.lengths
+  capacity = cache_capacity(prompts.shape[1], config.max_new_tokens, config.gamma)
+  ttft = bench.prefill_timing(
+    target,
+    prompts,
+    lengths,
+    capacity=capacity,
+    sampling=specjax.GREEDY,
+    key=jax.random.key(0),
+    num_runs=config.num_runs,
+  ).median_s
+  iterations = max(int(stats.iterations), 1)
+  steps = max(ar_tokens - 1, 1)  # decode steps after the prefill's token
+  cost = bench.draft_cost(
+    target,
+    draft if config.drafter == "model" else drafter,
+    prompts,
+    lengths,
+    gamma=config.gamma,
+    max_new_tokens=config.max_new_tokens,
+    sampling=inputs.sampling,
+    stats=stats.summary(),
+    num_runs=config.num_runs,
+  )
+  return {
+    **bench.floor_fields(
+      target,
+      batch=config.batch_size,
+      ar_step_s=(timings["ar"].median_s - ttft) / steps,
+      spec_iteration_s=(timings["spec"].median_s - ttft) / iterations,
+      verify_call_s=cost["verify_s"],
+      draft_call_s=cost["draft_call_s"],
+      draft_calls_per_iteration=cost["draft_calls_per_iteration"],
+      num_runs=config.num_runs,
+    ),
+    "draft_cost_ratio_c": cost["c"],
+    "verify_cost": cost["verify_cost"],
+    "predicted_speedup": cost["predicted_speedup"],
+    "spec_iterations": iterations,
+    "prefill_ms": ttft * 1e3,
+    "ar_compile_seconds": timings["ar"].compile_s,
+    "spec_compile_seconds": timings["spec"].compile_s,
+    **bench.long_prompt_prefill(
+      target, draft if config.drafter == "model" else None, 1, num_runs=config.num_runs
+    ),
+  }
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a ValueError naming the first invalid field of `config`."""
+  check_positive_int("config.batch_size", config.batch_size)
+  check_positive_int("config.num_runs", config.num_runs, 3)
+  if config.gamma != 0:
+    check_positive_int("config.gamma (0: by batch size)", config.gamma)
+  check_int("config.vocab_subset (0: all ids)", config.vocab_subset, minimum=0)
+  if config.drafter not in DRAFTERS:
+    raise ValueError(
+      f"config.drafter must be one of {', '.join(DRAFTERS)}; got {config.drafter!r}."
+    )
+  if config.drafter == "string_level" and config.adaptive:
+    raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
+  if config.compare_transformers and config.drafter != "model":
+    raise ValueError(
+      "config.compare_transformers needs config.drafter='model' "
+      "(transformers' assisted generation drafts with a model)."
+    )
+  if config.compare_transformers and config.batch_size != 1:
+    raise ValueError(
+      "config.batch_size must be 1 with compare_transformers "
+      "(transformers' assisted generation supports batch 1 only)."
+    )
+  if config.dtype not in DECODE_DTYPES:
+    raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
+
+
+class _Inputs(NamedTuple):
+  """What `run` decodes: the models (sharded on `mesh`), their checkpoint paths,
+  the sampling settings, and the prompts (`prompts [B, P]`, `lengths [B]`,
+  sharded; `prompt` and `ids` are the first row's text and token ids)."""
+
+  target: Any
+  draft: Any
+  tokenizer: Tokenizer
+  draft_tokenizer: Tokenizer | None
+  target_path: str
+  draft_path: str
+  mesh: jax.sharding.Mesh
+  sampling: specjax.SamplingParams
+  eos: list[int] | None
+  prompt: str
+  ids: list[int]
+  prompts: jax.Array
+  lengths: jax.Array
+
+
+def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
+  """Loads and shards the models, reads the sampling settings, encodes the prompts."""
+  models = _load(config, dtypes.to_dtype(config.dtype, "config.dtype"))
+  mesh = make_mesh(tuple(config.mesh_shape))
+  if config.batch_size % mesh.shape["data"]:
+    raise ValueError(
+      f"config.batch_size ({config.batch_size}) must be divisible by the "
+      f"mesh's data axis ({mesh.shape['data']})."
+    )
+  target = shard_model(models.target, mesh)
+  draft = shard_model(models.draft, mesh, replicate=config.replicate_draft)
+  # The target's generation_config.json (else config.json): EOS ids, default sampling.
+  settings = specjax.hf.generation_settings(models.target_path)
+  if config.checkpoint_sampling:
+    sampling = settings.sampling
+  else:
+    sampling = specjax.SamplingParams(
+      temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
+    )
+  texts, prompts, lengths = _prompt_batch(config, models.tokenizer)
+  ids = np.asarray(prompts[0, : lengths[0]]).tolist()
+  eos = (list(settings.eos_ids) or None) if config.stop_at_eos else None
+  return _Inputs(
+    target,
+    draft,
+    models.tokenizer,
+    models.draft_tokenizer,
+    models.target_path,
+    models.draft_path,
+    mesh,
+    sampling,
+    eos,
+    texts[0],
+    ids,
+    shard_batch(prompts, mesh),
+    shard_batch(lengths, mesh),
+  )
+
+
+def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[str, Any]:
+  """The timed calls: autoregressive ("ar") and speculative ("spec") decoding."""
+  i, key = inputs, jax.random.key(config.seed)
+  plain = dict(max_new_tokens=config.max_new_tokens, sampling=i.sampling, key=key, eos_id=i.eos)
+  calls = {"ar": lambda: specjax.autoregressive_generate(i.target, i.prompts, i.lengths, **plain)}
+  shared = dict(plain, gamma=config.gamma, verifier=config.verifier)
+  if config.drafter == "string_level":
+    calls["spec"] = lambda: specjax.string_level_generate(
+      i.target, i.draft, i.draft_tokenizer, i.tokenizer, i.prompts, i.lengths, **shared
+    )
+  else:
+    calls["spec"] = lambda: specjax.speculative_generate(
+      i.target,
+      drafter,
+      i.prompts,
+      i.lengths,
+      adaptive=config.adaptive or None,
+      confidence_threshold=config.confidence_threshold,
+      **shared,
+    )
+  return calls
+
+
+def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Loads the pair, decodes the prompt(s) both ways, returns the JSON-ready result."""
+  check_config(config)
+  if config.compare_transformers:  # before any model loads: one line on how to install them
+    import_torch_transformers("--config.compare_transformers")
+  if config.head and config.drafter in HEAD_KINDS:
+    check_run(config.head, "--config.head", kind="head")
+  inputs = _inputs(config)
+  drafter, draft_fields = _drafter(
+    config, inputs.target, inputs.draft, inputs.draft_tokenizer, inputs.tokenizer, inputs.draft_path
+  )
+  auto_gamma = config.gamma == 0
+  if auto_gamma:
+    config = config.copy_and_resolve_references()
+    config.gamma = default_gamma(config.batch_size, config.drafter)
+  with jax.set_mesh(inputs.mesh):
+    timings, outputs = bench.time_calls(_calls(config, inputs, drafter), config.num_runs)
+  host = {
+    name: (_to_host(out.tokens), _to_host(out.num_generated)) for name, out in outputs.items()
+  }
+  texts = {name: inputs.tokenizer.decode(t[0, : n[0]].tolist()) for name, (t, n) in host.items()}
+  # The loop runs until its longest row is done.
+  ms = {name: timings[name].median_s * 1e3 / int(n.max()) for name, (_, n) in host.items()}
+  stats = outputs["spec"].stats
+  result = {
+    "target": inputs.target_path,
+    "target_params": inputs.target.num_params,
+    **draft_fields,  # "draft", "draft_params": the drafter that decoded
+    "prompt": inputs.prompt,
+    "prompt_tokens": len(inputs.ids),
+    "ar_text": texts["ar"],
+    "spec_text": texts["spec"],
+    "gamma": config.gamma,
+    "gamma_policy": "by batch size" if auto_gamma else "fixed",
+    **_settings_fields(config, inputs, drafter),
+    "ar_ms_per_token": ms["ar"],
+    "spec_ms_per_token": ms["spec"],
+    "speedup": ms["ar"] / ms["spec"],
+    "acceptance_rate": float(stats.acceptance_rate),
+    "tokens_per_iteration": float(stats.tokens_per_iteration),
+    **bench.environment_info(),
+  }
+  if config.drafter in CROSS_DRAFTERS:
+    result["vocab_map"] = build_vocab_map(
+      inputs.draft_tokenizer,
+      inputs.tokenizer,
+      inputs.draft.cfg.vocab_size,
+      inputs.target.cfg.vocab_size,
+    ).report()
+  if config.drafter == "string_level":  # where a host loop's time goes
+    result["string_level_timings"] = outputs["spec"].timings
+  elif config.report_floor:
+    result.update(_floor(config, inputs, drafter, timings, stats, int(host["ar"][1].max())))
+  if inputs.sampling.greedy:
+    result["texts_identical"] = bool(np.array_equal(host["ar"][0], host["spec"][0]))
+  if config.compare_transformers:
+    result.update(_transformers_fields(config, inputs, ms, host["spec"][0]))
+  return result
+
+
+def _settings_fields(config, inputs: _Inputs, drafter) -> dict[str, Any]:
+  """The result's decoding settings: temperature, EOS ids, drafter, verifier, ..."""
+  subset = getattr(drafter, "vocab_subset", None)
+  return {
+    "temperature": float(inputs.sampling.temperature),
+    "eos_ids": inputs.eos,
+    "drafter": config.drafter,
+    # FR-Spec: the head drafts among this many frequent ids (None: all)
+    "vocab_subset": None if subset is None else int(subset.shape[0]),
+    "verifier": config.verifier,
+    "adaptive": config.adaptive or "fixed",
+    "batch_size": config.batch_size,
+  }
+
+
+def _transformers_fields(config, inputs: _Inputs, ms, spec_tokens) -> dict[str, Any]:
+  """transformers' plain and assisted generation on the same checkpoints and
+  prompt (`specjax.hf.transformers_baseline`), against ours (`ms` per token)."""
+  from specjax.hf.transformers_baseline import time_transformers
+
+  hf = time_transformers(
+    inputs.target_path,
+    inputs.draft_path,
+    inputs.ids,
+    gamma=config.gamma,
+    max_new_tokens=config.max_new_tokens,
+    sampling=inputs.sampling,
+    dtype=config.dtype,
+    num_runs=config.num_runs,
+    seed=config.seed,
+  )
+  out = dict(
+    hf_ms_per_token=hf["hf_ms_per_token"],
+    hf_assisted_ms_per_token=hf["hf_assisted_ms_per_token"],
+    spec_over_hf_assisted=ms["spec"] / hf["hf_assisted_ms_per_token"],
+    ar_over_hf=ms["ar"] / hf["hf_ms_per_token"],
+  )
+  if inputs.sampling.greedy and inputs.eos is None:
+    out["hf_assisted_matches_spec"] = hf["hf_assisted_tokens"] == spec_tokens[0].tolist()
+  return out
+
+
+def decode_and_report(
+  config: ml_collections.ConfigDict, output_json: str | None = None
+) -> dict[str, Any]:
+  """What the decode launcher does once flags are read: decodes, prints, writes
+  `output_json`.
+
+  The output path is checked first: the JSON is written only after the whole
+  run, too late to learn that the path is unusable.
+  """
+  output_json = check_output_path("--output_json", output_json)
+  result = run(config)
+  if jax.process_index() != 0:
+    return result  # every process decodes; only the first reports
+  print(f"--- prompt ({result['prompt_tokens']} tokens) ---\n{result['prompt']}")
+  print(f"--- continuation, autoregressive ---\n{result['ar_text']}")
+  print(f"--- continuation, speculative ---\n{result['spec_text']}")
+  print(
+    f"ms/token ar {result['ar_ms_per_token']:.3f}  spec {result['spec_ms_per_token']:.3f}"
+    f"  speedup {result['speedup']:.2f}  acceptance {result['acceptance_rate']:.3f}"
+    f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"
+    f"  temperature {result['temperature']}"
+  )
+  print(json.dumps(result, indent=2))
+  if output_json:  # indented and newline-terminated, as every launcher writes its result
+    with open(output_json, "w") as f:
+      f.write(json.dumps(result, indent=2) + "\n")
+  return result
