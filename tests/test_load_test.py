@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from configs import load_test as load_test_config
-from experiments import load_test
 from helpers import SERVING_ENGINE
+from specjax.jobs import load_test
 from specjax.serving import Engine, EngineConfig, summarize
 from specjax.serving.load import (
   held_out_requests,

@@ -301,7 +301,7 @@ def test_serve_fits_the_engine_to_the_model_or_names_the_flags():
   """The server's defaults (() buckets, 0 budget) fit the model's context; values
   that cannot fit are refused naming the flags, before anything compiles."""
   from configs import serve as serve_config
-  from experiments import serve
+  from specjax.jobs import serve
 
   target, draft, _ = tiny_setup(0)  # max_seq_len 256
   config = serve_config.get_config()

@@ -1,7 +1,7 @@
 """An OpenAI-style completions API over a `BackgroundEngine` (FastAPI).
 
   app = make_app(BackgroundEngine(engine), tokenizer, model_name="specjax-stdlib")
-  uvicorn.run(app)              # experiments/serve.py does this, with shutdown
+  uvicorn.run(app)              # specjax/jobs/serve.py does this, with shutdown
 
   POST /v1/completions   {"prompt": "def f(x):\\n", "max_tokens": 32, "stream": true}
   GET  /health           {"status": "ok", "model": ..., engine settings}

@@ -1,0 +1,257 @@
+"""The HTTP server's job (`experiments/serve.py`): load the models a config names,
+warm an engine fitted to their context up, and serve it until SIGINT / SIGTERM.
+
+`load_models`, `load_tokenizer` and `engine_config` are shared with the load
+test (`specjax.jobs.load_test`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import ml_collections
+from absl import logging
+
+from specjax import dtypes
+from specjax.serving.load import MODES
+from specjax.testing import ByteTokenizer, tiny_setup
+from specjax.validation import check_int, is_int
+
+MODEL_KINDS = ("bundled", "hf", "tiny")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# How messages about fitting the engine to the model's context name its fields.
+FIT_FLAGS = {name: f"--config.{name}" for name in ("prompt_buckets", "max_new_tokens", "gamma")}
+
+
+def load_models(
+  kind: str,
+  target: str = "",
+  draft: str = "",
+  *,
+  dtype: str = "float32",
+  stop_at_eos: bool = True,
+  seed: int = 0,
+  need_draft: bool = True,
+  fields: tuple[str, str, str] = ("config.model", "config.target", "config.draft"),
+):
+  """`(target, draft, tokenizer, eos_ids, name)` of the served models.
+
+  Args:
+    kind: "bundled" (the pair in `specjax/pretrained`), "hf" (`target` and
+      `draft`: checkpoint directories or hub repo ids in the local cache) or
+      "tiny" (random tiny models, seed `seed`, and a byte-level tokenizer).
+      A non-empty `target` means "hf".
+    dtype, stop_at_eos: the weights' dtype name; whether requests stop at the
+      checkpoint's EOS ids (`eos_ids` None otherwise, and for "tiny").
+    need_draft: False for plain decoding: `draft` is then None (and not loaded).
+    fields: the config fields of `kind`, `target` and `draft`, for messages.
+  """
+  kind = _model_kind(kind, target, draft, fields)
+  if kind == "tiny":
+    target_model, draft_model, tokenizer = tiny_setup(seed)
+    return target_model, draft_model if need_draft else None, tokenizer, None, "tiny"
+
+  import specjax.hf
+  from specjax import pretrained
+
+  if kind == "hf" and need_draft and not draft:
+    raise ValueError(
+      f"{fields[2]} must name the draft checkpoint (or set config.policy='never' to serve "
+      "without speculation)."
+    )
+  models = pretrained.load_checkpoints(
+    target if kind == "hf" else "",
+    draft if kind == "hf" else "",
+    dtype=dtypes.to_dtype(dtype, "config.dtype"),
+    need_draft=need_draft,
+    fields=fields[1:],
+  )
+  name = "stdlib_pair"
+  if kind == "hf":
+    name = target.rstrip("/")
+    name = os.path.basename(name) if os.path.isdir(name) else name
+  eos = None
+  if stop_at_eos:
+    eos = list(specjax.hf.generation_settings(models.target_path).eos_ids) or None
+  return models.target, models.draft, models.tokenizer, eos, name
+
+
+def load_tokenizer(
+  kind: str,
+  target: str = "",
+  fields: tuple[str, str, str] = ("config.model", "config.target", "config.draft"),
+):
+  """The tokenizer `load_models` would return, without loading any weights."""
+  kind = _model_kind(kind, target, "", fields)
+  if kind == "tiny":
+    return ByteTokenizer()
+  from specjax import pretrained
+  from specjax.data.tokenizer import Tokenizer
+
+  if kind == "bundled":
+    return Tokenizer.from_file(pretrained.TOKENIZER_FILE)
+  import specjax.hf
+
+  tokenizer = specjax.hf.load_tokenizer(
+    specjax.hf.resolve_checkpoint(target, flag=f"--{fields[1]}")
+  )
+  if tokenizer is None:
+    raise ValueError(f"{fields[1]}: {target} has no tokenizer.json.")
+  return tokenizer
+
+
+def _model_kind(kind: str, target: str, draft: str, fields) -> str:
+  if kind not in MODEL_KINDS:
+    raise ValueError(f"{fields[0]} must be one of {', '.join(MODEL_KINDS)}, got {kind!r}.")
+  if target and kind not in ("bundled", "hf"):
+    raise ValueError(f"{fields[1]} names a checkpoint: {fields[0]} must be 'hf', got {kind!r}.")
+  if kind == "hf" and not target:
+    raise ValueError(f"{fields[0]}='hf' needs {fields[1]} (a checkpoint dir or hub repo id).")
+  if not target and draft:
+    raise ValueError(f"{fields[2]} needs {fields[1]} (both Hugging Face checkpoints).")
+  return "hf" if target else kind
+
+
+def engine_config(
+  config: ml_collections.ConfigDict, policy: str | None = None, *, fit_model: bool = True
+):
+  """The `EngineConfig` of `config`'s engine fields, with `policy` if given.
+
+  Args:
+    config: a launcher's config with the engine's fields.
+    policy: overrides `config.policy`.
+    fit_model: `()` prompt buckets and 0 max_new_tokens mean "fit the model's
+      context" (None: `specjax.serving.fit_config` derives them, the server's
+      defaults); False passes them on as given (the load test's
+      max_new_tokens is every request's budget, and must be >= 1).
+  """
+  from specjax.serving import EngineConfig
+
+  buckets, budget = tuple(config.prompt_buckets), config.max_new_tokens
+  if fit_model:
+    if not is_int(budget) or budget < 0:
+      raise ValueError(
+        f"max_new_tokens must be an integer >= 0 (0: fit the model's context), got {budget!r}."
+      )
+    buckets, budget = buckets or None, budget or None
+  return EngineConfig(
+    slots=config.slots,
+    gamma=config.gamma,
+    policy=config.policy if policy is None else policy,
+    prompt_buckets=buckets,
+    max_new_tokens=budget,
+    widths=tuple(config.widths) or None,
+    seed=config.seed,
+  )
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a ValueError naming the field for a bad server setting (the
+  engine's own fields are checked by `EngineConfig`)."""
+  policies = tuple(MODES.values())
+  if config.policy not in policies:
+    raise ValueError(f"config.policy must be one of {', '.join(policies)}, got {config.policy!r}.")
+  check_int("config.port", config.port, 0, 65535)
+  if config.log_level not in LOG_LEVELS:
+    raise ValueError(
+      f"config.log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}."
+    )
+  if not config.shutdown_timeout_s >= 0:
+    raise ValueError(
+      f"config.shutdown_timeout_s must be a number >= 0, got {config.shutdown_timeout_s!r}."
+    )
+  try:
+    engine_config(config)
+  except ValueError as e:  # EngineConfig's messages start with the field's name
+    raise ValueError(f"config.{e}") from None
+
+
+def serve(config: ml_collections.ConfigDict) -> None:
+  """Loads the models, warms the engine up and serves until SIGINT / SIGTERM."""
+  check_config(config)
+  signals = _Shutdown()
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, signals)
+
+  import uvicorn
+
+  from specjax.serving.background import BackgroundEngine
+  from specjax.serving.http import make_app
+
+  engine, tokenizer, name = warm_engine(config)
+  background = BackgroundEngine(engine)
+  signals.serving = True
+  try:
+    server = uvicorn.Server(
+      uvicorn.Config(
+        make_app(background, tokenizer, name),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        log_config=None,  # uvicorn's records go through absl's handler like ours
+        timeout_graceful_shutdown=config.shutdown_timeout_s,
+      )
+    )
+    logging.info("serving %s on http://%s:%d", name, config.host, config.port)
+    server.run()
+  finally:
+    background.close()
+  logging.info("stopped")
+
+
+class _Shutdown:
+  """The SIGINT / SIGTERM handler. A signal before the server starts (loading,
+  warm-up) ends the process at once, with code 0 (Python runs the handler when
+  the compile under way returns). uvicorn installs its own handlers while it
+  serves and raises the signal again once it has shut down: this handler
+  absorbs that, so the engine is closed and the process exits normally (code 0)."""
+
+  serving = False
+
+  def __call__(self, signum, _frame) -> None:
+    logging.info("%s: shutting down", signal.Signals(signum).name)
+    if not self.serving:
+      raise SystemExit(0)
+
+
+def warm_engine(config: ml_collections.ConfigDict):
+  """`(engine, tokenizer, model name)`: the models `config` names, an engine
+  fitted to their context and warmed up (every program compiled)."""
+  from specjax.serving import Engine, fit_config
+
+  plain = config.policy == "never"
+  target, draft, tokenizer, eos, name = load_models(
+    config.model,
+    config.target,
+    config.draft,
+    dtype=config.dtype,
+    stop_at_eos=config.stop_at_eos,
+    seed=config.seed,
+    need_draft=not plain,
+  )
+  # Prompt buckets and budget fitted to the models' context (derived when left
+  # unset, logged), or refused naming the flags, before anything compiles.
+  fitted = fit_config(engine_config(config), target, draft, names=FIT_FLAGS)
+  logging.info(
+    "engine: %d slots, caches of %d positions each (prompt <= %d + new tokens <= %d + "
+    "gamma + 1); building the blank batch",
+    fitted.slots,
+    fitted.max_prompt_len + fitted.max_new_tokens + fitted.gamma + 1,
+    fitted.max_prompt_len,
+    fitted.max_new_tokens,
+  )
+  engine = Engine(target, draft, fitted, eos_ids=eos)
+  start = time.perf_counter()
+  engine.warmup()  # logs a line per program group
+  logging.info(
+    "warm-up: every program compiled in %.1f s (policy %s, %d slots, prompts up to %d "
+    "tokens, up to %d new tokens)",
+    time.perf_counter() - start,
+    config.policy,
+    config.slots,
+    engine.config.max_prompt_len,
+    engine.config.max_new_tokens,
+  )
+  return engine, tokenizer, config.model_name or name
