@@ -14,27 +14,22 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 from absl import flags
 
 from experiments import common
-from specjax.jobs.benchmark import COLUMNS, run
+from specjax.jobs import benchmark
+from specjax.jobs.results import write_json
 from specjax.validation import check_output_path
-
-
-def markdown(result: dict[str, Any]) -> str:
-  """The headline figures of a `run` result as a one-row markdown table."""
-  return common.markdown_table([result], COLUMNS)
 
 
 def main(argv):
   common.check_no_args(argv)
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
   start = time.perf_counter()
-  result = run(flags.FLAGS.config, progress=True)
-  print(markdown(result))
-  common.write_json(output_json, result)
+  result = benchmark.run(flags.FLAGS.config, progress=True)
+  print(benchmark.markdown(result))
+  write_json(output_json, result)
   saved = output_json or "pass --output_json=PATH for the full result"
   print(f"done in {time.perf_counter() - start:.0f} s ({saved})", file=sys.stderr)
 

@@ -1,4 +1,5 @@
-"""What the launchers share: flag definitions, result files and markdown tables.
+"""What the launchers share: flag definitions and error reporting (result files and
+markdown tables: `specjax.jobs.results`).
 
 The one flag pattern: each launcher defines all of its flags in a module-level
 `define_flags()`, built from the helpers here where flags are shared, and calls
@@ -13,11 +14,10 @@ late to learn that the path is unusable.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import app, flags
@@ -28,11 +28,6 @@ from ml_collections import config_flags
 flags.disclaim_key_flags()
 
 CONFIG_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "configs"))
-
-# A markdown column: (header, cell). A cell is a `str.format` template over the
-# row's keys ("{speedup:.2f}") or a function from the row to the cell's text.
-Column = tuple[str, str | Callable[[Mapping[str, Any]], str]]
-
 
 # What a user's input can get wrong (a missing file or checkpoint, a bad value):
 # reported as one line by `run`, not as a traceback.
@@ -110,33 +105,6 @@ def check_no_args(argv: Sequence[str]) -> None:
   """Raises a usage error for positional arguments (a flag typo often leaves one)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {list(argv[1:])}")
-
-
-def write_text(path: str | None, text: str) -> None:
-  """Writes `text` and a final newline to `path`; does nothing when `path` is empty."""
-  if path:
-    with open(path, "w") as f:
-      f.write(text + "\n")
-
-
-def write_json(path: str | None, result: Any) -> None:
-  """Writes `result` as indented JSON to `path`; does nothing when `path` is empty."""
-  write_text(path, json.dumps(result, indent=2))
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
-  """A GitHub markdown table of `rows`, one line each, one cell per column.
-
-  Args:
-    rows: the records (e.g. a launcher's JSON rows).
-    columns: `(header, cell)` pairs; `cell` is a `str.format` template over a
-      row's keys, e.g. `"{acceptance_rate:.3f}"`, or a function row -> text.
-  """
-  lines = ["| " + " | ".join(header for header, _ in columns) + " |", "|" + "---|" * len(columns)]
-  for row in rows:
-    cells = [cell(row) if callable(cell) else cell.format_map(row) for _, cell in columns]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
 
 
 def quiet_backend_probing() -> None:

@@ -19,13 +19,9 @@ from absl import flags
 
 from experiments import common
 from specjax import bench
-from specjax.jobs.compare_drafters import COLUMNS, run
+from specjax.jobs import compare_drafters
+from specjax.jobs.results import write_json, write_text
 from specjax.validation import check_output_path
-
-
-def markdown(rows: list[dict]) -> str:
-  """The rows as the README's markdown table."""
-  return common.markdown_table(rows, COLUMNS)
 
 
 def main(argv):
@@ -33,12 +29,12 @@ def main(argv):
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
   output_md = check_output_path("--output_md", flags.FLAGS.output_md)
   start = time.perf_counter()
-  rows = run(flags.FLAGS.config, progress=True)
+  rows = compare_drafters.run(flags.FLAGS.config, progress=True)
   result = {"rows": rows, **bench.environment_info()}
-  table = markdown(rows)
+  table = compare_drafters.markdown(rows)
   print(table)
-  common.write_json(output_json, result)
-  common.write_text(output_md, table)
+  write_json(output_json, result)
+  write_text(output_md, table)
   saved = ", ".join(p for p in (output_json, output_md) if p) or "pass --output_json for the JSON"
   print(f"{len(rows)} variants in {time.perf_counter() - start:.0f} s ({saved})", file=sys.stderr)
 

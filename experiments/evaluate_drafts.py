@@ -20,6 +20,7 @@ from experiments import common
 from specjax.data import TokenDataset, Tokenizer
 from specjax.data.dataset import check_data_dir, check_tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
+from specjax.jobs.results import markdown_table, write_json
 from specjax.training import evaluate
 from specjax.training.checkpoint import check_run, load_trained_model
 from specjax.validation import check_output_path, check_positive_int
@@ -81,7 +82,7 @@ def compare(
 
 def markdown(rows: list[dict]) -> str:
   """The rows as a markdown table, one line per draft."""
-  return common.markdown_table(rows, COLUMNS)
+  return markdown_table(rows, COLUMNS)
 
 
 def main(argv):
@@ -93,7 +94,7 @@ def main(argv):
   rows = compare(f.target, f.drafts, f.data_dir, f.gamma, f.num_prompts, f.max_new_tokens)
   print(json.dumps(rows, indent=2))
   print(markdown(rows))
-  common.write_json(output_json, rows)
+  write_json(output_json, rows)
 
 
 def define_flags() -> None:

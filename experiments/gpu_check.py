@@ -43,6 +43,7 @@ from experiments import common
 from specjax import bench, trees
 from specjax.drafting import EagleDrafter
 from specjax.jobs import compare_drafters
+from specjax.jobs.results import markdown_table, write_json
 from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_output_path
@@ -170,8 +171,8 @@ def main(argv):
   def save(name, rows, columns):
     result[name] = rows
     result["wall_seconds"] = time.perf_counter() - start
-    print(f"## {name} ({result['wall_seconds']:.0f} s)\n" + common.markdown_table(rows, columns))
-    common.write_json(output_json, result)
+    print(f"## {name} ({result['wall_seconds']:.0f} s)\n" + markdown_table(rows, columns))
+    write_json(output_json, result)
 
   max_seq_len = max(
     cache_capacity(sizes["prompt_len"], sizes["max_new_tokens"], GAMMA),

@@ -15,22 +15,18 @@ import json
 from absl import flags
 
 from experiments import common
-from specjax.jobs.memory_table import COLUMNS, table
+from specjax.jobs import memory_table
+from specjax.jobs.results import write_json
 from specjax.validation import check_output_path, check_positive_int
-
-
-def markdown(rows: list[dict]) -> str:
-  """The rows as a markdown table."""
-  return common.markdown_table(rows, COLUMNS)
 
 
 def main(argv):
   common.check_no_args(argv)
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
-  rows = table(check_positive_int("--batch", flags.FLAGS.batch))
+  rows = memory_table.table(check_positive_int("--batch", flags.FLAGS.batch))
   print(json.dumps(rows, indent=2))
-  print(markdown(rows))
-  common.write_json(output_json, rows)
+  print(memory_table.markdown(rows))
+  write_json(output_json, rows)
 
 
 def define_flags() -> None:

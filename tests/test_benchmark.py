@@ -9,7 +9,6 @@ import json
 import pytest
 
 from configs import benchmark as benchmark_config
-from experiments.benchmark import markdown
 from specjax.jobs import benchmark
 
 # Runs in tests/test_front_door.py's process when the whole suite runs.
@@ -78,7 +77,7 @@ def test_self_draft_benchmark_smoke():
   assert result["draft_calls_per_iteration"] == config.gamma  # a perfect draft drafts all gamma
   assert result["long_prompt_tokens"] == 512 and result["target_long_prefill_ms"] > 0
   # The printed table: a header, its rule and the result's one row.
-  table = markdown(result).splitlines()
+  table = benchmark.markdown(result).splitlines()
   assert len(table) == 3 and table[0].startswith("| preset | target | draft |")
   assert table[2].startswith("| self | 13.4K | 13.4K | 1 | 2 | 0 |")
   assert f"| {result['speedup']:.2f} | {result['predicted_speedup']:.2f} | 1.000 |" in table[2]

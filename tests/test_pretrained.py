@@ -70,7 +70,6 @@ def test_load_cross_draft_loads_and_names_a_missing_file(monkeypatch, tmp_path):
 @pytest.mark.slow  # the launcher and its memory maps: test_launchers.py, compare_drafters
 def test_drafter_comparison_runs_on_the_bundled_pair():
   from configs import compare_drafters as compare_config
-  from experiments.compare_drafters import markdown
   from specjax.jobs import compare_drafters
 
   config = compare_config.get_config()
@@ -98,7 +97,7 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
   for r in rows:
     assert 0 <= r["acceptance_rate"] <= 1 and r["speedup"] > 0
     assert r["c"] > 0 and r["predicted_speedup"] > 0  # measured drafting cost, Leviathan
-  assert "| 0 | draft model | greedy | 4 | fixed |" in markdown(rows)
+  assert "| 0 | draft model | greedy | 4 | fixed |" in compare_drafters.markdown(rows)
 
 
 def test_block_verification_accepts_more_on_the_bundled_pair(pair):

@@ -19,6 +19,7 @@ from flax import nnx
 
 import specjax
 from specjax import bench, dtypes
+from specjax.jobs.results import markdown_table
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_positive_int
 
@@ -143,3 +144,8 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> dict[st
     )
   )
   return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+  """The headline figures of a `run` result as a one-row markdown table."""
+  return markdown_table([result], COLUMNS)

@@ -38,6 +38,7 @@ from specjax import bench, pretrained, trees
 from specjax.data import Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
+from specjax.jobs.results import markdown_table
 from specjax.models.kv_cache import cache_capacity
 from specjax.validation import check_positive_int
 
@@ -453,3 +454,8 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[di
       f"{config.max_new_tokens} tokens, batch 1, {config.num_runs} timed runs"
     )
   return list(sweep(config, target, plan, prompts, lengths, progress=say))
+
+
+def markdown(rows: list[dict]) -> str:
+  """The rows as the README's markdown table."""
+  return markdown_table(rows, COLUMNS)

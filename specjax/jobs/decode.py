@@ -25,6 +25,7 @@ from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
 from specjax.drafting import CrossTokenizerDrafter
 from specjax.hf.optional import import_torch_transformers
+from specjax.jobs.results import write_json
 from specjax.models.kv_cache import cache_capacity
 from specjax.training import heads as head_training
 from specjax.training.checkpoint import check_run
@@ -449,7 +450,5 @@ def decode_and_report(
     f"  temperature {result['temperature']}"
   )
   print(json.dumps(result, indent=2))
-  if output_json:  # indented and newline-terminated, as every launcher writes its result
-    with open(output_json, "w") as f:
-      f.write(json.dumps(result, indent=2) + "\n")
+  write_json(output_json, result)
   return result

@@ -23,6 +23,7 @@ from jax.sharding import AbstractMesh
 from specjax import pretrained
 from specjax.distributed import DATA, MODEL, named_sharding, param_shardings
 from specjax.hf import model_config, read_config
+from specjax.jobs.results import markdown_table
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import CACHE_AXES
 from specjax.models.transformer import Transformer
@@ -125,3 +126,8 @@ COLUMNS = (
   ("KV cache / device (batch, capacity)", "{cache_gib:.3f} GiB ({batch}, {cache_capacity})"),
   ("total / device", "{total_gib:.3f} GiB"),
 )
+
+
+def markdown(rows: list[dict]) -> str:
+  """The rows as a markdown table."""
+  return markdown_table(rows, COLUMNS)
