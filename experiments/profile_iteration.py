@@ -3,20 +3,9 @@
   python -m experiments.profile_iteration [--gamma=4] [--temperature=0]
       [--repeats=100] [--max_new_tokens=64] [--trace_dir=DIR] [--output_json=PATH]
 
-Each part runs `repeats` times inside one jitted `fori_loop` (no dispatch
-overhead), median of 5 after a warm-up, batch 1, float32, on the first
-held-out prompt:
-  target_forward_{1,gamma_plus_1}_ms   the target's forward over 1 and gamma + 1 tokens
-  draft_forward_1_ms                   one draft call
-  draft_propose_ms                     a whole proposal (gamma calls, warp and sampling)
-  verify_ms                      target forward over gamma + 1, warp, verification
-  ar_ms_per_token, spec_ms_per_iteration   the whole generation loops
-  rest_of_iteration_ms                 spec - propose - score_verify: the commit
-  overhead_fraction                    share of an iteration that is neither model's forward
-
-and from the compiled programs, the kernels (`specjax.bench.hlo`) each loop body
-launches: an autoregressive step, a speculative iteration (around its draft
-loop) and one draft call of the proposal loop. `--trace_dir` also writes a
+Batch 1, float32, on the first held-out prompt; the fields (each part of an
+iteration timed alone, and the kernels each loop body launches) are described in
+`specjax.bench.iteration`. `--trace_dir` also writes a
 `jax.profiler` trace of one speculative generate call (TensorBoard / Perfetto).
 """
 
