@@ -19,7 +19,7 @@ from absl import flags
 
 from experiments import common
 from specjax.jobs import benchmark
-from specjax.jobs.results import write_json
+from specjax.results import write_json
 from specjax.validation import check_output_path
 
 

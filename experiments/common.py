@@ -1,5 +1,5 @@
 """What the launchers share: flag definitions and error reporting (result files and
-markdown tables: `specjax.jobs.results`).
+markdown tables: `specjax.results`).
 
 The one flag pattern: each launcher defines all of its flags in a module-level
 `define_flags()`, built from the helpers here where flags are shared, and calls

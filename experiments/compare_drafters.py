@@ -20,7 +20,7 @@ from absl import flags
 from experiments import common
 from specjax import bench
 from specjax.jobs import compare_drafters
-from specjax.jobs.results import write_json, write_text
+from specjax.results import write_json, write_text
 from specjax.validation import check_output_path
 
 

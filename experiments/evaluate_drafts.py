@@ -20,7 +20,7 @@ from experiments import common
 from specjax.data import TokenDataset, Tokenizer
 from specjax.data.dataset import check_data_dir, check_tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
-from specjax.jobs.results import markdown_table, write_json
+from specjax.results import markdown_table, write_json
 from specjax.training import evaluate
 from specjax.training.checkpoint import check_run, load_trained_model
 from specjax.validation import check_output_path, check_positive_int

@@ -43,9 +43,9 @@ from experiments import common
 from specjax import bench, trees
 from specjax.drafting import EagleDrafter
 from specjax.jobs import compare_drafters
-from specjax.jobs.results import markdown_table, write_json
 from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
+from specjax.results import markdown_table, write_json
 from specjax.validation import check_output_path
 
 SIZES = {

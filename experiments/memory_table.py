@@ -16,7 +16,7 @@ from absl import flags
 
 from experiments import common
 from specjax.jobs import memory_table
-from specjax.jobs.results import write_json
+from specjax.results import write_json
 from specjax.validation import check_output_path, check_positive_int
 
 

@@ -18,7 +18,7 @@ from absl import flags, logging
 from experiments import common
 from specjax import bench, pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
-from specjax.jobs.results import write_json
+from specjax.results import write_json
 from specjax.validation import check_output_path, check_positive_int
 
 NUM_RUNS = 5  # timed runs per part; each figure is their median

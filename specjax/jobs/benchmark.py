@@ -19,8 +19,8 @@ from flax import nnx
 
 import specjax
 from specjax import bench, dtypes
-from specjax.jobs.results import markdown_table
 from specjax.models.kv_cache import cache_capacity
+from specjax.results import markdown_table
 from specjax.validation import check_positive_int
 
 

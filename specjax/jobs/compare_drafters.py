@@ -38,8 +38,8 @@ from specjax import bench, pretrained, trees
 from specjax.data import Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
-from specjax.jobs.results import markdown_table
 from specjax.models.kv_cache import cache_capacity
+from specjax.results import markdown_table
 from specjax.validation import check_positive_int
 
 # The README's table: one line per variant.

@@ -25,8 +25,8 @@ from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
 from specjax.drafting import CrossTokenizerDrafter
 from specjax.hf.optional import import_torch_transformers
-from specjax.jobs.results import write_json
 from specjax.models.kv_cache import cache_capacity
+from specjax.results import write_json
 from specjax.training import heads as head_training
 from specjax.training.checkpoint import check_run
 from specjax.validation import check_int, check_output_path, check_positive_int

@@ -23,10 +23,10 @@ from jax.sharding import AbstractMesh
 from specjax import pretrained
 from specjax.distributed import DATA, MODEL, named_sharding, param_shardings
 from specjax.hf import model_config, read_config
-from specjax.jobs.results import markdown_table
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import CACHE_AXES
 from specjax.models.transformer import Transformer
+from specjax.results import markdown_table
 
 MESHES = ((1, 1), (2, 4), (1, 8))
 SHAPES = {

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from specjax.results import markdown_table
 from specjax.serving.metrics import percentiles
 
 
@@ -167,45 +168,47 @@ def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:
   p99 of every round's requests, milliseconds) and the acceptance rate; then,
   when plain, always and adaptive all ran, the adaptive policy's throughput
   against the better of the other two, round by round (`compare_modes`)."""
-
-  def ms(value):
-    return "–" if value is None else f"{1e3 * value:.0f}"
-
-  def tok_s(values):
-    middle = _middle(values, np.median)
-    if middle is None:
-      return "–"
-    if len(values) == 1:
-      return f"{middle:.0f}"
-    return f"{middle:.0f} ({_middle(values, min):.0f}–{_middle(values, max):.0f})"
-
-  lines = [
-    "| load (req/s) | mode | throughput (tok/s) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
-    "| acceptance |",
-    "|---|---|---|---|---|---|",
-  ]
-  for g in sorted(aggregate(rows), key=lambda g: g["rate"]):
-    alpha = "–" if g["acceptance_rate"] is None else f"{g['acceptance_rate']:.2f}"
-    lines.append(
-      f"| {g['rate']:g} | {g['mode']} | {tok_s(g['throughput_tok_s'])} "
-      f"| {ms(g['ttft_s']['p50'])} / {ms(g['ttft_s']['p99'])} "
-      f"| {ms(g['tpot_s']['p50'])} / {ms(g['tpot_s']['p99'])} | {alpha} |"
-    )
+  groups = sorted(aggregate(rows), key=lambda g: g["rate"])
+  text = markdown_table(groups, _SWEEP_COLUMNS)
   comparison = compare_modes(rows)
   if comparison:
-    lines += [
-      "",
-      "| load (req/s) | better fixed mode | adaptive / it, per round | mean ± s.e. "
-      "| mean − 2 s.e. | lowest |",
-      "|---|---|---|---|---|---|",
-    ]
-    for c in comparison:
-      per_round = ", ".join(f"{x:.3f}" for x in c["ratios"])
-      lines.append(
-        f"| {c['rate']:g} | {c['best']} | {per_round} | {c['mean']:.3f} ± {c['stderr']:.3f} "
-        f"| {c['low']:.3f} | {c['min']:.3f} |"
-      )
-  return "\n".join(lines)
+    text += "\n\n" + markdown_table(comparison, _COMPARISON_COLUMNS)
+  return text
+
+
+def _ms(value) -> str:
+  return "–" if value is None else f"{1e3 * value:.0f}"
+
+
+def _tok_s(values) -> str:
+  middle = _middle(values, np.median)
+  if middle is None:
+    return "–"
+  if len(values) == 1:
+    return f"{middle:.0f}"
+  return f"{middle:.0f} ({_middle(values, min):.0f}–{_middle(values, max):.0f})"
+
+
+def _p50_p99(field: str):
+  return lambda g: f"{_ms(g[field]['p50'])} / {_ms(g[field]['p99'])}"
+
+
+_SWEEP_COLUMNS = (
+  ("load (req/s)", "{rate:g}"),
+  ("mode", "{mode}"),
+  ("throughput (tok/s)", lambda g: _tok_s(g["throughput_tok_s"])),
+  ("TTFT p50 / p99 (ms)", _p50_p99("ttft_s")),
+  ("TPOT p50 / p99 (ms)", _p50_p99("tpot_s")),
+  ("acceptance", lambda g: "–" if g["acceptance_rate"] is None else f"{g['acceptance_rate']:.2f}"),
+)
+_COMPARISON_COLUMNS = (
+  ("load (req/s)", "{rate:g}"),
+  ("better fixed mode", "{best}"),
+  ("adaptive / it, per round", lambda c: ", ".join(f"{x:.3f}" for x in c["ratios"])),
+  ("mean ± s.e.", "{mean:.3f} ± {stderr:.3f}"),
+  ("mean − 2 s.e.", "{low:.3f}"),
+  ("lowest", "{min:.3f}"),
+)
 
 
 def _nan(value) -> float:
