@@ -26,7 +26,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Block, Transformer, run_blocks
+from specjax.models.transformer import Block, Linear, Transformer, run_blocks
 from specjax.validation import is_int
 
 HEAD_KINDS = ("eagle", "medusa", "early_exit")
@@ -128,7 +128,7 @@ class HeadConfig:
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero: bool = False):
   init = nnx.initializers.zeros if zero else nnx.initializers.normal(cfg.init_std)
-  return nnx.Linear(
+  return Linear(
     d_in,
     d_out,
     kernel_init=nnx.with_partitioning(init, (None, "embed"), eager_sharding=False),

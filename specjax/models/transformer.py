@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.kernels import matmul, uses_kernel
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.kv_cache import KVCache, write_rows
 from specjax.trees import Tree, as_tree, tree_attention
@@ -44,6 +45,25 @@ def _normal(cfg: ModelConfig, names: tuple[str | None, ...]):
 
 def _zeros(names: tuple[str | None, ...]):
   return _logical(nnx.initializers.zeros, names)
+
+
+class Linear(nnx.Linear):
+  """`nnx.Linear` (same parameters, same result) whose product of a decode
+  step's few rows runs on specjax's CPU kernel (`specjax.kernels.matmul`)
+  instead of XLA's dot; everything else is nnx.Linear's own call."""
+
+  def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+    kernel = self.kernel[...]
+    dtype = self.dtype or jnp.result_type(inputs, kernel)
+    rows = inputs.size // inputs.shape[-1]
+    plain = out_sharding is None and self.precision is None and self.preferred_element_type is None
+    if not (plain and uses_kernel(rows, dtype, kernel.dtype)):
+      return super().__call__(inputs, out_sharding)
+    # The weights stay in their stored dtype: the kernel converts as it reads.
+    y = matmul(inputs, kernel, dtype)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(dtype)
+    return y
 
 
 class Norm(nnx.Module):
@@ -177,7 +197,7 @@ class Attention(nnx.Module):
     kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
 
     def linear(d_in, d_out, names, bias):
-      return nnx.Linear(
+      return Linear(
         d_in,
         d_out,
         use_bias=bias,
@@ -240,9 +260,7 @@ class MLP(nnx.Module):
     )
 
     def linear(d_in, d_out, names):
-      return nnx.Linear(
-        d_in, d_out, kernel_init=_normal(cfg, names), bias_init=_zeros(names[1:]), **kw
-      )
+      return Linear(d_in, d_out, kernel_init=_normal(cfg, names), bias_init=_zeros(names[1:]), **kw)
 
     if cfg.mlp != "gelu":
       self.gate_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
@@ -412,12 +430,9 @@ class Transformer(nnx.Module):
 
   def _head(self, x: jax.Array) -> jax.Array:
     """Final hidden states `[..., D]` (after the final norm) -> logits `[..., V]` float32."""
-    if self.cfg.tie_embeddings:
-      w = self.embed.embedding[...].astype(x.dtype)
-      logits = jnp.einsum("...d,vd->...v", x, w, preferred_element_type=jnp.float32)
-    else:
-      w = self.lm_head[...].astype(x.dtype)
-      logits = jnp.einsum("...d,dv->...v", x, w, preferred_element_type=jnp.float32)
+    tied = self.cfg.tie_embeddings
+    w = self.embed.embedding[...] if tied else self.lm_head[...]  # [V, D] or [D, V]
+    logits = matmul(x, w, jnp.float32, transposed=tied)
     return softcap(logits, self.cfg.logit_softcap)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:

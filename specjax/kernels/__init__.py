@@ -1,0 +1,6 @@
+"""Kernels of our own where XLA's leave speed behind (`matmul`: decode's small-row
+products on CPU), each with XLA's own operation as the fallback."""
+
+from specjax.kernels.cpu_matmul import kernel_status, matmul, uses_kernel
+
+__all__ = ["kernel_status", "matmul", "uses_kernel"]
