@@ -37,7 +37,10 @@ static inline uint16_t to_bf16(float f) {
   return uint16_t(b >> 16);
 }
 
-constexpr int64_t KB = 16;  // rows of w per pass: KB concurrent sequential streams
+#ifndef SPECJAX_KB
+#define SPECJAX_KB 16
+#endif
+constexpr int64_t KB = SPECJAX_KB;  // rows of w per pass: KB concurrent sequential streams
 
 // y[:, n0:n1] (float, row stride N) += x[:, k-block] @ w[k-block, n0:n1] for MT rows.
 template <int MT, int NV, typename W>
@@ -167,7 +170,7 @@ static void columns_bf16(const uint32_t* xp, const float* x, const uint16_t* w, 
     if (wide < full) tile_rows_bf16<mt, 1>(xm, w, ym, K, N, wide, full); \
     break;
       SPECJAX_CASE(1, 2) SPECJAX_CASE(2, 2) SPECJAX_CASE(3, 2) SPECJAX_CASE(4, 2)
-      SPECJAX_CASE(5, 1) SPECJAX_CASE(6, 1) SPECJAX_CASE(7, 1) SPECJAX_CASE(8, 1)
+      SPECJAX_CASE(5, 2) SPECJAX_CASE(6, 2) SPECJAX_CASE(7, 1) SPECJAX_CASE(8, 1)
 #undef SPECJAX_CASE
     }
     (void)n;
