@@ -1,6 +1,7 @@
 """The bundled trained draft/target pair, loaded offline in one call.
 
   target, draft, tokenizer = specjax.pretrained.load_pair()
+  target, draft, tokenizer = specjax.pretrained.load_pair(jnp.bfloat16, scale="1b")  # grown
   head = specjax.pretrained.load_head("eagle", target)   # or "medusa", "early_exit"
   drafter = specjax.pretrained.load_drafter("eagle", target)  # the head, as a drafter
   models = specjax.pretrained.load_checkpoints()  # the bundled pair, or HF checkpoints
@@ -16,6 +17,10 @@ train_medusa.py, train_early_exit.py; `experiments/bundle_heads.py` writes
 them) live in `stdlib_pair/heads/<kind>/`: `head_config.json` (a `HeadConfig`)
 and bfloat16 `model.safetensors`, their sha256 and training record in
 `stdlib_pair/heads/card.json`.
+
+`load_pair(scale=...)` grows the pair to a real model's shape computing the same
+function (the presets: `scales.SCALES`; `specjax/models/expand.py`), and
+`load_head` / `load_drafter` grow the bundled heads to such a target.
 """
 
 from __future__ import annotations
@@ -34,11 +39,15 @@ from flax import nnx
 from specjax.data.tokenizer import Tokenizer
 from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
 from specjax.dtypes import dtype_name
+from specjax.hf.config import model_config
 from specjax.hf.hub import resolve_checkpoint
-from specjax.hf.loader import check_same_tokenizer, load_model
+from specjax.hf.loader import check_same_tokenizer, load_model, read_config
 from specjax.hf.pairs import check_pair
+from specjax.models.config import ModelConfig
+from specjax.models.expand import check_expansion, expand_head
 from specjax.models.heads import HEAD_KINDS, HeadConfig, make_head
 from specjax.models.transformer import Transformer
+from specjax.pretrained.scales import SCALES, Scale, get_scale, scale_pair, scaled_configs
 from specjax.validation import is_int, read_json_object
 
 PAIR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib_pair")
@@ -128,18 +137,28 @@ def _verify_sums(sums, root: str, files, card_file: str, rebuild: str) -> None:
       )
 
 
-def load_pair(dtype=jnp.float32) -> Pair:
+def load_pair(dtype=jnp.float32, scale: str | Scale | None = None) -> Pair:
   """`(target, draft, tokenizer)` of the bundled pair; weights cast to `dtype`.
 
   The files hold bfloat16 weights; float32 (the default) computes in float32,
   which keeps greedy speculative and autoregressive outputs bit-identical.
   Every file is checked against the sha256 in `card.json` before it is loaded.
 
+  Args:
+    dtype: compute and parameter dtype of both models.
+    scale: None: the pair as trained. A preset name of `scales.SCALES` ("160m",
+      "1b", "7b") or a `Scale`: both models grown to its shapes
+      (`specjax.models.expand`), computing the same function, built directly in
+      `dtype` on the default device (the "1b" target is 2.0 GB in bfloat16,
+      "7b" 13 GB: see docs/scaled_pairs.md).
+
   Raises:
     FileNotFoundError: a bundled file is missing.
-    ValueError: a bad `dtype`, or a file whose sha256 differs from the card's.
+    ValueError: a bad `dtype` or `scale`, or a file whose sha256 differs from the card's.
   """
-  dtype_name(dtype)  # a bad dtype fails before any file is read
+  dtype_name(dtype)  # a bad dtype or preset fails before any file is read
+  if scale is not None:
+    scale = get_scale(scale)
   for path in (TARGET_DIR, DRAFT_DIR, TOKENIZER_FILE, CARD_FILE):
     if not os.path.exists(path):
       raise FileNotFoundError(f"the bundled pair is incomplete: {path} is missing ({_REBUILD})")
@@ -147,7 +166,19 @@ def load_pair(dtype=jnp.float32) -> Pair:
   tokenizer = Tokenizer.from_file(TOKENIZER_FILE)
   target, _ = load_model(TARGET_DIR, dtype=dtype)
   draft, _ = load_model(DRAFT_DIR, dtype=dtype)
+  if scale is not None:
+    target, draft = scale_pair(target, draft, scale)  # both already in dtype
   return Pair(target, draft, tokenizer)
+
+
+def bundled_configs(dtype=jnp.float32) -> tuple[ModelConfig, ModelConfig]:
+  """The `ModelConfig`s `(target, draft)` of the bundled pair in `dtype`, read from
+  their config.json (no weights): e.g. `scales.scaled_configs("7b", *bundled_configs())`
+  sizes a preset without building it."""
+  return tuple(
+    model_config(read_config(path), dtype_name(dtype), source=os.path.join(path, "config.json"))
+    for path in (TARGET_DIR, DRAFT_DIR)
+  )
 
 
 def load_cross_draft(dtype=jnp.float32) -> tuple[Transformer, Tokenizer]:
@@ -244,8 +275,11 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
   Args:
     kind: "eagle" (`EagleHead`), "medusa" (`MedusaHeads`) or "early_exit"
       (`ExitAdapter`).
-    target: the target the head will read, e.g. `load_pair().target`; its
-      shape must be the one the head was trained for.
+    target: the target the head will read, e.g. `load_pair().target`: of the
+      shape the head was trained for, or an expansion of it (e.g.
+      `load_pair(scale="1b").target`), for which the head is expanded alike
+      (`specjax.models.expand.expand_head`) and predicts what it predicts for
+      the bundled target.
     dtype: compute and parameter dtype of the head (the files hold bfloat16).
 
   Returns:
@@ -253,8 +287,9 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
     `medusa.MedusaDrafter(target, head)` or `early_exit.EarlyExitDrafter(target, head)`.
 
   Raises:
-    ValueError: an unknown `kind` or bad `dtype`, a target of another shape, or
-      a file whose sha256 differs from `heads/card.json`'s.
+    ValueError: an unknown `kind` or bad `dtype`, a target of another shape
+      that is no expansion of the trained one, or a file whose sha256 differs
+      from `heads/card.json`'s.
     FileNotFoundError: a bundled file is missing.
   """
   if kind not in HEAD_KINDS:
@@ -273,12 +308,21 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
     cfg = HeadConfig.from_dict(read_json_object(config_file))
   except (TypeError, KeyError) as e:
     raise ValueError(f"{config_file} is not a head config: {type(e).__name__}: {e}") from e
-  cfg.check_target(target.cfg)
+  grown = None  # the expanded target's config, when target is one
+  try:
+    cfg.check_target(target.cfg)
+  except ValueError as mismatch:
+    try:
+      check_expansion(cfg.target, target.cfg)
+    except ValueError as why:  # neither the trained shape nor grown from it
+      raise mismatch from why
+    grown = target.cfg.replace(dtype=name, param_dtype=name)
   # The compute dtype is read from the config when the head is built.
   cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
   params = _read_head_params(os.path.join(directory, "model.safetensors"), abstract, dtype)
-  return nnx.merge(graphdef, params)
+  head = nnx.merge(graphdef, params)
+  return head if grown is None else expand_head(head, grown)
 
 
 def load_drafter(
@@ -300,7 +344,7 @@ def load_drafter(
     target: the target `Transformer` the drafter drafts for.
     head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`);
       None: the bundled head of `kind` (`load_head`, in `dtype`), which reads
-      the bundled target.
+      the bundled target or a scaled one (`load_pair(scale=...)`).
     vocab_subset: K > 0: a head drafts among the bundled tokenizer's K most
       frequent ids (FR-Spec, `frequent_token_ids`); 0: among all ids.
 
@@ -404,8 +448,11 @@ __all__ = [
   "HEAD_FILES",
   "PAIR_DIR",
   "Pair",
+  "SCALES",
+  "Scale",
   "TARGET_DIR",
   "TOKENIZER_FILE",
+  "bundled_configs",
   "file_sha256",
   "file_sums",
   "head_file_sums",
@@ -418,4 +465,6 @@ __all__ = [
   "load_head",
   "load_pair",
   "model_card",
+  "scale_pair",
+  "scaled_configs",
 ]
