@@ -40,6 +40,10 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   """The comparison's configuration; `preset` "smoke" cuts it to two variants."""
   check_preset(preset)
   c = ml_collections.ConfigDict()
+  # The bundled pair as trained (""), or grown to a preset's shapes computing the
+  # same function ("160m", "1b": specjax/pretrained/scales.py), in `dtype`.
+  c.scale = ""
+  c.dtype = "float32"
   c.gamma = 4  # fixed draft length of the drafter x verifier grid
   c.max_new_tokens = 64
   c.num_prompts = 4  # held-out test-split prompts, decoded one by one (batch 1)

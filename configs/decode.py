@@ -1,6 +1,7 @@
 """Configuration of `experiments/decode.py`: decode text with a target and a draft.
 
   python -m experiments.decode       # bundled pair, held-out test-split prompt
+  python -m experiments.decode --config.scale=1b   # grown to a 1B shape (memory-bound)
   python -m experiments.decode --config.target=/path/to/hf_target \
       --config.draft=/path/to/hf_draft --config.prompt="def fibonacci(n):"
 
@@ -36,6 +37,10 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.target = ""
   config.draft = ""
+  # The bundled pair grown to a real model's shape, computing the same function
+  # (specjax/pretrained/scales.py; docs/scaled_pairs.md): "" (as trained), 160m,
+  # 1b (TinyLlama-shaped target, 68M-shaped draft) or 7b (for accelerators).
+  config.scale = ""
   config.prompt = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
   # (specjax.jobs.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the

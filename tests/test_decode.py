@@ -109,6 +109,8 @@ def test_decode_takes_hub_ids_and_the_checkpoints_generation_config(pair, tmp_pa
     (dict(drafter="eagle"), "with your own config.target needs config.head"),
     (dict(drafter="eagle", vocab_subset=-1), r"config.vocab_subset \(0: all ids\)"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
+    (dict(scale="2b"), r"config.scale must be '' \(the bundled pair as trained\) or one of 160m"),
+    (dict(scale="1b"), "config.scale grows the bundled pair: it takes no config.target"),
   ],
 )
 def test_decode_rejects(pair, changes, message):
@@ -184,3 +186,18 @@ def test_compare_transformers_without_transformers_fails_before_loading(pair, mo
     r"pip install transformers$",
   ):
     decode.run(_config(pair, compare_transformers=True))
+
+
+def test_decode_table_checks_every_row_before_the_first_runs():
+  from configs import decode_table as table_config
+  from specjax.jobs import decode_table
+
+  config = table_config.get_config()
+  config.rows = (dict(temperature=0.0), dict(temprature=1.0))
+  with pytest.raises(ValueError, match=r"config.rows: \['temprature'\] are not fields"):
+    decode_table.run(config)
+  config.rows = (dict(temperature=0.0), dict(dtype="int8"))
+  with pytest.raises(ValueError, match="config.dtype must be float32 or bfloat16"):
+    decode_table.run(config)
+  with pytest.raises(ValueError, match="preset must be one of"):
+    table_config.get_config("2b")

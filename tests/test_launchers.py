@@ -99,8 +99,10 @@ def _check_main_job(tmp: str, output: str) -> None:
     assert key in result, key
   assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
   assert result["gamma"] == 4 and result["gamma_policy"] == "by batch size"
-  ratio = result["ar_step_ms"] / result["target_matmul_floor_ms"]
+  ratio = result["ar_step_ms"] / result["target_bandwidth_floor_ms"]
   assert result["ar_over_floor"] == pytest.approx(ratio, rel=1e-9)
+  ratio = result["ar_step_ms"] / result["target_matmul_floor_ms"]
+  assert result["ar_over_matmul_floor"] == pytest.approx(ratio, rel=1e-9)
   models_ms = (
     result["target_verify_ms"] + result["draft_calls_per_iteration"] * (result["draft_call_ms"])
   )
@@ -189,6 +191,14 @@ _TINY_HEAD_RUN = (
   "--config.log_every=1",
 )
 
+def _check_table(tmp: str) -> None:
+  """The decode table has its header, the separator and one line per default row."""
+  with open(os.path.join(tmp, "table.md")) as f:
+    lines = f.read().splitlines()
+  assert len(lines) == 4 and lines[0].startswith("| dtype | drafter | T |"), lines
+  assert [line.split(" | ")[2] for line in lines[2:]] == ["0", "1"], lines
+
+
 STEPS = (
   # The chain's target: configs/train_tiny.py (6 steps) on the 16-file corpus;
   # max_seq_len 128 so that a held-out prompt (97 tokens) fits evaluate_drafts.
@@ -256,6 +266,14 @@ STEPS = (
     check=_check_main_job,
   ),
   Step("benchmark", "benchmark", ("--config=configs/benchmark.py",)),  # tiny, its default preset
+  # Its default rows (the bundled pair at T = 0 and 1), without the floor report.
+  Step(
+    "decode_table",
+    "decode_table",
+    ("--config.decode.max_new_tokens=8", "--config.decode.report_floor=False")
+    + ("--output_md={tmp}/table.md",),
+    check=lambda tmp, _: _check_table(tmp),
+  ),
   Step(
     "compare_drafters",
     "compare_drafters",

@@ -10,8 +10,11 @@ weights and runs the same matrix products. Three measurements:
                                weight shapes, dtype and batch, in a jitted loop,
                                without attention, norms, RoPE or sampling
 
-`ar_over_floor` = autoregressive seconds per step / matmul floor: how far a real
-decode step is from the products it cannot avoid. Timing follows
+`ar_over_floor` = autoregressive seconds per step / bandwidth floor (weight
+bytes / measured memory bandwidth): how far a real decode step is from
+streaming its weights once, the floor of a memory-bound step.
+`ar_over_matmul_floor` = the same step / the matmul floor: how much of it is
+not the products themselves. Timing follows
 `specjax.bench.timing`: one warm-up, median of the timed runs, N calls inside
 one jitted `lax.fori_loop` divided by N.
 """
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.bench.timing import time_calls
+from specjax.kernels import matmul
 from specjax.models.transformer import Transformer
 from specjax.validation import check_positive_int
 
@@ -81,7 +85,8 @@ def matmul_gflops(n: int = 1024, num_steps: int = 8, num_runs: int = 5) -> float
 
 
 def _kernels(model: Transformer):
-  """Per layer the weight matrices a call multiplies by, then the head `[D, V]`."""
+  """Per layer the weight matrices a call multiplies by, then the head (`[V, D]`
+  when tied, else `[D, V]`)."""
   cfg = model.cfg
   layers = []
   for layer in model.layers:
@@ -97,17 +102,19 @@ def _kernels(model: Transformer):
     if cfg.mlp != "gelu":  # gated: SwiGLU, GeGLU
       mats["gate"] = mlp.gate_proj.kernel[...]
     layers.append(mats)
-  head = model.embed.embedding[...].T if cfg.tie_embeddings else model.lm_head[...]
+  # A tied head multiplies by the [V, D] embedding as stored (no transposed copy).
+  head = model.embed.embedding[...] if cfg.tie_embeddings else model.lm_head[...]
   return layers, head
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps",))
-def _matmul_skeleton(layers, head, x, *, num_steps: int):
-  """`num_steps` passes of the model's products alone on `x [N, D]`."""
+@functools.partial(jax.jit, static_argnames=("num_steps", "tied"))
+def _matmul_skeleton(layers, head, x, *, num_steps: int, tied: bool):
+  """`num_steps` passes of the model's products alone on `x [N, D]` (`tied`: the
+  head is the `[V, D]` embedding)."""
   compute = x.dtype
 
-  def dot(a, w):
-    return jnp.dot(a, w.astype(compute), preferred_element_type=jnp.float32).astype(compute)
+  def dot(a, w):  # the products a decode step runs (specjax's CPU kernel where it applies)
+    return matmul(a, w, compute)
 
   def body(_, x):
     for mats in layers:
@@ -119,7 +126,7 @@ def _matmul_skeleton(layers, head, x, *, num_steps: int):
       if "gate" in mats:
         h = h * dot(x, mats["gate"])
       x = x + dot(h, mats["down"])
-    logits = jnp.dot(x, head.astype(compute), preferred_element_type=jnp.float32)
+    logits = matmul(x, head, jnp.float32, transposed=tied)
     return x + (1e-9 * jnp.max(logits, axis=-1, keepdims=True)).astype(compute)
 
   return jax.lax.fori_loop(0, num_steps, body, x)
@@ -135,7 +142,7 @@ def matmul_floor_seconds(
   check_positive_int("tokens_per_call", tokens_per_call)
   layers, head = _kernels(model)
   x = jnp.full((batch * tokens_per_call, model.cfg.d_model), 0.01, model.cfg.compute_dtype)
-  run = functools.partial(_matmul_skeleton, num_steps=num_steps)
+  run = functools.partial(_matmul_skeleton, num_steps=num_steps, tied=model.cfg.tie_embeddings)
   return _median_seconds(run, layers, head, x, num_runs=num_runs) / num_steps
 
 
@@ -182,7 +189,8 @@ def floor_fields(
     `memory_bandwidth_gbs`, `matmul_gflops` (the machine), the target's
     `target_weight_bytes`, `target_bandwidth_floor_ms` (weight bytes at that
     bandwidth), `target_matmul_floor_ms` (its products alone at this batch),
-    `ar_over_floor` (an autoregressive step over the matmul floor), and
+    `ar_over_floor` (an autoregressive step over the bandwidth floor),
+    `ar_over_matmul_floor` (the same step over the matmul floor), and
     `spec_overhead_fraction`: the share of a speculative iteration that is
     neither the drafter's forward calls nor the target's verification call
     (None when the drafter's calls are not measured).
@@ -190,13 +198,15 @@ def floor_fields(
   machine = machine_floor(num_runs)
   floor_s = matmul_floor_seconds(target, batch, num_runs=num_runs)
   weights = weight_bytes(target)
+  bandwidth_floor_s = weights / (machine["memory_bandwidth_gbs"] * 1e9)
   out = {
     **machine,
     "target_weight_bytes": weights,
-    "target_bandwidth_floor_ms": weights / (machine["memory_bandwidth_gbs"] * 1e9) * 1e3,
+    "target_bandwidth_floor_ms": bandwidth_floor_s * 1e3,
     "target_matmul_floor_ms": floor_s * 1e3,
     "ar_step_ms": ar_step_s * 1e3,
-    "ar_over_floor": ar_step_s / floor_s,
+    "ar_over_floor": ar_step_s / bandwidth_floor_s,
+    "ar_over_matmul_floor": ar_step_s / floor_s,
     "spec_ms_per_iteration": spec_iteration_s * 1e3,
     "target_verify_ms": verify_call_s * 1e3,
     "draft_call_ms": None if draft_call_s is None else draft_call_s * 1e3,

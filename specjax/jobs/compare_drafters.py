@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 import specjax
-from specjax import bench, pretrained, trees
+from specjax import bench, dtypes, pretrained, trees
 from specjax.data import Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
@@ -178,6 +178,12 @@ def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises a ValueError naming the first invalid field of `config`."""
+  if config.scale and config.scale not in pretrained.SCALES:
+    raise ValueError(
+      f"config.scale must be '' (the bundled pair as trained) or one of "
+      f"{', '.join(pretrained.SCALES)}; got {config.scale!r}."
+    )
+  dtypes.to_dtype(config.dtype, "config.dtype")
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
   unknown_heads = set(config.heads) - set(pretrained.HEAD_DRAFTERS)
@@ -444,13 +450,17 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[di
       time and figures as it ends).
   """
   check_config(config)
-  target, draft, tokenizer = pretrained.load_pair()
+  target, draft, tokenizer = pretrained.load_pair(
+    dtypes.to_dtype(config.dtype, "config.dtype"), scale=config.scale or None
+  )
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
   plan = [v for t in config.temperatures for v in variants(config, target, draft, float(t))]
   say = functools.partial(print, file=sys.stderr, flush=True) if progress else None
   if say:
+    grown = f" grown to {config.scale}" if config.scale else ""
     say(
-      f"{len(plan)} variants on the bundled pair, each {config.num_prompts} prompts x "
+      f"{len(plan)} variants on the bundled pair{grown} ({config.dtype}), "
+      f"each {config.num_prompts} prompts x "
       f"{config.max_new_tokens} tokens, batch 1, {config.num_runs} timed runs"
     )
   return list(sweep(config, target, plan, prompts, lengths, progress=say))

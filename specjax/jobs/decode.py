@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from typing import Any, NamedTuple
 
 import jax
@@ -71,7 +72,11 @@ def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
       "or both be empty for the bundled pair."
     )
   return pretrained.load_checkpoints(
-    config.target, config.draft, dtype=dtype, own_tokenizer=config.drafter in CROSS_DRAFTERS
+    config.target,
+    config.draft,
+    dtype=dtype,
+    own_tokenizer=config.drafter in CROSS_DRAFTERS,
+    scale=config.scale or None,
   )
 
 
@@ -241,6 +246,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   if config.dtype not in DECODE_DTYPES:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
+  if config.scale and config.scale not in pretrained.SCALES:
+    raise ValueError(
+      f"config.scale must be '' (the bundled pair as trained) or one of "
+      f"{', '.join(pretrained.SCALES)}; got {config.scale!r}."
+    )
+  if config.scale and (config.target or config.draft or config.drafter in CROSS_DRAFTERS):
+    raise ValueError(
+      "config.scale grows the bundled pair: it takes no config.target / config.draft "
+      "and no cross-tokenizer drafter."
+    )
 
 
 class _Inputs(NamedTuple):
@@ -351,6 +366,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   stats = outputs["spec"].stats
   result = {
     "target": inputs.target_path,
+    "scale": config.scale or None,  # the bundled pair grown to this preset's shapes
     "target_params": inputs.target.num_params,
     **draft_fields,  # "draft", "draft_params": the drafter that decoded
     "prompt": inputs.prompt,
@@ -405,17 +421,20 @@ def _transformers_fields(config, inputs: _Inputs, ms, spec_tokens) -> dict[str, 
   prompt (`specjax.hf.transformers_baseline`), against ours (`ms` per token)."""
   from specjax.hf.transformers_baseline import time_transformers
 
-  hf = time_transformers(
-    inputs.target_path,
-    inputs.draft_path,
-    inputs.ids,
-    gamma=config.gamma,
-    max_new_tokens=config.max_new_tokens,
-    sampling=inputs.sampling,
-    dtype=config.dtype,
-    num_runs=config.num_runs,
-    seed=config.seed,
-  )
+  with tempfile.TemporaryDirectory(prefix="specjax_scaled_") as tmp:
+    paths = (inputs.target_path, inputs.draft_path)
+    if config.scale:  # the grown models exist only in memory: export the same weights
+      paths = _export_pair(inputs, config.dtype, tmp)
+    hf = time_transformers(
+      *paths,
+      inputs.ids,
+      gamma=config.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=inputs.sampling,
+      dtype=config.dtype,
+      num_runs=config.num_runs,
+      seed=config.seed,
+    )
   out = dict(
     hf_ms_per_token=hf["hf_ms_per_token"],
     hf_assisted_ms_per_token=hf["hf_assisted_ms_per_token"],
@@ -425,6 +444,17 @@ def _transformers_fields(config, inputs: _Inputs, ms, spec_tokens) -> dict[str, 
   if inputs.sampling.greedy and inputs.eos is None:
     out["hf_assisted_matches_spec"] = hf["hf_assisted_tokens"] == spec_tokens[0].tolist()
   return out
+
+
+def _export_pair(inputs: _Inputs, dtype: str, directory: str) -> tuple[str, str]:
+  """Writes the (grown) target and draft as Llama checkpoints under `directory`
+  in `dtype` (`specjax.hf.save_model`): the same weights for transformers."""
+  from specjax.hf.export import save_model
+
+  paths = tuple(os.path.join(directory, name) for name in ("target", "draft"))
+  for model, path in zip((inputs.target, inputs.draft), paths):
+    save_model(model, path, dtype)
+  return paths
 
 
 def decode_and_report(

@@ -373,6 +373,7 @@ def load_checkpoints(
   need_draft: bool = True,
   own_tokenizer: bool = False,
   fields: tuple[str, str] = ("config.target", "config.draft"),
+  scale: str | None = None,
 ) -> Checkpoints:
   """The target and draft a launcher decodes with: the bundled pair, or two
   Hugging Face checkpoints (directories, or hub repo ids in the local cache).
@@ -385,16 +386,23 @@ def load_checkpoints(
     own_tokenizer: the draft has a tokenizer of its own (cross-tokenizer
       drafting), which it must have; otherwise the two must share one.
     fields: how messages name `target` and `draft` (the launcher's flags).
+    scale: the bundled pair grown to a preset of `scales.SCALES` (`load_pair`);
+      only with the bundled pair and its own draft.
 
   Raises:
     ValueError: a target without a tokenizer, a draft that is needed but not
       named, or a draft whose tokenizer does not fit.
     FileNotFoundError: a checkpoint that is not there (`resolve_checkpoint`).
   """
+  if scale and (target or draft or own_tokenizer):
+    raise ValueError(
+      f"scale={scale!r} grows the bundled pair; it takes no {fields[0]} / {fields[1]} "
+      "and no draft with a tokenizer of its own."
+    )
   if not target:
     if draft:
       raise ValueError(f"{fields[1]} needs {fields[0]} (both Hugging Face checkpoints).")
-    return _bundled_checkpoints(dtype, need_draft, own_tokenizer)
+    return _bundled_checkpoints(dtype, need_draft, own_tokenizer, scale or None)
   if need_draft and not draft:
     raise ValueError(f"{fields[1]} must name the draft checkpoint for {fields[0]}.")
   # Both names resolved before any weights load: a missing draft fails at once.
@@ -417,9 +425,10 @@ def load_checkpoints(
   return Checkpoints(target_model, draft_model, tokenizer, draft_tokenizer, target_path, draft_path)
 
 
-def _bundled_checkpoints(dtype, need_draft: bool, own_tokenizer: bool) -> Checkpoints:
-  """`load_checkpoints` of the bundled pair (the cross draft with `own_tokenizer`)."""
-  target, draft, tokenizer = load_pair(dtype)
+def _bundled_checkpoints(dtype, need_draft: bool, own_tokenizer: bool, scale) -> Checkpoints:
+  """`load_checkpoints` of the bundled pair (the cross draft with `own_tokenizer`;
+  grown to `scale`'s shapes when that is set)."""
+  target, draft, tokenizer = load_pair(dtype, scale=scale)
   if not need_draft:
     return Checkpoints(target, None, tokenizer, None, TARGET_DIR, None)
   if own_tokenizer:

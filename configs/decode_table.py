@@ -1,0 +1,44 @@
+"""Configuration of `experiments/decode_table.py`: several decode runs, one table.
+
+  python -m experiments.decode_table                                # bundled pair, T = 0 and 1
+  python -m experiments.decode_table --config=configs/decode_table.py:1b \
+      --output_json=runs/table_1b.json --output_md=runs/table_1b.md
+
+`decode` is the main job's configuration (configs/decode.py) shared by every
+row; `rows` are the fields each row changes. The `1b` preset is the scaled
+pair's memory-bound table (docs/performance.md): the bundled pair grown to a
+TinyLlama-1.1B-shaped target and a 68M-shaped draft, in float32 and bfloat16,
+at temperature 0 and 1, with the EAGLE head, at batch 4 and 16, and beside
+transformers' generate on the same weights. It needs about 10 GB of memory and
+about 40 minutes on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import decode
+
+PRESETS = ("1b",)
+
+
+def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
+  """The table's configuration; `preset` "1b" gives the scaled pair's table."""
+  if preset and preset not in PRESETS:
+    raise ValueError(f"preset must be one of {PRESETS} (or none), got {preset!r}.")
+  c = ml_collections.ConfigDict()
+  c.decode = decode.get_config()
+  c.rows = (dict(temperature=0.0), dict(temperature=1.0))
+  if preset == "1b":
+    c.decode.scale = "1b"
+    c.rows = (
+      dict(dtype="float32", temperature=0.0),
+      dict(dtype="float32", temperature=1.0),
+      dict(dtype="float32", temperature=0.0, drafter="eagle"),
+      dict(dtype="float32", temperature=1.0, drafter="eagle"),
+      dict(dtype="bfloat16", temperature=0.0, compare_transformers=True, stop_at_eos=False),
+      dict(dtype="bfloat16", temperature=1.0),
+      dict(dtype="float32", temperature=0.0, batch_size=4),
+      dict(dtype="float32", temperature=0.0, batch_size=16),
+    )
+  return c
