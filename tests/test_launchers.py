@@ -191,6 +191,7 @@ _TINY_HEAD_RUN = (
   "--config.log_every=1",
 )
 
+
 def _check_table(tmp: str) -> None:
   """The decode table has its header, the separator and one line per default row."""
   with open(os.path.join(tmp, "table.md")) as f:
