@@ -70,6 +70,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_size = 1
   config.seed = 0
   config.dtype = "float32"  # float32 | bfloat16; float32 keeps greedy outputs comparable
+  # The draft's (or draft head's) dtype when it differs: "" = dtype. A bfloat16
+  # draft beside a float32 target reads half the bytes per draft call; the
+  # output stays the target's (transformers' comparison runs both in dtype).
+  config.draft_dtype = ""
   config.stop_at_eos = True  # timing runs with compare_transformers use a fixed length
   config.num_runs = 3
   # Also measure the machine's floor, the target's distance from it, the share of

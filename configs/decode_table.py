@@ -10,7 +10,9 @@ pair's memory-bound table (docs/performance.md): the bundled pair grown to a
 TinyLlama-1.1B-shaped target and a 68M-shaped draft, in float32 and bfloat16,
 at temperature 0 and 1, with the EAGLE head, at batch 4 and 16, and beside
 transformers' generate on the same weights. It needs about 10 GB of memory and
-about 40 minutes on a 2-core CPU.
+about 40 minutes on a 2-core CPU. The `sizes` preset decodes the pair as trained,
+grown to 160m and to 1b, at T = 0 and 1; `--output_plot=PATH` draws speedup
+against target size with Leviathan's prediction (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import ml_collections
 
 from configs import decode
 
-PRESETS = ("1b",)
+PRESETS = ("1b", "sizes")
 
 
 def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
-  """The table's configuration; `preset` "1b" gives the scaled pair's table."""
+  """The table's configuration; `preset` "1b" gives the scaled pair's table,
+  "sizes" the same pair at three sizes (bundled, 160m, 1b) for the plot of
+  speedup against target size (`--output_plot`)."""
   if preset and preset not in PRESETS:
     raise ValueError(f"preset must be one of {PRESETS} (or none), got {preset!r}.")
   c = ml_collections.ConfigDict()
@@ -40,5 +44,9 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
       dict(dtype="bfloat16", temperature=1.0),
       dict(dtype="float32", temperature=0.0, batch_size=4),
       dict(dtype="float32", temperature=0.0, batch_size=16),
+    )
+  if preset == "sizes":
+    c.rows = tuple(
+      dict(scale=scale, temperature=t) for t in (0.0, 1.0) for scale in ("", "160m", "1b")
     )
   return c

@@ -1,7 +1,7 @@
 """Several decode runs side by side, one table (e.g. the scaled pair's figures).
 
   python -m experiments.decode_table [--config=configs/decode_table.py[:1b]] \
-      [--output_json=PATH] [--output_md=PATH]
+      [--output_json=PATH] [--output_md=PATH] [--output_plot=PATH]
 
 Each row is `experiments.decode` with a few fields changed (configs/decode_table.py):
 `specjax.jobs.decode_table.run`. Prints a line per row on stderr as it runs,
@@ -28,13 +28,19 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   output_json = check_output_path("--output_json", flags.FLAGS.output_json)
   output_md = check_output_path("--output_md", flags.FLAGS.output_md)
+  output_plot = check_output_path("--output_plot", flags.FLAGS.output_plot)
   start = time.perf_counter()
   rows = decode_table.run(flags.FLAGS.config, progress=True)
   table = decode_table.markdown(rows)
   print(table)
   write_json(output_json, {"rows": rows, **bench.environment_info()})
   write_text(output_md, table)
-  saved = ", ".join(p for p in (output_json, output_md) if p) or "pass --output_json for the JSON"
+  if output_plot:
+    decode_table.plot_speedup_by_size(rows, output_plot)
+  saved = (
+    ", ".join(p for p in (output_json, output_md, output_plot) if p)
+    or "pass --output_json for the JSON"
+  )
   print(f"{len(rows)} rows in {time.perf_counter() - start:.0f} s ({saved})", file=sys.stderr)
 
 
@@ -42,6 +48,7 @@ def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   common.define_config_flag("Table configuration (configs/decode_table.py).", "decode_table.py")
   common.define_output_flags(markdown=True)
+  flags.DEFINE_string("output_plot", None, "Also draw speedup against target size (PNG) here.")
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ def test_decode_takes_hub_ids_and_the_checkpoints_generation_config(pair, tmp_pa
     (dict(drafter="eagle"), "with your own config.target needs config.head"),
     (dict(drafter="eagle", vocab_subset=-1), r"config.vocab_subset \(0: all ids\)"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
+    (dict(draft_dtype="float16"), r"config.draft_dtype must be '' \(config.dtype\)"),
     (dict(scale="2b"), r"config.scale must be '' \(the bundled pair as trained\) or one of 160m"),
     (dict(scale="1b"), "config.scale grows the bundled pair: it takes no config.target"),
   ],

@@ -43,8 +43,8 @@ def test_the_kernel_builds_here():
 )
 def test_products_match_xla(m, x_dtype, w_dtype, out_dtype):
   x, w = _arrays(m, 301, 1000, x_dtype, w_dtype)
-  assert uses_kernel(m, out_dtype, w_dtype)
-  got = jax.jit(lambda x, w: matmul(x, w, out_dtype))(x, w)
+  product = lambda x, w: cpu_matmul._kernel_product(x.astype(out_dtype), w, out_dtype, False)
+  got = jax.jit(product)(x, w)
   assert got.dtype == out_dtype and got.shape == (m, 1000)
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   # float32 accumulation of 301 terms; a bfloat16 result is rounded once at the end.
@@ -57,7 +57,7 @@ def test_products_match_xla(m, x_dtype, w_dtype, out_dtype):
 def test_transposed_weights_match_xla(m, x_dtype, w_dtype):
   """w stored [N, K], as a tied output head reads the [V, D] embedding."""
   x, w = _arrays(m, 301, 200, x_dtype, w_dtype)
-  got = jax.jit(lambda x, w: matmul(x, w.T, F32, transposed=True))(x, w)
+  got = jax.jit(lambda x, w: cpu_matmul._kernel_product(x, w.T, F32, True))(x, w)
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-4, atol=1e-3)
 
@@ -69,7 +69,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(dtype):
   x, w = _arrays(16, 2048, 1536, dtype, dtype, seed=1)
   for transposed in (False, True):
     weights = w.T if transposed else w
-    product = jax.jit(lambda x, w, t=transposed: matmul(x, w, transposed=t))
+    product = jax.jit(lambda x, w, t=transposed: cpu_matmul._kernel_product(x, w, x.dtype, t))
     full = np.asarray(product(x, weights))
     for rows in (slice(0, 1), slice(3, 8), slice(5, 6), slice(2, 11)):
       np.testing.assert_array_equal(np.asarray(product(x[rows], weights)), full[rows])
@@ -101,8 +101,9 @@ def test_gradients_match_xla(transposed):
 def test_dispatch_rules(monkeypatch):
   x, w = _arrays(4, 64, 32, F32, F32)
   assert _uses_custom_call(lambda x, w: matmul(x, w), x, w)
-  big = jnp.zeros((cpu_matmul.MAX_ROWS + 1, 64), F32)
+  big = jnp.zeros((cpu_matmul.MAX_ROWS[jnp.dtype(F32)] + 1, 64), F32)
   assert not _uses_custom_call(lambda x, w: matmul(x, w), big, w)  # prefill: XLA's dot
+  assert _uses_custom_call(lambda x, w: matmul(x, w), big.astype(BF16), w.astype(BF16))
   assert not uses_kernel(4, jnp.float16, F32)
   monkeypatch.setenv("SPECJAX_CPU_KERNEL", "0")
   assert not _uses_custom_call(lambda x, w: matmul(x, w), x, w)

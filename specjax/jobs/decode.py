@@ -77,6 +77,9 @@ def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
     dtype=dtype,
     own_tokenizer=config.drafter in CROSS_DRAFTERS,
     scale=config.scale or None,
+    draft_dtype=(
+      dtypes.to_dtype(config.draft_dtype, "config.draft_dtype") if config.draft_dtype else None
+    ),
   )
 
 
@@ -127,7 +130,8 @@ def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[
       "heads read the bundled target)."
     )
   else:
-    head = pretrained.load_head(config.drafter, target)
+    head_dtype = config.draft_dtype or config.dtype
+    head = pretrained.load_head(config.drafter, target, dtypes.to_dtype(head_dtype, "config.dtype"))
   if config.vocab_subset and config.target:
     raise ValueError(
       "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
@@ -246,6 +250,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   if config.dtype not in DECODE_DTYPES:
     raise ValueError(f"config.dtype must be float32 or bfloat16, got {config.dtype!r}.")
+  if config.draft_dtype and config.draft_dtype not in DECODE_DTYPES:
+    raise ValueError(
+      f"config.draft_dtype must be '' (config.dtype) or float32 or bfloat16, "
+      f"got {config.draft_dtype!r}."
+    )
   if config.scale and config.scale not in pretrained.SCALES:
     raise ValueError(
       f"config.scale must be '' (the bundled pair as trained) or one of "
@@ -413,6 +422,8 @@ def _settings_fields(config, inputs: _Inputs, drafter) -> dict[str, Any]:
     "verifier": config.verifier,
     "adaptive": config.adaptive or "fixed",
     "batch_size": config.batch_size,
+    "dtype": config.dtype,
+    "draft_dtype": config.draft_dtype or config.dtype,
   }
 
 

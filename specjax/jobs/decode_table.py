@@ -90,3 +90,44 @@ COLUMNS = (
 def markdown(rows: list[dict[str, Any]]) -> str:
   """The rows as a markdown table of `COLUMNS`."""
   return markdown_table(rows, COLUMNS)
+
+
+def plot_speedup_by_size(rows: list[dict[str, Any]], path: str) -> str:
+  """Measured speedup against target parameters (log scale), one line per
+  (temperature, drafter), with Leviathan's prediction from each row's measured
+  α, c and verify cost beside it; a PNG at `path` (matplotlib)."""
+  from specjax.reproduce.figures import pyplot, save_figure
+
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    groups.setdefault((r["temperature"], r["drafter"], r["dtype"]), []).append(r)
+  for (temperature, drafter, dtype), group in sorted(groups.items()):
+    group = sorted(group, key=lambda r: r["target_params"])
+    sizes = [r["target_params"] for r in group]
+    label = f"{drafter}, T={temperature:g}, {dtype}"
+    line = ax.plot(sizes, [r["speedup"] for r in group], "o-", label=f"measured: {label}")
+    predicted = [
+      (n, r["predicted_speedup"]) for n, r in zip(sizes, group) if r.get("predicted_speedup")
+    ]
+    if predicted:
+      ax.plot(*zip(*predicted), "x--", color=line[0].get_color(), label=f"predicted: {label}")
+    for n, r in zip(sizes, group):
+      ax.annotate(
+        r.get("scale") or "bundled",
+        (n, r["speedup"]),
+        textcoords="offset points",
+        xytext=(4, -12),
+        fontsize=8,
+      )
+  ax.axhline(1.0, color="grey", lw=0.8)
+  ax.set_xscale("log")
+  ax.set_xlabel("target parameters")
+  ax.set_ylabel("speedup over autoregressive decoding")
+  first = rows[0]
+  ax.set_title(
+    f"{first.get('cpu_model', '')} ({first.get('cpu_count', '?')} cores), batch 1", fontsize=9
+  )
+  ax.legend(fontsize=7)
+  return save_figure(fig, path)

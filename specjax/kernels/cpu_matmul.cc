@@ -14,6 +14,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <vector>
 #include "xla/ffi/api/ffi.h"
 
@@ -254,6 +256,19 @@ static void rows_dot_all(const float* x, const uint32_t* xp, const W* w, float* 
   }
 }
 
+// Column chunks shared by the calling thread and the pool's tasks (`Product`).
+struct Chunks {
+  std::function<void(int64_t)> work;
+  int64_t count = 0;
+  std::atomic<int64_t> next{0}, done{0};
+  void drain() {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
+      work(i);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
 // The two layouts' shared part: checks, x in float32 (and in bfloat16 pairs),
 // the threads, y's conversion. `transposed`: w is [N, K].
 static ffi::Error Product(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
@@ -286,17 +301,22 @@ static ffi::Error Product(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
   // Small products stay on the calling thread: a task hand-off costs more than they do.
   int64_t threads = K * N >= (1 << 16) ? pool.num_threads() : 1;
   threads = threads < 1 ? 1 : threads;
-  // Column ranges in whole 128-wide tiles (any split of w's rows when transposed);
-  // an element's sums never depend on the split.
-  const int64_t align = transposed ? 1 : 128;
-  const int64_t per = ((N + threads - 1) / threads + align - 1) / align * align;
-  threads = (N + per - 1) / per;
+  // One chunk of whole 128-wide column tiles (of w's rows when transposed) per
+  // thread, handed out one at a time: a pool thread that wakes late (or never,
+  // while the pool is busy: XLA may run this on a pool thread) leaves its chunk
+  // to the caller instead of the caller waiting for it. More, smaller chunks
+  // measured slower (shorter runs along each row of w). An element's sums never
+  // depend on the chunking.
+  const int64_t align = transposed ? 16 : 128;
+  const int64_t wanted = threads;
+  const int64_t per = ((N + wanted - 1) / wanted + align - 1) / align * align;
   const void* wp = w.untyped_data();
   const auto* w16p = static_cast<const uint16_t*>(wp);
   const auto* w32p = static_cast<const float*>(wp);
-  auto run = [&](int64_t t) {
-    int64_t n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
-    if (n0 >= n1) return;
+  auto shared = std::make_shared<Chunks>();
+  shared->count = (N + per - 1) / per;
+  shared->work = [&](int64_t chunk) {
+    const int64_t n0 = chunk * per, n1 = n0 + per < N ? n0 + per : N;
     if (transposed) {
       if (w16) rows_dot_all(xf.data(), dp ? xp.data() : nullptr, w16p, yf.data(), M, K, N, n0, n1);
       else rows_dot_all(xf.data(), nullptr, w32p, yf.data(), M, K, N, n0, n1);
@@ -308,11 +328,12 @@ static ffi::Error Product(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
       columns(xf.data(), w32p, yf.data(), M, K, N, n0, n1);
     }
   };
-  std::atomic<int64_t> pending(threads - 1);
-  for (int64_t t = 1; t < threads; ++t)
-    pool.Schedule([&, t] { run(t); pending.fetch_sub(1, std::memory_order_release); });
-  run(0);
-  while (pending.load(std::memory_order_acquire) > 0) {
+  const int64_t helpers = (threads < shared->count ? threads : shared->count) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([shared] { shared->drain(); });
+  shared->drain();
+  // Only finished chunks are waited for: a task that starts later finds none
+  // left and touches nothing but `shared`, which it keeps alive.
+  while (shared->done.load(std::memory_order_acquire) < shared->count) {
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif

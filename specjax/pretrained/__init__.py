@@ -137,7 +137,7 @@ def _verify_sums(sums, root: str, files, card_file: str, rebuild: str) -> None:
       )
 
 
-def load_pair(dtype=jnp.float32, scale: str | Scale | None = None) -> Pair:
+def load_pair(dtype=jnp.float32, scale: str | Scale | None = None, *, draft_dtype=None) -> Pair:
   """`(target, draft, tokenizer)` of the bundled pair; weights cast to `dtype`.
 
   The files hold bfloat16 weights; float32 (the default) computes in float32,
@@ -151,12 +151,17 @@ def load_pair(dtype=jnp.float32, scale: str | Scale | None = None) -> Pair:
       (`specjax.models.expand`), computing the same function, built directly in
       `dtype` on the default device (the "1b" target is 2.0 GB in bfloat16,
       "7b" 13 GB: see docs/scaled_pairs.md).
+    draft_dtype: the draft's dtype when it differs from the target's (None:
+      `dtype`): e.g. a bfloat16 draft reads half the bytes of a float32 one, and
+      verification keeps the output the target's whatever the draft computes in.
 
   Raises:
     FileNotFoundError: a bundled file is missing.
     ValueError: a bad `dtype` or `scale`, or a file whose sha256 differs from the card's.
   """
   dtype_name(dtype)  # a bad dtype or preset fails before any file is read
+  draft_dtype = dtype if draft_dtype is None else draft_dtype
+  dtype_name(draft_dtype)
   if scale is not None:
     scale = get_scale(scale)
   for path in (TARGET_DIR, DRAFT_DIR, TOKENIZER_FILE, CARD_FILE):
@@ -165,7 +170,7 @@ def load_pair(dtype=jnp.float32, scale: str | Scale | None = None) -> Pair:
   _verify_sums(model_card().get("sha256"), PAIR_DIR, BUNDLED_FILES, CARD_FILE, _REBUILD)
   tokenizer = Tokenizer.from_file(TOKENIZER_FILE)
   target, _ = load_model(TARGET_DIR, dtype=dtype)
-  draft, _ = load_model(DRAFT_DIR, dtype=dtype)
+  draft, _ = load_model(DRAFT_DIR, dtype=draft_dtype)
   if scale is not None:
     target, draft = scale_pair(target, draft, scale)  # both already in dtype
   return Pair(target, draft, tokenizer)
@@ -374,6 +379,7 @@ def load_checkpoints(
   own_tokenizer: bool = False,
   fields: tuple[str, str] = ("config.target", "config.draft"),
   scale: str | None = None,
+  draft_dtype=None,
 ) -> Checkpoints:
   """The target and draft a launcher decodes with: the bundled pair, or two
   Hugging Face checkpoints (directories, or hub repo ids in the local cache).
@@ -388,6 +394,7 @@ def load_checkpoints(
     fields: how messages name `target` and `draft` (the launcher's flags).
     scale: the bundled pair grown to a preset of `scales.SCALES` (`load_pair`);
       only with the bundled pair and its own draft.
+    draft_dtype: the draft's weights' dtype (None: `dtype`).
 
   Raises:
     ValueError: a target without a tokenizer, a draft that is needed but not
@@ -402,7 +409,7 @@ def load_checkpoints(
   if not target:
     if draft:
       raise ValueError(f"{fields[1]} needs {fields[0]} (both Hugging Face checkpoints).")
-    return _bundled_checkpoints(dtype, need_draft, own_tokenizer, scale or None)
+    return _bundled_checkpoints(dtype, need_draft, own_tokenizer, scale or None, draft_dtype)
   if need_draft and not draft:
     raise ValueError(f"{fields[1]} must name the draft checkpoint for {fields[0]}.")
   # Both names resolved before any weights load: a missing draft fails at once.
@@ -414,7 +421,7 @@ def load_checkpoints(
   if not need_draft:
     return Checkpoints(target_model, None, tokenizer, None, target_path, None)
   logging.info("pair check:\n%s", check_pair(target_path, draft_path))
-  draft_model, draft_tokenizer = load_model(draft_path, dtype=dtype)
+  draft_model, draft_tokenizer = load_model(draft_path, dtype=draft_dtype or dtype)
   if not own_tokenizer:
     check_same_tokenizer(tokenizer, draft_tokenizer, target_path, draft_path)
   elif draft_tokenizer is None:
@@ -425,14 +432,16 @@ def load_checkpoints(
   return Checkpoints(target_model, draft_model, tokenizer, draft_tokenizer, target_path, draft_path)
 
 
-def _bundled_checkpoints(dtype, need_draft: bool, own_tokenizer: bool, scale) -> Checkpoints:
+def _bundled_checkpoints(
+  dtype, need_draft: bool, own_tokenizer: bool, scale, draft_dtype
+) -> Checkpoints:
   """`load_checkpoints` of the bundled pair (the cross draft with `own_tokenizer`;
   grown to `scale`'s shapes when that is set)."""
-  target, draft, tokenizer = load_pair(dtype, scale=scale)
+  target, draft, tokenizer = load_pair(dtype, scale=scale, draft_dtype=draft_dtype)
   if not need_draft:
     return Checkpoints(target, None, tokenizer, None, TARGET_DIR, None)
   if own_tokenizer:
-    cross, cross_tokenizer = load_cross_draft(dtype)
+    cross, cross_tokenizer = load_cross_draft(draft_dtype or dtype)
     return Checkpoints(target, cross, tokenizer, cross_tokenizer, TARGET_DIR, CROSS_DRAFT_DIR)
   return Checkpoints(target, draft, tokenizer, tokenizer, TARGET_DIR, DRAFT_DIR)
 

@@ -12,13 +12,13 @@ import numpy as np
 from specjax import theory
 
 
-def _pyplot():
+def pyplot():
   try:
     import matplotlib
   except ImportError as e:
     raise ImportError(
-      "the reproduction's figures need matplotlib: pip install 'specjax[plots]' "
-      "(or --config.figures=False for tables only)"
+      "specjax's figures (the reproduction's, the decode table's plot) need matplotlib: "
+      "pip install 'specjax[plots]' (the reproduction: or --config.figures=False for tables only)"
     ) from e
   matplotlib.use("Agg")  # files only, no display
   import matplotlib.pyplot as plt
@@ -29,7 +29,7 @@ def _pyplot():
 _MARKERS = {0.0: "o", 1.0: "^"}
 
 
-def _save(fig, path: str) -> str:
+def save_figure(fig, path: str) -> str:
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   fig.clf()
@@ -38,7 +38,7 @@ def _save(fig, path: str) -> str:
 
 def tokens_per_iteration(rows: list[dict], drafter: str, path: str) -> str:
   """Leviathan Figure 2: E(α, γ) over α for several γ, with measured points."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4.2))
   alphas = np.linspace(0, 0.99, 100)
   gammas = sorted({r["gamma"] for r in rows if r["drafter"] == drafter} | {1, 3, 5, 7, 10})
@@ -64,14 +64,14 @@ def tokens_per_iteration(rows: list[dict], drafter: str, path: str) -> str:
   ax.set_ylabel("tokens per iteration")
   ax.set_title(f"E(α, γ): curves; {drafter}: ○ T=0, △ T=1")
   ax.legend(fontsize=7, ncol=2)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def speedup_vs_gamma(rows: list[dict], drafter: str, path: str) -> str:
   """Leviathan Figure 3: predicted speedup against γ for several c (at the
   measured α, T = 0, verification costing one step as in the paper), with the
   measured speedups and the prediction from measured α, c and verify cost."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4.2))
   mine = [r for r in rows if r["drafter"] == drafter and r["verifier"] == "auto"]
   greedy = [r for r in mine if r["temperature"] == 0] or mine
@@ -104,12 +104,12 @@ def speedup_vs_gamma(rows: list[dict], drafter: str, path: str) -> str:
   ax.set_ylabel("walltime improvement")
   ax.set_title(f"S(γ) at α = {alpha:.2f}; measured ({drafter}): ● T=0, ▲ T=1")
   ax.legend(fontsize=7)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def ops_factor(path: str) -> str:
   """Leviathan Figure 4: the arithmetic-operations factor against γ (ĉ = 0)."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4.2))
   gammas = np.arange(1, 11)
   for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
@@ -121,12 +121,12 @@ def ops_factor(path: str) -> str:
   ax.set_xlabel("γ")
   ax.set_ylabel("arithmetic operations factor")
   ax.legend(fontsize=7)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def predicted_vs_measured(rows: list[dict], path: str, band: float = 0.3) -> str:
   """Leviathan Table 4 as a scatter: measured against predicted, the ±band region."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(5, 5))
   top = max([r["predicted_speedup"] for r in rows] + [r["speedup"] for r in rows] + [2.0]) * 1.1
   line = np.array([0, top])
@@ -151,12 +151,12 @@ def predicted_vs_measured(rows: list[dict], path: str, band: float = 0.3) -> str
   ax.set_xlabel("predicted speedup")
   ax.set_ylabel("measured speedup")
   ax.legend(fontsize=7)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def acceptance_by_position(rows: list[dict], drafter: str, path: str) -> str:
   """Chen et al.: P(token i accepted | token i - 1 accepted) by position."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4.2))
   deepest = max((r["gamma"] for r in rows if r["drafter"] == drafter), default=1)
   for r in rows:
@@ -175,12 +175,12 @@ def acceptance_by_position(rows: list[dict], drafter: str, path: str) -> str:
   ax.set_ylabel("acceptance")
   ax.set_ylim(0, 1)
   ax.legend(fontsize=7)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def speedup_vs_k(rows: list[dict], drafter: str, path: str) -> str:
   """Chen et al.: measured speedup against K (= γ)."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4.2))
   for t in sorted({r["temperature"] for r in rows}):
     mine = sorted(
@@ -201,4 +201,4 @@ def speedup_vs_k(rows: list[dict], drafter: str, path: str) -> str:
   ax.set_xlabel("K (drafted tokens)")
   ax.set_ylabel("speedup over plain decoding")
   ax.legend(fontsize=7)
-  return _save(fig, path)
+  return save_figure(fig, path)
