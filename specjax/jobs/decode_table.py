@@ -60,12 +60,14 @@ def _optional(key: str, spec: str):
 
 
 def _measured_over_predicted(r: dict) -> str:
+  """The speedup after the prefill over Leviathan's prediction (which has no prefill)."""
   predicted = r.get("predicted_speedup")
-  return f"{r['speedup'] / predicted:.2f}" if predicted else ""
+  return f"{r['decode_speedup'] / predicted:.2f}" if predicted else ""
 
 
 COLUMNS = (
   ("dtype", "{dtype}"),
+  ("draft dtype", "{draft_dtype}"),
   ("drafter", "{drafter}"),
   ("T", "{temperature:g}"),
   ("batch", "{batch_size}"),
@@ -78,6 +80,7 @@ COLUMNS = (
   ("tok/iter", "{tokens_per_iteration:.2f}"),
   ("spec ms/tok", "{spec_ms_per_token:.1f}"),
   ("speedup", "{speedup:.2f}"),
+  ("after prefill", _optional("decode_speedup", ".2f")),
   ("predicted", _optional("predicted_speedup", ".2f")),
   ("measured / predicted", _measured_over_predicted),
   ("greedy identical", lambda r: "" if "texts_identical" not in r else str(r["texts_identical"])),
