@@ -44,6 +44,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   # same function ("160m", "1b": specjax/pretrained/scales.py), in `dtype`.
   c.scale = ""
   c.dtype = "float32"
+  c.draft_dtype = ""  # the draft model's and heads' dtype; "" = dtype
   c.gamma = 4  # fixed draft length of the drafter x verifier grid
   c.max_new_tokens = 64
   c.num_prompts = 4  # held-out test-split prompts, decoded one by one (batch 1)

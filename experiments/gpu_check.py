@@ -6,6 +6,9 @@
 Run once on a lent GPU at --scale=full (the cases are chosen to fit one
 device-time budget); sections run in order, most wanted first, and the JSON is
 rewritten after each, so a run cut short keeps what it measured:
+  scaled: the bundled pair grown to the Llama-2-7B shape (`load_pair(scale="7b")`,
+     bfloat16, real acceptance) decoded by the main job at T = 0 and 1 and with
+     the grown EAGLE head (`specjax.jobs.decode_table`; smoke: the bundled pair);
   scoring: the 1.1B-shaped target's cost of one call over T = 2..64 positions
      (a chain, and a token tree with tree attention) against one position:
      what a tree's extra nodes cost on memory-bound hardware;
@@ -39,10 +42,11 @@ from flax import nnx
 
 import specjax
 from configs import compare_trees
+from configs import decode_table as decode_table_config
 from experiments import common
 from specjax import bench, trees
 from specjax.drafting import EagleDrafter
-from specjax.jobs import compare_drafters
+from specjax.jobs import compare_drafters, decode_table
 from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table, write_json
@@ -71,7 +75,7 @@ GAMMA = 4
 # untrained EAGLE head on the target (its cost c matters here; its alpha comes
 # from the bundled pair, not from random weights).
 CASES = ((1, "68m"), (1, "self"), (8, "68m"), (1, "eagle"))
-SECTIONS = ("scoring", "trees", "decode")
+SECTIONS = ("scaled", "scoring", "trees", "decode")
 # Positions scored in one call (scoring section): 1 is the decode step; trees
 # (tree attention) at some of them. Each is a compile of the 1.1B shape.
 SCORED = {"full": (1, 4, 8, 16, 32, 64), "smoke": (1, 4, 8)}
@@ -89,7 +93,7 @@ COLUMNS = (
   ("draft", "{draft}"),
   ("AR ms/token", "{ar_ms_per_token:.3f}"),
   ("AR / memory floor", "{ar_over_memory_floor:.2f}"),
-  ("AR / matmul floor", "{ar_over_floor:.2f}"),
+  ("AR / matmul floor", "{ar_over_matmul_floor:.2f}"),
   ("spec ms/token", "{spec_ms_per_token:.3f}"),
   ("speedup", "{speedup:.2f}"),
   ("α", "{acceptance_rate:.2f}"),
@@ -155,6 +159,22 @@ def tree_config(scale: str):
   return config
 
 
+def scaled_config(scale: str):
+  """`configs/decode_table.py` for the scaled section: the 7b pair in bfloat16
+  (smoke: the bundled pair, 8 tokens)."""
+  config = decode_table_config.get_config()
+  config.decode.scale = "7b" if scale == "full" else ""
+  config.decode.dtype = "bfloat16"
+  config.decode.max_new_tokens = 64 if scale == "full" else 8
+  config.decode.report_floor = scale == "full"
+  config.rows = (
+    dict(temperature=0.0),
+    dict(temperature=1.0),
+    dict(temperature=0.0, drafter="eagle"),
+  )
+  return config
+
+
 def main(argv):
   common.check_no_args(argv)
   # On the lent machine, files under $OUT are what comes back.
@@ -182,7 +202,10 @@ def main(argv):
   for section in SECTIONS:
     if section not in sections:
       continue
-    if section == "scoring":
+    if section == "scaled":
+      rows = decode_table.run(scaled_config(scale), progress=True)
+      save("scaled", rows, decode_table.COLUMNS)
+    elif section == "scoring":
       save("scoring", scoring_rows(target, sizes, scale), SCORING_COLUMNS)
     elif section == "trees":
       rows = compare_drafters.run(tree_config(scale), progress=True)
@@ -237,8 +260,8 @@ def decode_rows(target, draft, sizes: dict, result: dict) -> list[dict]:
     case.update(
       batch=batch,
       draft=which,
-      # The memory floor (weights / copy bandwidth); `ar_over_floor` from
-      # benchmark_generation is over the matmul-only floor.
+      # The memory floor at this copy bandwidth (`ar_over_floor` from
+      # benchmark_generation measures its own, smaller copy).
       ar_over_memory_floor=case["ar_ms_per_token"] / floor_ms,
       target_step_over_memory_floor=case["target_step_ms"] / floor_ms,
     )

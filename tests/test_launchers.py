@@ -306,7 +306,7 @@ STEPS = (
   Step(
     "gpu_check",
     "gpu_check",
-    ("--scale=smoke", "--sections=scoring", "--output_json={tmp}/gpu_check.json"),
+    ("--scale=smoke", "--sections=scaled,scoring", "--output_json={tmp}/gpu_check.json"),
   ),
   Step(
     "gpu_check_decode",

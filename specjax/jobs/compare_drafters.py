@@ -99,7 +99,8 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
   """
   applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
   verifiers = [v for v in applicable if v in config.verifiers]
-  heads = {kind: pretrained.load_drafter(kind, target) for kind in config.heads}
+  head_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.draft_dtype")
+  heads = {kind: pretrained.load_drafter(kind, target, dtype=head_dtype) for kind in config.heads}
   drafters = _chain_drafters(config, target, draft, heads)
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
@@ -184,6 +185,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       f"{', '.join(pretrained.SCALES)}; got {config.scale!r}."
     )
   dtypes.to_dtype(config.dtype, "config.dtype")
+  if config.draft_dtype:
+    dtypes.to_dtype(config.draft_dtype, "config.draft_dtype")
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
   unknown_heads = set(config.heads) - set(pretrained.HEAD_DRAFTERS)
@@ -450,8 +453,11 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[di
       time and figures as it ends).
   """
   check_config(config)
+  draft_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.draft_dtype")
   target, draft, tokenizer = pretrained.load_pair(
-    dtypes.to_dtype(config.dtype, "config.dtype"), scale=config.scale or None
+    dtypes.to_dtype(config.dtype, "config.dtype"),
+    scale=config.scale or None,
+    draft_dtype=draft_dtype,
   )
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
   plan = [v for t in config.temperatures for v in variants(config, target, draft, float(t))]
