@@ -33,6 +33,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.decode = decode.get_config()
   c.rows = (dict(temperature=0.0), dict(temperature=1.0))
+  c.num_rows = 0  # decode only the first N rows (0: all of them)
   if preset == "1b":
     c.decode.scale = "1b"
     mixed = dict(dtype="float32", draft_dtype="bfloat16")  # half the draft's bytes

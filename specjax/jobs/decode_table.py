@@ -36,11 +36,14 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[di
   row's config is checked before the first one runs."""
   if not config.rows:
     raise ValueError("config.rows must name at least one row.")
-  configs = [row_config(config, dict(changes)) for changes in config.rows]
+  if not isinstance(config.num_rows, int) or config.num_rows < 0:
+    raise ValueError(f"config.num_rows must be an int >= 0 (0: all rows), got {config.num_rows!r}.")
+  rows = config.rows[: config.num_rows or None]
+  configs = [row_config(config, dict(changes)) for changes in rows]
   for c in configs:
     decode.check_config(c)
   results = []
-  for i, (changes, c) in enumerate(zip(config.rows, configs), 1):
+  for i, (changes, c) in enumerate(zip(rows, configs), 1):
     start = time.perf_counter()
     if progress:
       print(f"[{i}/{len(configs)}] {dict(changes)}", file=sys.stderr, flush=True)
