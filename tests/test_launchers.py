@@ -196,8 +196,8 @@ def _check_table(tmp: str) -> None:
   """The decode table has its header, the separator and one line per default row."""
   with open(os.path.join(tmp, "table.md")) as f:
     lines = f.read().splitlines()
-  assert len(lines) == 4 and lines[0].startswith("| dtype | drafter | T |"), lines
-  assert [line.split(" | ")[2] for line in lines[2:]] == ["0", "1"], lines
+  assert len(lines) == 4 and lines[0].startswith("| dtype | draft dtype | drafter | T |"), lines
+  assert [line.split(" | ")[3] for line in lines[2:]] == ["0", "1"], lines
 
 
 STEPS = (
