@@ -157,12 +157,11 @@ static void columns_bf16(const uint32_t* xp, const float* x, const uint16_t* w, 
   for (int64_t m = 0; m < M * N; m += N) std::memset(y + m + n0, 0, (n1 - n0) * 4);
   const int64_t K2 = (K + 1) / 2;
   const int64_t full = n0 + (n1 - n0) / 32 * 32;  // whole tiles; the rest in column order
+  // Tiles of nv x 32 columns up to the last whole 64, then one 32-column tile.
+  const int64_t wide = n0 + (full - n0) / 64 * 64;
   for (int64_t m = 0; m < M; m += 8) {
     const uint32_t* xm = xp + m * K2;
     float* ym = y + m * N;
-    int64_t n = n0;
-    // Two-tile (64-column) steps while they fit, then one tile, in every case.
-    const int64_t wide = n0 + (full - n0) / 64 * 64;
     switch (M - m < 8 ? M - m : 8) {
 #define SPECJAX_CASE(mt, nv)                                            \
   case mt:                                                             \
@@ -173,11 +172,9 @@ static void columns_bf16(const uint32_t* xp, const float* x, const uint16_t* w, 
       SPECJAX_CASE(5, 2) SPECJAX_CASE(6, 2) SPECJAX_CASE(7, 1) SPECJAX_CASE(8, 1)
 #undef SPECJAX_CASE
     }
-    (void)n;
   }
   unpermute(y, M, N, n0, full);
-  if (full < n1) tile_rows<1, 1>(x, w, y, K, N, full, n1);  // ragged columns: scalar path
-  for (int64_t m = 1; m < M && full < n1; ++m)
+  for (int64_t m = 0; m < M && full < n1; ++m)  // ragged columns: the float32 path
     tile_rows<1, 1>(x + m * K, w, y + m * N, K, N, full, n1);
 }
 #else
