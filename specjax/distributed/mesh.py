@@ -34,6 +34,7 @@ LOGICAL_RULES: Mapping[str, str | None] = {
   "cache_heads": MODEL,
   "cache_seq": None,
   "head_dim": None,
+  "layers": None,  # scanned layers' stacked axis: every device holds every layer
 }
 
 

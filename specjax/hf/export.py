@@ -17,6 +17,7 @@ from flax import nnx
 from specjax.dtypes import to_dtype
 from specjax.hf import weights
 from specjax.models.config import ModelConfig
+from specjax.models.scan import unscan_model
 from specjax.models.transformer import Transformer
 
 # ModelConfig fields a Llama config.json cannot hold unless they keep their defaults.
@@ -97,6 +98,7 @@ def save_model(
   from safetensors.flax import save_file  # imported here: only exporting needs it
 
   config = hf_config(model, dtype, bos_id, eos_id, pad_id)
+  model = unscan_model(model)  # Hugging Face names one tensor per layer
   params = {path_: v.get_value() for path_, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   tensors = {}
   for name, entries in weights.tensor_map("llama", model.cfg).items():

@@ -17,6 +17,7 @@ from specjax.dtypes import dtype_name
 from specjax.hf import config as hf_config
 from specjax.hf import weights
 from specjax.hf.hub import resolve_checkpoint
+from specjax.models.scan import stack_layer_params
 from specjax.models.transformer import Transformer
 from specjax.validation import read_json_object
 
@@ -55,6 +56,7 @@ def load_model(
   revision: str | None = None,
   cache_dir: str | None = None,
   allow_download: bool = False,
+  scan_layers: bool | None = None,
 ) -> tuple[Transformer, Tokenizer | None]:
   """Loads a checkpoint of a supported family (`specjax.hf.config.SUPPORTED`:
   Llama/SmolLM, Mistral, Qwen2/3, Phi-3, Gemma 2/3, GPT-2) from a local directory
@@ -73,6 +75,8 @@ def load_model(
     mesh: optional `jax.sharding.Mesh`: each tensor goes straight into its
       sharding under `rules` (default `specjax.distributed.LOGICAL_RULES`);
       every device receives only its own shard, one tensor at a time.
+    scan_layers: the model's layer layout (`ModelConfig.scan_layers`; None:
+      the platform's default). Checkpoints are the same either way.
 
   Returns:
     `(model, tokenizer)`: a `specjax.Transformer` and a
@@ -87,18 +91,35 @@ def load_model(
   path = resolve_checkpoint(path, revision, cache_dir, allow_download)
   hf = read_config(path)
   cfg = hf_config.model_config(hf, name, source=os.path.join(path, "config.json"))
+  cfg = cfg.replace(scan_layers=scan_layers)
   # Everything cheap is checked before any tensor is read.
   tokenizer = load_tokenizer(path)
   files = weights.shard_files(path)
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  flat = nnx.to_flat_state(state)
-  place = _placer(abstract, mesh, rules)
+  # Tensors are read into the unrolled layout (one path per layer), then stacked
+  # for scanned layers.
+  unrolled = nnx.eval_shape(lambda: Transformer(cfg.replace(scan_layers=False), rngs=nnx.Rngs(0)))
+  flat = nnx.to_flat_state(nnx.state(unrolled))
+  place = _placer(unrolled, mesh, rules)
   params = weights.load_params(
     hf["model_type"], cfg, {p: v.get_value() for p, v in flat}, files, place
   )
-  loaded = nnx.from_flat_state([(p, v.replace(params[p])) for p, v in flat])
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  if cfg.scanned:
+    params = stack_layer_params(params, cfg.n_layers)
+    if mesh is not None:
+      params = _placed(params, abstract, mesh, rules)
+  graphdef, state = nnx.split(abstract)
+  loaded = nnx.from_flat_state([(p, v.replace(params[p])) for p, v in nnx.to_flat_state(state)])
   return nnx.merge(graphdef, loaded), tokenizer
+
+
+def _placed(params: dict, abstract: Transformer, mesh: Mesh, rules) -> dict:
+  """`params` (flat) moved into their shardings in `abstract` on `mesh`."""
+  from specjax.distributed.mesh import LOGICAL_RULES
+  from specjax.distributed.placement import param_shardings
+
+  shardings = nnx.to_flat_state(param_shardings(abstract, mesh, rules or LOGICAL_RULES))
+  return {p: jax.device_put(params[p], s.get_value()) for p, s in shardings}
 
 
 def _placer(

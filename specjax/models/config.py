@@ -103,6 +103,9 @@ class ModelConfig:
     dtype: compute dtype of activations ("float32", "bfloat16", "float16").
     param_dtype: storage dtype of the parameters.
     init_std: standard deviation of the normal initialiser of weight matrices.
+    scan_layers: stack the blocks' weights along a leading layer axis and run
+      them in a loop (`specjax/models/scan.py`): one block to compile instead
+      of L. None: the platform's default (`default_scan_layers`).
   """
 
   vocab_size: int
@@ -136,6 +139,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   init_std: float = 0.02
+  scan_layers: bool | None = None
 
   def __post_init__(self):
     self._check_sizes()
@@ -200,6 +204,10 @@ class ModelConfig:
       value = getattr(self, name)
       if value is not None and not (isinstance(value, (int, float)) and value > 0):
         raise ValueError(f"ModelConfig.{name} must be None or a number > 0, got {value!r}.")
+    if self.scan_layers not in (None, True, False):
+      raise ValueError(
+        f"ModelConfig.scan_layers must be None, True or False, got {self.scan_layers!r}."
+      )
     if not isinstance(self.norm_offset, (int, float)):
       raise ValueError(f"ModelConfig.norm_offset must be a number, got {self.norm_offset!r}.")
     if not self.rope_theta > 0:
@@ -239,6 +247,11 @@ class ModelConfig:
     return self.rope_theta, self.rope_scaling
 
   @property
+  def scanned(self) -> bool:
+    """Whether the model runs scanned layers: `scan_layers`, or the platform's default."""
+    return default_scan_layers() if self.scan_layers is None else bool(self.scan_layers)
+
+  @property
   def compute_dtype(self) -> jnp.dtype:
     return to_dtype(self.dtype, "ModelConfig.dtype")
 
@@ -249,3 +262,16 @@ class ModelConfig:
   def replace(self, **changes) -> ModelConfig:
     """A copy with `changes` applied (validated again)."""
     return dataclasses.replace(self, **changes)
+
+
+def default_scan_layers(platform: str | None = None) -> bool:
+  """Scanned layers by default on `platform` (default: JAX's default backend)?
+
+  Unrolled on CPU, where a scanned layer reads its weights through a dynamic
+  slice that XLA:CPU copies (a decode step then moves its weights twice);
+  scanned on GPU and TPU, where XLA reads the slice in place and the program
+  compiles several times faster (measurements: docs/performance.md).
+  """
+  import jax
+
+  return (platform or jax.default_backend()) != "cpu"

@@ -52,6 +52,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig
 from specjax.models.heads import HeadConfig, make_head
+from specjax.models.scan import unscan_model, with_layout
 from specjax.models.transformer import Transformer
 from specjax.validation import is_int
 
@@ -60,7 +61,7 @@ SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_
 # Fields whose new value follows from the base and the sizes (`expanded_config`).
 DERIVED_FIELDS = ("norm_eps", "rope_theta", "rope_local_theta", "attn_scale", "local_layers")
 # Fields that do not change the function: free to take any value.
-FREE_FIELDS = ("dtype", "param_dtype", "init_std", "norm_offset")
+FREE_FIELDS = ("dtype", "param_dtype", "init_std", "norm_offset", "scan_layers")
 # Every other ModelConfig field must keep the base's value (`check_expansion`).
 FIXED_FIELDS = tuple(
   f.name
@@ -410,6 +411,8 @@ def expand(model: Transformer, cfg: ModelConfig) -> Transformer:
     ValueError: `check_expansion(model.cfg, cfg)` fails (names the field).
   """
   check_expansion(model.cfg, cfg)
+  # Grown in the unrolled layout (one path per layer), then stacked if cfg scans.
+  model, scanned, cfg = unscan_model(model), cfg.scanned, cfg.replace(scan_layers=False)
   plan = _Plan(model.cfg, cfg)
   old = _old_params(model)
   source = {j: i for i, j in enumerate(layer_map(model.cfg.n_layers, cfg.n_layers))}
@@ -424,7 +427,8 @@ def expand(model: Transformer, cfg: ModelConfig) -> Transformer:
       raise NotImplementedError(f"no expansion rule for parameter {'.'.join(map(str, path))}.")
     return _grow(plan, _MODEL_AXES[path], old[path], shape, dtype, path[-1] == "scale")
 
-  return _fill(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), value)
+  new = _fill(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), value)
+  return with_layout(new, scanned)
 
 
 # -- draft heads

@@ -1,7 +1,8 @@
 """Static-shape KV cache with per-row lengths.
 
-The cache is a plain pytree: one `[B, K, S, H]` key and value array per layer and
-`lengths [B]`, the number of valid slots of each row. A model call writes its T
+The cache is a plain pytree: one `[B, K, S, H]` key and value array per layer
+(or, for a model with scanned layers, one stacked `[B, L, K, S, H]` array each)
+and `lengths [B]`, the number of valid slots of each row. A model call writes its T
 new tokens of row b at slots `lengths[b] .. lengths[b] + T - 1` and attends by
 position, so slots at or past a row's length are never read. Rolling a row back
 after a rejected draft is therefore bookkeeping: lower `lengths[b]`; the stale
@@ -17,6 +18,7 @@ from flax import struct
 from specjax.distributed.mesh import constrain
 
 CACHE_AXES = ("batch", "cache_heads", "cache_seq", "head_dim")  # logical names of k and v
+STACKED_CACHE_AXES = ("batch", "layers", *CACHE_AXES[1:])  # of a scanned model's stacked k, v
 
 
 @struct.dataclass
@@ -25,33 +27,59 @@ class KVCache:
 
   Attributes:
     k: tuple of L arrays `[B, K, S, H]` (heads before slots: the layout the
-      attention matmuls read without a transpose).
-    v: tuple of L arrays `[B, K, S, H]`.
+      attention matmuls read without a transpose), or for scanned layers one
+      stacked `[B, L, K, S, H]` array (rows first: the serving engine moves
+      rows leaf by leaf).
+    v: like k.
     lengths: `[B]` int32, valid slots per row (= position of the next token).
   """
 
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
+  k: tuple[jax.Array, ...] | jax.Array
+  v: tuple[jax.Array, ...] | jax.Array
   lengths: jax.Array
 
   @classmethod
   def zeros(
-    cls, *, n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int, dtype
+    cls,
+    *,
+    n_layers: int,
+    batch: int,
+    capacity: int,
+    n_kv_heads: int,
+    head_dim: int,
+    dtype,
+    stacked: bool = False,
   ) -> KVCache:
-    """An empty cache of `capacity` slots per row (all lengths 0)."""
+    """An empty cache of `capacity` slots per row (all lengths 0); `stacked`:
+    one `[B, L, K, S, H]` array each for k and v (scanned layers)."""
+    lengths = constrain(jnp.zeros((batch,), jnp.int32), ("batch",))
+    if stacked:
+      shape = (batch, n_layers, n_kv_heads, capacity, head_dim)
+      zeros = lambda: constrain(jnp.zeros(shape, dtype), STACKED_CACHE_AXES)
+      return cls(k=zeros(), v=zeros(), lengths=lengths)
     shape = (batch, n_kv_heads, capacity, head_dim)
     # Under a mesh: rows over data, kv heads over model (a no-op without one).
     zeros = lambda: constrain(jnp.zeros(shape, dtype), CACHE_AXES)
     return cls(
       k=tuple(zeros() for _ in range(n_layers)),
       v=tuple(zeros() for _ in range(n_layers)),
-      lengths=constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
+      lengths=lengths,
     )
+
+  @property
+  def stacked(self) -> bool:
+    """True for a scanned model's cache (one `[B, L, K, S, H]` array each)."""
+    return not isinstance(self.k, (tuple, list))
+
+  @property
+  def num_layers(self) -> int:
+    """L, the layers the cache holds."""
+    return self.k.shape[1] if self.stacked else len(self.k)
 
   @property
   def capacity(self) -> int:
     """S, the static number of slots per row."""
-    return self.k[0].shape[2]
+    return self.k.shape[3] if self.stacked else self.k[0].shape[2]
 
   def with_lengths(self, lengths: jax.Array) -> KVCache:
     """The same slots with new per-row lengths (rollback or commit)."""
@@ -67,11 +95,15 @@ class KVCache:
     """
     d = path.shape[1]
     nodes = jnp.where(path >= 0, path, jnp.arange(d, dtype=path.dtype)[None, :])
-    index = (base[:, None] + nodes)[:, None, :, None]  # [B, 1, D, 1]
+    index = base[:, None] + nodes  # [B, D]
 
-    def move(x):
-      return write_rows(x, jnp.take_along_axis(x, index, axis=2), base, axis=2)
+    def move(x):  # x [B, ..., S, H]: slots at axis -2
+      lead = (1,) * (x.ndim - 3)
+      at = index.reshape(index.shape[0], *lead, d, 1)
+      return write_rows(x, jnp.take_along_axis(x, at, axis=-2), base, axis=x.ndim - 2)
 
+    if self.stacked:
+      return self.replace(k=move(self.k), v=move(self.v))
     return self.replace(k=tuple(map(move, self.k)), v=tuple(map(move, self.v)))
 
 
@@ -102,22 +134,49 @@ def check_capacity(
   return needed
 
 
-def write_rows(buffer: jax.Array, update: jax.Array, starts: jax.Array, axis: int = 1) -> jax.Array:
+def write_rows(
+  buffer: jax.Array, update: jax.Array, starts: jax.Array, axis: int = 1, leading: tuple = ()
+) -> jax.Array:
   """Writes `update[b]` into `buffer[b]` at offset `starts[b]` along `axis`.
 
   Args:
     buffer: `[B, ..., S, ...]` with S at `axis`.
-    update: like buffer but T <= S along `axis`.
+    update: like buffer but T <= S along `axis` (and 1 along the `leading` axes).
     starts: `[B]` int32 offsets; callers guarantee `starts + T <= S` (XLA would
       otherwise clamp the offset and overwrite valid slots).
+    leading: offsets (same for every row, may be traced) along the axes
+      right after B, e.g. the layer of a stacked cache.
 
   Returns:
     buffer with the T slots of each row replaced.
   """
 
   def one_row(row, new, start):
-    index = [0] * row.ndim
+    index = [*leading] + [0] * (row.ndim - len(leading))
     index[axis - 1] = start
     return jax.lax.dynamic_update_slice(row, new.astype(row.dtype), tuple(index))
 
   return jax.vmap(one_row)(buffer, update, starts)
+
+
+def write_layer(layer_cache: tuple, k: jax.Array, v: jax.Array, starts: jax.Array):
+  """Writes one layer's T new keys and values `k, v [B, K, T, H]` at `starts [B]`.
+
+  Args:
+    layer_cache: `(k, v)`, this layer's `[B, K, S, H]` arrays, or
+      `(k, v, i)`: a stacked `[B, L, K, S, H]` pair and the (traced) layer
+      index of a scanned model; only the T new slots are written, in place.
+
+  Returns:
+    `(keys, values, layer_cache)`: the layer's `[B, K, S, H]` keys and values
+    to attend to, and the updated `layer_cache` (same form as given).
+  """
+  if len(layer_cache) == 2:
+    keys = write_rows(layer_cache[0], k, starts, axis=2)
+    values = write_rows(layer_cache[1], v, starts, axis=2)
+    return keys, values, (keys, values)
+  k_all, v_all, i = layer_cache
+  k_all = write_rows(k_all, k[:, None], starts, axis=3, leading=(i,))
+  v_all = write_rows(v_all, v[:, None], starts, axis=3, leading=(i,))
+  read = lambda x: jax.lax.dynamic_index_in_dim(x, i, axis=1, keepdims=False)
+  return read(k_all), read(v_all), (k_all, v_all, i)

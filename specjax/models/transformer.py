@@ -27,7 +27,8 @@ from flax import nnx
 
 from specjax.kernels import matmul, uses_kernel
 from specjax.models.config import ModelConfig, RopeScaling
-from specjax.models.kv_cache import KVCache, write_rows
+from specjax.models.kv_cache import KVCache, write_layer
+from specjax.models.scan import ScannedBlocks
 from specjax.trees import Tree, as_tree, tree_attention
 
 _NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
@@ -218,16 +219,19 @@ class Attention(nnx.Module):
     self,
     x: jax.Array,
     positions: jax.Array,
-    masks: dict[int | None, jax.Array],
-    layer_cache: tuple[jax.Array, jax.Array] | None,
+    masks: dict[int | None, jax.Array] | jax.Array,
+    layer_cache: tuple | None,
     starts: jax.Array | None,
+    inv_freq: jax.Array | None = None,
   ):
     """x `[B, T, D]`, positions `[B, T]`, masks: window -> `[B, T, T or S]`
-    (this layer reads `masks[self.window]`).
+    (this layer reads `masks[self.window]`), or this layer's mask itself.
 
-    With `layer_cache = (k [B, K, S, H], v [B, K, S, H])` the T new keys/values
+    With `layer_cache = (k [B, K, S, H], v [B, K, S, H])` (or a scanned model's
+    stacked pair and layer index, `kv_cache.write_layer`) the T new keys/values
     are written at `starts [B]` and attention reads the whole cache; returns
-    `(out [B, T, D], (k, v))`.
+    `(out [B, T, D], layer_cache)`. `inv_freq [H/2]` overrides the layer's own
+    RoPE frequencies (a scanned layer's, chosen by index).
     """
     cfg = self.cfg
     b, t, _ = x.shape
@@ -238,15 +242,15 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if cfg.positions == "rope":
-      inv_freq = rope_inv_freq(h, *self.rope)
+      inv_freq = rope_inv_freq(h, *self.rope) if inv_freq is None else inv_freq
       q = apply_rope(q, positions, inv_freq)
       k = apply_rope(k, positions, inv_freq)
     k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, T, H]
     if layer_cache is not None:
-      k = write_rows(layer_cache[0], k, starts, axis=2)
-      v = write_rows(layer_cache[1], v, starts, axis=2)
-    out = attend(q, k, v, masks[self.window], cfg.attn_scale, cfg.attn_softcap)
-    return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), (k, v)
+      k, v, layer_cache = write_layer(layer_cache, k, v, starts)
+    mask = masks[self.window] if isinstance(masks, dict) else masks
+    out = attend(q, k, v, mask, cfg.attn_scale, cfg.attn_softcap)
+    return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), layer_cache
 
 
 class MLP(nnx.Module):
@@ -291,8 +295,10 @@ class Block(nnx.Module):
       self.post_attn_norm = Norm(cfg)
       self.post_mlp_norm = Norm(cfg)
 
-  def __call__(self, x, positions, masks, layer_cache, starts):
-    attn_out, layer_cache = self.attn(self.attn_norm(x), positions, masks, layer_cache, starts)
+  def __call__(self, x, positions, masks, layer_cache, starts, inv_freq=None):
+    attn_out, layer_cache = self.attn(
+      self.attn_norm(x), positions, masks, layer_cache, starts, inv_freq
+    )
     if self.sandwich:
       attn_out = self.post_attn_norm(attn_out)
     x = x + attn_out
@@ -327,8 +333,12 @@ def run_blocks(
     tree); features are the block outputs after the layer counts in
     `feature_layers` (1 = after the first).
   """
-  if len(cache.k) != len(blocks):
-    raise ValueError(f"the cache has {len(cache.k)} layers; this call runs {len(blocks)}.")
+  if isinstance(blocks, ScannedBlocks):  # runs the cache's first layers (layer skip)
+    if cache.num_layers > len(blocks):
+      raise ValueError(f"the cache has {cache.num_layers} layers; the model has {len(blocks)}.")
+    return _run_scanned(blocks, x, cache, feature_layers, tree)
+  if cache.num_layers != len(blocks):
+    raise ValueError(f"the cache has {cache.num_layers} layers; this call runs {len(blocks)}.")
   t = x.shape[1]
   windows = {block.attn.window for block in blocks}
   starts, positions, masks = _layout(cache, t, tree, windows)
@@ -341,6 +351,29 @@ def run_blocks(
       features.append(x)
   lengths = cache.lengths if tree is not None else cache.lengths + t
   return x, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=lengths), features
+
+
+def _run_scanned(blocks: ScannedBlocks, x, cache: KVCache, feature_layers, tree):
+  """`run_blocks` for scanned layers: one loop per stretch between feature layers."""
+  depth = cache.num_layers
+  starts, positions, masks = _layout(cache, x.shape[1], tree, set(blocks.windows[:depth]))
+  inv_freqs = _rope_table(blocks)
+  kv, features, start = (cache.k, cache.v), [], 0
+  for stop in sorted({*feature_layers, depth}):
+    x, kv = blocks.run(x, positions, masks, kv, starts, inv_freqs, start, stop)
+    if stop in feature_layers:
+      features.append(x)
+    start = stop
+  lengths = cache.lengths if tree is not None else cache.lengths + x.shape[1]
+  return x, KVCache(k=kv[0], v=kv[1], lengths=lengths), features
+
+
+def _rope_table(blocks: ScannedBlocks) -> jax.Array | None:
+  """`[L, H/2]` RoPE frequencies of each scanned layer (None: learned positions)."""
+  cfg = blocks.block.attn.cfg
+  if cfg.positions != "rope":
+    return None
+  return jnp.stack([rope_inv_freq(cfg.resolved_head_dim, *rope) for rope in blocks.ropes])
 
 
 def _layout(cache: KVCache, t: int, tree, windows=()) -> tuple:
@@ -393,7 +426,13 @@ class Transformer(nnx.Module):
         embedding_init=_normal(cfg, (None, "embed")),
         rngs=rngs,
       )
-    self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
+    blocks = [Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)]
+    if cfg.scanned:
+      windows = [cfg.layer_window(i) for i in range(cfg.n_layers)]
+      ropes = [cfg.layer_rope(i) for i in range(cfg.n_layers)]
+      self.layers = ScannedBlocks(blocks, windows, ropes)
+    else:
+      self.layers = nnx.List(blocks)
     self.final_norm = Norm(cfg)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Param(
@@ -415,6 +454,7 @@ class Transformer(nnx.Module):
       n_kv_heads=cfg.n_kv_heads,
       head_dim=cfg.resolved_head_dim,
       dtype=cfg.compute_dtype,
+      stacked=isinstance(self.layers, ScannedBlocks),
     )
 
   def _embed(self, tokens, positions):
@@ -439,11 +479,17 @@ class Transformer(nnx.Module):
     """Full causal forward without a cache: `tokens [B, T]` -> `logits [B, T, V]`."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    windows = {layer.attn.window for layer in self.layers}
+    scanned = isinstance(self.layers, ScannedBlocks)
+    windows = set(self.layers.windows) if scanned else {layer.attn.window for layer in self.layers}
     masks = {w: attention_mask(positions, positions[0], w) for w in windows}
     x = self._embed(tokens, positions)
-    for layer in self.layers:
-      x, _ = layer(x, positions, masks, None, None)
+    if scanned:
+      x, _ = self.layers.run(
+        x, positions, masks, None, None, _rope_table(self.layers), 0, len(self.layers)
+      )
+    else:
+      for layer in self.layers:
+        x, _ = layer(x, positions, masks, None, None)
     return self._logits(x)
 
   def forward_cached(
@@ -486,8 +532,13 @@ class Transformer(nnx.Module):
     t = tokens.shape[1]
     _, positions, _ = _layout(cache, t, tree)
     x = self._embed(tokens, positions)
-    layers = self.layers if num_layers is None else self.layers[:num_layers]
-    feature_layers = self._feature_layers(return_hidden, len(layers))
+    layers = self.layers
+    if num_layers is not None and not isinstance(layers, ScannedBlocks):
+      layers = layers[:num_layers]  # a scanned model's loop stops at the cache's depth
+    depth = num_layers or len(layers)
+    if cache.num_layers != depth:
+      raise ValueError(f"the cache has {cache.num_layers} layers; this call runs {depth}.")
+    feature_layers = self._feature_layers(return_hidden, depth)
     x, cache, features = run_blocks(layers, x, cache, feature_layers, tree)
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)

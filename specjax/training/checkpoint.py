@@ -44,8 +44,15 @@ def _write_json(path: str, fields: dict[str, Any]) -> None:
 
 
 def save_model_config(workdir: str, cfg: ModelConfig) -> None:
-  """Writes `cfg` as `workdir/model_config.json` (atomically: never half-written)."""
-  _write_json(os.path.join(workdir, MODEL_CONFIG_FILE), dataclasses.asdict(cfg))
+  """Writes `cfg` as `workdir/model_config.json` (atomically: never half-written),
+  with `scan_layers` resolved: the layer layout the checkpoints hold, whatever
+  platform reads them."""
+  _write_json(os.path.join(workdir, MODEL_CONFIG_FILE), dataclasses.asdict(_layout_fixed(cfg)))
+
+
+def _layout_fixed(cfg: ModelConfig) -> ModelConfig:
+  """`cfg` with `scan_layers` resolved on this platform (None -> True or False)."""
+  return cfg.replace(scan_layers=cfg.scanned)
 
 
 def save_head_config(workdir: str, cfg: HeadConfig) -> None:
@@ -170,6 +177,8 @@ def check_resumable(workdir: str, cfg: ModelConfig | HeadConfig) -> None:
       )
     return
   saved = load_head_config(workdir) if is_head else load_model_config(workdir)
+  if not is_head:
+    cfg = _layout_fixed(cfg)
   if saved != cfg:
     old, new = _flat_fields(saved), _flat_fields(cfg)
     diff = ", ".join(
