@@ -22,6 +22,9 @@ import jax.numpy as jnp
 from specjax.dtypes import DTYPES, to_dtype
 from specjax.validation import is_int
 
+# The implementations of attention a model may run (`specjax.models.attention`).
+ATTENTION_IMPLS = ("einsum", "dot_product", "pallas")
+
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
@@ -103,6 +106,12 @@ class ModelConfig:
     dtype: compute dtype of activations ("float32", "bfloat16", "float16").
     param_dtype: storage dtype of the parameters.
     init_std: standard deviation of the normal initialiser of weight matrices.
+    attention: how attention is computed (`specjax.models.attention`), the same
+      function each way: "einsum" (the reference, grouped-query einsums over the
+      cache), "dot_product" (`jax.nn.dot_product_attention`) or "pallas" (on GPU,
+      JAX's Pallas decode kernel for one-token decode calls, "dot_product"
+      otherwise). Only "einsum" has soft-capping: the others refuse
+      `attn_softcap`.
   """
 
   vocab_size: int
@@ -136,6 +145,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   init_std: float = 0.02
+  attention: Literal["einsum", "dot_product", "pallas"] = "einsum"
 
   def __post_init__(self):
     self._check_sizes()
@@ -214,12 +224,19 @@ class ModelConfig:
       "positions": ("rope", "learned"),
       "dtype": tuple(DTYPES),
       "param_dtype": tuple(DTYPES),
+      "attention": ATTENTION_IMPLS,
     }
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(
           f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}."
         )
+    if self.attention != "einsum" and self.attn_softcap is not None:
+      raise ValueError(
+        f"ModelConfig.attention={self.attention!r} has no soft-capping, but "
+        f"ModelConfig.attn_softcap={self.attn_softcap!r}: use attention='einsum' "
+        "or leave attn_softcap None."
+      )
 
   @property
   def resolved_head_dim(self) -> int:

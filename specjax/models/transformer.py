@@ -26,11 +26,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.kernels import matmul, uses_kernel
+from specjax.models.attention import attend as attend  # re-exported: the reference path
+from specjax.models.attention import attention, softcap
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.kv_cache import KVCache, write_rows
 from specjax.trees import Tree, as_tree, tree_attention
-
-_NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
 
 
 def _logical(init, names: tuple[str | None, ...]):
@@ -144,44 +144,6 @@ def attention_mask(
   return mask
 
 
-def softcap(x: jax.Array, cap: float | None) -> jax.Array:
-  """tanh(x / cap) * cap (Gemma 2's soft-capping); x itself when cap is None."""
-  return x if cap is None else jnp.tanh(x / cap) * cap
-
-
-def attend(
-  q: jax.Array,
-  k: jax.Array,
-  v: jax.Array,
-  mask: jax.Array,
-  scale: float | None = None,
-  cap: float | None = None,
-) -> jax.Array:
-  """Grouped-query attention.
-
-  Args:
-    q: `[B, T, N, H]` queries.
-    k, v: `[B, K, S, H]` keys and values (N % K == 0).
-    mask: `[B, T, S]` bool, True where query t may read slot s.
-    scale: the factor on q.k (None: H ** -0.5).
-    cap: soft-capping of the scaled scores, if any.
-
-  Returns:
-    `[B, T, N, H]` in q's dtype; scores and softmax run in float32.
-  """
-  b, t, n, h = q.shape
-  kv_heads = k.shape[1]
-  scale = h**-0.5 if scale is None else scale
-  # [B, K, G, T, H]: batch dims (B, K) lead every matmul, no cache transpose.
-  q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
-  scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  scores = softcap(scores, cap)
-  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
-  weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bksh->bkgth", weights, v, preferred_element_type=jnp.float32)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
-
-
 class Attention(nnx.Module):
   """Multi-head attention with K <= N key/value heads and an optional cache.
 
@@ -245,7 +207,9 @@ class Attention(nnx.Module):
     if layer_cache is not None:
       k = write_rows(layer_cache[0], k, starts, axis=2)
       v = write_rows(layer_cache[1], v, starts, axis=2)
-    out = attend(q, k, v, masks[self.window], cfg.attn_scale, cfg.attn_softcap)
+    out = attention(
+      q, k, v, masks[self.window], scale=cfg.attn_scale, cap=cfg.attn_softcap, impl=cfg.attention
+    )
     return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), (k, v)
 
 
