@@ -22,7 +22,7 @@ from specjax.models.transformer import attention_mask
 S = 32  # cache slots: a multiple of 16, so the Pallas kernel can tile it
 H = 16  # head dim: the kernel's smallest
 LENGTHS = (3, 17, 28)  # each row's cached prefix; slots past it hold stale data
-TOL = {jnp.float32: 1e-5, jnp.bfloat16: 3e-2}
+TOL = {np.dtype(jnp.float32): 1e-5, np.dtype(jnp.bfloat16): 3e-2}
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def _check(impl: str, q, k, v, mask, scale=None):
   got = jax.jit(lambda *a: attention(*a, scale=scale, impl=impl))(q, k, v, mask)
   want = attend(q, k, v, mask, scale)
   assert got.shape == q.shape and got.dtype == q.dtype
-  tol = TOL[q.dtype.type]
+  tol = TOL[q.dtype]
   np.testing.assert_allclose(
     np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol
   )
