@@ -22,6 +22,9 @@ import jax.numpy as jnp
 from specjax.dtypes import DTYPES, to_dtype
 from specjax.validation import is_int
 
+# The implementations of attention a model may run (`specjax.models.attention`).
+ATTENTION_IMPLS = ("einsum", "dot_product", "pallas")
+
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
@@ -106,6 +109,12 @@ class ModelConfig:
     scan_layers: stack the blocks' weights along a leading layer axis and run
       them in a loop (`specjax/models/scan.py`): one block to compile instead
       of L. None: the platform's default (`default_scan_layers`).
+    attention: how attention is computed (`specjax.models.attention`), the same
+      function each way: "einsum" (the reference, grouped-query einsums over the
+      cache), "dot_product" (`jax.nn.dot_product_attention`) or "pallas" (on GPU,
+      JAX's Pallas decode kernel for one-token decode calls, "dot_product"
+      otherwise). Only "einsum" has soft-capping: the others refuse
+      `attn_softcap`.
   """
 
   vocab_size: int
@@ -140,6 +149,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   init_std: float = 0.02
   scan_layers: bool | None = None
+  attention: Literal["einsum", "dot_product", "pallas"] = "einsum"
 
   def __post_init__(self):
     self._check_sizes()
@@ -222,12 +232,19 @@ class ModelConfig:
       "positions": ("rope", "learned"),
       "dtype": tuple(DTYPES),
       "param_dtype": tuple(DTYPES),
+      "attention": ATTENTION_IMPLS,
     }
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(
           f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}."
         )
+    if self.attention != "einsum" and self.attn_softcap is not None:
+      raise ValueError(
+        f"ModelConfig.attention={self.attention!r} has no soft-capping, but "
+        f"ModelConfig.attn_softcap={self.attn_softcap!r}: use attention='einsum' "
+        "or leave attn_softcap None."
+      )
 
   @property
   def resolved_head_dim(self) -> int:

@@ -61,7 +61,7 @@ SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_
 # Fields whose new value follows from the base and the sizes (`expanded_config`).
 DERIVED_FIELDS = ("norm_eps", "rope_theta", "rope_local_theta", "attn_scale", "local_layers")
 # Fields that do not change the function: free to take any value.
-FREE_FIELDS = ("dtype", "param_dtype", "init_std", "norm_offset", "scan_layers")
+FREE_FIELDS = ("dtype", "param_dtype", "init_std", "norm_offset", "scan_layers", "attention")
 # Every other ModelConfig field must keep the base's value (`check_expansion`).
 FIXED_FIELDS = tuple(
   f.name

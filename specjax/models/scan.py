@@ -122,6 +122,7 @@ class ScannedBlocks(nnx.Module):
     inv_freqs: jax.Array | None,
     start: int,
     stop: int,
+    contiguous: bool = True,
   ):
     """Runs layers `start .. stop - 1` over `x [B, T, D]` in one loop.
 
@@ -130,6 +131,7 @@ class ScannedBlocks(nnx.Module):
         the layers run); starts `[B]`: where the T new slots go.
       cache_kv: None (no cache), or the stacked `(k, v)`, each `[B, L, K, S, H]`.
       inv_freqs: `[L, H/2]` per-layer RoPE frequencies, or None (learned positions).
+      contiguous: static: the masks are one run of slots per row (not a tree).
 
     Returns:
       `(x [B, T, D], cache_kv)`.
@@ -148,7 +150,9 @@ class ScannedBlocks(nnx.Module):
       block = nnx.merge(graphdef, layer_slice(state, i))
       layer_cache = None if cache_kv is None else (*cache_kv, i)
       inv_freq = None if inv_freqs is None else inv_freqs[i]
-      x, layer_cache = block(x, positions, select_mask(i), layer_cache, starts, inv_freq=inv_freq)
+      x, layer_cache = block(
+        x, positions, select_mask(i), layer_cache, starts, inv_freq, contiguous
+      )
       return x, None if cache_kv is None else layer_cache[:2]
 
     if stop <= start:

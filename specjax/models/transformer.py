@@ -26,12 +26,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.kernels import matmul, uses_kernel
+from specjax.models.attention import attend as attend  # re-exported: the reference path
+from specjax.models.attention import attention, softcap
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.kv_cache import KVCache, write_layer
 from specjax.models.scan import ScannedBlocks
 from specjax.trees import Tree, as_tree, tree_attention
-
-_NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
 
 
 def _logical(init, names: tuple[str | None, ...]):
@@ -145,44 +145,6 @@ def attention_mask(
   return mask
 
 
-def softcap(x: jax.Array, cap: float | None) -> jax.Array:
-  """tanh(x / cap) * cap (Gemma 2's soft-capping); x itself when cap is None."""
-  return x if cap is None else jnp.tanh(x / cap) * cap
-
-
-def attend(
-  q: jax.Array,
-  k: jax.Array,
-  v: jax.Array,
-  mask: jax.Array,
-  scale: float | None = None,
-  cap: float | None = None,
-) -> jax.Array:
-  """Grouped-query attention.
-
-  Args:
-    q: `[B, T, N, H]` queries.
-    k, v: `[B, K, S, H]` keys and values (N % K == 0).
-    mask: `[B, T, S]` bool, True where query t may read slot s.
-    scale: the factor on q.k (None: H ** -0.5).
-    cap: soft-capping of the scaled scores, if any.
-
-  Returns:
-    `[B, T, N, H]` in q's dtype; scores and softmax run in float32.
-  """
-  b, t, n, h = q.shape
-  kv_heads = k.shape[1]
-  scale = h**-0.5 if scale is None else scale
-  # [B, K, G, T, H]: batch dims (B, K) lead every matmul, no cache transpose.
-  q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
-  scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  scores = softcap(scores, cap)
-  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
-  weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bksh->bkgth", weights, v, preferred_element_type=jnp.float32)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
-
-
 class Attention(nnx.Module):
   """Multi-head attention with K <= N key/value heads and an optional cache.
 
@@ -223,6 +185,7 @@ class Attention(nnx.Module):
     layer_cache: tuple | None,
     starts: jax.Array | None,
     inv_freq: jax.Array | None = None,
+    contiguous: bool = True,
   ):
     """x `[B, T, D]`, positions `[B, T]`, masks: window -> `[B, T, T or S]`
     (this layer reads `masks[self.window]`), or this layer's mask itself.
@@ -231,7 +194,8 @@ class Attention(nnx.Module):
     stacked pair and layer index, `kv_cache.write_layer`) the T new keys/values
     are written at `starts [B]` and attention reads the whole cache; returns
     `(out [B, T, D], layer_cache)`. `inv_freq [H/2]` overrides the layer's own
-    RoPE frequencies (a scanned layer's, chosen by index).
+    RoPE frequencies (a scanned layer's, chosen by index). `contiguous`
+    (static): the mask is one run of slots per row (False for token trees).
     """
     cfg = self.cfg
     b, t, _ = x.shape
@@ -249,7 +213,16 @@ class Attention(nnx.Module):
     if layer_cache is not None:
       k, v, layer_cache = write_layer(layer_cache, k, v, starts)
     mask = masks[self.window] if isinstance(masks, dict) else masks
-    out = attend(q, k, v, mask, cfg.attn_scale, cfg.attn_softcap)
+    out = attention(
+      q,
+      k,
+      v,
+      mask,
+      scale=cfg.attn_scale,
+      cap=cfg.attn_softcap,
+      impl=cfg.attention,
+      contiguous=contiguous,
+    )
     return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), layer_cache
 
 
@@ -295,9 +268,9 @@ class Block(nnx.Module):
       self.post_attn_norm = Norm(cfg)
       self.post_mlp_norm = Norm(cfg)
 
-  def __call__(self, x, positions, masks, layer_cache, starts, inv_freq=None):
+  def __call__(self, x, positions, masks, layer_cache, starts, inv_freq=None, contiguous=True):
     attn_out, layer_cache = self.attn(
-      self.attn_norm(x), positions, masks, layer_cache, starts, inv_freq
+      self.attn_norm(x), positions, masks, layer_cache, starts, inv_freq, contiguous
     )
     if self.sandwich:
       attn_out = self.post_attn_norm(attn_out)
@@ -344,7 +317,7 @@ def run_blocks(
   starts, positions, masks = _layout(cache, t, tree, windows)
   new_k, new_v, features = [], [], []
   for depth, (block, k, v) in enumerate(zip(blocks, cache.k, cache.v), 1):
-    x, (k, v) = block(x, positions, masks, (k, v), starts)
+    x, (k, v) = block(x, positions, masks, (k, v), starts, contiguous=tree is None)
     new_k.append(k)
     new_v.append(v)
     if depth in feature_layers:
@@ -360,7 +333,9 @@ def _run_scanned(blocks: ScannedBlocks, x, cache: KVCache, feature_layers, tree)
   inv_freqs = _rope_table(blocks)
   kv, features, start = (cache.k, cache.v), [], 0
   for stop in sorted({*feature_layers, depth}):
-    x, kv = blocks.run(x, positions, masks, kv, starts, inv_freqs, start, stop)
+    x, kv = blocks.run(
+      x, positions, masks, kv, starts, inv_freqs, start, stop, contiguous=tree is None
+    )
     if stop in feature_layers:
       features.append(x)
     start = stop

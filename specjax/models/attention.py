@@ -1,0 +1,207 @@
+"""Attention implementations behind one call, chosen by `ModelConfig.attention`.
+
+  attention(q [B, T, N, H], k [B, K, S, H], v [B, K, S, H], mask [B, T, S],
+            scale=..., cap=..., impl=...) -> [B, T, N, H]
+
+Every implementation computes the same function: query t of row b reads the
+cache slots s where `mask[b, t, s]` is True, and nothing else (slots at or past a
+row's length hold stale keys; the mask is what keeps them out).
+
+  "einsum"       `attend`: grouped-query einsums over the `[B, K, S, H]` cache,
+                 scores and softmax in float32. The reference; the only one with
+                 soft-capping (`attn_softcap`).
+  "dot_product"  `jax.nn.dot_product_attention` (XLA's implementation), which
+                 takes keys as `[B, S, K, H]`: every call transposes the layer's
+                 keys and values, a copy of both unless XLA folds the transpose
+                 into its dots.
+  "pallas"       on GPU, a decode call (T == 1) whose mask is one run of slots
+                 per row (causal, or a sliding window) goes through JAX's Pallas
+                 decode-attention kernel (`jax.experimental.pallas.ops.gpu.
+                 decode_attention`), which reads `[B, K, S, H]` as it is and
+                 stops at each row's length; everything else (T > 1, token
+                 trees, other backends, shapes the kernel cannot tile) goes
+                 through "dot_product".
+
+Setting the environment variable SPECJAX_PALLAS_INTERPRET=1 (read when a call
+is traced) runs the Pallas kernel in interpret mode on any backend, which is how
+the tests check it on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from specjax.models.config import ATTENTION_IMPLS
+
+_NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
+_INTERPRET_ENV = "SPECJAX_PALLAS_INTERPRET"
+# The kernel's tiles: a block of keys is 16..128 slots, and every tile Triton
+# loads must have a power-of-two size.
+_MIN_BLOCK = 16
+_MAX_SPLITS = 16  # the kernel's default split of the slots across programs
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+  """tanh(x / cap) * cap (Gemma 2's soft-capping); x itself when cap is None."""
+  return x if cap is None else jnp.tanh(x / cap) * cap
+
+
+def attend(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  scale: float | None = None,
+  cap: float | None = None,
+) -> jax.Array:
+  """Grouped-query attention: the reference implementation ("einsum").
+
+  Args:
+    q: `[B, T, N, H]` queries.
+    k, v: `[B, K, S, H]` keys and values (N % K == 0).
+    mask: `[B, T, S]` bool, True where query t may read slot s.
+    scale: the factor on q.k (None: H ** -0.5).
+    cap: soft-capping of the scaled scores, if any.
+
+  Returns:
+    `[B, T, N, H]` in q's dtype; scores and softmax run in float32.
+  """
+  b, t, n, h = q.shape
+  kv_heads = k.shape[1]
+  scale = h**-0.5 if scale is None else scale
+  # [B, K, G, T, H]: batch dims (B, K) lead every matmul, no cache transpose.
+  q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
+  scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = softcap(scores, cap)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bksh->bkgth", weights, v, preferred_element_type=jnp.float32)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
+
+
+def dot_product_attend(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None
+) -> jax.Array:
+  """`attend` (without soft-capping) through `jax.nn.dot_product_attention`.
+
+  Same arguments and result as `attend`. That function wants keys and values as
+  `[B, S, K, H]`, so both are transposed from the cache's `[B, K, S, H]` on every
+  call: up to a copy of this layer's cache per call, which is what the einsum
+  path avoids. Its scores and softmax run in float32 too.
+  """
+  k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+  return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
+
+
+def mask_span(mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`(start [B], stop [B], contiguous [])` of a decode mask `[B, S]`.
+
+  Row b reads slots `start[b] <= s < stop[b]` (its first and one past its last
+  True); `contiguous` is True when every row reads exactly that run (a causal
+  or sliding-window mask) and at least one slot, i.e. when the run describes
+  the mask. A token tree's mask, with holes at the slots of other branches, is
+  not contiguous in general.
+  """
+  s = mask.shape[-1]
+  start = jnp.argmax(mask, axis=-1).astype(jnp.int32)
+  stop = (s - jnp.argmax(mask[:, ::-1], axis=-1)).astype(jnp.int32)
+  count = jnp.sum(mask, axis=-1, dtype=jnp.int32)
+  return start, stop, jnp.all((count > 0) & (count == stop - start))
+
+
+def _kernel_tiling(q: jax.Array, k: jax.Array) -> tuple[int, int, bool] | None:
+  """`(k_splits, block_k, interpret)` for the Pallas decode kernel, or None where
+  it does not apply (static: shapes and backend only)."""
+  t, h, s = q.shape[1], q.shape[3], k.shape[2]
+  interpret = os.environ.get(_INTERPRET_ENV, "") == "1"
+  if t != 1 or not (interpret or jax.default_backend() == "gpu"):
+    return None
+  # Triton's dots need 16 or more along every axis, and its tiles power-of-two sizes.
+  if h < _MIN_BLOCK or h & (h - 1) or s % _MIN_BLOCK:
+    return None
+  splits = next(d for d in range(_MAX_SPLITS, 0, -1) if s % (d * _MIN_BLOCK) == 0)
+  block_k = next(bk for bk in (128, 64, 32, 16) if (s // splits) % bk == 0)
+  return splits, block_k, interpret
+
+
+def _pallas_decode(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  scale: float | None,
+  tiling: tuple[int, int, bool],
+) -> jax.Array:
+  """`attend` of one query per row (T == 1) through the Pallas decode kernel,
+  which reads slots `start <= s < stop` of each row (`mask_span`): the caller
+  guarantees that run is the mask (no token tree)."""
+  from jax.experimental.pallas.ops.gpu import decode_attention  # imports Triton bindings
+
+  b, _, n, h = q.shape
+  kv_heads, s = k.shape[1], k.shape[2]
+  k_splits, block_k, interpret = tiling
+  scale = h**-0.5 if scale is None else float(scale)
+  start, stop, _ = mask_span(mask[:, 0])
+
+  def kernel(q, k, v):
+    # Rows and kv heads merge into one batch axis: [B * K, G, H] queries against
+    # [B * K, S, H] keys, reshapes of the [B, K, S, H] cache that copy nothing.
+    rows = b * kv_heads
+    out = decode_attention.mqa(
+      q.reshape(rows, n // kv_heads, h),
+      k.reshape(rows, s, h),
+      v.reshape(rows, s, h),
+      jnp.repeat(start, kv_heads),
+      jnp.repeat(stop, kv_heads),
+      sm_scale=scale,
+      block_k=block_k,
+      k_splits=k_splits,
+      interpret=interpret,
+    )
+    # Its last step (dividing by the softmax sums) promotes bfloat16 to float32.
+    return out.reshape(b, 1, n, h).astype(q.dtype)
+
+  return kernel(q, k, v)
+
+
+def attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  *,
+  scale: float | None = None,
+  cap: float | None = None,
+  impl: str = "einsum",
+  contiguous: bool = True,
+) -> jax.Array:
+  """Grouped-query attention by implementation `impl` (see the module docstring).
+
+  Args:
+    q: `[B, T, N, H]` queries.
+    k, v: `[B, K, S, H]` keys and values (N % K == 0), in q's dtype.
+    mask: `[B, T, S]` bool, True where query t may read slot s; each row's
+      stale slots (at or past its length) must be False.
+    scale: the factor on q.k (None: H ** -0.5).
+    cap: soft-capping of the scaled scores; "einsum" only.
+    impl: one of `ATTENTION_IMPLS`: "einsum", "dot_product" or "pallas".
+    contiguous: static: each row's mask is one run of slots (causal or a
+      sliding window). False for token trees, whose masks have holes: "pallas"
+      then goes through "dot_product".
+
+  Returns:
+    `[B, T, N, H]` in q's dtype, equal to `attend`'s within rounding.
+  """
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}.")
+  if impl == "einsum":
+    return attend(q, k, v, mask, scale, cap)
+  if cap is not None:
+    raise ValueError(f"attention impl {impl!r} has no soft-capping (cap={cap!r}); use 'einsum'.")
+  tiling = _kernel_tiling(q, k) if impl == "pallas" and contiguous else None
+  if tiling is not None:
+    return _pallas_decode(q, k, v, mask, scale, tiling)
+  return dot_product_attend(q, k, v, mask, scale)
