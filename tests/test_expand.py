@@ -29,6 +29,7 @@ from specjax.models import (
   layer_map,
 )
 from specjax.models.config import RopeScaling
+from specjax.models.fused import qkv_parts
 from specjax.models.heads import HeadConfig, make_head
 from specjax.pretrained.scales import SCALES, Scale, scale_pair, scaled_configs
 
@@ -111,6 +112,11 @@ CASES = {
     dict(positions="learned", mlp="gelu", qkv_bias=True, out_bias=True, mlp_bias=True),
     dict(_SIZES, head_dim=16, max_seq_len=160),
   ),
+  # The fused q/k/v and gate/up biases: K, G and F grow.
+  "biases_gated": (
+    dict(qkv_bias=True, mlp_bias=True),
+    dict(n_heads=12, n_kv_heads=3, head_dim=16, d_ff=192),
+  ),
 }
 
 
@@ -155,7 +161,7 @@ def test_expansion_into_another_dtype_builds_every_parameter_in_it(expanded):
   assert dtypes == {jnp.dtype(jnp.bfloat16)}
   # The kept block is the old one rounded; an inserted block is an identity.
   moved = layer_map(old.cfg.n_layers, new.cfg.n_layers)
-  q = new.layers[moved[1]].attn.q_proj.kernel[...]
+  q = qkv_parts(new.cfg)[0].take(new.layers[moved[1]].attn.qkv_proj.kernel[...])
   assert q.shape == (128, 12 * 32) and not q[64:].any()
   identity = new.layers[1]
   assert 1 not in moved and not identity.attn.o_proj.kernel[...].any()

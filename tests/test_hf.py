@@ -303,6 +303,17 @@ def test_errors_name_the_problem(llama_dir, tmp_path):
   ):
     specjax.hf.load_model(str(wrong_shape))
 
+  # A projection that fills part of a fused parameter is checked on its own.
+  wrong_part = _copy(llama_dir, tmp_path / "wrong_part")
+  _edit_config(wrong_part, num_key_value_heads=2)
+  with pytest.raises(
+    ValueError,
+    match=r"tensor 'model.layers.0.self_attn.k_proj.weight' has shape \(16, 32\), which "
+    r"gives \(32, 16\) for layers/0/attn/qkv_proj/kernel \(its k_proj part\); "
+    r"config.json implies \(32, 32\)",
+  ):
+    specjax.hf.load_model(str(wrong_part))
+
   extra = _copy(llama_dir, tmp_path / "extra")
   save_file(
     {

@@ -8,6 +8,8 @@ from flax import nnx
 
 import specjax
 from helpers import GEMMA_STYLE, forward_cached, full_logits
+from specjax.models.fused import gate_up_parts, qkv_parts, unfuse
+from specjax.models.transformer import apply_rope, attend, attention_mask, rope_inv_freq
 
 GPT2_STYLE = dict(
   norm="layernorm",
@@ -103,7 +105,7 @@ def test_logit_indices_select_positions(target, tokens):
 def test_bfloat16_model_runs_with_float32_logits(tiny_cfg, tokens):
   cfg = tiny_cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
   model = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
-  assert nnx.state(model, nnx.Param).layers[0].attn.q_proj.kernel.dtype == jnp.bfloat16
+  assert nnx.state(model, nnx.Param).layers[0].attn.qkv_proj.kernel.dtype == jnp.bfloat16
   # Give it the float32 model's weights, rounded, to compare like with like.
   ref = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
   nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(ref, nnx.Param)))
@@ -114,11 +116,105 @@ def test_bfloat16_model_runs_with_float32_logits(tiny_cfg, tokens):
   assert 0 < error < 0.05
 
 
-def test_params_carry_logical_axis_names(target):
+def test_params_carry_logical_axis_names(target, tiny_cfg):
   specs = nnx.get_partition_spec(nnx.state(target, nnx.Param))
-  assert tuple(specs.layers[0].attn.q_proj.kernel.get_value()) == ("embed", "heads")
+  assert tuple(specs.layers[0].attn.qkv_proj.kernel.get_value()) == ("embed", "kv_heads")
+  assert tuple(specs.layers[0].attn.o_proj.kernel.get_value()) == ("heads", "embed")
+  assert tuple(specs.layers[0].mlp.gate_up_proj.kernel.get_value()) == ("embed", "mlp")
   assert tuple(specs.layers[0].mlp.down_proj.kernel.get_value()) == ("mlp", "embed")
   assert tuple(specs.embed.embedding.get_value()) == ("vocab", "embed")
+  biased = specjax.Transformer(tiny_cfg.replace(**GPT2_STYLE), rngs=nnx.Rngs(0))
+  specs = nnx.get_partition_spec(nnx.state(biased, nnx.Param))
+  assert tuple(specs.layers[0].attn.qkv_proj.bias.get_value()) == ("kv_heads",)
+  assert tuple(specs.layers[0].mlp.up_proj.kernel.get_value()) == ("embed", "mlp")
+
+
+def test_fused_columns_are_grouped_by_kv_head_and_hidden_unit(tiny_cfg):
+  # K = 2 kv heads, G = 2 queries each, H = 3: columns [K, G + 2, H].
+  cfg = tiny_cfg.replace(n_heads=4, n_kv_heads=2, head_dim=3, d_ff=3, positions="learned")
+  q, k, v = qkv_parts(cfg)
+  columns = np.arange(2 * 4 * 3)
+  np.testing.assert_array_equal(q.take(columns), [0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17])
+  np.testing.assert_array_equal(k.take(columns), [6, 7, 8, 18, 19, 20])
+  np.testing.assert_array_equal(v.take(columns), [9, 10, 11, 21, 22, 23])
+  gate, up = gate_up_parts(3)
+  np.testing.assert_array_equal(gate.take(np.arange(6)), [0, 2, 4])
+  np.testing.assert_array_equal(up.take(np.arange(6)), [1, 3, 5])
+  # put is take's inverse, on kernels [D, columns] too.
+  kernel = np.arange(5 * 24, dtype=np.float32).reshape(5, 24)
+  rebuilt = np.zeros_like(kernel)
+  for part in (q, k, v):
+    part.put(rebuilt, part.take(kernel))
+  np.testing.assert_array_equal(rebuilt, kernel)
+
+
+def _unfused_logits(model, tokens):
+  """The model's logits computed the unfused way, from `unfuse`'s separate
+  q/k/v/gate/up weights: one product per projection (the model before fusing)."""
+  cfg = model.cfg
+  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  p = unfuse({tuple(path): v.get_value() for path, v in flat}, cfg)
+  hi = jax.lax.Precision.HIGHEST
+
+  def linear(path, x):
+    y = jnp.dot(x, p[(*path, "kernel")], precision=hi)
+    return y + p[(*path, "bias")] if (*path, "bias") in p else y
+
+  def norm(path, x):
+    if cfg.norm == "layernorm":
+      x = x - x.mean(-1, keepdims=True)
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + cfg.norm_eps)
+    x = x * (cfg.norm_offset + p[(*path, "scale")])
+    return x + p[(*path, "bias")] if (*path, "bias") in p else x
+
+  b, t = tokens.shape
+  n, kv, h = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+  positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+  x = p[("embed", "embedding")][tokens]
+  if cfg.positions == "learned":
+    x = x + p[("pos_embed", "embedding")][positions]
+  mask = attention_mask(positions, jnp.arange(t))
+  inv_freq = rope_inv_freq(h, cfg.rope_theta, cfg.rope_scaling)
+  for i in range(cfg.n_layers):
+    attn, mlp = ("layers", i, "attn"), ("layers", i, "mlp")
+    y = norm(("layers", i, "attn_norm"), x)
+    q = linear((*attn, "q_proj"), y).reshape(b, t, n, h)
+    k = linear((*attn, "k_proj"), y).reshape(b, t, kv, h)
+    v = linear((*attn, "v_proj"), y).reshape(b, t, kv, h)
+    if cfg.positions == "rope":
+      q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    out = attend(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask)
+    x = x + linear((*attn, "o_proj"), out.reshape(b, t, n * h))
+    y = norm(("layers", i, "mlp_norm"), x)
+    if cfg.mlp == "gelu":
+      hidden = jax.nn.gelu(linear((*mlp, "up_proj"), y), approximate=True)
+    else:
+      act = jax.nn.silu if cfg.mlp == "swiglu" else lambda z: jax.nn.gelu(z, approximate=True)
+      hidden = act(linear((*mlp, "gate_proj"), y)) * linear((*mlp, "up_proj"), y)
+    x = x + linear((*mlp, "down_proj"), hidden)
+  x = norm(("final_norm",), x)
+  head = p[("embed", "embedding")].T if cfg.tie_embeddings else p[("lm_head",)]
+  return jnp.dot(x, head, precision=hi)
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    dict(qkv_bias=True, out_bias=True, mlp_bias=True, tie_embeddings=False),  # G = 2
+    dict(n_kv_heads=4, mlp="geglu"),  # G = 1
+    dict(n_kv_heads=1, d_ff=96),  # G = 4
+    GPT2_STYLE,
+  ],
+  ids=["gqa-biases", "mha-geglu", "mqa", "gpt2"],
+)
+def test_fused_projections_compute_the_unfused_logits(tiny_cfg, tokens, overrides):
+  """One q/k/v and one gate/up product give the logits of separate products with
+  the same weights, to float32 rounding."""
+  model = specjax.Transformer(tiny_cfg.replace(init_std=0.2, **overrides), rngs=nnx.Rngs(2))
+  _perturb_biases_and_norms(model)
+  want = np.asarray(_unfused_logits(model, tokens))
+  assert np.std(want) > 1  # logits far from uniform: a wrong column order shows
+  np.testing.assert_allclose(np.asarray(model(tokens)), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -243,6 +244,25 @@ def test_load_drafter_builds_every_kind(pair):
     pretrained.load_drafter("hydra", pair.target)
   with pytest.raises(ValueError, match=r"vocab_subset must be an int >= 0 \(0: all ids\)"):
     pretrained.load_drafter("eagle", pair.target, vocab_subset=-1)
+
+
+def test_bundled_heads_load_fused_and_split_back_into_their_files(pair):
+  """Loading fuses a head block's q/k/v and gate/up tensors; `head_tensors` (what
+  experiments/bundle_heads.py writes) splits them back into the files' names and
+  values, so the files and their card's sums stay as they are."""
+  from specjax.hf.weights import read_tensors
+
+  for kind in pretrained.HEAD_DRAFTERS:
+    head = pretrained.load_head(kind, pair.target, jnp.bfloat16)  # the files' dtype
+    file = os.path.join(pretrained.HEADS_DIR, kind, "model.safetensors")
+    stored = {name: value for _, name, value in read_tensors([file])}
+    written = pretrained.head_tensors(head)
+    assert sorted(written) == sorted(stored)
+    for name, value in stored.items():
+      np.testing.assert_array_equal(np.asarray(written[name]), value, err_msg=name)
+    if kind != "medusa":
+      assert "block.attn.k_proj.kernel" in stored and "block.mlp.gate_proj.kernel" in stored
+      assert head.block.attn.qkv_proj.kernel[...].dtype == jnp.bfloat16
 
 
 def test_load_checkpoints_loads_the_bundled_pair_and_names_a_missing_field():

@@ -25,7 +25,7 @@ def test_matmul_skeleton_does_the_models_products(target, monkeypatch):
   flops = compiled.cost_analysis()["flops"]
   matrix_weights = sum(w.size for mats in layers for w in mats.values()) + head.size
   assert 2 * n * matrix_weights <= flops <= 1.1 * 2 * n * matrix_weights
-  assert len(layers) == target.cfg.n_layers and len(layers[0]) == 7  # q k v o gate up down
+  assert len(layers) == target.cfg.n_layers and len(layers[0]) == 4  # qkv o gate_up down
 
 
 def test_floor_measurements_are_positive():

@@ -92,15 +92,14 @@ def _kernels(model: Transformer):
   for layer in model.layers:
     attn, mlp = layer.attn, layer.mlp
     mats = {
-      "q": attn.q_proj.kernel[...],
-      "k": attn.k_proj.kernel[...],
-      "v": attn.v_proj.kernel[...],
+      "qkv": attn.qkv_proj.kernel[...],
       "o": attn.o_proj.kernel[...],
-      "up": mlp.up_proj.kernel[...],
       "down": mlp.down_proj.kernel[...],
     }
-    if cfg.mlp != "gelu":  # gated: SwiGLU, GeGLU
-      mats["gate"] = mlp.gate_proj.kernel[...]
+    if cfg.mlp == "gelu":
+      mats["up"] = mlp.up_proj.kernel[...]
+    else:  # gated: SwiGLU, GeGLU
+      mats["gate_up"] = mlp.gate_up_proj.kernel[...]
     layers.append(mats)
   # A tied head multiplies by the [V, D] embedding as stored (no transposed copy).
   head = model.embed.embedding[...] if cfg.tie_embeddings else model.lm_head[...]
@@ -118,13 +117,19 @@ def _matmul_skeleton(layers, head, x, *, num_steps: int, tied: bool):
 
   def body(_, x):
     for mats in layers:
-      q, k, v = dot(x, mats["q"]), dot(x, mats["k"]), dot(x, mats["v"])
+      # The model's fused products. Which columns stand for the queries (or the
+      # gate) does not change the cost: the first N*H feed o_proj, the first F gate.
+      qkv = dot(x, mats["qkv"])
+      n_q = mats["o"].shape[0]
       # k and v feed the next step through a scalar, so they are not dead code.
-      kv = (jnp.sum(k) + jnp.sum(v)) * 1e-9
-      x = x + dot(q, mats["o"]) + kv.astype(compute)
-      h = dot(x, mats["up"])
-      if "gate" in mats:
-        h = h * dot(x, mats["gate"])
+      kv = jnp.sum(qkv[:, n_q:]) * 1e-9
+      x = x + dot(qkv[:, :n_q], mats["o"]) + kv.astype(compute)
+      if "gate_up" in mats:
+        gate_up = dot(x, mats["gate_up"])
+        f = gate_up.shape[-1] // 2
+        h = gate_up[:, :f] * gate_up[:, f:]
+      else:
+        h = dot(x, mats["up"])
       x = x + dot(h, mats["down"])
     logits = matmul(x, head, jnp.float32, transposed=tied)
     return x + (1e-9 * jnp.max(logits, axis=-1, keepdims=True)).astype(compute)

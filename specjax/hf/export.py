@@ -3,7 +3,8 @@
 The inverse of `load_model` for the default architecture (RMSNorm, RoPE,
 SwiGLU): writes `config.json` (model_type "llama") and `model.safetensors`, so
 the result loads back with `specjax.hf.load_model` and with transformers'
-`LlamaForCausalLM.from_pretrained`.
+`LlamaForCausalLM.from_pretrained`. The fused projections are written as
+Llama's separate `q_proj`, `k_proj`, `v_proj`, `gate_proj` and `up_proj`.
 """
 
 from __future__ import annotations
@@ -102,8 +103,10 @@ def save_model(
   params = {path_: v.get_value() for path_, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   tensors = {}
   for name, entries in weights.tensor_map("llama", model.cfg).items():
-    ((param_path, transform),) = entries
+    ((param_path, transform, part),) = entries
     value = params[param_path]
+    if part is not None:  # q_proj, k_proj, ... out of the fused qkv_proj / gate_up_proj
+      value = part.take(value)
     tensors[name] = (value.T if transform is weights._transpose else value).astype(weight_dtype)
   os.makedirs(path, exist_ok=True)
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

@@ -2,12 +2,19 @@
 
 Each Hugging Face tensor name maps to one or more parameter paths with a
 transform (PyTorch `Linear` weights are `[out, in]`, ours `[in, out]`; GPT-2's
-`Conv1D` already is `[in, out]`, and its fused `c_attn` splits into q, k, v).
+`Conv1D` already is `[in, out]`) and, for our fused projections, the `Part` of
+the parameter it fills (`specjax.models.fused`): Llama's q_proj, k_proj and
+v_proj fill parts of one `qkv_proj`, gate_proj and up_proj of one `gate_up_proj`;
+Phi-3's fused `qkv_proj` / `gate_up_proj` and GPT-2's `c_attn` are cut into
+their projections, which go to their parts in our column order.
+
 Shards are read one tensor at a time and converted straight into the requested
 dtype, so at most one full copy of the weights (the result) plus one tensor is
-held. Reading, checking and converting happen in NumPy on memory-mapped files:
-jax ops here would compile a program per tensor shape (56 for the bundled pair),
-seconds of every launcher's start.
+held, and the fused parameters whose parts have not all been read yet (one
+layer's, as a layer's tensors lie together in name order). Reading, checking
+and converting happen in NumPy on memory-mapped files: jax ops here would
+compile a program per tensor shape (56 for the bundled pair), seconds of every
+launcher's start.
 """
 
 from __future__ import annotations
@@ -21,9 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.config import ModelConfig
+from specjax.models.fused import Part, gate_up_parts, qkv_parts
 
 Path = tuple
 Transform = Callable[[np.ndarray], np.ndarray]
+# Where a Hugging Face tensor goes: a parameter path, the transform into our
+# layout and the part of the parameter it fills (None: all of it).
+Target = tuple[Path, Transform, Part | None]
 # safetensors dtype names -> NumPy dtypes (jax's ml_dtypes types for those NumPy lacks).
 _DTYPES = {
   "F64": np.float64,
@@ -61,83 +72,92 @@ def _rows(start: int, stop: int) -> Transform:
   return lambda x: x[start:stop].T
 
 
-def _llama_names(cfg: ModelConfig, fused: bool = False) -> dict[str, list[tuple[Path, Transform]]]:
+def _llama_names(cfg: ModelConfig, fused: bool = False) -> dict[str, list[Target]]:
   """Llama-family names (Mistral, Qwen2/3, SmolLM, Gemma 2/3); `fused` for Phi-3's
   `qkv_proj` and `gate_up_proj`."""
   names = {
-    "model.embed_tokens.weight": [(("embed", "embedding"), _same)],
-    "model.norm.weight": [(("final_norm", "scale"), _same)],
+    "model.embed_tokens.weight": [(("embed", "embedding"), _same, None)],
+    "model.norm.weight": [(("final_norm", "scale"), _same, None)],
   }
   if not cfg.tie_embeddings:
-    names["lm_head.weight"] = [(("lm_head",), _transpose)]
+    names["lm_head.weight"] = [(("lm_head",), _transpose, None)]
+  qkv, gate_up = qkv_parts(cfg), gate_up_parts(cfg.d_ff)
+
+  def linear(hf_name: str, module: Path, bias: bool, part: Part | None = None):
+    """A PyTorch Linear's weight (and bias) -> our module's kernel (and bias)."""
+    names[f"{hf_name}.weight"] = [(module + ("kernel",), _transpose, part)]
+    if bias:
+      names[f"{hf_name}.bias"] = [(module + ("bias",), _same, part)]
+
   for i in range(cfg.n_layers):
     hf, ours = f"model.layers.{i}.", ("layers", i)
-    names[hf + "input_layernorm.weight"] = [(ours + ("attn_norm", "scale"), _same)]
+    attn, mlp = ours + ("attn",), ours + ("mlp",)
+    norms = {"input_layernorm": "attn_norm"}
     if cfg.sandwich_norms:  # Gemma: post_attention_layernorm normalises the attention output
-      names[hf + "post_attention_layernorm.weight"] = [(ours + ("post_attn_norm", "scale"), _same)]
-      names[hf + "pre_feedforward_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
-      names[hf + "post_feedforward_layernorm.weight"] = [(ours + ("post_mlp_norm", "scale"), _same)]
+      norms |= {
+        "post_attention_layernorm": "post_attn_norm",
+        "pre_feedforward_layernorm": "mlp_norm",
+        "post_feedforward_layernorm": "post_mlp_norm",
+      }
     else:
-      names[hf + "post_attention_layernorm.weight"] = [(ours + ("mlp_norm", "scale"), _same)]
+      norms["post_attention_layernorm"] = "mlp_norm"
+    for norm, target in norms.items():
+      names[f"{hf}{norm}.weight"] = [(ours + (target, "scale"), _same, None)]
     if cfg.qk_norm:
       for norm in ("q_norm", "k_norm"):
-        names[f"{hf}self_attn.{norm}.weight"] = [(ours + ("attn", norm, "scale"), _same)]
-    if fused:
-      q, kv = cfg.n_heads * cfg.resolved_head_dim, cfg.n_kv_heads * cfg.resolved_head_dim
-      bounds = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
-      names[f"{hf}self_attn.qkv_proj.weight"] = [
-        (ours + ("attn", proj, "kernel"), _rows(*bounds[proj])) for proj in bounds
-      ]
-      names[f"{hf}self_attn.o_proj.weight"] = [(ours + ("attn", "o_proj", "kernel"), _transpose)]
-      f = cfg.d_ff
-      names[f"{hf}mlp.gate_up_proj.weight"] = [
-        (ours + ("mlp", "gate_proj", "kernel"), _rows(0, f)),
-        (ours + ("mlp", "up_proj", "kernel"), _rows(f, 2 * f)),
-      ]
-      names[f"{hf}mlp.down_proj.weight"] = [(ours + ("mlp", "down_proj", "kernel"), _transpose)]
+        names[f"{hf}self_attn.{norm}.weight"] = [(attn + (norm, "scale"), _same, None)]
+    if fused:  # Phi-3: rows [q; k; v] and [gate; up], each cut out and put in its part
+      for hf_name, module, ours_name, parts in (
+        ("self_attn.qkv_proj", attn, "qkv_proj", qkv),
+        ("mlp.gate_up_proj", mlp, "gate_up_proj", gate_up),
+      ):
+        starts = [sum(p.width for p in parts[:j]) for j in range(len(parts))]
+        names[f"{hf}{hf_name}.weight"] = [
+          (module + (ours_name, "kernel"), _rows(start, start + part.width), part)
+          for start, part in zip(starts, parts)
+        ]
+      linear(f"{hf}self_attn.o_proj", attn + ("o_proj",), False)
+      linear(f"{hf}mlp.down_proj", mlp + ("down_proj",), False)
       continue
-    for proj, bias in (
-      ("q_proj", cfg.qkv_bias),
-      ("k_proj", cfg.qkv_bias),
-      ("v_proj", cfg.qkv_bias),
-      ("o_proj", cfg.out_bias),
-    ):
-      names[f"{hf}self_attn.{proj}.weight"] = [(ours + ("attn", proj, "kernel"), _transpose)]
-      if bias:
-        names[f"{hf}self_attn.{proj}.bias"] = [(ours + ("attn", proj, "bias"), _same)]
-    for proj in ("gate_proj", "up_proj", "down_proj"):
-      names[f"{hf}mlp.{proj}.weight"] = [(ours + ("mlp", proj, "kernel"), _transpose)]
-      if cfg.mlp_bias:
-        names[f"{hf}mlp.{proj}.bias"] = [(ours + ("mlp", proj, "bias"), _same)]
+    # Each projection fills its part of a fused parameter (`specjax.models.fused`).
+    for part in qkv:
+      linear(f"{hf}self_attn.{part.name}", attn + ("qkv_proj",), cfg.qkv_bias, part)
+    linear(f"{hf}self_attn.o_proj", attn + ("o_proj",), cfg.out_bias)
+    for part in gate_up:
+      linear(f"{hf}mlp.{part.name}", mlp + ("gate_up_proj",), cfg.mlp_bias, part)
+    linear(f"{hf}mlp.down_proj", mlp + ("down_proj",), cfg.mlp_bias)
   return names
 
 
-def _gpt2_names(cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
+def _gpt2_names(cfg: ModelConfig) -> dict[str, list[Target]]:
   names = {
-    "wte.weight": [(("embed", "embedding"), _same)],
-    "wpe.weight": [(("pos_embed", "embedding"), _same)],
-    "ln_f.weight": [(("final_norm", "scale"), _same)],
-    "ln_f.bias": [(("final_norm", "bias"), _same)],
+    "wte.weight": [(("embed", "embedding"), _same, None)],
+    "wpe.weight": [(("pos_embed", "embedding"), _same, None)],
+    "ln_f.weight": [(("final_norm", "scale"), _same, None)],
+    "ln_f.bias": [(("final_norm", "bias"), _same, None)],
   }
+  qkv = qkv_parts(cfg)
   for i in range(cfg.n_layers):
     hf, ours = f"h.{i}.", ("layers", i)
     for norm, target in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
-      names[f"{hf}{norm}.weight"] = [(ours + (target, "scale"), _same)]
-      names[f"{hf}{norm}.bias"] = [(ours + (target, "bias"), _same)]
+      names[f"{hf}{norm}.weight"] = [(ours + (target, "scale"), _same, None)]
+      names[f"{hf}{norm}.bias"] = [(ours + (target, "bias"), _same, None)]
     for kind, axis in (("weight", 1), ("bias", 0)):
       leaf = "kernel" if kind == "weight" else "bias"
+      # c_attn's columns are [q | k | v]: each third goes to its part of qkv_proj.
       names[f"{hf}attn.c_attn.{kind}"] = [
-        (ours + ("attn", proj, leaf), _split(j, 3, axis))
-        for j, proj in enumerate(("q_proj", "k_proj", "v_proj"))
+        (ours + ("attn", "qkv_proj", leaf), _split(j, 3, axis), part) for j, part in enumerate(qkv)
       ]
-      names[f"{hf}attn.c_proj.{kind}"] = [(ours + ("attn", "o_proj", leaf), _same)]
-      names[f"{hf}mlp.c_fc.{kind}"] = [(ours + ("mlp", "up_proj", leaf), _same)]
-      names[f"{hf}mlp.c_proj.{kind}"] = [(ours + ("mlp", "down_proj", leaf), _same)]
+      names[f"{hf}attn.c_proj.{kind}"] = [(ours + ("attn", "o_proj", leaf), _same, None)]
+      names[f"{hf}mlp.c_fc.{kind}"] = [(ours + ("mlp", "up_proj", leaf), _same, None)]
+      names[f"{hf}mlp.c_proj.{kind}"] = [(ours + ("mlp", "down_proj", leaf), _same, None)]
   return names
 
 
-def tensor_map(model_type: str, cfg: ModelConfig) -> dict[str, list[tuple[Path, Transform]]]:
-  """Hugging Face tensor name -> [(parameter path, transform)] for `model_type`."""
+def tensor_map(model_type: str, cfg: ModelConfig) -> dict[str, list[Target]]:
+  """Hugging Face tensor name -> [(parameter path, transform, part)] for
+  `model_type`; a `Part` says which columns of a fused parameter the transformed
+  tensor fills (None: the whole parameter)."""
   if model_type == "gpt2":
     return _gpt2_names(cfg)
   return _llama_names(cfg, fused=model_type == "phi3")
@@ -277,6 +297,15 @@ def load_params(
   """
   names = tensor_map(model_type, cfg)
   params: dict[Path, jax.Array] = {}
+  # A fused parameter is assembled on the host from its parts' tensors, then
+  # placed: parameter path -> (buffer, parts still to come).
+  parts_of: dict[Path, int] = {}
+  for targets in names.values():
+    for target, _, part in targets:
+      if part is not None:
+        parts_of[target] = parts_of.get(target, 0) + 1
+  assembling: dict[Path, tuple[np.ndarray, int]] = {}
+  seen = set()
 
   def skip(raw_name):
     return _canonical(model_type, raw_name) is None
@@ -291,20 +320,33 @@ def load_params(
         f"{model_type} model with this config.json."
       )
     _check_values(path, raw_name, tensor)
-    for target, transform in names[name]:
+    seen.add(name)
+    for target, transform, part in names[name]:
       value = transform(tensor)
       expected = abstract[target]
-      if value.shape != expected.shape:
+      shape = expected.shape if part is None else (*expected.shape[:-1], part.width)
+      if value.shape != shape:
+        where = "/".join(map(str, target)) + ("" if part is None else f" (its {part.name} part)")
         raise ValueError(
           f"{path}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, which gives "
-          f"{tuple(value.shape)} for {'/'.join(map(str, target))}; config.json implies "
-          f"{tuple(expected.shape)}."
+          f"{tuple(value.shape)} for {where}; config.json implies {tuple(shape)}."
         )
-      value = value.astype(expected.dtype)  # a copy: never a view of the mapped file
+      if part is not None:
+        buffer, left = assembling.get(target, (None, parts_of[target]))
+        if buffer is None:
+          buffer = np.empty(expected.shape, expected.dtype)
+        part.put(buffer, value)  # converts into the buffer: no view of the mapped file
+        if left > 1:
+          assembling[target] = (buffer, left - 1)
+          continue
+        assembling.pop(target, None)
+        value = buffer
+      else:
+        value = value.astype(expected.dtype)  # a copy: never a view of the mapped file
       params[target] = place(target, value) if place is not None else jax.device_put(value)
       del value
     del tensor
-  missing = [n for n, targets in names.items() if any(t not in params for t, _ in targets)]
+  missing = [n for n in names if n not in seen]
   if missing:
     raise ValueError(
       f"checkpoint {os.path.dirname(files[0])} lacks tensors: "

@@ -21,7 +21,9 @@ How each size grows, old -> new (every weight is zero-padded unless stated):
   K, G (kv heads, queries per kv head): query head n reads kv head n // G, so kv
     head j stays j and query head j*G + r becomes j*G' + r (needs K' >= K and
     G' >= G). New query heads read zero keys (uniform attention) but their
-    o_proj rows are zero; new kv heads are read only by new query heads.
+    o_proj rows are zero; new kv heads are read only by new query heads. (In the
+    fused qkv_proj, kv head j's columns [G queries, key, value] become [G'
+    queries, key, value]: the old queries first, key and value at the end.)
   H (head_dim): RoPE rotates dim i with dim i + H/2, so old dims [0, H/2) stay
     and old dims [H/2, H) move to [H'/2, H'/2 + H/2); rope_theta' =
     rope_theta^(H'/H) keeps the old frequencies theta^(-2i/H) for i < H/2 (an
@@ -235,7 +237,10 @@ class _Plan:
 
   Letters: V vocab, D d_model, S max_seq_len (learned positions), K kv heads,
   G queries per kv head, H head dim, F d_ff; E the [features; embedding] rows
-  of EAGLE's fc (2D), X the fused features' rows of its `fuse` (nf * D).
+  of EAGLE's fc (2D), X the fused features' rows of its `fuse` (nf * D); J the
+  G + 2 slots of a kv head's group in the fused qkv_proj (its queries, key,
+  value), P the (gate, up) pair of a hidden unit in gate_up_proj
+  (`specjax.models.fused`).
   """
 
   old: ModelConfig
@@ -250,6 +255,11 @@ class _Plan:
       blocks = 2 if letter == "E" else self.num_features
       segments = tuple((b * o.d_model, o.d_model, b * n.d_model) for b in range(blocks))
       return blocks * o.d_model, blocks * n.d_model, segments
+    if letter == "J":  # the queries grow at the end of the group; key and value follow
+      g, g2 = o.n_heads // o.n_kv_heads, n.n_heads // n.n_kv_heads
+      return g + 2, g2 + 2, ((0, g, 0), (g, 2, g2))
+    if letter == "P":
+      return 2, 2, ((0, 2, 0),)
     if letter == "H":
       h, h2 = o.resolved_head_dim, n.resolved_head_dim
       if o.positions != "rope":  # no rotation: the old dims go first (H may be odd)
@@ -273,21 +283,18 @@ class _Plan:
     return math.sqrt(old / new)
 
 
-# Each parameter's axes, by its path inside a decoder block.
+# Each parameter's axes, by its path inside a decoder block (the fused
+# projections' columns as `specjax.models.fused` lays them out).
 _BLOCK_AXES = {
-  ("attn", "q_proj", "kernel"): "DKGH",
-  ("attn", "q_proj", "bias"): "KGH",
-  ("attn", "k_proj", "kernel"): "DKH",
-  ("attn", "k_proj", "bias"): "KH",
-  ("attn", "v_proj", "kernel"): "DKH",
-  ("attn", "v_proj", "bias"): "KH",
+  ("attn", "qkv_proj", "kernel"): "DKJH",
+  ("attn", "qkv_proj", "bias"): "KJH",
   ("attn", "o_proj", "kernel"): "KGHD",
   ("attn", "o_proj", "bias"): "D",
   ("attn", "q_norm", "scale"): "H",
   ("attn", "k_norm", "scale"): "H",
-  ("mlp", "gate_proj", "kernel"): "DF",
-  ("mlp", "gate_proj", "bias"): "F",
-  ("mlp", "up_proj", "kernel"): "DF",
+  ("mlp", "gate_up_proj", "kernel"): "DFP",
+  ("mlp", "gate_up_proj", "bias"): "FP",
+  ("mlp", "up_proj", "kernel"): "DF",  # GELU MLPs
   ("mlp", "up_proj", "bias"): "F",
   ("mlp", "down_proj", "kernel"): "FD",
   ("mlp", "down_proj", "bias"): "D",

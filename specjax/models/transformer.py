@@ -29,6 +29,7 @@ from specjax.kernels import matmul, uses_kernel
 from specjax.models.attention import attend as attend  # re-exported: the reference path
 from specjax.models.attention import attention, softcap
 from specjax.models.config import ModelConfig, RopeScaling
+from specjax.models.fused import gate_up_parts, qkv_parts
 from specjax.models.kv_cache import KVCache, write_layer
 from specjax.models.scan import ScannedBlocks
 from specjax.trees import Tree, as_tree, tree_attention
@@ -169,9 +170,10 @@ class Attention(nnx.Module):
         **kw,
       )
 
-    self.q_proj = linear(cfg.d_model, cfg.n_heads * h, ("embed", "heads"), cfg.qkv_bias)
-    self.k_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"), cfg.qkv_bias)
-    self.v_proj = linear(cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"), cfg.qkv_bias)
+    # Queries, keys and values in one product, columns grouped by kv head
+    # (`specjax.models.fused`): a column sharding is a sharding by kv head.
+    qkv = cfg.n_kv_heads * (cfg.n_heads // cfg.n_kv_heads + 2) * h
+    self.qkv_proj = linear(cfg.d_model, qkv, ("embed", "kv_heads"), cfg.qkv_bias)
     self.o_proj = linear(cfg.n_heads * h, cfg.d_model, ("heads", "embed"), cfg.out_bias)
     if cfg.qk_norm:  # Qwen3: each head's query and key normalised before RoPE
       self.q_norm = Norm(cfg, h, "head_dim")
@@ -200,9 +202,11 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x.shape
     h = cfg.resolved_head_dim
-    q = self.q_proj(x).reshape(b, t, cfg.n_heads, h)
-    k = self.k_proj(x).reshape(b, t, cfg.n_kv_heads, h)
-    v = self.v_proj(x).reshape(b, t, cfg.n_kv_heads, h)
+    qkv = self.qkv_proj(x)  # [B, T, K * (G + 2) * H]
+    q, k, v = (part.take(qkv) for part in qkv_parts(cfg))
+    q = q.reshape(b, t, cfg.n_heads, h)
+    k = k.reshape(b, t, cfg.n_kv_heads, h)
+    v = v.reshape(b, t, cfg.n_kv_heads, h)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if cfg.positions == "rope":
@@ -228,7 +232,7 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
   """SwiGLU (`down(silu(gate(x)) * up(x))`), GeGLU (the same with tanh-GELU) or
-  GELU (`down(gelu(up(x)))`)."""
+  GELU (`down(gelu(up(x)))`); gate and up come from one product (`gate_up_proj`)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.kind = cfg.mlp
@@ -239,18 +243,22 @@ class MLP(nnx.Module):
     def linear(d_in, d_out, names):
       return Linear(d_in, d_out, kernel_init=_normal(cfg, names), bias_init=_zeros(names[1:]), **kw)
 
-    if cfg.mlp != "gelu":
-      self.gate_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
-    self.up_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
+    self.d_ff = cfg.d_ff
+    if cfg.mlp == "gelu":
+      self.up_proj = linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"))
+    else:  # gate and up in one product, interleaved per hidden unit (`specjax.models.fused`)
+      self.gate_up_proj = linear(cfg.d_model, 2 * cfg.d_ff, ("embed", "mlp"))
     self.down_proj = linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"))
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    if self.kind == "gelu":
+      return self.down_proj(jax.nn.gelu(self.up_proj(x), approximate=True))
+    gate_up = self.gate_up_proj(x)  # [..., 2F]
+    gate, up = (part.take(gate_up) for part in gate_up_parts(self.d_ff))
     if self.kind == "swiglu":
-      hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
-    elif self.kind == "geglu":
-      hidden = jax.nn.gelu(self.gate_proj(x), approximate=True) * self.up_proj(x)
+      hidden = jax.nn.silu(gate) * up
     else:
-      hidden = jax.nn.gelu(self.up_proj(x), approximate=True)
+      hidden = jax.nn.gelu(gate, approximate=True) * up
     return self.down_proj(hidden)
 
 

@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import specjax
 from helpers import TINY, tiny_pair
 from specjax import distributed as dist
+from specjax.models.fused import gate_up_parts
 
 
 def test_eight_devices():
@@ -75,8 +76,8 @@ def test_generation_matches_one_device(models, batch, single, shape, replicate_d
   mesh = dist.make_mesh(shape)
   sharded_target = dist.shard_model(target, mesh)
   sharded_draft = dist.shard_model(draft, mesh, replicate=replicate_draft)
-  q = sharded_target.layers[0].attn.q_proj.kernel.get_value()
-  assert q.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "model")), 2)
+  qkv = sharded_target.layers[0].attn.qkv_proj.kernel.get_value()
+  assert qkv.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "model")), 2)
   with jax.set_mesh(mesh):
     out = _generate(
       sharded_target,
@@ -169,9 +170,9 @@ def test_checkpoint_saved_on_2x4_restores_on_1x8(tmp_path):
   )
   restored = saved.restore(2, target)["params"]
   saved.close()
-  q = restored["layers"][0]["attn"]["q_proj"]["kernel"].get_value()
-  assert q.sharding.mesh.shape == {"data": 1, "model": 8}
-  assert q.addressable_shards[0].data.shape == (q.shape[0], q.shape[1] // 8)
+  qkv = restored["layers"][0]["attn"]["qkv_proj"]["kernel"].get_value()
+  assert qkv.sharding.mesh.shape == {"data": 1, "model": 8}
+  assert qkv.addressable_shards[0].data.shape == (qkv.shape[0], qkv.shape[1] // 8)
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(plain)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -185,9 +186,15 @@ def test_hf_loader_places_each_tensor_in_its_sharding(tmp_path):
   save_model(model, str(tmp_path / "hf"), dtype="float32")
   mesh = dist.make_mesh((2, 4))
   loaded, _ = load_model(str(tmp_path / "hf"), dtype=jnp.float32, mesh=mesh)
-  up = loaded.layers[1].mlp.up_proj.kernel.get_value()
-  assert up.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "model")), 2)
-  assert up.addressable_shards[0].data.shape == (64, 128 // 4)
+  gate_up = loaded.layers[1].mlp.gate_up_proj.kernel.get_value()
+  assert gate_up.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "model")), 2)
+  assert gate_up.addressable_shards[0].data.shape == (64, 2 * 128 // 4)
+  # Interleaved gate/up columns: each device holds the gate and up of whole hidden units.
+  gate = gate_up_parts(128)[0].take(np.asarray(gate_up))
+  for shard in gate_up.addressable_shards:
+    cols = shard.index[1]
+    local = gate_up_parts(shard.data.shape[1] // 2)[0].take(np.asarray(shard.data))
+    np.testing.assert_array_equal(local, gate[:, cols.start // 2 : cols.stop // 2])
   tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
   with jax.set_mesh(mesh):
     np.testing.assert_allclose(np.asarray(loaded(tokens)), np.asarray(model(tokens)), atol=1e-5)
