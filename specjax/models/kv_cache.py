@@ -150,13 +150,21 @@ def write_rows(
   Returns:
     buffer with the T slots of each row replaced.
   """
-
-  def one_row(row, new, start):
-    index = [*leading] + [0] * (row.ndim - len(leading))
-    index[axis - 1] = start
-    return jax.lax.dynamic_update_slice(row, new.astype(row.dtype), tuple(index))
-
-  return jax.vmap(one_row)(buffer, update, starts)
+  b, t = buffer.shape[0], update.shape[axis]
+  if b == 1:  # a plain dynamic_update_slice (XLA rewrites a 1-row scatter as one plus a select)
+    index = [0, *leading] + [0] * (buffer.ndim - 1 - len(leading))
+    index[axis] = starts[0]
+    return jax.lax.dynamic_update_slice(buffer, update.astype(buffer.dtype), tuple(index))
+  # One scatter with its indices promised in bounds, which XLA runs in place. (A
+  # vmapped dynamic_update_slice is a scatter that clamps its indices first.)
+  rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
+  slots = starts.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+  index = (rows, *leading, *[slice(None)] * (axis - 1 - len(leading)), slots)
+  # The indexed view is [B, T, the other axes]: the update's leading axes (size 1)
+  # dropped and its T axis moved next to B.
+  new = update.reshape(update.shape[:1] + update.shape[1 + len(leading) :])
+  new = jnp.moveaxis(new, axis - len(leading), 1)
+  return buffer.at[index].set(new.astype(buffer.dtype), mode="promise_in_bounds")
 
 
 def write_layer(layer_cache: tuple, k: jax.Array, v: jax.Array, starts: jax.Array):
