@@ -56,6 +56,10 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   config.top_k = 0
   config.top_p = 1.0
   config.num_runs = 5
+  # "while": the loops test for finished rows after every iteration; "chunked":
+  # after every loop_chunk iterations (on GPU, one device-to-host wait per chunk).
+  config.loop = "while"
+  config.loop_chunk = 8
   # N model calls per jitted loop when timing one call (c, verify cost).
   config.step_timing_steps = 16
   config.seed = 0

@@ -63,6 +63,11 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.gamma_max = 8  # adaptive draft lengths choose within this
   c.adaptive = ("schedule", "confidence")  # adaptive draft lengths of the draft model
   c.confidence_threshold = 0.5
+  # "while": the loops test for finished rows after every iteration; "chunked":
+  # after every loop_chunk iterations (on GPU, one device-to-host wait per chunk).
+  # String-level exact match runs its loop on the host either way.
+  c.loop = "while"
+  c.loop_chunk = 8
   c.seed = 0
   # Rows of the bundled draft with its own 1024-id tokenizer: token-level
   # intersection (CrossTokenizerDrafter) and string-level exact match

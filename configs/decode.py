@@ -60,6 +60,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.layer_skip = 2  # target layers the layer_skip drafter keeps
   config.adaptive = ""  # "" (fixed gamma) | schedule | confidence
   config.confidence_threshold = 0.5
+  # Both loops: "while" tests for finished rows after every iteration; "chunked"
+  # after every loop_chunk iterations (on GPU, one device-to-host wait per chunk;
+  # docs/performance.md). string_level runs its loop on the host: "while" only.
+  config.loop = "while"
+  config.loop_chunk = 8
   # Sample as the target checkpoint's generation_config.json says (do_sample,
   # temperature, top_k, top_p; transformers' defaults) instead of the three below.
   config.checkpoint_sampling = False

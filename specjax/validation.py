@@ -47,6 +47,19 @@ def check_positive_int(name: str, value, minimum: int = 1) -> int:
   return int(value)
 
 
+LOOPS = ("while", "chunked")
+
+
+def check_loop(loop, loop_chunk, prefix: str = "") -> tuple[str, int]:
+  """`(loop, loop_chunk)` of a generation loop, checked: `loop` one of `LOOPS`
+  ("while" checks for finished rows after every iteration, "chunked" after
+  every `loop_chunk` of them) and `loop_chunk` an integer >= 1; errors name
+  them with `prefix` (a launcher's "config.")."""
+  if not isinstance(loop, str) or loop not in LOOPS:
+    raise ValueError(f"{prefix}loop must be one of {LOOPS}, got {loop!r}.")
+  return loop, check_positive_int(f"{prefix}loop_chunk", loop_chunk)
+
+
 def check_token_id(name: str, value, vocab_size: int) -> int | None:
   """None, or `value` as an int in [0, vocab_size)."""
   if value is None:

@@ -1,4 +1,5 @@
-"""Generation loops: greedy equivalence, ragged rows, EOS, determinism, no recompilation."""
+"""Generation loops: greedy equivalence, ragged rows, EOS, determinism, no recompilation,
+the chunked loop against the while loop."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +8,9 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import full_logits, traces
-from specjax import GREEDY
+from helpers import full_logits, head_drafter, traces
+from specjax import GREEDY, trees
+from specjax.drafting import TreeDrafter
 
 SAMPLED = specjax.SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
 MAX_NEW = 16
@@ -227,3 +229,125 @@ def test_callable_inside_a_user_jit(target, noisy_target, prompts, greedy_refere
     )
   )
   np.testing.assert_array_equal(run(*prompts), greedy_reference.tokens)
+
+
+# The chunked loop (loop="chunked") against the while loop: 4 iterations per test
+# divide neither run's iteration count, so idle iterations run after the last row.
+CHUNK = 4
+
+
+def _run_both(run, **kwargs):
+  """`run(**kwargs)` with loop="while" and with loop="chunked" (chunk `CHUNK` unless given)."""
+  chunk = kwargs.pop("loop_chunk", CHUNK)
+  return run(loop="while", **kwargs), run(loop="chunked", loop_chunk=chunk, **kwargs)
+
+
+def _assert_same_output(a, b, skip=()):
+  """Tokens, counts and every statistic (but those named in `skip`) are equal."""
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.num_generated, b.num_generated)
+  for name, value in vars(a.stats).items():
+    if name not in skip:
+      np.testing.assert_array_equal(value, getattr(b.stats, name), err_msg=name)
+
+
+@pytest.mark.sample("ar-greedy", "model-sampled", "eagle-sampled", "tree-greedy")
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["ar", "model", "eagle", "tree"])
+def test_chunked_loop_equals_while_loop(target, draft, prompts, greedy_reference, name, sampled):
+  """Same tokens, counts and statistics for the same key, with rows stopping at
+  EOS at different iterations (idle iterations after the last one count nothing
+  and draw no random number)."""
+  ref = np.asarray(greedy_reference.tokens)
+  kwargs = dict(
+    max_new_tokens=MAX_NEW,
+    sampling=SAMPLED if sampled else GREEDY,
+    key=jax.random.key(3),
+    eos_id=[int(ref[0, 5]), int(ref[1, 3])],  # rows 0 and 1 stop early when greedy
+  )
+  if name == "ar":
+    run = lambda **kw: specjax.autoregressive_generate(target, *prompts, **kw, **kwargs)
+  else:
+    tree = trees.from_paths([(0,), (1,), (1, 0), (1, 1), (1, 0, 0)])
+    drafter, gamma = {
+      "model": (draft, 3),
+      "eagle": (head_drafter("eagle", target), 3),
+      "tree": (TreeDrafter(draft, tree), len(tree)),
+    }[name]
+    run = lambda **kw: specjax.speculative_generate(
+      target, drafter, *prompts, gamma=gamma, **kw, **kwargs
+    )
+  a, b = _run_both(run)
+  _assert_same_output(a, b)
+  if not sampled:
+    assert len(set(np.asarray(a.num_generated).tolist())) > 1  # rows stopped unevenly
+    assert int(a.stats.iterations) % CHUNK  # idle iterations ran after the last row
+
+
+def test_chunked_loop_of_one_iteration_and_of_no_iteration(target, noisy_target, prompts):
+  """A chunk of 1 is the while loop's schedule; a budget of one token runs no
+  iteration (every row is done after the prefill) in either loop."""
+  kwargs = dict(gamma=3, sampling=SAMPLED, key=jax.random.key(5))
+  run = lambda **kw: specjax.speculative_generate(target, noisy_target, *prompts, **kw, **kwargs)
+  _assert_same_output(*_run_both(run, max_new_tokens=MAX_NEW, loop_chunk=1))
+  a, b = _run_both(run, max_new_tokens=1)
+  _assert_same_output(a, b)
+  assert int(b.stats.iterations) == 0
+
+
+def test_chunked_loop_with_adaptive_draft_lengths(target, noisy_target, prompts):
+  """With draft lengths that stop short of gamma, the chunked loop's drafter runs
+  all gamma draft calls (a loop of known trip count): the same tokens, with
+  draft_calls counting the calls made."""
+  kwargs = dict(gamma=4, max_new_tokens=MAX_NEW, sampling=SAMPLED, key=jax.random.key(1))
+  run = lambda **kw: specjax.speculative_generate(
+    target, noisy_target, *prompts, adaptive="confidence", confidence_threshold=0.5, **kw, **kwargs
+  )
+  a, b = _run_both(run)
+  _assert_same_output(a, b, skip=("draft_calls",))
+  assert int(b.stats.draft_calls) == 4 * int(b.stats.iterations) + 1
+  assert int(a.stats.draft_calls) < int(b.stats.draft_calls)
+
+
+def test_chunked_loop_does_not_recompile(target, draft, prompts):
+  """New prompts, lengths and keys of the same shapes reuse the chunked programs."""
+  tokens, lengths = prompts
+  kwargs = dict(max_new_tokens=MAX_NEW, sampling=SAMPLED, loop="chunked", loop_chunk=CHUNK)
+  calls = (
+    lambda t, n, k: specjax.speculative_generate(target, draft, t, n, gamma=3, key=k, **kwargs),
+    lambda t, n, k: specjax.autoregressive_generate(target, t, n, key=k, **kwargs),
+  )
+  for call in calls:
+    call(tokens, lengths, jax.random.key(0))
+  other, other_lengths, key = (tokens + 1) % 512, lengths[::-1], jax.random.key(9)
+  with traces() as traced:
+    for call in calls:
+      call(other, other_lengths, key)
+  assert not traced
+  with traces() as traced:  # another chunk size is another program (the counter works)
+    specjax.autoregressive_generate(
+      target, tokens, lengths, key=jax.random.key(0), **kwargs | {"loop_chunk": 3}
+    )
+  assert traced["_autoregressive_program"] == 1
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    (dict(loop="for"), r"loop must be one of \('while', 'chunked'\), got 'for'"),
+    (dict(loop=None), r"loop must be one of \('while', 'chunked'\), got None"),
+    (dict(loop="chunked", loop_chunk=0), "loop_chunk must be an integer >= 1, got 0"),
+    (dict(loop_chunk=2.0), "loop_chunk must be an integer >= 1, got 2.0"),
+  ],
+)
+def test_loop_arguments_are_checked(target, draft, prompts, overrides, message):
+  for run in (
+    lambda: specjax.speculative_generate(
+      target, draft, *prompts, gamma=3, max_new_tokens=MAX_NEW, sampling=GREEDY, **overrides
+    ),
+    lambda: specjax.autoregressive_generate(
+      target, *prompts, max_new_tokens=MAX_NEW, sampling=GREEDY, **overrides
+    ),
+  ):
+    with pytest.raises(ValueError, match=message):
+      run()

@@ -148,3 +148,33 @@ def test_render_from_names_the_flag(tmp_path):
   saved.write_text(json.dumps({"rows": []}))
   with pytest.raises(ValueError, match=r"^--render_from: .* is not a report.json .*'config'"):
     read_saved_report(str(saved))
+
+
+@pytest.mark.parametrize("launcher", ["decode", "benchmark", "compare_drafters"])
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (dict(loop="scan"), r"^config.loop must be one of \('while', 'chunked'\), got 'scan'"),
+    (dict(loop="chunked", loop_chunk=0), r"^config.loop_chunk must be an integer >= 1, got 0"),
+  ],
+)
+def test_loop_settings_are_checked_before_any_model_loads(launcher, changes, message):
+  import importlib
+
+  job = importlib.import_module(f"specjax.jobs.{launcher}")
+  config = importlib.import_module(f"configs.{launcher}").get_config()
+  config.update(changes)
+  with pytest.raises(ValueError, match=message):
+    job.check_config(config)
+
+
+def test_string_level_decoding_takes_the_while_loop_only():
+  from configs import decode as decode_config
+  from specjax.jobs import decode
+
+  config = decode_config.get_config()
+  config.drafter, config.loop = "string_level", "chunked"
+  with pytest.raises(
+    ValueError, match="^config.loop must be 'while' with config.drafter='string_level'"
+  ):
+    decode.check_config(config)

@@ -99,6 +99,7 @@ def _check_main_job(tmp: str, output: str) -> None:
     assert key in result, key
   assert 0 < result["acceptance_rate"] <= 1 and result["tokens_per_iteration"] >= 1
   assert result["gamma"] == 4 and result["gamma_policy"] == "by batch size"
+  assert result["loop"] == "while" and result["loop_chunk"] is None
   ratio = result["ar_step_ms"] / result["target_bandwidth_floor_ms"]
   assert result["ar_over_floor"] == pytest.approx(ratio, rel=1e-9)
   ratio = result["ar_step_ms"] / result["target_matmul_floor_ms"]
@@ -167,10 +168,12 @@ MEMORY_MAPS_TOLERANCE = 60
 def _check_drafter_comparison(tmp: str, output: str) -> None:
   """compare_drafters' sweep (issue 28): each of its variants, run one after
   another in one process, leaves the memory-map count near where it was before
-  the first; the rows and the markdown table are written."""
+  the first; the rows and the markdown table are written. The step runs the
+  chunked loops (issue 31), recorded on every row."""
   with open(os.path.join(tmp, "drafters.json")) as f:
     rows = json.load(f)["rows"]
   assert [r["drafter"] for r in rows] == ["draft model", "prompt lookup (n<=3)", "layer skip k=1"]
+  assert all(r["loop"] == "chunked" and r["loop_chunk"] == 3 for r in rows)
   assert all(r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in rows)
   before, after = rows[0]["memory_maps_before"], [r["memory_maps"] for r in rows]
   print(f"memory maps: {before} before the variants, {after} after each")
@@ -279,6 +282,7 @@ STEPS = (
     "compare_drafters",
     "compare_drafters",
     ("--config=configs/compare_drafters.py:smoke", "--config.layer_skip=(1,)")
+    + ("--config.loop=chunked", "--config.loop_chunk=3")
     + ("--output_json={tmp}/drafters.json", "--output_md={tmp}/drafters.md"),
     check=_check_drafter_comparison,
   ),

@@ -9,7 +9,9 @@
   floor       the machine's floor (`machine_floor`, `memory_bandwidth_gbs`,
               `matmul_gflops`) and a model's (`model_floor`, `weight_bytes`,
               `matmul_floor_seconds`), `floor_fields`
-  hlo         kernels per loop body of a compiled program (`loop_kernels`)
+  hlo         kernels per loop body of a compiled program (`loop_kernels`), what
+              the loop bodies execute (`hlo_ops`), cache-sized copies among it
+              (`cache_copies`), loops' known trip counts (`trip_counts`)
   generation  `benchmark_generation`: autoregressive against speculative decoding
   iteration   `profile_iteration`: where one speculative iteration's time goes
 
@@ -34,7 +36,14 @@ from specjax.bench.floor import (
   weight_bytes,
 )
 from specjax.bench.generation import benchmark_generation
-from specjax.bench.hlo import kernel_counts, loop_kernels, while_bodies
+from specjax.bench.hlo import (
+  cache_copies,
+  hlo_ops,
+  kernel_counts,
+  loop_kernels,
+  trip_counts,
+  while_bodies,
+)
 from specjax.bench.iteration import profile_iteration
 from specjax.bench.timing import (
   Timing,
@@ -49,6 +58,7 @@ from specjax.bench.timing import (
 __all__ = [
   "Timing",
   "benchmark_generation",
+  "cache_copies",
   "call_seconds",
   "compile_ahead",
   "draft_cost",
@@ -56,6 +66,7 @@ __all__ = [
   "environment_info",
   "floor_fields",
   "free_compiled_programs",
+  "hlo_ops",
   "kernel_counts",
   "long_prompt_prefill",
   "loop_kernels",
@@ -70,6 +81,7 @@ __all__ = [
   "profile_iteration",
   "random_prompts",
   "time_calls",
+  "trip_counts",
   "weight_bytes",
   "while_bodies",
 ]

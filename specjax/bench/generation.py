@@ -39,6 +39,8 @@ def benchmark_generation(
   key: jax.Array,
   num_runs: int,
   step_timing_steps: int = 16,
+  loop: str = "while",
+  loop_chunk: int = 8,
   progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
   """Measures autoregressive vs speculative decoding and the costs that predict it.
@@ -56,6 +58,8 @@ def benchmark_generation(
     key: PRNG key, the same for every run (runs are then identical).
     num_runs: timed runs of each measurement (after one warm-up call).
     step_timing_steps: N model calls per loop in the per-call cost timings.
+    loop, loop_chunk: the generation loops' `loop` and `loop_chunk` ("while"
+      or "chunked"; `speculative_generate`).
     progress: called with a line as each measurement starts (with the seconds
       since the call began); None: quiet.
 
@@ -74,7 +78,10 @@ def benchmark_generation(
 
   step(f"autoregressive and speculative decoding: compile, then {num_runs} timed runs each")
   shared = dict(max_new_tokens=max_new_tokens, sampling=sampling, num_runs=num_runs)
-  timings, outputs = _time_decoding(target, draft, prompts, prompt_lengths, gamma, key, **shared)
+  loops = dict(loop=loop, loop_chunk=loop_chunk)
+  timings, outputs = _time_decoding(
+    target, draft, prompts, prompt_lengths, gamma, key, loops, **shared
+  )
   stats = outputs["spec"].stats.summary()
   step("draft and verification costs (c, verify cost ratio)")
   cost = draft_cost(
@@ -93,13 +100,20 @@ def benchmark_generation(
 
 
 def _time_decoding(
-  target, draft, prompts, prompt_lengths, gamma, key, *, max_new_tokens, sampling, num_runs
+  target, draft, prompts, prompt_lengths, gamma, key, loops, *, max_new_tokens, sampling, num_runs
 ) -> tuple[dict[str, Timing], dict[str, Any]]:
-  """`time_calls` of autoregressive ("ar") and speculative ("spec") decoding,
-  checked to generate `max_new_tokens` tokens on every row (no EOS is set)."""
+  """`time_calls` of autoregressive ("ar") and speculative ("spec") decoding with
+  the loops' settings `loops`, checked to generate `max_new_tokens` tokens on
+  every row (no EOS is set)."""
   generate = {
     "ar": lambda: autoregressive_generate(
-      target, prompts, prompt_lengths, max_new_tokens=max_new_tokens, sampling=sampling, key=key
+      target,
+      prompts,
+      prompt_lengths,
+      max_new_tokens=max_new_tokens,
+      sampling=sampling,
+      key=key,
+      **loops,
     ),
     "spec": lambda: speculative_generate(
       target,
@@ -110,6 +124,7 @@ def _time_decoding(
       max_new_tokens=max_new_tokens,
       sampling=sampling,
       key=key,
+      **loops,
     ),
   }
   timings, outputs = time_calls(generate, num_runs)

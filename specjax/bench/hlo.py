@@ -8,18 +8,41 @@ its matrix products, so the count of those kernels per loop iteration is the
 number to drive down. Instructions that launch nothing (parameters, constants,
 tuples, bitcasts) are not counted; fused computations and reduction bodies are
 folded into the instruction that calls them.
+
+`hlo_ops` lists what the loop bodies execute with each output's size, and
+`cache_copies` picks out the instructions that rewrite a cache-sized buffer
+whole (a copy, select, concatenate or transpose) instead of updating it in
+place: the check that a decode loop's caches are written in place.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import re
+from typing import NamedTuple
 
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")  # unindented, ends in {
 _OPCODE = re.compile(r"=\s+(?:\(.*?\)|\S+)\s+([a-z][a-z0-9\-]*)\(")
 _CALLED = re.compile(r"(?:calls|to_apply|condition|body|branch_computations)=\{?%?([\w.\-]+)")
 _BODY = re.compile(r"body=%?([\w.\-]+)")
+_ENTRY = re.compile(r"^ENTRY\s+%([\w.\-]+)", re.MULTILINE)
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s+=")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]+m[0-9]+[a-z]*)?)\[([0-9,]*)\]")
+# The computations a while, conditional or call runs: one name, or a {list}.
+_RUNS = re.compile(
+  r"(?:to_apply|condition|body|branch_computations|true_computation|false_computation)="
+  r"(\{[^}]*\}|%?[\w.\-]+)"
+)
+# Bytes per element of HLO's element types (sub-byte types rounded up).
+_ITEM_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2}
+_ITEM_BYTES |= {"u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_ITEM_BYTES |= {"c64": 8, "c128": 16}
+# What rewrites a whole buffer rather than updating it in place.
+WHOLE_BUFFER_OPS = ("copy", "select", "concatenate", "transpose")
 
 
 def computations(hlo_text: str) -> dict[str, list[str]]:
@@ -68,6 +91,21 @@ def while_bodies(hlo_text: str) -> list[str]:
   return bodies
 
 
+def trip_counts(hlo_text: str) -> dict[str, int | None]:
+  """Each while loop's body -> its trip count where XLA knows it (None: a loop
+  that evaluates its condition at run time; on GPU, a device-to-host wait per
+  trip)."""
+  counts = {}
+  for lines in computations(hlo_text).values():
+    for line in lines:
+      op = _OPCODE.search(line)
+      if op and op.group(1) == "while":
+        known = _TRIPS.search(line)
+        for body in _BODY.findall(line):
+          counts[body] = int(known.group(1)) if known else None
+  return counts
+
+
 def loop_kernels(compiled_text: str) -> list[dict]:
   """For each while loop of a compiled program: its body's kernel count and the
   five most frequent opcodes (a summary for reports)."""
@@ -77,3 +115,165 @@ def loop_kernels(compiled_text: str) -> list[dict]:
     c = counts.get(body, collections.Counter())
     out.append({"body": body, "kernels": sum(c.values()), "top": dict(c.most_common(5))})
   return out
+
+
+class HloOp(NamedTuple):
+  """One output of an instruction a loop body executes (`hlo_ops`).
+
+  Attributes:
+    body: the loop-body computation it runs in (or one that body calls).
+    name: the instruction's name; `name#i` for output i of a multi-output fusion.
+    opcode: its opcode ("fusion" for a fusion).
+    effective: what it computes: the opcode itself, or for a fusion the fused
+      computation's root (through bitcasts), e.g. "copy", "dynamic-update-slice".
+    shape: the output's shape, e.g. "f32[2,1,2056,16]".
+    bytes: the output's size in bytes.
+  """
+
+  body: str
+  name: str
+  opcode: str
+  effective: str
+  shape: str
+  bytes: int
+
+
+def _array_bytes(shape: str) -> int:
+  """Bytes of one array shape such as `f32[2,16]` (0 for a token or an unknown type)."""
+  match = _ARRAY.search(shape)
+  if not match:
+    return 0
+  dims = [int(d) for d in match.group(2).split(",") if d]
+  return _ITEM_BYTES.get(match.group(1), 0) * math.prod(dims)
+
+
+def _output_shapes(line: str) -> list[str]:
+  """The output array shapes of an instruction line (several for a tuple)."""
+  rhs = line.split(" = ", 1)[1]
+  if rhs.startswith("("):
+    rhs = rhs[: rhs.index(")")]
+  else:
+    rhs = rhs.split(" ", 1)[0]
+  return [m.group(0) for m in _ARRAY.finditer(rhs)]
+
+
+def _roots(lines: list[str]) -> list[str]:
+  """The effective opcode of each output of a fused computation: its root's, through
+  bitcasts (a tuple root gives one per element). An update in place (a
+  dynamic-update-slice or scatter) counts as one only when the buffer it updates
+  is the fusion's own operand; one that updates a buffer the fusion computes
+  first (say a select between two caches) writes all of it, and reports the
+  opcode that computed it."""
+  by_name = {}
+  root = None
+  for line in lines:
+    name = _NAME.match(line)
+    if name:
+      by_name[name.group(1)] = line
+      if line.lstrip().startswith("ROOT"):
+        root = name.group(1)
+
+  def resolve(name: str) -> str:
+    line = by_name.get(name, "")
+    op = _OPCODE.search(line)
+    opcode = op.group(1) if op else "parameter"
+    if opcode in ("bitcast", "dynamic-update-slice", "scatter"):
+      operands = _OPERAND.findall(line.split(opcode + "(", 1)[1])
+      if not operands:
+        return opcode
+      updated = resolve(operands[0])
+      if opcode == "bitcast" or updated != "parameter":
+        return updated
+    return opcode
+
+  if root is None:
+    return []
+  line = by_name[root]
+  op = _OPCODE.search(line)
+  if op and op.group(1) == "tuple":
+    return [resolve(n) for n in _OPERAND.findall(line.split("tuple(", 1)[1].split(")", 1)[0])]
+  return [resolve(root)]
+
+
+def _loop_computations(comps: dict[str, list[str]], roots: list[str]) -> dict[str, str]:
+  """Each computation `roots` and every while loop's body run (a root or body, and
+  what it calls, conditions and nested loops included, fusions excluded) -> the
+  root or outermost body it runs under."""
+  edges: dict[str, list[str]] = {}
+  for name, lines in comps.items():
+    for line in lines:
+      op = _OPCODE.search(line)
+      if op and op.group(1) in ("while", "conditional", "call"):
+        called = []
+        for group in _RUNS.findall(line):
+          called.extend(n.strip().lstrip("%") for n in group.strip("{}").split(",") if n.strip())
+        edges.setdefault(name, []).extend(c for c in called if c in comps)
+  starts = list(roots)
+  for lines in comps.values():
+    for line in lines:
+      op = _OPCODE.search(line)
+      if op and op.group(1) == "while":
+        starts.extend(_BODY.findall(line))
+  owner: dict[str, str] = {}
+  for start in starts:
+    stack = [start]
+    while stack:
+      comp = stack.pop()
+      if comp not in owner:
+        owner[comp] = start
+        stack.extend(edges.get(comp, []))
+  return owner
+
+
+def hlo_ops(compiled_text: str, entry: bool = False) -> list[HloOp]:
+  """What the while loops' bodies of a compiled program execute, output by output.
+
+  Args:
+    compiled_text: `jax.jit(f).lower(...).compile().as_text()`.
+    entry: also the entry computation's own instructions: for a program that is
+      itself the body of a host loop (a serving engine's step), where a cache
+      that is not donated is copied on the way in.
+
+  Returns:
+    One `HloOp` per output of each instruction of every loop body (and of the
+    computations a body calls: nested loops, conditionals), in program order;
+    fusions report their fused root's opcode as `effective`. Instructions that
+    launch nothing (parameters, constants, tuples, bitcasts) are left out.
+  """
+  comps = computations(compiled_text)
+  roots = _ENTRY.findall(compiled_text) if entry else []
+  owner = _loop_computations(comps, roots)
+  ops = []
+  for comp, body in owner.items():
+    for line in comps[comp]:
+      op, name = _OPCODE.search(line), _NAME.match(line)
+      if not op or not name or op.group(1) in _FREE:
+        continue
+      opcode, shapes = op.group(1), _output_shapes(line)
+      if opcode in ("while", "conditional", "call"):
+        continue  # their computations are listed themselves
+      effective = [opcode] * len(shapes)
+      if opcode == "fusion":
+        called = _CALLED.search(line)
+        roots = _roots(comps.get(called.group(1), [])) if called else []
+        effective = roots if len(roots) == len(shapes) else ["fusion"] * len(shapes)
+      for i, (shape, eff) in enumerate(zip(shapes, effective)):
+        label = name.group(1) if len(shapes) == 1 else f"{name.group(1)}#{i}"
+        ops.append(HloOp(body, label, opcode, eff, shape, _array_bytes(shape)))
+  return ops
+
+
+def cache_copies(compiled_text: str, min_bytes: int, entry: bool = False) -> list[HloOp]:
+  """The loop-body outputs that rewrite a buffer of at least `min_bytes` whole.
+
+  An in-place cache write is a `dynamic-update-slice` or `scatter` (or a fusion
+  rooted in one); a copy, select, concatenate or transpose (`WHOLE_BUFFER_OPS`)
+  of a cache-sized buffer reads and writes all of it every iteration. Pass one
+  layer's K (or V) cache size in bytes as `min_bytes`, and choose shapes where
+  no other buffer in the loop is that large.
+  """
+  return [
+    op
+    for op in hlo_ops(compiled_text)
+    if op.effective in WHOLE_BUFFER_OPS and op.bytes >= min_bytes
+  ]

@@ -15,10 +15,20 @@
 
 All share the `Drafter` protocol (`specjax.drafting.base`); `as_drafter` turns a
 plain `Transformer` into a `ModelDrafter`, and `check_drafter` checks a drafter
-against a run (capacity, target, tree rules) before anything compiles.
+against a run (capacity, target, tree rules) before anything compiles. A
+drafter's loop over its draft positions goes through `draft_loop`, which the
+chunked generation loop runs with a known trip count (`fixed_trip_loops`).
 """
 
-from specjax.drafting.base import Commit, Drafter, DrafterBase, Proposal, proposal_probs
+from specjax.drafting.base import (
+  Commit,
+  Drafter,
+  DrafterBase,
+  Proposal,
+  draft_loop,
+  fixed_trip_loops,
+  proposal_probs,
+)
 from specjax.drafting.counts import CountDrafter, count_drafter
 from specjax.drafting.cross_tokenizer import CrossTokenizerDrafter
 from specjax.drafting.eagle import EagleDrafter
@@ -44,6 +54,8 @@ __all__ = [
   "as_drafter",
   "check_drafter",
   "count_drafter",
+  "draft_loop",
+  "fixed_trip_loops",
   "layer_skip",
   "lookup",
   "proposal_probs",

@@ -12,6 +12,9 @@ drafter); one `speculative_step` serves every drafter.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -229,6 +232,53 @@ class VocabSubset:
 
   def _logits(self, features: jax.Array) -> jax.Array:
     return self.target.features_to_logits(features, self.vocab_subset)
+
+
+# Set while a chunked generation loop traces its step (`fixed_trip_loops`).
+_FIXED_TRIP = contextvars.ContextVar("specjax_fixed_trip_loops", default=False)
+
+
+@contextlib.contextmanager
+def fixed_trip_loops():
+  """While tracing inside it, `draft_loop` runs every trip (a loop of known trip
+  count) instead of stopping once no row drafts: the chunked generation loop's
+  setting (`specjax.generation.common.run_loop`), since XLA:GPU waits on the
+  host for the predicate of each trip of a while loop of unknown trip count."""
+  token = _FIXED_TRIP.set(True)
+  try:
+    yield
+  finally:
+    _FIXED_TRIP.reset(token)
+
+
+def draft_loop(
+  body: Callable[[jax.Array, Any], Any],
+  carry: Any,
+  start: int,
+  stop: int,
+  going: Callable[[Any], jax.Array],
+) -> tuple[jax.Array, Any]:
+  """`carry = body(i, carry)` for i = start, start + 1, ... < stop, a drafter's
+  loop over draft positions.
+
+  A while loop that stops early once `going(carry)` (a scalar bool, e.g. "some
+  row still drafts") is False; under `fixed_trip_loops` every trip runs (trips
+  past the point where no row drafts must change nothing the drafter reports).
+
+  Returns:
+    `(stop_index, carry)`: the i at which the loop stopped (scalar int32),
+    e.g. the number of model calls spent when each trip makes one.
+  """
+  if _FIXED_TRIP.get():
+    return jnp.int32(stop), jax.lax.fori_loop(start, stop, body, carry)
+
+  def cond(state):
+    i, carry = state
+    return (i < stop) & going(carry)
+
+  return jax.lax.while_loop(
+    cond, lambda state: (state[0] + 1, body(state[0], state[1])), (jnp.int32(start), carry)
+  )
 
 
 def proposal_probs(proposal: Proposal, vocab_size: int) -> jax.Array:

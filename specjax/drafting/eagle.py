@@ -51,6 +51,7 @@ from specjax.drafting.base import (
   Proposal,
   VocabSubset,
   check_confidence,
+  draft_loop,
 )
 from specjax.drafting.tree import check_tree_gamma, check_tree_mode, children, draft_tree
 from specjax.models.heads import EagleHead
@@ -238,28 +239,18 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     probs = None if greedy else jnp.zeros((b, g, self.vocab_size), jnp.float32)
     token, tokens, probs, active = draw(0, state.next_feature, tokens, probs, jnp.ones((b,), bool))
 
-    def cond(carry):
-      i, _, _, _, _, active, _ = carry
-      return (i < g) & jnp.any(active)
-
-    def body(carry):
-      i, token, (cache, feature), tokens, probs, active, lengths = carry
+    def body(i, carry):
+      token, (cache, feature), tokens, probs, active, lengths = carry
       new_feature, cache = self._pairs(cache, feature[:, None], token[:, None])
       token, tokens, probs, active = draw(i, new_feature[:, 0], tokens, probs, active)
-      return i + 1, token, (cache, new_feature[:, 0]), tokens, probs, active, lengths + active
+      return token, (cache, new_feature[:, 0]), tokens, probs, active, lengths + active
 
-    i, _, (cache, _), tokens, probs, _, lengths = jax.lax.while_loop(
-      cond,
+    i, (_, (cache, _), tokens, probs, _, lengths) = draft_loop(
       body,
-      (
-        jnp.int32(1),
-        token,
-        (state.cache, state.next_feature),
-        tokens,
-        probs,
-        active,
-        active.astype(jnp.int32),
-      ),
+      (token, (state.cache, state.next_feature), tokens, probs, active, active.astype(jnp.int32)),
+      1,
+      g,
+      lambda c: jnp.any(c[4]),
     )
     # The commit's head call is this iteration's last draft call.
     return Proposal(tokens, probs, lengths, calls=i), state.replace(cache=cache)

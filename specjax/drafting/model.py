@@ -27,6 +27,7 @@ from specjax.drafting.base import (
   Drafter,
   Proposal,
   check_confidence,
+  draft_loop,
 )
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -64,7 +65,8 @@ class CachedDrafting(ConfidenceLength):
     sampling: SamplingParams,
   ):
     """Samples up to min(gamma, limit[b]) tokens per row; stops early once no
-    row needs more (every call after the first is one token per row).
+    row needs more (every call after the first is one token per row), unless
+    the loop runs every trip (`draft_loop`).
 
     Greedy drafts are the argmax, a deterministic proposal: no `[B, g, V]`
     law is built for them (`Proposal.probs` is None, q one-hot).
@@ -92,18 +94,15 @@ class CachedDrafting(ConfidenceLength):
     token, tokens, probs, active = draw(0, logits, tokens, probs, jnp.ones((b,), bool))
     lengths = active.astype(jnp.int32)
 
-    def cond(carry):
-      i, _, _, _, _, active, _ = carry
-      return (i < g) & jnp.any(active)
-
-    def body(carry):
-      i, token, state, tokens, probs, active, lengths = carry
+    def body(i, carry):
+      token, state, tokens, probs, active, lengths = carry
       logits, state = self._forward(token[:, None], state)
       token, tokens, probs, active = draw(i, logits, tokens, probs, active)
-      return i + 1, token, state, tokens, probs, active, lengths + active
+      return token, state, tokens, probs, active, lengths + active
 
-    i, _, state, tokens, probs, _, lengths = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), token, state, tokens, probs, active, lengths)
+    # One call per trip: the loop's stop index is the calls spent (feeding `recent` was one).
+    i, (_, state, tokens, probs, _, lengths) = draft_loop(
+      body, (token, state, tokens, probs, active, lengths), 1, g, lambda c: jnp.any(c[4])
     )
     return Proposal(tokens, probs, lengths, calls=i), state
 

@@ -1,7 +1,7 @@
 """Autoregressive decoding: the baseline speculative decoding must match and beat.
 
-The whole loop is one `jax.jit` program around `lax.while_loop`: prefill, then
-one token per step for every row, with per-row EOS and budgets.
+The whole loop is one `jax.jit` program around `lax.while_loop` (`run_loop`):
+prefill, then one token per step for every row, with per-row EOS and budgets.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from specjax.generation.common import (
   first_done,
   is_eos,
   prefill,
+  run_loop,
   zero_padding,
 )
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams, sample_with_uniform, warp_probs
+from specjax.validation import check_loop
 
 
 def autoregressive_step(
@@ -66,10 +68,31 @@ def autoregressive_step(
 # costs far less per call than nnx.split, and the module structure and config
 # become part of the cache key.
 @functools.partial(
-  jax.jit, static_argnames=("sampling", "max_new_tokens", "eos_id", "pad_id", "capacity")
+  jax.jit,
+  static_argnames=(
+    "sampling",
+    "max_new_tokens",
+    "eos_id",
+    "pad_id",
+    "capacity",
+    "loop",
+    "loop_chunk",
+  ),
 )
 def _autoregressive_program(
-  model, prompts, prompt_lengths, key, rows, *, sampling, max_new_tokens, eos_id, pad_id, capacity
+  model,
+  prompts,
+  prompt_lengths,
+  key,
+  rows,
+  *,
+  sampling,
+  max_new_tokens,
+  eos_id,
+  pad_id,
+  capacity,
+  loop="while",
+  loop_chunk=8,
 ) -> GenerateOutput:
   sampling = rows if sampling is None else sampling  # per-row settings are data
   prompts = zero_padding(prompts, prompt_lengths)
@@ -89,10 +112,11 @@ def _autoregressive_program(
     uniforms=jax.random.uniform(key, (0 if sampling.greedy else max_new_tokens, b)),
     stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)),
   )
-  state = jax.lax.while_loop(
-    lambda s: jnp.any(~s.done),
+  state = run_loop(
     lambda s: autoregressive_step(model, s, sampling, max_new_tokens, eos_id),
     state,
+    loop,
+    loop_chunk,
   )
   return GenerateOutput(
     tokens=finalize(state.tokens, state.num_generated, max_new_tokens, pad_id),
@@ -111,6 +135,8 @@ def autoregressive_generate(
   key: jax.Array | None = None,
   eos_id: int | list[int] | None = None,
   pad_id: int = 0,
+  loop: str = "while",
+  loop_chunk: int = 8,
 ) -> GenerateOutput:
   """Decodes up to `max_new_tokens` tokens per row, one model call per token.
 
@@ -125,6 +151,10 @@ def autoregressive_generate(
     eos_id: stop a row after it emits this id, or any of a list of ids (the
       EOS is kept and counted).
     pad_id: value of `tokens` past each row's `num_generated`.
+    loop: "while" tests for finished rows after every step; "chunked" after
+      every `loop_chunk` steps (no device-to-host wait per step on GPU, up to
+      `loop_chunk - 1` idle steps at the end). Same tokens and statistics.
+    loop_chunk: steps per test of loop="chunked" (>= 1, static).
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B], stats)`.
@@ -139,6 +169,7 @@ def autoregressive_generate(
     eos_id=eos_id,
     pad_id=pad_id,
   )
+  loop, loop_chunk = check_loop(loop, loop_chunk)
   return _autoregressive_program(
     model,
     jnp.asarray(prompts, jnp.int32),
@@ -150,4 +181,6 @@ def autoregressive_generate(
     eos_id=args.eos_id,
     pad_id=args.pad_id,
     capacity=args.capacity,
+    loop=loop,
+    loop_chunk=loop_chunk,
   )

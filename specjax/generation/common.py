@@ -5,6 +5,7 @@ zero_padding    prompt ids past each row's length set to a valid id
 first_done      rows finished by the prefill's token alone
 is_eos          which tokens are an EOS (one id or several)
 finalize        output buffer cut to the budget, padded past each row's count
+run_loop        a step repeated until every row is done ("while" or "chunked")
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.drafting.base import fixed_trip_loops
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_tokens
 
@@ -77,3 +79,43 @@ def finalize(
   tokens = tokens[:, :max_new_tokens]
   valid = jnp.arange(max_new_tokens)[None, :] < num_generated[:, None]
   return jnp.where(valid, tokens, pad_id)
+
+
+def run_loop(step, state, loop: str, loop_chunk: int):
+  """`state = step(state)` until every row is done (`state.done [B]` all True).
+
+  loop="while" is one `lax.while_loop` that tests for finished rows after every
+  iteration. XLA:GPU copies a while loop's predicate to the host and waits for
+  it at each trip, unless the trip count is known; loop="chunked" therefore
+  runs `loop_chunk` iterations per test, as a loop of known trip count inside
+  the while loop (and runs the step's own loops, a drafter's over its draft
+  positions, with known trip counts: `drafting.fixed_trip_loops`).
+
+  Up to `loop_chunk - 1` iterations may run after the last row finished. They
+  change nothing the caller sees: done rows commit nothing and keep their
+  lengths (every step's contract), and such an iteration's statistics are not
+  counted, so `stats.iterations`, which indexes the pre-drawn random numbers,
+  stays put too. Only `stats` is selected (a few scalars and `[B]` counters):
+  the caches go through untouched by any select.
+
+  Args:
+    step: `state -> state`, pure, with `state.done` and `state.stats`.
+    loop: "while" or "chunked" (`specjax.validation.check_loop`).
+    loop_chunk: iterations per test of "chunked".
+  """
+
+  def going(s):
+    return jnp.any(~s.done)
+
+  if loop == "while":
+    return jax.lax.while_loop(going, step, state)
+
+  def masked(_, s):
+    with fixed_trip_loops():
+      new = step(s)
+    counted = going(s)
+    return new.replace(
+      stats=jax.tree.map(lambda a, b: jnp.where(counted, a, b), new.stats, s.stats)
+    )
+
+  return jax.lax.while_loop(going, lambda s: jax.lax.fori_loop(0, loop_chunk, masked, s), state)

@@ -36,6 +36,7 @@ from specjax.generation.common import (
   finalize,
   is_eos,
   prefill,
+  run_loop,
   zero_padding,
 )
 from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats
@@ -43,7 +44,7 @@ from specjax.models.kv_cache import KVCache, cache_capacity, write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams, warp_probs
 from specjax.trees import Tree
-from specjax.validation import check_positive_int
+from specjax.validation import check_loop, check_positive_int
 from specjax.vocab import fit_ids, pad_vocab
 
 ADAPTIVE = (None, "schedule", "confidence")
@@ -426,8 +427,8 @@ def _speculative_program(
 ) -> GenerateOutput:
   prompts = zero_padding(prompts, prompt_lengths)
   state = init_state(target, drafter, prompts, prompt_lengths, key, config, rows)
-  state = jax.lax.while_loop(
-    lambda s: jnp.any(~s.done), lambda s: speculative_step(target, drafter, s, config), state
+  state = run_loop(
+    lambda s: speculative_step(target, drafter, s, config), state, config.loop, config.loop_chunk
   )
   return GenerateOutput(
     tokens=finalize(state.tokens, state.num_generated, config.max_new_tokens, config.pad_id),
@@ -451,6 +452,8 @@ def speculative_generate(
   pad_id: int = 0,
   adaptive: str | None = None,
   confidence_threshold: float = 0.5,
+  loop: str = "while",
+  loop_chunk: int = 8,
 ) -> GenerateOutput:
   """Exact speculative decoding of up to `max_new_tokens` tokens per row.
 
@@ -485,6 +488,13 @@ def speculative_generate(
       "confidence" (a model drafter stops when its top probability falls below
       `confidence_threshold`). Exactness is unchanged.
     confidence_threshold: in (0, 1], for adaptive="confidence".
+    loop: "while" tests for finished rows after every iteration; "chunked"
+      after every `loop_chunk` iterations (no device-to-host wait per
+      iteration on GPU, up to `loop_chunk - 1` idle iterations at the end).
+      Same tokens and statistics for the same key, but for draft_calls where
+      drafts stop short of gamma: a drafter's own loop then runs all gamma
+      calls, and draft_calls counts them.
+    loop_chunk: iterations per test of loop="chunked" (>= 1, static).
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
@@ -503,6 +513,8 @@ def speculative_generate(
     pad_id=pad_id,
     adaptive=adaptive,
     confidence_threshold=confidence_threshold,
+    loop=loop,
+    loop_chunk=loop_chunk,
   )
   key = validation.check_key(key, sampling)
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
@@ -518,7 +530,17 @@ def speculative_generate(
 
 
 def _checked_run(
-  target, draft, prompts, prompt_lengths, *, gamma, adaptive, confidence_threshold, **settings
+  target,
+  draft,
+  prompts,
+  prompt_lengths,
+  *,
+  gamma,
+  adaptive,
+  confidence_threshold,
+  loop="while",
+  loop_chunk=8,
+  **settings,
 ) -> tuple[Drafter, SpecConfig]:
   """`speculative_generate`'s checks, before anything compiles: its drafter
   (with the confidence length if asked) and static configuration."""
@@ -530,6 +552,7 @@ def _checked_run(
   )
   if adaptive not in ADAPTIVE:
     raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
+  loop, loop_chunk = check_loop(loop, loop_chunk)
   drafter = check_drafter(
     drafter,
     target,
@@ -552,5 +575,7 @@ def _checked_run(
     eos_id=args.eos_id,
     pad_id=args.pad_id,
     adaptive=adaptive,
+    loop=loop,
+    loop_chunk=loop_chunk,
   )
   return drafter, config

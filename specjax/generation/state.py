@@ -31,6 +31,9 @@ class SpecConfig:
     pad_id: the value written to `tokens` past each row's `num_generated`.
     adaptive: None, or "schedule" to adapt each row's draft limit (+2 after a
       fully accepted block, -1 otherwise). "confidence" lives in the drafter.
+    loop: "while" (test for finished rows after every iteration) or "chunked"
+      (after every `loop_chunk` iterations; `generation.common.run_loop`).
+    loop_chunk: iterations per test of the "chunked" loop, >= 1.
   """
 
   gamma: int
@@ -40,6 +43,8 @@ class SpecConfig:
   eos_id: int | tuple[int, ...] | None = None
   pad_id: int = 0
   adaptive: str | None = None
+  loop: str = "while"
+  loop_chunk: int = 8
 
 
 @struct.dataclass

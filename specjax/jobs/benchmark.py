@@ -21,7 +21,7 @@ import specjax
 from specjax import bench, dtypes
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table
-from specjax.validation import check_positive_int
+from specjax.validation import check_loop, check_positive_int
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -37,6 +37,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     ("seed", 0),
   ):
     check_positive_int(f"config.{name}", config[name], minimum)
+  check_loop(config.loop, config.loop_chunk, "config.")
   if not isinstance(config.draft_is_target, bool):
     raise ValueError(f"config.draft_is_target must be a bool, got {config.draft_is_target!r}.")
   dtypes.to_dtype(config.dtype, "config.dtype")
@@ -140,6 +141,8 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> dict[st
       key=jax.random.fold_in(jax.random.key(config.seed), 2),
       num_runs=config.num_runs,
       step_timing_steps=config.step_timing_steps,
+      loop=config.loop,
+      loop_chunk=config.loop_chunk,
       progress=functools.partial(print, file=sys.stderr, flush=True) if progress else None,
     )
   )

@@ -40,7 +40,7 @@ from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table
-from specjax.validation import check_positive_int
+from specjax.validation import check_loop, check_positive_int
 
 # The README's table: one line per variant.
 COLUMNS = (
@@ -210,6 +210,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       f"got {tuple(config.verifiers)!r}."
     )
   check_positive_int("config.num_runs", config.num_runs, 3)
+  check_loop(config.loop, config.loop_chunk, "config.")
   if set(config.adaptive) - {"schedule", "confidence"}:
     raise ValueError(
       f"config.adaptive must be a subset of (schedule, confidence), got {config.adaptive!r}."
@@ -267,6 +268,8 @@ def _generate(config, target, variant: Variant, prompts: list, key) -> Callable[
       verifier="auto" if v.verifier == "tree" else v.verifier,
       adaptive=v.adaptive,
       confidence_threshold=config.confidence_threshold,
+      loop=config.loop,
+      loop_chunk=config.loop_chunk,
     )
     for prompt in prompts
   ]
@@ -383,6 +386,9 @@ def sweep(
       if v.name != SLEM and (v.name, v.gamma) not in drafting_s:
         drafting_s[v.name, v.gamma] = _drafting_seconds(config, target, v, one[0], sampling)
       row = _row(v, timings, outputs, step_s, verify_s, drafting_s.get((v.name, v.gamma)))
+      # The loops both ways (string-level exact match: its baseline's; its own is a host loop).
+      row["loop"] = config.loop
+      row["loop_chunk"] = config.loop_chunk if config.loop == "chunked" else None
       del calls, timings, outputs
       bench.free_compiled_programs()
       # Lines of /proc/self/maps once the variant is freed (None off Linux).
@@ -400,7 +406,11 @@ def _baseline(config, target, prompts: list, sampling, key) -> Callable[[], list
   survives `bench.free_compiled_programs`."""
   program = bench.compile_ahead(
     functools.partial(
-      specjax.autoregressive_generate, max_new_tokens=config.max_new_tokens, sampling=sampling
+      specjax.autoregressive_generate,
+      max_new_tokens=config.max_new_tokens,
+      sampling=sampling,
+      loop=config.loop,
+      loop_chunk=config.loop_chunk,
     ),
     target,
     *prompts[0],

@@ -30,7 +30,7 @@ from specjax.models.kv_cache import cache_capacity
 from specjax.results import write_json
 from specjax.training import heads as head_training
 from specjax.training.checkpoint import check_run
-from specjax.validation import check_int, check_output_path, check_positive_int
+from specjax.validation import check_int, check_loop, check_output_path, check_positive_int
 from specjax.vocab_map import build_vocab_map
 
 # float16 is not offered: the transformers comparison
@@ -241,6 +241,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   if config.drafter == "string_level" and config.adaptive:
     raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
+  check_loop(config.loop, config.loop_chunk, "config.")
+  if config.drafter == "string_level" and config.loop != "while":
+    raise ValueError(
+      "config.loop must be 'while' with config.drafter='string_level' (its loop runs on the host)."
+    )
   if config.compare_transformers and config.drafter != "model":
     raise ValueError(
       "config.compare_transformers needs config.drafter='model' "
@@ -333,7 +338,10 @@ def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[
   """The timed calls: autoregressive ("ar") and speculative ("spec") decoding."""
   i, key = inputs, jax.random.key(config.seed)
   plain = dict(max_new_tokens=config.max_new_tokens, sampling=i.sampling, key=key, eos_id=i.eos)
-  calls = {"ar": lambda: specjax.autoregressive_generate(i.target, i.prompts, i.lengths, **plain)}
+  loop = dict(loop=config.loop, loop_chunk=config.loop_chunk)
+  calls = {
+    "ar": lambda: specjax.autoregressive_generate(i.target, i.prompts, i.lengths, **plain, **loop)
+  }
   shared = dict(plain, gamma=config.gamma, verifier=config.verifier)
   if config.drafter == "string_level":
     calls["spec"] = lambda: specjax.string_level_generate(
@@ -348,6 +356,7 @@ def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[
       adaptive=config.adaptive or None,
       confidence_threshold=config.confidence_threshold,
       **shared,
+      **loop,
     )
   return calls
 
@@ -424,6 +433,8 @@ def _settings_fields(config, inputs: _Inputs, drafter) -> dict[str, Any]:
     "vocab_subset": None if subset is None else int(subset.shape[0]),
     "verifier": config.verifier,
     "adaptive": config.adaptive or "fixed",
+    "loop": config.loop,
+    "loop_chunk": config.loop_chunk if config.loop == "chunked" else None,
     "batch_size": config.batch_size,
     "dtype": config.dtype,
     "draft_dtype": config.draft_dtype or config.dtype,
