@@ -182,6 +182,20 @@ def test_generation_loops_write_caches_in_place(models, loop, name):
     assert list(hlo.trip_counts(text).values()).count(None) == 1
 
 
+@pytest.mark.parametrize("name", ["ar", "model", "eagle", "tree"])
+def test_scanned_layers_write_caches_in_place(models, name):
+  """Scanned layers (`scan_layers=True`: stacked `[B, L, K, S, H]` caches, a layer
+  loop inside the decode loop): each layer writes its new slots into the stack in
+  place; nothing copies, selects or concatenates a layer's cache (or the stack)."""
+  from specjax.models.scan import scan_model
+
+  scanned = tuple(scan_model(m) for m in models)
+  text, cache_bytes = _compiled(scanned, name, "chunked")
+  assert not hlo.cache_copies(text, cache_bytes)
+  # The layer loop runs a known number of trips: one loop of unknown trip count.
+  assert list(hlo.trip_counts(text).values()).count(None) == 1
+
+
 def _engine(models, width: int = BATCH):
   """(target, drafter, a blank batch of `BATCH` slots, its `SlotConfig`)."""
   target, draft = models

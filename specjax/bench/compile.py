@@ -1,0 +1,235 @@
+"""Compiling a decode program: how long it takes and how many kernels a step launches.
+
+Both are read from shapes alone: the models are abstract (`nnx.eval_shape`, no
+weights allocated), so a 7B-shaped program compiles on a laptop.
+
+  decode_kernels(cfg)    kernels per layer and per decode step of
+                         autoregressive decoding (compiled HLO, `bench.hlo`)
+  compile_seconds(...)   time to trace, lower and compile the autoregressive
+                         and speculative programs, JAX's caches bypassed
+
+Kernels per layer are counted exactly: for unrolled layers, the decode loop
+body of a 2-layer model minus that of a 1-layer model of the same widths; for
+scanned layers, the body of the layer loop (plus nothing: its loop counter is
+one of its kernels).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.bench import hlo
+from specjax.models.config import ModelConfig
+from specjax.models.transformer import Transformer
+from specjax.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+  """A `Transformer(cfg)` whose parameters are shapes only (nothing allocated)."""
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+def _shapes(batch: int, prompt_len: int):
+  return (
+    jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32),
+    jax.ShapeDtypeStruct((batch,), jnp.int32),
+  )
+
+
+def lower_autoregressive(
+  model, batch: int, prompt_len: int, max_new_tokens: int, loop: str = "while", loop_chunk: int = 8
+):
+  """The jitted program of `autoregressive_generate` for `model` (abstract or
+  real), lowered for `[batch, prompt_len]` prompts at temperature 0."""
+  from specjax.generation.autoregressive import _autoregressive_program
+  from specjax.models.kv_cache import cache_capacity
+
+  prompts, lengths = _shapes(batch, prompt_len)
+  return _autoregressive_program.lower(
+    model,
+    prompts,
+    lengths,
+    jax.random.key(0),
+    None,
+    sampling=GREEDY,
+    max_new_tokens=max_new_tokens,
+    eos_id=None,
+    pad_id=0,
+    capacity=cache_capacity(prompt_len, max_new_tokens),
+    loop=loop,
+    loop_chunk=loop_chunk,
+  )
+
+
+def lower_speculative(
+  target,
+  draft,
+  batch: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  gamma: int,
+  loop: str = "while",
+  loop_chunk: int = 8,
+):
+  """The jitted program of `speculative_generate` (a draft model or any
+  drafter), lowered like `lower_autoregressive`."""
+  from specjax.generation.speculative import _checked_run, _speculative_program
+
+  prompts, lengths = _shapes(batch, prompt_len)
+  drafter, config = _checked_run(
+    target,
+    draft,
+    jnp.zeros(prompts.shape, jnp.int32),
+    jnp.full(lengths.shape, prompt_len, jnp.int32),
+    gamma=gamma,
+    max_new_tokens=max_new_tokens,
+    sampling=GREEDY,
+    eos_id=None,
+    verifier="auto",
+    pad_id=0,
+    adaptive=None,
+    confidence_threshold=0.5,
+    loop=loop,
+    loop_chunk=loop_chunk,
+  )
+  return _speculative_program.lower(
+    target, drafter, prompts, lengths, jax.random.key(0), config=config
+  )
+
+
+@contextlib.contextmanager
+def _no_persistent_cache():
+  """Compiles inside really compile: JAX's persistent compilation cache is off."""
+  previous = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", previous)
+
+
+def timed_compile(lower) -> tuple[float, float, object]:
+  """`(trace_and_lower_s, compile_s, compiled)` of `lower()` (a function returning
+  a `jax.stages.Lowered`), with the persistent cache bypassed."""
+  with _no_persistent_cache():
+    start = time.perf_counter()
+    lowered = lower()
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    done = time.perf_counter()
+  return lowered_at - start, done - lowered_at, compiled
+
+
+def _decode_body(compiled_text: str, nested: bool = False) -> str:
+  """The decode loop's body: among the while bodies (those holding a loop of
+  their own when `nested`: the scanned layers' loop), the one with the most
+  kernels (the model's; prefill runs outside any loop or, scanned, in a loop of
+  its own that holds none)."""
+  counts = hlo.kernel_counts(compiled_text)
+  bodies = hlo.while_bodies(compiled_text)
+  if nested:
+    bodies = [b for b in bodies if _nested_loops(compiled_text, b)]
+  return max(bodies, key=lambda b: sum(counts.get(b, {}).values()))
+
+
+def _nested_loops(text: str, body: str) -> list[str]:
+  """The bodies of the while loops inside computation `body`."""
+  return [
+    name
+    for line in hlo.computations(text)[body]
+    if (op := hlo._OPCODE.search(line)) and op.group(1) == "while"
+    for name in hlo._BODY.findall(line)
+  ]
+
+
+def decode_kernels(
+  cfg: ModelConfig, batch: int = 1, prompt_len: int = 16, max_new_tokens: int = 16
+) -> dict:
+  """Kernels a decode step of autoregressive decoding launches, from compiled HLO.
+
+  Returns:
+    `{"kernels_per_layer", "kernels_per_step", "scanned", "top_layer_ops"}`:
+    per layer (exact, see the module docstring), the whole step of a
+    `cfg.n_layers`-deep model (the decode loop body, the layer loop's body
+    counted once per layer when scanned), and the layer's five most frequent
+    opcodes.
+  """
+  scanned = cfg.scanned
+  if scanned:
+    text = (
+      lower_autoregressive(abstract_model(cfg), batch, prompt_len, max_new_tokens)
+      .compile()
+      .as_text()
+    )
+    counts = hlo.kernel_counts(text)
+    outer = _decode_body(text, nested=True)
+    inner = _inner_layer_loop(text, outer)
+    per_layer = sum(counts[inner].values())
+    per_step = sum(counts[outer].values()) - 1 + per_layer * cfg.n_layers
+    top = counts[inner]
+  else:
+    totals, tops = {}, {}
+    for depth in (1, 2):
+      text = (
+        lower_autoregressive(
+          abstract_model(cfg.replace(n_layers=depth, local_layers=None)),
+          batch,
+          prompt_len,
+          max_new_tokens,
+        )
+        .compile()
+        .as_text()
+      )
+      counts = hlo.kernel_counts(text)
+      body = _decode_body(text)
+      totals[depth], tops[depth] = sum(counts[body].values()), counts[body]
+    per_layer = totals[2] - totals[1]
+    per_step = totals[1] + per_layer * (cfg.n_layers - 1)
+    top = tops[2] - tops[1]
+  return dict(
+    kernels_per_layer=per_layer,
+    kernels_per_step=per_step,
+    scanned=scanned,
+    top_layer_ops=dict(top.most_common(5)),
+  )
+
+
+def _inner_layer_loop(text: str, outer: str) -> str:
+  """The layer loop's body inside the decode loop body `outer`."""
+  counts = hlo.kernel_counts(text)
+  return max(_nested_loops(text, outer), key=lambda b: sum(counts.get(b, {}).values()))
+
+
+def compile_seconds(
+  target_cfg: ModelConfig,
+  draft_cfg: ModelConfig | None = None,
+  *,
+  batch: int = 1,
+  prompt_len: int = 64,
+  max_new_tokens: int = 64,
+  gamma: int = 4,
+) -> dict:
+  """Seconds to trace + lower and to compile the autoregressive program of
+  `target_cfg` and (with `draft_cfg`) the speculative program of the pair, from
+  abstract models, JAX's caches bypassed. Keys: `ar_lower_s`, `ar_compile_s`,
+  `spec_lower_s`, `spec_compile_s`."""
+  target = abstract_model(target_cfg)
+  out = {}
+  lower_s, compile_s, _ = timed_compile(
+    lambda: lower_autoregressive(target, batch, prompt_len, max_new_tokens)
+  )
+  out.update(ar_lower_s=lower_s, ar_compile_s=compile_s)
+  if draft_cfg is not None:
+    draft = abstract_model(draft_cfg)
+    lower_s, compile_s, _ = timed_compile(
+      lambda: lower_speculative(target, draft, batch, prompt_len, max_new_tokens, gamma)
+    )
+    out.update(spec_lower_s=lower_s, spec_compile_s=compile_s)
+  return out
