@@ -5,7 +5,17 @@
 
 Run once on a lent GPU at --scale=full (the cases are chosen to fit one
 device-time budget); sections run in order, most wanted first, and the JSON is
-rewritten after each, so a run cut short keeps what it measured:
+rewritten after each, so a run cut short keeps what it measured (default:
+step, command_buffer, scaled; about 8 minutes):
+  step: the decode step at the scaled `1b` and `7b` target shapes (random
+     bfloat16 weights): kernels per layer and per step (compiled HLO,
+     `specjax.bench.compile`), autoregressive ms/token against the HBM floor
+     with loop="while" and loop="chunked", compile times of the autoregressive
+     and speculative programs; unrolled and scanned layers at `1b`, the
+     platform's default layout at `7b` (smoke: the bundled shapes);
+  command_buffer: the step rows again in a fresh process with
+     `--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL` (while loops and
+     conditionals recorded in CUDA graphs);
   scaled: the bundled pair grown to the Llama-2-7B shape (`load_pair(scale="7b")`,
      bfloat16, real acceptance) decoded by the main job at T = 0 and 1 and with
      the grown EAGLE head (`specjax.jobs.decode_table`; smoke: the bundled pair);
@@ -75,7 +85,26 @@ GAMMA = 4
 # untrained EAGLE head on the target (its cost c matters here; its alpha comes
 # from the bundled pair, not from random weights).
 CASES = ((1, "68m"), (1, "self"), (8, "68m"), (1, "eagle"))
-SECTIONS = ("scaled", "scoring", "trees", "decode")
+SECTIONS = ("step", "command_buffer", "scaled", "scoring", "trees", "decode")
+# What one lent GPU runs by default (about 8 minutes): the step at the scaled
+# shapes, then with while loops in command buffers, then the 7b pair's speedups.
+DEFAULT_SECTIONS = ("step", "command_buffer", "scaled")
+# The step section's shapes (the scaled presets' target, random bfloat16 weights),
+# and XLA's flag that records while loops and conditionals in CUDA graphs.
+STEP_SCALES = {"full": ("1b", "7b"), "smoke": ("",)}
+COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+STEP_COLUMNS = (
+  ("shape", "{shape}"),
+  ("layers", "{layout}"),
+  ("loop", "{loop}"),
+  ("command buffers", "{command_buffer}"),
+  ("kernels / layer", "{kernels_per_layer}"),
+  ("kernels / step", "{kernels_per_step}"),
+  ("AR ms/token", "{ar_ms_per_token:.3f}"),
+  ("AR / HBM floor", "{ar_over_floor:.2f}"),
+  ("compile AR s", lambda r: f"{r['ar_compile_s']:.1f}" if "ar_compile_s" in r else "-"),
+  ("compile spec s", lambda r: f"{r['spec_compile_s']:.1f}" if "spec_compile_s" in r else "-"),
+)
 # Positions scored in one call (scoring section): 1 is the decode step; trees
 # (tree attention) at some of them. Each is a compile of the 1.1B shape.
 SCORED = {"full": (1, 4, 8, 16, 32, 64), "smoke": (1, 4, 8)}
@@ -175,6 +204,86 @@ def scaled_config(scale: str):
   return config
 
 
+def step_rows(scale: str, sizes: dict, command_buffer: bool = False) -> list[dict]:
+  """The decode step at the scaled shapes (random bfloat16 weights): kernels per
+  layer and per step, autoregressive ms/token against the memory floor in both
+  loop modes, and compile times, unrolled and scanned at the first shape (the
+  platform's default layout at the others)."""
+  from specjax.bench import compile as compile_bench
+  from specjax.pretrained import bundled_configs
+  from specjax.pretrained.scales import scaled_configs
+
+  bandwidth = 1e9 * bench.memory_bandwidth_gbs(
+    megabytes=sizes["copy_bytes"] >> 20, num_runs=sizes["num_runs"]
+  )
+  rows = []
+  base = bundled_configs("bfloat16")
+  for i, shape in enumerate(STEP_SCALES[scale]):
+    target_cfg, draft_cfg = scaled_configs(shape, *base, "bfloat16") if shape else base
+    default = target_cfg.scanned
+    for scanned in (default, not default) if i == 0 else (default,):
+      cfg, dcfg = (c.replace(scan_layers=scanned) for c in (target_cfg, draft_cfg))
+      common_fields = dict(
+        shape=shape or "bundled",
+        layout="scanned" if scanned else "unrolled",
+        command_buffer="+WHILE" if command_buffer else "default",
+        **compile_bench.decode_kernels(cfg),
+      )
+      if not command_buffer:
+        common_fields.update(compile_bench.compile_seconds(cfg, dcfg if i == 0 else None))
+      common_fields.pop("top_layer_ops")
+      model = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
+      floor_ms = bench.weight_bytes(model) / bandwidth * 1e3
+      prompts, lengths = bench.random_prompts(
+        jax.random.key(0), 1, sizes["prompt_len"], cfg.vocab_size
+      )
+      runs = {
+        loop: functools.partial(
+          specjax.autoregressive_generate,
+          model,
+          prompts,
+          lengths,
+          max_new_tokens=sizes["max_new_tokens"],
+          sampling=specjax.GREEDY,
+          loop=loop,
+        )
+        for loop in ("while", "chunked")
+      }
+      timings, _ = bench.time_calls(runs, num_runs=sizes["num_runs"])
+      for loop, timing in timings.items():
+        ms = timing.median_s * 1e3 / sizes["max_new_tokens"]
+        rows.append(
+          dict(
+            common_fields,
+            loop=loop,
+            ar_ms_per_token=ms,
+            floor_ms_per_step=floor_ms,
+            ar_over_floor=ms / floor_ms,
+          )
+        )
+      del model
+      bench.free_compiled_programs()
+  return rows
+
+
+def command_buffer_rows(scale: str, output_json: str | None) -> list[dict]:
+  """`step_rows` again in a fresh process with XLA's while loops and conditionals
+  recorded in command buffers (`COMMAND_BUFFER_FLAG`: XLA flags are read at start)."""
+  import subprocess
+  import sys
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "step.json")
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAG}")
+    env.pop("OUT", None)
+    command = [sys.executable, "-m", "experiments.gpu_check", f"--scale={scale}"]
+    command += ["--sections=step", "--command_buffer", f"--output_json={path}"]
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(path) as f:
+      return json.load(f)["step"]
+
+
 def main(argv):
   common.check_no_args(argv)
   # On the lent machine, files under $OUT are what comes back.
@@ -202,7 +311,11 @@ def main(argv):
   for section in SECTIONS:
     if section not in sections:
       continue
-    if section == "scaled":
+    if section == "step":
+      save("step", step_rows(scale, sizes, flags.FLAGS.command_buffer), STEP_COLUMNS)
+    elif section == "command_buffer":
+      save("command_buffer", command_buffer_rows(scale, output_json), STEP_COLUMNS)
+    elif section == "scaled":
       rows = decode_table.run(scaled_config(scale), progress=True)
       save("scaled", rows, decode_table.COLUMNS)
     elif section == "scoring":
@@ -274,7 +387,16 @@ def define_flags() -> None:
   flags.DEFINE_enum(
     "scale", "full", ["full", "smoke"], "full: 1.1B target (GPU); smoke: tiny sizes (CPU check)."
   )
-  flags.DEFINE_list("sections", list(SECTIONS), f"Sections to run, in this order: {SECTIONS}.")
+  flags.DEFINE_list(
+    "sections",
+    list(DEFAULT_SECTIONS),
+    f"Sections to run, in this order: {SECTIONS} (default {DEFAULT_SECTIONS}).",
+  )
+  flags.DEFINE_bool(
+    "command_buffer",
+    False,
+    "Label the step rows as run with COMMAND_BUFFER_FLAG (set by the command_buffer section).",
+  )
   common.define_output_flags()
 
 

@@ -310,7 +310,7 @@ STEPS = (
   Step(
     "gpu_check",
     "gpu_check",
-    ("--scale=smoke", "--sections=scaled,scoring", "--output_json={tmp}/gpu_check.json"),
+    ("--scale=smoke", "--sections=step,scaled,scoring", "--output_json={tmp}/gpu_check.json"),
   ),
   Step(
     "gpu_check_decode",
