@@ -195,12 +195,10 @@ def unstack_layer_params(params: dict) -> dict:
 
 def _rebuild(model: nnx.Module, scanned: bool) -> nnx.Module:
   """`model` (a `Transformer`) in the other layer layout, same weights."""
-  from specjax.models.transformer import Transformer  # the module imports this one
-
   cfg = model.cfg.replace(scan_layers=scanned)
   params = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   params = stack_layer_params(params, cfg.n_layers) if scanned else unstack_layer_params(params)
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   flat = nnx.to_flat_state(state)
   return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(params[p])) for p, v in flat]))

@@ -327,6 +327,9 @@ def with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
   For a `cfg` that differs from `model.cfg` in dtypes only: the compute dtype
   is read from the config at construction, so the module tree is rebuilt.
   """
+  from specjax.models.scan import with_layout
+
+  model = with_layout(model, cfg.scanned)  # a run saved on another platform may differ
   graphdef, _ = abstract_model(cfg)
   dtype = to_dtype(cfg.param_dtype, "cfg.param_dtype")
   params = jax.tree.map(lambda x: x.astype(dtype), nnx.state(model, nnx.Param))

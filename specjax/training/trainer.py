@@ -577,7 +577,9 @@ def _initial_model(
   # Fine-tuning: start from another run's parameters (fresh optimizer and
   # schedule); a checkpoint of this run, once there is one, takes precedence.
   model, init_step = ckpt.load_trained_model(config.init_from)
-  if model.cfg.replace(dtype=cfg.dtype, param_dtype=cfg.param_dtype) != cfg:
+  # Saved runs record the resolved layer layout (`scan_layers`); compare it resolved.
+  resolved = cfg.replace(scan_layers=cfg.scanned)
+  if model.cfg.replace(dtype=cfg.dtype, param_dtype=cfg.param_dtype) != resolved:
     raise ValueError(
       f"config.init_from={config.init_from!r} holds a different model "
       f"({model.cfg}) than config.model ({cfg})."
