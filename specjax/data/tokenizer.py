@@ -9,6 +9,7 @@ ids 0, 1, 2 are the specials `<pad>`, `<bos>`, `<eos>`, and `decode(encode(text)
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 
@@ -59,7 +60,14 @@ class Tokenizer:
     return self._backend.decode([int(i) for i in ids])
 
   def save(self, path: str) -> None:
-    self._backend.save(path, pretty=False)  # compact: the bundled pair ships in a size budget
+    # Compact, merges as "a b" strings (tokenizers reads both forms; byte-level
+    # pieces hold no spaces): the bundled pair ships in a size budget.
+    data = json.loads(self._backend.to_str(pretty=False))
+    merges = data.get("model", {}).get("merges") or []
+    if all(isinstance(m, list) and " " not in "".join(m) for m in merges):
+      data["model"]["merges"] = [" ".join(m) for m in merges]
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
 
 
 def train_tokenizer(
