@@ -231,19 +231,24 @@ def head_file_sums(directory: str, kinds=HEAD_KINDS) -> dict[str, str]:
   }
 
 
-TOKEN_FREQUENCY_FILE = os.path.join(HEADS_DIR, "token_frequency.json")
+TOKEN_FREQUENCY_FILE = os.path.join(HEADS_DIR, "token_frequency.safetensors")
 
 
 def frequent_token_ids(k: int) -> np.ndarray:
   """The `k` most frequent ids of the bundled tokenizer on the stdlib train split,
   most frequent first (int32 `[k]`): the vocabulary subset for FR-Spec drafting,
   `drafter.with_vocab_subset(frequent_token_ids(1024))` (84% of train tokens)."""
-  ranked = read_json_object(TOKEN_FREQUENCY_FILE).get("ids_by_frequency")
-  if not isinstance(ranked, list):
-    raise ValueError(f"{TOKEN_FREQUENCY_FILE} has no 'ids_by_frequency' list ({_REBUILD_HEADS}).")
+  from safetensors.numpy import load_file
+
+  try:  # int16 [V]; its metadata says what was counted
+    ranked = load_file(TOKEN_FREQUENCY_FILE)["ids_by_frequency"]
+  except (OSError, KeyError) as e:
+    raise ValueError(
+      f"cannot read ids_by_frequency from {TOKEN_FREQUENCY_FILE} ({_REBUILD_HEADS})."
+    ) from e
   if not is_int(k) or not 1 <= k <= len(ranked):
     raise ValueError(f"k must be an int in [1, {len(ranked)}], got {k!r}.")
-  return np.asarray(ranked[:k], np.int32)
+  return ranked[:k].astype(np.int32)
 
 
 def heads_card() -> dict:
