@@ -129,7 +129,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
 
   Attributes:
     target: the target itself (its embedding, final norm and head are shared).
-    head: the trained `EagleHead` for this target's shape.
+    head: the trained `EagleHead` (or `eagle3.Eagle3Head`) for this target's shape.
     confidence: stop drafting a row when q's top probability falls below this.
     vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
     tree: None (a chain of gamma tokens), a static breadth-first token tree
@@ -164,6 +164,11 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
   @property
   def target_features(self) -> bool | tuple[int, ...]:
     return self.head.cfg.target_features
+
+  def _logits(self, features: jax.Array) -> jax.Array:
+    if hasattr(self.head, "logits"):  # EAGLE-3: its own head over its draft ids
+      return self.head.logits(features, self.vocab_subset)
+    return VocabSubset._logits(self, features)
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     if isinstance(self.tree, trees.DynamicTree):

@@ -29,7 +29,7 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Block, Linear, Transformer, run_blocks
 from specjax.validation import is_int
 
-HEAD_KINDS = ("eagle", "medusa", "early_exit")
+HEAD_KINDS = ("eagle", "medusa", "early_exit", "eagle3")
 # The target fields a head depends on: a head trained for one target works with
 # another only when all of them agree.
 TARGET_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
@@ -50,6 +50,12 @@ class HeadConfig:
       fuse lower-level features as in EAGLE-3.
     d_ff: MLP width of the head's decoder layer (EAGLE, early exit); 0 means
       the target's.
+    draft_vocab_size: EAGLE-3's draft vocabulary K in [1, V]; 0 means V.
+    draft_ids: EAGLE-3's K target ids, ascending (`eagle3.draft_vocab_ids`);
+      `()` with K = V (the identity map).
+
+  EAGLE-3 reads exactly three `feature_layers`; `()` picks vLLM's (2, L//2, L-3)
+  when those are three increasing counts (L >= 7), else (1, (L+1)//2, L).
   """
 
   kind: str
@@ -58,6 +64,8 @@ class HeadConfig:
   exit_layer: int = 2
   feature_layers: tuple[int, ...] = ()
   d_ff: int = 0
+  draft_vocab_size: int = 0
+  draft_ids: tuple[int, ...] = ()
 
   def __post_init__(self):
     if self.kind not in HEAD_KINDS:
@@ -72,6 +80,8 @@ class HeadConfig:
         f"got {self.exit_layer!r}."
       )
     layers = tuple(self.feature_layers)
+    if self.kind == "eagle3":
+      layers = _check_eagle3(self, layers, n)
     if any(not is_int(i) or not 1 <= i <= n for i in layers) or len(set(layers)) != len(layers):
       raise ValueError(
         f"feature_layers must be distinct layer counts in [1, {n}], got {self.feature_layers!r}."
@@ -79,6 +89,11 @@ class HeadConfig:
     object.__setattr__(self, "feature_layers", layers)
     if not is_int(self.d_ff) or self.d_ff < 0:
       raise ValueError(f"d_ff must be an int >= 0 (0: the target's), got {self.d_ff!r}.")
+
+  @property
+  def draft_vocab(self) -> int:
+    """EAGLE-3's draft vocabulary size K."""
+    return self.draft_vocab_size or self.target.vocab_size
 
   @property
   def block_config(self) -> ModelConfig:
@@ -90,7 +105,7 @@ class HeadConfig:
   @property
   def target_features(self) -> bool | tuple[int, ...]:
     """What the head reads from the target's calls (`forward_cached`'s `return_hidden`)."""
-    if self.kind == "eagle" and self.feature_layers:
+    if self.kind in ("eagle", "eagle3") and self.feature_layers:
       return self.feature_layers
     return self.kind != "early_exit"  # early exit runs the target's layers itself
 
@@ -112,6 +127,7 @@ class HeadConfig:
   def to_dict(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
     out["feature_layers"] = list(self.feature_layers)
+    out["draft_ids"] = list(self.draft_ids)
     return out
 
   @classmethod
@@ -123,7 +139,34 @@ class HeadConfig:
 
       target["rope_scaling"] = RopeScaling(**target["rope_scaling"])
     fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
+    fields["draft_ids"] = tuple(fields.get("draft_ids", ()))
     return cls(target=ModelConfig(**target), **fields)
+
+
+def _check_eagle3(cfg: HeadConfig, layers: tuple, n: int) -> tuple[int, ...]:
+  """EAGLE-3's feature layers (defaulted) after checking its draft vocabulary."""
+  v, k, ids = cfg.target.vocab_size, cfg.draft_vocab_size, tuple(cfg.draft_ids)
+  if not is_int(k) or not 0 <= k <= v:
+    raise ValueError(f"draft_vocab_size must be an int in [0, {v}] (0: {v}), got {k!r}.")
+  if ids and (
+    len(ids) != (k or v)
+    or any(not is_int(i) for i in ids)
+    or list(ids) != sorted(set(ids))
+    or not 0 <= ids[0] <= ids[-1] < v
+  ):
+    raise ValueError(
+      f"draft_ids must be draft_vocab_size={k or v} ascending distinct ids in [0, {v})."
+    )
+  if not ids and 0 < k < v:
+    raise ValueError(
+      f"draft_ids must hold the {k} draft ids (eagle3.draft_vocab_ids) when k < {v}."
+    )
+  object.__setattr__(cfg, "draft_ids", ids if len(ids) < v else ())
+  if not layers:
+    layers = (2, n // 2, n - 3) if n >= 7 else (1, (n + 1) // 2, n)
+  if len(layers) != 3:
+    raise ValueError(f"feature_layers must be 3 layer counts for eagle3, got {layers!r}.")
+  return layers
 
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero: bool = False):
@@ -260,4 +303,8 @@ HEAD_MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "early_exit": ExitAda
 
 def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
   """A fresh head of `cfg.kind`."""
+  if cfg.kind == "eagle3":
+    from specjax.models.eagle3 import Eagle3Head
+
+    return Eagle3Head(cfg, rngs=rngs)
   return HEAD_MODULES[cfg.kind](cfg, rngs=rngs)
