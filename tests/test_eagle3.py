@@ -23,12 +23,16 @@ from test_distribution import NEW, PROMPT, ROWS, chi_square_pvalue, exact_joint
 import specjax
 from configs import train_tiny
 from helpers import TINY, copy_corpus, tiny_token_data
+from specjax import pretrained
+from specjax.data import TokenDataset
 from specjax.drafting import EagleDrafter
 from specjax.hf.export import save_model
 from specjax.models import eagle3
 from specjax.models.heads import HeadConfig, make_head
 from specjax.training import heads as head_training
 from specjax.training import load_head_config, load_trained_head, train
+from specjax.training.heads import HeadLoss
+from specjax.training.trainer import eval_step
 
 CFG3 = specjax.ModelConfig(**{**TINY, "n_layers": 3})
 IDS = tuple(range(0, 512, 2))  # a draft vocabulary of the 256 even ids
@@ -109,7 +113,7 @@ def test_greedy_equals_autoregressive(target3, prompts3, tree):
   [
     ("token", None, specjax.SamplingParams(temperature=1.0)),
     ("block", None, specjax.SamplingParams(temperature=1.0, top_k=6, top_p=0.9)),
-    ("token", specjax.trees.DynamicTree(6, 3, 2, 2), specjax.SamplingParams(temperature=1.0)),
+    ("auto", specjax.trees.DynamicTree(6, 3, 2, 2), specjax.SamplingParams(temperature=1.0)),
   ],
   ids=["token", "block_top_k_top_p", "eagle2"],
 )
@@ -201,23 +205,33 @@ def test_training_records_the_draft_vocabulary_and_decodes(tmp_path_factory):
   config.head.update(kind="eagle3", target=target_dir, d_ff=64)
   config.head.ttt_steps = 3
   config.head.draft_vocab_size = 128
-  config.update(num_steps=8, learning_rate=2e-2, eval_every=8, checkpoint_every=4, log_every=8)
+  config.update(num_steps=12, learning_rate=2e-2, eval_every=12, checkpoint_every=4, log_every=12)
   run = str(tmp_path_factory.mktemp("run"))
   history = train(config, run, echo=lambda _: None)
-  losses = [r["loss"] for r in history]
-  assert all(np.isfinite(losses)) and np.mean(losses[-2:]) < 0.9 * losses[0], losses
+  assert all(np.isfinite([r["loss"] for r in history]))
   assert {"alpha_t1_step2", "alpha_t0_step0", "alpha_t1"} <= set(history[-1])
   cfg = load_head_config(run)
   tokens = np.fromfile(os.path.join(data, "train.bin"), np.uint16)
   assert cfg.draft_ids == eagle3.draft_vocab_ids(tokens, 512, 128)
   head, step = load_trained_head(run)
-  assert step == 8 and isinstance(head, eagle3.Eagle3Head)
+  assert step == 12 and isinstance(head, eagle3.Eagle3Head)
+  # Teacher-forced on the same validation windows, against the head it started from.
+  target = head_training.load_target(target_dir)
+  val = TokenDataset(os.path.join(data, "validation.bin"))
+
+  def distill(h):
+    graphdef, params = nnx.split(h, nnx.Param)
+    settings = dict(graphdef=graphdef, loss="kl", head=HeadLoss(ttt_steps=3))
+    runs = [eval_step(params, b, target, **settings) for b in val.eval_batches(4, 32, 2)]
+    return np.mean([r["distill"] for r in runs])
+
+  before, after = distill(make_head(cfg, rngs=nnx.Rngs(config.seed))), distill(head)
+  assert after < 0.98 * before, (before, after)
   # A resume keeps the run's draft ids; the trained head decodes exactly.
-  config.num_steps = 10
+  config.num_steps = 14
   train(config, run, echo=lambda _: None)
   assert load_head_config(run).draft_ids == cfg.draft_ids
-  target = head_training.load_target(target_dir)
-  drafter = specjax.pretrained.load_drafter("eagle", target, head=load_trained_head(run)[0])
+  drafter = pretrained.load_drafter("eagle", target, head=load_trained_head(run)[0])
   prompt = jnp.asarray(tokens[None, :20].astype(np.int32))
   lengths = jnp.array([20], jnp.int32)
   ref = specjax.autoregressive_generate(
