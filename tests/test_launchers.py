@@ -225,6 +225,22 @@ STEPS = (
     + ("--config.data.corpus_dir={tmp}/data_bundled",)  # encoded here on first use
     + _TINY_HEAD_RUN,
   ),
+  # EAGLE-3 with the training-time test (2 steps unrolled), then decoding with it.
+  Step(
+    "train_eagle3",
+    "train",
+    ("--config=configs/train_eagle3.py", "--workdir={tmp}/eagle3")
+    + ("--config.data.root={tmp}/corpus", "--config.data.dir={tmp}/data_bundled")
+    + ("--config.data.corpus_dir={tmp}/data_bundled", "--config.head.ttt_steps=2")
+    + _TINY_HEAD_RUN,
+  ),
+  Step(
+    "decode_eagle3",
+    "decode",
+    ("--config.drafter=eagle", "--config.head={tmp}/eagle3", "--config.max_new_tokens=8")
+    + ("--config.report_floor=False",),
+    needs=("train_eagle3",),
+  ),
   Step(
     "generate_data",
     "generate_data",
