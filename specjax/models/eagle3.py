@@ -1,16 +1,13 @@
-"""EAGLE-3's draft head (Li et al. 2025, arXiv 2503.01840), as published heads
-(`LlamaForCausalLMEagle3`: vLLM's and SGLang's `llama_eagle3.py`) lay it out.
+"""EAGLE-3's draft head (Li et al. 2025, arXiv 2503.01840) in the layout of
+published heads (`LlamaForCausalLMEagle3`, vLLM's and SGLang's `llama_eagle3.py`):
 
-  h_0 = fc([f_a; f_b; f_c])            the target's residual stream after three
-                                       layer counts (`feature_layers`), [3D] -> [D]
-  x   = cat(input_layernorm(embed(t)), hidden_norm(h))   [2D]: q/k/v read 2D
-  h'  = h + attn(x);  h' = h' + mlp(post_attention_layernorm(h'))
-  q   = softmax(lm_head(norm(h')))     over K draft ids; draft id d is target
-                                       id d + d2t[d], every other id has q = 0
+  h   = fc([f_a; f_b; f_c])     the target's residual stream after 3 layer counts
+  h' = h + attn(cat(input_layernorm(embed(x)), hidden_norm(h)))   (q/k/v read 2D)
+  h' = h' + mlp(post_attention_layernorm(h'))
+  q   = softmax(lm_head(norm(h')))  over K draft ids, target id d + d2t[d]; 0 elsewhere
 
-h' (before `norm`) is the next step's h: `fc` reads only the target's features.
-The embedding is the target's own. Draft ids are the K most frequent target ids
-(`draft_vocab_ids`), ascending, as SpecForge maps them; K = V is the identity.
+h' (before `norm`) is the next step's h. The embedding is the target's. Draft
+ids: the K most frequent target ids, ascending (`draft_vocab_ids`); K = V: identity.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import MLP, Attention, Norm, Transformer, run_blocks
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+_NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm")
 
 
 def draft_vocab_ids(tokens, vocab_size: int, k: int) -> tuple[int, ...]:
@@ -41,10 +39,10 @@ class Eagle3Layer(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     d, h = cfg.d_model, cfg.resolved_head_dim
-    self.input_layernorm, self.hidden_norm = Norm(cfg), Norm(cfg)
+    for name in _NORMS:
+      setattr(self, name, Norm(cfg))
     self.attn = Attention(cfg.replace(d_model=2 * d, head_dim=h), rngs=rngs)
     self.attn.o_proj = _linear(cfg, cfg.n_heads * h, d, rngs=rngs)  # back to D wide
-    self.post_attention_layernorm = Norm(cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x, positions, masks, layer_cache, starts, inv_freq=None, contiguous=True):
@@ -107,21 +105,15 @@ class Eagle3Head(nnx.Module):
 
 def _hub_params(head: Eagle3Head):
   """(hub name, parameter, fused part or None) for every tensor of the layout."""
-  m = head.midlayer
-  out = [("fc.weight", head.fc.kernel, None), ("norm.weight", head.norm.scale, None)]
-  out += [("lm_head.weight", head.lm_head.kernel, None)]
-  for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
-    out.append((f"midlayer.{name}.weight", getattr(m, name).scale, None))
-  out += [("midlayer.self_attn.o_proj.weight", m.attn.o_proj.kernel, None)]
-  out += [
-    (f"midlayer.self_attn.{p.name}.weight", m.attn.qkv_proj.kernel, p)
-    for p in qkv_parts(m.attn.cfg)
-  ]
-  out += [
-    (f"midlayer.mlp.{p.name}.weight", m.mlp.gate_up_proj.kernel, p)
-    for p in gate_up_parts(m.mlp.d_ff)
-  ]
-  return out + [("midlayer.mlp.down_proj.weight", m.mlp.down_proj.kernel, None)]
+  m, a = head.midlayer, "midlayer.self_attn."
+  out = [("fc.weight", head.fc.kernel), ("norm.weight", head.norm.scale)]
+  out += [("lm_head.weight", head.lm_head.kernel), (a + "o_proj.weight", m.attn.o_proj.kernel)]
+  out += [("midlayer.mlp.down_proj.weight", m.mlp.down_proj.kernel)]
+  out += [(f"midlayer.{n}.weight", getattr(m, n).scale) for n in _NORMS]
+  out = [(*x, None) for x in out]
+  out += [(f"{a}{p.name}.weight", m.attn.qkv_proj.kernel, p) for p in qkv_parts(m.attn.cfg)]
+  mlp = m.mlp.gate_up_proj.kernel
+  return out + [(f"midlayer.mlp.{p.name}.weight", mlp, p) for p in gate_up_parts(m.mlp.d_ff)]
 
 
 def hub_config(head: Eagle3Head) -> dict:
@@ -176,36 +168,24 @@ def from_hub(
     raise ValueError(
       f"config architectures must include {ARCHITECTURE}, got {config.get('architectures')!r}."
     )
-  want = {
-    "hidden_size": t.d_model,
-    "target_hidden_size": t.d_model,
-    "rms_norm_eps": t.norm_eps,
-    "rope_theta": t.rope_theta,
-    "num_hidden_layers": 1,
-    "vocab_size": t.vocab_size,
-    "num_attention_heads": t.n_heads,
-    "num_key_value_heads": t.n_kv_heads,
-    "head_dim": t.resolved_head_dim,
-  }
-  for key, value in want.items():
+  want = dict(hidden_size=t.d_model, target_hidden_size=t.d_model, rms_norm_eps=t.norm_eps)
+  want.update(rope_theta=t.rope_theta, num_hidden_layers=1, vocab_size=t.vocab_size)
+  want.update(num_attention_heads=t.n_heads, num_key_value_heads=t.n_kv_heads)
+  for key, value in {**want, "head_dim": t.resolved_head_dim}.items():
     if config.get(key, value) not in (value, None):
       raise ValueError(f"config {key} is {config[key]!r}; the target needs {value}.")
   layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ()
   tensors = {k: v for k, v in tensors.items() if k != "embed_tokens.weight"}
-  d2t = np.asarray(
-    tensors.pop("d2t", np.zeros(int(config.get("draft_vocab_size") or t.vocab_size)))
-  )
+  d2t = np.asarray(tensors.pop("d2t", np.zeros(config.get("draft_vocab_size") or t.vocab_size)))
   ids = np.arange(d2t.size) + d2t
-  t2d = tensors.pop("t2d", None)
+  t2d, ff = tensors.pop("t2d", None), int(config.get("intermediate_size", t.d_ff))
   if t2d is not None and not np.array_equal(np.flatnonzero(t2d), ids):
     raise ValueError("tensor t2d does not mark the ids d2t maps to.")
   cfg = HeadConfig(
     "eagle3",
     t.replace(dtype=name, param_dtype=name),
     feature_layers=tuple(int(i) for i in layers),
-    d_ff=0
-    if int(config.get("intermediate_size", t.d_ff)) == t.d_ff
-    else int(config["intermediate_size"]),
+    d_ff=ff * (ff != t.d_ff),  # 0: the target's
     draft_vocab_size=int(d2t.size),
     draft_ids=() if d2t.size == t.vocab_size and not d2t.any() else tuple(int(i) for i in ids),
   )

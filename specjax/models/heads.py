@@ -52,10 +52,10 @@ class HeadConfig:
       the target's.
     draft_vocab_size: EAGLE-3's draft vocabulary K in [1, V]; 0 means V.
     draft_ids: EAGLE-3's K target ids, ascending (`eagle3.draft_vocab_ids`);
-      `()` with K = V (the identity map), or K < V before the data is counted.
+      `()`: the identity (K = V), or not yet counted.
 
-  EAGLE-3 reads exactly three `feature_layers`; `()` picks vLLM's (2, L//2, L-3)
-  when those are three increasing counts (L >= 7), else (1, (L+1)//2, L).
+  EAGLE-3 reads 3 `feature_layers`; `()` picks vLLM's (2, L//2, L-3) for L >= 7,
+  else (1, (L+1)//2, L).
   """
 
   kind: str
@@ -149,15 +149,12 @@ def _check_eagle3(cfg: HeadConfig, layers: tuple, n: int) -> tuple[int, ...]:
   if not is_int(k) or not 0 <= k <= v:
     raise ValueError(f"draft_vocab_size must be an int in [0, {v}] (0: {v}), got {k!r}.")
   if ids and (
-    len(ids) != (k or v)
-    or any(not is_int(i) for i in ids)
-    or list(ids) != sorted(set(ids))
-    or not 0 <= ids[0] <= ids[-1] < v
+    len(ids) != (k or v) or list(ids) != sorted(set(ids)) or not 0 <= ids[0] <= ids[-1] < v
   ):
     raise ValueError(
       f"draft_ids must be draft_vocab_size={k or v} ascending distinct ids in [0, {v})."
     )
-  object.__setattr__(cfg, "draft_ids", ids if len(ids) < v else ())
+  object.__setattr__(cfg, "draft_ids", tuple(map(int, ids)) if len(ids) < v else ())
   if not layers:
     layers = (2, n // 2, n - 3) if n >= 7 else (1, (n + 1) // 2, n)
   if len(layers) != 3:

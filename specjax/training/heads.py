@@ -22,17 +22,11 @@ target's own final norm and head (`Transformer.features_to_logits`):
   medusa      head k (0-based) at position t against the target's law at
               t + k + 1 (positions whose target lies past the window are left
               out); heads weigh equally.
-  eagle3      the training-time test (EAGLE-3): k = ttt_steps unrolled steps;
-              step 0 reads fc(the target's three features) at t with x_{t+1},
-              step j the head's own step-(j-1) output at t with x_{t+1+j}, at
-              position t + j, attending to step 0's pairs at <= t and to steps
-              1..j at t (the drafting chain from position t, exactly as
-              `EagleDrafter` runs it); its law over the draft ids against the
-              target's at t + 1 + j gathered on them and renormalised (SpecForge),
-              positions whose target argmax lies outside them left out; loss
-              sum_j 0.8**j * divergence_j. Metrics per step (alpha_t0_step{j},
-              alpha_t1_step{j}, against the full target law); alpha_t0/alpha_t1
-              are step 0's, ce is over the draft ids.
+  eagle3      the training-time test, `ttt_steps` steps: step j's law over the
+              draft ids (`ttt_unroll`) against the target's at t + 1 + j gathered
+              on them and renormalised, positions whose target argmax lies off
+              them left out (SpecForge); loss sum_j 0.8**j * divergence_j;
+              alpha_t0_step{j}, alpha_t1_step{j} against the full law.
   early_exit  the adapter on the features after `exit_layer` layers against the
               full target's law at every position, plus feature_weight *
               smooth-L1 toward the last-layer features.
@@ -134,11 +128,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       f"config.head.ttt_steps must be an int in [1, {min(16, config.seq_len - 1)}] "
       f"(<= 16 and < config.seq_len), got {ttt!r}."
     )
-  if not is_int(head.get("draft_vocab_size", 0)) or head.get("draft_vocab_size", 0) < 0:
-    raise ValueError(
-      f"config.head.draft_vocab_size must be an int >= 0 (0: the target's vocabulary), "
-      f"got {head.draft_vocab_size!r}."
-    )
   if config.seq_len < 2:
     raise ValueError(f"config.seq_len must be >= 2 to train a head, got {config.seq_len}.")
 
@@ -206,11 +195,9 @@ def load_target(path: str) -> Transformer:
   return load_model(path, dtype=jnp.float32)[0]
 
 
-def head_config(
-  config: ml_collections.ConfigDict, target: ModelConfig, draft_ids: tuple[int, ...] = ()
-) -> HeadConfig:
-  """The `HeadConfig` `config.head` asks for on `target` (EAGLE-3: with `draft_ids`,
-  `draft_vocab_ids` of the data, `()` until counted); ValueError naming the field."""
+def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadConfig:
+  """The `HeadConfig` `config.head` asks for on `target` (EAGLE-3: its draft ids
+  are `with_draft_ids`'); ValueError naming the field."""
   head, n = config.head, target.n_layers
   if head.kind == "early_exit" and not head.exit_layer < n:
     raise ValueError(
@@ -221,12 +208,6 @@ def head_config(
     raise ValueError(
       f"config.head.feature_layers must be layer counts in [1, {n}] (the target has {n} "
       f"layers), got {head.feature_layers!r}."
-    )
-  k = head.get("draft_vocab_size", 0)
-  if head.kind == "eagle3" and k > target.vocab_size:
-    raise ValueError(
-      f"config.head.draft_vocab_size must be in [0, {target.vocab_size}] (the target's "
-      f"vocabulary), got {k!r}."
     )
   if config.seq_len > target.max_seq_len:
     raise ValueError(
@@ -240,14 +221,13 @@ def head_config(
     exit_layer=int(head.exit_layer),
     feature_layers=tuple(int(i) for i in head.feature_layers),
     d_ff=int(head.d_ff),
-    **({"draft_vocab_size": k, "draft_ids": draft_ids} if head.kind == "eagle3" else {}),
+    draft_vocab_size=head.get("draft_vocab_size", 0) if head.kind == "eagle3" else 0,
   )
 
 
 def with_draft_ids(cfg: HeadConfig, workdir: str, tokens=None) -> HeadConfig:
-  """`cfg` with EAGLE-3's draft ids where it lacks them: a resumed run's own
-  (its head_config.json), else the `draft_vocab_ids` of the first 2**26 `tokens`
-  (the training split's, deterministic); unchanged without `tokens`."""
+  """`cfg` with EAGLE-3's draft ids where it lacks them: a resumed run's own, else
+  `draft_vocab_ids` of the first 2**26 `tokens` (the training split's)."""
   if cfg.kind != "eagle3" or cfg.draft_ids or cfg.draft_vocab == cfg.target.vocab_size:
     return cfg
   from specjax.training import checkpoint as ckpt
@@ -338,17 +318,17 @@ def early_exit_objective(head, target, batch, key, *, loss, settings):
 
 
 def _ttt_mask(n: int, steps: int, j: int) -> jax.Array:
-  """`[n - j, steps * n]`: step j's query at row t reads step 0's slots s <= t and
-  steps 1..j's slot t (slot i * n + s holds step i's row s)."""
+  """`[n - j, steps * n]`: step j's row t reads step 0's rows <= t and steps 1..j's
+  row t (slot i * n + s: step i's row s), the cache drafting has."""
   t = jnp.arange(n - j)[:, None]
   step, row = jnp.arange(steps * n) // n, jnp.arange(steps * n) % n
   return ((step == 0) & (row <= t)) | ((step >= 1) & (step <= j) & (row == t))
 
 
 def ttt_unroll(head, target, inputs: jax.Array, features: jax.Array, steps: int) -> list:
-  """EAGLE-3's `steps` training-time-test steps on `inputs [B, T]` and the target's
-  features there `[B, T, 3D]`: step j's h' `[B, T - 1 - j, D]`, row r at position
-  r + j (read with token r + 1 + j), what drafting j tokens after position r gives."""
+  """EAGLE-3's training-time test on `inputs [B, T]`, `features [B, T, 3D]`: step
+  j's h' `[B, T - 1 - j, D]`; row r at position r + j, read with token r + 1 + j,
+  is drafting's j-th step after position r (step 0 reads the target's features)."""
   b, n = inputs.shape[0], inputs.shape[1] - 1
   h, c = head.feature_space(features[:, :n]), head.midlayer.attn.cfg
   zeros = jnp.zeros((b, c.n_kv_heads, steps * n, c.resolved_head_dim), h.dtype)
