@@ -89,6 +89,7 @@ def test_the_law_is_zero_off_the_draft_ids(target3):
   assert np.isfinite(subset).sum(-1).tolist() == [3, 3, 3]
 
 
+@pytest.mark.sample("chain", "eagle2")
 @pytest.mark.parametrize(
   "tree",
   [None, specjax.trees.from_paths([(0,), (1,), (0, 0)]), specjax.trees.DynamicTree(4, 3, 2, 2)],
@@ -108,6 +109,7 @@ def test_greedy_equals_autoregressive(target3, prompts3, tree):
   assert np.sum(out.stats.proposed) > 0
 
 
+@pytest.mark.sample("eagle2")  # the chain's cases in the slow tier
 @pytest.mark.parametrize(
   "verifier, tree, sampling",
   [
