@@ -23,6 +23,9 @@ def get_config():
   c.head.d_ff = 320
   c.head.ttt_steps = 7  # training-time test: steps unrolled on the head's own outputs
   c.head.draft_vocab_size = 2048  # draft ids: the most frequent in the training split
+  # The head's norm and lm_head start as the target's (at the draft ids), fc passing
+  # the highest feature layer on: it starts from the target's own law (eagle3.warm_start).
+  c.head.warm_start = True
   c.num_steps = 720
   c.warmup_steps = 50
   c.eval_every = 360

@@ -165,6 +165,16 @@ def test_training_time_test_step_j_is_drafting_j_tokens(target3):
         h, cache = head.forward_cached(target3, h, tokens[:, r + 2 + j : r + 3 + j], cache)
 
 
+def test_warm_start_reads_the_targets_norm_and_head(target3):
+  head = eagle3.warm_start(_head(target3), target3)
+  np.testing.assert_array_equal(
+    head.lm_head.kernel[...], target3.embed.embedding[...][np.array(IDS)].T
+  )
+  np.testing.assert_array_equal(head.norm.scale[...], target3.final_norm.scale[...])
+  f = jax.random.normal(jax.random.key(2), (2, 3 * CFG3.d_model))
+  np.testing.assert_allclose(head.feature_space(f), f[:, 2 * CFG3.d_model :], atol=1e-6)
+
+
 def test_hub_layout_round_trips_and_refuses_misfits(target3):
   head = _head(target3)
   config, tensors = eagle3.hub_config(head), eagle3.hub_tensors(head)

@@ -1,13 +1,8 @@
-"""EAGLE-3's draft head (Li et al. 2025, arXiv 2503.01840) in the layout of
-published heads (`LlamaForCausalLMEagle3`, vLLM's and SGLang's `llama_eagle3.py`):
-
-  h   = fc([f_a; f_b; f_c])     the target's residual stream after 3 layer counts
-  h' = h + attn(cat(input_layernorm(embed(x)), hidden_norm(h)))   (q/k/v read 2D)
-  h' = h' + mlp(post_attention_layernorm(h'))
-  q   = softmax(lm_head(norm(h')))  over K draft ids, target id d + d2t[d]; 0 elsewhere
-
-h' (before `norm`) is the next step's h. The embedding is the target's. Draft
-ids: the K most frequent target ids, ascending (`draft_vocab_ids`); K = V: identity.
+"""EAGLE-3's head (arXiv 2503.01840) as published heads lay it out (vLLM's and
+SGLang's `llama_eagle3.py`): h = fc([f_a; f_b; f_c]) (3 target layers); h' = h +
+attn(cat(input_layernorm(embed(x)), hidden_norm(h))) (q/k/v read 2D), then +
+mlp(post_attention_layernorm(h')); q = softmax(lm_head(norm(h'))) over K draft
+ids (target id d + d2t[d]), 0 elsewhere. h' is the next step's h.
 """
 
 from __future__ import annotations
@@ -27,15 +22,13 @@ _NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm")
 
 
 def draft_vocab_ids(tokens, vocab_size: int, k: int) -> tuple[int, ...]:
-  """The `k` most frequent ids of `tokens` (any int array), ascending; ties go
-  to the lower id, so the result is a pure function of the counts."""
+  """The `k` most frequent ids of `tokens`, ascending (ties: the lower id)."""
   counts = np.bincount(np.asarray(tokens).ravel(), minlength=vocab_size)[:vocab_size]
   return tuple(sorted(int(i) for i in np.argsort(-counts, kind="stable")[:k]))
 
 
 class Eagle3Layer(nnx.Module):
-  """The head's decoder layer; called as a `Block` by `run_blocks` on
-  `[embed; h]` `[B, T, 2D]`, it returns h' `[B, T, D]`."""
+  """`[embed; h]` `[B, T, 2D]` -> h' `[B, T, D]`, called as a `Block` by `run_blocks`."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     d, h = cfg.d_model, cfg.resolved_head_dim
@@ -54,8 +47,7 @@ class Eagle3Layer(nnx.Module):
 
 
 class Eagle3Head(nnx.Module):
-  """EAGLE-3 (module docstring); the interface of `EagleHead` for `EagleDrafter`,
-  plus `logits`, its own law over the target's vocabulary."""
+  """EAGLE-3, for `EagleDrafter` as `EagleHead` is, with its own `logits`."""
 
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     if cfg.kind != "eagle3":
@@ -103,6 +95,18 @@ class Eagle3Head(nnx.Module):
     return x
 
 
+def warm_start(head: Eagle3Head, target: Transformer) -> Eagle3Head:
+  """`head` with the target's final norm and head (at the draft ids); fc passes
+  the highest layer on."""
+  t, d = target, target.cfg.d_model
+  ids = jnp.asarray(head.cfg.draft_ids or range(t.cfg.vocab_size))
+  w = t.embed.embedding[...][ids].T if t.cfg.tie_embeddings else t.lm_head[...][:, ids]
+  head.lm_head.kernel[...] = w.astype(head.lm_head.kernel.dtype)
+  head.norm.scale[...] = jnp.copy(t.final_norm.scale[...])  # its own buffer: training donates it
+  head.fc.kernel[...] = jnp.zeros((3 * d, d)).at[2 * d :].set(jnp.eye(d))
+  return head
+
+
 def _hub_params(head: Eagle3Head):
   """(hub name, parameter, fused part or None) for every tensor of the layout."""
   m, a = head.midlayer, "midlayer.self_attn."
@@ -125,8 +129,6 @@ def hub_config(head: Eagle3Head) -> dict:
 
   c = head.cfg.block_config
   out = hf_config(SimpleNamespace(cfg=c), str(jnp.dtype(c.param_dtype)))
-  for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-    out.pop(key)
   out.update(
     architectures=[ARCHITECTURE],
     head_dim=c.resolved_head_dim,

@@ -125,8 +125,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   ttt = head.get("ttt_steps", 7)
   if head.kind == "eagle3" and (not is_int(ttt) or not 1 <= ttt <= min(16, config.seq_len - 1)):
     raise ValueError(
-      f"config.head.ttt_steps must be an int in [1, {min(16, config.seq_len - 1)}] "
-      f"(<= 16 and < config.seq_len), got {ttt!r}."
+      f"config.head.ttt_steps must be an int in [1, {min(16, config.seq_len - 1)}], got {ttt!r}."
     )
   if config.seq_len < 2:
     raise ValueError(f"config.seq_len must be >= 2 to train a head, got {config.seq_len}.")
@@ -196,8 +195,7 @@ def load_target(path: str) -> Transformer:
 
 
 def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadConfig:
-  """The `HeadConfig` `config.head` asks for on `target` (EAGLE-3: its draft ids
-  are `with_draft_ids`'); ValueError naming the field."""
+  """The `HeadConfig` `config.head` asks for on `target`; ValueError naming the field."""
   head, n = config.head, target.n_layers
   if head.kind == "early_exit" and not head.exit_layer < n:
     raise ValueError(

@@ -548,7 +548,12 @@ def _target_and_head(
     )
   target = head_training.load_target(path)
   echo(f"target (frozen): {path}, {target.num_params:,} params")
-  return target, make_head(cfg, rngs=nnx.Rngs(config.seed))
+  head = make_head(cfg, rngs=nnx.Rngs(config.seed))
+  if cfg.kind == "eagle3" and config.head.get("warm_start"):
+    from specjax.models.eagle3 import warm_start
+
+    head = warm_start(head, target)
+  return target, head
 
 
 def _teacher(
