@@ -28,12 +28,23 @@ class Request:
     sampling: this request's warp; temperature 0 (the default) is greedy.
     stop_id: the request stops after emitting this id (kept), besides the
       engine's EOS ids; None for none.
+    seed: None, or an integer in [-2**63, 2**64): a sampled request's tokens
+      are then drawn from its own key, a function of (seed, choice) only, and
+      its text is the same whatever else the engine serves (its steps are
+      plain ones).
+    choice: which of a request's several samples this is (its key's fold).
+    logprobs: None, or k >= 0: each token's log-probability under the request's
+      warp and its k most likely alternatives (up to the engine's
+      `EngineConfig.logprobs`), in the events.
   """
 
   prompt: Sequence[int]
   max_new_tokens: int
   sampling: SamplingParams = GREEDY
   stop_id: int | None = None
+  seed: int | None = None
+  choice: int = 0
+  logprobs: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +60,8 @@ class Event:
       (an EOS or its stop id, which is the last token), "length" (its
       max_new_tokens), "cancelled" or "error".
     error: the message when finish_reason is "error".
+    logprobs: None (not asked for), or one `(logprob, ((id, logprob), ...))`
+      per token: its log-probability and the most likely alternatives.
   """
 
   request_id: int
@@ -56,6 +69,7 @@ class Event:
   finished: bool = False
   finish_reason: str | None = None
   error: str | None = None
+  logprobs: tuple | None = None
 
 
 @dataclasses.dataclass
