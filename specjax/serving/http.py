@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import re
@@ -37,12 +38,17 @@ import numpy as np
 
 try:
   import fastapi
+  import prometheus_client
   import pydantic
-  from fastapi.responses import JSONResponse, StreamingResponse
+  from fastapi.responses import JSONResponse, Response, StreamingResponse
+  from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
   from starlette.exceptions import HTTPException
 except ImportError as e:
-  raise ImportError("the HTTP server needs FastAPI: pip install 'specjax[serve]'") from e
+  raise ImportError(
+    "the HTTP server needs FastAPI and prometheus_client: pip install 'specjax[serve]'"
+  ) from e
 
+from specjax.data.chat import check_messages
 from specjax.sampling import SamplingParams
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.request import Event, Request
@@ -55,6 +61,8 @@ ENGINE_FIELDS = {
   "max_new_tokens": "max_tokens",
   "stop_id": "stop_token_id",
   "prompt": "prompt",
+  "seed": "seed",
+  "logprobs": "logprobs",
   # SamplingParams' own messages name the bare fields.
   "temperature": "temperature",
   "top_k": "top_k",
@@ -74,13 +82,12 @@ class StreamOptions(pydantic.BaseModel):
   include_usage: bool = False
 
 
-class CompletionBody(pydantic.BaseModel):
-  """The accepted JSON body of POST /v1/completions (ranges are checked by the engine)."""
+class _Body(pydantic.BaseModel):
+  """The fields both endpoints accept (ranges are checked by the engine)."""
 
   # strict: no "16" for 16 or 1 for true; floats accept integers.
   model_config = pydantic.ConfigDict(extra="forbid", strict=True)
   model: str | None = None
-  prompt: str | list[int]
   max_tokens: int = 16
   temperature: float = 1.0
   top_p: float = 1.0
@@ -88,6 +95,25 @@ class CompletionBody(pydantic.BaseModel):
   stream: bool = False
   stream_options: StreamOptions | None = None
   stop_token_id: int | None = None
+  stop: str | list[str] | None = None
+  seed: int | None = None
+  n: int = 1
+
+
+class CompletionBody(_Body):
+  """The accepted JSON body of POST /v1/completions."""
+
+  prompt: str | list[int]
+  logprobs: int | None = None  # the legacy form: how many alternatives
+
+
+class ChatBody(_Body):
+  """The accepted JSON body of POST /v1/chat/completions."""
+
+  messages: list[dict[str, Any]]
+  max_completion_tokens: int | None = None  # the newer name of max_tokens
+  logprobs: bool = False
+  top_logprobs: int | None = None
 
 
 class APIError(Exception):
@@ -115,8 +141,17 @@ def engine_error(error: ValueError) -> APIError:
   return APIError(400, _FIELD_PATTERN.sub(lambda m: ENGINE_FIELDS[m.group(1)], message), param)
 
 
-def parse_body(raw: bytes) -> CompletionBody:
-  """The validated body; raises APIError (400) naming the offending field."""
+# Fields that take one of two types: pydantic's message per member is noise.
+_UNIONS = {
+  "prompt": "a string or a list of integer token ids",
+  "stop": "a string or a list of strings",
+}
+STOP_STRINGS = 4  # at most, as OpenAI's API
+MAX_CHOICES = 16  # n at most
+
+
+def parse_body(raw: bytes, kind: type[_Body] = CompletionBody) -> _Body:
+  """The validated body of a `kind` request; raises APIError (400) naming the offending field."""
   try:
     data = json.loads(raw)
   except (ValueError, UnicodeDecodeError) as e:
@@ -124,17 +159,15 @@ def parse_body(raw: bytes) -> CompletionBody:
   if not isinstance(data, dict):
     raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}.")
   try:
-    return CompletionBody.model_validate(data)
+    body = kind.model_validate(data)
   except pydantic.ValidationError as e:
     error = e.errors()[0]
     field = ".".join(str(p) for p in error["loc"]) if error["loc"] else None
     param = str(error["loc"][0]) if error["loc"] else None
-    if param == "prompt" and error["type"] != "missing":  # which union member is noise
-      message = (
-        f"prompt must be a string or a list of integer token ids, got {_short(data['prompt'])}."
-      )
+    if param in _UNIONS and error["type"] != "missing":
+      message = f"{param} must be {_UNIONS[param]}, got {_short(data[param])}."
     elif error["type"] == "extra_forbidden":
-      model = StreamOptions if error["loc"][0] == "stream_options" else CompletionBody
+      model = StreamOptions if error["loc"][0] == "stream_options" else kind
       allowed = ", ".join(model.model_fields)
       message = f"{field} is not a supported field; the supported fields are {allowed}."
     elif error["type"] == "missing":
@@ -142,6 +175,15 @@ def parse_body(raw: bytes) -> CompletionBody:
     else:
       message = f"{field}: {error['msg']}, got {_short(error.get('input'))}."
     raise APIError(400, message, param) from None
+  stop = [body.stop] if isinstance(body.stop, str) else body.stop or []
+  if len(stop) > STOP_STRINGS or not all(stop):
+    raise APIError(
+      400, f"stop must be up to {STOP_STRINGS} non-empty strings, got {stop!r}.", "stop"
+    )
+  body.stop = stop
+  if not 1 <= body.n <= MAX_CHOICES:
+    raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {body.n}.", "n")
+  return body
 
 
 def _short(value, limit: int = 100) -> str:
@@ -170,6 +212,52 @@ class _Decoder:
     return delta
 
 
+class _Choice:
+  """One choice's text as it is released: decoded token by token, cut before
+  the first stop string (OpenAI's semantics: the stop string is not returned),
+  and holding back only a tail that could still begin one.
+
+  Attributes:
+    tokens: tokens counted: all generated, or up to the one that completed a
+      stop string (what usage reports).
+    finish_reason: None while it runs; "stop" (a stop string, an EOS or the
+      stop id) or "length", or the engine's "error" / "cancelled".
+  """
+
+  def __init__(self, tokenizer, stop: list[str]):
+    self.decoder, self.stop = _Decoder(tokenizer), stop
+    self.text, self.sent = "", 0
+    self.tokens = 0
+    self.finish_reason: str | None = None
+    self.first_token_time: float | None = None
+
+  def add(self, event: Event) -> tuple[str, list]:
+    """`(text, logprobs)`: the text released by `event` and the `(token,
+    logprob entry or None)` of the tokens it counted."""
+    counted = []
+    lps = event.logprobs or (None,) * len(event.tokens)
+    for i, (token, lp) in enumerate(zip(event.tokens, lps)):
+      self.text += self.decoder.add([token], event.finished and i == len(event.tokens) - 1)
+      self.tokens += 1
+      counted.append((token, lp))
+      cut = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
+      if cut:
+        self.text, self.finish_reason = self.text[: min(cut)], "stop"
+        break
+    if event.finished and self.finish_reason is None:
+      self.text += self.decoder.add([], True)
+      self.finish_reason = event.finish_reason
+    if counted and self.first_token_time is None:
+      self.first_token_time = time.perf_counter()
+    end = len(self.text)
+    if self.finish_reason is None:  # hold back a tail that may begin a stop string
+      end -= max(
+        (k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0
+      )
+    delta, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
+    return delta, counted
+
+
 def _jsonable(value: Any) -> Any:
   """`value` with numpy scalars and arrays as Python numbers and lists, and
   non-finite floats as None (JSON has no NaN)."""
@@ -195,7 +283,7 @@ def _finish_error(event: Event) -> APIError | None:
   return None
 
 
-def make_app(background: BackgroundEngine, tokenizer, model_name: str):
+def make_app(background: BackgroundEngine, tokenizer, model_name: str, chat_template=None):
   """The FastAPI app serving `background`'s engine.
 
   Args:
@@ -203,14 +291,20 @@ def make_app(background: BackgroundEngine, tokenizer, model_name: str):
     tokenizer: turns text prompts into the target's ids and ids into text
       (`encode(str) -> list[int]`, `decode(ids) -> str`).
     model_name: the name clients see (and may pass as `model`).
+    chat_template: the checkpoint's `specjax.data.chat.ChatTemplate`, or None
+      (then /v1/chat/completions answers 400).
   """
-  api = _Completions(background, tokenizer, model_name)
+  api = _Completions(background, tokenizer, model_name, chat_template)
   app = fastapi.FastAPI(title="specjax", version="1")
   app.add_exception_handler(APIError, _api_error)
   app.add_exception_handler(HTTPException, _http_error)
   app.get("/health")(api.health)
   app.get("/metrics")(api.metrics)
+  app.get("/metrics.json")(api.metrics_json)
+  app.get("/v1/models")(api.models)
+  app.get("/v1/models/{model:path}")(api.model)
   app.post("/v1/completions")(api.completions)
+  app.post("/v1/chat/completions")(api.chat)
   return app
 
 
@@ -225,8 +319,9 @@ async def _http_error(_, error: HTTPException):  # 404 / 405 in the same shape
 class _Completions:
   """The endpoints of one served model."""
 
-  def __init__(self, background: BackgroundEngine, tokenizer, model_name: str):
+  def __init__(self, background: BackgroundEngine, tokenizer, model_name: str, chat_template):
     self.background, self.tokenizer, self.model_name = background, tokenizer, model_name
+    self.chat_template, self.created = chat_template, int(time.time())
     config = background.engine.config
     self.settings = {
       "policy": config.policy,
@@ -235,7 +330,9 @@ class _Completions:
       "max_prompt_len": config.max_prompt_len,
       "max_new_tokens": config.max_new_tokens,
       "vocab_size": background.engine.vocab_size,
+      "logprobs": config.logprobs,
     }
+    self.prometheus = Prometheus()
 
   async def health(self):
     closed = self.background.closed
@@ -248,87 +345,234 @@ class _Completions:
       status_code=503 if closed else 200,
     )
 
-  async def metrics(self):
+  async def _engine_metrics(self) -> dict:
     try:
       future = self.background.call_future(lambda e: e.metrics())
     except RuntimeError:
       raise APIError(503, "the server is shutting down.") from None
-    return JSONResponse(_jsonable(await asyncio.wrap_future(future)))
+    return _jsonable(await asyncio.wrap_future(future))
+
+  async def metrics(self, format: str = "prometheus"):
+    """The Prometheus text format (`?format=json`: the engine's JSON, as /metrics.json)."""
+    if format == "json":
+      return await self.metrics_json()
+    text = self.prometheus.render(await self._engine_metrics())
+    return Response(text, media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+  async def metrics_json(self):
+    return JSONResponse(await self._engine_metrics())
+
+  def _card(self) -> dict:
+    return {
+      "id": self.model_name,
+      "object": "model",
+      "created": self.created,
+      "owned_by": "specjax",
+    }
+
+  async def models(self):
+    return {"object": "list", "data": [self._card()]}
+
+  async def model(self, model: str):
+    if model != self.model_name:
+      raise APIError(404, f"model {model!r} is not served here; use {self.model_name!r}.", "model")
+    return self._card()
 
   async def completions(self, http_request: fastapi.Request):
     body = parse_body(await http_request.body())
-    request = self._request(body)
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()
+    prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+    return await self._serve(http_request, body, prompt, "text_completion", body.logprobs)
 
-    def on_event(event: Event) -> None:  # engine thread -> this event loop
-      with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
-        loop.call_soon_threadsafe(events.put_nowait, event)
-
-    rid = await _submit(self.background, request, on_event)
-    head = {
-      "id": f"cmpl-{uuid.uuid4().hex}",
-      "object": "text_completion",
-      "created": int(time.time()),
-      "model": self.model_name,
-    }
-    watcher = asyncio.create_task(_watch_disconnect(http_request, self.background, rid, events))
-    prompt_tokens = len(request.prompt)
-    if body.stream:
-      include_usage = body.stream_options is not None and body.stream_options.include_usage
-      return StreamingResponse(
-        _stream(
-          self.background, self.tokenizer, rid, events, watcher, head, prompt_tokens, include_usage
-        ),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+  async def chat(self, http_request: fastapi.Request):
+    body = parse_body(await http_request.body(), ChatBody)
+    if self.chat_template is None:
+      raise APIError(
+        400,
+        f"model {self.model_name!r} has no chat template (tokenizer_config.json's "
+        "chat_template, chat_template.jinja): use /v1/completions.",
+        "messages",
       )
-    return await self._whole(rid, events, watcher, head, prompt_tokens)
+    try:
+      messages = check_messages(body.messages)
+    except ValueError as e:
+      raise APIError(400, str(e), "messages") from None
+    if body.top_logprobs is not None and not body.logprobs:
+      raise APIError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
+    if body.max_completion_tokens is not None:
+      body.max_tokens = body.max_completion_tokens
+    text = self.chat_template.render(messages, add_generation_prompt=True)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    return await self._serve(
+      http_request, body, self.tokenizer.encode(text), "chat.completion", top
+    )
 
-  def _request(self, body: CompletionBody) -> Request:
-    """The engine request `body` asks for; APIError naming the field it cannot."""
+  def _requests(self, body: _Body, prompt, logprobs: int | None) -> list[Request]:
+    """The engine requests (one per choice) `body` asks for; APIError naming the field it cannot."""
     if body.model is not None and body.model != self.model_name:
       raise APIError(
         404, f"model {body.model!r} is not served here; use {self.model_name!r}.", "model"
       )
     if body.stream_options is not None and not body.stream:
       raise APIError(400, "stream_options needs stream: true.", "stream_options")
-    prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
     try:
       sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
-      return Request(
-        prompt=prompt, max_new_tokens=body.max_tokens, sampling=sampling, stop_id=body.stop_token_id
-      )
+      requests = [
+        Request(
+          prompt=prompt,
+          max_new_tokens=body.max_tokens,
+          sampling=sampling,
+          stop_id=body.stop_token_id,
+          seed=body.seed,
+          choice=i,
+          logprobs=logprobs,
+        )
+        for i in range(body.n)
+      ]
+      self.background.engine.check(requests[0])  # pure: safe from this thread
     except ValueError as e:
-      raise engine_error(e) from None
+      error = engine_error(e)
+      if isinstance(body, ChatBody) and error.param == "logprobs":
+        error.param = "top_logprobs"
+      raise error from None
+    return requests
 
-  async def _whole(self, rid: int, events, watcher, head: dict, prompt_tokens: int):
-    """The non-streamed answer: waits for the request's last event."""
-    finished = False
-    try:
-      tokens: list[int] = []
-      while True:
-        event = await events.get()
-        if event is _DISCONNECTED:
-          return JSONResponse({}, status_code=499)  # nobody reads it
-        tokens.extend(event.tokens)
-        if event.finished:
-          finished = True
-          break
-    finally:
-      watcher.cancel()
-      if not finished:
-        self.background.cancel(rid)
-    error = _finish_error(event)
-    if error is not None:
-      raise error
-    choice = {
-      "index": 0,
-      "text": self.tokenizer.decode(tokens),
-      "finish_reason": event.finish_reason,
-      "logprobs": None,
+  async def _serve(self, http_request, body: _Body, prompt, kind: str, logprobs):
+    requests = self._requests(body, prompt, logprobs)
+    run = _Run(self.background, http_request, self.prometheus)
+    await run.start(requests)
+    head = {
+      "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
+      "object": kind,
+      "created": int(time.time()),
+      "model": self.model_name,
     }
-    return {**head, "choices": [choice], "usage": _usage(prompt_tokens, len(tokens))}
+    form = _Form(self.tokenizer, kind, logprobs is not None)
+    choices = [_Choice(self.tokenizer, body.stop) for _ in requests]
+    if body.stream:
+      usage = body.stream_options is not None and body.stream_options.include_usage
+      return StreamingResponse(
+        _stream(run, choices, form, head, len(prompt) if usage else None),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+      )
+    texts = [[] for _ in choices]
+    logprobs = [[] for _ in choices]
+    try:
+      async for i, event in run.events():
+        error = _finish_error(event) if event.finished else None
+        if error is not None:
+          raise error
+        text, counted = choices[i].add(event)
+        texts[i].append(text)
+        logprobs[i] += counted
+        if choices[i].finish_reason is not None:
+          run.close(i, choices[i])
+    finally:
+      run.close_all()
+    if run.disconnected:
+      return JSONResponse({}, status_code=499)  # nobody reads it
+    out = [
+      form.choice(i, "".join(texts[i]), c.finish_reason, logprobs[i], final=True)
+      for i, c in enumerate(choices)
+    ]
+    return {**head, "choices": out, "usage": _usage(len(prompt), choices)}
+
+
+class _Form:
+  """One endpoint's JSON shapes: a choice (whole or a streamed chunk) and its logprobs."""
+
+  def __init__(self, tokenizer, kind: str, logprobs: bool):
+    self.tokenizer, self.chat, self.logprobs = tokenizer, kind == "chat.completion", logprobs
+
+  def choice(self, index, text, finish_reason, counted, final: bool, first: bool = False) -> dict:
+    out = {"index": index}
+    if not self.chat:
+      out["text"] = text
+    elif final:
+      out["message"] = {"role": "assistant", "content": text}
+    else:
+      out["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    out["logprobs"] = self._logprobs(counted) if self.logprobs else None
+    out["finish_reason"] = finish_reason
+    return out
+
+  def _logprobs(self, counted) -> dict:
+    """OpenAI's shapes: chat `{"content": [{token, logprob, bytes, top_logprobs}]}`,
+    completions (legacy) `{tokens, token_logprobs, top_logprobs, text_offset}`."""
+    word = lambda t: self.tokenizer.decode([t])
+    entries = [(word(t), lp, [(word(a), b) for a, b in top]) for t, (lp, top) in counted]
+    if self.chat:
+      item = lambda w, lp: {"token": w, "logprob": lp, "bytes": list(w.encode())}
+      return {
+        "content": [
+          {**item(w, lp), "top_logprobs": [item(*a) for a in top]} for w, lp, top in entries
+        ]
+      }
+    offsets = np.cumsum([0] + [len(w) for w, *_ in entries])[:-1].tolist()
+    return {
+      "tokens": [w for w, *_ in entries],
+      "token_logprobs": [lp for _, lp, _ in entries],
+      "top_logprobs": [dict(top) for *_, top in entries],
+      "text_offset": offsets,
+    }
+
+
+class _Run:
+  """One HTTP request's choices in the engine: their events as they come, each
+  choice closed (and its row freed) once it is answered; whatever is still
+  running when the answer ends (or the client leaves) is cancelled."""
+
+  def __init__(self, background: BackgroundEngine, http_request, prometheus: Prometheus):
+    self.background, self.http_request, self.prometheus = background, http_request, prometheus
+    self.queue: asyncio.Queue = asyncio.Queue()
+    self.ids: dict[int, int] = {}  # open choice -> engine request id
+    self.disconnected = False
+    self.start_time = time.perf_counter()
+
+  async def start(self, requests: list[Request]) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_event(i: int, event: Event) -> None:  # engine thread -> this event loop
+      with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
+        loop.call_soon_threadsafe(self.queue.put_nowait, (i, event))
+
+    try:
+      for i, request in enumerate(requests):
+        self.ids[i] = await _submit(self.background, request, functools.partial(on_event, i))
+    except BaseException:
+      self.close_all()
+      raise
+    self.watcher = asyncio.create_task(self._watch())
+
+  async def events(self):
+    """`(choice, event)` of the open choices, until every one is closed."""
+    while self.ids:
+      item = await self.queue.get()
+      if item is _DISCONNECTED:
+        self.disconnected = True
+        return
+      if item[0] in self.ids:
+        yield item
+
+  def close(self, i: int, choice: _Choice) -> None:
+    """Choice `i` is answered: its engine row is stopped if it still runs (a stop string)."""
+    rid = self.ids.pop(i, None)
+    if rid is not None and choice.finish_reason in ("stop", "length"):
+      self.background.cancel(rid, "stop")  # a no-op for a request that finished
+      self.prometheus.observe(self.start_time, choice)
+
+  def close_all(self) -> None:
+    if getattr(self, "watcher", None) is not None:
+      self.watcher.cancel()
+    for rid in self.ids.values():
+      self.background.cancel(rid)
+    self.ids.clear()
+
+  async def _watch(self) -> None:
+    """Wakes the reader once the client has gone."""
+    while not await self.http_request.is_disconnected():
+      await asyncio.sleep(_DISCONNECT_POLL_S)
+    self.queue.put_nowait(_DISCONNECTED)
 
 
 async def _submit(background: BackgroundEngine, request: Request, on_event) -> int:
@@ -355,15 +599,8 @@ async def _submit(background: BackgroundEngine, request: Request, on_event) -> i
     raise
 
 
-async def _watch_disconnect(http_request, background: BackgroundEngine, rid: int, events):
-  """Cancels `rid` in the engine once the client has gone, and wakes the reader."""
-  while not await http_request.is_disconnected():
-    await asyncio.sleep(_DISCONNECT_POLL_S)
-  background.cancel(rid)
-  events.put_nowait(_DISCONNECTED)
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def _usage(prompt_tokens: int, choices: list[_Choice]) -> dict:
+  completion_tokens = sum(c.tokens for c in choices)
   return {
     "prompt_tokens": prompt_tokens,
     "completion_tokens": completion_tokens,
@@ -375,34 +612,91 @@ def _sse(data: Any) -> str:
   return f"data: {json.dumps(data)}\n\n"
 
 
-async def _stream(background, tokenizer, rid, events, watcher, head, prompt_tokens, include_usage):
-  """The server-sent events of one request: a chunk per event with new text
-  (the last one with its finish_reason), then [DONE]."""
-  decoder = _Decoder(tokenizer)
-  finished = False
+async def _stream(run: _Run, choices: list[_Choice], form: _Form, head: dict, prompt_tokens):
+  """The server-sent events of one request: a chunk per event with new text or
+  log-probabilities (a choice's last with its finish_reason), then the usage
+  (`prompt_tokens` not None) and [DONE]."""
+  head = {**head, "object": head["object"] + ("" if not form.chat else ".chunk")}
+  started = [False] * len(choices)
   try:
-    while not finished:
-      event = await events.get()
-      if event is _DISCONNECTED:
-        return
-      finished = event.finished
-      error = _finish_error(event) if finished else None
+    async for i, event in run.events():
+      error = _finish_error(event) if event.finished else None
       if error is not None:
         yield _sse(error.body())
-        break
-      text = decoder.add(event.tokens, final=finished)
-      if text or finished:
-        choice = {
-          "index": 0,
-          "text": text,
-          "finish_reason": event.finish_reason if finished else None,
-          "logprobs": None,
-        }
-        yield _sse({**head, "choices": [choice]})
-    if include_usage:
-      yield _sse({**head, "choices": [], "usage": _usage(prompt_tokens, len(decoder.ids))})
+        return
+      text, counted = choices[i].add(event)
+      reason = choices[i].finish_reason
+      if text or counted or reason:
+        chunk = form.choice(i, text, reason, counted, final=False, first=not started[i])
+        started[i] = True
+        yield _sse({**head, "choices": [chunk]})
+      if reason is not None:
+        run.close(i, choices[i])
+    if run.disconnected:
+      return
+    if prompt_tokens is not None:
+      yield _sse({**head, "choices": [], "usage": _usage(prompt_tokens, choices)})
     yield "data: [DONE]\n\n"
   finally:
-    watcher.cancel()
-    if not finished:  # the client went away (or the stream was closed early)
-      background.cancel(rid)
+    run.close_all()
+
+
+class Prometheus:
+  """/metrics in the Prometheus text format: the engine's counters (read at each
+  scrape from `Engine.metrics()`) and this server's latency histograms."""
+
+  def __init__(self):
+    self.registry = prometheus_client.CollectorRegistry()
+    self.snapshot: dict = {}
+    self.registry.register(self)
+    buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+    self.ttft = prometheus_client.Histogram(
+      "specjax_time_to_first_token_seconds",
+      "Request arrival to its first token.",
+      buckets=buckets,
+      registry=self.registry,
+    )
+    self.tpot = prometheus_client.Histogram(
+      "specjax_time_per_output_token_seconds",
+      "Per token after the first, per choice.",
+      buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+      registry=self.registry,
+    )
+
+  def observe(self, start: float, choice: _Choice) -> None:
+    """A choice answered: its TTFT and TPOT."""
+    if choice.first_token_time is not None:
+      self.ttft.observe(choice.first_token_time - start)
+      if choice.tokens > 1:
+        self.tpot.observe((time.perf_counter() - choice.first_token_time) / (choice.tokens - 1))
+
+  def render(self, snapshot: dict) -> bytes:
+    self.snapshot = snapshot
+    return prometheus_client.generate_latest(self.registry)
+
+  def collect(self):
+    """The engine's figures (`Engine.metrics()`) as Prometheus families."""
+    m = self.snapshot
+    if not m:
+      return
+    requests = CounterMetricFamily(
+      "specjax_requests", "Engine requests by outcome.", labels=["outcome"]
+    )
+    for outcome in ("submitted", "completed", "cancelled", "failed"):
+      requests.add_metric([outcome], m["requests"][outcome])
+    steps = CounterMetricFamily(
+      "specjax_steps", "Engine steps by draft length (0: plain).", labels=["draft_length"]
+    )
+    for gamma, count in m["steps"].items():
+      steps.add_metric([str(gamma)], count)
+    yield requests
+    yield steps
+    yield CounterMetricFamily("specjax_generated_tokens", "Tokens generated.", m["tokens"])
+    gauges = {
+      "specjax_requests_running": ("Requests holding a slot.", m["requests"]["live"]),
+      "specjax_queue_depth": ("Requests waiting for a slot.", m["requests"]["queued"]),
+      "specjax_acceptance_rate": ("Accepted / evaluated drafted tokens.", m["acceptance_rate"]),
+      "specjax_draft_length": ("The adaptive policy's draft length in use.", m["policy"]["gamma"]),
+    }
+    for name, (doc, value) in gauges.items():
+      yield GaugeMetricFamily(name, doc, math.nan if value is None else value)
