@@ -280,7 +280,9 @@ def start_server() -> subprocess.Popen:
   """The tiny server on a free port (`.port`), its output in a file (`.log`)."""
   port = _free_port()
   with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
+    # logprobs=0: the module's engine, whose programs are in the compilation cache.
     overrides = [f"--config.{k}={v}".replace(" ", "") for k, v in ENGINE.items()]
+    overrides.append("--config.logprobs=0")
     process = subprocess.Popen(
       [sys.executable, "-m", "experiments.serve", "--config.model=tiny", f"--config.port={port}"]
       + overrides,
