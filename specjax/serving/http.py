@@ -512,7 +512,7 @@ class _Form:
     return {
       "tokens": [w for w, *_ in entries],
       "token_logprobs": [lp for _, lp, _ in entries],
-      "top_logprobs": [dict(top) for *_, top in entries],
+      "top_logprobs": [dict(top[::-1]) for *_, top in entries],  # same text: the likelier
       "text_offset": offsets,
     }
 
