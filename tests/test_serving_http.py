@@ -136,7 +136,10 @@ def test_health_and_metrics(client):
   [
     (b'{"prompt": "x", ', None, "not valid JSON"),
     (b'["x"]', None, "must be a JSON object"),
-    ({"prompt": "x", "seed": 1}, "seed", "seed is not a supported field"),
+    ({"prompt": "x", "echo": True}, "echo", "echo is not a supported field"),
+    ({"prompt": "x", "logprobs": 1}, "logprobs", "logprobs: this engine records none"),
+    ({"prompt": "x", "seed": "1"}, "seed", "seed: Input should be a valid integer"),
+    ({"prompt": "x", "stop": [1]}, "stop", "stop must be a string or a list of strings"),
     ({"max_tokens": 4}, "prompt", "prompt is required"),
     (
       {"prompt": "x", "max_tokens": 0},

@@ -178,9 +178,9 @@ class Engine:
     check_token_id("stop_id", request.stop_id, self.vocab_size)
     check_int("choice", request.choice, 0)
     if request.logprobs is not None:
-      check_int("logprobs", request.logprobs, 0, self.config.logprobs)
       if not self.config.logprobs:
         raise ValueError("logprobs: this engine records none (EngineConfig.logprobs = 0).")
+      check_int("logprobs", request.logprobs, 0, self.config.logprobs)
     if request.seed is not None:
       check_int("seed", request.seed, -(2**63), 2**64 - 1)
       if not request.sampling.greedy and 0 not in self.config.draft_lengths:
