@@ -112,11 +112,10 @@ def greedy(served):
 
 
 def test_models(client):
-  assert [m.id for m in client.models.list()] == ["tiny"]
-  model = client.models.retrieve("tiny")
-  assert model.object == "model" and model.owned_by == "specjax"
-  with pytest.raises(openai.NotFoundError):
-    client.models.retrieve("gpt-4")
+  (model,) = client.models.list()
+  assert model.id == "tiny" and model.object == "model" and model.owned_by == "specjax"
+  with pytest.raises(openai.NotFoundError, match="'gpt-4' is not served here; use 'tiny'"):
+    client.completions.create(model="gpt-4", prompt=PROMPT)
 
 
 def test_completions_equal_decoding_alone(client, greedy):

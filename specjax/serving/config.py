@@ -48,7 +48,7 @@ class EngineConfig:
       smallest that holds them); default: powers of 2 up to `slots`, then
       `slots`.
     seed: the engine's PRNG seed (every random choice derives from it, the
-      step count and the request count, but for seeded requests'):
+      step count and the request count; seeded requests use their own keys).
     logprobs: the most alternatives a request may ask for with its token
       log-probabilities (0: none are recorded, nothing computed).
   """

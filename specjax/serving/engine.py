@@ -293,10 +293,12 @@ class Engine:
     self.counters["evaluated"] += int(counts[1])
     return events + self._stream(tokens, num_generated, done, stats, logprobs)
 
+  def _asked(self) -> bool:
+    """Whether a live request asked for log-probabilities (else none are computed)."""
+    return any(s is not None and s.request.logprobs is not None for s in self._slot_requests)
+
   def _lp(self):
-    """The batch's log-probability buffers if any request asked for them."""
-    asked = any(s is not None and s.request.logprobs is not None for s in self._slot_requests)
-    return self._state.logprobs if asked else None
+    return self._state.logprobs if self._asked() else None
 
   def _run_step(self, gamma: int, width: int, key: jax.Array) -> jax.Array:
     """Dispatches one step program on the batch; returns its (accepted,
@@ -307,6 +309,7 @@ class Engine:
       self.drafter if gamma else None,
       self._state,
       key,
+      jnp.asarray(self._asked()),
       gamma=gamma,
       width=width,
       config=self._slot_config,
@@ -363,11 +366,15 @@ class Engine:
     that holds it); without a drafter, the target only."""
     prompt = np.asarray(request.prompt, np.int32)
     width = next(p for p in self.config.prompt_buckets if p >= prompt.size)
-    seed = 0 if request.seed is None else request.seed % 2**64
-    row_key = jax.random.fold_in(
-      jax.random.wrap_key_data(jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], jnp.uint32)),
-      request.choice,
-    )
+    row_key = jnp.zeros((1, 2), jnp.uint32)  # an unseeded row's is not read
+    if request.seed is not None:  # the 64-bit seed as key data, folded with the choice
+      seed = request.seed % 2**64
+      row_key = jax.random.key_data(
+        jax.random.fold_in(
+          jax.random.wrap_key_data(jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], jnp.uint32)),
+          request.choice,
+        )
+      )[None]
     self._state = slots.admit(
       self.target,
       drafter,
@@ -379,8 +386,9 @@ class Engine:
       jnp.asarray([-1 if request.stop_id is None else request.stop_id], jnp.int32),
       RowSampling.of([request.sampling]),
       key,
-      jax.random.key_data(row_key)[None],
+      row_key,
       jnp.asarray([_seeded(request)]),
+      jnp.asarray(request.logprobs is not None),
       config=self._slot_config,
     )
 
@@ -534,6 +542,7 @@ class Engine:
       self._key,
       jnp.zeros((1, 2), jnp.uint32),
       jnp.zeros((1,), bool),
+      jnp.asarray(False),
       config=self._slot_config,
     )
 

@@ -1,21 +1,24 @@
-"""An OpenAI-style completions API over a `BackgroundEngine` (FastAPI).
+"""An OpenAI-style API over a `BackgroundEngine` (FastAPI).
 
-  app = make_app(BackgroundEngine(engine), tokenizer, model_name="specjax-stdlib")
+  app = make_app(BackgroundEngine(engine), tokenizer, "specjax-stdlib", chat_template)
   uvicorn.run(app)              # specjax/jobs/serve.py does this, with shutdown
 
-  POST /v1/completions   {"prompt": "def f(x):\\n", "max_tokens": 32, "stream": true}
-  GET  /health           {"status": "ok", "model": ..., engine settings}
-  GET  /metrics          the engine's counters (`Engine.metrics()`)
+  POST /v1/completions       {"prompt": "def f(x):\\n", "max_tokens": 32, "stream": true}
+  POST /v1/chat/completions  {"messages": [{"role": "user", "content": "hi"}]}
+  GET  /v1/models            the served model
+  GET  /health               {"status": "ok", "model": ..., engine settings}
+  GET  /metrics              Prometheus text format (/metrics.json: `Engine.metrics()`)
 
-Request fields: `model` (optional; must name the served model), `prompt` (text,
-or a list of token ids), `max_tokens` (default 16), `temperature` (default 1),
-`top_p` (default 1), `top_k` (an extension, default 0: off), `stream` (default
-false), `stream_options` ({"include_usage": bool}, with `stream`) and
-`stop_token_id` (an extension: stop after this id). Any other field is refused
-rather than ignored. Every invalid request gets status 400 (404 for another
-model) and `{"error": {"message", "type": "invalid_request_error", "param"}}`,
-the message naming the field and its allowed range; the ranges are the engine's
-own (`Engine.submit`'s messages, with its field names changed to these).
+Fields (`_Body` and its two endpoints' own): `model` (must name the served
+model), `max_tokens`, `temperature`, `top_p`, `top_k` and `stop_token_id`
+(extensions), `stream` with `stream_options`, `stop` (strings, cut from the
+text as OpenAI does), `seed` (the text a function of it: `Request.seed`), `n`
+and log-probabilities (completions' `logprobs: k`, chat's `logprobs` and
+`top_logprobs`). Any other field is refused rather than ignored. Every invalid
+request gets status 400 (404 for another model) and `{"error": {"message",
+"type": "invalid_request_error", "param"}}`, the message naming the field and
+its allowed range; the ranges are the engine's own (`Engine.check`'s messages,
+with its field names changed to these).
 
 Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the
@@ -214,15 +217,9 @@ class _Decoder:
 
 class _Choice:
   """One choice's text as it is released: decoded token by token, cut before
-  the first stop string (OpenAI's semantics: the stop string is not returned),
-  and holding back only a tail that could still begin one.
-
-  Attributes:
-    tokens: tokens counted: all generated, or up to the one that completed a
-      stop string (what usage reports).
-    finish_reason: None while it runs; "stop" (a stop string, an EOS or the
-      stop id) or "length", or the engine's "error" / "cancelled".
-  """
+  the first stop string (which is not returned), holding back only a tail that
+  could still begin one. `tokens` counts up to the one that completed a stop
+  string (what usage reports)."""
 
   def __init__(self, tokenizer, stop: list[str]):
     self.decoder, self.stop = _Decoder(tokenizer), stop
@@ -232,8 +229,7 @@ class _Choice:
     self.first_token_time: float | None = None
 
   def add(self, event: Event) -> tuple[str, list]:
-    """`(text, logprobs)`: the text released by `event` and the `(token,
-    logprob entry or None)` of the tokens it counted."""
+    """`(text released, [(token, logprob entry or None)] of the tokens counted)`."""
     counted = []
     lps = event.logprobs or (None,) * len(event.tokens)
     for i, (token, lp) in enumerate(zip(event.tokens, lps)):
@@ -300,9 +296,8 @@ def make_app(background: BackgroundEngine, tokenizer, model_name: str, chat_temp
   app.add_exception_handler(HTTPException, _http_error)
   app.get("/health")(api.health)
   app.get("/metrics")(api.metrics)
-  app.get("/metrics.json")(api.metrics_json)
+  app.get("/metrics.json")(functools.partial(api.metrics, format="json"))
   app.get("/v1/models")(api.models)
-  app.get("/v1/models/{model:path}")(api.model)
   app.post("/v1/completions")(api.completions)
   app.post("/v1/chat/completions")(api.chat)
   return app
@@ -345,43 +340,32 @@ class _Completions:
       status_code=503 if closed else 200,
     )
 
-  async def _engine_metrics(self) -> dict:
+  async def metrics(self, format: str = "prometheus"):
+    """The Prometheus text format; `?format=json` (or /metrics.json): `Engine.metrics()`."""
     try:
       future = self.background.call_future(lambda e: e.metrics())
     except RuntimeError:
       raise APIError(503, "the server is shutting down.") from None
-    return _jsonable(await asyncio.wrap_future(future))
-
-  async def metrics(self, format: str = "prometheus"):
-    """The Prometheus text format (`?format=json`: the engine's JSON, as /metrics.json)."""
+    metrics = _jsonable(await asyncio.wrap_future(future))
     if format == "json":
-      return await self.metrics_json()
-    text = self.prometheus.render(await self._engine_metrics())
-    return Response(text, media_type=prometheus_client.CONTENT_TYPE_LATEST)
+      return JSONResponse(metrics)
+    return Response(
+      self.prometheus.render(metrics), media_type=prometheus_client.CONTENT_TYPE_LATEST
+    )
 
-  async def metrics_json(self):
-    return JSONResponse(await self._engine_metrics())
-
-  def _card(self) -> dict:
-    return {
+  async def models(self):
+    card = {
       "id": self.model_name,
       "object": "model",
       "created": self.created,
       "owned_by": "specjax",
     }
-
-  async def models(self):
-    return {"object": "list", "data": [self._card()]}
-
-  async def model(self, model: str):
-    if model != self.model_name:
-      raise APIError(404, f"model {model!r} is not served here; use {self.model_name!r}.", "model")
-    return self._card()
+    return {"object": "list", "data": [card]}
 
   async def completions(self, http_request: fastapi.Request):
     body = parse_body(await http_request.body())
     prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
-    return await self._serve(http_request, body, prompt, "text_completion", body.logprobs)
+    return await self._serve(http_request, body, prompt, body.logprobs)
 
   async def chat(self, http_request: fastapi.Request):
     body = parse_body(await http_request.body(), ChatBody)
@@ -398,13 +382,10 @@ class _Completions:
       raise APIError(400, str(e), "messages") from None
     if body.top_logprobs is not None and not body.logprobs:
       raise APIError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
-    if body.max_completion_tokens is not None:
-      body.max_tokens = body.max_completion_tokens
+    body.max_tokens = body.max_completion_tokens or body.max_tokens
     text = self.chat_template.render(messages, add_generation_prompt=True)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    return await self._serve(
-      http_request, body, self.tokenizer.encode(text), "chat.completion", top
-    )
+    return await self._serve(http_request, body, self.tokenizer.encode(text), top)
 
   def _requests(self, body: _Body, prompt, logprobs: int | None) -> list[Request]:
     """The engine requests (one per choice) `body` asks for; APIError naming the field it cannot."""
@@ -417,15 +398,7 @@ class _Completions:
     try:
       sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
       requests = [
-        Request(
-          prompt=prompt,
-          max_new_tokens=body.max_tokens,
-          sampling=sampling,
-          stop_id=body.stop_token_id,
-          seed=body.seed,
-          choice=i,
-          logprobs=logprobs,
-        )
+        Request(prompt, body.max_tokens, sampling, body.stop_token_id, body.seed, i, logprobs)
         for i in range(body.n)
       ]
       self.background.engine.check(requests[0])  # pure: safe from this thread
@@ -436,62 +409,51 @@ class _Completions:
       raise error from None
     return requests
 
-  async def _serve(self, http_request, body: _Body, prompt, kind: str, logprobs):
-    requests = self._requests(body, prompt, logprobs)
-    run = _Run(self.background, http_request, self.prometheus)
-    await run.start(requests)
+  async def _serve(self, http_request, body: _Body, prompt, logprobs: int | None):
+    """Runs `body`'s choices and answers, streamed or whole."""
+    run = _Run(self.background, http_request, body.stop, self.tokenizer, self.prometheus)
+    await run.start(self._requests(body, prompt, logprobs))
+    chat = isinstance(body, ChatBody)
+    form = _Form(self.tokenizer, chat, logprobs is not None)
     head = {
-      "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
-      "object": kind,
+      "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+      "object": "chat.completion" if chat else "text_completion",
       "created": int(time.time()),
       "model": self.model_name,
     }
-    form = _Form(self.tokenizer, kind, logprobs is not None)
-    choices = [_Choice(self.tokenizer, body.stop) for _ in requests]
     if body.stream:
       usage = body.stream_options is not None and body.stream_options.include_usage
       return StreamingResponse(
-        _stream(run, choices, form, head, len(prompt) if usage else None),
+        _stream(run, form, head, len(prompt) if usage else None),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
       )
-    texts = [[] for _ in choices]
-    logprobs = [[] for _ in choices]
-    try:
-      async for i, event in run.events():
-        error = _finish_error(event) if event.finished else None
-        if error is not None:
-          raise error
-        text, counted = choices[i].add(event)
-        texts[i].append(text)
-        logprobs[i] += counted
-        if choices[i].finish_reason is not None:
-          run.close(i, choices[i])
-    finally:
-      run.close_all()
+    texts, counted = [""] * body.n, [[] for _ in range(body.n)]
+    async for i, text, tokens in run.chunks():
+      texts[i] += text
+      counted[i] += tokens
     if run.disconnected:
       return JSONResponse({}, status_code=499)  # nobody reads it
-    out = [
-      form.choice(i, "".join(texts[i]), c.finish_reason, logprobs[i], final=True)
-      for i, c in enumerate(choices)
+    choices = [
+      form.choice(i, texts[i], c.finish_reason, counted[i], whole=True)
+      for i, c in enumerate(run.choices)
     ]
-    return {**head, "choices": out, "usage": _usage(len(prompt), choices)}
+    return {**head, "choices": choices, "usage": run.usage(len(prompt))}
 
 
 class _Form:
   """One endpoint's JSON shapes: a choice (whole or a streamed chunk) and its logprobs."""
 
-  def __init__(self, tokenizer, kind: str, logprobs: bool):
-    self.tokenizer, self.chat, self.logprobs = tokenizer, kind == "chat.completion", logprobs
+  def __init__(self, tokenizer, chat: bool, logprobs: bool):
+    self.tokenizer, self.chat, self.logprobs = tokenizer, chat, logprobs
 
-  def choice(self, index, text, finish_reason, counted, final: bool, first: bool = False) -> dict:
+  def choice(self, index, text, finish_reason, counted, whole=False, first=False) -> dict:
     out = {"index": index}
     if not self.chat:
       out["text"] = text
-    elif final:
-      out["message"] = {"role": "assistant", "content": text}
     else:
-      out["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+      message = {"role": "assistant", "content": text} if whole or first else {"content": text}
+      out["message" if whole else "delta"] = message
     out["logprobs"] = self._logprobs(counted) if self.logprobs else None
     out["finish_reason"] = finish_reason
     return out
@@ -508,29 +470,31 @@ class _Form:
           {**item(w, lp), "top_logprobs": [item(*a) for a in top]} for w, lp, top in entries
         ]
       }
-    offsets = np.cumsum([0] + [len(w) for w, *_ in entries])[:-1].tolist()
+    words = [w for w, *_ in entries]
     return {
-      "tokens": [w for w, *_ in entries],
+      "tokens": words,
       "token_logprobs": [lp for _, lp, _ in entries],
       "top_logprobs": [dict(top[::-1]) for *_, top in entries],  # same text: the likelier
-      "text_offset": offsets,
+      "text_offset": np.cumsum([0] + [len(w) for w in words])[:-1].tolist(),
     }
 
 
 class _Run:
-  """One HTTP request's choices in the engine: their events as they come, each
-  choice closed (and its row freed) once it is answered; whatever is still
-  running when the answer ends (or the client leaves) is cancelled."""
+  """One HTTP request's choices in the engine (`_Choice` each): their text as it
+  comes. A choice is closed once answered (a stop string stops its engine row);
+  whatever still runs when the answer ends, or the client leaves, is cancelled."""
 
-  def __init__(self, background: BackgroundEngine, http_request, prometheus: Prometheus):
+  def __init__(self, background, http_request, stop, tokenizer, prometheus: Prometheus):
     self.background, self.http_request, self.prometheus = background, http_request, prometheus
+    self.stop, self.tokenizer = stop, tokenizer
     self.queue: asyncio.Queue = asyncio.Queue()
     self.ids: dict[int, int] = {}  # open choice -> engine request id
-    self.disconnected = False
+    self.disconnected, self.watcher = False, None
     self.start_time = time.perf_counter()
 
   async def start(self, requests: list[Request]) -> None:
     loop = asyncio.get_running_loop()
+    self.choices = [_Choice(self.tokenizer, self.stop) for _ in requests]
 
     def on_event(i: int, event: Event) -> None:  # engine thread -> this event loop
       with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
@@ -540,33 +504,50 @@ class _Run:
       for i, request in enumerate(requests):
         self.ids[i] = await _submit(self.background, request, functools.partial(on_event, i))
     except BaseException:
-      self.close_all()
+      self.close()
       raise
     self.watcher = asyncio.create_task(self._watch())
 
-  async def events(self):
-    """`(choice, event)` of the open choices, until every one is closed."""
-    while self.ids:
-      item = await self.queue.get()
-      if item is _DISCONNECTED:
-        self.disconnected = True
-        return
-      if item[0] in self.ids:
-        yield item
+  async def chunks(self):
+    """`(choice, text, [(token, logprob entry)])` as events add to the choices;
+    APIError for a choice that failed."""
+    try:
+      while self.ids:
+        item = await self.queue.get()
+        if item is _DISCONNECTED:
+          self.disconnected = True
+          return
+        i, event = item
+        if i not in self.ids:
+          continue
+        error = _finish_error(event) if event.finished else None
+        if error is not None:
+          raise error
+        choice = self.choices[i]
+        text, counted = choice.add(event)
+        if choice.finish_reason is not None:
+          del self.ids[i]
+          self.background.cancel(event.request_id, "stop")  # a stop string (else a no-op)
+          self.prometheus.observe(self.start_time, choice)
+        if text or counted or choice.finish_reason:
+          yield i, text, counted
+    finally:
+      self.close()
 
-  def close(self, i: int, choice: _Choice) -> None:
-    """Choice `i` is answered: its engine row is stopped if it still runs (a stop string)."""
-    rid = self.ids.pop(i, None)
-    if rid is not None and choice.finish_reason in ("stop", "length"):
-      self.background.cancel(rid, "stop")  # a no-op for a request that finished
-      self.prometheus.observe(self.start_time, choice)
-
-  def close_all(self) -> None:
-    if getattr(self, "watcher", None) is not None:
+  def close(self) -> None:
+    if self.watcher is not None:
       self.watcher.cancel()
     for rid in self.ids.values():
       self.background.cancel(rid)
     self.ids.clear()
+
+  def usage(self, prompt_tokens: int) -> dict:
+    completion = sum(c.tokens for c in self.choices)
+    return {
+      "prompt_tokens": prompt_tokens,
+      "completion_tokens": completion,
+      "total_tokens": prompt_tokens + completion,
+    }
 
   async def _watch(self) -> None:
     """Wakes the reader once the client has gone."""
@@ -599,72 +580,48 @@ async def _submit(background: BackgroundEngine, request: Request, on_event) -> i
     raise
 
 
-def _usage(prompt_tokens: int, choices: list[_Choice]) -> dict:
-  completion_tokens = sum(c.tokens for c in choices)
-  return {
-    "prompt_tokens": prompt_tokens,
-    "completion_tokens": completion_tokens,
-    "total_tokens": prompt_tokens + completion_tokens,
-  }
-
-
 def _sse(data: Any) -> str:
   return f"data: {json.dumps(data)}\n\n"
 
 
-async def _stream(run: _Run, choices: list[_Choice], form: _Form, head: dict, prompt_tokens):
-  """The server-sent events of one request: a chunk per event with new text or
-  log-probabilities (a choice's last with its finish_reason), then the usage
+async def _stream(run: _Run, form: _Form, head: dict, prompt_tokens: int | None):
+  """The server-sent events of one request: a chunk per event that adds text or
+  logprobs (a choice's last with its finish_reason), then the usage
   (`prompt_tokens` not None) and [DONE]."""
-  head = {**head, "object": head["object"] + ("" if not form.chat else ".chunk")}
-  started = [False] * len(choices)
+  head = {**head, "object": head["object"] + (".chunk" if form.chat else "")}
+  started = set()
   try:
-    async for i, event in run.events():
-      error = _finish_error(event) if event.finished else None
-      if error is not None:
-        yield _sse(error.body())
-        return
-      text, counted = choices[i].add(event)
-      reason = choices[i].finish_reason
-      if text or counted or reason:
-        chunk = form.choice(i, text, reason, counted, final=False, first=not started[i])
-        started[i] = True
-        yield _sse({**head, "choices": [chunk]})
-      if reason is not None:
-        run.close(i, choices[i])
-    if run.disconnected:
-      return
-    if prompt_tokens is not None:
-      yield _sse({**head, "choices": [], "usage": _usage(prompt_tokens, choices)})
-    yield "data: [DONE]\n\n"
-  finally:
-    run.close_all()
+    async for i, text, counted in run.chunks():
+      reason = run.choices[i].finish_reason
+      chunk = form.choice(i, text, reason, counted, first=i not in started)
+      started.add(i)
+      yield _sse({**head, "choices": [chunk]})
+  except APIError as error:
+    yield _sse(error.body())
+    return
+  if run.disconnected:
+    return
+  if prompt_tokens is not None:
+    yield _sse({**head, "choices": [], "usage": run.usage(prompt_tokens)})
+  yield "data: [DONE]\n\n"
 
 
 class Prometheus:
-  """/metrics in the Prometheus text format: the engine's counters (read at each
-  scrape from `Engine.metrics()`) and this server's latency histograms."""
+  """/metrics in the Prometheus text format: the engine's figures (`Engine.metrics()`,
+  read at each scrape) and the choices' TTFT / TPOT histograms, as the server saw them."""
 
   def __init__(self):
-    self.registry = prometheus_client.CollectorRegistry()
-    self.snapshot: dict = {}
+    self.registry, self.snapshot = prometheus_client.CollectorRegistry(), {}
     self.registry.register(self)
-    buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-    self.ttft = prometheus_client.Histogram(
-      "specjax_time_to_first_token_seconds",
-      "Request arrival to its first token.",
-      buckets=buckets,
-      registry=self.registry,
-    )
-    self.tpot = prometheus_client.Histogram(
-      "specjax_time_per_output_token_seconds",
-      "Per token after the first, per choice.",
-      buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
-      registry=self.registry,
+    self.ttft, self.tpot = (
+      prometheus_client.Histogram(f"specjax_{name}_seconds", doc, registry=self.registry)
+      for name, doc in (
+        ("time_to_first_token", "Request arrival to a choice's first token."),
+        ("time_per_output_token", "A choice's time per token after the first."),
+      )
     )
 
   def observe(self, start: float, choice: _Choice) -> None:
-    """A choice answered: its TTFT and TPOT."""
     if choice.first_token_time is not None:
       self.ttft.observe(choice.first_token_time - start)
       if choice.tokens > 1:
@@ -675,28 +632,23 @@ class Prometheus:
     return prometheus_client.generate_latest(self.registry)
 
   def collect(self):
-    """The engine's figures (`Engine.metrics()`) as Prometheus families."""
     m = self.snapshot
     if not m:
       return
-    requests = CounterMetricFamily(
-      "specjax_requests", "Engine requests by outcome.", labels=["outcome"]
-    )
+    requests = CounterMetricFamily("specjax_requests", "Requests by outcome.", labels=["outcome"])
     for outcome in ("submitted", "completed", "cancelled", "failed"):
       requests.add_metric([outcome], m["requests"][outcome])
     steps = CounterMetricFamily(
       "specjax_steps", "Engine steps by draft length (0: plain).", labels=["draft_length"]
     )
     for gamma, count in m["steps"].items():
-      steps.add_metric([str(gamma)], count)
-    yield requests
-    yield steps
+      steps.add_metric([gamma], count)
+    yield from (requests, steps)
     yield CounterMetricFamily("specjax_generated_tokens", "Tokens generated.", m["tokens"])
-    gauges = {
-      "specjax_requests_running": ("Requests holding a slot.", m["requests"]["live"]),
-      "specjax_queue_depth": ("Requests waiting for a slot.", m["requests"]["queued"]),
-      "specjax_acceptance_rate": ("Accepted / evaluated drafted tokens.", m["acceptance_rate"]),
-      "specjax_draft_length": ("The adaptive policy's draft length in use.", m["policy"]["gamma"]),
-    }
-    for name, (doc, value) in gauges.items():
-      yield GaugeMetricFamily(name, doc, math.nan if value is None else value)
+    for name, doc, value in (
+      ("requests_running", "Requests holding a slot.", m["requests"]["live"]),
+      ("queue_depth", "Requests waiting for a slot.", m["requests"]["queued"]),
+      ("acceptance_rate", "Accepted / evaluated drafted tokens.", m["acceptance_rate"]),
+      ("draft_length", "The adaptive policy's draft length in use.", m["policy"]["gamma"]),
+    ):
+      yield GaugeMetricFamily(f"specjax_{name}", doc, math.nan if value is None else value)

@@ -146,15 +146,18 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, sampling: RowSampling, 
   return chosen[..., 0], ids.astype(jnp.int32), top
 
 
-def _record(state: SlotState, spec: SpecState, logits, emitted, at, k: int) -> SlotState:
-  """`state` with `spec`, and (K > 0) the log-probabilities of `emitted [B, T]`
-  written at offsets `at [B]` (where they were committed)."""
+def _record(state: SlotState, spec: SpecState, logits, emitted, at, k: int, on) -> SlotState:
+  """`state` with `spec` and, when `on` (a traced bool: some row asked), the
+  log-probabilities of `emitted [B, T]` written at offsets `at [B]`; `logits()`
+  gives their `[B, T, V]` (called only then)."""
   if not k:
     return state.replace(spec=spec)
-  new = token_logprobs(logits, emitted, spec.sampling, k)
-  return state.replace(
-    spec=spec, logprobs=tuple(write_rows(b, n, at) for b, n in zip(state.logprobs, new))
-  )
+
+  def write(buffers):
+    new = token_logprobs(logits(), emitted, spec.sampling, k)
+    return tuple(write_rows(b, n, at) for b, n in zip(buffers, new))
+
+  return state.replace(spec=spec, logprobs=jax.lax.cond(on, write, lambda b: b, state.logprobs))
 
 
 def fresh_rows(
@@ -169,6 +172,7 @@ def fresh_rows(
   config: SlotConfig,
   row_keys: jax.Array | None = None,
   seeded: jax.Array | None = None,
+  record=False,
 ) -> SlotState:
   """Rows for new requests: prompts `[n, P]` prefilled into caches of the engine's
   capacity, their first tokens sampled with their own settings.
@@ -178,6 +182,7 @@ def fresh_rows(
     sampling: the rows' `RowSampling` (n rows).
     row_keys, seeded: `[n, 2]` key data and `[n]` bool (default: unseeded);
       seeded rows draw their first token from their own key.
+    record: (traced) bool, record the first tokens' log-probabilities.
   """
   n, width = prompts.shape
   prompts = zero_padding(prompts, prompt_lengths)
@@ -205,17 +210,19 @@ def fresh_rows(
   # The first token's law: the target again at the last prompt position over the
   # prefilled cache (one decode-sized call; `prefill` keeps no logits).
   last = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
-  logits, *_ = score(target, last, spec.target_cache.with_lengths(prompt_lengths - 1))
-  width = spec.tokens.shape[1]
-  k = config.logprobs
-  zeros = (jnp.zeros((n, width)), jnp.zeros((n, width, k), jnp.int32), jnp.zeros((n, width, k)))
+  cache = spec.target_cache.with_lengths(prompt_lengths - 1)
+  shape = (n, spec.tokens.shape[1], config.logprobs)
+  state = state.replace(
+    logprobs=(jnp.zeros(shape[:2]), jnp.zeros(shape, jnp.int32), jnp.zeros(shape))
+  )
   return _record(
-    state.replace(logprobs=zeros),
+    state,
     spec,
-    logits,
+    lambda: score(target, last, cache)[0],
     spec.tokens[:, :1],
     jnp.zeros_like(prompt_lengths),
-    k,
+    config.logprobs,
+    record,
   )
 
 
@@ -298,6 +305,7 @@ def _step(
   drafter: Drafter | None,
   state: SlotState,
   key: jax.Array,
+  record: jax.Array,
   *,
   gamma: int,
   width: int,
@@ -313,7 +321,8 @@ def _step(
     spec, logits, emitted = speculative_step_logits(target, drafter, part.spec, spec_config)
   else:
     spec = logits = emitted = speculative_step(target, drafter, part.spec, spec_config)
-  part = _record(part, spec, logits, emitted, part.spec.num_generated, config.logprobs)
+  at = part.spec.num_generated
+  part = _record(part, spec, lambda: logits, emitted, at, config.logprobs, record)
   # This step's accepted and evaluated drafted tokens (the policy's alpha).
   counts = jnp.stack(
     [
@@ -369,11 +378,12 @@ def _admit(
   key: jax.Array,
   row_key: jax.Array,
   seeded: jax.Array,
+  record: jax.Array,
   *,
   config: SlotConfig,
 ) -> SlotState:
-  """One request (prompt `[1, P]`; its `row_key [1, 2]`, `seeded [1]`) prefilled
-  into slot `slot` (a traced index).
+  """One request (prompt `[1, P]`; its `row_key [1, 2]`, `seeded [1]`, `record`
+  its logprobs) prefilled into slot `slot` (a traced index).
 
   `drafter` None into a batch that has a drafter state prefills the target
   only and leaves the slot's drafter state as it was: the engine does so
@@ -381,7 +391,18 @@ def _admit(
   tokens before it drafts again.
   """
   row = fresh_rows(
-    target, drafter, prompt, prompt_length, budget, stop, sampling, key, config, row_key, seeded
+    target,
+    drafter,
+    prompt,
+    prompt_length,
+    budget,
+    stop,
+    sampling,
+    key,
+    config,
+    row_key,
+    seeded,
+    record,
   )
   if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
     stale = jax.tree.map(lambda x: x[slot][None], state.spec.drafter_state)
