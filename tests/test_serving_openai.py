@@ -357,6 +357,6 @@ def test_engine_refusals_name_the_field(served):
   hot = Engine.__new__(Engine)  # the check alone, for an engine that never takes plain steps
   hot.config = EngineConfig(policy="always", **ENGINE)
   hot.vocab_size = 256
-  with pytest.raises(ValueError, match="seed: a seeded sampled request takes plain steps"):
+  with pytest.raises(ValueError, match="seed: policy .always. takes no plain steps"):
     hot.check(Request([1], 4, SamplingParams(1.0), seed=1))
   hot.check(Request([1], 4, seed=1))  # greedy: the seed changes nothing

@@ -77,10 +77,6 @@ class _Live:
   tokens: list[int] = dataclasses.field(default_factory=list)
   first_token_time: float | None = None
 
-  @property
-  def seeded(self) -> bool:
-    return _seeded(self.request)
-
 
 class Engine:
   """Serves requests through `config.slots` slots with speculative decoding.
@@ -184,10 +180,7 @@ class Engine:
     if request.seed is not None:
       check_int("seed", request.seed, -(2**63), 2**64 - 1)
       if not request.sampling.greedy and 0 not in self.config.draft_lengths:
-        raise ValueError(
-          f"seed: a seeded sampled request takes plain steps, which policy "
-          f"{self.config.policy!r} with draft lengths {self.config.draft_lengths} never runs."
-        )
+        raise ValueError(f"seed: policy {self.config.policy!r} takes no plain steps.")
 
   def submit(self, request: Request) -> int:
     """Queues `request`; returns its id. Raises a ValueError naming the field for
@@ -264,7 +257,7 @@ class Engine:
     width = self._compact()
     live = [i for i, s in enumerate(self._slot_requests) if s is not None]
     gamma = self.policy.choose(width)
-    if any(s.seeded for s in self._slot_requests if s is not None):
+    if any(_seeded(s.request) for s in self._slot_requests if s is not None):
       gamma = 0  # seeded rows draw from their own keys in plain steps only
     if gamma and self._drafter_stale:
       self._state = slots.resync(
@@ -366,8 +359,8 @@ class Engine:
     that holds it); without a drafter, the target only."""
     prompt = np.asarray(request.prompt, np.int32)
     width = next(p for p in self.config.prompt_buckets if p >= prompt.size)
-    row_key = jnp.zeros((1, 2), jnp.uint32)  # an unseeded row's is not read
-    if request.seed is not None:  # the 64-bit seed as key data, folded with the choice
+    row_key = jnp.zeros((1, 2), jnp.uint32)  # unseeded (greedy rows: a seed changes nothing)
+    if _seeded(request):  # the 64-bit seed as key data, folded with the choice
       seed = request.seed % 2**64
       row_key = jax.random.key_data(
         jax.random.fold_in(
@@ -387,7 +380,6 @@ class Engine:
       RowSampling.of([request.sampling]),
       key,
       row_key,
-      jnp.asarray([_seeded(request)]),
       jnp.asarray(request.logprobs is not None),
       config=self._slot_config,
     )
@@ -541,7 +533,6 @@ class Engine:
       RowSampling.of([GREEDY]),
       self._key,
       jnp.zeros((1, 2), jnp.uint32),
-      jnp.zeros((1,), bool),
       jnp.asarray(False),
       config=self._slot_config,
     )
@@ -580,8 +571,7 @@ def _seeded(request: Request) -> bool:
 
 
 def _logprobs(buffers, slot: int, start: int, count: int, k: int) -> tuple:
-  """`Event.logprobs` of a slot's tokens [start, start + count) from the
-  batch's `(logprob [B, L], top_ids [B, L, K], top_logprobs [B, L, K])`."""
+  """`Event.logprobs` of a slot's tokens [start, start + count) (`SlotState.logprobs`)."""
   chosen, ids, top = (b[slot, start : start + count] for b in buffers)
   return tuple(
     (float(c), tuple(zip(i[:k].tolist(), t[:k].tolist()))) for c, i, t in zip(chosen, ids, top)

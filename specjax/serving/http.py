@@ -9,16 +9,11 @@
   GET  /health               {"status": "ok", "model": ..., engine settings}
   GET  /metrics              Prometheus text format (/metrics.json: `Engine.metrics()`)
 
-Fields (`_Body` and its two endpoints' own): `model` (must name the served
-model), `max_tokens`, `temperature`, `top_p`, `top_k` and `stop_token_id`
-(extensions), `stream` with `stream_options`, `stop` (strings, cut from the
-text as OpenAI does), `seed` (the text a function of it: `Request.seed`), `n`
-and log-probabilities (completions' `logprobs: k`, chat's `logprobs` and
-`top_logprobs`). Any other field is refused rather than ignored. Every invalid
-request gets status 400 (404 for another model) and `{"error": {"message",
-"type": "invalid_request_error", "param"}}`, the message naming the field and
-its allowed range; the ranges are the engine's own (`Engine.check`'s messages,
-with its field names changed to these).
+The fields are `_Body`'s and each endpoint's own (docs/serving.md); any other
+is refused rather than ignored. Every invalid request gets status 400 (404 for
+another model) and `{"error": {"message", "type": "invalid_request_error",
+"param"}}`, the message naming the field and its allowed range; the ranges are
+the engine's own (`Engine.check`'s messages, with its field names changed).
 
 Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the
@@ -144,7 +139,7 @@ def engine_error(error: ValueError) -> APIError:
   return APIError(400, _FIELD_PATTERN.sub(lambda m: ENGINE_FIELDS[m.group(1)], message), param)
 
 
-# Fields that take one of two types: pydantic's message per member is noise.
+# Fields of two types: pydantic's message per member is noise.
 _UNIONS = {
   "prompt": "a string or a list of integer token ids",
   "stop": "a string or a list of strings",
@@ -541,13 +536,9 @@ class _Run:
       self.background.cancel(rid)
     self.ids.clear()
 
-  def usage(self, prompt_tokens: int) -> dict:
-    completion = sum(c.tokens for c in self.choices)
-    return {
-      "prompt_tokens": prompt_tokens,
-      "completion_tokens": completion,
-      "total_tokens": prompt_tokens + completion,
-    }
+  def usage(self, prompt: int) -> dict:
+    n = sum(c.tokens for c in self.choices)
+    return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
 
   async def _watch(self) -> None:
     """Wakes the reader once the client has gone."""

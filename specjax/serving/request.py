@@ -28,14 +28,12 @@ class Request:
     sampling: this request's warp; temperature 0 (the default) is greedy.
     stop_id: the request stops after emitting this id (kept), besides the
       engine's EOS ids; None for none.
-    seed: None, or an integer in [-2**63, 2**64): a sampled request's tokens
-      are then drawn from its own key, a function of (seed, choice) only, and
-      its text is the same whatever else the engine serves (its steps are
-      plain ones).
-    choice: which of a request's several samples this is (its key's fold).
-    logprobs: None, or k >= 0: each token's log-probability under the request's
-      warp and its k most likely alternatives (up to the engine's
-      `EngineConfig.logprobs`), in the events.
+    seed: None, or an integer in [-2**63, 2**64): a sampled request then draws
+      from its own key, of (seed, choice) only, in plain steps: its text does
+      not depend on what else the engine serves.
+    choice: which of a request's samples this is.
+    logprobs: None, or k in [0, `EngineConfig.logprobs`]: the events carry each
+      token's log-probability under the request's warp and k alternatives.
   """
 
   prompt: Sequence[int]

@@ -18,11 +18,9 @@ warm-up):
   release       slots marked done (cancelled requests stop committing)
 
 Rows of finished or free slots run along (static shapes) but commit nothing.
-A seeded row draws its plain steps' tokens from its own key, folded with its
-position (not the step's key: its text is then a function of its seed alone).
-With `SlotConfig.logprobs` = K > 0 every committed token also records its
-log-probability and the K most likely alternatives under the row's warp, from
-the logits the target already computed to verify (or sample) it.
+A seeded row draws in plain steps from its own key folded with its position.
+With `SlotConfig.logprobs` = K > 0 committed tokens can record their
+log-probabilities and K alternatives, from the logits that verified them.
 """
 
 from __future__ import annotations
@@ -78,17 +76,15 @@ class SlotState:
       `keys` `[1, 2]` (the step's keys, given per call).
     prompts: `[B, P_max]` int32, each slot's prompt, zero-padded.
     prompt_lengths: `[B]` int32.
-    row_keys: `[B, 2]` uint32, each row's own key data (used where `seeded`).
-    seeded: `[B]` bool.
+    row_keys: `[B, 2]` uint32, a seeded row's own key data (zeros: none).
     logprobs: None, or `(logprob [B, L], top_ids [B, L, K], top_logprobs [B, L, K])`
-      of the committed tokens, laid out as `spec.tokens` (L its width).
+      laid out as `spec.tokens`.
   """
 
   spec: SpecState
   prompts: jax.Array
   prompt_lengths: jax.Array
   row_keys: jax.Array
-  seeded: jax.Array
   logprobs: tuple | None = None
 
 
@@ -130,14 +126,16 @@ def map_rows(fn, *states: SlotState) -> SlotState:
   )
 
 
-SLOT_FIELDS = ("prompts", "prompt_lengths", "row_keys", "seeded", "logprobs")
+SLOT_FIELDS = ("prompts", "prompt_lengths", "row_keys", "logprobs")
+
+
+def _seeded(row_keys: jax.Array) -> jax.Array:
+  return jnp.any(row_keys != 0, axis=-1)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, sampling: RowSampling, k: int) -> tuple:
   """`(logprob [B, T], top_ids [B, T, k], top_logprobs [B, T, k])` of `tokens [B, T]`
-  under each row's warp of `logits [B, T, V]`; a greedy row's (one-hot) warp is
-  replaced by its law at temperature 1 (with its top-k / top-p), whose argmax
-  it takes."""
+  under each row's warp of `logits [B, T, V]` (a greedy row's: at temperature 1)."""
   t = sampling.temperature
   law = sampling.replace(temperature=jnp.where(t < MIN_TEMPERATURE, 1.0, t))
   logp = jnp.log(warp_probs(logits, law))
@@ -171,7 +169,6 @@ def fresh_rows(
   key: jax.Array,
   config: SlotConfig,
   row_keys: jax.Array | None = None,
-  seeded: jax.Array | None = None,
   record=False,
 ) -> SlotState:
   """Rows for new requests: prompts `[n, P]` prefilled into caches of the engine's
@@ -180,16 +177,16 @@ def fresh_rows(
   Args:
     prompts: `[n, P]` right-padded, P <= P_max; prompt_lengths, budget, stop `[n]`.
     sampling: the rows' `RowSampling` (n rows).
-    row_keys, seeded: `[n, 2]` key data and `[n]` bool (default: unseeded);
-      seeded rows draw their first token from their own key.
+    row_keys: `[n, 2]` (default: unseeded); a seeded row draws its first token
+      from its own key.
     record: (traced) bool, record the first tokens' log-probabilities.
   """
   n, width = prompts.shape
   prompts = zero_padding(prompts, prompt_lengths)
   row_keys = jnp.zeros((n, 2), jnp.uint32) if row_keys is None else row_keys
-  seeded = jnp.zeros((n,), bool) if seeded is None else seeded
   if n == 1:  # an admission: a seeded row's first draw is its own (`prefill` draws for the batch)
-    key = jax.random.wrap_key_data(jnp.where(seeded[0], row_keys[0], jax.random.key_data(key)))
+    own = _seeded(row_keys[0])
+    key = jax.random.wrap_key_data(jnp.where(own, row_keys[0], jax.random.key_data(key)))
   spec = prefill_state(
     target,
     drafter,
@@ -204,11 +201,10 @@ def fresh_rows(
     rows=sampling,
   )
   padded = jnp.pad(prompts, ((0, 0), (0, config.max_prompt_len - width)))
-  state = SlotState(spec, padded, prompt_lengths, row_keys, seeded)
+  state = SlotState(spec, padded, prompt_lengths, row_keys)
   if not config.logprobs:
     return state
-  # The first token's law: the target again at the last prompt position over the
-  # prefilled cache (one decode-sized call; `prefill` keeps no logits).
+  # The first token's law: the last prompt position again (`prefill` keeps no logits).
   last = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   cache = spec.target_cache.with_lengths(prompt_lengths - 1)
   shape = (n, spec.tokens.shape[1], config.logprobs)
@@ -227,10 +223,10 @@ def fresh_rows(
 
 
 def plain_step(
-  target: Transformer, state: SpecState, config: SpecConfig, row_keys=None, seeded=None
+  target: Transformer, state: SpecState, config: SpecConfig, row_keys=None
 ) -> tuple[SpecState, jax.Array, jax.Array]:
   """One autoregressive step on a `SpecState`: the target scores s[-1], each active
-  row commits one token drawn from its warped law (a `seeded` row with the uniform
+  row commits one token drawn from its warped law (a seeded row with the uniform
   of its own key `row_keys [B, 2]` folded with its length). The drafter's state
   is left as it was (behind by one token per step; `resync` catches it up).
 
@@ -239,11 +235,11 @@ def plain_step(
   """
   logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
   u = jax.random.uniform(state.keys[0, 1], state.done.shape)
-  if seeded is not None:
+  if row_keys is not None:
     own = jax.vmap(lambda k, i: jax.random.uniform(jax.random.fold_in(k, i)))(
       jax.random.wrap_key_data(row_keys), state.num_generated
     )
-    u = jnp.where(seeded, own, u)
+    u = jnp.where(_seeded(row_keys), own, u)
   token = sample_with_uniform(u, warp_probs(logits[:, 0], step_sampling(state, config)))
   n = jnp.zeros_like(token)
   emitted = token[:, None]
@@ -266,9 +262,8 @@ def plain_step(
 def speculative_step_logits(
   target: Transformer, drafter: Drafter, state: SpecState, config: SpecConfig
 ) -> tuple[SpecState, jax.Array, jax.Array]:
-  """`speculative_step` (a chain drafter, keys `[1, 2]`) that also returns the
-  target's logits `[B, g+1, V]` at the block's positions and the emitted tokens
-  `[B, g+1]` (token j of the block is drawn from position j's law)."""
+  """`speculative_step` (a chain, keys `[1, 2]`) also returning the target's
+  logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (token j: position j's law)."""
   draft_key, verify_key = state.keys[0]
   sampling = step_sampling(state, config)
   proposal, drafter_state = drafter.propose(
@@ -316,7 +311,7 @@ def _step(
   before = part.spec.stats
   spec_config = dataclasses.replace(config.spec, gamma=gamma)
   if gamma == 0:
-    spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys, part.seeded)
+    spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys)
   elif config.logprobs:
     spec, logits, emitted = speculative_step_logits(target, drafter, part.spec, spec_config)
   else:
@@ -377,13 +372,12 @@ def _admit(
   sampling: RowSampling,
   key: jax.Array,
   row_key: jax.Array,
-  seeded: jax.Array,
   record: jax.Array,
   *,
   config: SlotConfig,
 ) -> SlotState:
-  """One request (prompt `[1, P]`; its `row_key [1, 2]`, `seeded [1]`, `record`
-  its logprobs) prefilled into slot `slot` (a traced index).
+  """One request (prompt `[1, P]`, its `row_key [1, 2]`, `record` its logprobs)
+  prefilled into slot `slot` (a traced index).
 
   `drafter` None into a batch that has a drafter state prefills the target
   only and leaves the slot's drafter state as it was: the engine does so
@@ -401,7 +395,6 @@ def _admit(
     key,
     config,
     row_key,
-    seeded,
     record,
   )
   if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
