@@ -300,7 +300,7 @@ def _step(
   drafter: Drafter | None,
   state: SlotState,
   key: jax.Array,
-  record: jax.Array,
+  record: jax.Array | bool = False,
   *,
   gamma: int,
   width: int,
