@@ -225,12 +225,15 @@ class _Choice:
 
   def add(self, event: Event) -> tuple[str, list]:
     """`(text released, [(token, logprob entry or None)] of the tokens counted)`."""
-    counted = []
-    lps = event.logprobs or (None,) * len(event.tokens)
-    for i, (token, lp) in enumerate(zip(event.tokens, lps)):
-      self.text += self.decoder.add([token], event.finished and i == len(event.tokens) - 1)
-      self.tokens += 1
-      counted.append((token, lp))
+    counted, tokens = [], event.tokens
+    lps = event.logprobs or (None,) * len(tokens)
+    size = 1 if self.stop else max(len(tokens), 1)  # token by token only to find a stop
+    for i in range(0, len(tokens), size):
+      self.text += self.decoder.add(
+        tokens[i : i + size], event.finished and i + size >= len(tokens)
+      )
+      self.tokens += len(tokens[i : i + size])
+      counted += zip(tokens[i : i + size], lps[i : i + size])
       cut = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
       if cut:
         self.text, self.finish_reason = self.text[: min(cut)], "stop"
