@@ -120,9 +120,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def target_dir(config: ml_collections.ConfigDict) -> str:
-  """The directory of the frozen target: `config.head.target` or the bundled pair's."""
+  """The directory of the frozen target: `config.head.target` (a directory, or a hub
+  repo id in the local Hugging Face cache: FileNotFoundError naming the field when
+  absent) or the bundled pair's."""
   if config.head.target:
-    return config.head.target
+    from specjax.hf import resolve_checkpoint
+
+    return resolve_checkpoint(config.head.target, flag="config.head.target")
   from specjax import pretrained  # imported here: only the default needs it
 
   return pretrained.TARGET_DIR
