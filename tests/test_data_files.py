@@ -183,3 +183,18 @@ def test_target_as_a_hub_repo_id(tmp_path, monkeypatch, target, chats):
   assert os.path.isdir(os.path.join(cache, "models--org--tiny", "snapshots", COMMIT))
   with pytest.raises(FileNotFoundError, match="config.head.target: org/missing"):
     train(_config("org/missing", chats), str(tmp_path / "run2"), echo=_silent)
+
+
+def test_the_trained_head_decodes_with_experiments_decode(tmp_path, target, chats):
+  """The user's case end to end: train on the chats, then `experiments.decode
+  --config.drafter=eagle --config.head=RUN` drafts for that target, exactly."""
+  from configs import decode as decode_config
+  from specjax.jobs import decode
+
+  run = str(tmp_path / "head")
+  train(_config(target, chats, num_steps=2), run, echo=_silent)
+  config = decode_config.get_config()
+  config.update(target=target, draft=target, drafter="eagle", head=run, prompt="def f(x):")
+  config.update(max_new_tokens=8, num_runs=3, report_floor=False)
+  result = decode.run(config)
+  assert result["texts_identical"] is True and result["draft"] == f"eagle: {run}"
