@@ -210,12 +210,13 @@ def prepare_file_splits(
   if all(os.path.isfile(meta_path(p)) for p in out.values()):
     for p in out.values():
       check_tokenizer(p, tokenizer, log)
-    if "sources" not in read_meta(out["train"]):
+    meta = read_meta(out["train"])
+    if meta.get("every") != every:  # None: not encoded from files (the corpus?)
       raise ValueError(
         f"config.data.dir: {data_dir} holds token files not encoded from config.data.files "
-        "(the corpus?); name a new data directory."
+        f"with validation_every={every}; name a new data directory."
       )
-    files.check_sources(read_meta(out["train"])["sources"], paths, data_dir)
+    files.check_sources(meta["sources"], paths, data_dir)
     return out
   os.makedirs(data_dir, exist_ok=True)
 
