@@ -198,3 +198,20 @@ def test_the_trained_head_decodes_with_experiments_decode(tmp_path, target, chat
   config.update(max_new_tokens=8, num_runs=3, report_floor=False)
   result = decode.run(config)
   assert result["texts_identical"] is True and result["draft"] == f"eagle: {run}"
+
+
+def test_a_model_trains_on_txt_files_with_config_data_tokenizer(tmp_path, target, corpus_root):
+  from specjax.data import corpus_files
+  from specjax.data.corpus import read_source
+
+  for i, path in enumerate(corpus_files("train", corpus_root)):
+    _write(str(tmp_path / "docs" / f"{i}.txt"), read_source(path)[:3000])
+  config = train_tiny.get_config()
+  config.update(num_steps=2, eval_every=2)
+  config.data.update(files=str(tmp_path / "docs"), validation_every=3)
+  with pytest.raises(ValueError, match="config.data.tokenizer must name the tokenizer.json"):
+    train(config, str(tmp_path / "run"), echo=_silent)
+  config.data.tokenizer = os.path.join(target, "tokenizer.json")
+  assert len(train(config, str(tmp_path / "run"), echo=_silent)) == 2
+  meta = TokenDataset(str(tmp_path / "run" / "data" / "validation.bin")).meta
+  assert meta["documents"] == 2 and meta["dtype"] == "uint16" and meta["eos_id"] == 2

@@ -258,8 +258,8 @@ def _prepare_files(
         f"({target or 'the model'} has none)."
       )
     tokenizer = Tokenizer.from_file(config.data.tokenizer)
-  if vocab is not None:
-    _check_vocab(vocab[1], vocab[0], tokenizer, "of config.data.files")
+  name, size = vocab or ("config.model.vocab_size", config.model.vocab_size)
+  _check_vocab(size, name, tokenizer, "of config.data.files")
   data_dir = data_dir_of(config, workdir)
   template = ChatTemplate.from_checkpoint(target) if target else None
   check_positive_int("config.data.validation_every", config.data.validation_every)
