@@ -215,3 +215,12 @@ def test_a_model_trains_on_txt_files_with_config_data_tokenizer(tmp_path, target
   assert len(train(config, str(tmp_path / "run"), echo=_silent)) == 2
   meta = TokenDataset(str(tmp_path / "run" / "data" / "validation.bin")).meta
   assert meta["documents"] == 2 and meta["dtype"] == "uint16" and meta["eos_id"] == 2
+
+
+def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
+  import sys
+
+  monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # an import of it fails
+  path = _write(str(tmp_path / "t.parquet"), "")
+  with pytest.raises(ValueError, match="t.parquet: reading .parquet needs pyarrow: pip install"):
+    list(read_documents(path, None))

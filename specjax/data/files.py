@@ -65,7 +65,11 @@ def _rows(path: str) -> Iterator[tuple[str, Any]]:
     try:
       import pyarrow.parquet as pq
     except ImportError as e:
-      raise ImportError(f"{path}: reading .parquet needs pyarrow: pip install pyarrow") from e
+      from specjax.hf.optional import MissingPackagesError
+
+      raise MissingPackagesError(
+        f"{path}: reading .parquet needs pyarrow: pip install pyarrow"
+      ) from e
     table = pq.read_table(path)
     column = next((c for c in ("text", "messages") if c in table.column_names), None)
     if column is None:
