@@ -11,6 +11,7 @@ from data_fixtures import TEMPLATE, user_chats, user_checkpoint
 
 from configs import train_tiny
 from helpers import COMMIT, copy_corpus, hub_cache
+from specjax import pretrained
 from specjax.data import TokenDataset
 from specjax.data.chat import ChatTemplate
 from specjax.data.dataset import write_meta
@@ -224,3 +225,15 @@ def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
   path = _write(str(tmp_path / "t.parquet"), "")
   with pytest.raises(ValueError, match="t.parquet: reading .parquet needs pyarrow: pip install"):
     list(read_documents(path, None))
+
+
+def test_a_target_without_tokenizer_json_needs_its_own_tokenizer(tmp_path, target, chats):
+  """The head configs' default tokenizer is the bundled pair's: never used for another target."""
+  import shutil
+
+  bare = shutil.copytree(target, str(tmp_path / "bare"))
+  os.remove(os.path.join(bare, "tokenizer.json"))
+  config = _config(bare, chats)
+  config.data.tokenizer = pretrained.TOKENIZER_FILE
+  with pytest.raises(ValueError, match="config.data.tokenizer must name the tokenizer.json"):
+    train(config, str(tmp_path / "run"), echo=_silent)

@@ -4,11 +4,9 @@
   .jsonl    one document per line: {"text": str} or {"messages": [{role, content}, ...]}
   .parquet  a `text` or `messages` column (needs pyarrow)
 
-Chats are rendered with the target's own chat template (`specjax.data.chat`).
-Each document is encoded with the target's tokenizer and followed by its EOS id;
-every `every`-th document (1-based) goes to `validation.bin`, the rest to
-`train.bin`. The meta records each source file's size and sha256, so a changed,
-added or removed file is named on resume instead of silently mixed in.
+Chats are rendered with the target's chat template; each document is followed by
+its EOS id; every `every`-th goes to validation. The meta records each source's
+size and sha256, so a changed file is named on resume (docs/training.md).
 """
 
 from __future__ import annotations

@@ -240,9 +240,8 @@ def _prepare_files(
   log: Callable[[str], None],
   vocab: tuple[str, int] | None,
 ) -> tuple[Tokenizer, dict[str, str]]:
-  """`prepare_data` for `config.data.files`: a head's documents are encoded with its
-  target's tokenizer.json (else config.data.tokenizer, as for a model), EOS and chat
-  template."""
+  """`prepare_data` for `config.data.files`, with a head's target's tokenizer.json (else
+  config.data.tokenizer), EOS and chat template."""
   from specjax.data.chat import ChatTemplate
   from specjax.data.dataset import prepare_file_splits
   from specjax.data.files import eos_of, source_files
@@ -252,7 +251,12 @@ def _prepare_files(
   target = head_training.target_dir(config) if head_training.head_kind(config) else None
   tokenizer = load_tokenizer(target) if target else None
   if tokenizer is None:
-    if not config.data.tokenizer:
+    from specjax import pretrained
+
+    # The bundled tokenizer (the head configs' default) gives only the bundled pair's ids.
+    pair = os.path.realpath(pretrained.PAIR_DIR)
+    other = target and os.path.commonpath([os.path.realpath(target), pair]) != pair
+    if not config.data.tokenizer or (other and config.data.tokenizer == pretrained.TOKENIZER_FILE):
       raise ValueError(
         f"config.data.tokenizer must name the tokenizer.json of config.data.files' ids "
         f"({target or 'the model'} has none)."
@@ -284,9 +288,8 @@ def check_data_fingerprint(workdir: str, train_path: str, files: str) -> None:
       old = json.load(f)
     if old["fingerprint"] != fingerprint:
       raise ValueError(
-        f"config.data.files: the run in {workdir} was trained on other data ({old['files']}, "
-        f"train meta sha256 {old['fingerprint'][:12]}) than {meta_path(train_path)} "
-        f"({fingerprint[:12]}); resume with the same data or start a new workdir."
+        f"config.data.files: the run in {workdir} was trained on other data "
+        f"({old['files']}); resume with the same data or start a new workdir."
       )
   elif jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
