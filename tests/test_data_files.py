@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
-from data_fixtures import TEMPLATE, user_chats, user_checkpoint
 
 from configs import train_tiny
+from data_fixtures import TEMPLATE, user_chats, user_checkpoint
 from helpers import COMMIT, copy_corpus, hub_cache
 from specjax import pretrained
 from specjax.data import TokenDataset

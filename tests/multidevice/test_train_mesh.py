@@ -4,9 +4,9 @@ rules, the batch split over data) follows the one-device run's loss curve."""
 
 import numpy as np
 import pytest
-from data_fixtures import user_chats, user_checkpoint
 
 from configs import train_tiny
+from data_fixtures import user_chats, user_checkpoint
 from helpers import copy_corpus
 from specjax.training import train
 
