@@ -382,8 +382,11 @@ class _Completions:
       raise APIError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
     body.max_tokens = body.max_completion_tokens or body.max_tokens
     text = self.chat_template.render(messages, add_generation_prompt=True)
+    # As transformers does: no special tokens added (a rendered chat carries its own BOS).
+    batch = getattr(self.tokenizer, "encode_batch", None)
+    ids = batch([text], special=False)[0] if batch else self.tokenizer.encode(text)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    return await self._serve(http_request, body, self.tokenizer.encode(text), top)
+    return await self._serve(http_request, body, ids, top)
 
   def _requests(self, body: _Body, prompt, logprobs: int | None) -> list[Request]:
     """The engine requests (one per choice) `body` asks for; APIError naming the field it cannot."""
