@@ -1,14 +1,7 @@
 """What a model call and a drafter cost, and the speedup Leviathan's formula predicts.
 
-`call_seconds` times N cached model calls inside one jitted `fori_loop`,
-`drafting_seconds` a drafter's proposal and commit, `prefill_timing` the time
-to first token. `predict_speedup` is the one place measured times become the
-cost ratio c, the verification's cost and the predicted speedup
-(`specjax.theory`'s formula); `draft_cost` measures those times for a target
-and a drafter and calls it.
-
-Axis letters as in `specjax.models.config`: B batch, T tokens per call, P prompt
-width, S cache capacity, V vocabulary.
+`predict_speedup` is the one place measured times become the cost ratio c, the
+verification's cost and the predicted speedup (`specjax.theory`).
 """
 
 from __future__ import annotations
@@ -89,12 +82,8 @@ def call_seconds(
   num_runs: int = 3,
   tree: tuple[int, ...] | None = None,
 ) -> float:
-  """Median seconds of one `model.forward_cached` call over `tokens_per_call` tokens.
-
-  The cache is first prefilled with the prompts (so attention reads a realistic
-  prefix, and spans the same S slots as in generation); then `num_steps` calls
-  run in one jitted `fori_loop`, and the loop's median time is divided by
-  `num_steps`. Only the model call is timed: no warp or sampling.
+  """Median seconds of one `model.forward_cached` call over `tokens_per_call`
+  tokens after a prefill: `num_steps` calls in one jitted `fori_loop`, divided.
 
   Args:
     prompts: `[B, P]` int32; prompt_lengths `[B]`.
@@ -128,10 +117,8 @@ def call_seconds(
 def _drafting_loop(target, drafter, state, *, config, num_steps: int):
   """`num_steps` x (propose gamma tokens, commit them) from one prefilled state.
 
-  The commit marks every row as stopped, so the drafter's lengths stay where
-  they were (constant work per step, never past the capacity), but its state
-  is still carried from step to step: otherwise a greedy proposal, which reads
-  no key, would be loop-invariant and XLA would hoist it out of the loop.
+  Every row is committed as stopped (constant work per step), but the state is
+  still carried, or XLA would hoist a greedy proposal out of the loop.
   """
   b, g = state.recent.shape[0], config.gamma
   features = drafter.target_features
@@ -175,12 +162,8 @@ def drafting_seconds(
   num_runs: int = 3,
 ) -> float:
   """Median seconds a drafter spends per speculative iteration: proposing
-  `gamma` tokens for every row and committing a fully accepted block.
-
-  Divided by gamma and by one target decode step (`call_seconds(target, 1)`)
-  it is Leviathan's cost ratio c of that drafter. Prompt lookup's is the cost
-  of its host-free lookup; a feature drafter's commit includes its head call.
-  """
+  `gamma` tokens for every row and committing a fully accepted block (a
+  feature drafter's commit includes its head call)."""
   check_positive_int("gamma", gamma)
   check_positive_int("num_steps", num_steps)
   config = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
@@ -219,13 +202,9 @@ def predict_speedup(
   tokens_per_iteration: float | None = None,
   draft_steps: float | None = None,
 ) -> dict[str, float]:
-  """The cost ratio c, the verification's cost and the predicted speedup, from
-  measured times: the one place measurements become Leviathan's prediction.
-
-  c = drafting_s / (draft_steps * target_step_s) and verify_cost = verify_s /
-  target_step_s; the speedup is `theory.predicted_speedup(alpha, gamma, c,
-  verify_cost)` or, given `tokens_per_iteration` instead of alpha,
-  `theory.speedup_from_tokens(tokens_per_iteration, draft_steps, c, verify_cost)`.
+  """The cost ratio c = drafting_s / (draft_steps * target_step_s), verify_cost =
+  verify_s / target_step_s and the speedup `theory.predicted_speedup` (or, given
+  `tokens_per_iteration`, `theory.speedup_from_tokens`) predicts.
 
   Args:
     gamma: drafted tokens per iteration (a token tree's nodes).
@@ -270,11 +249,9 @@ def draft_cost(
   """Leviathan's cost ratio c of `draft`, the verification's cost, and the
   speedup they predict with the measured acceptance rate (`predict_speedup`).
 
-  `draft` is a `Transformer` (its one-token step is timed, times the draft
-  calls per iteration in `stats`, a speculative run's `stats.summary()`) or any
-  other drafter (its whole proposal + commit is timed by `drafting_seconds`:
-  prompt lookup's lookup, a head's forward calls). The target's one-token
-  step and its `gamma + 1`-token verification are timed by `call_seconds`.
+  A `Transformer` draft's one-token step is timed (times the draft calls per
+  iteration in `stats`, a run's `stats.summary()`); any other drafter's
+  proposal + commit (`drafting_seconds`).
 
   Returns:
     `target_step_s`, `verify_s`, `draft_call_s` (one draft call, or a
@@ -325,13 +302,9 @@ def draft_cost(
 def long_prompt_prefill(
   target: Transformer, draft: Transformer | None, batch: int, width: int = 512, num_runs: int = 3
 ) -> dict[str, Any]:
-  """Time to first token for a long prompt: each model's jitted prefill of `width` tokens.
+  """Time to first token for a long prompt: each model's jitted prefill of `width`
+  random ids (None for a model whose `max_seq_len` is below `width`)."""
 
-  Random ids, every row full width; the cache holds exactly the prompt, so the
-  models' `max_seq_len` must be >= width (smaller models report None). The
-  speculative loop's first token needs the target's prefill; its first
-  iteration also needs the draft's.
-  """
   out: dict[str, Any] = {"long_prompt_tokens": width}
   for name, model in (("target", target), ("draft", draft)):
     if model is None or model.cfg.max_seq_len < width:

@@ -2,25 +2,17 @@
 
 Timor et al. 2025 (arXiv 2502.05202), SLEM; Hugging Face's universal assisted
 generation. Each iteration:
-  1. the host re-encodes the committed text with the draft's tokenizer and
-     feeds the draft what changed (its cache rolls back to the longest common
-     prefix of what it holds and the new encoding);
-  2. the draft generates `draft_tokens` of its own ids (one jitted call);
-  3. the host decodes them to text, encodes the last `window` committed target
-     tokens' text plus that text with the target's tokenizer, and proposes the
-     target ids after the window; when the window re-encodes differently (the
-     committed ids are not the tokenizer's own spelling, or the draft's text
-     would merge into a committed token) it proposes the drafted text's own
-     encoding;
-  4. `speculative_step`, jitted, verifies the proposal as a deterministic one
-     (q one-hot at each token) and commits.
+  1. the host re-encodes the committed text in draft ids and feeds what changed
+     (the draft's cache rolls back to the longest common prefix);
+  2. the draft generates `draft_tokens` ids (one jitted call);
+  3. the host re-encodes the last `window` committed tokens' text plus the
+     drafted text with the target's tokenizer and proposes the ids after the
+     window (if the window re-encodes differently: the drafted text's own
+     encoding);
+  4. `speculative_step` verifies it as a deterministic proposal (q one-hot).
 
-A deterministic proposal drawn independently of the verifier's randomness is
-verified exactly at any temperature (accept x with probability p(x), else sample
-the residual p with x removed), so the output has the target's law, and at
-temperature 0 it is the target's greedy decoding. The cost is a host round
-trip per iteration (steps 1 and 3); `StringLevelOutput.timings` measures it.
-`specjax.drafting.CrossTokenizerDrafter` (TLI) stays inside one jitted loop.
+This is exact at any temperature; the cost is a host round trip per iteration
+(`StringLevelOutput.timings`). docs/cross_tokenizer.md compares it with TLI.
 """
 
 from __future__ import annotations
@@ -222,7 +214,8 @@ class _DraftSide:
 
 def _propose(backend, pieces, committed: list[int], drafted: bytes, window: int, gamma: int):
   """At most `gamma` target ids continuing `committed` that spell the start of
-  `drafted` (step 3 of the module docstring)."""
+  `drafted` (step 3 above)."""
+
   if not drafted:
     return []
   tail = committed[-window:]
