@@ -1,24 +1,14 @@
 """The drafter x verifier comparison on the bundled pair: what
 `experiments/compare_drafters.py` runs (`run`).
 
-For each temperature: autoregressive decoding (the baseline) and speculative
-decoding with every drafter (the bundled draft model, prompt lookup, the
-target's first k layers) x every verifier that applies (greedy only at
-temperature 0), at gamma = config.gamma; then the draft model at each fixed
-gamma of `gamma_sweep` and with both adaptive draft lengths; then token trees
-(`config.trees`: the draft model, EAGLE and Medusa each drafting the best static
-tree of each size for its per-rank acceptance, `specjax.trees.best`, no deeper
-than `config.trees.max_depth`, by default gamma: the same depth as the chains). Each variant
-decodes the same held-out test-split prompts one by one (batch 1); times are
-medians of `num_runs` runs after a warm-up, each interleaved with a run of the
-autoregressive baseline (a slow phase of a shared machine hits both alike), and
-the speedup is the ratio of the pair.
-
-Variants run one at a time, and each one's compiled programs are freed before
-the next (`specjax.bench.free_compiled_programs`; the baseline is
-compiled once per temperature, ahead of time): the process's memory maps stay
-flat however many variants a config holds. `run` returns one JSON-ready row
-per variant; `COLUMNS` is the README's table of them.
+For each temperature: autoregressive decoding (the baseline), every drafter x
+every verifier that applies at gamma = config.gamma, the draft model at each
+gamma of `gamma_sweep` and adaptively, then token trees (`config.trees`,
+`specjax.trees.best`). Each variant decodes held-out prompts at batch 1; times
+are medians of `num_runs` runs, each paired with a baseline run. Each variant's
+programs are freed before the next (the baseline is compiled ahead once per
+temperature). `run` returns one JSON-ready row per variant; `COLUMNS` is the
+README's table. The results: docs/drafters.md.
 """
 
 from __future__ import annotations
@@ -339,29 +329,21 @@ def sweep(
   *,
   progress: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
-  """Times each variant of `plan` in turn, freeing its compiled programs before the next.
-
-  Each variant decodes every prompt alone (batch 1): one warm-up, then
-  `config.num_runs` runs, each paired with a run of the autoregressive
-  baseline (compiled once per temperature, ahead of time, so it survives the
-  freeing). The drafting cost of each (drafter, gamma) is measured once per
-  temperature, the target's verification costs once.
+  """Times each variant of `plan` in turn (batch 1, a warm-up, then
+  `config.num_runs` runs paired with the baseline's), freeing its compiled
+  programs before the next. Drafting costs are measured once per (drafter,
+  gamma) and temperature.
 
   Args:
-    config: the comparison's configuration (max_new_tokens, num_runs, seed,
-      gamma_max, confidence_threshold are read).
-    target: the target `Transformer`.
     plan: the variants, e.g. `variants(...)` at each temperature.
     prompts: `[N, P]` int32 prompts; lengths `[N]`.
     progress: a `print`-like function, called with a variant's label as it
-      starts (end=" ") and with the rest of its line as it ends (seconds,
-      alpha, ms/token, speedup); None: quiet.
+      starts (end=" ") and with the rest of its line as it ends; None: quiet.
 
   Yields:
-    One JSON-ready row per variant, in `plan`'s order; the variant's programs
-    are freed by the time it is yielded. Its `memory_maps`: the process's
-    memory mappings then (`memory_maps_before`: before the temperature's first
-    variant, its baseline compiled).
+    One JSON-ready row per variant, in `plan`'s order, its programs freed; its
+    `memory_maps` the process's mappings then (`memory_maps_before`: before
+    the temperature's first variant).
   """
   say = progress or (lambda *args, **kwargs: None)
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
@@ -402,8 +384,8 @@ def sweep(
 
 def _baseline(config, target, prompts: list, sampling, key) -> Callable[[], list]:
   """Autoregressive decoding of each of `prompts` (`(tokens [1, P], lengths [1])`),
-  compiled now and held outside JAX's caches (`bench.compile_ahead`), so it
-  survives `bench.free_compiled_programs`."""
+  compiled ahead (`bench.compile_ahead`)."""
+
   program = bench.compile_ahead(
     functools.partial(
       specjax.autoregressive_generate,
