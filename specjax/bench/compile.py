@@ -1,17 +1,9 @@
 """Compiling a decode program: how long it takes and how many kernels a step launches.
 
-Both are read from shapes alone: the models are abstract (`nnx.eval_shape`, no
-weights allocated), so a 7B-shaped program compiles on a laptop.
-
-  decode_kernels(cfg)    kernels per layer and per decode step of
-                         autoregressive decoding (compiled HLO, `bench.hlo`)
-  compile_seconds(...)   time to trace, lower and compile the autoregressive
-                         and speculative programs, JAX's caches bypassed
-
-Kernels per layer are counted exactly: for unrolled layers, the decode loop
-body of a 2-layer model minus that of a 1-layer model of the same widths; for
-scanned layers, the body of the layer loop (plus nothing: its loop counter is
-one of its kernels).
+Both from abstract models (`nnx.eval_shape`), so a 7B-shaped program compiles on
+a laptop: `decode_kernels(cfg)` (kernels per layer: unrolled, a 2-layer decode
+body minus a 1-layer one; scanned, the layer loop's body) and
+`compile_seconds(...)` (JAX's caches bypassed).
 """
 
 from __future__ import annotations
@@ -156,7 +148,8 @@ def decode_kernels(
 
   Returns:
     `{"kernels_per_layer", "kernels_per_step", "scanned", "top_layer_ops"}`:
-    per layer (exact, see the module docstring), the whole step of a
+    per layer (exact), the whole step of a
+
     `cfg.n_layers`-deep model (the decode loop body, the layer loop's body
     counted once per layer when scanned), and the layer's five most frequent
     opcodes.

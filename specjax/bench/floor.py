@@ -1,22 +1,10 @@
 """The machine's floor for decoding: what a model call cannot beat on this hardware.
 
-A decode step of a small batch reads every weight once and does little
-arithmetic per byte, so its floor is set by how fast the machine streams the
-weights and runs the same matrix products. Three measurements:
-
-  memory_bandwidth_gbs()       bytes/s of a jitted copy of a large array
-  matmul_gflops()              float32 throughput of one large square product
-  matmul_floor_seconds(model)  the model's own matrix products alone: the same
-                               weight shapes, dtype and batch, in a jitted loop,
-                               without attention, norms, RoPE or sampling
-
-`ar_over_floor` = autoregressive seconds per step / bandwidth floor (weight
-bytes / measured memory bandwidth): how far a real decode step is from
-streaming its weights once, the floor of a memory-bound step.
-`ar_over_matmul_floor` = the same step / the matmul floor: how much of it is
-not the products themselves. Timing follows
-`specjax.bench.timing`: one warm-up, median of the timed runs, N calls inside
-one jitted `lax.fori_loop` divided by N.
+A small-batch decode step reads every weight once, so its floor is how fast the
+machine streams them (`memory_bandwidth_gbs`) and runs the same products
+(`matmul_floor_seconds`: the model's products alone). `ar_over_floor` and
+`ar_over_matmul_floor` say how far a real step is from each
+(docs/performance.md, "Where decode time goes, and the floor").
 """
 
 from __future__ import annotations
@@ -46,12 +34,8 @@ def weight_bytes(model: Transformer) -> int:
 
 
 def memory_bandwidth_gbs(megabytes: int = 256, num_steps: int = 8, num_runs: int = 5) -> float:
-  """Measured read + write bandwidth in GB/s: `x -> x + 1` over a float32 array.
-
-  The array (default 256 MB) is far larger than any cache, so this is the
-  rate of main memory, the rate at which weights that do not fit in cache
-  stream. Each step reads and writes it once: 2 * size bytes.
-  """
+  """Main-memory read + write bandwidth in GB/s: `x -> x + 1` over a float32 array
+  far larger than any cache (2 * size bytes a step)."""
   check_positive_int("megabytes", megabytes)
   n = megabytes * 2**20 // 4
 
@@ -191,15 +175,13 @@ def floor_fields(
     draft_calls_per_iteration: draft model calls per iteration (0 for prompt lookup).
 
   Returns:
-    `memory_bandwidth_gbs`, `matmul_gflops` (the machine), the target's
-    `target_weight_bytes`, `target_bandwidth_floor_ms` (weight bytes at that
-    bandwidth), `target_matmul_floor_ms` (its products alone at this batch),
-    `ar_over_floor` (an autoregressive step over the bandwidth floor),
-    `ar_over_matmul_floor` (the same step over the matmul floor), and
-    `spec_overhead_fraction`: the share of a speculative iteration that is
-    neither the drafter's forward calls nor the target's verification call
-    (None when the drafter's calls are not measured).
+    `memory_bandwidth_gbs`, `matmul_gflops`, `target_weight_bytes`,
+    `target_bandwidth_floor_ms`, `target_matmul_floor_ms`, `ar_over_floor`,
+    `ar_over_matmul_floor` and `spec_overhead_fraction` (the share of an
+    iteration that is neither drafting nor verification calls; None when the
+    drafter's calls are not measured).
   """
+
   machine = machine_floor(num_runs)
   floor_s = matmul_floor_seconds(target, batch, num_runs=num_runs)
   weights = weight_bytes(target)
