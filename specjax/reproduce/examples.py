@@ -9,10 +9,8 @@
 - The "keep the draft token only if it is the target's top-1" shortcut: not
   speculative sampling at all at T > 0; its output law is measured against p.
 
-Each function returns a JSON-ready dict: the closed form and what `n` sampled
-draws through `specjax.verify` gave. The draws of each example run as one
-compiled program (run op by op they compiled a program per operation: about
-60 for the block toy).
+Each function returns a JSON-ready dict: the closed form and what `n` draws
+through `specjax.verify` gave (each example's draws: one compiled program).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """`reproduce(config, output_dir)`: every section of the report, in one call.
 
 The launcher `experiments/reproduce.py` is this plus flags; configs/reproduce.py
-documents every field. Steps (each logged through `progress`):
-
-  1. the closed forms (instant) and the worked examples, sampled
-  2. the bundled pair, held-out prompts, and the drafters of `config.drafters`:
-     unigram and bigram drafts counted over the training split, the
-     corpus-trained draft (a run directory, trained there first if missing),
-     the bundled distilled draft, prompt lookup, layer skip, the bundled heads
-     and the cross-tokenizer draft
-  3. `measure`: every drafter at `config.gamma`, the distilled draft at every γ
-     of `config.gammas`, and block verification, at each temperature
-  4. the sections, report.md / report.json, and the figures
+documents every field. Steps: the closed forms and worked examples; the bundled
+pair and `config.drafters` (the corpus-trained draft trained first if missing);
+`measure`; the sections, report.md / report.json and figures. docs/reproduction.md.
 """
 
 from __future__ import annotations
@@ -219,10 +211,10 @@ def read_saved_report(path: str, name: str = "--render_from") -> dict[str, Any]:
 
 
 def write_report(result: dict[str, Any], output_dir: str, figures_too: bool = True) -> dict:
-  """Builds the sections (and figures) from `result`'s measured rows and worked
-  examples, writes report.md and report.json into `output_dir`, and returns
-  `result` with its sections and figure names. A saved report.json re-renders
-  through this without measuring again (`experiments.reproduce --render_from`)."""
+  """Builds the sections and figures from `result`, writes report.md and
+  report.json into `output_dir`, returns `result` with sections and figure names
+  (also re-renders a saved report.json: `--render_from`)."""
+
   config = ml_collections.ConfigDict(result["config"])
   rows, ex = result["rows"], result["examples"]
   os.makedirs(output_dir, exist_ok=True)
