@@ -1,10 +1,8 @@
 """Drafting with a model: a small draft model, or the target's own first layers.
 
-`ModelDrafter(model)` samples gamma tokens from a small model with the same
-warp as the target. `layer_skip(target, k)` is the same drafter over the
-target's first k layers plus its final norm and head (self-speculation):
-`Transformer.forward_cached(..., num_layers=k)` on the very same parameters,
-with a k-layer cache of its own.
+`ModelDrafter(model)` samples gamma tokens from a small model with the target's
+warp; `layer_skip(target, k)` runs the target's first k layers, final norm and
+head (self-speculation) with a k-layer cache of its own.
 
 Cache invariant (as in `SpecState`): the drafter's cache holds s[:-2]; each
 iteration first feeds `recent = [s[-2], s[-1]]`, which re-syncs it after a
@@ -196,10 +194,9 @@ def check_drafter(
 ) -> Drafter:
   """`as_drafter(draft)`, checked for a run before anything compiles.
 
-  The drafter's own checks (`Drafter.check_capacity` for prompts of
-  `prompt_width`, `max_new_tokens` and `gamma`; `Drafter.check_target`), and a
-  tree drafter's rule: token trees are verified by tree verification, so
-  `verifier` must be "auto" and `adaptive` None.
+  The drafter's `check_capacity` and `check_target`; a tree drafter also needs
+  `verifier` "auto" and `adaptive` None.
+
 
   Raises:
     ValueError naming the argument that cannot serve the run.

@@ -1,12 +1,8 @@
 """Static-shape KV cache with per-row lengths.
 
-The cache is a plain pytree: one `[B, K, S, H]` key and value array per layer
-(or, for a model with scanned layers, one stacked `[B, L, K, S, H]` array each)
-and `lengths [B]`, the number of valid slots of each row. A model call writes its T
-new tokens of row b at slots `lengths[b] .. lengths[b] + T - 1` and attends by
-position, so slots at or past a row's length are never read. Rolling a row back
-after a rejected draft is therefore bookkeeping: lower `lengths[b]`; the stale
-slots are overwritten by the next call.
+A call writes row b's T new tokens at slots `lengths[b] ..` and never reads
+slots at or past a row's length, so rolling back a rejected draft is
+bookkeeping: lower `lengths[b]`.
 """
 
 from __future__ import annotations
@@ -88,11 +84,10 @@ class KVCache:
   def gather_path(self, path: jax.Array, base: jax.Array) -> KVCache:
     """Moves an accepted tree path into consecutive slots (lengths unchanged).
 
-    A token tree's node i sits at slot `base[b] + i`; the accepted nodes
-    `path [B, D]` (from the top, -1 padded) move to slots `base[b] + d`, so the
-    committed sequence is contiguous and the rest rolls back by lengths. A
-    static-shape gather of D slots per layer.
+    Node i sits at slot `base[b] + i`; the accepted nodes `path [B, D]` (-1
+    padded) move to slots `base[b] + d`: a static gather of D slots per layer.
     """
+
     d = path.shape[1]
     nodes = jnp.where(path >= 0, path, jnp.arange(d, dtype=path.dtype)[None, :])
     index = base[:, None] + nodes  # [B, D]
@@ -108,12 +103,8 @@ class KVCache:
 
 
 def cache_capacity(prompt_width: int, max_new_tokens: int, gamma: int | None = None) -> int:
-  """KV-cache slots per row for one generate call: the one formula for it.
-
-  Autoregressive decoding (`gamma=None`) needs the prompt and the budget;
-  speculative decoding also the slack of one verification block (gamma + 1
-  positions written past the committed sequence before rollback).
-  """
+  """KV-cache slots per row for one generate call: the one formula for it (the
+  prompt, the budget and, unless `gamma` is None, a verification block's slack)."""
   slack = 0 if gamma is None else gamma + 1
   return int(prompt_width) + int(max_new_tokens) + slack
 
