@@ -151,10 +151,9 @@ def autoregressive_generate(
     eos_id: stop a row after it emits this id, or any of a list of ids (the
       EOS is kept and counted).
     pad_id: value of `tokens` past each row's `num_generated`.
-    loop: "while" tests for finished rows after every step; "chunked" after
-      every `loop_chunk` steps (no device-to-host wait per step on GPU, up to
-      `loop_chunk - 1` idle steps at the end). Same tokens and statistics.
-    loop_chunk: steps per test of loop="chunked" (>= 1, static).
+    loop, loop_chunk: "while" or "chunked" (a test per `loop_chunk` steps,
+      static), as in `speculative_generate`. Same tokens and statistics.
+
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B], stats)`.
