@@ -1,12 +1,7 @@
 """`ModelConfig`: the static description of a decoder-only transformer.
 
-One frozen, hashable dataclass describes every architecture specjax runs. The
-defaults give a Llama-style decoder (RMSNorm, RoPE, grouped-query attention,
-SwiGLU); the variant fields (`norm`, `mlp`, `positions`, the bias flags) let
-GPT-2-style models (LayerNorm, GELU, learned positions, biases) share the same
-module, cache and decode path.
-
-Axis glossary used in docstrings across specjax:
+One frozen, hashable dataclass; the defaults give a Llama-style decoder, the
+variant fields GPT-2- and Gemma-style ones. Axis glossary used across specjax:
   B batch, T tokens in one call, S cache capacity (slots), P prompt width,
   V vocabulary, D d_model, N query heads, K kv heads, G = N // K, H head dim,
   F d_ff, L layers.
@@ -72,8 +67,7 @@ class ModelConfig:
     n_heads: query heads N.
     n_kv_heads: key/value heads K (grouped-query attention); N % K == 0.
     d_ff: hidden width F of the MLP.
-    max_seq_len: the longest sequence (prompt + generation + draft slack) the
-      model may see; caches are allocated at most this long.
+    max_seq_len: the longest sequence (prompt + generation + draft slack).
     head_dim: per-head width H; defaults to d_model // n_heads.
     rope_theta: RoPE base frequency (used when positions == "rope").
     rope_scaling: optional Llama 3 frequency scaling of RoPE.
@@ -106,15 +100,10 @@ class ModelConfig:
     dtype: compute dtype of activations ("float32", "bfloat16", "float16").
     param_dtype: storage dtype of the parameters.
     init_std: standard deviation of the normal initialiser of weight matrices.
-    scan_layers: stack the blocks' weights along a leading layer axis and run
-      them in a loop (`specjax/models/scan.py`): one block to compile instead
-      of L. None: the platform's default (`default_scan_layers`).
-    attention: how attention is computed (`specjax.models.attention`), the same
-      function each way: "einsum" (the reference, grouped-query einsums over the
-      cache), "dot_product" (`jax.nn.dot_product_attention`) or "pallas" (on GPU,
-      JAX's Pallas decode kernel for one-token decode calls, "dot_product"
-      otherwise). Only "einsum" has soft-capping: the others refuse
-      `attn_softcap`.
+    scan_layers: stacked blocks run in a loop (`specjax/models/scan.py`); None:
+      the platform's default (`default_scan_layers`).
+    attention: "einsum", "dot_product" or "pallas" (`specjax.models.attention`);
+      only "einsum" has soft-capping.
   """
 
   vocab_size: int
@@ -283,12 +272,9 @@ class ModelConfig:
 
 def default_scan_layers(platform: str | None = None) -> bool:
   """Scanned layers by default on `platform` (default: JAX's default backend)?
-
-  Unrolled on CPU, where a scanned layer reads its weights through a dynamic
-  slice that XLA:CPU copies (a decode step then moves its weights twice);
-  scanned on GPU and TPU, where XLA reads the slice in place and the program
-  compiles several times faster (measurements: docs/performance.md).
+  Not on CPU, where XLA copies each layer's weight slice (docs/performance.md).
   """
+
   import jax
 
   return (platform or jax.default_backend()) != "cpu"
