@@ -104,15 +104,14 @@ class VocabMap:
   """The static tables of one draft/target tokenizer pair (numpy, int32).
 
   Attributes:
-    draft_to_target: `[V_d]` the target id with the same bytes, -1 off the
-      intersection (one-to-one on it).
-    target_to_draft: `[V_t]` the inverse, -1 off the intersection.
-    expansion: `[V_t, L]` each target id as draft ids, padded with the fallback.
-    expansion_lengths: `[V_t]` in [1, L].
+    draft_to_target: `[V_d]` the target id of the same bytes, -1 off the
+      intersection; target_to_draft `[V_t]` the inverse.
+    expansion: `[V_t, L]` each target id as draft ids, padded with the fallback;
+      expansion_lengths `[V_t]` in [1, L].
     shared: ids in the intersection.
-    uncovered: bytes of target ids the draft could not spell (fed as `<unk>`).
-    fallback: the draft id an id with no text of its own (and no draft special
-      of its name) becomes.
+    uncovered: bytes the draft could not spell (fed as `<unk>`).
+    fallback: the draft id of an id without text or a same-named special.
+
   """
 
   draft_to_target: np.ndarray

@@ -207,16 +207,13 @@ def predict_speedup(
   `tokens_per_iteration`, `theory.speedup_from_tokens`) predicts.
 
   Args:
-    gamma: drafted tokens per iteration (a token tree's nodes).
-    target_step_s: seconds of one target call over 1 token.
-    verify_s: seconds of one target call over gamma + 1 tokens.
-    drafting_s: the drafter's seconds per iteration: all its draft model calls,
-      or its whole proposal and commit.
+    target_step_s, verify_s: seconds of a target call over 1 and gamma + 1 tokens.
+    drafting_s: the drafter's seconds per iteration.
     alpha: the measured acceptance rate (clipped to 1); or
-    tokens_per_iteration: the measured tokens per iteration, for drafters whose
-      accepted length has no closed form (token trees, host loops).
-    draft_steps: what c is per: None for the gamma drafted tokens (Leviathan's
-      c), or a host loop's draft calls per iteration.
+    tokens_per_iteration: measured, where no closed form exists (trees, host loops).
+    draft_steps: None (c per drafted token, gamma of them), or a host loop's
+      draft calls per iteration.
+
 
   Returns:
     `{"c", "verify_cost", "predicted_speedup"}`.

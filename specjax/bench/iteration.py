@@ -131,12 +131,10 @@ def profile_iteration(
   Args:
     target, draft: the pair; the draft drafts with `ModelDrafter`.
     prompts: `[1, P]` int32, one row; lengths `[1]`.
-    gamma, max_new_tokens, temperature: the decoding profiled (greedy
-      verification at temperature 0, token verification above).
-    repeats: iterations of each part's jitted loop.
-    num_runs: timed runs per part (median).
-    trace_dir: also write a `jax.profiler` trace of one speculative generate
-      call there (TensorBoard / Perfetto).
+    gamma, max_new_tokens, temperature: the decoding profiled.
+    repeats: iterations of each part's jitted loop; num_runs: runs (median).
+    trace_dir: also write a `jax.profiler` trace of one generate call there.
+
   """
   check_positive_int("gamma", gamma)
   check_positive_int("repeats", repeats)

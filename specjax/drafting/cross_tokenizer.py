@@ -75,10 +75,10 @@ class CrossTokenizerDrafter(CachedDrafting):
 
   Attributes:
     model: the draft model; its vocab_size must cover `draft_tokenizer`.
-    draft_tokenizer, target_tokenizer: `tokenizers.Tokenizer` or
-      `specjax.data.Tokenizer` (static: hashed by identity).
+    draft_tokenizer, target_tokenizer: static, hashed by identity.
     tables: built from the tokenizers when None (`specjax.vocab_map`).
-    confidence: the adaptive "confidence" draft length's threshold (0 = off).
+    confidence: the adaptive "confidence" threshold (0 = off).
+
     cache_ratio: draft cache slots per target cache slot (> 0), static.
 
   """

@@ -81,12 +81,12 @@ class Verified(NamedTuple):
   Attributes:
     n: `[B]` int32, drafted tokens accepted.
     next_token: `[B]` int32, the token the verifier drew after them.
-    drafted: `[B, D]` the drafted tokens along what was accepted (a chain: the
-      proposal's `[B, g]`; a tree: the tokens of its accepted path, D its depth).
-    path: None for a chain; for a tree `[B, D]` the accepted nodes (`Commit.path`).
+    drafted: `[B, D]` the drafted tokens along what was accepted (a chain's
+      `[B, g]`, or a tree's accepted path, D its depth).
+    path: None for a chain; for a tree `[B, D]` the accepted nodes.
     cache: the target's cache, a tree's accepted path moved next to the prefix.
-    hidden: None, or `[B, D + 1, F]` the target's features along s[-1] and the
-      accepted tokens (`Commit.hidden`).
+    hidden: None, or `[B, D + 1, F]` the features along s[-1] and the accepted
+      tokens.
   """
 
   n: jax.Array
@@ -108,9 +108,8 @@ def verify_block(
   tree_mode: str,
   config: SpecConfig,
 ) -> Verified:
-  """Verifies a proposal against the target's `logits [B, g+1, V]` (`score`'s
-  output, with its `cache` and `hidden`): the config's verifier for a chain,
-  `tree_verify` for a tree (greedy at temperature 0, else `tree_mode`)."""
+  """Verifies a proposal against `score`'s `logits [B, g+1, V]`, `cache` and
+  `hidden`: the config's verifier for a chain, `tree_verify` for a tree."""
   if proposal.tree is None:
     verifier = verify_lib.get_verifier(config.verifier)
     argmax_only = verifier is verify_lib.greedy_verify
@@ -135,9 +134,8 @@ def commit_step(
   verified: Verified,
   config: SpecConfig,
 ) -> SpecState:
-  """The state after an iteration: each active row's n + 1 tokens appended (cut
-  at EOS and budget), the target's cache rolled to s'[:-1], the drafter's
-  commit, the next draft limit and the statistics."""
+  """The state after an iteration: n + 1 tokens appended (cut at EOS and budget),
+  the target's cache rolled to s'[:-1], the drafter's commit, limit and stats."""
   n = verified.n
   emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
@@ -254,12 +252,8 @@ def commit_tokens(
   state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Appends each active row's n + 1 new tokens, cut at EOS (the config's ids or
-  the row's own `stop`) and at the row's budget.
-
-  Returns:
-    `(tokens [B, max_new_tokens + g + 1], num_generated [B], done [B],
-    count [B])`, count being the tokens each row committed (0 if done before).
-  """
+  the row's `stop`) and at its budget: `(tokens, num_generated [B], done [B],
+  count [B])`, count the tokens committed (0 if done before)."""
   active = ~state.done
   count = n + 1
   slots = jnp.arange(emitted.shape[1])[None, :]
@@ -295,8 +289,8 @@ def next_recent(
 def next_draft_limit(
   limit: jax.Array, n: jax.Array, proposed: jax.Array, active: jax.Array, config: SpecConfig
 ) -> jax.Array:
-  """Adaptive draft length "schedule" (Leviathan-style heuristic): +2 after a fully
-  accepted block, -1 otherwise, within [1, gamma]; unchanged otherwise."""
+  """Adaptive "schedule": +2 after a fully accepted block, -1 otherwise, within
+  [1, gamma]."""
   if config.adaptive != "schedule":
     return limit
   longer = jnp.minimum(limit + 2, config.gamma)
@@ -516,8 +510,8 @@ def _checked_run(
   loop_chunk=8,
   **settings,
 ) -> tuple[Drafter, SpecConfig]:
-  """`speculative_generate`'s checks, before anything compiles: its drafter
-  (with the confidence length if asked) and static configuration."""
+  """`speculative_generate`'s checks before compiling: `(drafter, config)`."""
+
   drafter = as_drafter(draft)
   gamma = check_positive_int("gamma", gamma)
   verifier, sampling = settings.pop("verifier"), settings["sampling"]

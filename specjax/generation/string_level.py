@@ -257,9 +257,10 @@ def string_level_generate(
     target, draft: `specjax.Transformer`s; each model's vocab_size must cover
       its tokenizer.
     draft_tokenizer, target_tokenizer: `tokenizers.Tokenizer` or `specjax.data.Tokenizer`.
-    prompts: `[B, P]` int32 target ids, right-padded; prompt_lengths `[B]` in [1, P].
+    prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as
+      in `speculative_generate` (target ids).
     gamma: most target tokens proposed per iteration (>= 1).
-    max_new_tokens, sampling, key, eos_id, pad_id: as in `speculative_generate`.
+
     verifier: "auto" (greedy at temperature 0, else token), "token" or "block".
     draft_tokens: draft ids generated per iteration (>= 1); None = gamma + gamma // 2
       (a smaller vocabulary needs more ids for the same text).

@@ -55,13 +55,12 @@ class Variant(NamedTuple):
   """One row of the comparison.
 
   Attributes:
-    temperature: the sampling temperature (0: greedy).
     name: the drafter's label in the table.
     drafter: what `speculative_generate` takes; for SLEM the tuple (cross
-      draft, its tokenizer, the target's tokenizer) of `string_level_generate`.
-    verifier: "greedy", "token", "block", or "tree" (a token-tree drafter).
-    gamma: drafted tokens per iteration (a tree's number of nodes).
-    adaptive: None (fixed gamma), "schedule" or "confidence".
+      draft, its tokenizer, the target's tokenizer).
+    verifier: "greedy", "token", "block", or "tree".
+    gamma: drafted tokens per iteration (a tree's nodes).
+    adaptive: None, "schedule" or "confidence".
   """
 
   temperature: float
@@ -82,10 +81,8 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
   """The variants of `config` at one temperature, in the table's order.
 
   Args:
-    config: the comparison's configuration (configs/compare_drafters.py).
-    target, draft: the pair's `Transformer`s (the heads, layer skip and prompt
-      lookup draft for `target`).
-    temperature: the sampling temperature; greedy verification only at 0.
+    target, draft: the pair's `Transformer`s.
+    temperature: greedy verification only at 0.
   """
   applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
   verifiers = [v for v in applicable if v in config.verifiers]
@@ -439,11 +436,9 @@ class _Progress:
 def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[dict[str, Any]]:
   """Times every variant of `config` on the bundled pair; one JSON-ready row each.
 
-  Args:
-    config: the comparison's configuration (configs/compare_drafters.py).
-    progress: print a line on stderr per variant (its label as it starts, its
-      time and figures as it ends).
+  `progress`: a line on stderr per variant.
   """
+
   check_config(config)
   draft_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.draft_dtype")
   target, draft, tokenizer = pretrained.load_pair(

@@ -61,30 +61,23 @@ class ModelConfig:
   """Hyper-parameters of a `specjax.Transformer`.
 
   Attributes:
-    vocab_size: number of token ids V; ids live in [0, V).
-    d_model: residual width D.
-    n_layers: number of decoder blocks L.
-    n_heads: query heads N.
+    vocab_size, d_model, n_layers, n_heads, d_ff: V, D, L, N, F.
     n_kv_heads: key/value heads K (grouped-query attention); N % K == 0.
-    d_ff: hidden width F of the MLP.
     max_seq_len: the longest sequence (prompt + generation + draft slack).
     head_dim: per-head width H; defaults to d_model // n_heads.
     rope_theta: RoPE base frequency (used when positions == "rope").
     rope_scaling: optional Llama 3 frequency scaling of RoPE.
-    sliding_window: if set, a query at position i reads only keys at positions
-      in (i - sliding_window, i] (Mistral; Gemma's local layers).
-    local_layers: the layers (0-based) that use `sliding_window`, the others
-      attending globally (Gemma 2/3 alternate); None: every layer uses it.
+    sliding_window: if set, position i reads keys in (i - sliding_window, i].
+    local_layers: the layers (0-based) using `sliding_window`; None: all.
     rope_local_theta: RoPE base of the `local_layers`, without `rope_scaling`
       (Gemma 3); None: every layer uses rope_theta and rope_scaling.
     norm_eps: epsilon of the normalisation layers.
     norm: "rmsnorm" (Llama) or "layernorm" (GPT-2).
-    norm_offset: the norms multiply by `norm_offset + scale` (Gemma stores its
-      RMSNorm weights as w - 1: offset 1.0).
-    sandwich_norms: norms on the attention and MLP outputs too, before each
-      residual add (Gemma 2/3: pre- and post-norms around both sublayers).
-    scale_embeddings: token embeddings times sqrt(d_model), rounded to the
-      compute dtype as Gemma does.
+    norm_offset: the norms multiply by `norm_offset + scale` (Gemma: 1.0).
+    sandwich_norms: norms on the sublayers' outputs too (Gemma 2/3).
+    scale_embeddings: embeddings times sqrt(d_model), rounded to the compute
+      dtype (Gemma).
+
     mlp: "swiglu" (gated SiLU, Llama), "geglu" (gated tanh-GELU, Gemma) or
       "gelu" (plain GELU, GPT-2).
     attn_scale: the factor on q.k scores; None: head_dim ** -0.5 (Gemma:

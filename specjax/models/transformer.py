@@ -63,11 +63,8 @@ class Linear(nnx.Linear):
 
 
 class Norm(nnx.Module):
-  """RMSNorm or LayerNorm over the last axis, computed in float32.
-
-  The result is multiplied by `cfg.norm_offset + scale` (offset 1 for Gemma,
-  whose weights are stored as w - 1); the scale starts at the identity.
-  """
+  """RMSNorm or LayerNorm over the last axis in float32, times `cfg.norm_offset +
+  scale` (Gemma stores w - 1: offset 1); the scale starts at the identity."""
 
   def __init__(self, cfg: ModelConfig, width: int | None = None, axis: str = "embed"):
     """Over `width` features (default d_model), logical axis `axis`."""
@@ -128,10 +125,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 def attention_mask(
   q_positions: jax.Array, k_positions: jax.Array, window: int | None = None
 ) -> jax.Array:
-  """`[B, T, S]` bool: query at `q_positions [B, T]` may read key at `k_positions [S]`.
-
-  Causal, and limited to the last `window` positions when that is set.
-  """
+  """`[B, T, S]` bool: query at `q_positions [B, T]` may read key at `k_positions
+  [S]` (causal, within `window` if set)."""
   q = q_positions[:, :, None]
   k = k_positions[None, None, :]
   mask = k <= q
@@ -141,11 +136,8 @@ def attention_mask(
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with K <= N key/value heads and an optional cache.
-
-  Layer `layer` takes its sliding window and RoPE base from the config (Gemma
-  alternates local and global layers).
-  """
+  """Multi-head attention with K <= N key/value heads and an optional cache; layer
+  `layer`'s sliding window and RoPE base come from the config."""
 
   def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -369,14 +361,8 @@ def _layout(cache: KVCache, t: int, tree, windows=()) -> tuple:
 
 
 class Transformer(nnx.Module):
-  """Decoder-only language model.
-
-  Example:
-    cfg = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4,
-                      n_kv_heads=2, d_ff=128, max_seq_len=256)
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
-    logits = model(tokens)                         # [B, T] -> [B, T, V]
-  """
+  """Decoder-only language model: `Transformer(cfg, rngs=nnx.Rngs(0))(tokens [B, T])`
+  -> logits `[B, T, V]`."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg

@@ -144,10 +144,10 @@ def measure(
 
 
   Returns:
-    One dict per (temperature, variant): alpha, tokens_per_iteration,
-    accepted_through / accepted_given_previous (per draft position), c,
-    verify_cost, predicted_speedup, ms_per_token, ar_ms_per_token, speedup.
+    One dict per (temperature, variant): alpha, tokens per iteration, rates by
+    position, c, verify cost, predicted and measured speedup, ms per token.
   """
+
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
   progress("measuring draft and verification costs")
   costs = _costs(target, drafters, variants, one[0], max_new_tokens, temperatures, num_runs)
