@@ -63,8 +63,8 @@ class Tree:
     return Tree(xp.concatenate([root, self.parents + 1], axis=1).astype(np.int32), self.depth + 1)
 
   def depths(self) -> np.ndarray | jax.Array:
-    """`[1 or B, N]` int32 depth of every node (a child of the root has depth 1; a
-    node whose parent is not before it gets depth + 1, deeper than any path)."""
+    """`[1 or B, N]` int32 depth of every node (root's children: 1; a node whose
+    parent is not before it: depth + 1, deeper than any path)."""
     xp, parents = self._xp, self.parents
     b, n = parents.shape
     depths = []
@@ -94,7 +94,7 @@ class Tree:
 
   def earlier_siblings(self, c: int) -> tuple[list[int], np.ndarray | jax.Array]:
     """The nodes before `c` that may share its parent: `(columns, same [1 or B, k])`,
-    `same` saying in which rows each one does (a static tree names just its siblings)."""
+    `same` saying in which rows each does."""
     same = self.parents[:, :c] == self.parents[:, c : c + 1]
     if self._xp is np:
       columns = np.flatnonzero(same[0]).tolist()
@@ -163,12 +163,8 @@ class DynamicTree:
 
 
 def check_parents(parents, name: str = "parents") -> tuple[int, ...]:
-  """Checks a static tree and returns it as a tuple of ints.
-
-  Raises:
-    ValueError naming `name` unless it is a tuple of ints with
-    -1 <= parents[i] < i (-1: a child of the root; a parent precedes its children).
-  """
+  """A static tree checked as a tuple of ints with -1 <= parents[i] < i (else a
+  ValueError naming `name`)."""
   if not isinstance(parents, tuple) or not all(
     isinstance(u, (int, np.integer)) and not isinstance(u, bool) for u in parents
   ):
@@ -186,8 +182,8 @@ def check_parents(parents, name: str = "parents") -> tuple[int, ...]:
 
 
 def check_drafting_tree(parents, name: str = "tree") -> tuple[int, ...]:
-  """`check_parents`, plus what tree drafters need: at least one node, breadth-first
-  order (depths never decrease), so each depth is one contiguous slice."""
+  """`check_parents`, plus at least one node in breadth-first order (tree drafters)."""
+
   parents = check_parents(parents, name)
   depths = tree_depths(parents)
   if not parents or any(a > b for a, b in itertools.pairwise(depths)):

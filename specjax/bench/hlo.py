@@ -114,11 +114,9 @@ class HloOp(NamedTuple):
   Attributes:
     body: the loop-body computation it runs in (or one that body calls).
     name: the instruction's name; `name#i` for output i of a multi-output fusion.
-    opcode: its opcode ("fusion" for a fusion).
-    effective: what it computes: the opcode itself, or for a fusion the fused
-      computation's root (through bitcasts), e.g. "copy", "dynamic-update-slice".
-    shape: the output's shape, e.g. "f32[2,1,2056,16]".
-    bytes: the output's size in bytes.
+    opcode: its opcode; effective: a fusion's root opcode (through bitcasts).
+    shape, bytes: the output's, e.g. "f32[2,1,2056,16]".
+
   """
 
   body: str

@@ -37,10 +37,8 @@ from specjax.vocab import fit_ids
 class CachedDrafting(ConfidenceLength):
   """`init`/`propose`/`commit` of any drafter that samples one token per cached call.
 
-  A subclass says how to make its state (`_new_state`), run a call
-  (`_forward(tokens [B, T], state, logit_indices) -> (logits [B, R, V], state)`)
-  and roll back (`_with_lengths`); `confidence` and `vocab_size` come from it.
-  The state obeys the cache invariant of the module docstring.
+  A subclass gives `_new_state`, `_forward(tokens [B, T], state, logit_indices)
+  -> (logits [B, R, V], state)`, `_with_lengths`, `confidence` and `vocab_size`.
   """
 
   prefill_calls = 1  # init runs the prompt through the drafter once
@@ -62,13 +60,11 @@ class CachedDrafting(ConfidenceLength):
     gamma: int,
     sampling: SamplingParams,
   ):
-    """Samples up to min(gamma, limit[b]) tokens per row; stops early once no
-    row needs more (every call after the first is one token per row), unless
-    the loop runs every trip (`draft_loop`).
-
-    Greedy drafts are the argmax, a deterministic proposal: no `[B, g, V]`
-    law is built for them (`Proposal.probs` is None, q one-hot).
+    """Samples up to min(gamma, limit[b]) tokens per row, stopping once no row
+    needs more (unless `draft_loop` runs every trip). Greedy drafts build no
+    `[B, g, V]` law (`Proposal.probs` None, q one-hot).
     """
+
     b, g = recent.shape[0], gamma
     greedy = sampling.greedy
     # One random-bit computation for the whole proposal: a uniform per draw.

@@ -438,24 +438,21 @@ def speculative_generate(
     draft: a `Transformer` over the same tokenizer (vocabulary sizes may differ;
       the target itself is a perfect draft), or any `specjax.drafting` drafter
       (`CrossTokenizerDrafter` for another tokenizer).
-    prompts: `[B, P]` int32, right-padded; the padding is ignored.
-    prompt_lengths: `[B]` int32 in [1, P].
-    gamma: drafted tokens per iteration (>= 1, static); for a drafter that
-      drafts a token tree (`drafter.tree`), its number of nodes.
+    prompts: `[B, P]` int32, right-padded; prompt_lengths `[B]` int32 in [1, P].
+    gamma: drafted tokens per iteration (>= 1, static); a tree drafter's nodes.
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
       `RowSampling` gives each row its own ("auto" is then "token").
     key: one PRNG key; required unless sampling is greedy (every row).
-    eos_id: stop a row after it emits this id, or any of a list of ids
-      (checkpoints may have several); the EOS is kept and counted.
+    eos_id: stop a row after this id, or any of a list (kept and counted).
     verifier: "auto" (greedy at temperature 0, else token), "token", "block",
       "greedy", or a `specjax.verify` function; "auto" for token trees
       (`tree_verify`).
     pad_id: value of `tokens` past each row's `num_generated` (an int32).
-    adaptive: per-row draft length within `gamma`: None (always gamma),
-      "schedule" (+2 after a fully accepted block, -1 otherwise, from gamma) or
-      "confidence" (a model drafter stops when its top probability falls below
-      `confidence_threshold`). Exactness is unchanged.
+    adaptive: per-row draft length within `gamma`: None, "schedule" (+2 after a
+      fully accepted block, -1 otherwise) or "confidence" (a model drafter stops
+      below `confidence_threshold` top probability). Exactness is unchanged.
+
     confidence_threshold: in (0, 1], for adaptive="confidence".
     loop: "while" tests for finished rows after every iteration; "chunked"
       after every `loop_chunk` (docs/performance.md, "Loop modes"). Same tokens

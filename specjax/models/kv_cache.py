@@ -132,14 +132,10 @@ def write_rows(
 
   Args:
     buffer: `[B, ..., S, ...]` with S at `axis`.
-    update: like buffer but T <= S along `axis` (and 1 along the `leading` axes).
-    starts: `[B]` int32 offsets; callers guarantee `starts + T <= S` (XLA would
-      otherwise clamp the offset and overwrite valid slots).
-    leading: offsets (same for every row, may be traced) along the axes
-      right after B, e.g. the layer of a stacked cache.
-
-  Returns:
-    buffer with the T slots of each row replaced.
+    update: like buffer but T <= S along `axis` (1 along the `leading` axes).
+    starts: `[B]` int32; callers guarantee `starts + T <= S` (XLA would clamp).
+    leading: offsets shared by all rows along the axes after B (a stacked
+      cache's layer).
   """
   b, t = buffer.shape[0], update.shape[axis]
   if b == 1:  # a plain dynamic_update_slice (XLA rewrites a 1-row scatter as one plus a select)
@@ -161,15 +157,11 @@ def write_rows(
 def write_layer(layer_cache: tuple, k: jax.Array, v: jax.Array, starts: jax.Array):
   """Writes one layer's T new keys and values `k, v [B, K, T, H]` at `starts [B]`.
 
-  Args:
-    layer_cache: `(k, v)`, this layer's `[B, K, S, H]` arrays, or
-      `(k, v, i)`: a stacked `[B, L, K, S, H]` pair and the (traced) layer
-      index of a scanned model; only the T new slots are written, in place.
-
-  Returns:
-    `(keys, values, layer_cache)`: the layer's `[B, K, S, H]` keys and values
-    to attend to, and the updated `layer_cache` (same form as given).
+  `layer_cache` is `(k, v)` (`[B, K, S, H]` each) or `(k, v, i)`, a stacked
+  pair and a traced layer index. Returns `(keys, values, layer_cache)`: the
+  layer's `[B, K, S, H]` keys and values, and the updated cache (same form).
   """
+
   if len(layer_cache) == 2:
     keys = write_rows(layer_cache[0], k, starts, axis=2)
     values = write_rows(layer_cache[1], v, starts, axis=2)

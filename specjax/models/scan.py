@@ -112,16 +112,11 @@ class ScannedBlocks(nnx.Module):
   ):
     """Runs layers `start .. stop - 1` over `x [B, T, D]` in one loop.
 
-    Args:
-      positions: `[B, T]`; masks: window -> `[B, T, S or T]` (every window of
-        the layers run); starts `[B]`: where the T new slots go.
-      cache_kv: None (no cache), or the stacked `(k, v)`, each `[B, L, K, S, H]`.
-      inv_freqs: `[L, H/2]` per-layer RoPE frequencies, or None (learned positions).
-      contiguous: static: the masks are one run of slots per row (not a tree).
-
-    Returns:
-      `(x [B, T, D], cache_kv)`.
+    `positions [B, T]`, `masks` (window -> `[B, T, S or T]`), `starts [B]` and
+    `contiguous` as for `Attention`; `cache_kv` None or the stacked `(k, v)`;
+    `inv_freqs [L, H/2]` or None. Returns `(x [B, T, D], cache_kv)`.
     """
+
     graphdef, state = nnx.split(self.block)
     windows = sorted(set(self.windows[start:stop]), key=lambda w: (w is not None, w or 0))
     if len(windows) == 1:

@@ -37,11 +37,9 @@ class TreeVerifyResult(NamedTuple):
   """What one tree verification decides for each row.
 
   Attributes:
-    path: `[B, D]` int32, the accepted nodes from the top (path[:, d] is at depth
-      d + 1), then -1; D is the tree's depth (static).
-    num_accepted: `[B]` int32 in [0, D], the number of accepted nodes.
-    next_token: `[B]` int32, the correction drawn after the last node's children
-      were all rejected, or the bonus token from the accepted leaf's target row.
+    path: `[B, D]` int32, the accepted nodes from the top, then -1 (D static).
+    num_accepted: `[B]` int32 in [0, D].
+    next_token: `[B]` int32, the correction or the bonus token after the path.
   """
 
   path: jax.Array
@@ -166,10 +164,9 @@ class _Walk(NamedTuple):
 
 
 def _try_sampled(walk: _Walk, tried, valid, x, q_x, q_c, u_c, p_next):
-  """Node c's test for the rows standing at its parent: accept x with probability
-  min(1, p(x) / q_c(x)); a rejection moves the law to its normalised residual.
+  """Node c's ratio test for the rows at its parent: `(accept [B], law [B, V],
+  residual [B])`, the law moved to its residual on rejection."""
 
-  Returns `(accept [B], law [B, V], residual [B])`."""
   accept = tried & valid & (u_c * q_x < _gather(walk.law, x))  # u < p/q without dividing
   reject = tried & ~accept
   residual = _normalized(jnp.maximum(walk.law - q_c, 0.0), walk.law)
