@@ -30,12 +30,10 @@ class SamplingParams:
   """Static sampling settings (hashable, so they can be jit static arguments).
 
   Attributes:
-    temperature: finite, >= 0; 0 (or anything below `MIN_TEMPERATURE`, about
-      1.2e-38) means greedy decoding.
-    top_k: keep the k most likely tokens; 0 disables the filter. Tokens tied
-      with the k-th logit are kept too.
-    top_p: nucleus mass in (0, 1]; 1 disables the filter. Keeps the smallest
-      set of most likely tokens whose mass reaches top_p.
+    temperature: finite, >= 0; below `MIN_TEMPERATURE` (~1.2e-38): greedy.
+    top_k: keep the k most likely tokens (and ties with the k-th); 0: off.
+    top_p: keep the smallest most-likely set of mass >= top_p, in (0, 1]; 1: off.
+
   """
 
   temperature: float = 1.0

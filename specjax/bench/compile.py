@@ -120,10 +120,9 @@ def timed_compile(lower) -> tuple[float, float, object]:
 
 
 def _decode_body(compiled_text: str, nested: bool = False) -> str:
-  """The decode loop's body: among the while bodies (those holding a loop of
-  their own when `nested`: the scanned layers' loop), the one with the most
-  kernels (the model's; prefill runs outside any loop or, scanned, in a loop of
-  its own that holds none)."""
+  """The decode loop's body: the while body (holding a loop of its own when
+  `nested`: scanned layers) with the most kernels (prefill runs outside it)."""
+
   counts = hlo.kernel_counts(compiled_text)
   bodies = hlo.while_bodies(compiled_text)
   if nested:
@@ -209,10 +208,10 @@ def compile_seconds(
   max_new_tokens: int = 64,
   gamma: int = 4,
 ) -> dict:
-  """Seconds to trace + lower and to compile the autoregressive program of
-  `target_cfg` and (with `draft_cfg`) the speculative program of the pair, from
-  abstract models, JAX's caches bypassed. Keys: `ar_lower_s`, `ar_compile_s`,
+  """Seconds to trace + lower and to compile the AR program of `target_cfg` and
+  (with `draft_cfg`) the pair's speculative one: `ar_lower_s`, `ar_compile_s`,
   `spec_lower_s`, `spec_compile_s`."""
+
   target = abstract_model(target_cfg)
   out = {}
   lower_s, compile_s, _ = timed_compile(

@@ -87,11 +87,11 @@ def call_seconds(
 
   Args:
     prompts: `[B, P]` int32; prompt_lengths `[B]`.
-    tokens_per_call: T, 1 for a decode step, gamma + 1 for a verification.
-    capacity: cache slots S; needs max(prompt_lengths) + T <= S.
+    tokens_per_call: T (1: a decode step, gamma + 1: a verification).
+    capacity: cache slots S >= max(prompt_lengths) + T.
     num_steps: N calls per timed loop.
-    tree: None (a chain), or the static parents of a `tokens_per_call`-token
-      block scored with tree attention (-1 for the block's root).
+    tree: None, or the static parents of a tree-attention block (-1: its root).
+
   """
   check_positive_int("tokens_per_call", tokens_per_call)
   if tree is not None and len(tree) != tokens_per_call:
@@ -251,10 +251,8 @@ def draft_cost(
   proposal + commit (`drafting_seconds`).
 
   Returns:
-    `target_step_s`, `verify_s`, `draft_call_s` (one draft call, or a
-    drafter's proposal + commit per drafted token), `draft_calls_per_iteration`,
-    `c` (drafting one token / one target step), `verify_cost` (verify_s /
-    target_step_s) and `predicted_speedup`.
+    `target_step_s`, `verify_s`, `draft_call_s` (per draft call, or per drafted
+    token), `draft_calls_per_iteration`, `c`, `verify_cost`, `predicted_speedup`.
   """
   capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)  # as speculative_generate
   step = functools.partial(

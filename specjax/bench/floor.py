@@ -125,8 +125,7 @@ def matmul_floor_seconds(
   model: Transformer, batch: int, tokens_per_call: int = 1, num_steps: int = 64, num_runs: int = 5
 ) -> float:
   """Seconds of one call's matrix products alone: `[batch * tokens_per_call, D]`
-  activations through every layer's projections and the output head, with the
-  model's weights (its dtype, resident as in decoding) and nothing else."""
+  through every projection and the head, with the model's own weights."""
   check_positive_int("batch", batch)
   check_positive_int("tokens_per_call", tokens_per_call)
   layers, head = _kernels(model)
@@ -165,14 +164,12 @@ def floor_fields(
   """How far decoding is from the machine's floor (the measurements above).
 
   Args:
-    target: the target model (its weights set the floor).
-    batch: rows decoded together.
-    ar_step_s: seconds of one autoregressive step (all rows, one token each).
-    spec_iteration_s: seconds of one speculative iteration.
+    ar_step_s, spec_iteration_s: seconds of an AR step, a speculative iteration.
     verify_call_s: seconds of one target call over gamma + 1 tokens.
-    draft_call_s: seconds of one draft model call over 1 token; None when the
-      drafter's cost is not a model call of its own (layer skip).
-    draft_calls_per_iteration: draft model calls per iteration (0 for prompt lookup).
+    draft_call_s: seconds of one one-token draft call; None when not a model
+      call of its own (layer skip).
+    draft_calls_per_iteration: draft calls per iteration (0 for prompt lookup).
+
 
   Returns:
     `memory_bandwidth_gbs`, `matmul_gflops`, `target_weight_bytes`,

@@ -147,12 +147,11 @@ def _output_shapes(line: str) -> list[str]:
 
 
 def _roots(lines: list[str]) -> list[str]:
-  """The effective opcode of each output of a fused computation: its root's, through
-  bitcasts (a tuple root gives one per element). An update in place (a
-  dynamic-update-slice or scatter) counts as one only when the buffer it updates
-  is the fusion's own operand; one that updates a buffer the fusion computes
-  first (say a select between two caches) writes all of it, and reports the
-  opcode that computed it."""
+  """The effective opcode of each output of a fused computation: its root's,
+  through bitcasts (one per tuple element). An in-place update counts only on
+  the fusion's own operand; one on a buffer the fusion computes first (a select
+  of two caches) writes all of it and reports that buffer's opcode."""
+
   by_name = {}
   root = None
   for line in lines:

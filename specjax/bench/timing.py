@@ -164,9 +164,9 @@ def peak_memory_gb() -> float:
 
 
 def environment_info() -> dict[str, Any]:
-  """Backend, device, CPU model and cores, library versions, whether specjax's
-  CPU matmul kernel runs (`specjax.kernels.kernel_status`), the process's peak
-  memory so far and the UTC date, for a result file."""
+  """Backend, devices, CPU, library versions, `kernels.kernel_status()`, peak
+  memory and the UTC date, for a result file."""
+
   device = jax.devices()[0]
   return {
     "backend": jax.default_backend(),

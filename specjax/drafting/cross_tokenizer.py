@@ -232,6 +232,7 @@ class CrossTokenizerDrafter(CachedDrafting):
   def commit(self, state: CrossTokenizerState, commit: Commit) -> CrossTokenizerState:
     """base += draft ids of s[-2], s[-1] and the accepted tokens before the last two
     of s' (the new s[:-2]); rows that stopped keep theirs."""
+
     kept = commit.new_length - commit.old_length  # n + 1 for rows that go on
     counts = jnp.concatenate(
       [state.fed, self.tables.expansion_lengths[self._rows(commit.emitted)]], axis=1

@@ -25,9 +25,10 @@ class EarlyExitDrafter(CachedDrafting, VocabSubset):
 
   Attributes:
     target: the target (its first `adapter.cfg.exit_layer` layers run here).
-    adapter: the trained `ExitAdapter` for this target's shape.
-    confidence: stop drafting a row when q's top probability falls below this.
-    vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
+    adapter: the trained `ExitAdapter`.
+    confidence: stop drafting a row below this top probability.
+    vocab_subset: None, or `[K]` ids to draft among (FR-Spec).
+
   """
 
   target: Transformer

@@ -56,12 +56,9 @@ def children(
   sampling: SamplingParams,
   mode: str,
 ) -> tuple[jax.Array, jax.Array | None]:
-  """`count` children of each row's node from its next-token `logits [B, V]`.
-
-  Returns:
-    `(tokens [B, count] int32, q [B, V] float32 or None)`: q is the warped law
-    they were drawn from (None at temperature 0: the top-k, deterministic).
-  """
+  """`count` children of each row's node from its next-token `logits [B, V]`:
+  `(tokens [B, count] int32, q [B, V])`, q the warped law drawn from (None at
+  temperature 0: the top-k)."""
   if sampling.greedy:
     return jax.lax.top_k(logits, count)[1].astype(jnp.int32), None
   q = warp_probs(logits, sampling)
@@ -124,10 +121,10 @@ class TreeDrafter(CachedDrafting):
 
   Attributes:
     model: the draft model (or the target itself, with `num_layers`).
-    tree: the static parents of the N nodes, breadth-first (`specjax.trees`,
-      e.g. `trees.from_paths(...)`); gamma must be N.
-    tree_mode: "without_replacement" (sampled top-k, the default) or "iid".
+    tree: the static parents of the N nodes, breadth-first; gamma must be N.
+    tree_mode: "without_replacement" (the default) or "iid".
     num_layers: layers to run; None runs all of them.
+
   """
 
   model: Transformer
@@ -184,8 +181,9 @@ class TreeDrafter(CachedDrafting):
     gamma: int,
     sampling: SamplingParams,
   ) -> tuple[Proposal, KVCache]:
-    """One call on `recent` (the cache then holds s), then one per depth but the
-    last; node i is written at slot len(s) + i."""
+    """One call on `recent`, then one per depth but the last; node i at slot
+    len(s) + i."""
+
     del limit, gamma  # a tree is drafted whole
     b, tree = recent.shape[0], trees.Tree.static(self.tree)
     logits, cache = self._forward(recent, cache, jnp.ones((b, 1), jnp.int32))

@@ -74,8 +74,9 @@ class SpeculativeStats:
 
   @classmethod
   def zeros(cls, batch: int, gamma: int, draft_calls: int = 1) -> SpeculativeStats:
-    """Counters before the first iteration; the prefill counts one target call
-    and `draft_calls` draft calls (1 for a model drafter, 0 for model-free ones)."""
+    """Counters before the first iteration: the prefill's target call and
+    `draft_calls` draft calls."""
+
     z = jnp.zeros((batch,), jnp.int32)
     return cls(
       iterations=jnp.int32(0),
@@ -211,12 +212,9 @@ class SpecState:
 
 @struct.dataclass
 class ARState:
-  """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`.
-
-  `tokens` is `[B, max_new_tokens + 1]` (one slot of slack for finished rows);
-  `uniforms` `[max_new_tokens, B]` holds step i's uniform per row in row i
-  (`[0, B]` when decoding is greedy and draws nothing).
-  """
+  """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`; `tokens`
+  `[B, max_new_tokens + 1]`; `uniforms [max_new_tokens, B]`, step i's in row i
+  (`[0, B]` when greedy)."""
 
   cache: KVCache
   last: jax.Array

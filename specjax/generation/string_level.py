@@ -57,9 +57,8 @@ class StringLevelOutput(NamedTuple):
 
 @struct.dataclass
 class GivenProposal(DrafterBase):
-  """A drafter whose proposal was made outside the loop: its state is the
-  proposal, `(tokens [B, gamma], lengths [B])`, which the host sets before each
-  `speculative_step`. Deterministic (q one-hot)."""
+  """A drafter whose state is the host's proposal, `(tokens [B, gamma], lengths
+  [B])`, set before each `speculative_step` (q one-hot)."""
 
   gamma: int = struct.field(pytree_node=False)
   vocab_size: int = struct.field(pytree_node=False)
@@ -107,9 +106,9 @@ def _draft(
   steps: int,
   sampling: SamplingParams,
 ) -> tuple[jax.Array, KVCache]:
-  """Feeds `feed [B, W]` (row b's first `feed_lengths[b]` >= 1 ids) after each row's
-  cache, then generates `steps` ids: `([B, steps] draft ids, cache)`, the cache
-  holding all but the last generated id."""
+  """Feeds row b's first `feed_lengths[b]` >= 1 ids of `feed [B, W]`, then
+  generates `steps` ids: `([B, steps] ids, cache)` (all but the last fed)."""
+
   draft = nnx.merge(graph, params)
   logits, cache = draft.forward_cached(feed, cache, (feed_lengths - 1)[:, None])
   cache = cache.with_lengths(cache.lengths - feed.shape[1] + feed_lengths)

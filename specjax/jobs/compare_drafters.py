@@ -106,9 +106,8 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
 
 
 def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[str, Any]]:
-  """(label, drafter) of every chain drafter of `config`, in the table's order:
-  the draft model, prompt lookup, layer skip, the heads (`heads`, by kind) and
-  their FR-Spec twins, and the cross-tokenizer draft (TLI, then SLEM)."""
+  """(label, drafter) of every chain drafter of `config`, in the table's order."""
+
   drafters = [("draft model", draft)]
   if config.ngram:
     lookup = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
@@ -133,8 +132,8 @@ def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[
 
 
 def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
-  """The token-tree variants' fields: the draft model and the heads drafting the
-  best static tree of each size (`config.trees`), then EAGLE-2's dynamic trees."""
+  """The token-tree variants' fields: static trees (`config.trees`), then EAGLE-2's."""
+
   tree_drafters = {"draft model": draft, **{HEAD_NAMES[k]: d for k, d in heads.items()}}
   names = ("draft model", *HEAD_NAMES.values())
   out = []

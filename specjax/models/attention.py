@@ -111,9 +111,9 @@ def _pallas_decode(
   scale: float | None,
   tiling: tuple[int, int, bool],
 ) -> jax.Array:
-  """`attend` of one query per row (T == 1) through the Pallas decode kernel,
-  which reads slots `start <= s < stop` of each row (`mask_span`): the caller
-  guarantees that run is the mask (no token tree)."""
+  """`attend` of one query per row through the Pallas decode kernel over slots
+  `start <= s < stop` (`mask_span`; the caller guarantees that run is the mask)."""
+
   from jax.experimental.pallas.ops.gpu import decode_attention  # imports Triton bindings
 
   b, _, n, h = q.shape

@@ -22,10 +22,9 @@ class KVCache:
   """Per-layer keys and values plus per-row lengths.
 
   Attributes:
-    k: tuple of L arrays `[B, K, S, H]` (heads before slots: the layout the
-      attention matmuls read without a transpose), or for scanned layers one
-      stacked `[B, L, K, S, H]` array (rows first: the serving engine moves
-      rows leaf by leaf).
+    k: tuple of L arrays `[B, K, S, H]` (heads before slots: no transpose for
+      attention), or one stacked `[B, L, K, S, H]` array (scanned layers).
+
     v: like k.
     lengths: `[B]` int32, valid slots per row (= position of the next token).
   """

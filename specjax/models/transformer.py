@@ -290,9 +290,8 @@ def run_blocks(
   position lengths + depth - 1; `lengths` is not advanced.
 
   Returns:
-    `(x [B, T, D], cache, features)`: the cache with lengths + T (unchanged for a
-    tree); features are the block outputs after the layer counts in
-    `feature_layers` (1 = after the first).
+    `(x [B, T, D], cache, features)`: lengths + T (not for a tree); features the
+    outputs after the layer counts `feature_layers` (1 = after the first).
   """
   if isinstance(blocks, ScannedBlocks):  # runs the cache's first layers (layer skip)
     if cache.num_layers > len(blocks):
@@ -475,10 +474,10 @@ class Transformer(nnx.Module):
         token tree over the cached prefix (`run_blocks`).
 
     Returns:
-      `(logits [B, T or R, V] float32, cache)` with the new keys/values written
-      and `lengths` advanced by T (not for a tree), then the features if
-      `return_hidden`. Roll back by `cache.with_lengths(...)`.
+      `(logits [B, T or R, V] float32, cache)` (lengths + T, not for a tree),
+      then the features if `return_hidden`.
     """
+
     t = tokens.shape[1]
     _, positions, _ = _layout(cache, t, tree)
     x = self._embed(tokens, positions)

@@ -1,8 +1,7 @@
 """Small laws worked by hand, then sampled through specjax's own verifiers.
 
-- The explainers' one-token examples: a draft q and a target p over {A, B};
-  acceptance of A is min(1, p(A)/q(A)), a rejection resamples from
-  normalize(max(0, p - q)), and the output law is p.
+- The explainers' one-token examples: q and p over {A, B}; the output law is p.
+
 - Sun et al.'s binary toy (block verification, arXiv 2403.10444): p = (1/3,
   2/3), q = (2/3, 1/3) at every position, gamma = 2: 10/9 expected accepted
   tokens with token verification, 11/9 with block verification.

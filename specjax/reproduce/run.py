@@ -112,8 +112,8 @@ def corpus_documents(tokenizer, max_files: int = 0, root: str | None = None) -> 
 
 def corpus_draft(config, output_dir: str, progress: Callable[[str], None]):
   """The corpus-trained draft: `config.corpus_draft.run` if it holds a trained
-  run, else trained there (or in output_dir) first with `config.corpus_draft.train`
-  (configs/train_draft.py's recipe), evaluated and saved once, at the end."""
+  run, else trained there (or in output_dir) first with `config.corpus_draft.train`."""
+
   from specjax.training import train
   from specjax.training.checkpoint import has_checkpoints, load_trained_model
 
@@ -169,8 +169,8 @@ def _drafters(config, target, draft, tokenizer, output_dir, progress) -> tuple[d
 
 def variants(config) -> list[Variant]:
   """Every drafter at config.gamma; the distilled draft at each γ of config.gammas,
-  and with block verification at config.gamma and T > 0 (where "auto" is token
-  verification; at T = 0 both rules accept exactly the argmax matches)."""
+  and with block verification at config.gamma and T > 0 (at T = 0 both rules
+  accept exactly the argmax matches)."""
   out = [Variant(name, config.gamma) for name in config.drafters]
   out += [Variant(DISTILLED, g) for g in config.gammas if g != config.gamma]
   sampled = tuple(t for t in config.temperatures if t > 0)
