@@ -37,6 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_new_tokens = 0
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
   config.seed = 0
+  # Log-probabilities: the most alternatives a request may ask for (completions'
+  # `logprobs`, chat's `top_logprobs`); 0 records none (and computes nothing).
+  config.logprobs = 5
   config.stop_at_eos = True  # requests stop at the checkpoint's EOS ids
   # The HTTP server.
   config.host = "127.0.0.1"

@@ -7,7 +7,9 @@
 
   curl localhost:8000/v1/completions -d '{"prompt": "def add(a, b):\\n", "max_tokens": 32}'
   curl -N localhost:8000/v1/completions -d '{"prompt": "import os\\n", "stream": true}'
-  curl localhost:8000/health; curl localhost:8000/metrics
+  curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'
+  curl localhost:8000/v1/models; curl localhost:8000/health
+  curl localhost:8000/metrics          # Prometheus text format (/metrics.json: the JSON)
 
 Prompt buckets and the per-request token budget are fitted to the model's
 context unless set (`--config.prompt_buckets`, `--config.max_new_tokens`; values

@@ -1,19 +1,11 @@
 """Sampling warps: logits -> the probabilities that are sampled *and* verified.
 
-Exact speculative decoding needs q to be the very distribution each draft token
-was drawn from, and p the target's distribution after the same warp. So one
-function, `warp_probs`, turns logits into probabilities for draft and target
-alike, and `sample` draws from those probabilities, never from raw logits.
-
-Settings come in two forms: `SamplingParams`, static (one warp for the whole
-batch, a jit static argument), and `RowSampling`, data (`[B]` arrays: each row
-its own temperature, top-k and top-p in one compiled program, as a server
-needs). `warp_probs` takes either.
-
-Order of the warps (as in Hugging Face's logits processors): temperature, then
-top-k, then top-p. Temperature 0 means greedy: the warp is one-hot at the argmax
-(lowest index on ties), so every verifier reduces to argmax matching.
-All arithmetic is float32, whatever dtype the model computes in.
+Exactness needs q to be the very law each draft token was drawn from and p the
+target's after the same warp, so `warp_probs` serves draft and target alike and
+`sample` draws from its probabilities, never raw logits. Settings are static
+(`SamplingParams`) or per-row data (`RowSampling`). Warps run temperature, then
+top-k, then top-p (as Hugging Face's); temperature 0 is one-hot at the argmax
+(lowest index on ties). All arithmetic is float32.
 """
 
 from __future__ import annotations
@@ -38,12 +30,10 @@ class SamplingParams:
   """Static sampling settings (hashable, so they can be jit static arguments).
 
   Attributes:
-    temperature: finite, >= 0; 0 (or anything below `MIN_TEMPERATURE`, about
-      1.2e-38) means greedy decoding.
-    top_k: keep the k most likely tokens; 0 disables the filter. Tokens tied
-      with the k-th logit are kept too.
-    top_p: nucleus mass in (0, 1]; 1 disables the filter. Keeps the smallest
-      set of most likely tokens whose mass reaches top_p.
+    temperature: finite, >= 0; below `MIN_TEMPERATURE` (~1.2e-38): greedy.
+    top_k: keep the k most likely tokens (and ties with the k-th); 0: off.
+    top_p: keep the smallest most-likely set of mass >= top_p, in (0, 1]; 1: off.
+
   """
 
   temperature: float = 1.0
@@ -79,13 +69,9 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @struct.dataclass
 class RowSampling:
-  """Per-row sampling settings as data: row b is warped with
-  `SamplingParams(temperature[b], top_k[b], top_p[b])`.
-
-  A pytree of `[B]` arrays, so settings change without recompiling and greedy
-  and sampled rows share one batch (a greedy row's warp is one-hot, which
-  every sampling verifier turns into exact argmax decoding). Build it with
-  `RowSampling.of`, which checks every row.
+  """Per-row sampling settings as data (a pytree of `[B]` arrays): row b is warped
+  with `SamplingParams(temperature[b], top_k[b], top_p[b])`, greedy and sampled
+  rows in one program. Build it with `RowSampling.of`, which checks every row.
 
   Attributes:
     temperature: `[B]` float32, >= 0 (below `MIN_TEMPERATURE`: greedy).
@@ -182,12 +168,9 @@ def warp_probs(logits: jax.Array, params: SamplingParams | RowSampling) -> jax.A
 
 
 def _warp_rows(logits: jax.Array, params: RowSampling) -> jax.Array:
-  """`warp_probs` with per-row settings: the same warps in the same order, each
-  switched on per row by data.
-
-  The top-k and top-p thresholds are found by bisection over the float32 bit
-  patterns (32 masked counts or sums over V) instead of a sort: XLA's sort on
-  CPU costs about 100x more at V = 4096. Each runs only when some row asks for it.
+  """`warp_probs` with per-row settings. Top-k and top-p thresholds come from
+  bisection over float32 bit patterns, not a sort (XLA:CPU's sort costs ~100x at
+  V = 4096); each runs only when some row asks for it.
   """
   v = logits.shape[-1]
 
@@ -241,24 +224,16 @@ def _largest_with(x: jax.Array, holds) -> jax.Array:
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-  """Draws one token per row from probabilities `[..., V]` -> int32 `[...]`.
-
-  Inverse-CDF sampling: one uniform per row and a cumulative sum, instead of the
-  V Gumbel variates of `jax.random.categorical` (far less random-bit work per
-  draw); see `sample_with_uniform`.
-  """
+  """Draws one token per row from probabilities `[..., V]` -> int32 `[...]`, by
+  inverse CDF (one uniform per row, not V Gumbel variates)."""
   return sample_with_uniform(jax.random.uniform(key, probs.shape[:-1], jnp.float32), probs)
 
 
 def sample_with_uniform(u: jax.Array, probs: jax.Array) -> jax.Array:
-  """`sample` with its uniform given: `u [...]` in [0, 1), `probs [...,  V]` -> int32 `[...]`.
+  """`sample` with its uniform given: `u [...]` in [0, 1), `probs [..., V]` -> int32
+  `[...]`: the first positive-probability token whose cumulative mass exceeds
+  u * total (a zero-probability token is never drawn)."""
 
-  Callers that need several random numbers per step draw them in one call and
-  pass them here (one random-bit computation instead of one per draw). The
-  first token whose cumulative mass exceeds u * total is taken, among tokens
-  of positive probability only, so a zero-probability token is never drawn
-  even if the cumsum rounds unevenly.
-  """
   cdf = jnp.cumsum(probs, axis=-1)
   threshold = u[..., None].astype(probs.dtype) * cdf[..., -1:]
   hit = (cdf > threshold) & (probs > 0)

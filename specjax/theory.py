@@ -37,12 +37,10 @@ def speedup_from_tokens(
   tokens_per_iteration: float, draft_steps: float, c: float, verify_cost: float = 1.0
 ) -> float:
   """S = tokens_per_iteration / (draft_steps c + verify_cost): `predicted_speedup`
-  with the tokens an iteration emits given (measured) instead of E(alpha, gamma).
-
-  For drafters with no closed form for their accepted length (token trees,
-  whose `draft_steps` are their nodes; host loops, whose draft steps are the
-  draft model's calls per iteration).
+  with measured tokens per iteration instead of E(alpha, gamma) (token trees:
+  `draft_steps` their nodes; host loops: the draft's calls per iteration).
   """
+
   _check_costs(c, verify_cost)
   return tokens_per_iteration / (draft_steps * c + verify_cost)
 

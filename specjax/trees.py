@@ -1,31 +1,12 @@
 """Token trees: one type, `Tree`, its builders, and the attention mask of a tree block.
 
-A tree of N drafted nodes knows each node's parent and its depth. Node i continues
-node `parents[i]`, or the root (-1, the last committed token); a parent comes
-before its children. `Tree` holds the parents as `[1, N]` numpy constants for a
-tree every row shares (`Tree.static(parents)`, from a static tuple: one compiled
-program per tree, whose masks and depths fold into constants), or as `[B, N]`
-data for a tree per row (`Tree.per_row`, what EAGLE-2's dynamic drafting,
-`DynamicTree`, proposes). Tree attention, the target's scoring call and
-`verify.tree_verify` read either the same way. Rows sharing a static tree differ
-only in their tokens (a node a drafter cannot fill, e.g. a second top-k child
-where q has one non-zero entry, gets q = 0 and is never accepted).
-
-Drafters state their static trees as tuples of parents. Tree drafters also need
-the nodes in breadth-first order (depth never decreases), so that each depth is
-one contiguous slice: one model call per depth.
-
-Builders (static tuples):
-  chain(g)                  g nodes in a line: what chain drafting proposes
-  from_paths(paths)         Medusa-style sparse trees from child-rank paths
-  full(branching)           every node of depth d has branching[d] children
-  best(rank_acceptance, n)  the n nodes of highest estimated acceptance (Sequoia/
-                            Medusa-style static trees from per-rank acceptance rates)
-
-In a cached forward a tree block is written at consecutive cache slots
-(`tree_attention`): node j attends to the row's cached prefix, its ancestors and
-itself, at position prefix + depth - 1, so every root-to-node path is scored as
-if it were a plain sequence.
+Node i continues node `parents[i]`, or the root (-1, the last committed token); a
+parent comes before its children. `Tree` holds the parents as `[1, N]` numpy
+constants shared by every row (`Tree.static`) or `[B, N]` data, a tree per row
+(`Tree.per_row`, EAGLE-2's `DynamicTree`). Tree drafters need breadth-first order
+(one contiguous slice, one model call, per depth). Builders of static tuples:
+`chain`, `from_paths` (Medusa), `full`, `best` (Sequoia/Medusa-style). The guide:
+docs/trees.md.
 """
 
 from __future__ import annotations
@@ -44,12 +25,10 @@ class Tree:
   """A token tree of N nodes: each node's parent, and a static bound on the depth.
 
   Attributes:
-    parents: `[1, N]` int32 numpy constants, one tree for every row (static, part
-      of the compiled program; `Tree.static`), or `[B, N]` int32 data, a tree per
-      row (`Tree.per_row`). parents[b, i] is node i's parent, -1 the root, with
-      -1 <= parents[b, i] < i; in a per-row tree a node that breaks this, or is
-      deeper than `depth`, is never accepted.
-    depth: static int, no node is deeper (the longest path; 0 for no nodes).
+    parents: `[1, N]` int32 numpy constants (`Tree.static`) or `[B, N]` int32 data
+      (`Tree.per_row`); -1 <= parents[b, i] < i, -1 the root. In a per-row tree a
+      node that breaks this, or is deeper than `depth`, is never accepted.
+    depth: static int, no node is deeper (0 for no nodes).
   """
 
   def __init__(self, parents: np.ndarray | jax.Array, depth: int):
@@ -84,8 +63,8 @@ class Tree:
     return Tree(xp.concatenate([root, self.parents + 1], axis=1).astype(np.int32), self.depth + 1)
 
   def depths(self) -> np.ndarray | jax.Array:
-    """`[1 or B, N]` int32 depth of every node (a child of the root has depth 1; a
-    node whose parent is not before it gets depth + 1, deeper than any path)."""
+    """`[1 or B, N]` int32 depth of every node (root's children: 1; a node whose
+    parent is not before it: depth + 1, deeper than any path)."""
     xp, parents = self._xp, self.parents
     b, n = parents.shape
     depths = []
@@ -115,7 +94,7 @@ class Tree:
 
   def earlier_siblings(self, c: int) -> tuple[list[int], np.ndarray | jax.Array]:
     """The nodes before `c` that may share its parent: `(columns, same [1 or B, k])`,
-    `same` saying in which rows each one does (a static tree names just its siblings)."""
+    `same` saying in which rows each does."""
     same = self.parents[:, :c] == self.parents[:, c : c + 1]
     if self._xp is np:
       columns = np.flatnonzero(same[0]).tolist()
@@ -159,12 +138,10 @@ def as_tree(tree: Tree | tuple[int, ...], name: str = "parents") -> Tree:
 class DynamicTree:
   """EAGLE-2's dynamic tree, in static shapes (Li et al. 2024, arXiv 2406.16858).
 
-  Each depth expands the `expand` most valuable nodes of the one before with
-  `branch` children each; after `depth` levels the `size` most valuable nodes
-  form the row's tree (`Tree.per_row`). A node's value is its parent's plus the log
-  of the parent's `rank`-th largest draft probability (rank: its place among
-  its siblings), the cumulative draft log-probability at temperature 0. It never
-  depends on the node's own drawn token, which keeps sampled verification exact.
+  Each depth expands the `expand` most valuable nodes with `branch` children
+  each; the `size` most valuable form the row's tree. A node's value is its
+  parent's plus the log of the parent's rank-th largest draft probability, never
+  its own drawn token (which keeps sampled verification exact; docs/trees.md).
   """
 
   size: int
@@ -186,12 +163,8 @@ class DynamicTree:
 
 
 def check_parents(parents, name: str = "parents") -> tuple[int, ...]:
-  """Checks a static tree and returns it as a tuple of ints.
-
-  Raises:
-    ValueError naming `name` unless it is a tuple of ints with
-    -1 <= parents[i] < i (-1: a child of the root; a parent precedes its children).
-  """
+  """A static tree checked as a tuple of ints with -1 <= parents[i] < i (else a
+  ValueError naming `name`)."""
   if not isinstance(parents, tuple) or not all(
     isinstance(u, (int, np.integer)) and not isinstance(u, bool) for u in parents
   ):
@@ -209,8 +182,8 @@ def check_parents(parents, name: str = "parents") -> tuple[int, ...]:
 
 
 def check_drafting_tree(parents, name: str = "tree") -> tuple[int, ...]:
-  """`check_parents`, plus what tree drafters need: at least one node, breadth-first
-  order (depths never decrease), so each depth is one contiguous slice."""
+  """`check_parents`, plus at least one node in breadth-first order (tree drafters)."""
+
   parents = check_parents(parents, name)
   depths = tree_depths(parents)
   if not parents or any(a > b for a, b in itertools.pairwise(depths)):
@@ -261,11 +234,9 @@ def chain(length: int) -> tuple[int, ...]:
 
 
 def from_paths(paths: Sequence[Sequence[int]]) -> tuple[int, ...]:
-  """A tree from child-rank paths (Medusa's "choices"): `(0,)` is the root's first
-  child, `(0, 1)` that node's second child. Every prefix of a path must be there,
-  and a node's children ranks must be 0, 1, ... without gaps (child k is the k-th
-  draw from its parent's law). Nodes come out in breadth-first order.
-  """
+  """A breadth-first tree from child-rank paths (Medusa's "choices"): `(0, 1)` is
+  the root's first child's second child. Paths must be prefix-closed, ranks
+  0, 1, ... without gaps."""
   unique = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
   index = {(): -1}
   parents = []
@@ -295,16 +266,9 @@ def full(branching: Sequence[int]) -> tuple[int, ...]:
 
 
 def best(rank_acceptance: Sequence[float], size: int, max_depth: int = 16) -> tuple[int, ...]:
-  """The static tree of `size` nodes that maximises expected accepted length.
-
-  With `rank_acceptance[k]` the chance that a node's k-th child (k-th draft
-  candidate) is the one the target keeps, a node reached by ranks r_1..r_d is on
-  the accepted path with probability prod a[r_i] (treating depths as
-  independent), and the expected number of accepted tokens is the sum over the
-  tree's nodes. The best tree of a size takes the nodes of highest such product:
-  prefix-closed and gap-free when the rates do not increase with k (ties break
-  toward shallow, low ranks). Greedy tree verification follows exactly this
-  model; sampled verification approximately.
+  """The static tree of `size` nodes that maximises expected accepted length: the
+  nodes of highest product of `rank_acceptance` along their path (depths taken
+  as independent; ties toward shallow, low ranks).
 
   Args:
     rank_acceptance: rates by child rank, in (0, 1], non-increasing.
@@ -337,23 +301,16 @@ def tree_attention(
   stop: int,
   sliding_window: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Where nodes `start..stop-1` of a tree block go, and what they may read.
+  """Where nodes `start..stop-1` (static) of a tree block go, and what they read.
 
-  The block's N nodes occupy cache slots `lengths[b] + i` (node i); a call may
-  write one slice of them (tree drafters go one depth per call). Node j reads the
-  row's prefix (slots < lengths[b]) and the slots of its ancestors and itself.
-
-  Args:
-    lengths: `[B]` int32, each row's cached prefix (not advanced by tree calls).
-    capacity: cache slots per row (static).
-    tree: the block's `Tree` (its root -1 continues the prefix).
-    start, stop: the nodes this call writes (static).
-    sliding_window: the model's window, if any; applied to positions.
+  Node i occupies slot `lengths[b] + i` and reads the prefix (slots <
+  `lengths [B]`), its ancestors and itself; `sliding_window` applies to positions.
 
   Returns:
-    `(starts [B], positions [B, T], mask [B, T, capacity])` with T = stop - start:
-    where the call writes, the positions lengths + depth - 1, and the mask.
+    `(starts [B], positions [B, T], mask [B, T, capacity])`, T = stop - start,
+    positions lengths + depth - 1.
   """
+
   slots = jnp.arange(capacity, dtype=jnp.int32)
   offset = slots[None, :] - lengths[:, None]  # [B, S]: node index of each slot
   n = tree.num_nodes

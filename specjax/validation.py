@@ -51,10 +51,8 @@ LOOPS = ("while", "chunked")
 
 
 def check_loop(loop, loop_chunk, prefix: str = "") -> tuple[str, int]:
-  """`(loop, loop_chunk)` of a generation loop, checked: `loop` one of `LOOPS`
-  ("while" checks for finished rows after every iteration, "chunked" after
-  every `loop_chunk` of them) and `loop_chunk` an integer >= 1; errors name
-  them with `prefix` (a launcher's "config.")."""
+  """`(loop, loop_chunk)` checked: `loop` one of `LOOPS`, `loop_chunk` an integer
+  >= 1; errors name them with `prefix` (a launcher's "config.")."""
   if not isinstance(loop, str) or loop not in LOOPS:
     raise ValueError(f"{prefix}loop must be one of {LOOPS}, got {loop!r}.")
   return loop, check_positive_int(f"{prefix}loop_chunk", loop_chunk)
@@ -91,9 +89,9 @@ def check_token_ids(name: str, ids, vocab_size: int) -> np.ndarray:
 
 
 def check_eos_ids(name: str, value, vocab_size: int) -> int | tuple[int, ...] | None:
-  """None, one id, or a non-empty sequence of distinct ids (checkpoints may list
-  several EOS ids), each an int in [0, vocab_size); one id stays an int, several
-  become a tuple (static, hashable)."""
+  """None, one id (an int), or a tuple of distinct ids from a non-empty sequence,
+  each in [0, vocab_size)."""
+
   if value is None or is_int(value):
     return check_token_id(name, value, vocab_size)
   try:

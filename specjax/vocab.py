@@ -25,10 +25,7 @@ def pad_vocab(probs: jax.Array, vocab_size: int, fill: float = 0.0) -> jax.Array
 
 
 def fit_ids(tokens: jax.Array, vocab_size: int) -> jax.Array:
-  """Maps ids a model's vocabulary lacks to 0 before feeding them to it.
+  """Maps ids a model's vocabulary lacks to 0 before feeding them to it (the
+  draft's q is still its proposal's law, so exactness is unaffected)."""
 
-  With draft and target of different vocabulary sizes the other model can emit
-  such ids. Whatever the draft reads, its q is still the law its proposal was
-  drawn from, so exactness is unaffected.
-  """
   return jnp.where(tokens < vocab_size, tokens, 0)

@@ -1,31 +1,13 @@
 """Two tokenizers' vocabularies mapped onto each other, for drafting across tokenizers.
 
-Two ids are the same token only when they stand for the same text. This module
-reads each id's bytes from a `tokenizers` tokenizer and builds the static tables
-`specjax.drafting.CrossTokenizerDrafter` needs inside the jitted loop:
-
-  token_bytes(tokenizer)       the bytes of every id; None for specials and ids with
-                               no text of their own
-  build_vocab_map(draft_tok, target_tok, ...) -> VocabMap
-    draft_to_target [V_d]      the target id of the same bytes (the intersection), -1 off it
-    target_to_draft [V_t]      the inverse, -1 off the intersection
-    expansion [V_t, L]         each target id as draft ids (the same text), padded
-    expansion_lengths [V_t]    how many of them, in [1, L]
-
-How bytes are read: byte-level BPEs (GPT-2, Llama 3, Qwen, the tokenizers
-specjax trains) map each byte to a printable character, inverted here;
-SentencePiece-style vocabularies (Llama 2, Mistral, Gemma) write a space as
-"▁" and may fall back to byte tokens "<0x41>", which are one byte each; other
-vocabularies are read as their UTF-8 strings. Special tokens (`added_tokens` marked
-special) have no bytes: they are never in the intersection.
-
-How a target id becomes draft ids (the expansion): an id in the intersection
-is its one draft id; any other text is the draft tokenizer's own encoding when
-that decodes to exactly the same bytes, else the longest-match split over the
-draft's byte strings (a byte the draft cannot spell at all becomes its `<unk>`,
-counted in `VocabMap.uncovered`). An id with no bytes (a special token, an id
-past the tokenizer: a model's padding rows) becomes the draft special of the
-same name when there is one, else the draft's first special token (else id 0).
+Two ids are the same token only when they stand for the same bytes: `token_bytes`
+reads them (byte-level BPE, SentencePiece "▁" and "<0x41>" byte fallback, else
+UTF-8; specials have none) and `build_vocab_map` builds the `VocabMap` tables
+`specjax.drafting.CrossTokenizerDrafter` needs. A target id outside the
+intersection expands to the draft's own encoding when it gives back the same
+bytes, else a longest-match split (unspellable bytes: `<unk>`); an id without
+bytes to the draft special of the same name, else the first special (else id 0).
+The guide: docs/cross_tokenizer.md.
 """
 
 from __future__ import annotations
@@ -80,8 +62,8 @@ def _decoder_types(spec: dict | None) -> list[dict]:
 
 
 def token_bytes(tokenizer: Any) -> list[bytes | None]:
-  """The bytes each id of `tokenizer` stands for, `[tokenizer size]` (see the module
-  docstring); None for special tokens."""
+  """The bytes each id of `tokenizer` stands for; None for special tokens."""
+
   backend = backend_of(tokenizer)
   spec = json.loads(backend.to_str())
   decoders = _decoder_types(spec.get("decoder"))
@@ -122,15 +104,14 @@ class VocabMap:
   """The static tables of one draft/target tokenizer pair (numpy, int32).
 
   Attributes:
-    draft_to_target: `[V_d]` the target id with the same bytes, -1 off the
-      intersection (one-to-one on it).
-    target_to_draft: `[V_t]` the inverse, -1 off the intersection.
-    expansion: `[V_t, L]` each target id as draft ids, padded with the fallback.
-    expansion_lengths: `[V_t]` in [1, L].
+    draft_to_target: `[V_d]` the target id of the same bytes, -1 off the
+      intersection; target_to_draft `[V_t]` the inverse.
+    expansion: `[V_t, L]` each target id as draft ids, padded with the fallback;
+      expansion_lengths `[V_t]` in [1, L].
     shared: ids in the intersection.
-    uncovered: bytes of target ids the draft could not spell (fed as `<unk>`).
-    fallback: the draft id an id with no text of its own (and no draft special
-      of its name) becomes.
+    uncovered: bytes the draft could not spell (fed as `<unk>`).
+    fallback: the draft id of an id without text or a same-named special.
+
   """
 
   draft_to_target: np.ndarray

@@ -337,9 +337,9 @@ def test_warmup_times_runs_of_live_rows_and_leaves_no_trace(pair, monkeypatch):
   engine = Engine(target, draft, CONFIG, eos_ids=7)
   step, calls = programs.step, []
 
-  def recording(target, drafter, state, key, *, gamma, width, config):
+  def recording(target, drafter, state, key, *args, gamma, width, config):
     calls.append((gamma, width, bool(not np.asarray(state.spec.done).any())))
-    return step(target, drafter, state, key, gamma=gamma, width=width, config=config)
+    return step(target, drafter, state, key, *args, gamma=gamma, width=width, config=config)
 
   monkeypatch.setattr(programs, "step", recording)
   engine.warmup(timed_runs=1)

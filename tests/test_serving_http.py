@@ -123,7 +123,7 @@ def test_health_and_metrics(client):
   assert health["policy"] == "adaptive" and health["max_prompt_len"] == 32
   assert health["max_new_tokens"] == 16
   _complete(client, max_tokens=4)
-  metrics = client.get("/metrics").json()
+  metrics = client.get("/metrics.json").json()
   assert metrics["requests"]["completed"] >= 1 and metrics["tokens"] >= 4
   for key in ("ttft_s", "tpot_s"):
     assert set(metrics[key]) == {"mean", "p50", "p90", "p99"} and metrics[key]["p99"] > 0
@@ -136,7 +136,10 @@ def test_health_and_metrics(client):
   [
     (b'{"prompt": "x", ', None, "not valid JSON"),
     (b'["x"]', None, "must be a JSON object"),
-    ({"prompt": "x", "seed": 1}, "seed", "seed is not a supported field"),
+    ({"prompt": "x", "echo": True}, "echo", "echo is not a supported field"),
+    ({"prompt": "x", "logprobs": 1}, "logprobs", "logprobs: this engine records none"),
+    ({"prompt": "x", "seed": "1"}, "seed", "seed: Input should be a valid integer"),
+    ({"prompt": "x", "stop": [1]}, "stop", "stop must be a string or a list of strings"),
     ({"max_tokens": 4}, "prompt", "prompt is required"),
     (
       {"prompt": "x", "max_tokens": 0},
@@ -231,7 +234,7 @@ def test_disconnect_mid_stream_frees_the_slot(served, client):
   url, background = served
   engine = background.engine
   expected = _complete(client, max_tokens=16).json()["choices"][0]["text"]
-  cancelled = client.get("/metrics").json()["requests"]["cancelled"]
+  cancelled = client.get("/metrics.json").json()["requests"]["cancelled"]
   _slow_steps(engine, 0.05)  # 16 tokens take at least 0.8 s: the client leaves first
   try:
     with httpx.Client(base_url=url, timeout=30) as leaving:
@@ -242,7 +245,7 @@ def test_disconnect_mid_stream_frees_the_slot(served, client):
     _wait_idle(background)
   finally:
     del engine.step
-  metrics = client.get("/metrics").json()["requests"]
+  metrics = client.get("/metrics.json").json()["requests"]
   assert metrics["cancelled"] == cancelled + 1 and metrics["live"] == 0
   # The server carries on: the same greedy request gives the same text.
   assert _complete(client, max_tokens=16).json()["choices"][0]["text"] == expected
@@ -280,7 +283,9 @@ def start_server() -> subprocess.Popen:
   """The tiny server on a free port (`.port`), its output in a file (`.log`)."""
   port = _free_port()
   with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
+    # logprobs=0: the module's engine, whose programs are in the compilation cache.
     overrides = [f"--config.{k}={v}".replace(" ", "") for k, v in ENGINE.items()]
+    overrides.append("--config.logprobs=0")
     process = subprocess.Popen(
       [sys.executable, "-m", "experiments.serve", "--config.model=tiny", f"--config.port={port}"]
       + overrides,

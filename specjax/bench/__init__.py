@@ -1,19 +1,5 @@
-"""Measurement: timing, the machine's floor, kernel counts, costs and generation benchmarks.
-
-  timing      `time_calls` (warm-up, then interleaved timed runs; `Timing`),
-              `compile_ahead`, `free_compiled_programs`, `memory_map_count`,
-              `environment_info`, `random_prompts`
-  costs       `call_seconds`, `drafting_seconds`, `prefill_timing`,
-              `long_prompt_prefill`, `draft_cost`, and `predict_speedup`: the one
-              place measured times become c and Leviathan's predicted speedup
-  floor       the machine's floor (`machine_floor`, `memory_bandwidth_gbs`,
-              `matmul_gflops`) and a model's (`model_floor`, `weight_bytes`,
-              `matmul_floor_seconds`), `floor_fields`
-  hlo         kernels per loop body of a compiled program (`loop_kernels`), what
-              the loop bodies execute (`hlo_ops`), cache-sized copies among it
-              (`cache_copies`), loops' known trip counts (`trip_counts`)
-  generation  `benchmark_generation`: autoregressive against speculative decoding
-  iteration   `profile_iteration`: where one speculative iteration's time goes
+"""Measurement: timing, the machine's floor, kernel counts (HLO), costs and
+generation benchmarks; how and why: docs/performance.md.
 
 Imports point down: timing <- floor, costs <- generation; hlo, costs <- iteration.
 """

@@ -1,17 +1,9 @@
 """Compiling a decode program: how long it takes and how many kernels a step launches.
 
-Both are read from shapes alone: the models are abstract (`nnx.eval_shape`, no
-weights allocated), so a 7B-shaped program compiles on a laptop.
-
-  decode_kernels(cfg)    kernels per layer and per decode step of
-                         autoregressive decoding (compiled HLO, `bench.hlo`)
-  compile_seconds(...)   time to trace, lower and compile the autoregressive
-                         and speculative programs, JAX's caches bypassed
-
-Kernels per layer are counted exactly: for unrolled layers, the decode loop
-body of a 2-layer model minus that of a 1-layer model of the same widths; for
-scanned layers, the body of the layer loop (plus nothing: its loop counter is
-one of its kernels).
+Both from abstract models (`nnx.eval_shape`), so a 7B-shaped program compiles on
+a laptop: `decode_kernels(cfg)` (kernels per layer: unrolled, a 2-layer decode
+body minus a 1-layer one; scanned, the layer loop's body) and
+`compile_seconds(...)` (JAX's caches bypassed).
 """
 
 from __future__ import annotations
@@ -128,10 +120,9 @@ def timed_compile(lower) -> tuple[float, float, object]:
 
 
 def _decode_body(compiled_text: str, nested: bool = False) -> str:
-  """The decode loop's body: among the while bodies (those holding a loop of
-  their own when `nested`: the scanned layers' loop), the one with the most
-  kernels (the model's; prefill runs outside any loop or, scanned, in a loop of
-  its own that holds none)."""
+  """The decode loop's body: the while body (holding a loop of its own when
+  `nested`: scanned layers) with the most kernels (prefill runs outside it)."""
+
   counts = hlo.kernel_counts(compiled_text)
   bodies = hlo.while_bodies(compiled_text)
   if nested:
@@ -156,7 +147,8 @@ def decode_kernels(
 
   Returns:
     `{"kernels_per_layer", "kernels_per_step", "scanned", "top_layer_ops"}`:
-    per layer (exact, see the module docstring), the whole step of a
+    per layer (exact), the whole step of a
+
     `cfg.n_layers`-deep model (the decode loop body, the layer loop's body
     counted once per layer when scanned), and the layer's five most frequent
     opcodes.
@@ -216,10 +208,10 @@ def compile_seconds(
   max_new_tokens: int = 64,
   gamma: int = 4,
 ) -> dict:
-  """Seconds to trace + lower and to compile the autoregressive program of
-  `target_cfg` and (with `draft_cfg`) the speculative program of the pair, from
-  abstract models, JAX's caches bypassed. Keys: `ar_lower_s`, `ar_compile_s`,
+  """Seconds to trace + lower and to compile the AR program of `target_cfg` and
+  (with `draft_cfg`) the pair's speculative one: `ar_lower_s`, `ar_compile_s`,
   `spec_lower_s`, `spec_compile_s`."""
+
   target = abstract_model(target_cfg)
   out = {}
   lower_s, compile_s, _ = timed_compile(

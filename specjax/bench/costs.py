@@ -1,14 +1,7 @@
 """What a model call and a drafter cost, and the speedup Leviathan's formula predicts.
 
-`call_seconds` times N cached model calls inside one jitted `fori_loop`,
-`drafting_seconds` a drafter's proposal and commit, `prefill_timing` the time
-to first token. `predict_speedup` is the one place measured times become the
-cost ratio c, the verification's cost and the predicted speedup
-(`specjax.theory`'s formula); `draft_cost` measures those times for a target
-and a drafter and calls it.
-
-Axis letters as in `specjax.models.config`: B batch, T tokens per call, P prompt
-width, S cache capacity, V vocabulary.
+`predict_speedup` is the one place measured times become the cost ratio c, the
+verification's cost and the predicted speedup (`specjax.theory`).
 """
 
 from __future__ import annotations
@@ -89,20 +82,16 @@ def call_seconds(
   num_runs: int = 3,
   tree: tuple[int, ...] | None = None,
 ) -> float:
-  """Median seconds of one `model.forward_cached` call over `tokens_per_call` tokens.
-
-  The cache is first prefilled with the prompts (so attention reads a realistic
-  prefix, and spans the same S slots as in generation); then `num_steps` calls
-  run in one jitted `fori_loop`, and the loop's median time is divided by
-  `num_steps`. Only the model call is timed: no warp or sampling.
+  """Median seconds of one `model.forward_cached` call over `tokens_per_call`
+  tokens after a prefill: `num_steps` calls in one jitted `fori_loop`, divided.
 
   Args:
     prompts: `[B, P]` int32; prompt_lengths `[B]`.
-    tokens_per_call: T, 1 for a decode step, gamma + 1 for a verification.
-    capacity: cache slots S; needs max(prompt_lengths) + T <= S.
+    tokens_per_call: T (1: a decode step, gamma + 1: a verification).
+    capacity: cache slots S >= max(prompt_lengths) + T.
     num_steps: N calls per timed loop.
-    tree: None (a chain), or the static parents of a `tokens_per_call`-token
-      block scored with tree attention (-1 for the block's root).
+    tree: None, or the static parents of a tree-attention block (-1: its root).
+
   """
   check_positive_int("tokens_per_call", tokens_per_call)
   if tree is not None and len(tree) != tokens_per_call:
@@ -128,10 +117,8 @@ def call_seconds(
 def _drafting_loop(target, drafter, state, *, config, num_steps: int):
   """`num_steps` x (propose gamma tokens, commit them) from one prefilled state.
 
-  The commit marks every row as stopped, so the drafter's lengths stay where
-  they were (constant work per step, never past the capacity), but its state
-  is still carried from step to step: otherwise a greedy proposal, which reads
-  no key, would be loop-invariant and XLA would hoist it out of the loop.
+  Every row is committed as stopped (constant work per step), but the state is
+  still carried, or XLA would hoist a greedy proposal out of the loop.
   """
   b, g = state.recent.shape[0], config.gamma
   features = drafter.target_features
@@ -175,12 +162,8 @@ def drafting_seconds(
   num_runs: int = 3,
 ) -> float:
   """Median seconds a drafter spends per speculative iteration: proposing
-  `gamma` tokens for every row and committing a fully accepted block.
-
-  Divided by gamma and by one target decode step (`call_seconds(target, 1)`)
-  it is Leviathan's cost ratio c of that drafter. Prompt lookup's is the cost
-  of its host-free lookup; a feature drafter's commit includes its head call.
-  """
+  `gamma` tokens for every row and committing a fully accepted block (a
+  feature drafter's commit includes its head call)."""
   check_positive_int("gamma", gamma)
   check_positive_int("num_steps", num_steps)
   config = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
@@ -219,25 +202,18 @@ def predict_speedup(
   tokens_per_iteration: float | None = None,
   draft_steps: float | None = None,
 ) -> dict[str, float]:
-  """The cost ratio c, the verification's cost and the predicted speedup, from
-  measured times: the one place measurements become Leviathan's prediction.
-
-  c = drafting_s / (draft_steps * target_step_s) and verify_cost = verify_s /
-  target_step_s; the speedup is `theory.predicted_speedup(alpha, gamma, c,
-  verify_cost)` or, given `tokens_per_iteration` instead of alpha,
-  `theory.speedup_from_tokens(tokens_per_iteration, draft_steps, c, verify_cost)`.
+  """The cost ratio c = drafting_s / (draft_steps * target_step_s), verify_cost =
+  verify_s / target_step_s and the speedup `theory.predicted_speedup` (or, given
+  `tokens_per_iteration`, `theory.speedup_from_tokens`) predicts.
 
   Args:
-    gamma: drafted tokens per iteration (a token tree's nodes).
-    target_step_s: seconds of one target call over 1 token.
-    verify_s: seconds of one target call over gamma + 1 tokens.
-    drafting_s: the drafter's seconds per iteration: all its draft model calls,
-      or its whole proposal and commit.
+    target_step_s, verify_s: seconds of a target call over 1 and gamma + 1 tokens.
+    drafting_s: the drafter's seconds per iteration.
     alpha: the measured acceptance rate (clipped to 1); or
-    tokens_per_iteration: the measured tokens per iteration, for drafters whose
-      accepted length has no closed form (token trees, host loops).
-    draft_steps: what c is per: None for the gamma drafted tokens (Leviathan's
-      c), or a host loop's draft calls per iteration.
+    tokens_per_iteration: measured, where no closed form exists (trees, host loops).
+    draft_steps: None (c per drafted token, gamma of them), or a host loop's
+      draft calls per iteration.
+
 
   Returns:
     `{"c", "verify_cost", "predicted_speedup"}`.
@@ -270,17 +246,13 @@ def draft_cost(
   """Leviathan's cost ratio c of `draft`, the verification's cost, and the
   speedup they predict with the measured acceptance rate (`predict_speedup`).
 
-  `draft` is a `Transformer` (its one-token step is timed, times the draft
-  calls per iteration in `stats`, a speculative run's `stats.summary()`) or any
-  other drafter (its whole proposal + commit is timed by `drafting_seconds`:
-  prompt lookup's lookup, a head's forward calls). The target's one-token
-  step and its `gamma + 1`-token verification are timed by `call_seconds`.
+  A `Transformer` draft's one-token step is timed (times the draft calls per
+  iteration in `stats`, a run's `stats.summary()`); any other drafter's
+  proposal + commit (`drafting_seconds`).
 
   Returns:
-    `target_step_s`, `verify_s`, `draft_call_s` (one draft call, or a
-    drafter's proposal + commit per drafted token), `draft_calls_per_iteration`,
-    `c` (drafting one token / one target step), `verify_cost` (verify_s /
-    target_step_s) and `predicted_speedup`.
+    `target_step_s`, `verify_s`, `draft_call_s` (per draft call, or per drafted
+    token), `draft_calls_per_iteration`, `c`, `verify_cost`, `predicted_speedup`.
   """
   capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)  # as speculative_generate
   step = functools.partial(
@@ -325,13 +297,9 @@ def draft_cost(
 def long_prompt_prefill(
   target: Transformer, draft: Transformer | None, batch: int, width: int = 512, num_runs: int = 3
 ) -> dict[str, Any]:
-  """Time to first token for a long prompt: each model's jitted prefill of `width` tokens.
+  """Time to first token for a long prompt: each model's jitted prefill of `width`
+  random ids (None for a model whose `max_seq_len` is below `width`)."""
 
-  Random ids, every row full width; the cache holds exactly the prompt, so the
-  models' `max_seq_len` must be >= width (smaller models report None). The
-  speculative loop's first token needs the target's prefill; its first
-  iteration also needs the draft's.
-  """
   out: dict[str, Any] = {"long_prompt_tokens": width}
   for name, model in (("target", target), ("draft", draft)):
     if model is None or model.cfg.max_seq_len < width:

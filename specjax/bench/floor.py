@@ -1,22 +1,10 @@
 """The machine's floor for decoding: what a model call cannot beat on this hardware.
 
-A decode step of a small batch reads every weight once and does little
-arithmetic per byte, so its floor is set by how fast the machine streams the
-weights and runs the same matrix products. Three measurements:
-
-  memory_bandwidth_gbs()       bytes/s of a jitted copy of a large array
-  matmul_gflops()              float32 throughput of one large square product
-  matmul_floor_seconds(model)  the model's own matrix products alone: the same
-                               weight shapes, dtype and batch, in a jitted loop,
-                               without attention, norms, RoPE or sampling
-
-`ar_over_floor` = autoregressive seconds per step / bandwidth floor (weight
-bytes / measured memory bandwidth): how far a real decode step is from
-streaming its weights once, the floor of a memory-bound step.
-`ar_over_matmul_floor` = the same step / the matmul floor: how much of it is
-not the products themselves. Timing follows
-`specjax.bench.timing`: one warm-up, median of the timed runs, N calls inside
-one jitted `lax.fori_loop` divided by N.
+A small-batch decode step reads every weight once, so its floor is how fast the
+machine streams them (`memory_bandwidth_gbs`) and runs the same products
+(`matmul_floor_seconds`: the model's products alone). `ar_over_floor` and
+`ar_over_matmul_floor` say how far a real step is from each
+(docs/performance.md, "Where decode time goes, and the floor").
 """
 
 from __future__ import annotations
@@ -46,12 +34,8 @@ def weight_bytes(model: Transformer) -> int:
 
 
 def memory_bandwidth_gbs(megabytes: int = 256, num_steps: int = 8, num_runs: int = 5) -> float:
-  """Measured read + write bandwidth in GB/s: `x -> x + 1` over a float32 array.
-
-  The array (default 256 MB) is far larger than any cache, so this is the
-  rate of main memory, the rate at which weights that do not fit in cache
-  stream. Each step reads and writes it once: 2 * size bytes.
-  """
+  """Main-memory read + write bandwidth in GB/s: `x -> x + 1` over a float32 array
+  far larger than any cache (2 * size bytes a step)."""
   check_positive_int("megabytes", megabytes)
   n = megabytes * 2**20 // 4
 
@@ -141,8 +125,7 @@ def matmul_floor_seconds(
   model: Transformer, batch: int, tokens_per_call: int = 1, num_steps: int = 64, num_runs: int = 5
 ) -> float:
   """Seconds of one call's matrix products alone: `[batch * tokens_per_call, D]`
-  activations through every layer's projections and the output head, with the
-  model's weights (its dtype, resident as in decoding) and nothing else."""
+  through every projection and the head, with the model's own weights."""
   check_positive_int("batch", batch)
   check_positive_int("tokens_per_call", tokens_per_call)
   layers, head = _kernels(model)
@@ -181,25 +164,21 @@ def floor_fields(
   """How far decoding is from the machine's floor (the measurements above).
 
   Args:
-    target: the target model (its weights set the floor).
-    batch: rows decoded together.
-    ar_step_s: seconds of one autoregressive step (all rows, one token each).
-    spec_iteration_s: seconds of one speculative iteration.
+    ar_step_s, spec_iteration_s: seconds of an AR step, a speculative iteration.
     verify_call_s: seconds of one target call over gamma + 1 tokens.
-    draft_call_s: seconds of one draft model call over 1 token; None when the
-      drafter's cost is not a model call of its own (layer skip).
-    draft_calls_per_iteration: draft model calls per iteration (0 for prompt lookup).
+    draft_call_s: seconds of one one-token draft call; None when not a model
+      call of its own (layer skip).
+    draft_calls_per_iteration: draft calls per iteration (0 for prompt lookup).
+
 
   Returns:
-    `memory_bandwidth_gbs`, `matmul_gflops` (the machine), the target's
-    `target_weight_bytes`, `target_bandwidth_floor_ms` (weight bytes at that
-    bandwidth), `target_matmul_floor_ms` (its products alone at this batch),
-    `ar_over_floor` (an autoregressive step over the bandwidth floor),
-    `ar_over_matmul_floor` (the same step over the matmul floor), and
-    `spec_overhead_fraction`: the share of a speculative iteration that is
-    neither the drafter's forward calls nor the target's verification call
-    (None when the drafter's calls are not measured).
+    `memory_bandwidth_gbs`, `matmul_gflops`, `target_weight_bytes`,
+    `target_bandwidth_floor_ms`, `target_matmul_floor_ms`, `ar_over_floor`,
+    `ar_over_matmul_floor` and `spec_overhead_fraction` (the share of an
+    iteration that is neither drafting nor verification calls; None when the
+    drafter's calls are not measured).
   """
+
   machine = machine_floor(num_runs)
   floor_s = matmul_floor_seconds(target, batch, num_runs=num_runs)
   weights = weight_bytes(target)

@@ -1,10 +1,6 @@
-"""Autoregressive against speculative decoding, measured with the costs that predict
-the speedup: what `specjax.jobs.benchmark` (`experiments/benchmark.py`) runs.
-
-Timing follows `specjax.bench.timing`; costs and the prediction come from
-`specjax.bench.costs`, the floor from `specjax.bench.floor`.
-
-Axis letters as in `specjax.models.config`: B batch, P prompt width.
+"""Autoregressive against speculative decoding, with the costs that predict the
+speedup (`bench.costs`) and the floor (`bench.floor`): what
+`specjax.jobs.benchmark` runs.
 """
 
 from __future__ import annotations
@@ -45,23 +41,18 @@ def benchmark_generation(
 ) -> dict[str, Any]:
   """Measures autoregressive vs speculative decoding and the costs that predict it.
 
-  Runs without an EOS, so every row generates exactly `max_new_tokens` tokens
-  and ms per token is a whole call's time / max_new_tokens.
+  No EOS: every row generates exactly `max_new_tokens` tokens.
 
   Args:
     target, draft: the models; the same object twice benchmarks a perfect draft
-      (then c is 1 by definition and is not measured separately).
+      (c is then 1 and not measured).
     prompts: `[B, P]` int32; prompt_lengths `[B]`.
-    gamma: drafted tokens per iteration.
-    max_new_tokens: budget per row.
-    sampling: warp shared by both decoders.
-    key: PRNG key, the same for every run (runs are then identical).
+    key: PRNG key, the same for every run.
     num_runs: timed runs of each measurement (after one warm-up call).
     step_timing_steps: N model calls per loop in the per-call cost timings.
-    loop, loop_chunk: the generation loops' `loop` and `loop_chunk` ("while"
-      or "chunked"; `speculative_generate`).
-    progress: called with a line as each measurement starts (with the seconds
-      since the call began); None: quiet.
+    loop, loop_chunk: as in `speculative_generate`.
+    progress: called with a line as each measurement starts; None: quiet.
+
 
   Returns:
     A JSON-ready dict; see `_result`'s keys. `*_ms` are milliseconds.

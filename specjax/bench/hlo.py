@@ -1,18 +1,9 @@
 """Counting what a compiled program executes: kernels per loop body, from its HLO.
 
-XLA runs a jitted program as a sequence of kernels ("thunks" on CPU): each
-fusion, dot, gather, dynamic-update-slice, custom call or copy of the top-level
-computations is one launch with a fixed cost, whatever its size. On a small
-model that fixed cost, not arithmetic, is what a decode step spends outside
-its matrix products, so the count of those kernels per loop iteration is the
-number to drive down. Instructions that launch nothing (parameters, constants,
-tuples, bitcasts) are not counted; fused computations and reduction bodies are
-folded into the instruction that calls them.
-
-`hlo_ops` lists what the loop bodies execute with each output's size, and
-`cache_copies` picks out the instructions that rewrite a cache-sized buffer
-whole (a copy, select, concatenate or transpose) instead of updating it in
-place: the check that a decode loop's caches are written in place.
+Each launching instruction of a top-level computation is one kernel of fixed
+cost; `hlo_ops` lists what the loop bodies execute, `cache_copies` what
+rewrites a cache-sized buffer whole. Why these counts matter:
+docs/performance.md ("How `specjax.bench` measures").
 """
 
 from __future__ import annotations
@@ -123,11 +114,9 @@ class HloOp(NamedTuple):
   Attributes:
     body: the loop-body computation it runs in (or one that body calls).
     name: the instruction's name; `name#i` for output i of a multi-output fusion.
-    opcode: its opcode ("fusion" for a fusion).
-    effective: what it computes: the opcode itself, or for a fusion the fused
-      computation's root (through bitcasts), e.g. "copy", "dynamic-update-slice".
-    shape: the output's shape, e.g. "f32[2,1,2056,16]".
-    bytes: the output's size in bytes.
+    opcode: its opcode; effective: a fusion's root opcode (through bitcasts).
+    shape, bytes: the output's, e.g. "f32[2,1,2056,16]".
+
   """
 
   body: str
@@ -158,12 +147,11 @@ def _output_shapes(line: str) -> list[str]:
 
 
 def _roots(lines: list[str]) -> list[str]:
-  """The effective opcode of each output of a fused computation: its root's, through
-  bitcasts (a tuple root gives one per element). An update in place (a
-  dynamic-update-slice or scatter) counts as one only when the buffer it updates
-  is the fusion's own operand; one that updates a buffer the fusion computes
-  first (say a select between two caches) writes all of it, and reports the
-  opcode that computed it."""
+  """The effective opcode of each output of a fused computation: its root's,
+  through bitcasts (one per tuple element). An in-place update counts only on
+  the fusion's own operand; one on a buffer the fusion computes first (a select
+  of two caches) writes all of it and reports that buffer's opcode."""
+
   by_name = {}
   root = None
   for line in lines:
@@ -235,11 +223,10 @@ def hlo_ops(compiled_text: str, entry: bool = False) -> list[HloOp]:
       that is not donated is copied on the way in.
 
   Returns:
-    One `HloOp` per output of each instruction of every loop body (and of the
-    computations a body calls: nested loops, conditionals), in program order;
-    fusions report their fused root's opcode as `effective`. Instructions that
-    launch nothing (parameters, constants, tuples, bitcasts) are left out.
+    One `HloOp` per output of each launching instruction of every loop body
+    (and the computations it calls), in program order.
   """
+
   comps = computations(compiled_text)
   roots = _ENTRY.findall(compiled_text) if entry else []
   owner = _loop_computations(comps, roots)
@@ -264,13 +251,9 @@ def hlo_ops(compiled_text: str, entry: bool = False) -> list[HloOp]:
 
 
 def cache_copies(compiled_text: str, min_bytes: int, entry: bool = False) -> list[HloOp]:
-  """The loop-body outputs that rewrite a buffer of at least `min_bytes` whole.
-
-  An in-place cache write is a `dynamic-update-slice` or `scatter` (or a fusion
-  rooted in one); a copy, select, concatenate or transpose (`WHOLE_BUFFER_OPS`)
-  of a cache-sized buffer reads and writes all of it every iteration. Pass one
-  layer's K (or V) cache size in bytes as `min_bytes`, and choose shapes where
-  no other buffer in the loop is that large.
+  """The loop-body outputs that rewrite a buffer of at least `min_bytes` whole
+  (`WHOLE_BUFFER_OPS`, not an in-place update). Pass one layer's K cache size,
+  with shapes where no other buffer in the loop is that large.
   """
   return [
     op

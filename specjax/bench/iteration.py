@@ -1,8 +1,7 @@
 """Where one speculative iteration's time goes: each part timed alone, and the
 kernels each loop body launches (`specjax.bench.hlo`).
 
-Each part runs `repeats` times inside one jitted `fori_loop` (no dispatch
-overhead), median of `num_runs` after a warm-up (`specjax.bench.timing`):
+Each part runs `repeats` times inside one jitted `fori_loop`:
   target_forward_{1,gamma_plus_1}_ms   the target's forward over 1 and gamma + 1 tokens
   draft_forward_1_ms                   one draft call
   draft_propose_ms                     a whole proposal (gamma calls, warp and sampling)
@@ -11,11 +10,8 @@ overhead), median of `num_runs` after a warm-up (`specjax.bench.timing`):
   rest_of_iteration_ms                 spec - propose - score_verify: the commit
   overhead_fraction                    share of an iteration that is neither model's forward
 
-and from the compiled programs, the kernels each loop body launches: an
-autoregressive step, a speculative iteration (around its draft loop) and one
-draft call of the proposal loop.
-
-Axis letters as in `specjax.models.config`: P prompt width, V vocabulary.
+and, from the compiled programs, the kernels of an AR step, a speculative
+iteration and one draft call.
 """
 
 from __future__ import annotations
@@ -135,12 +131,10 @@ def profile_iteration(
   Args:
     target, draft: the pair; the draft drafts with `ModelDrafter`.
     prompts: `[1, P]` int32, one row; lengths `[1]`.
-    gamma, max_new_tokens, temperature: the decoding profiled (greedy
-      verification at temperature 0, token verification above).
-    repeats: iterations of each part's jitted loop.
-    num_runs: timed runs per part (median).
-    trace_dir: also write a `jax.profiler` trace of one speculative generate
-      call there (TensorBoard / Perfetto).
+    gamma, max_new_tokens, temperature: the decoding profiled.
+    repeats: iterations of each part's jitted loop; num_runs: runs (median).
+    trace_dir: also write a `jax.profiler` trace of one generate call there.
+
   """
   check_positive_int("gamma", gamma)
   check_positive_int("repeats", repeats)

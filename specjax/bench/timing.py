@@ -1,20 +1,6 @@
-"""Timing rules and helpers shared by every measurement in `specjax.bench`.
-
-Rules:
-  * every timed call ends in `jax.block_until_ready`, so a time covers the device
-    work and not just the asynchronous dispatch;
-  * one warm-up call (trace + compile + run) precedes the timed runs, and the
-    median of the timed runs is reported: robust to a noisy neighbour on a
-    shared machine, where the mean is not;
-  * the cost of one model call is measured as N calls inside one jitted
-    `lax.fori_loop`, divided by N, so the per-call dispatch overhead is
-    amortised the way it is inside the real `lax.while_loop`
-    (`specjax.bench.costs`);
-  * jitted helpers take the models as pytrees, as the generate functions do.
-
-Sweeps that compile variant after variant free each one's programs
-(`free_compiled_programs`) and hold their baseline outside JAX's caches
-(`compile_ahead`).
+"""Timing rules and helpers shared by every measurement in `specjax.bench`: every
+timed call blocked on, one warm-up, the median of the timed runs. The rules and
+why: docs/performance.md ("How `specjax.bench` measures").
 """
 
 from __future__ import annotations
@@ -42,20 +28,11 @@ from specjax.validation import check_positive_int
 def free_compiled_programs() -> None:
   """Drops every compiled program in JAX's caches and collects the garbage.
 
-  Each XLA:CPU executable keeps memory mappings of its code (300 to 700 for a
-  speculative program on the bundled pair), and they go only with the program.
-  A process that compiles variant after variant passes the kernel's limit
-  (`vm.max_map_count`, 65,530 by default) and dies inside a later compile
-  ("Cannot allocate memory", then a segmentation fault). Sweeps call this after
-  each variant, once they hold no reference to its programs.
-
-  Only the executables go: traced jaxprs and lowered modules stay cached, so a
-  freed program that is called again skips tracing and lowering (about 40% of
-  its cost on a CPU; the tests share programs across modules this way) and is
-  compiled again, or read back from the persistent compilation cache where one
-  is configured. Programs compiled ahead of time that the caller still holds
-  (`compile_ahead`) survive. On a JAX whose private caches differ from the
-  ones named here, every cache is cleared (`jax.clear_caches`) instead.
+  Each XLA:CPU executable holds memory mappings until it goes, and a sweep of
+  many variants would pass `vm.max_map_count` (docs/performance.md). Only the
+  executables go (traced and lowered modules stay cached); programs held from
+  `compile_ahead` survive. On a JAX whose private caches differ from the ones
+  named here, every cache is cleared (`jax.clear_caches`) instead.
   """
   for clear in _executable_cache_clears():
     clear()
@@ -83,14 +60,10 @@ def _executable_cache_clears() -> list[Callable[[], None]]:
 
 
 def compile_ahead(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-  """`fn` compiled now for arguments like `args` and `kwargs`, held outside JAX's caches.
-
-  The executable lives as long as the returned function, through
-  `free_compiled_programs`: a sweep's baseline (autoregressive decoding, timed
-  next to each variant in turn) compiles once. Every argument, positional or
-  keyword, is traced (arrays and pytrees, models included); bind static
-  options with `functools.partial` or a closure. Call it with arguments of the
-  same shapes, dtypes and pytree structure, passed the same way.
+  """`fn` compiled now for arguments like `args` and `kwargs`, held outside JAX's
+  caches (it survives `free_compiled_programs`). Every argument is traced; bind
+  static options with `functools.partial`. Call it with arguments of the same
+  shapes, dtypes and structure, passed the same way.
   """
   return jax.jit(fn).lower(*args, **kwargs).compile()
 
@@ -122,11 +95,9 @@ class Timing:
 
   @property
   def compile_s(self) -> float:
-    """First call minus a steady call: an estimate of trace + compile time.
+    """First call minus a steady call: trace + compile time, clamped at 0 (a
+    persistent-cache hit)."""
 
-    Clamped at 0: with a persistent compilation cache hit the difference is
-    noise around zero.
-    """
     return max(0.0, self.first_s - self.median_s)
 
 
@@ -139,11 +110,8 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def time_calls(
   fns: Mapping[str, Callable[[], Any]], num_runs: int
 ) -> tuple[dict[str, Timing], dict[str, Any]]:
-  """Times several zero-argument functions, one warm-up call each, then `num_runs` rounds.
-
-  The rounds interleave the functions (a, b, a, b, ...) rather than running
-  each back to back, so a slow phase of a shared machine hits all of them
-  alike and their ratio stays fair.
+  """Times several zero-argument functions, one warm-up call each, then `num_runs`
+  interleaved rounds (a, b, a, b, ...).
 
   Args:
     fns: name -> function returning a pytree of arrays (blocked on).
@@ -168,11 +136,8 @@ def time_calls(
 def random_prompts(
   key: jax.Array, batch_size: int, width: int, vocab_size: int
 ) -> tuple[jax.Array, jax.Array]:
-  """Uniform random token ids `[batch_size, width]` int32 and lengths `[batch_size]`.
-
-  Every row is full width, so timings do not depend on padding. For synthetic
-  (random-weight) models, where real text would mean nothing.
-  """
+  """Uniform random token ids `[batch_size, width]` int32 and full-width lengths
+  `[batch_size]`, for random-weight models."""
   check_positive_int("batch_size", batch_size)
   check_positive_int("width", width)
   check_positive_int("vocab_size", vocab_size)
@@ -199,9 +164,9 @@ def peak_memory_gb() -> float:
 
 
 def environment_info() -> dict[str, Any]:
-  """Backend, device, CPU model and cores, library versions, whether specjax's
-  CPU matmul kernel runs (`specjax.kernels.kernel_status`), the process's peak
-  memory so far and the UTC date, for a result file."""
+  """Backend, devices, CPU, library versions, `kernels.kernel_status()`, peak
+  memory and the UTC date, for a result file."""
+
   device = jax.devices()[0]
   return {
     "backend": jax.default_backend(),

@@ -28,7 +28,6 @@ from specjax.data.corpus import SPLITS, corpus_files, read_source
 from specjax.data.tokenizer import Tokenizer
 
 _DTYPE = np.uint16
-_TOKEN_BYTES = np.dtype(_DTYPE).itemsize
 
 
 def tokenizer_sha256(tokenizer: Tokenizer) -> str:
@@ -193,6 +192,43 @@ def prepare_splits(
   return paths
 
 
+def prepare_file_splits(
+  data_dir: str,
+  paths: list[str],
+  tokenizer: Tokenizer,
+  eos_id: int,
+  template=None,
+  every: int = 10,
+  log: Callable[[str], None] = print,
+) -> dict[str, str]:
+  """`<data_dir>/{train,validation}.bin` of the documents of `paths`
+  (`specjax.data.files`), encoded once; an encoded data dir is checked instead
+  against `tokenizer` and the files (ValueError naming what differs)."""
+  from specjax.data import files
+
+  out = {split: os.path.join(data_dir, f"{split}.bin") for split in SPLITS[:2]}
+  if all(os.path.isfile(meta_path(p)) for p in out.values()):
+    for p in out.values():
+      check_tokenizer(p, tokenizer, log)
+    meta = read_meta(out["train"])
+    if meta.get("every") != every:  # None: not encoded from files (the corpus?)
+      raise ValueError(
+        f"config.data.dir: {data_dir} holds token files not encoded from config.data.files "
+        f"with validation_every={every}; name a new data directory."
+      )
+    files.check_sources(meta["sources"], paths, data_dir)
+    return out
+  os.makedirs(data_dir, exist_ok=True)
+
+  def write(split, tokens, meta):
+    _write_atomically(out[split], tokens.tofile)
+    write_meta(out[split], {**meta, "tokens": int(tokens.size), **tokenizer_record(tokenizer)})
+    log(f"encoded {split}: {meta['documents']} documents -> {tokens.size:,} tokens")
+
+  files.encode_files(paths, tokenizer, eos_id, template, every, write)
+  return out
+
+
 class TokenDataset:
   """A memory-mapped token array with deterministic batch sampling.
 
@@ -204,23 +240,25 @@ class TokenDataset:
   def __init__(self, path: str):
     if not os.path.isfile(path):
       raise FileNotFoundError(f"token file not found: {path}")
+    self.path = path
+    self.meta = read_meta(path)
+    # uint16 unless the meta says otherwise (uint32 for vocabularies past 65,536 ids).
+    dtype = np.dtype((self.meta or {}).get("dtype", _DTYPE))
     size = os.path.getsize(path)
-    if size % _TOKEN_BYTES:
+    if size % dtype.itemsize:
       raise ValueError(
-        f"{path} is {size} bytes, not a multiple of {_TOKEN_BYTES} "
-        f"({np.dtype(_DTYPE).name} token ids): it is truncated."
+        f"{path} is {size} bytes, not a multiple of {dtype.itemsize} "
+        f"({dtype.name} token ids): it is truncated."
       )
     if not size:
       raise ValueError(f"{path} holds no tokens.")
-    self.path = path
-    self.meta = read_meta(path)
-    count = size // _TOKEN_BYTES
+    count = size // dtype.itemsize
     if self.meta is not None and self.meta.get("tokens", count) != count:
       raise ValueError(
         f"{path} holds {count} tokens but {meta_path(path)} records "
         f"{self.meta['tokens']}: the file is truncated or was overwritten."
       )
-    self.tokens = np.memmap(path, dtype=_DTYPE, mode="r")
+    self.tokens = np.memmap(path, dtype=dtype, mode="r")
 
   def __len__(self) -> int:
     return int(self.tokens.size)

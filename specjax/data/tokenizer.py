@@ -52,8 +52,9 @@ class Tokenizer:
   def encode(self, text: str) -> list[int]:
     return self._backend.encode(text).ids
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in self._backend.encode_batch(list(texts))]
+  def encode_batch(self, texts: Sequence[str], special: bool = True) -> list[list[int]]:
+    """Ids of each text; `special=False` adds no BOS (rendered chats carry their own)."""
+    return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=special)]
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`; special tokens are dropped."""

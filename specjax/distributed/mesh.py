@@ -1,16 +1,10 @@
 """Device meshes and the logical-axis rules that place arrays on them.
 
-Layers annotate parameters with logical axis names (`embed`, `heads`,
-`kv_heads`, `mlp`, `vocab`); caches and batches use `batch`, `cache_heads`,
-`cache_seq`, `head_dim`. One rules table maps each name to a mesh axis (or
-None: replicated). The default is tensor parallelism over `model` (attention
-heads, MLP hidden, vocabulary) and data parallelism over `data` (batch, and the
-KV caches' rows).
-
-Axis type: `AxisType.Auto`. The model code stays free of sharding types: XLA's
-partitioner propagates the shardings of the inputs (parameters placed by
-`shard_model`, batches by `shard_batch`) and of the few constraints
-`constrain` adds, so the same jitted programs run on one device or a mesh.
+A rules table maps logical axis names (`embed`, `heads`, ..., `batch`,
+`cache_seq`) to mesh axes (None: replicated): by default tensor parallelism over
+`model`, data parallelism over `data`. Axis type `AxisType.Auto`: XLA propagates
+the inputs' shardings, so the same programs run on one device or a mesh
+(docs/scale_out.md).
 """
 
 from __future__ import annotations
@@ -65,9 +59,9 @@ def make_mesh(
   `devices`: the devices to use, or an int n for the first n of `jax.devices()`
   (None: all global devices; the shape must then account for every one).
 
-  A mesh gives one device's samples for the same key only when random bits do not
-  depend on sharding, i.e. with `jax_threefry_partitionable` (JAX's default since
-  0.5); the mesh is refused when a program has turned it off.
+  Refused when `jax_threefry_partitionable` is off (samples would then depend
+  on the sharding).
+
   """
   if not jax.config.jax_threefry_partitionable:
     raise ValueError(

@@ -30,12 +30,9 @@ def shard_model(
   rules: Mapping[str, str | None] = LOGICAL_RULES,
   replicate: bool = False,
 ) -> nnx.Module:
-  """`model` with every parameter placed by the rules (or replicated on the mesh).
+  """A new `model` with every parameter placed by the rules, or replicated
+  (`replicate=True`: a small draft then drafts without communication)."""
 
-  Returns a new module; `model` is left as it was. A draft model is small:
-  `replicate=True` keeps a full copy on every device, so drafting needs no
-  communication.
-  """
   graphdef, state = nnx.split(model)
   if replicate:
     shardings = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), state)

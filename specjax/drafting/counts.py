@@ -1,17 +1,13 @@
 """Count-based drafters: unigram and bigram language models of a corpus.
 
-Leviathan et al. (2023, Table 3) measure the acceptance rate of the weakest
-drafts there are, a unigram and a bigram model of the training data, next to
-small transformers; these are those drafts. `count_drafter` counts token ids of
-a corpus (documents never run into each other) into a table of log q:
+Leviathan et al.'s (2023, Table 3) weakest drafts. `count_drafter` counts a
+corpus's token ids (within documents) into a table of log q:
 
   order 1: q(x) = (n(x) + k / V) / (N + k)                     `[V]`
   order 2: q(x | y) = (n(y, x) + k q1(x)) / (n(y) + k)          `[V, V]`
 
-(additive smoothing with k = `smoothing` pseudo-counts, the bigram backing off to
-the unigram). Drafting samples each token from the warped row of the table and
-reports that law as q, so token, block and tree verification stay exact at any
-temperature, top-k or top-p; no model runs (calls = 0).
+(k = `smoothing` pseudo-counts). Drafting samples from the warped row and
+reports it as q, so verification stays exact; no model runs (calls = 0).
 """
 
 from __future__ import annotations
@@ -100,8 +96,8 @@ def count_drafter(
       (bigrams are counted within a document only).
     vocab_size: V, the target's vocabulary size.
     order: 1 or 2.
-    smoothing: k > 0 pseudo-counts (see the module docstring); every id keeps
-      q > 0, so no target token is impossible to draft.
+    smoothing: k > 0 pseudo-counts; every id keeps q > 0.
+
 
   Raises:
     ValueError: a bad order, smoothing or vocabulary size, an id outside

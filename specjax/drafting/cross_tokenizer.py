@@ -1,38 +1,16 @@
 """Drafting with a model of another tokenizer: token-level intersection (TLI).
 
-Timor et al. 2025 (arXiv 2502.05202), TLI: the draft's law restricted to the
-tokens whose text exists in both vocabularies, renormalised, is a law over
-target ids (`specjax.vocab_map`: one target id per shared draft id). Drafts
-are drawn from it and verified as usual; q is exactly the law they were drawn
-from, so token and block verification stay exact at any temperature, and at
-temperature 0 the output is the target's greedy decoding.
+Timor et al. 2025 (arXiv 2502.05202): the draft's law restricted to the tokens
+whose text both vocabularies hold, renormalised, is a law over target ids
+(`specjax.vocab_map`), so verification stays exact at any temperature.
 
-Keeping the draft on the committed text. The draft reads the committed
-sequence s (target ids) in its own ids: D(s) is the concatenation of each
-target id's expansion (`VocabMap.expansion`, the same text in draft ids; a
-shared id is its one draft id). Every drafted token is a shared id, one draft
-id each, so what the draft fed while drafting is already D of the accepted
-prefix; only the verifier's own token may be any target id, and the next
-iteration feeds its expansion. The draft's cache is thus kept in step by
-bookkeeping, as a same-tokenizer draft's is: it holds D(s[:-2]) (`base`
-slots), and each iteration first feeds D(s[-2]) D(s[-1]) (at most 2L ids, L =
-`VocabMap.max_expansion`, one static shape) and reads the logits after the
-last of them.
-
-Why not re-tokenise the committed text canonically? That needs the text's
-bytes and a BPE inside the loop (data-dependent shapes) or a host round trip
-per iteration (`specjax.generation.string_level_generate` is that design).
-D(s) spells the same text as the canonical encoding, split at the target's
-token boundaries; a draft trained on D of the target's own tokens (the
-bundled cross draft) learns exactly what it reads.
-
-The draft's cache needs up to L draft ids per committed target id, but real
-text needs far fewer (1.23 for the bundled pair, whose L is 9), and every
-draft call's cost grows with the cache (XLA rewrites whole cache buffers on
-CPU): it gets `cache_ratio` (default 2) draft slots per target slot plus 2L,
-at most the draft's max_seq_len. A row whose next
-iteration would not fit stops drafting (plain decoding for that row; the
-output is unchanged).
+The draft reads the committed sequence s as D(s), each target id's expansion in
+draft ids (`VocabMap.expansion`). Its cache holds D(s[:-2]) (`base` slots);
+each iteration first feeds D(s[-2]) D(s[-1]) (at most 2L ids, L =
+`VocabMap.max_expansion`, one static shape). The cache gets `cache_ratio` draft
+slots per target slot plus 2L (at most max_seq_len); a row whose next iteration
+would not fit stops drafting (the output is unchanged). Why D(s) rather than a
+canonical re-tokenisation, and the measurements: docs/cross_tokenizer.md.
 """
 
 from __future__ import annotations
@@ -97,12 +75,12 @@ class CrossTokenizerDrafter(CachedDrafting):
 
   Attributes:
     model: the draft model; its vocab_size must cover `draft_tokenizer`.
-    draft_tokenizer, target_tokenizer: `tokenizers.Tokenizer` or
-      `specjax.data.Tokenizer` (static: hashed by identity).
+    draft_tokenizer, target_tokenizer: static, hashed by identity.
     tables: built from the tokenizers when None (`specjax.vocab_map`).
-    confidence: the adaptive "confidence" draft length's threshold (0 = off).
-    cache_ratio: draft cache slots per target cache slot (> 0; see the module
-      docstring), static.
+    confidence: the adaptive "confidence" threshold (0 = off).
+
+    cache_ratio: draft cache slots per target cache slot (> 0), static.
+
   """
 
   model: Transformer
@@ -254,6 +232,7 @@ class CrossTokenizerDrafter(CachedDrafting):
   def commit(self, state: CrossTokenizerState, commit: Commit) -> CrossTokenizerState:
     """base += draft ids of s[-2], s[-1] and the accepted tokens before the last two
     of s' (the new s[:-2]); rows that stopped keep theirs."""
+
     kept = commit.new_length - commit.old_length  # n + 1 for rows that go on
     counts = jnp.concatenate(
       [state.fed, self.tables.expansion_lengths[self._rows(commit.emitted)]], axis=1

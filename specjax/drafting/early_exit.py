@@ -1,11 +1,8 @@
 """Early-exit self-speculation (Kangaroo, Liu et al. 2024, arXiv 2404.18911).
 
-The draft is the target's own first `exit_layer` layers, a small trained
-`ExitAdapter` (one decoder layer) and the target's final norm and head: no
-second model and no copy of the target's weights. It keeps two caches of its
-own (the first layers' and the adapter's) under the same invariant as a draft
-model (`specjax.drafting.model`), and samples exactly like one, so every
-verifier stays exact.
+The draft is the target's first `exit_layer` layers, a trained `ExitAdapter`
+(one decoder layer) and the target's final norm and head: no second model. Its
+two caches follow a draft model's invariant (`specjax.drafting.model`).
 """
 
 from __future__ import annotations
@@ -28,9 +25,10 @@ class EarlyExitDrafter(CachedDrafting, VocabSubset):
 
   Attributes:
     target: the target (its first `adapter.cfg.exit_layer` layers run here).
-    adapter: the trained `ExitAdapter` for this target's shape.
-    confidence: stop drafting a row when q's top probability falls below this.
-    vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
+    adapter: the trained `ExitAdapter`.
+    confidence: stop drafting a row below this top probability.
+    vocab_subset: None, or `[K]` ids to draft among (FR-Spec).
+
   """
 
   target: Transformer

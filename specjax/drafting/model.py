@@ -1,10 +1,8 @@
 """Drafting with a model: a small draft model, or the target's own first layers.
 
-`ModelDrafter(model)` samples gamma tokens from a small model with the same
-warp as the target. `layer_skip(target, k)` is the same drafter over the
-target's first k layers plus its final norm and head (self-speculation):
-`Transformer.forward_cached(..., num_layers=k)` on the very same parameters,
-with a k-layer cache of its own.
+`ModelDrafter(model)` samples gamma tokens from a small model with the target's
+warp; `layer_skip(target, k)` runs the target's first k layers, final norm and
+head (self-speculation) with a k-layer cache of its own.
 
 Cache invariant (as in `SpecState`): the drafter's cache holds s[:-2]; each
 iteration first feeds `recent = [s[-2], s[-1]]`, which re-syncs it after a
@@ -39,10 +37,8 @@ from specjax.vocab import fit_ids
 class CachedDrafting(ConfidenceLength):
   """`init`/`propose`/`commit` of any drafter that samples one token per cached call.
 
-  A subclass says how to make its state (`_new_state`), run a call
-  (`_forward(tokens [B, T], state, logit_indices) -> (logits [B, R, V], state)`)
-  and roll back (`_with_lengths`); `confidence` and `vocab_size` come from it.
-  The state obeys the cache invariant of the module docstring.
+  A subclass gives `_new_state`, `_forward(tokens [B, T], state, logit_indices)
+  -> (logits [B, R, V], state)`, `_with_lengths`, `confidence` and `vocab_size`.
   """
 
   prefill_calls = 1  # init runs the prompt through the drafter once
@@ -64,13 +60,11 @@ class CachedDrafting(ConfidenceLength):
     gamma: int,
     sampling: SamplingParams,
   ):
-    """Samples up to min(gamma, limit[b]) tokens per row; stops early once no
-    row needs more (every call after the first is one token per row), unless
-    the loop runs every trip (`draft_loop`).
-
-    Greedy drafts are the argmax, a deterministic proposal: no `[B, g, V]`
-    law is built for them (`Proposal.probs` is None, q one-hot).
+    """Samples up to min(gamma, limit[b]) tokens per row, stopping once no row
+    needs more (unless `draft_loop` runs every trip). Greedy drafts build no
+    `[B, g, V]` law (`Proposal.probs` None, q one-hot).
     """
+
     b, g = recent.shape[0], gamma
     greedy = sampling.greedy
     # One random-bit computation for the whole proposal: a uniform per draw.
@@ -196,10 +190,9 @@ def check_drafter(
 ) -> Drafter:
   """`as_drafter(draft)`, checked for a run before anything compiles.
 
-  The drafter's own checks (`Drafter.check_capacity` for prompts of
-  `prompt_width`, `max_new_tokens` and `gamma`; `Drafter.check_target`), and a
-  tree drafter's rule: token trees are verified by tree verification, so
-  `verifier` must be "auto" and `adaptive` None.
+  The drafter's `check_capacity` and `check_target`; a tree drafter also needs
+  `verifier` "auto" and `adaptive` None.
+
 
   Raises:
     ValueError naming the argument that cannot serve the run.

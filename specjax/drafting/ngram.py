@@ -1,15 +1,10 @@
 """Model-free drafting by prompt lookup (n-gram matching).
 
-The drafter keeps each row's committed sequence s (prompt + generated tokens)
-in a static `[B, S]` buffer. To propose, it looks for the most recent earlier
-occurrence of the last n tokens of s, for n from `max_ngram` down to
-`min_ngram`, and proposes the tokens that followed that occurrence (at most
-gamma, and only tokens already in s). Rows without a match propose nothing and
-the iteration degenerates to one exact target step.
-
-The proposal is deterministic (q is one-hot at the proposed token), so token
-and block verification stay exact under sampling: a proposed x is accepted
-with probability p(x), and the correction comes from p with x removed.
+Each row's committed sequence s sits in a static `[B, S]` buffer. The drafter
+finds the most recent earlier occurrence of s's last n tokens (n from
+`max_ngram` down to `min_ngram`) and proposes what followed it (at most gamma
+tokens); rows without a match propose nothing. The proposal is deterministic
+(q one-hot), so verification stays exact under sampling.
 """
 
 from __future__ import annotations

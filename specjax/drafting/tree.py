@@ -1,23 +1,16 @@
 """Drafting token trees: a static topology filled level by level.
 
-`draft_tree` is shared by every tree drafter. The tree (`specjax.trees`) is
-static and breadth-first; each depth is filled in one step: every node's children
-are drawn from its own q (the law of the token after it), then the drafter's
-model reads that depth's nodes (tree attention) to give their q. How siblings
-are drawn decides how they are verified (`specjax.verify.tree_verify`):
+`draft_tree` (shared by every tree drafter) fills a static breadth-first tree one
+depth per step: each node's children are drawn from its q, then the model reads
+that depth to give theirs. Siblings are drawn (and so verified, `tree_verify`):
 
-  without_replacement  sampled top-k: the first k of a Gumbel-top-k draw, i.e.
-                       k sequential draws from q without replacement (distinct
-                       children; a child past q's support is dead, q = 0)
+  without_replacement  the first k of a Gumbel-top-k draw (distinct; a child
+                       past q's support is dead, q = 0)
   iid                  k independent draws from q (SpecInfer)
-  temperature 0        the top-k of the logits, whatever the mode (the
-                       verifier walks the target's argmax)
+  temperature 0        the top-k of the logits, whatever the mode
 
-`TreeDrafter` drafts a tree with a draft model (or the target's first layers):
-one call per depth, with the tree's nodes written into its own cache after
-s[-1]; the commit moves the accepted path next to the prefix
-(`KVCache.gather_path`), so the next iteration's cache holds s'[:-2] as for a
-chain.
+`TreeDrafter` makes one model call per depth into its own cache; the commit
+moves the accepted path next to the prefix (`KVCache.gather_path`).
 """
 
 from __future__ import annotations
@@ -63,12 +56,9 @@ def children(
   sampling: SamplingParams,
   mode: str,
 ) -> tuple[jax.Array, jax.Array | None]:
-  """`count` children of each row's node from its next-token `logits [B, V]`.
-
-  Returns:
-    `(tokens [B, count] int32, q [B, V] float32 or None)`: q is the warped law
-    they were drawn from (None at temperature 0: the top-k, deterministic).
-  """
+  """`count` children of each row's node from its next-token `logits [B, V]`:
+  `(tokens [B, count] int32, q [B, V])`, q the warped law drawn from (None at
+  temperature 0: the top-k)."""
   if sampling.greedy:
     return jax.lax.top_k(logits, count)[1].astype(jnp.int32), None
   q = warp_probs(logits, sampling)
@@ -98,9 +88,9 @@ def draft_tree(
     sampling: the warp; temperature 0 takes each node's top-k.
     key: all randomness comes from it (one fold per parent).
     root_logits: `[B, V]`, the drafter's logits after s[-1].
-    read: `read(start, stop, tokens [B, T])` -> `[B, T, V]`, the drafter's logits
-      after nodes start..stop-1 (one depth) given their tokens; called for every
-      depth but the last, in order (a cached drafter writes them as it goes).
+    read: `read(start, stop, tokens [B, T])` -> `[B, T, V]`, the logits after
+      nodes start..stop-1 (one depth), called in order for all depths but the last.
+
 
   Returns:
     `(tokens [B, N] int32, probs [B, N, V] or None)`: row i of probs is the law
@@ -131,10 +121,10 @@ class TreeDrafter(CachedDrafting):
 
   Attributes:
     model: the draft model (or the target itself, with `num_layers`).
-    tree: the static parents of the N nodes, breadth-first (`specjax.trees`,
-      e.g. `trees.from_paths(...)`); gamma must be N.
-    tree_mode: "without_replacement" (sampled top-k, the default) or "iid".
+    tree: the static parents of the N nodes, breadth-first; gamma must be N.
+    tree_mode: "without_replacement" (the default) or "iid".
     num_layers: layers to run; None runs all of them.
+
   """
 
   model: Transformer
@@ -191,8 +181,9 @@ class TreeDrafter(CachedDrafting):
     gamma: int,
     sampling: SamplingParams,
   ) -> tuple[Proposal, KVCache]:
-    """One call on `recent` (the cache then holds s), then one per depth but the
-    last; node i is written at slot len(s) + i."""
+    """One call on `recent`, then one per depth but the last; node i at slot
+    len(s) + i."""
+
     del limit, gamma  # a tree is drafted whole
     b, tree = recent.shape[0], trees.Tree.static(self.tree)
     logits, cache = self._forward(recent, cache, jnp.ones((b, 1), jnp.int32))

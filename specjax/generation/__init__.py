@@ -1,12 +1,6 @@
 """Generation loops: autoregressive baseline and speculative decoding.
 
-speculative.py     speculative_step (draft, score, verify, commit) and its loop
-autoregressive.py  the baseline loop, one target call per token
-string_level.py    string-level exact match: a draft of another tokenizer drafts text
-                   (a host loop around jitted draft and verify calls)
-common.py          what both loops share: prefill, padding, output, trace counts
-state.py           loop states, statistics, outputs, SpecConfig
-validation.py      argument checks of the generate calls
+string_level.py is string-level exact match (a host loop, another tokenizer).
 """
 
 from specjax.drafting import as_drafter

@@ -142,19 +142,12 @@ def autoregressive_generate(
 
   Args:
     model: a `specjax.Transformer`.
-    prompts: `[B, P]` int32, right-padded; the padding is ignored.
-    prompt_lengths: `[B]` int32 in [1, P].
-    max_new_tokens: budget per row (>= 1, static: it sets the output shape).
-    sampling: warp; temperature 0 is greedy. `RowSampling` gives each row its
-      own settings (data: changing them does not recompile).
-    key: PRNG key; required unless sampling is greedy (every row).
-    eos_id: stop a row after it emits this id, or any of a list of ids (the
-      EOS is kept and counted).
-    pad_id: value of `tokens` past each row's `num_generated`.
-    loop: "while" tests for finished rows after every step; "chunked" after
-      every `loop_chunk` steps (no device-to-host wait per step on GPU, up to
-      `loop_chunk - 1` idle steps at the end). Same tokens and statistics.
-    loop_chunk: steps per test of loop="chunked" (>= 1, static).
+    prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as
+      in `speculative_generate` (`RowSampling`: each row its own, no recompile).
+
+    loop, loop_chunk: "while" or "chunked" (a test per `loop_chunk` steps,
+      static), as in `speculative_generate`. Same tokens and statistics.
+
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B], stats)`.

@@ -84,19 +84,14 @@ def finalize(
 def run_loop(step, state, loop: str, loop_chunk: int):
   """`state = step(state)` until every row is done (`state.done [B]` all True).
 
-  loop="while" is one `lax.while_loop` that tests for finished rows after every
-  iteration. XLA:GPU copies a while loop's predicate to the host and waits for
-  it at each trip, unless the trip count is known; loop="chunked" therefore
-  runs `loop_chunk` iterations per test, as a loop of known trip count inside
-  the while loop (and runs the step's own loops, a drafter's over its draft
-  positions, with known trip counts: `drafting.fixed_trip_loops`).
-
-  Up to `loop_chunk - 1` iterations may run after the last row finished. They
-  change nothing the caller sees: done rows commit nothing and keep their
-  lengths (every step's contract), and such an iteration's statistics are not
+  loop="while" tests after every iteration; "chunked" runs `loop_chunk`
+  iterations of known trip count per test (no GPU device-to-host wait per
+  trip; docs/performance.md, "Loop modes"), the step's own loops too
+  (`drafting.fixed_trip_loops`). Idle iterations after the last row finished
+  change nothing (done rows commit nothing) and their statistics are not
   counted, so `stats.iterations`, which indexes the pre-drawn random numbers,
-  stays put too. Only `stats` is selected (a few scalars and `[B]` counters):
-  the caches go through untouched by any select.
+  stays put; only `stats` is selected, never the caches.
+
 
   Args:
     step: `state -> state`, pure, with `state.done` and `state.stats`.

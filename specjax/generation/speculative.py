@@ -1,17 +1,10 @@
 """Speculative decoding: one pure `speculative_step` inside one jitted while-loop.
 
-An iteration reads like the algorithm (Leviathan et al. 2023, Chen et al. 2023):
-  1. draft  - a drafter (`specjax.drafting`) proposes up to gamma tokens with their q,
-              as a chain or as a token tree of gamma nodes (`trees.Tree`);
-  2. score  - one target call over gamma + 1 positions gives p (`score`; tree
-              attention for a tree: each node sees the prefix and its ancestors);
-  3. verify - a verifier keeps n tokens (a tree: the n nodes of one path) and
-              draws one more (`verify_block`);
-  4. commit - per-row output buffer, cache lengths (rollback is bookkeeping; a
-              tree's accepted path is first gathered into consecutive slots),
-              EOS / budget, the drafter's own state, draft limit, statistics
-              (`commit_step`).
-Rows accept different numbers of tokens and stay in one compiled program.
+An iteration (Leviathan et al. 2023, Chen et al. 2023): draft up to gamma tokens
+with their q (a chain or a token tree), `score` them in one target call over
+gamma + 1 positions, `verify_block` (keep n, draw one more), `commit_step`
+(outputs, cache lengths, EOS / budget, drafter, draft limit, statistics). Rows
+accept different numbers of tokens in one program. The guide: docs/how_it_works.md.
 """
 
 from __future__ import annotations
@@ -53,13 +46,9 @@ ADAPTIVE = (None, "schedule", "confidence")
 def speculative_step(
   target: Transformer, drafter: Drafter | Transformer, state: SpecState, config: SpecConfig
 ) -> SpecState:
-  """One speculative iteration for every row: draft, score, verify, commit.
-
-  Pure: same models, drafter, state and config give the same new state. Rows
-  already done run along (static shapes) but commit nothing and keep their
-  lengths. Any `Drafter` plugs in; a row whose drafter proposed k < gamma
-  tokens is verified as a block of k (q = 0 past them).
-  """
+  """One pure speculative iteration for every row: draft, score, verify, commit.
+  Done rows run along but commit nothing; a row that proposed k < gamma tokens
+  is verified as a block of k (q = 0 past them)."""
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   sampling = step_sampling(state, config)
@@ -92,12 +81,12 @@ class Verified(NamedTuple):
   Attributes:
     n: `[B]` int32, drafted tokens accepted.
     next_token: `[B]` int32, the token the verifier drew after them.
-    drafted: `[B, D]` the drafted tokens along what was accepted (a chain: the
-      proposal's `[B, g]`; a tree: the tokens of its accepted path, D its depth).
-    path: None for a chain; for a tree `[B, D]` the accepted nodes (`Commit.path`).
+    drafted: `[B, D]` the drafted tokens along what was accepted (a chain's
+      `[B, g]`, or a tree's accepted path, D its depth).
+    path: None for a chain; for a tree `[B, D]` the accepted nodes.
     cache: the target's cache, a tree's accepted path moved next to the prefix.
-    hidden: None, or `[B, D + 1, F]` the target's features along s[-1] and the
-      accepted tokens (`Commit.hidden`).
+    hidden: None, or `[B, D + 1, F]` the features along s[-1] and the accepted
+      tokens.
   """
 
   n: jax.Array
@@ -119,9 +108,8 @@ def verify_block(
   tree_mode: str,
   config: SpecConfig,
 ) -> Verified:
-  """Verifies a proposal against the target's `logits [B, g+1, V]` (`score`'s
-  output, with its `cache` and `hidden`): the config's verifier for a chain,
-  `tree_verify` for a tree (greedy at temperature 0, else `tree_mode`)."""
+  """Verifies a proposal against `score`'s `logits [B, g+1, V]`, `cache` and
+  `hidden`: the config's verifier for a chain, `tree_verify` for a tree."""
   if proposal.tree is None:
     verifier = verify_lib.get_verifier(config.verifier)
     argmax_only = verifier is verify_lib.greedy_verify
@@ -146,9 +134,8 @@ def commit_step(
   verified: Verified,
   config: SpecConfig,
 ) -> SpecState:
-  """The state after an iteration: each active row's n + 1 tokens appended (cut
-  at EOS and budget), the target's cache rolled to s'[:-1], the drafter's
-  commit, the next draft limit and the statistics."""
+  """The state after an iteration: n + 1 tokens appended (cut at EOS and budget),
+  the target's cache rolled to s'[:-1], the drafter's commit, limit and stats."""
   n = verified.n
   emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
@@ -184,16 +171,12 @@ def score(
   return_hidden: bool | tuple[int, ...] = False,
   tree: Tree | None = None,
 ) -> tuple[jax.Array, KVCache, jax.Array | None]:
-  """The target's logits at every position of `block [B, g+1]` in one call.
-
-  With `tree` (the drafted nodes' `trees.Tree`) the block is s[-1] and a token
-  tree: node i attends to the cache, s[-1] and its own ancestors (tree attention),
-  and the cache's lengths stay put for the commit's gather.
+  """The target's logits at every position of `block [B, g+1]` in one call (with
+  `tree`: s[-1] and a token tree, tree attention, lengths unchanged).
 
   Returns:
     `(logits [B, g+1, V_target] float32, cache, hidden [B, g+1, F] or None)`,
-    the features a drafter asked for (`Drafter.target_features`); ids the
-    target lacks are read as 0.
+    the features of `Drafter.target_features`; ids the target lacks read as 0.
   """
   layout = None if tree is None else (tree.with_root(), 0)  # s[-1] is the block's root
   out = target.forward_cached(
@@ -210,10 +193,8 @@ def verify_tree(
   vocab_size: int,
   mode: str,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`tree_verify` of a drafted tree against the target's `logits [B, N+1, V]`.
-
-  At temperature 0 the greedy walk (the target's argmax), otherwise `mode`, how
-  the drafter drew siblings ("iid" or "without_replacement").
+  """`tree_verify` of a drafted tree against the target's `logits [B, N+1, V]`:
+  greedy at temperature 0, else `mode` ("iid" or "without_replacement").
 
   Returns:
     `(path [B, D], n [B], next_token [B])`.
@@ -243,13 +224,10 @@ def verifier_inputs(
   """What the verifier reads, over one vocabulary of `vocab_size` ids.
 
   Returns:
-    `(draft_tokens [B, g], draft_probs [B, g, V] or None, target [B, g+1, V])`.
-    Sampling verifiers get q (zero past each row's proposed length) and p, the
-    warped target law (ids a model lacks at probability 0). Greedy verification
-    needs only the target's argmax: it gets the logits themselves (ids the
-    target lacks at -inf), q only if the drafter built one, and -1 (always
-    rejected) past each row's proposed length. Either way the same tokens are
-    accepted: argmax of the one-hot warp is argmax of the logits.
+    `(draft_tokens [B, g], draft_probs [B, g, V] or None, target [B, g+1, V])`:
+    for sampling verifiers q (zero past each row's proposal) and the warped p;
+    for greedy the logits (missing ids at -inf), q only if built, and tokens -1
+    past each row's proposal (the same tokens are accepted either way).
   """
   if not argmax_only:
     p = pad_vocab(warp_probs(logits, sampling), vocab_size)
@@ -274,12 +252,8 @@ def commit_tokens(
   state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Appends each active row's n + 1 new tokens, cut at EOS (the config's ids or
-  the row's own `stop`) and at the row's budget.
-
-  Returns:
-    `(tokens [B, max_new_tokens + g + 1], num_generated [B], done [B],
-    count [B])`, count being the tokens each row committed (0 if done before).
-  """
+  the row's `stop`) and at its budget: `(tokens, num_generated [B], done [B],
+  count [B])`, count the tokens committed (0 if done before)."""
   active = ~state.done
   count = n + 1
   slots = jnp.arange(emitted.shape[1])[None, :]
@@ -315,8 +289,8 @@ def next_recent(
 def next_draft_limit(
   limit: jax.Array, n: jax.Array, proposed: jax.Array, active: jax.Array, config: SpecConfig
 ) -> jax.Array:
-  """Adaptive draft length "schedule" (Leviathan-style heuristic): +2 after a fully
-  accepted block, -1 otherwise, within [1, gamma]; unchanged otherwise."""
+  """Adaptive "schedule": +2 after a fully accepted block, -1 otherwise, within
+  [1, gamma]."""
   if config.adaptive != "schedule":
     return limit
   longer = jnp.minimum(limit + 2, config.gamma)
@@ -372,9 +346,8 @@ def prefill_state(
   keys: jax.Array,
   rows: RowSampling | None = None,
 ) -> SpecState:
-  """`init_state` with every row's budget, stop id and the caches' capacity
-  given (a server's rows differ in each); `drafter` None keeps no drafter
-  state (plain decoding).
+  """`init_state` with each row's budget, stop id and the capacity given (a
+  server's rows differ); `drafter` None keeps no drafter state.
 
   Args:
     prompts: `[B, P]` right-padded (padding already zeroed); prompt_lengths,
@@ -462,38 +435,30 @@ def speculative_generate(
 
   Args:
     target: the `specjax.Transformer` whose distribution the output follows.
-    draft: a `Transformer` over the same tokenizer (vocabulary sizes may
-      differ: ids a model lacks get probability 0 in its law; the target itself
-      is allowed, a perfect draft that exposes the overhead), or any
-      `specjax.drafting` drafter (`NGramDrafter`, `layer_skip(target, k)`, ...;
-      `CrossTokenizerDrafter` for a draft with a tokenizer of its own).
-    prompts: `[B, P]` int32, right-padded; the padding is ignored.
-    prompt_lengths: `[B]` int32 in [1, P].
-    gamma: drafted tokens per iteration (>= 1, static); for a drafter that
-      drafts a token tree (`drafter.tree`), its number of nodes.
+    draft: a `Transformer` over the same tokenizer (vocabulary sizes may differ;
+      the target itself is a perfect draft), or any `specjax.drafting` drafter
+      (`CrossTokenizerDrafter` for another tokenizer).
+    prompts: `[B, P]` int32, right-padded; prompt_lengths `[B]` int32 in [1, P].
+    gamma: drafted tokens per iteration (>= 1, static); a tree drafter's nodes.
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
-      `RowSampling` gives each row its own settings (data: greedy and sampled
-      rows in one program, verified by a sampling verifier, "token" for "auto").
+      `RowSampling` gives each row its own ("auto" is then "token").
     key: one PRNG key; required unless sampling is greedy (every row).
-    eos_id: stop a row after it emits this id, or any of a list of ids
-      (checkpoints may have several); the EOS is kept and counted.
+    eos_id: stop a row after this id, or any of a list (kept and counted).
     verifier: "auto" (greedy at temperature 0, else token), "token", "block",
-      "greedy", or a verifier function with the `specjax.verify` signature.
-      Token trees are always verified by `specjax.verify.tree_verify` (greedy
-      at temperature 0, else the drafter's `tree_mode`): leave it "auto".
+      "greedy", or a `specjax.verify` function; "auto" for token trees
+      (`tree_verify`).
     pad_id: value of `tokens` past each row's `num_generated` (an int32).
-    adaptive: per-row draft length within `gamma`: None (always gamma),
-      "schedule" (+2 after a fully accepted block, -1 otherwise, from gamma) or
-      "confidence" (a model drafter stops when its top probability falls below
-      `confidence_threshold`). Exactness is unchanged.
+    adaptive: per-row draft length within `gamma`: None, "schedule" (+2 after a
+      fully accepted block, -1 otherwise) or "confidence" (a model drafter stops
+      below `confidence_threshold` top probability). Exactness is unchanged.
+
     confidence_threshold: in (0, 1], for adaptive="confidence".
     loop: "while" tests for finished rows after every iteration; "chunked"
-      after every `loop_chunk` iterations (no device-to-host wait per
-      iteration on GPU, up to `loop_chunk - 1` idle iterations at the end).
-      Same tokens and statistics for the same key, but for draft_calls where
-      drafts stop short of gamma: a drafter's own loop then runs all gamma
-      calls, and draft_calls counts them.
+      after every `loop_chunk` (docs/performance.md, "Loop modes"). Same tokens
+      and statistics, but a drafter's own loop runs all gamma calls (counted
+      in draft_calls).
+
     loop_chunk: iterations per test of loop="chunked" (>= 1, static).
 
   Returns:
@@ -542,8 +507,8 @@ def _checked_run(
   loop_chunk=8,
   **settings,
 ) -> tuple[Drafter, SpecConfig]:
-  """`speculative_generate`'s checks, before anything compiles: its drafter
-  (with the confidence length if asked) and static configuration."""
+  """`speculative_generate`'s checks before compiling: `(drafter, config)`."""
+
   drafter = as_drafter(draft)
   gamma = check_positive_int("gamma", gamma)
   verifier, sampling = settings.pop("verifier"), settings["sampling"]

@@ -21,19 +21,13 @@ class SpecConfig:
   Attributes:
     gamma: drafted tokens per iteration, >= 1.
     max_new_tokens: generation budget per row, >= 1.
-    sampling: the warp shared by draft and target; None when each row has its
-      own (`RowSampling`, carried in `SpecState.sampling`).
-    verifier: "token", "block", "greedy" (names of `verify.VERIFIERS`) or a
-      verifier function; "tree" for a drafter that drafts token trees (then
-      `speculative_step` verifies with `verify.tree_verify` and ignores it).
-    eos_id: a row stops after emitting this id (or any of a tuple of ids); None
-      disables it.
+    sampling: the shared warp; None when each row has its own (`SpecState.sampling`).
+    verifier: a name in `verify.VERIFIERS` or a verifier function; "tree" for
+      a tree drafter (`verify.tree_verify`).
+    eos_id: an id or a tuple of ids that stop a row; None: none.
     pad_id: the value written to `tokens` past each row's `num_generated`.
-    adaptive: None, or "schedule" to adapt each row's draft limit (+2 after a
-      fully accepted block, -1 otherwise). "confidence" lives in the drafter.
-    loop: "while" (test for finished rows after every iteration) or "chunked"
-      (after every `loop_chunk` iterations; `generation.common.run_loop`).
-    loop_chunk: iterations per test of the "chunked" loop, >= 1.
+    adaptive: None or "schedule" ("confidence" lives in the drafter).
+    loop, loop_chunk: `generation.common.run_loop`'s.
   """
 
   gamma: int
@@ -54,21 +48,18 @@ class SpeculativeStats:
   Attributes:
     iterations: scalar, speculative iterations the loop ran (batch-wide).
     target_calls: scalar, target forward calls including the prefill.
-    draft_calls: scalar, draft model forward calls including the prefill (up
-      to gamma per iteration; 0 per iteration for model-free drafters).
-    proposed: `[B]` drafted tokens offered for verification per row (for a
-      token tree: its nodes).
-    accepted: `[B]` drafted tokens accepted per row (for a tree: the nodes of
-      the accepted paths, so accepted / evaluated is the chance of going one
-      level deeper, not a per-node rate).
-    evaluated: `[B]` accepted + number of the row's iterations that had a
-      rejection among proposed tokens; accepted / evaluated is the unbiased
-      estimate of alpha.
+    draft_calls: scalar, draft model forward calls including the prefill (0
+      per iteration for model-free drafters).
+    proposed: `[B]` drafted tokens offered per row (a tree: its nodes).
+    accepted: `[B]` drafted tokens accepted per row (a tree: the accepted
+      paths' nodes, so accepted / evaluated is the chance of going one level
+      deeper).
+    evaluated: `[B]` accepted + the row's iterations with a rejection;
+      accepted / evaluated is the unbiased estimate of alpha.
     row_iterations: `[B]` iterations in which the row was still generating.
-    generated: `[B]` tokens the iterations committed (after budget and EOS
-      truncation; the prefill's first token is not an iteration's).
+    generated: `[B]` tokens the iterations committed (not the prefill's).
     accepted_at_position: `[gamma]`, entry i counts (row, iteration) pairs in
-      which drafted token i + 1 (for a tree: a node at depth i + 1) was accepted.
+      which drafted token i + 1 (a tree: a node at depth i + 1) was accepted.
   """
 
   iterations: jax.Array
@@ -83,8 +74,9 @@ class SpeculativeStats:
 
   @classmethod
   def zeros(cls, batch: int, gamma: int, draft_calls: int = 1) -> SpeculativeStats:
-    """Counters before the first iteration; the prefill counts one target call
-    and `draft_calls` draft calls (1 for a model drafter, 0 for model-free ones)."""
+    """Counters before the first iteration: the prefill's target call and
+    `draft_calls` draft calls."""
+
     z = jnp.zeros((batch,), jnp.int32)
     return cls(
       iterations=jnp.int32(0),
@@ -107,16 +99,9 @@ class SpeculativeStats:
     generated: jax.Array,
     draft_calls: jax.Array,
   ) -> SpeculativeStats:
-    """The counters after one iteration.
-
-    Args:
-      active: `[B]` bool, rows still generating when the iteration began (only
-        they count).
-      proposed: `[B]` drafted tokens offered for verification.
-      accepted: `[B]` drafted tokens accepted (n).
-      generated: `[B]` tokens committed (0 for rows not active).
-      draft_calls: scalar, draft model calls of the iteration.
-    """
+    """The counters after one iteration: `active [B]` the rows still generating
+    when it began (only they count), then `proposed`, `accepted`, `generated`
+    `[B]` and the iteration's `draft_calls`."""
     counted = active.astype(jnp.int32)
     rejected = (accepted < proposed).astype(jnp.int32)
     gamma = self.accepted_at_position.shape[0]
@@ -141,11 +126,8 @@ class SpeculativeStats:
 
   @property
   def tokens_per_iteration(self) -> jax.Array:
-    """Generated tokens per (row, iteration): sum(generated) / sum(row_iterations).
+    """Generated tokens per (row, iteration): sum(generated) / sum(row_iterations)."""
 
-    A perfect draft gives gamma + 1 when the budget minus the prefill's token
-    is a multiple of gamma + 1 (otherwise the last iteration is truncated).
-    """
     return jnp.sum(self.generated) / jnp.maximum(jnp.sum(self.row_iterations), 1)
 
   def summary(self) -> dict[str, Any]:
@@ -198,25 +180,18 @@ class GenerateOutput:
 class SpecState:
   """Everything `speculative_step` carries from one iteration to the next.
 
-  With s the committed sequence of a row (prompt + generated tokens):
-    target_cache holds s[:-1] (lengths = len(s) - 1);
-    drafter_state is the drafter's own (a model drafter's cache holds s[:-2]);
-    recent = [s[-2], s[-1]] `[B, 2]`, handed to the drafter at the next
-    iteration (a model drafter feeds both, which re-syncs its cache after a
-    fully accepted block with one static shape whatever was accepted).
+  With s a row's committed sequence: target_cache holds s[:-1]; drafter_state
+  is the drafter's own (a model drafter's cache holds s[:-2]); recent =
+  [s[-2], s[-1]] `[B, 2]`, fed to the drafter next (docs/how_it_works.md).
   Attributes besides those:
-    draft_limit: `[B]` int32 in [1, gamma], the most tokens each row may
-      draft next (gamma unless the draft length is adaptive).
-    tokens: `[B, max_new_tokens + gamma + 1]` output buffer (slack so a whole
-      block can always be written).
+    draft_limit: `[B]` int32 in [1, gamma], the most tokens each row may draft next.
+    tokens: `[B, max_new_tokens + gamma + 1]` output buffer (a block's slack).
     num_generated: `[B]` int32.
     done: `[B]` bool, the row hit EOS or its budget.
-    budget: `[B]` int32, the most tokens each row generates (all
-      `max_new_tokens` in `speculative_generate`; a server's requests differ).
+    budget: `[B]` int32, the most tokens each row generates (a server's differ).
     stop: `[B]` int32, a row's own stop id besides the config's EOS ids (-1: none).
     keys: `[max_new_tokens, 2]` PRNG keys, row i the (draft, verify) keys
-      of iteration i, split once before the loop (an iteration runs no
-      key-splitting computation of its own).
+      of iteration i, split once before the loop.
     stats: `SpeculativeStats`.
     sampling: None (the config's static warp), or the rows' own `RowSampling`.
   """
@@ -237,12 +212,9 @@ class SpecState:
 
 @struct.dataclass
 class ARState:
-  """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`.
-
-  `tokens` is `[B, max_new_tokens + 1]` (one slot of slack for finished rows);
-  `uniforms` `[max_new_tokens, B]` holds step i's uniform per row in row i
-  (`[0, B]` when decoding is greedy and draws nothing).
-  """
+  """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`; `tokens`
+  `[B, max_new_tokens + 1]`; `uniforms [max_new_tokens, B]`, step i's in row i
+  (`[0, B]` when greedy)."""
 
   cache: KVCache
   last: jax.Array

@@ -2,25 +2,17 @@
 
 Timor et al. 2025 (arXiv 2502.05202), SLEM; Hugging Face's universal assisted
 generation. Each iteration:
-  1. the host re-encodes the committed text with the draft's tokenizer and
-     feeds the draft what changed (its cache rolls back to the longest common
-     prefix of what it holds and the new encoding);
-  2. the draft generates `draft_tokens` of its own ids (one jitted call);
-  3. the host decodes them to text, encodes the last `window` committed target
-     tokens' text plus that text with the target's tokenizer, and proposes the
-     target ids after the window; when the window re-encodes differently (the
-     committed ids are not the tokenizer's own spelling, or the draft's text
-     would merge into a committed token) it proposes the drafted text's own
-     encoding;
-  4. `speculative_step`, jitted, verifies the proposal as a deterministic one
-     (q one-hot at each token) and commits.
+  1. the host re-encodes the committed text in draft ids and feeds what changed
+     (the draft's cache rolls back to the longest common prefix);
+  2. the draft generates `draft_tokens` ids (one jitted call);
+  3. the host re-encodes the last `window` committed tokens' text plus the
+     drafted text with the target's tokenizer and proposes the ids after the
+     window (if the window re-encodes differently: the drafted text's own
+     encoding);
+  4. `speculative_step` verifies it as a deterministic proposal (q one-hot).
 
-A deterministic proposal drawn independently of the verifier's randomness is
-verified exactly at any temperature (accept x with probability p(x), else sample
-the residual p with x removed), so the output has the target's law, and at
-temperature 0 it is the target's greedy decoding. The cost is a host round
-trip per iteration (steps 1 and 3); `StringLevelOutput.timings` measures it.
-`specjax.drafting.CrossTokenizerDrafter` (TLI) stays inside one jitted loop.
+This is exact at any temperature; the cost is a host round trip per iteration
+(`StringLevelOutput.timings`). docs/cross_tokenizer.md compares it with TLI.
 """
 
 from __future__ import annotations
@@ -65,9 +57,8 @@ class StringLevelOutput(NamedTuple):
 
 @struct.dataclass
 class GivenProposal(DrafterBase):
-  """A drafter whose proposal was made outside the loop: its state is the
-  proposal, `(tokens [B, gamma], lengths [B])`, which the host sets before each
-  `speculative_step`. Deterministic (q one-hot)."""
+  """A drafter whose state is the host's proposal, `(tokens [B, gamma], lengths
+  [B])`, set before each `speculative_step` (q one-hot)."""
 
   gamma: int = struct.field(pytree_node=False)
   vocab_size: int = struct.field(pytree_node=False)
@@ -115,9 +106,9 @@ def _draft(
   steps: int,
   sampling: SamplingParams,
 ) -> tuple[jax.Array, KVCache]:
-  """Feeds `feed [B, W]` (row b's first `feed_lengths[b]` >= 1 ids) after each row's
-  cache, then generates `steps` ids: `([B, steps] draft ids, cache)`, the cache
-  holding all but the last generated id."""
+  """Feeds row b's first `feed_lengths[b]` >= 1 ids of `feed [B, W]`, then
+  generates `steps` ids: `([B, steps] ids, cache)` (all but the last fed)."""
+
   draft = nnx.merge(graph, params)
   logits, cache = draft.forward_cached(feed, cache, (feed_lengths - 1)[:, None])
   cache = cache.with_lengths(cache.lengths - feed.shape[1] + feed_lengths)
@@ -222,7 +213,8 @@ class _DraftSide:
 
 def _propose(backend, pieces, committed: list[int], drafted: bytes, window: int, gamma: int):
   """At most `gamma` target ids continuing `committed` that spell the start of
-  `drafted` (step 3 of the module docstring)."""
+  `drafted` (step 3 above)."""
+
   if not drafted:
     return []
   tail = committed[-window:]
@@ -264,9 +256,10 @@ def string_level_generate(
     target, draft: `specjax.Transformer`s; each model's vocab_size must cover
       its tokenizer.
     draft_tokenizer, target_tokenizer: `tokenizers.Tokenizer` or `specjax.data.Tokenizer`.
-    prompts: `[B, P]` int32 target ids, right-padded; prompt_lengths `[B]` in [1, P].
+    prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as
+      in `speculative_generate` (target ids).
     gamma: most target tokens proposed per iteration (>= 1).
-    max_new_tokens, sampling, key, eos_id, pad_id: as in `speculative_generate`.
+
     verifier: "auto" (greedy at temperature 0, else token), "token" or "block".
     draft_tokens: draft ids generated per iteration (>= 1); None = gamma + gamma // 2
       (a smaller vocabulary needs more ids for the same text).

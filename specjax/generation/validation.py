@@ -1,9 +1,7 @@
 """Checks of the generation calls' arguments, run on the host before compiling.
 
-Each failure is a `ValueError` that names the argument and its allowed range.
-Value checks (token ids, lengths) need concrete arrays; when a caller traces the
-generate functions inside its own `jax.jit`, only the static checks run. Checks
-that launchers and other modules share live in `specjax.validation`.
+Each failure is a `ValueError` naming the argument and its allowed range. Value
+checks need concrete arrays: under a caller's `jax.jit` only static checks run.
 """
 
 from __future__ import annotations
@@ -106,11 +104,9 @@ def check_pad_id(pad_id) -> int:
 
 
 def check_key(key, sampling: SamplingParams | RowSampling) -> jax.Array:
-  """Returns one typed PRNG key; raises unless one is given (or every row is greedy).
+  """One typed PRNG key from a typed key of shape () or raw `uint32[2]` data (a
+  batch of keys is refused); required unless every row is greedy."""
 
-  Accepts a typed key of shape () or raw `uint32[2]` key data; a batch of keys
-  (e.g. from `jax.random.split`) is refused: one generate call takes one key.
-  """
   if key is None:
     greedy = sampling.all_greedy() if isinstance(sampling, RowSampling) else sampling.greedy
     if not greedy:
@@ -153,11 +149,9 @@ def check_generate_args(
   gamma: int | None = None,
   per_row: bool = True,
 ) -> GenerateArgs:
-  """The checks of `autoregressive_generate`, `speculative_generate` and
-  `string_level_generate` for the model (`role`, e.g. "target") whose config is
-  `cfg`; `gamma` (already checked) adds one verification block's slack to the
-  capacity; `per_row` says whether the loop takes `RowSampling`. The key is
-  checked by `check_key`, after each loop's own checks."""
+  """The generate loops' shared checks for the model (`role`, e.g. "target") of
+  config `cfg`; `gamma` adds a block's slack to the capacity; `per_row`: the
+  loop takes `RowSampling`. The key is checked later (`check_key`)."""
   max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
   batch, width = check_prompts(prompts, prompt_lengths, cfg.vocab_size)
   check_sampling(sampling, cfg.vocab_size, batch, per_row)

@@ -1,10 +1,8 @@
 """Autoregressive against speculative decoding on models built from a config:
 what `experiments/benchmark.py` runs (`run`).
 
-Builds the target and draft from the config (`build_models`), random prompts
-from the seed, and hands them to `specjax.bench.benchmark_generation`; `run`
-returns the full result (about 50 fields: costs, floors, compile times, every
-run), `COLUMNS` its headline figures as a table.
+`run` builds the models (`build_models`) and random prompts and returns
+`specjax.bench.benchmark_generation`'s full result; `COLUMNS` its headline figures.
 """
 
 from __future__ import annotations

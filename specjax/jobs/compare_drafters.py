@@ -1,24 +1,14 @@
 """The drafter x verifier comparison on the bundled pair: what
 `experiments/compare_drafters.py` runs (`run`).
 
-For each temperature: autoregressive decoding (the baseline) and speculative
-decoding with every drafter (the bundled draft model, prompt lookup, the
-target's first k layers) x every verifier that applies (greedy only at
-temperature 0), at gamma = config.gamma; then the draft model at each fixed
-gamma of `gamma_sweep` and with both adaptive draft lengths; then token trees
-(`config.trees`: the draft model, EAGLE and Medusa each drafting the best static
-tree of each size for its per-rank acceptance, `specjax.trees.best`, no deeper
-than `config.trees.max_depth`, by default gamma: the same depth as the chains). Each variant
-decodes the same held-out test-split prompts one by one (batch 1); times are
-medians of `num_runs` runs after a warm-up, each interleaved with a run of the
-autoregressive baseline (a slow phase of a shared machine hits both alike), and
-the speedup is the ratio of the pair.
-
-Variants run one at a time, and each one's compiled programs are freed before
-the next (`specjax.bench.free_compiled_programs`; the baseline is
-compiled once per temperature, ahead of time): the process's memory maps stay
-flat however many variants a config holds. `run` returns one JSON-ready row
-per variant; `COLUMNS` is the README's table of them.
+For each temperature: autoregressive decoding (the baseline), every drafter x
+every verifier that applies at gamma = config.gamma, the draft model at each
+gamma of `gamma_sweep` and adaptively, then token trees (`config.trees`,
+`specjax.trees.best`). Each variant decodes held-out prompts at batch 1; times
+are medians of `num_runs` runs, each paired with a baseline run. Each variant's
+programs are freed before the next (the baseline is compiled ahead once per
+temperature). `run` returns one JSON-ready row per variant; `COLUMNS` is the
+README's table. The results: docs/drafters.md.
 """
 
 from __future__ import annotations
@@ -65,13 +55,12 @@ class Variant(NamedTuple):
   """One row of the comparison.
 
   Attributes:
-    temperature: the sampling temperature (0: greedy).
     name: the drafter's label in the table.
     drafter: what `speculative_generate` takes; for SLEM the tuple (cross
-      draft, its tokenizer, the target's tokenizer) of `string_level_generate`.
-    verifier: "greedy", "token", "block", or "tree" (a token-tree drafter).
-    gamma: drafted tokens per iteration (a tree's number of nodes).
-    adaptive: None (fixed gamma), "schedule" or "confidence".
+      draft, its tokenizer, the target's tokenizer).
+    verifier: "greedy", "token", "block", or "tree".
+    gamma: drafted tokens per iteration (a tree's nodes).
+    adaptive: None, "schedule" or "confidence".
   """
 
   temperature: float
@@ -92,10 +81,8 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
   """The variants of `config` at one temperature, in the table's order.
 
   Args:
-    config: the comparison's configuration (configs/compare_drafters.py).
-    target, draft: the pair's `Transformer`s (the heads, layer skip and prompt
-      lookup draft for `target`).
-    temperature: the sampling temperature; greedy verification only at 0.
+    target, draft: the pair's `Transformer`s.
+    temperature: greedy verification only at 0.
   """
   applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
   verifiers = [v for v in applicable if v in config.verifiers]
@@ -119,9 +106,8 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
 
 
 def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[str, Any]]:
-  """(label, drafter) of every chain drafter of `config`, in the table's order:
-  the draft model, prompt lookup, layer skip, the heads (`heads`, by kind) and
-  their FR-Spec twins, and the cross-tokenizer draft (TLI, then SLEM)."""
+  """(label, drafter) of every chain drafter of `config`, in the table's order."""
+
   drafters = [("draft model", draft)]
   if config.ngram:
     lookup = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
@@ -146,8 +132,8 @@ def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[
 
 
 def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
-  """The token-tree variants' fields: the draft model and the heads drafting the
-  best static tree of each size (`config.trees`), then EAGLE-2's dynamic trees."""
+  """The token-tree variants' fields: static trees (`config.trees`), then EAGLE-2's."""
+
   tree_drafters = {"draft model": draft, **{HEAD_NAMES[k]: d for k, d in heads.items()}}
   names = ("draft model", *HEAD_NAMES.values())
   out = []
@@ -339,29 +325,21 @@ def sweep(
   *,
   progress: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
-  """Times each variant of `plan` in turn, freeing its compiled programs before the next.
-
-  Each variant decodes every prompt alone (batch 1): one warm-up, then
-  `config.num_runs` runs, each paired with a run of the autoregressive
-  baseline (compiled once per temperature, ahead of time, so it survives the
-  freeing). The drafting cost of each (drafter, gamma) is measured once per
-  temperature, the target's verification costs once.
+  """Times each variant of `plan` in turn (batch 1, a warm-up, then
+  `config.num_runs` runs paired with the baseline's), freeing its compiled
+  programs before the next. Drafting costs are measured once per (drafter,
+  gamma) and temperature.
 
   Args:
-    config: the comparison's configuration (max_new_tokens, num_runs, seed,
-      gamma_max, confidence_threshold are read).
-    target: the target `Transformer`.
     plan: the variants, e.g. `variants(...)` at each temperature.
     prompts: `[N, P]` int32 prompts; lengths `[N]`.
     progress: a `print`-like function, called with a variant's label as it
-      starts (end=" ") and with the rest of its line as it ends (seconds,
-      alpha, ms/token, speedup); None: quiet.
+      starts (end=" ") and with the rest of its line as it ends; None: quiet.
 
   Yields:
-    One JSON-ready row per variant, in `plan`'s order; the variant's programs
-    are freed by the time it is yielded. Its `memory_maps`: the process's
-    memory mappings then (`memory_maps_before`: before the temperature's first
-    variant, its baseline compiled).
+    One JSON-ready row per variant, in `plan`'s order, its programs freed; its
+    `memory_maps` the process's mappings then (`memory_maps_before`: before
+    the temperature's first variant).
   """
   say = progress or (lambda *args, **kwargs: None)
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
@@ -402,8 +380,8 @@ def sweep(
 
 def _baseline(config, target, prompts: list, sampling, key) -> Callable[[], list]:
   """Autoregressive decoding of each of `prompts` (`(tokens [1, P], lengths [1])`),
-  compiled now and held outside JAX's caches (`bench.compile_ahead`), so it
-  survives `bench.free_compiled_programs`."""
+  compiled ahead (`bench.compile_ahead`)."""
+
   program = bench.compile_ahead(
     functools.partial(
       specjax.autoregressive_generate,
@@ -457,11 +435,9 @@ class _Progress:
 def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[dict[str, Any]]:
   """Times every variant of `config` on the bundled pair; one JSON-ready row each.
 
-  Args:
-    config: the comparison's configuration (configs/compare_drafters.py).
-    progress: print a line on stderr per variant (its label as it starts, its
-      time and figures as it ends).
+  `progress`: a line on stderr per variant.
   """
+
   check_config(config)
   draft_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.draft_dtype")
   target, draft, tokenizer = pretrained.load_pair(

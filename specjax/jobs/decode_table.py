@@ -1,11 +1,8 @@
 """A table of decode runs (`experiments/decode_table.py`, configs/decode_table.py).
 
-Each row is the main job (`specjax.jobs.decode.run`) with a few of its fields
-changed (dtype, temperature, drafter, batch, the transformers comparison), so
-one command gives the figures of several settings side by side, e.g. the
-scaled pair's memory-bound table (`--config=configs/decode_table.py:1b`).
-`COLUMNS` are the table's headline figures; the JSON keeps every row's full
-result.
+Each row is `specjax.jobs.decode.run` with a few fields changed (e.g.
+`--config=configs/decode_table.py:1b`). `COLUMNS` are the headline figures; the
+JSON keeps every row's full result.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Bytes each device holds for parameters and KV caches, from the shardings alone:
 what `experiments/memory_table.py` runs (`table`).
 
-For the bundled target, a 1.1B Llama shape (TinyLlama) and a 70B Llama shape,
-on meshes 1, 2x4 and 1x8 (data x model), with the default logical-axis rules
-(`specjax.distributed.LOGICAL_RULES`): parameters tensor-parallel over
-`model`, caches over `data` (rows) and `model` (kv heads). Nothing is
-allocated: shapes come from `nnx.eval_shape`, and the shardings from the same
-functions that place real models (`param_shardings`, `named_sharding`), here
-on an abstract mesh, which needs no devices.
+The bundled target, TinyLlama and Llama-70B shapes on meshes 1, 2x4 and 1x8
+(data x model) with the default rules (`specjax.distributed.LOGICAL_RULES`).
+Nothing is allocated: `nnx.eval_shape` and the real placement functions on an
+abstract mesh.
 """
 
 from __future__ import annotations
@@ -64,11 +61,10 @@ def abstract_model(cfg: ModelConfig) -> Transformer:
 def param_bytes(cfg: ModelConfig, mesh: AbstractMesh) -> int:
   """Bytes of `cfg`'s parameters one device of `mesh` holds.
 
-  Every layer has the same parameter shapes (local or global attention changes
-  the mask, not the weights), so a deep model's bytes are a 1-layer model's plus
-  n_layers - 1 times what a second layer adds: exact, and it traces two layers
-  where tracing 80 took minutes (nnx.eval_shape slows down with the trace's size).
+  Exactly a 1-layer model's bytes plus n_layers - 1 times what a second layer
+  adds (every layer has the same shapes; tracing 80 layers took minutes).
   """
+
   if cfg.n_layers > 2:
     one, two = (param_bytes(cfg.replace(n_layers=n, local_layers=None), mesh) for n in (1, 2))
     return one + (cfg.n_layers - 1) * (two - one)

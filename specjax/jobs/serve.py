@@ -20,6 +20,7 @@ from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
 
 MODEL_KINDS = ("bundled", "hf", "tiny")
+FIELDS = ("config.model", "config.target", "config.draft")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # How messages about fitting the engine to the model's context name its fields.
 FIT_FLAGS = {name: f"--config.{name}" for name in ("prompt_buckets", "max_new_tokens", "gamma")}
@@ -34,7 +35,7 @@ def load_models(
   stop_at_eos: bool = True,
   seed: int = 0,
   need_draft: bool = True,
-  fields: tuple[str, str, str] = ("config.model", "config.target", "config.draft"),
+  fields: tuple[str, str, str] = FIELDS,
 ):
   """`(target, draft, tokenizer, eos_ids, name)` of the served models.
 
@@ -81,7 +82,7 @@ def load_models(
 def load_tokenizer(
   kind: str,
   target: str = "",
-  fields: tuple[str, str, str] = ("config.model", "config.target", "config.draft"),
+  fields: tuple[str, str, str] = FIELDS,
 ):
   """The tokenizer `load_models` would return, without loading any weights."""
   kind = _model_kind(kind, target, "", fields)
@@ -100,6 +101,25 @@ def load_tokenizer(
   if tokenizer is None:
     raise ValueError(f"{fields[1]}: {target} has no tokenizer.json.")
   return tokenizer
+
+
+def chat_template(config: ml_collections.ConfigDict):
+  """The served checkpoint's `ChatTemplate` (the bundled pair's own), None for
+  "tiny" or a checkpoint without one."""
+  from specjax.data.chat import ChatTemplate
+
+  kind = _model_kind(config.model, config.target, config.draft, FIELDS)
+  if kind == "tiny":
+    return None
+  from specjax import pretrained
+
+  if kind == "bundled":
+    return ChatTemplate.from_checkpoint(pretrained.PAIR_DIR)
+  import specjax.hf
+
+  return ChatTemplate.from_checkpoint(
+    specjax.hf.resolve_checkpoint(config.target, flag="--config.target")
+  )
 
 
 def _model_kind(kind: str, target: str, draft: str, fields) -> str:
@@ -144,6 +164,7 @@ def engine_config(
     max_new_tokens=budget,
     widths=tuple(config.widths) or None,
     seed=config.seed,
+    logprobs=config.get("logprobs", 0),  # the server's; the load test records none
   )
 
 
@@ -186,7 +207,7 @@ def serve(config: ml_collections.ConfigDict) -> None:
   try:
     server = uvicorn.Server(
       uvicorn.Config(
-        make_app(background, tokenizer, name),
+        make_app(background, tokenizer, name, chat_template(config)),
         host=config.host,
         port=config.port,
         log_level=config.log_level,

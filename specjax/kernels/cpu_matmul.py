@@ -1,32 +1,18 @@
 """`matmul(x, w)`: the products of a decode step, on CPU through a kernel of our own.
 
-Why: a decode step multiplies a few rows (batch x tokens) by every weight
-matrix, so its floor is the time to stream the weights from memory once, and
-scoring gamma + 1 tokens should cost about what one token does. XLA:CPU's dot
-does neither at these shapes. Measured on a 2-core AMD EPYC with AVX-512 BF16
-(jax 0.10.2, 2026-12-03; six 1B-shaped layers in a jitted chain, memory copy
-~22 GB/s): bfloat16 weights stream at 3.5 GB/s at one row; float32 reaches the
-floor at one row but five rows cost 1.5 rows' time. The issue that asked for this
-measured the same on a 2-core Intel Xeon with AMX (bfloat16 at 16 GB/s,
-float32 five rows at 2.9x one).
+XLA:CPU's dot neither streams the weights at the memory floor at decode's few
+rows nor keeps gamma + 1 rows as cheap as one. `cpu_matmul.cc` reads each weight
+once for up to 8 rows and sums each output in a fixed order, so a row's result
+is the same whatever the other rows (greedy verification compares them). It is
+compiled on first use with `-march=native`, cached under `$SPECJAX_KERNEL_CACHE`
+(default `~/.cache/specjax/kernels`, keyed by source, jax version, compiler and
+CPU flags) and registered as the FFI target `specjax_cpu_matmul`.
 
-How: `cpu_matmul.cc` reads each weight once for up to 8 rows, splits the
-columns over XLA's intra-op threads and accumulates in float32 in a fixed order
-per output element, so a row's result is the same whatever the other rows (one
-token and a block of gamma + 1 give identical numbers, which exact greedy
-verification needs). It is compiled on first use by the machine's C++ compiler
-with `-march=native` -- the instructions this machine has, AVX512-BF16's
-vdpbf16ps where present -- cached under `$SPECJAX_KERNEL_CACHE` (default
-`~/.cache/specjax/kernels`, keyed by source, jax version, compiler and CPU
-flags) and registered as the XLA FFI target `specjax_cpu_matmul`.
-
-When: `uses_kernel` decides at trace time. The kernel runs for float32 /
-bfloat16 products of at most `MAX_ROWS[w.dtype]` rows on the CPU backend with one device
-(it is not partitioned: on a mesh, XLA's dot keeps the shardings) once it has
-built. `SPECJAX_CPU_KERNEL=0` keeps XLA's dot everywhere; `=1` makes a failed
-build an error instead of a logged fallback. Gradients go through XLA's dot, so
-training is unaffected. The choice is made when a function is traced: programs
-already compiled keep theirs.
+`uses_kernel` decides at trace time: float32 / bfloat16 products of at most
+`MAX_ROWS[w.dtype]` rows on one CPU device, once built. `SPECJAX_CPU_KERNEL=0`
+keeps XLA's dot everywhere; `=1` makes a failed build an error instead of a
+logged fallback. Gradients go through XLA's dot. Measurements and the design:
+docs/performance.md ("a CPU kernel of our own").
 """
 
 from __future__ import annotations
@@ -139,8 +125,7 @@ def kernel_status() -> dict:
 
 
 def uses_kernel(rows: int, x_dtype, w_dtype) -> bool:
-  """Whether a product of `rows` rows in these dtypes runs on the kernel
-  (decided at trace time; see the module docstring).
+  """Whether a product of `rows` rows in these dtypes runs on the kernel.
 
   Raises:
     ValueError: SPECJAX_CPU_KERNEL is not "auto", "0" or "1".
@@ -190,8 +175,8 @@ _kernel_product.defvjp(_product_fwd, _product_bwd)
 def matmul(x: jax.Array, w: jax.Array, dtype=None, *, transposed: bool = False) -> jax.Array:
   """`x [..., K] @ w [K, N]` -> `[..., N]` in `dtype` (default x's), float32
   accumulation: the kernel when `uses_kernel` says so, else XLA's dot (w cast
-  to x's dtype first, as `nnx.Linear` does). `transposed`: w is stored `[N, K]`
-  (the product is `x @ w.T`, as a tied output head multiplies by the embedding)."""
+  to x's dtype, as `nnx.Linear` does). `transposed`: w is `[N, K]` (tied head)."""
+
   dtype = jnp.dtype(dtype or x.dtype)
   *lead, k = x.shape
   n_axis = 0 if transposed else 1

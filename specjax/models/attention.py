@@ -4,27 +4,12 @@
             scale=..., cap=..., impl=...) -> [B, T, N, H]
 
 Every implementation computes the same function: query t of row b reads the
-cache slots s where `mask[b, t, s]` is True, and nothing else (slots at or past a
-row's length hold stale keys; the mask is what keeps them out).
-
-  "einsum"       `attend`: grouped-query einsums over the `[B, K, S, H]` cache,
-                 scores and softmax in float32. The reference; the only one with
-                 soft-capping (`attn_softcap`).
-  "dot_product"  `jax.nn.dot_product_attention` (XLA's implementation), which
-                 takes keys as `[B, S, K, H]`: every call transposes the layer's
-                 keys and values, a copy of both unless XLA folds the transpose
-                 into its dots.
-  "pallas"       on GPU, a decode call (T == 1) whose mask is one run of slots
-                 per row (causal, or a sliding window) goes through JAX's Pallas
-                 decode-attention kernel (`jax.experimental.pallas.ops.gpu.
-                 decode_attention`), which reads `[B, K, S, H]` as it is and
-                 stops at each row's length; everything else (T > 1, token
-                 trees, other backends, shapes the kernel cannot tile) goes
-                 through "dot_product".
-
-Setting the environment variable SPECJAX_PALLAS_INTERPRET=1 (read when a call
-is traced) runs the Pallas kernel in interpret mode on any backend, which is how
-the tests check it on CPU.
+cache slots s where `mask[b, t, s]` is True (the mask keeps stale slots out).
+"einsum" (`attend`) is the reference and the only one with soft-capping;
+"dot_product" is `jax.nn.dot_product_attention`; "pallas" sends GPU decode calls
+(T == 1, one run of slots per row) to JAX's Pallas decode kernel and everything
+else to "dot_product". SPECJAX_PALLAS_INTERPRET=1 (read at trace time) runs the
+kernel in interpret mode on any backend. Which to choose: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -85,25 +70,16 @@ def attend(
 def dot_product_attend(
   q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None
 ) -> jax.Array:
-  """`attend` (without soft-capping) through `jax.nn.dot_product_attention`.
-
-  Same arguments and result as `attend`. That function wants keys and values as
-  `[B, S, K, H]`, so both are transposed from the cache's `[B, K, S, H]` on every
-  call: up to a copy of this layer's cache per call, which is what the einsum
-  path avoids. Its scores and softmax run in float32 too.
-  """
+  """`attend` (without soft-capping) through `jax.nn.dot_product_attention`, which
+  takes `[B, S, K, H]`: each call transposes the layer's cache (maybe a copy)."""
   k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
   return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
 
 
 def mask_span(mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`(start [B], stop [B], contiguous [])` of a decode mask `[B, S]`.
-
-  Row b reads slots `start[b] <= s < stop[b]` (its first and one past its last
-  True); `contiguous` is True when every row reads exactly that run (a causal
-  or sliding-window mask) and at least one slot, i.e. when the run describes
-  the mask. A token tree's mask, with holes at the slots of other branches, is
-  not contiguous in general.
+  """`(start [B], stop [B], contiguous [])` of a decode mask `[B, S]`: row b's first
+  and one past its last True; `contiguous` when every row reads exactly that
+  (non-empty) run, as a causal or sliding-window mask does.
   """
   s = mask.shape[-1]
   start = jnp.argmax(mask, axis=-1).astype(jnp.int32)
@@ -135,9 +111,9 @@ def _pallas_decode(
   scale: float | None,
   tiling: tuple[int, int, bool],
 ) -> jax.Array:
-  """`attend` of one query per row (T == 1) through the Pallas decode kernel,
-  which reads slots `start <= s < stop` of each row (`mask_span`): the caller
-  guarantees that run is the mask (no token tree)."""
+  """`attend` of one query per row through the Pallas decode kernel over slots
+  `start <= s < stop` (`mask_span`; the caller guarantees that run is the mask)."""
+
   from jax.experimental.pallas.ops.gpu import decode_attention  # imports Triton bindings
 
   b, _, n, h = q.shape
@@ -178,21 +154,14 @@ def attention(
   impl: str = "einsum",
   contiguous: bool = True,
 ) -> jax.Array:
-  """Grouped-query attention by implementation `impl` (see the module docstring).
+  """Grouped-query attention by implementation `impl` (one of `ATTENTION_IMPLS`).
 
-  Args:
-    q: `[B, T, N, H]` queries.
-    k, v: `[B, K, S, H]` keys and values (N % K == 0), in q's dtype.
-    mask: `[B, T, S]` bool, True where query t may read slot s; each row's
-      stale slots (at or past its length) must be False.
-    scale: the factor on q.k (None: H ** -0.5).
-    cap: soft-capping of the scaled scores; "einsum" only.
-    impl: one of `ATTENTION_IMPLS`: "einsum", "dot_product" or "pallas".
-    contiguous: static: each row's mask is one run of slots (causal or a
-      sliding window). False for token trees, whose masks have holes: "pallas"
-      then goes through "dot_product".
+  Args: as `attend`'s (stale slots must be masked out), and
+    contiguous: static: each row's mask is one run of slots (False for token
+      trees: "pallas" then goes through "dot_product").
 
   Returns:
+
     `[B, T, N, H]` in q's dtype, equal to `attend`'s within rounding.
   """
   if impl not in ATTENTION_IMPLS:

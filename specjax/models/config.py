@@ -1,12 +1,7 @@
 """`ModelConfig`: the static description of a decoder-only transformer.
 
-One frozen, hashable dataclass describes every architecture specjax runs. The
-defaults give a Llama-style decoder (RMSNorm, RoPE, grouped-query attention,
-SwiGLU); the variant fields (`norm`, `mlp`, `positions`, the bias flags) let
-GPT-2-style models (LayerNorm, GELU, learned positions, biases) share the same
-module, cache and decode path.
-
-Axis glossary used in docstrings across specjax:
+One frozen, hashable dataclass; the defaults give a Llama-style decoder, the
+variant fields GPT-2- and Gemma-style ones. Axis glossary used across specjax:
   B batch, T tokens in one call, S cache capacity (slots), P prompt width,
   V vocabulary, D d_model, N query heads, K kv heads, G = N // K, H head dim,
   F d_ff, L layers.
@@ -66,31 +61,23 @@ class ModelConfig:
   """Hyper-parameters of a `specjax.Transformer`.
 
   Attributes:
-    vocab_size: number of token ids V; ids live in [0, V).
-    d_model: residual width D.
-    n_layers: number of decoder blocks L.
-    n_heads: query heads N.
+    vocab_size, d_model, n_layers, n_heads, d_ff: V, D, L, N, F.
     n_kv_heads: key/value heads K (grouped-query attention); N % K == 0.
-    d_ff: hidden width F of the MLP.
-    max_seq_len: the longest sequence (prompt + generation + draft slack) the
-      model may see; caches are allocated at most this long.
+    max_seq_len: the longest sequence (prompt + generation + draft slack).
     head_dim: per-head width H; defaults to d_model // n_heads.
     rope_theta: RoPE base frequency (used when positions == "rope").
     rope_scaling: optional Llama 3 frequency scaling of RoPE.
-    sliding_window: if set, a query at position i reads only keys at positions
-      in (i - sliding_window, i] (Mistral; Gemma's local layers).
-    local_layers: the layers (0-based) that use `sliding_window`, the others
-      attending globally (Gemma 2/3 alternate); None: every layer uses it.
+    sliding_window: if set, position i reads keys in (i - sliding_window, i].
+    local_layers: the layers (0-based) using `sliding_window`; None: all.
     rope_local_theta: RoPE base of the `local_layers`, without `rope_scaling`
       (Gemma 3); None: every layer uses rope_theta and rope_scaling.
     norm_eps: epsilon of the normalisation layers.
     norm: "rmsnorm" (Llama) or "layernorm" (GPT-2).
-    norm_offset: the norms multiply by `norm_offset + scale` (Gemma stores its
-      RMSNorm weights as w - 1: offset 1.0).
-    sandwich_norms: norms on the attention and MLP outputs too, before each
-      residual add (Gemma 2/3: pre- and post-norms around both sublayers).
-    scale_embeddings: token embeddings times sqrt(d_model), rounded to the
-      compute dtype as Gemma does.
+    norm_offset: the norms multiply by `norm_offset + scale` (Gemma: 1.0).
+    sandwich_norms: norms on the sublayers' outputs too (Gemma 2/3).
+    scale_embeddings: embeddings times sqrt(d_model), rounded to the compute
+      dtype (Gemma).
+
     mlp: "swiglu" (gated SiLU, Llama), "geglu" (gated tanh-GELU, Gemma) or
       "gelu" (plain GELU, GPT-2).
     attn_scale: the factor on q.k scores; None: head_dim ** -0.5 (Gemma:
@@ -106,15 +93,10 @@ class ModelConfig:
     dtype: compute dtype of activations ("float32", "bfloat16", "float16").
     param_dtype: storage dtype of the parameters.
     init_std: standard deviation of the normal initialiser of weight matrices.
-    scan_layers: stack the blocks' weights along a leading layer axis and run
-      them in a loop (`specjax/models/scan.py`): one block to compile instead
-      of L. None: the platform's default (`default_scan_layers`).
-    attention: how attention is computed (`specjax.models.attention`), the same
-      function each way: "einsum" (the reference, grouped-query einsums over the
-      cache), "dot_product" (`jax.nn.dot_product_attention`) or "pallas" (on GPU,
-      JAX's Pallas decode kernel for one-token decode calls, "dot_product"
-      otherwise). Only "einsum" has soft-capping: the others refuse
-      `attn_softcap`.
+    scan_layers: stacked blocks run in a loop (`specjax/models/scan.py`); None:
+      the platform's default (`default_scan_layers`).
+    attention: "einsum", "dot_product" or "pallas" (`specjax.models.attention`);
+      only "einsum" has soft-capping.
   """
 
   vocab_size: int
@@ -283,12 +265,9 @@ class ModelConfig:
 
 def default_scan_layers(platform: str | None = None) -> bool:
   """Scanned layers by default on `platform` (default: JAX's default backend)?
-
-  Unrolled on CPU, where a scanned layer reads its weights through a dynamic
-  slice that XLA:CPU copies (a decode step then moves its weights twice);
-  scanned on GPU and TPU, where XLA reads the slice in place and the program
-  compiles several times faster (measurements: docs/performance.md).
+  Not on CPU, where XLA copies each layer's weight slice (docs/performance.md).
   """
+
   import jax
 
   return (platform or jax.default_backend()) != "cpu"

@@ -1,45 +1,12 @@
 """Function-preserving expansion (Net2Net-style): a larger model computing the same function.
 
-  cfg = expanded_config(model.cfg, d_model=2048, n_layers=22, n_heads=32, n_kv_heads=8,
-                        d_ff=5632)
+  cfg = expanded_config(model.cfg, d_model=2048, n_layers=22, n_kv_heads=8, ...)
   big = expand(model, cfg)          # big(tokens) == model(tokens) up to float rounding
   big_head = expand_head(head, cfg)  # a draft head of `model`, for `big`
 
-What for: a model of a real model's *shape* (a TinyLlama- or Llama-2-7B-sized
-target) whose outputs are those of a small trained one, so that speculative
-decoding's costs can be measured at that size with the small pair's acceptance
-(random weights accept almost nothing). `specjax.pretrained.load_pair(scale=...)`
-builds such pairs from the bundled one.
-
-How each size grows, old -> new (every weight is zero-padded unless stated):
-  D (d_model): the residual stream keeps its old values in dims [0, D) and zeros
-    after them, because every weight that writes it (embedding columns, o_proj
-    and down_proj outputs) is zero there. An RMSNorm over the wider vector sees
-    mean'(x^2) = (D/D') mean(x^2); with eps' = eps * D/D' its rsqrt is
-    sqrt(D'/D) times the old one, so the norms' multipliers
-    (norm_offset + scale) are multiplied by sqrt(D/D').
-  K, G (kv heads, queries per kv head): query head n reads kv head n // G, so kv
-    head j stays j and query head j*G + r becomes j*G' + r (needs K' >= K and
-    G' >= G). New query heads read zero keys (uniform attention) but their
-    o_proj rows are zero; new kv heads are read only by new query heads. (In the
-    fused qkv_proj, kv head j's columns [G queries, key, value] become [G'
-    queries, key, value]: the old queries first, key and value at the end.)
-  H (head_dim): RoPE rotates dim i with dim i + H/2, so old dims [0, H/2) stay
-    and old dims [H/2, H) move to [H'/2, H'/2 + H/2); rope_theta' =
-    rope_theta^(H'/H) keeps the old frequencies theta^(-2i/H) for i < H/2 (an
-    elementwise rope_scaling keeps them too), and attn_scale is pinned to the
-    old H^-0.5.
-  F (d_ff): the new hidden units read zero rows and write zero rows of down_proj.
-  L (layers): old layer i becomes layer `layer_map(L, L')[i]` (the first and the
-    last stay first and last); the others are exact identities (all-zero
-    projections: attention and MLP add 0), so after new layer layer_map[c-1]
-    the residual is the old one after c layers (`expanded_layer_count`).
-
-`expanded_config(base, **sizes)` sets the derived fields (norm_eps, rope_theta,
-attn_scale, local_layers); `check_expansion(base, cfg)` names any field that
-breaks the function. The new model is built abstractly and filled one parameter
-at a time on the default device, directly in its own param_dtype: the peak is the
-new model plus one parameter (and the old model, which the caller holds).
+Used to measure speculative decoding at a real model's shape with a small
+trained pair's acceptance (`pretrained.load_pair(scale=...)`). How each size
+grows, the derived fields and the memory peak: docs/scaled_pairs.md.
 """
 
 from __future__ import annotations
@@ -75,9 +42,8 @@ _REL_TOL = 1e-9  # float fields (eps, theta, scale) derived in float64
 
 def layer_map(n_old: int, n_new: int) -> tuple[int, ...]:
   """Where each of `n_old` layers goes among `n_new >= n_old`: layer i to
-  round(i * (n_new - 1) / (n_old - 1)) (halves up), so the first and the last
-  stay first and last and the identities between are spread evenly; one layer
-  goes to 0. Strictly increasing: the step (n_new - 1) / (n_old - 1) is >= 1."""
+  round(i * (n_new - 1) / (n_old - 1)) (halves up; first and last stay so), or 0
+  for one layer."""
   for name, value in (("n_old", n_old), ("n_new", n_new)):
     if not is_int(value) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
@@ -123,12 +89,8 @@ def _derived(base: ModelConfig, d_model: int, head_dim: int, n_layers: int) -> d
 
 
 def expanded_config(base: ModelConfig, **fields) -> ModelConfig:
-  """`base.replace(**fields)` with the fields an exact expansion needs derived:
-  norm_eps scaled by D/D', rope_theta (and rope_local_theta) raised to H'/H,
-  attn_scale pinned to the base's H^-0.5 when H grows, local_layers moved with
-  their layers (`layer_map`). Pass sizes (d_model, n_layers, n_heads,
-  n_kv_heads, head_dim, d_ff, max_seq_len) and free fields (dtype, param_dtype,
-  init_std, norm_offset).
+  """`base.replace(**fields)` (sizes and free fields) with the derived fields
+  (`DERIVED_FIELDS`) set as an exact expansion needs.
 
   Raises:
     ValueError: a derived field passed in `fields`, or a config `check_expansion`
@@ -154,10 +116,7 @@ def _field_error(field: str, message: str) -> ValueError:
 
 def check_expansion(base: ModelConfig, cfg: ModelConfig) -> None:
   """Raises ValueError, naming the ModelConfig field, unless `expand` can turn a
-  model of `base` into one of `cfg` computing the same function: sizes that
-  only grow (with at least as many kv heads and queries per kv head), derived
-  fields as `expanded_config` sets them, every other field but the free ones
-  (dtype, param_dtype, init_std, norm_offset) unchanged."""
+  model of `base` into one of `cfg` computing the same function."""
   for field in FIXED_FIELDS:
     old, new = getattr(base, field), getattr(cfg, field)
     if old != new:
@@ -233,15 +192,10 @@ def _check_derived(base: ModelConfig, cfg: ModelConfig) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-  """The old and new sizes of each axis letter a parameter is made of.
-
-  Letters: V vocab, D d_model, S max_seq_len (learned positions), K kv heads,
-  G queries per kv head, H head dim, F d_ff; E the [features; embedding] rows
-  of EAGLE's fc (2D), X the fused features' rows of its `fuse` (nf * D); J the
-  G + 2 slots of a kv head's group in the fused qkv_proj (its queries, key,
-  value), P the (gate, up) pair of a hidden unit in gate_up_proj
-  (`specjax.models.fused`).
-  """
+  """The old and new sizes of each axis letter: V vocab, D d_model, S max_seq_len,
+  K kv heads, G queries per kv head, H head dim, F d_ff; E EAGLE fc's 2D rows, X
+  its `fuse`'s nf * D rows; J a kv head's G + 2 qkv_proj slots (queries, key,
+  value), P gate_up_proj's (gate, up) pair."""
 
   old: ModelConfig
   new: ModelConfig
@@ -322,8 +276,7 @@ _HEAD_AXES = {
 @functools.partial(jax.jit, static_argnames=("old_view", "new_view", "segments", "shape", "dtype"))
 def _place(old, scale, shift, fill, *, old_view, new_view, segments, shape, dtype):
   """`old` viewed as `old_view`, times `scale` plus `shift`, placed by `segments`
-  (per axis) into an array of `new_view` filled with `fill`, in `dtype`, viewed
-  as `shape`. Computed where jit puts it (the default device): one parameter."""
+  (per axis) into a `new_view` array filled with `fill`, in `dtype`, as `shape`."""
   values = old.reshape(old_view).astype(jnp.float32) * scale + shift
   new = jnp.full(new_view, fill, dtype)
   blocks = [((), ())]
@@ -342,12 +295,9 @@ def _filled(value, *, shape, dtype):
 
 
 def _grow(plan: _Plan, letters: str, old: jax.Array, shape, dtype, is_scale: bool) -> jax.Array:
-  """One parameter of axes `letters`, grown from `old` to `shape` in `dtype`.
-
-  A norm scale (`is_scale`, one axis) keeps the norm's output: its multiplier
-  (offset + scale) is multiplied by sqrt(old / new width) and the new offset
-  taken off; its new entries get the same multiple of the identity (they only
-  ever multiply zeros)."""
+  """One parameter of axes `letters`, grown from `old` to `shape` in `dtype`. A
+  norm scale's multiplier (offset + scale) is multiplied by sqrt(old / new width),
+  new entries included (they only multiply zeros)."""
   axes = [plan.axis(letter) for letter in letters]
   scale, shift, fill = 1.0, 0.0, 0.0
   if is_scale:
@@ -402,17 +352,9 @@ def _block_param(plan: _Plan, rest: tuple, old: jax.Array, shape, dtype) -> jax.
 
 
 def expand(model: Transformer, cfg: ModelConfig) -> Transformer:
-  """A `Transformer` of config `cfg` computing `model`'s function (logits equal
-  up to float rounding), in cfg's dtype and param_dtype.
-
-  Args:
-    model: the model to grow.
-    cfg: its expanded config, normally `expanded_config(model.cfg, **sizes)`.
-
-  Returns:
-    The new model; `model` is not changed. Old layer i is new layer
-    `layer_map(L, L')[i]`; a layer count c of the old model is
-    `expanded_layer_count(c, L, L')` of the new one.
+  """A new `Transformer` of config `cfg` (normally `expanded_config(model.cfg,
+  **sizes)`) computing `model`'s function, up to float rounding. Old layer i is
+  new layer `layer_map(L, L')[i]`.
 
   Raises:
     ValueError: `check_expansion(model.cfg, cfg)` fails (names the field).
@@ -461,16 +403,14 @@ def expand_head(head: nnx.Module, new: HeadConfig | ModelConfig) -> nnx.Module:
   target, predicting through it what `head` predicts through the old one.
 
   Args:
-    head: the head, with `head.cfg` its `HeadConfig`.
-    new: the expanded target's `ModelConfig` (the head config follows:
-      `expanded_head_config`), or the new `HeadConfig` itself: its layer counts
-      must be the moved ones, and its block may grow further (a larger d_ff).
+    new: the expanded target's `ModelConfig` (via `expanded_head_config`), or
+      a `HeadConfig` with the moved layer counts (its block may grow further).
 
   Raises:
-    ValueError: the target or the head's block is no exact expansion (the
-      field named), or a HeadConfig that changes the kind, the number of
-      Medusa heads or a layer count.
+    ValueError: no exact expansion (the field named), or a HeadConfig that
+      changes the kind, the number of Medusa heads or a layer count.
   """
+
   old_cfg: HeadConfig = head.cfg
   if isinstance(new, ModelConfig):
     new = expanded_head_config(old_cfg, new)

@@ -1,21 +1,13 @@
 """The column layouts of the fused projections, and their per-projection names.
 
-Each decoder layer (`specjax.models.transformer`) multiplies by one matrix for
-queries, keys and values and, in a gated MLP, one for gate and up: two products
-where five ran. Their columns are ordered so that a column-chunk sharding of the
-fused axis (over the `model` mesh axis) hands each device whole kv-head groups
-and whole hidden units, and the split after the product needs no communication:
+  attn.qkv_proj `[D, K*(G+2)*H]` viewed as `[K, G+2, H]`: kv head k's G query
+    heads (query head n = k*G + g), then its key, then its value.
+  mlp.gate_up_proj `[D, 2F]` viewed as `[F, 2]`: unit f's gate, then its up.
 
-  attn.qkv_proj `[D, K*(G+2)*H]`: columns viewed as `[K, G+2, H]`: kv head k's G
-    query heads (query head n = k*G + g, the usual grouped-query order), then
-    its key, then its value.
-  mlp.gate_up_proj `[D, 2F]`: columns viewed as `[F, 2]`: hidden unit f's gate,
-    then its up. (A GELU MLP has no gate and keeps `up_proj`.)
-
-Biases follow their kernel's columns. Checkpoints keep per-projection tensors
-(`q_proj`, `k_proj`, `v_proj`, `gate_proj`, `up_proj`: Hugging Face's names,
-and the bundled heads' files): loaders write each one into its `Part` of the
-fused parameter, exporters take it out again.
+A column-chunk sharding thus hands each device whole kv-head groups and hidden
+units (docs/performance.md, "Fused projections"). Biases follow their kernel's
+columns. Checkpoints keep per-projection tensors (`q_proj`, ..., `up_proj`):
+loaders write each into its `Part`, exporters take it out again.
 """
 
 from __future__ import annotations

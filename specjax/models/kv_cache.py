@@ -1,12 +1,8 @@
 """Static-shape KV cache with per-row lengths.
 
-The cache is a plain pytree: one `[B, K, S, H]` key and value array per layer
-(or, for a model with scanned layers, one stacked `[B, L, K, S, H]` array each)
-and `lengths [B]`, the number of valid slots of each row. A model call writes its T
-new tokens of row b at slots `lengths[b] .. lengths[b] + T - 1` and attends by
-position, so slots at or past a row's length are never read. Rolling a row back
-after a rejected draft is therefore bookkeeping: lower `lengths[b]`; the stale
-slots are overwritten by the next call.
+A call writes row b's T new tokens at slots `lengths[b] ..` and never reads
+slots at or past a row's length, so rolling back a rejected draft is
+bookkeeping: lower `lengths[b]`.
 """
 
 from __future__ import annotations
@@ -26,10 +22,9 @@ class KVCache:
   """Per-layer keys and values plus per-row lengths.
 
   Attributes:
-    k: tuple of L arrays `[B, K, S, H]` (heads before slots: the layout the
-      attention matmuls read without a transpose), or for scanned layers one
-      stacked `[B, L, K, S, H]` array (rows first: the serving engine moves
-      rows leaf by leaf).
+    k: tuple of L arrays `[B, K, S, H]` (heads before slots: no transpose for
+      attention), or one stacked `[B, L, K, S, H]` array (scanned layers).
+
     v: like k.
     lengths: `[B]` int32, valid slots per row (= position of the next token).
   """
@@ -88,11 +83,10 @@ class KVCache:
   def gather_path(self, path: jax.Array, base: jax.Array) -> KVCache:
     """Moves an accepted tree path into consecutive slots (lengths unchanged).
 
-    A token tree's node i sits at slot `base[b] + i`; the accepted nodes
-    `path [B, D]` (from the top, -1 padded) move to slots `base[b] + d`, so the
-    committed sequence is contiguous and the rest rolls back by lengths. A
-    static-shape gather of D slots per layer.
+    Node i sits at slot `base[b] + i`; the accepted nodes `path [B, D]` (-1
+    padded) move to slots `base[b] + d`: a static gather of D slots per layer.
     """
+
     d = path.shape[1]
     nodes = jnp.where(path >= 0, path, jnp.arange(d, dtype=path.dtype)[None, :])
     index = base[:, None] + nodes  # [B, D]
@@ -108,12 +102,8 @@ class KVCache:
 
 
 def cache_capacity(prompt_width: int, max_new_tokens: int, gamma: int | None = None) -> int:
-  """KV-cache slots per row for one generate call: the one formula for it.
-
-  Autoregressive decoding (`gamma=None`) needs the prompt and the budget;
-  speculative decoding also the slack of one verification block (gamma + 1
-  positions written past the committed sequence before rollback).
-  """
+  """KV-cache slots per row for one generate call: the one formula for it (the
+  prompt, the budget and, unless `gamma` is None, a verification block's slack)."""
   slack = 0 if gamma is None else gamma + 1
   return int(prompt_width) + int(max_new_tokens) + slack
 
@@ -141,14 +131,10 @@ def write_rows(
 
   Args:
     buffer: `[B, ..., S, ...]` with S at `axis`.
-    update: like buffer but T <= S along `axis` (and 1 along the `leading` axes).
-    starts: `[B]` int32 offsets; callers guarantee `starts + T <= S` (XLA would
-      otherwise clamp the offset and overwrite valid slots).
-    leading: offsets (same for every row, may be traced) along the axes
-      right after B, e.g. the layer of a stacked cache.
-
-  Returns:
-    buffer with the T slots of each row replaced.
+    update: like buffer but T <= S along `axis` (1 along the `leading` axes).
+    starts: `[B]` int32; callers guarantee `starts + T <= S` (XLA would clamp).
+    leading: offsets shared by all rows along the axes after B (a stacked
+      cache's layer).
   """
   b, t = buffer.shape[0], update.shape[axis]
   if b == 1:  # a plain dynamic_update_slice (XLA rewrites a 1-row scatter as one plus a select)
@@ -170,15 +156,11 @@ def write_rows(
 def write_layer(layer_cache: tuple, k: jax.Array, v: jax.Array, starts: jax.Array):
   """Writes one layer's T new keys and values `k, v [B, K, T, H]` at `starts [B]`.
 
-  Args:
-    layer_cache: `(k, v)`, this layer's `[B, K, S, H]` arrays, or
-      `(k, v, i)`: a stacked `[B, L, K, S, H]` pair and the (traced) layer
-      index of a scanned model; only the T new slots are written, in place.
-
-  Returns:
-    `(keys, values, layer_cache)`: the layer's `[B, K, S, H]` keys and values
-    to attend to, and the updated `layer_cache` (same form as given).
+  `layer_cache` is `(k, v)` (`[B, K, S, H]` each) or `(k, v, i)`, a stacked
+  pair and a traced layer index. Returns `(keys, values, layer_cache)`: the
+  layer's `[B, K, S, H]` keys and values, and the updated cache (same form).
   """
+
   if len(layer_cache) == 2:
     keys = write_rows(layer_cache[0], k, starts, axis=2)
     values = write_rows(layer_cache[1], v, starts, axis=2)

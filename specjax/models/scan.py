@@ -1,26 +1,12 @@
 """Scanned layers: the decoder blocks' weights stacked along a leading layer axis
 and run by a loop over that axis (`ModelConfig(scan_layers=True)`).
 
-An unrolled model traces, optimises and compiles L copies of the block; a
-scanned one compiles one block and a loop of known trip count around it, which
-is what makes large models compile in seconds rather than minutes (and keeps an
-accelerator's program small). The results are the same to float rounding.
-
-What changes with `scan_layers`:
-  - `Transformer.layers` is a `ScannedBlocks`: one `Block` whose parameters
-    have a leading axis of L (logical name "layers", replicated by the default
-    rules); `len`, iteration and `layers[i]` still give per-layer views.
-  - The KV cache is stacked too: `KVCache.k` is one `[B, L, K, S, H]` array
-    (rows first, so the serving engine still moves rows leaf by leaf) instead
-    of a tuple of L `[B, K, S, H]` arrays. Each layer writes its T new slots
-    into the stack in place.
-  - Layers that differ (Gemma's local and global windows, their RoPE bases)
-    are selected inside the loop by layer index from per-layer tables.
-
-`scan_model` / `unscan_model` convert a model between the two layouts (the
-Hugging Face loader and exporter, `expand` and checkpoint conversion go
-through them); `stack_state` / `unstack_state` do the same to a parameter
-state alone.
+One block compiles instead of L (same results to float rounding).
+`Transformer.layers` is a `ScannedBlocks` (`len`, iteration and `layers[i]`
+still give per-layer views); `KVCache.k` is one `[B, L, K, S, H]` array (rows
+first, so the serving engine moves rows leaf by leaf). `scan_model` /
+`unscan_model` convert a model, `stack_state` / `unstack_state` a state.
+Measurements: docs/performance.md ("Scanned layers").
 """
 
 from __future__ import annotations
@@ -126,16 +112,11 @@ class ScannedBlocks(nnx.Module):
   ):
     """Runs layers `start .. stop - 1` over `x [B, T, D]` in one loop.
 
-    Args:
-      positions: `[B, T]`; masks: window -> `[B, T, S or T]` (every window of
-        the layers run); starts `[B]`: where the T new slots go.
-      cache_kv: None (no cache), or the stacked `(k, v)`, each `[B, L, K, S, H]`.
-      inv_freqs: `[L, H/2]` per-layer RoPE frequencies, or None (learned positions).
-      contiguous: static: the masks are one run of slots per row (not a tree).
-
-    Returns:
-      `(x [B, T, D], cache_kv)`.
+    `positions [B, T]`, `masks` (window -> `[B, T, S or T]`), `starts [B]` and
+    `contiguous` as for `Attention`; `cache_kv` None or the stacked `(k, v)`;
+    `inv_freqs [L, H/2]` or None. Returns `(x [B, T, D], cache_kv)`.
     """
+
     graphdef, state = nnx.split(self.block)
     windows = sorted(set(self.windows[start:stop]), key=lambda w: (w is not None, w or 0))
     if len(windows) == 1:
@@ -161,10 +142,10 @@ class ScannedBlocks(nnx.Module):
 
 
 def stack_layer_params(params: dict, num_layers: int) -> dict:
-  """Flat parameters `{path: array}` of the unrolled layout (`("layers", i, ...)`)
-  -> the scanned layout (`("layers", "block", ...)`, `[L, ...]`). Per-layer
-  arrays are dropped from `params` as they are stacked, so peak memory grows
-  by one stacked parameter, not by the model."""
+  """Flat parameters `{path: array}`, `("layers", i, ...)` -> `("layers", "block",
+  ...)` `[L, ...]`; per-layer arrays leave `params` as they are stacked (peak
+  memory: one stacked parameter more)."""
+
   out, rests = {}, []
   for path in list(params):
     if path[0] != LAYER_AXIS:

@@ -3,20 +3,15 @@
 One Flax NNX module covers Llama-style models (RMSNorm, RoPE, grouped-query
 attention, SwiGLU), GPT-2-style ones (LayerNorm, learned positions, GELU,
 biases) and Gemma-style ones (sandwich norms, GeGLU, soft-capping, alternating
-local and global attention), chosen by `ModelConfig` fields, so every
-architecture goes through the same two calls:
+local and global attention), chosen by `ModelConfig` fields:
 
   model(tokens)                          -> logits [B, T, V]          (no cache)
   model.forward_cached(tokens, cache)    -> (logits [B, T, V], cache) (T >= 1)
 
-The cached call writes T tokens per row at that row's own cache length, which is
-what verification needs (gamma + 1 positions in one call). Logits are float32
-whatever the compute dtype, because the sampling warps and verification rules
-compare probabilities and must not inherit bfloat16 rounding.
-
-Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`,
-`vocab`, ...) as sharding metadata; a mesh and a rules table map them onto
-devices, nothing here assumes one device.
+The cached call writes T tokens per row at that row's own cache length (gamma + 1
+positions in one verification call). Logits are float32 whatever the compute
+dtype: the warps and verification compare probabilities. Parameters carry
+logical axis names (`embed`, `heads`, ...) for sharding (`specjax.distributed`).
 """
 
 from __future__ import annotations
@@ -50,9 +45,8 @@ def _zeros(names: tuple[str | None, ...]):
 
 
 class Linear(nnx.Linear):
-  """`nnx.Linear` (same parameters, same result) whose product of a decode
-  step's few rows runs on specjax's CPU kernel (`specjax.kernels.matmul`)
-  instead of XLA's dot; everything else is nnx.Linear's own call."""
+  """`nnx.Linear` whose product of a decode step's few rows runs on specjax's CPU
+  kernel (`specjax.kernels.matmul`); same parameters, same result."""
 
   def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
     kernel = self.kernel[...]
@@ -69,11 +63,8 @@ class Linear(nnx.Linear):
 
 
 class Norm(nnx.Module):
-  """RMSNorm or LayerNorm over the last axis, computed in float32.
-
-  The result is multiplied by `cfg.norm_offset + scale` (offset 1 for Gemma,
-  whose weights are stored as w - 1); the scale starts at the identity.
-  """
+  """RMSNorm or LayerNorm over the last axis in float32, times `cfg.norm_offset +
+  scale` (Gemma stores w - 1: offset 1); the scale starts at the identity."""
 
   def __init__(self, cfg: ModelConfig, width: int | None = None, axis: str = "embed"):
     """Over `width` features (default d_model), logical axis `axis`."""
@@ -134,10 +125,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 def attention_mask(
   q_positions: jax.Array, k_positions: jax.Array, window: int | None = None
 ) -> jax.Array:
-  """`[B, T, S]` bool: query at `q_positions [B, T]` may read key at `k_positions [S]`.
-
-  Causal, and limited to the last `window` positions when that is set.
-  """
+  """`[B, T, S]` bool: query at `q_positions [B, T]` may read key at `k_positions
+  [S]` (causal, within `window` if set)."""
   q = q_positions[:, :, None]
   k = k_positions[None, None, :]
   mask = k <= q
@@ -147,11 +136,8 @@ def attention_mask(
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with K <= N key/value heads and an optional cache.
-
-  Layer `layer` takes its sliding window and RoPE base from the config (Gemma
-  alternates local and global layers).
-  """
+  """Multi-head attention with K <= N key/value heads and an optional cache; layer
+  `layer`'s sliding window and RoPE base come from the config."""
 
   def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -193,11 +179,9 @@ class Attention(nnx.Module):
     (this layer reads `masks[self.window]`), or this layer's mask itself.
 
     With `layer_cache = (k [B, K, S, H], v [B, K, S, H])` (or a scanned model's
-    stacked pair and layer index, `kv_cache.write_layer`) the T new keys/values
-    are written at `starts [B]` and attention reads the whole cache; returns
-    `(out [B, T, D], layer_cache)`. `inv_freq [H/2]` overrides the layer's own
-    RoPE frequencies (a scanned layer's, chosen by index). `contiguous`
-    (static): the mask is one run of slots per row (False for token trees).
+    stacked pair and layer index) the new keys/values are written at `starts
+    [B]`; returns `(out [B, T, D], layer_cache)`. `inv_freq [H/2]` overrides the
+    layer's RoPE frequencies. `contiguous` (static): one run of slots per row.
     """
     cfg = self.cfg
     b, t, _ = x.shape
@@ -296,23 +280,18 @@ def run_blocks(
   feature_layers: tuple[int, ...] = (),
   tree: tuple[Tree | tuple[int, ...], int] | None = None,
 ) -> tuple[jax.Array, KVCache, list[jax.Array]]:
-  """Runs `blocks` over `x [B, T, D]` after each row's cached prefix.
+  """Runs `blocks` over `x [B, T, D]` after each row's cached prefix (row b's
+  inputs at positions `cache.lengths[b] ..`); also used by draft heads with a
+  cache of their own.
 
-  Row b's T inputs take positions `cache.lengths[b] ..`; each block writes its
-  keys/values there and attends to the cache. Shared by the transformer and by
-  draft heads that keep a cache of their own (EAGLE, early-exit adapters).
-
-  With `tree = (parents, start)` (a `trees.Tree` or a static tuple of parents, and
-  a static start) the T inputs are nodes `start .. start + T - 1` of a token
-  tree over the prefix (`specjax.trees`):
-  written at slots `lengths + start ..`, each reading the prefix, its ancestors
-  and itself at position lengths + depth - 1; `lengths` is not advanced (the
-  commit decides what stays).
+  With `tree = (parents, start)` (a `trees.Tree` or static tuple, static start)
+  the inputs are tree nodes `start ..` (`specjax.trees`), written at slots
+  `lengths + start ..`, each reading the prefix, its ancestors and itself at
+  position lengths + depth - 1; `lengths` is not advanced.
 
   Returns:
-    `(x [B, T, D], cache, features)`: the cache with lengths + T (unchanged for a
-    tree); features are the block outputs after the layer counts in
-    `feature_layers` (1 = after the first).
+    `(x [B, T, D], cache, features)`: lengths + T (not for a tree); features the
+    outputs after the layer counts `feature_layers` (1 = after the first).
   """
   if isinstance(blocks, ScannedBlocks):  # runs the cache's first layers (layer skip)
     if cache.num_layers > len(blocks):
@@ -381,14 +360,8 @@ def _layout(cache: KVCache, t: int, tree, windows=()) -> tuple:
 
 
 class Transformer(nnx.Module):
-  """Decoder-only language model.
-
-  Example:
-    cfg = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4,
-                      n_kv_heads=2, d_ff=128, max_seq_len=256)
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
-    logits = model(tokens)                         # [B, T] -> [B, T, V]
-  """
+  """Decoder-only language model: `Transformer(cfg, rngs=nnx.Rngs(0))(tokens [B, T])`
+  -> logits `[B, T, V]`."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -490,28 +463,21 @@ class Transformer(nnx.Module):
       tokens: `[B, T]` int32; row b's tokens take positions
         `cache.lengths[b] .. cache.lengths[b] + T - 1`.
       cache: a `KVCache` with `lengths + T <= capacity` for every row.
-      logit_indices: optional `[B, R]` indices into T; only those positions get
-        logits (prefill needs one per row, not `[B, P, V]`).
-      num_layers: run only the first `num_layers` blocks, then the final norm
-        and head (layer-skip self-speculation); `cache` must have that many
-        layers. None runs all.
-      return_hidden: also return features for draft heads, at all T positions
-        (whatever `logit_indices` says). True: the residual stream that feeds
-        the final norm, `[B, T, D]`. A static tuple of layer counts (e.g.
-        `(2, 4, 6)`): the residual stream after each of those blocks,
-        concatenated, `[B, T, len * D]` (EAGLE-3-style fusion of lower
-        layers). False (the default) costs nothing.
-      tree: None, or `(parents, start)` (a `trees.Tree` or a static tuple of
-        parents, and a static start): the T tokens are nodes
-        `start ..` of a token tree over the cached prefix (tree attention, see
-        `run_blocks`; `lengths` is not advanced). `(parents, 0)` with all N
-        tokens scores a whole tree in one call.
+      logit_indices: optional `[B, R]` indices into T; only those get logits.
+      num_layers: run only the first `num_layers` blocks (layer skip); `cache`
+        must have that many layers. None runs all.
+      return_hidden: also return draft-head features at all T positions. True:
+        the residual stream before the final norm, `[B, T, D]`; a static tuple
+        of layer counts: the stream after each of those blocks, concatenated,
+        `[B, T, len * D]` (EAGLE-3). False costs nothing.
+      tree: None, or `(parents, start)`: the tokens are nodes `start ..` of a
+        token tree over the cached prefix (`run_blocks`).
 
     Returns:
-      `(logits [B, T or R, V] float32, cache)` with the new keys/values written
-      and `lengths` advanced by T (not for a tree), then the features if
-      `return_hidden`. Roll back by `cache.with_lengths(...)`.
+      `(logits [B, T or R, V] float32, cache)` (lengths + T, not for a tree),
+      then the features if `return_hidden`.
     """
+
     t = tokens.shape[1]
     _, positions, _ = _layout(cache, t, tree)
     x = self._embed(tokens, positions)
@@ -548,14 +514,12 @@ class Transformer(nnx.Module):
     self, features: jax.Array, vocab_subset: jax.Array | None = None
   ) -> jax.Array:
     """`[..., D]` features (the residual stream before the final norm) -> float32
-    logits `[..., V]` through the model's own final norm and head: what draft heads
-    (EAGLE, Medusa, early exit) use instead of a head of their own.
+    logits `[..., V]` through the model's own final norm and head (draft heads).
 
     With `vocab_subset` (`[K]` distinct int32 ids, FR-Spec) only those K rows of
-    the head are multiplied; every other id gets logit -inf, i.e. probability 0
-    in any warp, which keeps a drafter's law exact and cuts the head's cost by
-    V / K.
+    the head are multiplied; every other id gets logit -inf (probability 0).
     """
+
     x = self.final_norm(features)
     if vocab_subset is None:
       return self._head(x)

@@ -1,18 +1,15 @@
 """Small laws worked by hand, then sampled through specjax's own verifiers.
 
-- The explainers' one-token examples: a draft q and a target p over {A, B};
-  acceptance of A is min(1, p(A)/q(A)), a rejection resamples from
-  normalize(max(0, p - q)), and the output law is p.
+- The explainers' one-token examples: q and p over {A, B}; the output law is p.
+
 - Sun et al.'s binary toy (block verification, arXiv 2403.10444): p = (1/3,
   2/3), q = (2/3, 1/3) at every position, gamma = 2: 10/9 expected accepted
   tokens with token verification, 11/9 with block verification.
 - The "keep the draft token only if it is the target's top-1" shortcut: not
   speculative sampling at all at T > 0; its output law is measured against p.
 
-Each function returns a JSON-ready dict: the closed form and what `n` sampled
-draws through `specjax.verify` gave. The draws of each example run as one
-compiled program (run op by op they compiled a program per operation: about
-60 for the block toy).
+Each function returns a JSON-ready dict: the closed form and what `n` draws
+through `specjax.verify` gave (each example's draws: one compiled program).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The reproduction's figures (PNG, matplotlib: `pip install specjax[plots]`).
 
-Each function draws one figure from the measured rows of
-`specjax.reproduce.measure.measure` into `path`: the papers' closed forms as
-curves, our measurements as points on the same axes.
+Each function draws one figure from `measure`'s rows into `path`: the closed
+forms as curves, our measurements as points.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Measured speculative decoding on a target: alpha, tokens per iteration,
 acceptance by draft position, the cost ratio c, predicted and measured speedup.
 
-`measure` decodes every (drafter, gamma, verifier) variant on the same prompts
-one by one (batch 1), one variant at a time, each run interleaved with a run of
-autoregressive decoding (`bench.time_calls`; the baseline is compiled
-once per temperature, ahead of time), and returns one JSON-ready row per
-variant. Each variant's compiled programs are freed before the next
-(`bench.free_compiled_programs`), so the process's memory maps do not
-grow with the number of variants. The prediction is Leviathan's
-S = E(alpha, gamma) / (gamma c + v) with measured alpha, c (drafting one token
-over one target step; see `_costs`) and v (scoring gamma + 1 tokens over one
-target step), so prediction and measurement share every input but the loop's
-own overheads (`bench.predict_speedup`).
+`measure` decodes every (drafter, gamma, verifier) variant at batch 1, each run
+paired with an autoregressive one, freeing each variant's programs before the
+next; one JSON-ready row per variant. The prediction is Leviathan's
+S = E(alpha, gamma) / (gamma c + v) from measured alpha, c and v
+(`bench.predict_speedup`), so it shares every input but the loop's overheads.
 """
 
 from __future__ import annotations
@@ -86,13 +80,9 @@ class _Costs(NamedTuple):
 
 
 def _costs(target, drafters, variants, prompt, max_new_tokens, temperatures, num_runs) -> _Costs:
-  """The costs of `variants`, timed on `prompt` (batch 1).
-
-  A draft `Transformer` drafts a token with one call (Leviathan's c), a count
-  drafter's drafting is free (a table lookup, no model: the paper's convention),
-  any other drafter's is its whole proposal and commit
-  (`bench.drafting_seconds`).
-  """
+  """The costs of `variants`, timed on `prompt` (batch 1): a draft `Transformer`'s
+  one call per token, a count drafter's nothing (the paper's convention), any
+  other drafter's proposal and commit (`bench.drafting_seconds`)."""
   gammas = {v.gamma for v in variants}
   capacity = cache_capacity(prompt[0].shape[1], max_new_tokens, max(gammas))
   call = functools.partial(
@@ -147,19 +137,17 @@ def measure(
     target: the `Transformer` decoded.
     drafters: name -> drafter (anything `speculative_generate` takes).
     variants: what to run (a "greedy" verifier only at temperature 0).
-    prompts, lengths: `[N, P]` int32 prompts and `[N]` lengths; each row is
-      decoded on its own (batch 1).
+    prompts, lengths: `[N, P]` int32 prompts and `[N]` lengths (batch 1 each).
     temperatures: e.g. (0.0, 1.0).
-    num_runs: timed runs per variant (median) after a warm-up, each paired with
-      a run of autoregressive decoding (the row's ar_ms_per_token and speedup).
-    progress: called with a line per step and per variant (the launcher's
-      progress display).
+    num_runs: timed runs per variant (median), each paired with an AR run.
+    progress: called with a line per step and per variant.
+
 
   Returns:
-    One dict per (temperature, variant): alpha, tokens_per_iteration,
-    accepted_through / accepted_given_previous (per draft position), c,
-    verify_cost, predicted_speedup, ms_per_token, ar_ms_per_token, speedup.
+    One dict per (temperature, variant): alpha, tokens per iteration, rates by
+    position, c, verify cost, predicted and measured speedup, ms per token.
   """
+
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
   progress("measuring draft and verification costs")
   costs = _costs(target, drafters, variants, one[0], max_new_tokens, temperatures, num_runs)

@@ -1,10 +1,7 @@
 """The reproduction report: sections of tables, each row the paper's number next
-to ours with a one-line verdict, rendered as markdown and JSON.
-
-A section is a dict {id, title, source, tables, figures, notes}; a table is
-{title, columns, rows}. The builders below take the measured rows of
-`specjax.reproduce.measure.measure` (and the worked examples) and return
-sections; `to_markdown` renders a list of them.
+to ours with a verdict. A section is a dict {id, title, source, tables, figures,
+notes}, a table {title, columns, rows}; the builders take `measure`'s rows and
+`to_markdown` renders them.
 """
 
 from __future__ import annotations

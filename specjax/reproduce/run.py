@@ -1,17 +1,9 @@
 """`reproduce(config, output_dir)`: every section of the report, in one call.
 
 The launcher `experiments/reproduce.py` is this plus flags; configs/reproduce.py
-documents every field. Steps (each logged through `progress`):
-
-  1. the closed forms (instant) and the worked examples, sampled
-  2. the bundled pair, held-out prompts, and the drafters of `config.drafters`:
-     unigram and bigram drafts counted over the training split, the
-     corpus-trained draft (a run directory, trained there first if missing),
-     the bundled distilled draft, prompt lookup, layer skip, the bundled heads
-     and the cross-tokenizer draft
-  3. `measure`: every drafter at `config.gamma`, the distilled draft at every γ
-     of `config.gammas`, and block verification, at each temperature
-  4. the sections, report.md / report.json, and the figures
+documents every field. Steps: the closed forms and worked examples; the bundled
+pair and `config.drafters` (the corpus-trained draft trained first if missing);
+`measure`; the sections, report.md / report.json and figures. docs/reproduction.md.
 """
 
 from __future__ import annotations
@@ -120,8 +112,8 @@ def corpus_documents(tokenizer, max_files: int = 0, root: str | None = None) -> 
 
 def corpus_draft(config, output_dir: str, progress: Callable[[str], None]):
   """The corpus-trained draft: `config.corpus_draft.run` if it holds a trained
-  run, else trained there (or in output_dir) first with `config.corpus_draft.train`
-  (configs/train_draft.py's recipe), evaluated and saved once, at the end."""
+  run, else trained there (or in output_dir) first with `config.corpus_draft.train`."""
+
   from specjax.training import train
   from specjax.training.checkpoint import has_checkpoints, load_trained_model
 
@@ -177,8 +169,8 @@ def _drafters(config, target, draft, tokenizer, output_dir, progress) -> tuple[d
 
 def variants(config) -> list[Variant]:
   """Every drafter at config.gamma; the distilled draft at each γ of config.gammas,
-  and with block verification at config.gamma and T > 0 (where "auto" is token
-  verification; at T = 0 both rules accept exactly the argmax matches)."""
+  and with block verification at config.gamma and T > 0 (at T = 0 both rules
+  accept exactly the argmax matches)."""
   out = [Variant(name, config.gamma) for name in config.drafters]
   out += [Variant(DISTILLED, g) for g in config.gammas if g != config.gamma]
   sampled = tuple(t for t in config.temperatures if t > 0)
@@ -219,10 +211,10 @@ def read_saved_report(path: str, name: str = "--render_from") -> dict[str, Any]:
 
 
 def write_report(result: dict[str, Any], output_dir: str, figures_too: bool = True) -> dict:
-  """Builds the sections (and figures) from `result`'s measured rows and worked
-  examples, writes report.md and report.json into `output_dir`, and returns
-  `result` with its sections and figure names. A saved report.json re-renders
-  through this without measuring again (`experiments.reproduce --render_from`)."""
+  """Builds the sections and figures from `result`, writes report.md and
+  report.json into `output_dir`, returns `result` with sections and figure names
+  (also re-renders a saved report.json: `--render_from`)."""
+
   config = ml_collections.ConfigDict(result["config"])
   rows, ex = result["rows"], result["examples"]
   os.makedirs(output_dir, exist_ok=True)

@@ -80,13 +80,13 @@ class BackgroundEngine:
 
     return submit
 
-  def cancel(self, request_id: int) -> None:
+  def cancel(self, request_id: int, reason: str = "cancelled") -> None:
     """Asks the engine to cancel `request_id` (its slot is freed at the next
-    step, and it finishes with finish_reason "cancelled"). Returns at once;
+    step, and it finishes with finish_reason `reason`). Returns at once;
     an unknown or finished id is ignored, and so is a closed engine (closing
     cancels everything)."""
     with contextlib.suppress(RuntimeError):
-      self._post(lambda: self._cancel(request_id))
+      self._post(lambda: self._cancel(request_id, reason))
 
   def metrics(self) -> dict:
     """`engine.metrics()`, read in the engine thread."""
@@ -211,9 +211,9 @@ class BackgroundEngine:
       if not (self._operations or self._closing):
         self._cond.wait(min(_RETRY_S * 2 ** (self._failures - 1), _MAX_RETRY_S))
 
-  def _cancel(self, request_id: int) -> None:
+  def _cancel(self, request_id: int, reason: str = "cancelled") -> None:
     try:
-      self.engine.cancel(request_id)
+      self.engine.cancel(request_id, reason)
     except Exception as e:  # finished already, or an engine in a bad state
       logger.debug("cancel(%d) ignored: %s", request_id, e)
 

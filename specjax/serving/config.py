@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from specjax.drafting import Drafter, as_drafter
 from specjax.models.transformer import Transformer
 from specjax.serving.policy import POLICIES
-from specjax.validation import check_positive_int, is_int
+from specjax.validation import check_int, check_positive_int, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,9 @@ class EngineConfig:
       smallest that holds them); default: powers of 2 up to `slots`, then
       `slots`.
     seed: the engine's PRNG seed (every random choice derives from it, the
-      step count and the request count).
+      step count and the request count; seeded requests use their own keys).
+    logprobs: the most alternatives a request may ask for with its token
+      log-probabilities (0: none are recorded, nothing computed).
   """
 
   slots: int = 16
@@ -59,8 +61,10 @@ class EngineConfig:
   max_new_tokens: int | None = None
   widths: tuple[int, ...] | None = None
   seed: int = 0
+  logprobs: int = 0
 
   def __post_init__(self):
+    check_int("logprobs", self.logprobs, 0, 20)
     check_positive_int("slots", self.slots)
     check_positive_int("gamma", self.gamma)
     if self.max_new_tokens is not None:

@@ -133,6 +133,7 @@ class Engine:
       ),
       capacity=capacity,
       max_prompt_len=config.max_prompt_len,
+      logprobs=config.logprobs,
     )
     self.policy = SpeculationPolicy(config.policy, config.draft_lengths)
     self._key, self._admit_key = jax.random.split(jax.random.key(config.seed))
@@ -171,6 +172,15 @@ class Engine:
       field = "" if message.startswith("sampling") else "sampling."
       raise ValueError(f"{field}{message}") from None
     check_token_id("stop_id", request.stop_id, self.vocab_size)
+    check_int("choice", request.choice, 0)
+    if request.logprobs is not None:
+      if not self.config.logprobs:
+        raise ValueError("logprobs: this engine records none (EngineConfig.logprobs = 0).")
+      check_int("logprobs", request.logprobs, 0, self.config.logprobs)
+    if request.seed is not None:
+      check_int("seed", request.seed, -(2**63), 2**64 - 1)
+      if not request.sampling.greedy and 0 not in self.config.draft_lengths:
+        raise ValueError(f"seed: policy {self.config.policy!r} takes no plain steps.")
 
   def submit(self, request: Request) -> int:
     """Queues `request`; returns its id. Raises a ValueError naming the field for
@@ -183,14 +193,14 @@ class Engine:
     self.counters["submitted"] += 1
     return request_id
 
-  def cancel(self, request_id: int) -> None:
+  def cancel(self, request_id: int, reason: str = "cancelled") -> None:
     """Stops a request now: its slot is freed (or it leaves the queue); the next
-    `step()` streams its final event, finish_reason "cancelled". A request that
-    already finished is left as it is."""
+    `step()` streams its final event with `reason` ("stop": its client found a
+    stop string). A request that already finished is left as it is."""
     if request_id in self._queued:
       live = self._queued.pop(request_id)
       self._queue.remove(live)
-      self._pending.append(self._finish(live, "cancelled"))
+      self._pending.append(self._finish(live, reason))
       return
     for slot, live in enumerate(self._slot_requests):
       if live is not None and live.request_id == request_id:
@@ -198,7 +208,7 @@ class Engine:
         mask[slot] = True
         self._state = slots.release(self._state, jnp.asarray(mask))
         self._slot_requests[slot] = None
-        self._pending.append(self._finish(live, "cancelled"))
+        self._pending.append(self._finish(live, reason))
         return
 
   def _blank(self) -> slots.SlotState:
@@ -247,6 +257,8 @@ class Engine:
     width = self._compact()
     live = [i for i, s in enumerate(self._slot_requests) if s is not None]
     gamma = self.policy.choose(width)
+    if any(_seeded(s.request) for s in self._slot_requests if s is not None):
+      gamma = 0  # seeded rows draw from their own keys in plain steps only
     if gamma and self._drafter_stale:
       self._state = slots.resync(
         self.target, self.drafter, self._state, width=width, config=self._slot_config
@@ -260,8 +272,8 @@ class Engine:
     try:
       counts = self._run_step(gamma, width, key)
       spec = self._state.spec
-      tokens, num_generated, done, counts, stats = jax.device_get(
-        (spec.tokens, spec.num_generated, spec.done, counts, self._row_stats())
+      tokens, num_generated, done, counts, stats, logprobs = jax.device_get(
+        (spec.tokens, spec.num_generated, spec.done, counts, self._row_stats(), self._lp())
       )
     except Exception as error:  # the batch's state is gone (donated): start afresh
       return events + self._fail_live(f"engine step failed: {type(error).__name__}: {error}")
@@ -272,7 +284,14 @@ class Engine:
     self.counters[f"steps_gamma_{gamma}"] += 1
     self.counters["accepted"] += int(counts[0])
     self.counters["evaluated"] += int(counts[1])
-    return events + self._stream(tokens, num_generated, done, stats)
+    return events + self._stream(tokens, num_generated, done, stats, logprobs)
+
+  def _asked(self) -> bool:
+    """Whether a live request asked for log-probabilities (else none are computed)."""
+    return any(s is not None and s.request.logprobs is not None for s in self._slot_requests)
+
+  def _lp(self):
+    return self._state.logprobs if self._asked() else None
 
   def _run_step(self, gamma: int, width: int, key: jax.Array) -> jax.Array:
     """Dispatches one step program on the batch; returns its (accepted,
@@ -283,6 +302,7 @@ class Engine:
       self.drafter if gamma else None,
       self._state,
       key,
+      jnp.asarray(self._asked()),
       gamma=gamma,
       width=width,
       config=self._slot_config,
@@ -328,10 +348,10 @@ class Engine:
       self.counters["admitted_target_only"] += target_only
     if admitted:
       spec = self._state.spec
-      tokens, num_generated, done, stats = jax.device_get(
-        (spec.tokens, spec.num_generated, spec.done, self._row_stats())
+      tokens, num_generated, done, stats, logprobs = jax.device_get(
+        (spec.tokens, spec.num_generated, spec.done, self._row_stats(), self._lp())
       )
-      events += self._stream(tokens, num_generated, done, stats, only=admitted)
+      events += self._stream(tokens, num_generated, done, stats, logprobs, only=admitted)
     return events
 
   def _admit_one(self, slot: int, request: Request, drafter, key: jax.Array) -> None:
@@ -339,6 +359,15 @@ class Engine:
     that holds it); without a drafter, the target only."""
     prompt = np.asarray(request.prompt, np.int32)
     width = next(p for p in self.config.prompt_buckets if p >= prompt.size)
+    row_key = jnp.zeros((1, 2), jnp.uint32)  # unseeded (greedy rows: a seed changes nothing)
+    if _seeded(request):  # the 64-bit seed as key data, folded with the choice
+      seed = request.seed % 2**64
+      row_key = jax.random.key_data(
+        jax.random.fold_in(
+          jax.random.wrap_key_data(jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], jnp.uint32)),
+          request.choice,
+        )
+      )[None]
     self._state = slots.admit(
       self.target,
       drafter,
@@ -350,10 +379,12 @@ class Engine:
       jnp.asarray([-1 if request.stop_id is None else request.stop_id], jnp.int32),
       RowSampling.of([request.sampling]),
       key,
+      row_key,
+      jnp.asarray(request.logprobs is not None),
       config=self._slot_config,
     )
 
-  def _stream(self, tokens, num_generated, done, stats, only=None) -> list[Event]:
+  def _stream(self, tokens, num_generated, done, stats, logprobs, only=None) -> list[Event]:
     """Events for the slots' newly committed tokens; finished slots are freed."""
     now = time.perf_counter()
     events = []
@@ -362,6 +393,9 @@ class Engine:
       if live is None:
         continue
       new = tokens[slot, live.emitted : num_generated[slot]].tolist()
+      lp = None
+      if live.request.logprobs is not None:
+        lp = _logprobs(logprobs, slot, live.emitted, len(new), live.request.logprobs)
       if new and live.first_token_time is None:
         live.first_token_time = now
       live.emitted = int(num_generated[slot])
@@ -373,15 +407,14 @@ class Engine:
         stopped = last == live.request.stop_id or (
           self.eos_ids is not None and last in np.atleast_1d(self.eos_ids)
         )
-        events.append(
-          self._finish(live, "stop" if stopped else "length", tokens=new, stats=stats, slot=slot)
-        )
+        reason = "stop" if stopped else "length"
+        events.append(self._finish(live, reason, tokens=new, stats=stats, slot=slot, logprobs=lp))
       elif new:
-        events.append(Event(live.request_id, tuple(new)))
+        events.append(Event(live.request_id, tuple(new), logprobs=lp))
     return events
 
   def _finish(
-    self, live: _Live, reason: str, error=None, tokens=(), stats=None, slot=None
+    self, live: _Live, reason: str, error=None, tokens=(), stats=None, slot=None, logprobs=None
   ) -> Event:
     proposed = accepted = evaluated = iterations = 0
     if stats is not None:
@@ -403,7 +436,7 @@ class Engine:
       )
     )
     self.counters[reason] += 1
-    return Event(live.request_id, tuple(tokens), True, reason, error)
+    return Event(live.request_id, tuple(tokens), True, reason, error, logprobs)
 
   def _compact(self) -> int:
     """Moves live rows into the lowest slots when that lets the step run at a
@@ -499,6 +532,8 @@ class Engine:
       jnp.full((1,), -1, jnp.int32),
       RowSampling.of([GREEDY]),
       self._key,
+      jnp.zeros((1, 2), jnp.uint32),
+      jnp.asarray(False),
       config=self._slot_config,
     )
 
@@ -528,6 +563,19 @@ class Engine:
       draft_lengths=self.config.draft_lengths,
       policy=self.policy,
     )
+
+
+def _seeded(request: Request) -> bool:
+  """Whether `request` draws from its own key (a seed matters only when sampling)."""
+  return request.seed is not None and not request.sampling.greedy
+
+
+def _logprobs(buffers, slot: int, start: int, count: int, k: int) -> tuple:
+  """`Event.logprobs` of a slot's tokens [start, start + count) (`SlotState.logprobs`)."""
+  chosen, ids, top = (b[slot, start : start + count] for b in buffers)
+  return tuple(
+    (float(c), tuple(zip(i[:k].tolist(), t[:k].tolist()))) for c, i, t in zip(chosen, ids, top)
+  )
 
 
 def _timing_line(result: WidthTimes, timed_runs: int, seconds: float) -> str:

@@ -1,21 +1,19 @@
-"""An OpenAI-style completions API over a `BackgroundEngine` (FastAPI).
+"""An OpenAI-style API over a `BackgroundEngine` (FastAPI).
 
-  app = make_app(BackgroundEngine(engine), tokenizer, model_name="specjax-stdlib")
+  app = make_app(BackgroundEngine(engine), tokenizer, "specjax-stdlib", chat_template)
   uvicorn.run(app)              # specjax/jobs/serve.py does this, with shutdown
 
-  POST /v1/completions   {"prompt": "def f(x):\\n", "max_tokens": 32, "stream": true}
-  GET  /health           {"status": "ok", "model": ..., engine settings}
-  GET  /metrics          the engine's counters (`Engine.metrics()`)
+  POST /v1/completions       {"prompt": "def f(x):\\n", "max_tokens": 32, "stream": true}
+  POST /v1/chat/completions  {"messages": [{"role": "user", "content": "hi"}]}
+  GET  /v1/models            the served model
+  GET  /health               {"status": "ok", "model": ..., engine settings}
+  GET  /metrics              Prometheus text format (/metrics.json: `Engine.metrics()`)
 
-Request fields: `model` (optional; must name the served model), `prompt` (text,
-or a list of token ids), `max_tokens` (default 16), `temperature` (default 1),
-`top_p` (default 1), `top_k` (an extension, default 0: off), `stream` (default
-false), `stream_options` ({"include_usage": bool}, with `stream`) and
-`stop_token_id` (an extension: stop after this id). Any other field is refused
-rather than ignored. Every invalid request gets status 400 (404 for another
-model) and `{"error": {"message", "type": "invalid_request_error", "param"}}`,
-the message naming the field and its allowed range; the ranges are the engine's
-own (`Engine.submit`'s messages, with its field names changed to these).
+The fields are `_Body`'s and each endpoint's own (docs/serving.md); any other
+is refused rather than ignored. Every invalid request gets status 400 (404 for
+another model) and `{"error": {"message", "type": "invalid_request_error",
+"param"}}`, the message naming the field and its allowed range; the ranges are
+the engine's own (`Engine.check`'s messages, with its field names changed).
 
 Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the
@@ -26,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import re
@@ -37,12 +36,17 @@ import numpy as np
 
 try:
   import fastapi
+  import prometheus_client
   import pydantic
-  from fastapi.responses import JSONResponse, StreamingResponse
+  from fastapi.responses import JSONResponse, Response, StreamingResponse
+  from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
   from starlette.exceptions import HTTPException
 except ImportError as e:
-  raise ImportError("the HTTP server needs FastAPI: pip install 'specjax[serve]'") from e
+  raise ImportError(
+    "the HTTP server needs FastAPI and prometheus_client: pip install 'specjax[serve]'"
+  ) from e
 
+from specjax.data.chat import check_messages
 from specjax.sampling import SamplingParams
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.request import Event, Request
@@ -55,6 +59,8 @@ ENGINE_FIELDS = {
   "max_new_tokens": "max_tokens",
   "stop_id": "stop_token_id",
   "prompt": "prompt",
+  "seed": "seed",
+  "logprobs": "logprobs",
   # SamplingParams' own messages name the bare fields.
   "temperature": "temperature",
   "top_k": "top_k",
@@ -74,13 +80,12 @@ class StreamOptions(pydantic.BaseModel):
   include_usage: bool = False
 
 
-class CompletionBody(pydantic.BaseModel):
-  """The accepted JSON body of POST /v1/completions (ranges are checked by the engine)."""
+class _Body(pydantic.BaseModel):
+  """The fields both endpoints accept (ranges are checked by the engine)."""
 
   # strict: no "16" for 16 or 1 for true; floats accept integers.
   model_config = pydantic.ConfigDict(extra="forbid", strict=True)
   model: str | None = None
-  prompt: str | list[int]
   max_tokens: int = 16
   temperature: float = 1.0
   top_p: float = 1.0
@@ -88,6 +93,25 @@ class CompletionBody(pydantic.BaseModel):
   stream: bool = False
   stream_options: StreamOptions | None = None
   stop_token_id: int | None = None
+  stop: str | list[str] | None = None
+  seed: int | None = None
+  n: int = 1
+
+
+class CompletionBody(_Body):
+  """The accepted JSON body of POST /v1/completions."""
+
+  prompt: str | list[int]
+  logprobs: int | None = None  # the legacy form: how many alternatives
+
+
+class ChatBody(_Body):
+  """The accepted JSON body of POST /v1/chat/completions."""
+
+  messages: list[dict[str, Any]]
+  max_completion_tokens: int | None = None  # the newer name of max_tokens
+  logprobs: bool = False
+  top_logprobs: int | None = None
 
 
 class APIError(Exception):
@@ -115,8 +139,17 @@ def engine_error(error: ValueError) -> APIError:
   return APIError(400, _FIELD_PATTERN.sub(lambda m: ENGINE_FIELDS[m.group(1)], message), param)
 
 
-def parse_body(raw: bytes) -> CompletionBody:
-  """The validated body; raises APIError (400) naming the offending field."""
+# Fields of two types: pydantic's message per member is noise.
+_UNIONS = {
+  "prompt": "a string or a list of integer token ids",
+  "stop": "a string or a list of strings",
+}
+STOP_STRINGS = 4  # at most, as OpenAI's API
+MAX_CHOICES = 16  # n at most
+
+
+def parse_body(raw: bytes, kind: type[_Body] = CompletionBody) -> _Body:
+  """The validated body of a `kind` request; raises APIError (400) naming the offending field."""
   try:
     data = json.loads(raw)
   except (ValueError, UnicodeDecodeError) as e:
@@ -124,17 +157,15 @@ def parse_body(raw: bytes) -> CompletionBody:
   if not isinstance(data, dict):
     raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}.")
   try:
-    return CompletionBody.model_validate(data)
+    body = kind.model_validate(data)
   except pydantic.ValidationError as e:
     error = e.errors()[0]
     field = ".".join(str(p) for p in error["loc"]) if error["loc"] else None
     param = str(error["loc"][0]) if error["loc"] else None
-    if param == "prompt" and error["type"] != "missing":  # which union member is noise
-      message = (
-        f"prompt must be a string or a list of integer token ids, got {_short(data['prompt'])}."
-      )
+    if param in _UNIONS and error["type"] != "missing":
+      message = f"{param} must be {_UNIONS[param]}, got {_short(data[param])}."
     elif error["type"] == "extra_forbidden":
-      model = StreamOptions if error["loc"][0] == "stream_options" else CompletionBody
+      model = StreamOptions if error["loc"][0] == "stream_options" else kind
       allowed = ", ".join(model.model_fields)
       message = f"{field} is not a supported field; the supported fields are {allowed}."
     elif error["type"] == "missing":
@@ -142,6 +173,15 @@ def parse_body(raw: bytes) -> CompletionBody:
     else:
       message = f"{field}: {error['msg']}, got {_short(error.get('input'))}."
     raise APIError(400, message, param) from None
+  stop = [body.stop] if isinstance(body.stop, str) else body.stop or []
+  if len(stop) > STOP_STRINGS or not all(stop):
+    raise APIError(
+      400, f"stop must be up to {STOP_STRINGS} non-empty strings, got {stop!r}.", "stop"
+    )
+  body.stop = stop
+  if not 1 <= body.n <= MAX_CHOICES:
+    raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {body.n}.", "n")
+  return body
 
 
 def _short(value, limit: int = 100) -> str:
@@ -170,6 +210,48 @@ class _Decoder:
     return delta
 
 
+class _Choice:
+  """One choice's text as it is released: decoded token by token, cut before
+  the first stop string (which is not returned), holding back only a tail that
+  could still begin one. `tokens` counts up to the one that completed a stop
+  string (what usage reports)."""
+
+  def __init__(self, tokenizer, stop: list[str]):
+    self.decoder, self.stop = _Decoder(tokenizer), stop
+    self.text, self.sent = "", 0
+    self.tokens = 0
+    self.finish_reason: str | None = None
+    self.first_token_time: float | None = None
+
+  def add(self, event: Event) -> tuple[str, list]:
+    """`(text released, [(token, logprob entry or None)] of the tokens counted)`."""
+    counted, tokens = [], event.tokens
+    lps = event.logprobs or (None,) * len(tokens)
+    size = 1 if self.stop else max(len(tokens), 1)  # token by token only to find a stop
+    for i in range(0, len(tokens), size):
+      self.text += self.decoder.add(
+        tokens[i : i + size], event.finished and i + size >= len(tokens)
+      )
+      self.tokens += len(tokens[i : i + size])
+      counted += zip(tokens[i : i + size], lps[i : i + size])
+      cut = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
+      if cut:
+        self.text, self.finish_reason = self.text[: min(cut)], "stop"
+        break
+    if event.finished and self.finish_reason is None:
+      self.text += self.decoder.add([], True)
+      self.finish_reason = event.finish_reason
+    if counted and self.first_token_time is None:
+      self.first_token_time = time.perf_counter()
+    end = len(self.text)
+    if self.finish_reason is None:  # hold back a tail that may begin a stop string
+      end -= max(
+        (k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0
+      )
+    delta, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
+    return delta, counted
+
+
 def _jsonable(value: Any) -> Any:
   """`value` with numpy scalars and arrays as Python numbers and lists, and
   non-finite floats as None (JSON has no NaN)."""
@@ -195,7 +277,7 @@ def _finish_error(event: Event) -> APIError | None:
   return None
 
 
-def make_app(background: BackgroundEngine, tokenizer, model_name: str):
+def make_app(background: BackgroundEngine, tokenizer, model_name: str, chat_template=None):
   """The FastAPI app serving `background`'s engine.
 
   Args:
@@ -203,14 +285,19 @@ def make_app(background: BackgroundEngine, tokenizer, model_name: str):
     tokenizer: turns text prompts into the target's ids and ids into text
       (`encode(str) -> list[int]`, `decode(ids) -> str`).
     model_name: the name clients see (and may pass as `model`).
+    chat_template: the checkpoint's `specjax.data.chat.ChatTemplate`, or None
+      (then /v1/chat/completions answers 400).
   """
-  api = _Completions(background, tokenizer, model_name)
+  api = _Completions(background, tokenizer, model_name, chat_template)
   app = fastapi.FastAPI(title="specjax", version="1")
   app.add_exception_handler(APIError, _api_error)
   app.add_exception_handler(HTTPException, _http_error)
   app.get("/health")(api.health)
   app.get("/metrics")(api.metrics)
+  app.get("/metrics.json")(functools.partial(api.metrics, format="json"))
+  app.get("/v1/models")(api.models)
   app.post("/v1/completions")(api.completions)
+  app.post("/v1/chat/completions")(api.chat)
   return app
 
 
@@ -225,8 +312,9 @@ async def _http_error(_, error: HTTPException):  # 404 / 405 in the same shape
 class _Completions:
   """The endpoints of one served model."""
 
-  def __init__(self, background: BackgroundEngine, tokenizer, model_name: str):
+  def __init__(self, background: BackgroundEngine, tokenizer, model_name: str, chat_template):
     self.background, self.tokenizer, self.model_name = background, tokenizer, model_name
+    self.chat_template, self.created = chat_template, int(time.time())
     config = background.engine.config
     self.settings = {
       "policy": config.policy,
@@ -235,7 +323,9 @@ class _Completions:
       "max_prompt_len": config.max_prompt_len,
       "max_new_tokens": config.max_new_tokens,
       "vocab_size": background.engine.vocab_size,
+      "logprobs": config.logprobs,
     }
+    self.prometheus = Prometheus()
 
   async def health(self):
     closed = self.background.closed
@@ -248,87 +338,219 @@ class _Completions:
       status_code=503 if closed else 200,
     )
 
-  async def metrics(self):
+  async def metrics(self, format: str = "prometheus"):
+    """The Prometheus text format; `?format=json` (or /metrics.json): `Engine.metrics()`."""
     try:
       future = self.background.call_future(lambda e: e.metrics())
     except RuntimeError:
       raise APIError(503, "the server is shutting down.") from None
-    return JSONResponse(_jsonable(await asyncio.wrap_future(future)))
+    metrics = _jsonable(await asyncio.wrap_future(future))
+    if format == "json":
+      return JSONResponse(metrics)
+    return Response(
+      self.prometheus.render(metrics), media_type=prometheus_client.CONTENT_TYPE_LATEST
+    )
+
+  async def models(self):
+    card = {
+      "id": self.model_name,
+      "object": "model",
+      "created": self.created,
+      "owned_by": "specjax",
+    }
+    return {"object": "list", "data": [card]}
 
   async def completions(self, http_request: fastapi.Request):
     body = parse_body(await http_request.body())
-    request = self._request(body)
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()
+    prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+    return await self._serve(http_request, body, prompt, body.logprobs)
 
-    def on_event(event: Event) -> None:  # engine thread -> this event loop
-      with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
-        loop.call_soon_threadsafe(events.put_nowait, event)
-
-    rid = await _submit(self.background, request, on_event)
-    head = {
-      "id": f"cmpl-{uuid.uuid4().hex}",
-      "object": "text_completion",
-      "created": int(time.time()),
-      "model": self.model_name,
-    }
-    watcher = asyncio.create_task(_watch_disconnect(http_request, self.background, rid, events))
-    prompt_tokens = len(request.prompt)
-    if body.stream:
-      include_usage = body.stream_options is not None and body.stream_options.include_usage
-      return StreamingResponse(
-        _stream(
-          self.background, self.tokenizer, rid, events, watcher, head, prompt_tokens, include_usage
-        ),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+  async def chat(self, http_request: fastapi.Request):
+    body = parse_body(await http_request.body(), ChatBody)
+    if self.chat_template is None:
+      raise APIError(
+        400,
+        f"model {self.model_name!r} has no chat template (tokenizer_config.json's "
+        "chat_template, chat_template.jinja): use /v1/completions.",
+        "messages",
       )
-    return await self._whole(rid, events, watcher, head, prompt_tokens)
+    try:
+      messages = check_messages(body.messages)
+    except ValueError as e:
+      raise APIError(400, str(e), "messages") from None
+    if body.top_logprobs is not None and not body.logprobs:
+      raise APIError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
+    body.max_tokens = body.max_completion_tokens or body.max_tokens
+    text = self.chat_template.render(messages, add_generation_prompt=True)
+    # As transformers does: no special tokens added (a rendered chat carries its own BOS).
+    batch = getattr(self.tokenizer, "encode_batch", None)
+    ids = batch([text], special=False)[0] if batch else self.tokenizer.encode(text)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    return await self._serve(http_request, body, ids, top)
 
-  def _request(self, body: CompletionBody) -> Request:
-    """The engine request `body` asks for; APIError naming the field it cannot."""
+  def _requests(self, body: _Body, prompt, logprobs: int | None) -> list[Request]:
+    """The engine requests (one per choice) `body` asks for; APIError naming the field it cannot."""
     if body.model is not None and body.model != self.model_name:
       raise APIError(
         404, f"model {body.model!r} is not served here; use {self.model_name!r}.", "model"
       )
     if body.stream_options is not None and not body.stream:
       raise APIError(400, "stream_options needs stream: true.", "stream_options")
-    prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
     try:
       sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
-      return Request(
-        prompt=prompt, max_new_tokens=body.max_tokens, sampling=sampling, stop_id=body.stop_token_id
-      )
+      requests = [
+        Request(prompt, body.max_tokens, sampling, body.stop_token_id, body.seed, i, logprobs)
+        for i in range(body.n)
+      ]
+      self.background.engine.check(requests[0])  # pure: safe from this thread
     except ValueError as e:
-      raise engine_error(e) from None
+      error = engine_error(e)
+      if isinstance(body, ChatBody) and error.param == "logprobs":
+        error.param = "top_logprobs"
+      raise error from None
+    return requests
 
-  async def _whole(self, rid: int, events, watcher, head: dict, prompt_tokens: int):
-    """The non-streamed answer: waits for the request's last event."""
-    finished = False
-    try:
-      tokens: list[int] = []
-      while True:
-        event = await events.get()
-        if event is _DISCONNECTED:
-          return JSONResponse({}, status_code=499)  # nobody reads it
-        tokens.extend(event.tokens)
-        if event.finished:
-          finished = True
-          break
-    finally:
-      watcher.cancel()
-      if not finished:
-        self.background.cancel(rid)
-    error = _finish_error(event)
-    if error is not None:
-      raise error
-    choice = {
-      "index": 0,
-      "text": self.tokenizer.decode(tokens),
-      "finish_reason": event.finish_reason,
-      "logprobs": None,
+  async def _serve(self, http_request, body: _Body, prompt, logprobs: int | None):
+    """Runs `body`'s choices and answers, streamed or whole."""
+    run = _Run(self.background, http_request, body.stop, self.tokenizer, self.prometheus)
+    await run.start(self._requests(body, prompt, logprobs))
+    chat = isinstance(body, ChatBody)
+    form = _Form(self.tokenizer, chat, logprobs is not None)
+    head = {
+      "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+      "object": "chat.completion" if chat else "text_completion",
+      "created": int(time.time()),
+      "model": self.model_name,
     }
-    return {**head, "choices": [choice], "usage": _usage(prompt_tokens, len(tokens))}
+    if body.stream:
+      usage = body.stream_options is not None and body.stream_options.include_usage
+      return StreamingResponse(
+        _stream(run, form, head, len(prompt) if usage else None),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+      )
+    texts, counted = [""] * body.n, [[] for _ in range(body.n)]
+    async for i, text, tokens in run.chunks():
+      texts[i] += text
+      counted[i] += tokens
+    if run.disconnected:
+      return JSONResponse({}, status_code=499)  # nobody reads it
+    choices = [
+      form.choice(i, texts[i], c.finish_reason, counted[i], whole=True)
+      for i, c in enumerate(run.choices)
+    ]
+    return {**head, "choices": choices, "usage": run.usage(len(prompt))}
+
+
+class _Form:
+  """One endpoint's JSON shapes: a choice (whole or a streamed chunk) and its logprobs."""
+
+  def __init__(self, tokenizer, chat: bool, logprobs: bool):
+    self.tokenizer, self.chat, self.logprobs = tokenizer, chat, logprobs
+
+  def choice(self, index, text, finish_reason, counted, whole=False, first=False) -> dict:
+    out = {"index": index}
+    if not self.chat:
+      out["text"] = text
+    else:
+      message = {"role": "assistant", "content": text} if whole or first else {"content": text}
+      out["message" if whole else "delta"] = message
+    out["logprobs"] = self._logprobs(counted) if self.logprobs else None
+    out["finish_reason"] = finish_reason
+    return out
+
+  def _logprobs(self, counted) -> dict:
+    """OpenAI's shapes: chat `{"content": [{token, logprob, bytes, top_logprobs}]}`,
+    completions (legacy) `{tokens, token_logprobs, top_logprobs, text_offset}`."""
+    word = lambda t: self.tokenizer.decode([t])
+    entries = [(word(t), lp, [(word(a), b) for a, b in top]) for t, (lp, top) in counted]
+    if self.chat:
+      item = lambda w, lp: {"token": w, "logprob": lp, "bytes": list(w.encode())}
+      return {
+        "content": [
+          {**item(w, lp), "top_logprobs": [item(*a) for a in top]} for w, lp, top in entries
+        ]
+      }
+    words = [w for w, *_ in entries]
+    return {
+      "tokens": words,
+      "token_logprobs": [lp for _, lp, _ in entries],
+      "top_logprobs": [dict(top[::-1]) for *_, top in entries],  # same text: the likelier
+      "text_offset": np.cumsum([0] + [len(w) for w in words])[:-1].tolist(),
+    }
+
+
+class _Run:
+  """One HTTP request's choices in the engine (`_Choice` each): their text as it
+  comes. A choice is closed once answered (a stop string stops its engine row);
+  whatever still runs when the answer ends, or the client leaves, is cancelled."""
+
+  def __init__(self, background, http_request, stop, tokenizer, prometheus: Prometheus):
+    self.background, self.http_request, self.prometheus = background, http_request, prometheus
+    self.stop, self.tokenizer = stop, tokenizer
+    self.queue: asyncio.Queue = asyncio.Queue()
+    self.ids: dict[int, int] = {}  # open choice -> engine request id
+    self.disconnected, self.watcher = False, None
+    self.start_time = time.perf_counter()
+
+  async def start(self, requests: list[Request]) -> None:
+    loop = asyncio.get_running_loop()
+    self.choices = [_Choice(self.tokenizer, self.stop) for _ in requests]
+
+    def on_event(i: int, event: Event) -> None:  # engine thread -> this event loop
+      with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
+        loop.call_soon_threadsafe(self.queue.put_nowait, (i, event))
+
+    try:
+      for i, request in enumerate(requests):
+        self.ids[i] = await _submit(self.background, request, functools.partial(on_event, i))
+    except BaseException:
+      self.close()
+      raise
+    self.watcher = asyncio.create_task(self._watch())
+
+  async def chunks(self):
+    """`(choice, text, [(token, logprob entry)])` as events add to the choices;
+    APIError for a choice that failed."""
+    try:
+      while self.ids:
+        item = await self.queue.get()
+        if item is _DISCONNECTED:
+          self.disconnected = True
+          return
+        i, event = item
+        if i not in self.ids:
+          continue
+        error = _finish_error(event) if event.finished else None
+        if error is not None:
+          raise error
+        choice = self.choices[i]
+        text, counted = choice.add(event)
+        if choice.finish_reason is not None:
+          del self.ids[i]
+          self.background.cancel(event.request_id, "stop")  # a stop string (else a no-op)
+          self.prometheus.observe(self.start_time, choice)
+        if text or counted or choice.finish_reason:
+          yield i, text, counted
+    finally:
+      self.close()
+
+  def close(self) -> None:
+    if self.watcher is not None:
+      self.watcher.cancel()
+    for rid in self.ids.values():
+      self.background.cancel(rid)
+    self.ids.clear()
+
+  def usage(self, prompt: int) -> dict:
+    n = sum(c.tokens for c in self.choices)
+    return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+
+  async def _watch(self) -> None:
+    """Wakes the reader once the client has gone."""
+    while not await self.http_request.is_disconnected():
+      await asyncio.sleep(_DISCONNECT_POLL_S)
+    self.queue.put_nowait(_DISCONNECTED)
 
 
 async def _submit(background: BackgroundEngine, request: Request, on_event) -> int:
@@ -355,54 +577,75 @@ async def _submit(background: BackgroundEngine, request: Request, on_event) -> i
     raise
 
 
-async def _watch_disconnect(http_request, background: BackgroundEngine, rid: int, events):
-  """Cancels `rid` in the engine once the client has gone, and wakes the reader."""
-  while not await http_request.is_disconnected():
-    await asyncio.sleep(_DISCONNECT_POLL_S)
-  background.cancel(rid)
-  events.put_nowait(_DISCONNECTED)
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-  return {
-    "prompt_tokens": prompt_tokens,
-    "completion_tokens": completion_tokens,
-    "total_tokens": prompt_tokens + completion_tokens,
-  }
-
-
 def _sse(data: Any) -> str:
   return f"data: {json.dumps(data)}\n\n"
 
 
-async def _stream(background, tokenizer, rid, events, watcher, head, prompt_tokens, include_usage):
-  """The server-sent events of one request: a chunk per event with new text
-  (the last one with its finish_reason), then [DONE]."""
-  decoder = _Decoder(tokenizer)
-  finished = False
+async def _stream(run: _Run, form: _Form, head: dict, prompt_tokens: int | None):
+  """The server-sent events of one request: a chunk per event that adds text or
+  logprobs (a choice's last with its finish_reason), then the usage
+  (`prompt_tokens` not None) and [DONE]."""
+  head = {**head, "object": head["object"] + (".chunk" if form.chat else "")}
+  started = set()
   try:
-    while not finished:
-      event = await events.get()
-      if event is _DISCONNECTED:
-        return
-      finished = event.finished
-      error = _finish_error(event) if finished else None
-      if error is not None:
-        yield _sse(error.body())
-        break
-      text = decoder.add(event.tokens, final=finished)
-      if text or finished:
-        choice = {
-          "index": 0,
-          "text": text,
-          "finish_reason": event.finish_reason if finished else None,
-          "logprobs": None,
-        }
-        yield _sse({**head, "choices": [choice]})
-    if include_usage:
-      yield _sse({**head, "choices": [], "usage": _usage(prompt_tokens, len(decoder.ids))})
-    yield "data: [DONE]\n\n"
-  finally:
-    watcher.cancel()
-    if not finished:  # the client went away (or the stream was closed early)
-      background.cancel(rid)
+    async for i, text, counted in run.chunks():
+      reason = run.choices[i].finish_reason
+      chunk = form.choice(i, text, reason, counted, first=i not in started)
+      started.add(i)
+      yield _sse({**head, "choices": [chunk]})
+  except APIError as error:
+    yield _sse(error.body())
+    return
+  if run.disconnected:
+    return
+  if prompt_tokens is not None:
+    yield _sse({**head, "choices": [], "usage": run.usage(prompt_tokens)})
+  yield "data: [DONE]\n\n"
+
+
+class Prometheus:
+  """/metrics in the Prometheus text format: the engine's figures (`Engine.metrics()`,
+  read at each scrape) and the choices' TTFT / TPOT histograms, as the server saw them."""
+
+  def __init__(self):
+    self.registry, self.snapshot = prometheus_client.CollectorRegistry(), {}
+    self.registry.register(self)
+    self.ttft, self.tpot = (
+      prometheus_client.Histogram(f"specjax_{name}_seconds", doc, registry=self.registry)
+      for name, doc in (
+        ("time_to_first_token", "Request arrival to a choice's first token."),
+        ("time_per_output_token", "A choice's time per token after the first."),
+      )
+    )
+
+  def observe(self, start: float, choice: _Choice) -> None:
+    if choice.first_token_time is not None:
+      self.ttft.observe(choice.first_token_time - start)
+      if choice.tokens > 1:
+        self.tpot.observe((time.perf_counter() - choice.first_token_time) / (choice.tokens - 1))
+
+  def render(self, snapshot: dict) -> bytes:
+    self.snapshot = snapshot
+    return prometheus_client.generate_latest(self.registry)
+
+  def collect(self):
+    m = self.snapshot
+    if not m:
+      return
+    requests = CounterMetricFamily("specjax_requests", "Requests by outcome.", labels=["outcome"])
+    for outcome in ("submitted", "completed", "cancelled", "failed"):
+      requests.add_metric([outcome], m["requests"][outcome])
+    steps = CounterMetricFamily(
+      "specjax_steps", "Engine steps by draft length (0: plain).", labels=["draft_length"]
+    )
+    for gamma, count in m["steps"].items():
+      steps.add_metric([gamma], count)
+    yield from (requests, steps)
+    yield CounterMetricFamily("specjax_generated_tokens", "Tokens generated.", m["tokens"])
+    for name, doc, value in (
+      ("requests_running", "Requests holding a slot.", m["requests"]["live"]),
+      ("queue_depth", "Requests waiting for a slot.", m["requests"]["queued"]),
+      ("acceptance_rate", "Accepted / evaluated drafted tokens.", m["acceptance_rate"]),
+      ("draft_length", "The adaptive policy's draft length in use.", m["policy"]["gamma"]),
+    ):
+      yield GaugeMetricFamily(f"specjax_{name}", doc, math.nan if value is None else value)

@@ -244,10 +244,10 @@ def http_server_info(url: str, timeout_s: float = 10.0) -> dict:
 
 
 def http_metrics(url: str, timeout_s: float = 10.0) -> dict:
-  """The server's GET /metrics (its counters since it started: acceptance, ...)."""
+  """The server's GET /metrics.json (its counters since it started: acceptance, ...)."""
   import httpx
 
-  response = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
+  response = httpx.get(url.rstrip("/") + "/metrics.json", timeout=timeout_s)
   response.raise_for_status()
   return response.json()
 

@@ -28,12 +28,21 @@ class Request:
     sampling: this request's warp; temperature 0 (the default) is greedy.
     stop_id: the request stops after emitting this id (kept), besides the
       engine's EOS ids; None for none.
+    seed: None, or an integer in [-2**63, 2**64): a sampled request then draws
+      from its own key, of (seed, choice) only, in plain steps: its text does
+      not depend on what else the engine serves.
+    choice: which of a request's samples this is.
+    logprobs: None, or k in [0, `EngineConfig.logprobs`]: the events carry each
+      token's log-probability under the request's warp and k alternatives.
   """
 
   prompt: Sequence[int]
   max_new_tokens: int
   sampling: SamplingParams = GREEDY
   stop_id: int | None = None
+  seed: int | None = None
+  choice: int = 0
+  logprobs: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +58,8 @@ class Event:
       (an EOS or its stop id, which is the last token), "length" (its
       max_new_tokens), "cancelled" or "error".
     error: the message when finish_reason is "error".
+    logprobs: None (not asked for), or one `(logprob, ((id, logprob), ...))`
+      per token: its log-probability and the most likely alternatives.
   """
 
   request_id: int
@@ -56,6 +67,7 @@ class Event:
   finished: bool = False
   finish_reason: str | None = None
   error: str | None = None
+  logprobs: tuple | None = None
 
 
 @dataclasses.dataclass

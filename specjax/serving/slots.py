@@ -18,6 +18,9 @@ warm-up):
   release       slots marked done (cancelled requests stop committing)
 
 Rows of finished or free slots run along (static shapes) but commit nothing.
+A seeded row draws in plain steps from its own key folded with its position.
+With `SlotConfig.logprobs` = K > 0 committed tokens can record their
+log-probabilities and K alternatives, from the logits that verified them.
 """
 
 from __future__ import annotations
@@ -33,16 +36,20 @@ from specjax.drafting import Commit, Drafter
 from specjax.generation.common import prefill, zero_padding
 from specjax.generation.speculative import (
   commit_cache,
+  commit_step,
   commit_tokens,
+  emitted_tokens,
   next_recent,
   prefill_state,
   score,
   speculative_step,
   step_sampling,
+  verify_block,
 )
 from specjax.generation.state import SpecConfig, SpecState
+from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import GREEDY, RowSampling, sample, warp_probs
+from specjax.sampling import GREEDY, MIN_TEMPERATURE, RowSampling, sample_with_uniform, warp_probs
 
 # SpecState fields that hold one entry per row (the rest are batch-wide).
 ROW_FIELDS = (
@@ -69,11 +76,16 @@ class SlotState:
       `keys` `[1, 2]` (the step's keys, given per call).
     prompts: `[B, P_max]` int32, each slot's prompt, zero-padded.
     prompt_lengths: `[B]` int32.
+    row_keys: `[B, 2]` uint32, a seeded row's own key data (zeros: none).
+    logprobs: None, or `(logprob [B, L], top_ids [B, L, K], top_logprobs [B, L, K])`
+      laid out as `spec.tokens`.
   """
 
   spec: SpecState
   prompts: jax.Array
   prompt_lengths: jax.Array
+  row_keys: jax.Array
+  logprobs: tuple | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +97,13 @@ class SlotConfig:
       length, `max_new_tokens` the per-request cap, `sampling` None: per row).
     capacity: KV-cache slots per row.
     max_prompt_len: P_max.
+    logprobs: K, the alternatives recorded per token (0: no log-probabilities).
   """
 
   spec: SpecConfig
   capacity: int
   max_prompt_len: int
+  logprobs: int = 0
 
 
 def map_rows(fn, *states: SlotState) -> SlotState:
@@ -108,9 +122,40 @@ def map_rows(fn, *states: SlotState) -> SlotState:
   )
   return first.replace(
     spec=spec,
-    prompts=rows(lambda s: s.prompts),
-    prompt_lengths=rows(lambda s: s.prompt_lengths),
+    **{f: rows(lambda s, f=f: getattr(s, f)) for f in SLOT_FIELDS},
   )
+
+
+SLOT_FIELDS = ("prompts", "prompt_lengths", "row_keys", "logprobs")
+
+
+def _seeded(row_keys: jax.Array) -> jax.Array:
+  return jnp.any(row_keys != 0, axis=-1)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, sampling: RowSampling, k: int) -> tuple:
+  """`(logprob [B, T], top_ids [B, T, k], top_logprobs [B, T, k])` of `tokens [B, T]`
+  under each row's warp of `logits [B, T, V]` (a greedy row's: at temperature 1)."""
+  t = sampling.temperature
+  law = sampling.replace(temperature=jnp.where(t < MIN_TEMPERATURE, 1.0, t))
+  logp = jnp.log(warp_probs(logits, law))
+  chosen = jnp.take_along_axis(logp, jnp.clip(tokens, 0, logp.shape[-1] - 1)[..., None], -1)
+  top, ids = jax.lax.top_k(logp, k)
+  return chosen[..., 0], ids.astype(jnp.int32), top
+
+
+def _record(state: SlotState, spec: SpecState, logits, emitted, at, k: int, on) -> SlotState:
+  """`state` with `spec` and, when `on` (a traced bool: some row asked), the
+  log-probabilities of `emitted [B, T]` written at offsets `at [B]`; `logits()`
+  gives their `[B, T, V]` (called only then)."""
+  if not k:
+    return state.replace(spec=spec)
+
+  def write(buffers):
+    new = token_logprobs(logits(), emitted, spec.sampling, k)
+    return tuple(write_rows(b, n, at) for b, n in zip(buffers, new))
+
+  return state.replace(spec=spec, logprobs=jax.lax.cond(on, write, lambda b: b, state.logprobs))
 
 
 def fresh_rows(
@@ -123,6 +168,8 @@ def fresh_rows(
   sampling: RowSampling,
   key: jax.Array,
   config: SlotConfig,
+  row_keys: jax.Array | None = None,
+  record=False,
 ) -> SlotState:
   """Rows for new requests: prompts `[n, P]` prefilled into caches of the engine's
   capacity, their first tokens sampled with their own settings.
@@ -130,9 +177,16 @@ def fresh_rows(
   Args:
     prompts: `[n, P]` right-padded, P <= P_max; prompt_lengths, budget, stop `[n]`.
     sampling: the rows' `RowSampling` (n rows).
+    row_keys: `[n, 2]` (default: unseeded); a seeded row draws its first token
+      from its own key.
+    record: (traced) bool, record the first tokens' log-probabilities.
   """
-  width = prompts.shape[1]
+  n, width = prompts.shape
   prompts = zero_padding(prompts, prompt_lengths)
+  row_keys = jnp.zeros((n, 2), jnp.uint32) if row_keys is None else row_keys
+  if n == 1:  # an admission: a seeded row's first draw is its own (`prefill` draws for the batch)
+    own = _seeded(row_keys[0])
+    key = jax.random.wrap_key_data(jnp.where(own, row_keys[0], jax.random.key_data(key)))
   spec = prefill_state(
     target,
     drafter,
@@ -147,21 +201,52 @@ def fresh_rows(
     rows=sampling,
   )
   padded = jnp.pad(prompts, ((0, 0), (0, config.max_prompt_len - width)))
-  return SlotState(spec=spec, prompts=padded, prompt_lengths=prompt_lengths)
+  state = SlotState(spec, padded, prompt_lengths, row_keys)
+  if not config.logprobs:
+    return state
+  # The first token's law: the last prompt position again (`prefill` keeps no logits).
+  last = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
+  cache = spec.target_cache.with_lengths(prompt_lengths - 1)
+  shape = (n, spec.tokens.shape[1], config.logprobs)
+  state = state.replace(
+    logprobs=(jnp.zeros(shape[:2]), jnp.zeros(shape, jnp.int32), jnp.zeros(shape))
+  )
+  return _record(
+    state,
+    spec,
+    lambda: score(target, last, cache)[0],
+    spec.tokens[:, :1],
+    jnp.zeros_like(prompt_lengths),
+    config.logprobs,
+    record,
+  )
 
 
-def plain_step(target: Transformer, state: SpecState, config: SpecConfig) -> SpecState:
+def plain_step(
+  target: Transformer, state: SpecState, config: SpecConfig, row_keys=None
+) -> tuple[SpecState, jax.Array, jax.Array]:
   """One autoregressive step on a `SpecState`: the target scores s[-1], each active
-  row commits one token drawn from its warped law. The drafter's state is left
-  as it was (behind by one token per step; `resync` catches it up)."""
+  row commits one token drawn from its warped law (a seeded row with the uniform
+  of its own key `row_keys [B, 2]` folded with its length). The drafter's state
+  is left as it was (behind by one token per step; `resync` catches it up).
+
+  Returns:
+    `(state, logits [B, 1, V], emitted [B, 1])`.
+  """
   logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
-  token = sample(state.keys[0, 1], warp_probs(logits[:, 0], step_sampling(state, config)))
+  u = jax.random.uniform(state.keys[0, 1], state.done.shape)
+  if row_keys is not None:
+    own = jax.vmap(lambda k, i: jax.random.uniform(jax.random.fold_in(k, i)))(
+      jax.random.wrap_key_data(row_keys), state.num_generated
+    )
+    u = jnp.where(_seeded(row_keys), own, u)
+  token = sample_with_uniform(u, warp_probs(logits[:, 0], step_sampling(state, config)))
   n = jnp.zeros_like(token)
   emitted = token[:, None]
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
   goes_on = ~done
   old_length = state.target_cache.lengths + 1
-  return state.replace(
+  state = state.replace(
     target_cache=commit_cache(cache, Commit(emitted, old_length, old_length + 1, goes_on)),
     recent=next_recent(state.recent, emitted, n, goes_on),
     tokens=tokens,
@@ -171,6 +256,32 @@ def plain_step(target: Transformer, state: SpecState, config: SpecConfig) -> Spe
       active=~state.done, proposed=n, accepted=n, generated=count, draft_calls=jnp.int32(0)
     ),
   )
+  return state, logits, emitted
+
+
+def speculative_step_logits(
+  target: Transformer, drafter: Drafter, state: SpecState, config: SpecConfig
+) -> tuple[SpecState, jax.Array, jax.Array]:
+  """`speculative_step` (a chain, keys `[1, 2]`) also returning the target's
+  logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (token j: position j's law)."""
+  draft_key, verify_key = state.keys[0]
+  sampling = step_sampling(state, config)
+  proposal, drafter_state = drafter.propose(
+    state.drafter_state,
+    state.recent,
+    draft_key,
+    state.draft_limit,
+    gamma=config.gamma,
+    sampling=sampling,
+  )
+  block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)
+  logits, cache, hidden = score(target, block, state.target_cache, drafter.target_features)
+  vocab = max(target.cfg.vocab_size, drafter.vocab_size)
+  verified = verify_block(
+    verify_key, proposal, logits, cache, hidden, sampling, vocab, drafter.tree_mode, config
+  )
+  new = commit_step(state, drafter, drafter_state, proposal, verified, config)
+  return new, logits, emitted_tokens(proposal.tokens, verified.n, verified.next_token)
 
 
 def _prefix(state: SlotState, width: int) -> SlotState:
@@ -189,18 +300,24 @@ def _step(
   drafter: Drafter | None,
   state: SlotState,
   key: jax.Array,
+  record: jax.Array | bool = False,
   *,
   gamma: int,
   width: int,
   config: SlotConfig,
 ) -> tuple[SlotState, jax.Array]:
   part = _prefix(state, width)
-  spec = part.spec.replace(keys=jax.random.split(key, (1, 2)))
-  before = spec.stats
+  part = part.replace(spec=part.spec.replace(keys=jax.random.split(key, (1, 2))))
+  before = part.spec.stats
+  spec_config = dataclasses.replace(config.spec, gamma=gamma)
   if gamma == 0:
-    spec = plain_step(target, spec, config.spec)
+    spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys)
+  elif config.logprobs:
+    spec, logits, emitted = speculative_step_logits(target, drafter, part.spec, spec_config)
   else:
-    spec = speculative_step(target, drafter, spec, dataclasses.replace(config.spec, gamma=gamma))
+    spec = logits = emitted = speculative_step(target, drafter, part.spec, spec_config)
+  at = part.spec.num_generated
+  part = _record(part, spec, lambda: logits, emitted, at, config.logprobs, record)
   # This step's accepted and evaluated drafted tokens (the policy's alpha).
   counts = jnp.stack(
     [
@@ -208,7 +325,7 @@ def _step(
       jnp.sum(spec.stats.evaluated - before.evaluated),
     ]
   )
-  return _put_prefix(state, part.replace(spec=spec), width), counts
+  return _put_prefix(state, part, width), counts
 
 
 def _resync(
@@ -254,17 +371,32 @@ def _admit(
   stop: jax.Array,
   sampling: RowSampling,
   key: jax.Array,
+  row_key: jax.Array,
+  record: jax.Array,
   *,
   config: SlotConfig,
 ) -> SlotState:
-  """One request (prompt `[1, P]`) prefilled into slot `slot` (a traced index).
+  """One request (prompt `[1, P]`, its `row_key [1, 2]`, `record` its logprobs)
+  prefilled into slot `slot` (a traced index).
 
   `drafter` None into a batch that has a drafter state prefills the target
   only and leaves the slot's drafter state as it was: the engine does so
   while plain steps run, since the drafter is re-synced from every row's
   tokens before it drafts again.
   """
-  row = fresh_rows(target, drafter, prompt, prompt_length, budget, stop, sampling, key, config)
+  row = fresh_rows(
+    target,
+    drafter,
+    prompt,
+    prompt_length,
+    budget,
+    stop,
+    sampling,
+    key,
+    config,
+    row_key,
+    record,
+  )
   if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
     stale = jax.tree.map(lambda x: x[slot][None], state.spec.drafter_state)
     row = row.replace(spec=row.spec.replace(drafter_state=stale))

@@ -43,6 +43,11 @@ def base_config() -> ml_collections.ConfigDict:
       # directory here: a missing `dir` other than it is then an error naming
       # the command that makes it, not a corpus encoded in its place.
       corpus_dir="",
+      # Your own documents instead of the corpus: "PATH[,PATH...]" of .txt, .jsonl
+      # and .parquet files or directories (specjax.data.files), encoded with the
+      # target's tokenizer into `dir`; every `validation_every`-th is validation.
+      files="",
+      validation_every=10,
     )
   )
   c.model = model_fields(4096, 128, 2, 2, 344, 512)

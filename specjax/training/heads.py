@@ -132,9 +132,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def target_dir(config: ml_collections.ConfigDict) -> str:
-  """The directory of the frozen target: `config.head.target` or the bundled pair's."""
-  if config.head.target:
-    return config.head.target
+  """The directory of the frozen target: `config.head.target` (a directory, or a hub
+  repo id in the local Hugging Face cache: FileNotFoundError naming the field when
+  absent) or the bundled pair's."""
+  target = config.head.target
+  if target and (os.path.isabs(target) or os.path.isdir(target.split("/")[0])):
+    return target  # a path: `check_target_dir` names it when missing
+  if target:
+    from specjax.hf import resolve_checkpoint
+
+    return resolve_checkpoint(target, flag="config.head.target")
   from specjax import pretrained  # imported here: only the default needs it
 
   return pretrained.TARGET_DIR

@@ -25,6 +25,7 @@ directory records head_config.json instead of model_config.json.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -191,6 +192,8 @@ def prepare_data(
   instead of config.model's: the tokenizer must then exist already, since a
   new one would not give that model's ids.
   """
+  if config.data.get("files"):
+    return _prepare_files(config, workdir, log, vocab)
   check_data(config, workdir)
   data_dir = data_dir_of(config, workdir)
   path = config.data.tokenizer or os.path.join(data_dir, "tokenizer.json")
@@ -209,20 +212,89 @@ def prepare_data(
     )
   else:
     tokenizer = Tokenizer.from_file(path)
-  if vocab_size < tokenizer.vocab_size:
-    raise ValueError(
-      f"{vocab_name} ({vocab_size}) must be >= the "
-      f"{tokenizer.vocab_size} ids of the tokenizer "
-      f"{'trained for' if trained else 'in'} {path}."
-    )
+  _check_vocab(vocab_size, vocab_name, tokenizer, f"{'trained for' if trained else 'in'} {path}")
   paths = prepare_splits(data_dir, tokenizer, config.data.root or None, log=log)
+  return tokenizer, _keep_tokenizer(data_dir, tokenizer, paths)
+
+
+def _check_vocab(size: int, name: str, tokenizer: Tokenizer, where: str) -> None:
+  if size < tokenizer.vocab_size:
+    raise ValueError(
+      f"{name} ({size}) must be >= the {tokenizer.vocab_size} ids of the tokenizer {where}."
+    )
+
+
+def _keep_tokenizer(data_dir: str, tokenizer: Tokenizer, paths: dict[str, str]) -> dict[str, str]:
   # The data dir keeps the tokenizer that encoded it (trained here, or a copy of
   # config.data.tokenizer), so that what reads it next (generate_data, decode's
   # data flags) needs only the directory.
   local = os.path.join(data_dir, "tokenizer.json")  # `path` itself when trained here
   if not os.path.exists(local):
     tokenizer.save(local)
-  return tokenizer, paths
+  return paths
+
+
+def _prepare_files(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  log: Callable[[str], None],
+  vocab: tuple[str, int] | None,
+) -> tuple[Tokenizer, dict[str, str]]:
+  """`prepare_data` for `config.data.files`, with a head's target's tokenizer.json (else
+  config.data.tokenizer), EOS and chat template."""
+  from specjax.data.chat import ChatTemplate
+  from specjax.data.dataset import prepare_file_splits
+  from specjax.data.files import eos_of, source_files
+  from specjax.hf import load_tokenizer
+
+  files = source_files(config.data.files)  # a missing file fails before anything loads
+  target = head_training.target_dir(config) if head_training.head_kind(config) else None
+  tokenizer = load_tokenizer(target) if target else None
+  if tokenizer is None:
+    from specjax import pretrained
+
+    # The bundled tokenizer (the head configs' default) gives only the bundled pair's ids.
+    pair = os.path.realpath(pretrained.PAIR_DIR)
+    other = target and os.path.commonpath([os.path.realpath(target), pair]) != pair
+    if not config.data.tokenizer or (other and config.data.tokenizer == pretrained.TOKENIZER_FILE):
+      raise ValueError(
+        f"config.data.tokenizer must name the tokenizer.json of config.data.files' ids "
+        f"({target or 'the model'} has none)."
+      )
+    tokenizer = Tokenizer.from_file(config.data.tokenizer)
+  name, size = vocab or ("config.model.vocab_size", config.model.vocab_size)
+  _check_vocab(size, name, tokenizer, "of config.data.files")
+  data_dir = data_dir_of(config, workdir)
+  template = ChatTemplate.from_checkpoint(target) if target else None
+  check_positive_int("config.data.validation_every", config.data.validation_every)
+  every = config.data.validation_every
+  paths = prepare_file_splits(
+    data_dir, files, tokenizer, eos_of(target, tokenizer), template, every, log
+  )
+  return tokenizer, _keep_tokenizer(data_dir, tokenizer, paths)
+
+
+def check_data_fingerprint(workdir: str, train_path: str, files: str) -> None:
+  """Records in `<workdir>/data.json` the sha256 of the train split's meta (its source
+  files' sha256, tokenizer, split rule) and refuses, naming config.data.files, to
+  resume a run on other data: the checkpoint's step is a position in this data only."""
+  from specjax.data.dataset import meta_path
+
+  with open(meta_path(train_path), "rb") as f:
+    fingerprint = hashlib.sha256(f.read()).hexdigest()
+  record = os.path.join(workdir, "data.json")
+  if os.path.exists(record):
+    with open(record) as f:
+      old = json.load(f)
+    if old["fingerprint"] != fingerprint:
+      raise ValueError(
+        f"config.data.files: the run in {workdir} was trained on other data "
+        f"({old['files']}); resume with the same data or start a new workdir."
+      )
+  elif jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(record, "w") as f:
+      json.dump({"files": files, "fingerprint": fingerprint}, f)
 
 
 def objective(
@@ -460,6 +532,8 @@ def train(
     )
   tokenizer, paths = prepare_data(config, workdir, echo, vocab)
   train_data, val_data = _open_splits(config, paths)
+  if config.data.get("files"):
+    check_data_fingerprint(workdir, paths["train"], config.data.files)
   if head_dir is not None:  # EAGLE-3's draft vocabulary: the training split's frequent ids
     cfg = head_training.with_draft_ids(cfg, workdir, train_data.tokens)
   model, teacher, head_loss = _models(config, cfg, head_dir, tokenizer, mesh, echo)

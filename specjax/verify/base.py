@@ -111,12 +111,10 @@ class DraftedLaws(NamedTuple):
 def drafted_laws(
   draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
 ) -> DraftedLaws:
-  """Gathers p(x_i) and q(x_i), mapping every impossible draft to q(x_i) = 0.
+  """Gathers p(x_i) and q(x_i), mapping every impossible draft to q(x_i) = 0 (a
+  rejection, as for unproposed positions); ids outside [0, V) are never gathered
+  (a negative id would wrap around)."""
 
-  Every verifier treats q(x_i) = 0 as a rejection at i, the same convention
-  that marks positions a drafter did not propose. A token id outside [0, V)
-  is never gathered from (a negative id would otherwise wrap around to V - 1).
-  """
   g, v = draft_tokens.shape[1], target_probs.shape[-1]
   p = target_probs.astype(jnp.float32)
   q = draft_probs.astype(jnp.float32)

@@ -16,12 +16,10 @@ def greedy_verify(
 ) -> VerifyResult:
   """Accepts the longest prefix of `draft_tokens` that matches the target's argmax.
 
-  Deterministic: `key` is ignored (kept for the common verifier signature).
-  `draft_probs` (may be None) only marks positions where x cannot have come
-  from q (q(x) = 0 or non-finite) as rejected, as every verifier does; a token
-  outside [0, V) is always rejected. Ties break to the lowest token id, as
-  `jnp.argmax` does in autoregressive greedy decoding, so the output equals it
-  token for token.
+  `key` is ignored. `draft_probs` (may be None) only rejects x where q(x) is 0
+  or non-finite; ids outside [0, V) are rejected. Ties break to the lowest id,
+  as autoregressive greedy decoding's `jnp.argmax`, so the output equals it.
+
 
   Args:
     draft_tokens: `[B, g]` int32 (g >= 0).

@@ -38,11 +38,10 @@ def token_verify(
   Raises:
     ValueError naming the argument when shapes or dtypes disagree.
 
-  Guards: a drafted token that cannot have come from q (outside [0, V), q(x)
-  non-finite or 0) is rejected; a residual max(0, p - q) that sums to zero
-  (p == q, where rejection has probability zero) falls back to p instead of
-  dividing by zero.
+  A token that cannot have come from q is rejected; a zero-mass residual (p ==
+  q) falls back to p.
   """
+
   b, g, _ = check_inputs(draft_tokens, draft_probs, target_probs)
   check_key(key)
   p, q, p_x, q_x = drafted_laws(draft_tokens, draft_probs, target_probs)

@@ -1,46 +1,21 @@
 """Exact verification of a token tree (SpecInfer, Miao et al. 2024, arXiv 2305.09781;
 Jeon et al. 2024, "Recursive speculative decoding", arXiv 2402.14160).
 
-A tree drafter proposes N nodes instead of a chain: node i holds `tree_tokens[:, i]`
-and continues node `parents[i]` (-1: the root, the last committed token). The
-verifier walks down from the root. At a node whose target law is p it tries the
-children in index order: child c, holding x drawn from q_c, is accepted with
-probability min(1, p(x) / q_c(x)), and the walk descends into c with p = the
-target's law after c; a rejection replaces p by normalize(max(0, p - q_c)) and
-the next sibling is tried. When no child is accepted (or there is none) the walk
-emits y ~ p. Exactly one path from the root is accepted, plus one token.
+Node i holds `tree_tokens[:, i]` and continues node `parents[i]` (-1: the root).
+The walk tries a node's children in index order: child c, holding x drawn from
+q_c, is accepted with probability min(1, p(x) / q_c(x)) and the walk descends
+with the target's law after c; a rejection sets p <- normalize(max(0, p - q_c)).
+With no child accepted the walk emits y ~ p. q_c depends on `mode`:
 
-What q_c is depends on how the drafter drew the siblings (`mode`):
-
-  iid                  i.i.d. from the parent's q: q_c = q (SpecInfer's multi-step
-                       speculative sampling).
-  without_replacement  from q without replacement (sampled top-k, Gumbel-top-k):
-                       q_c = q with the earlier siblings' tokens removed, renormalised
-                       (Jeon et al.'s recursive rejection sampling).
+  iid                  q_c = q, the parent's law (SpecInfer)
+  without_replacement  q without the earlier siblings' tokens, renormalised
+                       (sampled top-k; Jeon et al.'s recursive rejection sampling)
   greedy               temperature 0: descend into the first child equal to the
-                       target's argmax (the longest path the target would decode).
+                       target's argmax
 
-Why the without-replacement rule is exact. Let x_1..x_m be the siblings and p_j
-the law when x_j is tried (p_1 = p). Claim: given x_<j, the token the walk emits
-at this depth has law p_j. x_j has law q_j = q(. | x_<j) given x_<j, so it is
-emitted through acceptance with probability min(p_j(y), q_j(y)) for y = x_j; a
-rejection happens with probability sum max(0, q_j - p_j) = sum max(0, p_j - q_j),
-after which the remaining siblings emit p_{j+1} = normalize(max(0, p_j - q_j)) by
-the claim for j + 1 (which holds given any x_<=j, and p_{j+1} depends on x_<j
-only). The sum is min(p_j, q_j) + max(0, p_j - q_j) = p_j; after the last sibling
-y ~ p_{m+1} directly. The proof needs only x_j's law given the earlier siblings,
-which is why the verifier must use q_j: with q itself the ratio test assumes a
-law the later siblings do not have, and the output is biased. An accepted child's
-own subtree was drawn given its prefix alone, so the argument repeats one level
-down and the emitted tokens follow the target's joint law.
-
-Conventions, as in `base.py`: a node whose token cannot have come from q_c (id
-outside [0, V), a non-finite q row, q_c(x) = 0: a duplicate sibling in
-without_replacement mode, a zero-q padding node) is rejected, with the same
-residual update as any rejection, so a padding node with an all-zero q row leaves
-the law unchanged; if removing the earlier siblings leaves q no mass, q_c = 0 (a
-without-replacement drafter cannot draw that node: it is padding). A residual of
-zero mass (rejection had probability zero) falls back to p.
+A node that cannot have come from q_c (id outside [0, V), non-finite q row,
+q_c(x) = 0) is rejected with the usual residual update; a zero-mass residual
+falls back to p. The proof of exactness and these conventions: docs/trees.md.
 """
 
 from __future__ import annotations
@@ -62,11 +37,9 @@ class TreeVerifyResult(NamedTuple):
   """What one tree verification decides for each row.
 
   Attributes:
-    path: `[B, D]` int32, the accepted nodes from the top (path[:, d] is at depth
-      d + 1), then -1; D is the tree's depth (static).
-    num_accepted: `[B]` int32 in [0, D], the number of accepted nodes.
-    next_token: `[B]` int32, the correction drawn after the last node's children
-      were all rejected, or the bonus token from the accepted leaf's target row.
+    path: `[B, D]` int32, the accepted nodes from the top, then -1 (D static).
+    num_accepted: `[B]` int32 in [0, D].
+    next_token: `[B]` int32, the correction or the bonus token after the path.
   """
 
   path: jax.Array
@@ -191,10 +164,9 @@ class _Walk(NamedTuple):
 
 
 def _try_sampled(walk: _Walk, tried, valid, x, q_x, q_c, u_c, p_next):
-  """Node c's test for the rows standing at its parent: accept x with probability
-  min(1, p(x) / q_c(x)); a rejection moves the law to its normalised residual.
+  """Node c's ratio test for the rows at its parent: `(accept [B], law [B, V],
+  residual [B])`, the law moved to its residual on rejection."""
 
-  Returns `(accept [B], law [B, V], residual [B])`."""
   accept = tried & valid & (u_c * q_x < _gather(walk.law, x))  # u < p/q without dividing
   reject = tried & ~accept
   residual = _normalized(jnp.maximum(walk.law - q_c, 0.0), walk.law)
@@ -210,25 +182,19 @@ def tree_verify(
   target_probs: jax.Array,
   mode: str = "iid",
 ) -> TreeVerifyResult:
-  """Exact verification of a drafted token tree, vectorised over rows.
-
-  The loops run over the tree's N nodes (N is small), each step over the batch.
-  With `parents = (-1, 0, ..., g - 2)` (a chain) this is `token_verify`, draw for draw.
+  """Exact verification of a drafted token tree, vectorised over rows. A chain
+  (`parents = (-1, 0, ..., g - 2)`) gives `token_verify`'s draws exactly.
 
   Args:
-    key: PRNG key; all randomness of this call comes from it (ignored, may be None,
-      in mode "greedy").
+    key: PRNG key (ignored, may be None, in mode "greedy").
     tree_tokens: `[B, N]` int32, the token of each node.
-    parents: the `specjax.trees.Tree` of the N nodes (one static tree, or a tree
-      per row: dynamic drafting), or a static tuple of N ints, node i's parent
-      (-1: the root; parents[i] < i). In a per-row tree a node whose parent does
-      not come before it, or deeper than its `depth`, is never accepted.
-    draft_probs: `[B, N, V]`, row i the law node i's token was drawn from (its
-      parent's q; siblings share it). Mode "greedy" needs no law (None allowed);
-      if given, a node with q(x) = 0 is never accepted, as in `greedy_verify`.
-    target_probs: `[B, N + 1, V]`, row 0 the target after the root, row i + 1 the
-      target after node i (probabilities; in mode "greedy" logits work too).
-    mode: "iid", "without_replacement" or "greedy" (static; see the module doc).
+    parents: a `specjax.trees.Tree` (static or per row) or a static tuple of N
+      parents (-1: the root; parents[i] < i).
+    draft_probs: `[B, N, V]`, the law node i was drawn from (its parent's q).
+      None allowed in mode "greedy"; if given, q(x) = 0 is never accepted.
+    target_probs: `[B, N + 1, V]`, row 0 after the root, row i + 1 after node i
+      (in mode "greedy" logits work too).
+    mode: "iid", "without_replacement" or "greedy" (static).
 
   Returns:
     `TreeVerifyResult(path [B, D], num_accepted [B], next_token [B])`.
@@ -287,10 +253,9 @@ def tree_verify(
 
 
 def _last_draw(walk: _Walk, u: jax.Array) -> jax.Array:
-  """`[B]` the token after the walk: drawn from its law with the uniforms `u [B]`.
+  """`[B]` the token after the walk, drawn from its law with uniforms `u [B]`
+  (normalised as token_verify's bonus row, so a chain draws the same token)."""
 
-  A target row is normalised as token_verify does for its bonus row, so a chain
-  draws the very same token."""
   law = walk.law
   dist = jnp.where(walk.residual[:, None], law, _normalized(jnp.maximum(law, 0.0), law))
   return sample_with_uniform(u, dist)

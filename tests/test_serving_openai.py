@@ -1,0 +1,362 @@
+"""The server as clients call it: the official `openai` client against a real
+uvicorn server (127.0.0.1, bounded requests), every endpoint and field: models,
+completions and chat (streamed and not, greedy equal to decoding alone), stop
+strings, seeds under concurrent load, n choices, log-probabilities (the
+target's law under the request's warp) and the Prometheus /metrics.
+
+One engine on random tiny models (byte tokenizer: the text is noise) serves the
+module; it records up to 3 alternatives per token, so its programs are its own.
+"""
+
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+
+import httpx
+import jax.numpy as jnp
+import numpy as np
+import openai
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+import specjax
+from specjax.data.chat import ChatTemplate
+from specjax.sampling import SamplingParams, warp_probs
+from specjax.serving import Engine, EngineConfig, Request
+from specjax.serving.background import BackgroundEngine
+from specjax.serving.http import make_app
+from specjax.testing import tiny_setup
+
+ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(4,), logprobs=3)
+PROMPT = "def add(a, b):\n"
+# A checkpoint's template (tokenizer_config.json), with transformers' variables.
+TEMPLATE = (
+  "{{ bos_token }}{% for m in messages %}"
+  "{% if m['role'] == 'system' and not loop.first %}{{ raise_exception('system first') }}"
+  "{% endif %}<{{ m['role'][0] }}>{{ m['content'] }}{% endfor %}"
+  "{% if add_generation_prompt %}<a>{% endif %}"
+)
+MESSAGES = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+  """(client, url, background, target, tokenizer, template): the tiny engine behind
+  the app (its chat template read from a checkpoint directory), on a free port."""
+  checkpoint = tmp_path_factory.mktemp("checkpoint")
+  (checkpoint / "tokenizer_config.json").write_text(
+    json.dumps({"chat_template": TEMPLATE, "bos_token": "^"})
+  )
+  template = ChatTemplate.from_checkpoint(str(checkpoint))
+  target, draft, tokenizer = tiny_setup(0)
+  engine = Engine(target, draft, EngineConfig(policy="adaptive", **ENGINE))
+  engine.warmup(timed_runs=0)
+  background = BackgroundEngine(engine)
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  app = make_app(background, tokenizer, "tiny", template)
+  config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", log_config=None)
+  server = uvicorn.Server(config)
+  thread = threading.Thread(target=server.run, daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 30
+  while not server.started and thread.is_alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert server.started
+  url = f"http://127.0.0.1:{port}"
+  client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+  yield client, url, background, target, tokenizer, template
+  server.should_exit = True
+  thread.join(10)
+  background.close()
+
+
+@pytest.fixture
+def client(served):
+  return served[0]
+
+
+def solo(target, prompt: list[int], n: int = 16) -> list[int]:
+  """Greedy decoding alone (no engine): `n` tokens after `prompt`, padded to the
+  engine's bucket (one compiled program)."""
+  padded = np.zeros((1, 32), np.int32)
+  padded[0, : len(prompt)] = prompt
+  out = specjax.autoregressive_generate(
+    target,
+    jnp.asarray(padded),
+    jnp.asarray([len(prompt)]),
+    max_new_tokens=n,
+    sampling=specjax.GREEDY,
+  )
+  return np.asarray(out.tokens)[0].tolist()
+
+
+def target_logprobs(target, prompt, tokens, sampling=SamplingParams()):
+  """`[n, V]`: the target's log-law of each of `tokens` after `prompt` (teacher-forced)."""
+  logits = target(jnp.asarray([prompt + tokens[:-1]], jnp.int32))[0, len(prompt) - 1 :]
+  with np.errstate(divide="ignore"):  # top-k: log 0 = -inf
+    return np.log(np.asarray(warp_probs(logits, sampling)))
+
+
+@pytest.fixture(scope="module")
+def greedy(served):
+  """(ids, text) of PROMPT decoded greedily alone."""
+  *_, target, tokenizer, _ = served
+  ids = solo(target, tokenizer.encode(PROMPT))
+  return ids, tokenizer.decode(ids)
+
+
+def test_models(client):
+  (model,) = client.models.list()
+  assert model.id == "tiny" and model.object == "model" and model.owned_by == "specjax"
+  with pytest.raises(openai.NotFoundError, match="'gpt-4' is not served here; use 'tiny'"):
+    client.completions.create(model="gpt-4", prompt=PROMPT)
+
+
+def test_completions_equal_decoding_alone(client, greedy):
+  ids, text = greedy
+  out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+  (choice,) = out.choices
+  assert choice.text == text and choice.finish_reason == "length" and choice.index == 0
+  assert out.object == "text_completion" and out.model == "tiny"
+  assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(PROMPT), 16)
+  stream = client.completions.create(
+    model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, stream=True
+  )
+  chunks = list(stream)
+  assert "".join(c.choices[0].text for c in chunks) == text
+  assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_equals_decoding_alone(served):
+  client, _, _, target, tokenizer, template = served
+  prompt = tokenizer.encode(template.render(MESSAGES, add_generation_prompt=True))
+  assert tokenizer.decode(prompt) == "^<s>Be terse.<u>hi<a>"  # bos_token from the config
+  text = tokenizer.decode(solo(target, prompt, 10))
+  out = client.chat.completions.create(
+    model="tiny", messages=MESSAGES, max_tokens=10, temperature=0
+  )
+  (choice,) = out.choices
+  assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+  assert choice.message.role == "assistant" and choice.message.content == text
+  assert choice.finish_reason == "length" and out.usage.prompt_tokens == len(prompt)
+  assert out.usage.completion_tokens == 10
+  chunks = list(
+    client.chat.completions.create(
+      model="tiny",
+      messages=MESSAGES,
+      max_completion_tokens=10,
+      temperature=0,
+      stream=True,
+      stream_options={"include_usage": True},
+    )
+  )
+  assert all(c.object == "chat.completion.chunk" for c in chunks)
+  assert chunks[0].choices[0].delta.role == "assistant"
+  assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+  assert chunks[-2].choices[0].finish_reason == "length"
+  assert chunks[-1].choices == [] and chunks[-1].usage == out.usage
+
+
+def test_chat_refusals(served):
+  client, _, background, _, tokenizer, _ = served
+  bad = [{"role": "wizard", "content": "hi"}]
+  with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.role must be one of"):
+    client.chat.completions.create(model="tiny", messages=bad)
+  with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
+    client.chat.completions.create(model="tiny", messages=MESSAGES, top_logprobs=2)
+  with pytest.raises(openai.BadRequestError, match=r"logprobs must be an integer in \[0, 3\]") as e:
+    client.chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True, top_logprobs=4)
+  assert e.value.param == "top_logprobs"
+  # A checkpoint without a chat template: a clear 400.
+  with TestClient(make_app(background, tokenizer, "tiny")) as plain:
+    response = plain.post("/v1/chat/completions", json={"messages": MESSAGES})
+  assert response.status_code == 400
+  error = response.json()["error"]
+  assert "has no chat template" in error["message"] and error["param"] == "messages"
+
+
+def _stop_in(tokenizer, ids, stop) -> int:
+  """How many tokens it takes for the text to contain `stop`."""
+  return next(m for m in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:m]))
+
+
+def test_stop_strings(served, greedy):
+  client, url, *_, tokenizer, _ = served
+  ids, text = greedy
+  # Two printable characters in the middle of the text: a stop string spanning tokens.
+  j = next(
+    j
+    for j in range(1, len(text) - 1)
+    if text[j : j + 2].isprintable() and "\ufffd" not in text[j : j + 2]
+  )
+  stop = text[j : j + 2]
+  expected, used = text[: text.find(stop)], _stop_in(tokenizer, ids, stop)
+  before = httpx.get(url + "/metrics.json").json()["requests"]
+  kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+  out = client.completions.create(**kwargs, stop=["never here", stop])
+  assert out.choices[0].text == expected and out.choices[0].finish_reason == "stop"
+  assert out.usage.completion_tokens == used < 16
+  chunks = list(
+    client.completions.create(
+      **kwargs, stop=stop, stream=True, stream_options={"include_usage": True}
+    )
+  )
+  assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+  assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].usage == out.usage
+  # A stop string whose beginning appears but never all of it: held back, then released.
+  partial = text[j] + "\x00\x01"
+  chunks = list(client.completions.create(**kwargs, stop=partial, stream=True))
+  assert "".join(c.choices[0].text for c in chunks) == text
+  assert chunks[-1].choices[0].finish_reason == "length"
+  # Rows stopped by a stop string were finished in the engine (not cancelled), and freed.
+  after = httpx.get(url + "/metrics.json").json()["requests"]
+  assert after["completed"] == before["completed"] + 3 and after["cancelled"] == before["cancelled"]
+  assert after["live"] == 0
+  with pytest.raises(openai.BadRequestError, match="stop must be up to 4 non-empty strings"):
+    client.completions.create(model="tiny", prompt=PROMPT, stop=list("abcde"))
+
+
+def test_seed_same_text_under_concurrent_load(client):
+  seeded = dict(model="tiny", prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.95, seed=1234)
+  alone = client.completions.create(**seeded).choices[0].text
+
+  def noise(i):  # unseeded sampled and greedy requests of other lengths
+    prompt = "x" * (1 + 3 * i)
+    return client.completions.create(
+      model="tiny", prompt=prompt, max_tokens=5 + i, temperature=i % 2
+    )
+
+  def seeded_request(i):
+    if i % 2:
+      chunks = client.completions.create(**seeded, stream=True)
+      return "".join(c.choices[0].text for c in chunks)
+    return client.completions.create(**seeded).choices[0].text
+
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    loads = [pool.submit(noise, i) for i in range(6)]
+    texts = list(pool.map(seeded_request, range(6)))
+    assert all(f.result().choices for f in loads)
+  assert texts == [alone] * 6
+  two = client.completions.create(**seeded, n=2).choices
+  assert two[0].text == alone and two[1].text != alone  # choice i: key (seed, i)
+  assert client.completions.create(**{**seeded, "seed": 99}).choices[0].text != alone
+
+
+def test_n_choices(client, greedy):
+  ids, text = greedy
+  out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, n=3)
+  assert [c.index for c in out.choices] == [0, 1, 2]
+  assert [c.text for c in out.choices] == [text] * 3 and out.usage.completion_tokens == 48
+  chunks = list(
+    client.chat.completions.create(
+      model="tiny", messages=MESSAGES, max_tokens=6, temperature=0, n=2, stream=True
+    )
+  )
+  per_choice = ["", ""]
+  for c in chunks:
+    per_choice[c.choices[0].index] += c.choices[0].delta.content or ""
+  assert per_choice[0] == per_choice[1] != ""
+  with pytest.raises(openai.BadRequestError, match=r"n must be an integer in \[1, 16\]"):
+    client.completions.create(model="tiny", prompt=PROMPT, n=0)
+
+
+def test_logprobs_over_http(served, greedy):
+  client, _, _, target, tokenizer, _ = served
+  ids, _ = greedy
+  # Greedy: the law at temperature 1, whose argmax greedy decoding takes.
+  law = target_logprobs(target, tokenizer.encode(PROMPT), ids)
+  want = law[np.arange(16), ids]
+  out = client.completions.create(
+    model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=2
+  )
+  lp = out.choices[0].logprobs
+  assert lp.tokens == [tokenizer.decode([t]) for t in ids]
+  np.testing.assert_allclose(lp.token_logprobs, want, atol=1e-4)
+  # Keyed by text: two alternatives that decode alike (bytes >= 128: U+FFFD) are one key.
+  assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+  for top, token, value in zip(lp.top_logprobs, lp.tokens, want):
+    assert abs(max(top.values()) - value) < 1e-4 and token in top  # greedy: the top one
+  assert lp.text_offset == np.cumsum([0] + [len(t) for t in lp.tokens])[:-1].tolist()
+  chat = client.chat.completions.create(
+    model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3
+  )
+  content = chat.choices[0].logprobs.content
+  assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
+  assert all(
+    c.logprob == c.top_logprobs[0].logprob and c.bytes == list(c.token.encode()) for c in content
+  )
+  plain = client.chat.completions.create(
+    model="tiny", messages=MESSAGES, max_tokens=4, temperature=0
+  )
+  assert plain.choices[0].logprobs is None
+  with pytest.raises(openai.BadRequestError, match=r"logprobs must be an integer in \[0, 3\]"):
+    client.completions.create(model="tiny", prompt=PROMPT, logprobs=4)
+
+
+def test_logprobs_follow_the_requests_warp(served):
+  """Sampled rows (speculative and plain steps): each token's log-probability
+  and alternatives are the target's warped law at its position."""
+  _, _, background, target, tokenizer, _ = served
+  sampling = SamplingParams(temperature=0.8, top_k=40)
+  prompt = tokenizer.encode(PROMPT)
+  events = []
+  done = threading.Event()
+
+  def on_event(event):
+    events.append(event)
+    if event.finished:
+      done.set()
+
+  background.submit(Request(prompt, 16, sampling, logprobs=3), on_event)
+  assert done.wait(60)
+  tokens = [t for e in events for t in e.tokens]
+  entries = [x for e in events for x in e.logprobs]
+  assert len(entries) == len(tokens) == 16
+  law = target_logprobs(target, prompt, tokens, sampling)
+  for (value, top), token, row in zip(entries, tokens, law):
+    assert abs(value - row[token]) < 1e-4
+    ids, values = zip(*top)
+    np.testing.assert_allclose(values, np.sort(row)[::-1][:3], atol=1e-4)
+    assert np.all(row[list(ids)] > -np.inf)
+
+
+def test_prometheus_metrics(client, served):
+  url = served[1]
+  client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0)
+  response = httpx.get(url + "/metrics")
+  assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+  families = {f.name: f for f in text_string_to_metric_families(response.text)}
+  samples = {
+    (s.name, tuple(s.labels.items())): s.value for f in families.values() for s in f.samples
+  }
+  assert samples[("specjax_requests_total", (("outcome", "completed"),))] >= 1
+  assert samples[("specjax_generated_tokens_total", ())] >= 4
+  assert samples[("specjax_time_to_first_token_seconds_count", ())] >= 1
+  assert samples[("specjax_time_per_output_token_seconds_count", ())] >= 1
+  assert families["specjax_time_to_first_token_seconds"].type == "histogram"
+  for gauge in ("requests_running", "queue_depth", "acceptance_rate", "draft_length"):
+    assert families[f"specjax_{gauge}"].type == "gauge"
+  assert samples[("specjax_queue_depth", ())] == 0
+  assert 0 <= samples[("specjax_acceptance_rate", ())] <= 1
+  assert {"0", "3"} <= {s.labels["draft_length"] for s in families["specjax_steps"].samples}
+  as_json = httpx.get(url + "/metrics", params={"format": "json"}).json()
+  assert as_json["requests"]["completed"] >= 1
+  assert httpx.get(url + "/metrics.json").json().keys() == as_json.keys()
+
+
+def test_engine_refusals_name_the_field(served):
+  background = served[2]
+  with pytest.raises(ValueError, match=r"seed must be an integer in \[-9223372036854775808"):
+    background.engine.check(Request([1], 4, SamplingParams(1.0), seed=2**64))
+  hot = Engine.__new__(Engine)  # the check alone, for an engine that never takes plain steps
+  hot.config = EngineConfig(policy="always", **ENGINE)
+  hot.vocab_size = 256
+  with pytest.raises(ValueError, match="seed: policy .always. takes no plain steps"):
+    hot.check(Request([1], 4, SamplingParams(1.0), seed=1))
+  hot.check(Request([1], 4, seed=1))  # greedy: the seed changes nothing
