@@ -78,7 +78,6 @@ _REBUILD_CROSS = "reinstall specjax, or rebuild it with experiments/bundle_cross
 
 # The drafter class of each draft head kind (`load_drafter`).
 HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
-HEAD_DRAFTERS["eagle3"] = EagleDrafter  # a trained run's head: none is bundled
 # What `load_drafter` builds: the heads, prompt lookup, the target's first layers.
 DRAFTER_KINDS = (*HEAD_DRAFTERS, "ngram", "layer_skip")
 
@@ -328,8 +327,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       from `heads/card.json`'s.
     FileNotFoundError: a bundled file is missing.
   """
-  if kind not in HEAD_KINDS[:3]:  # no bundled EAGLE-3 head
-    raise ValueError(f"kind must be one of {HEAD_KINDS[:3]}, got {kind!r}.")
+  if kind not in HEAD_KINDS:
+    raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}.")
   name = dtype_name(dtype)
   directory = os.path.join(HEADS_DIR, kind)
   for file in (*(os.path.join(directory, f) for f in HEAD_FILES), HEADS_CARD_FILE):
@@ -380,7 +379,8 @@ def load_drafter(
       head's drafter), "ngram" (prompt lookup of n-grams up to `max_ngram`) or
       "layer_skip" (the target's first `num_layers` layers).
     target: the target `Transformer` the drafter drafts for.
-    head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`);
+    head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`; kind
+      "eagle" takes an EAGLE-3 run's head too);
       None: the bundled head of `kind` (`load_head`, in `dtype`), which reads
       the bundled target or a scaled one (`load_pair(scale=...)`).
     vocab_subset: K > 0: a head drafts among the bundled tokenizer's K most
