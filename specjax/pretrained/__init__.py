@@ -222,7 +222,7 @@ def _tensor_name(path: tuple) -> str:
   return ".".join(str(part) for part in path)
 
 
-def head_file_sums(directory: str, kinds=HEAD_KINDS) -> dict[str, str]:
+def head_file_sums(directory: str, kinds=HEAD_KINDS[:3]) -> dict[str, str]:
   """{"<kind>/<file>": sha256} of the bundled files of `kinds` under `directory`."""
   return {
     f"{kind}/{name}": file_sha256(os.path.join(directory, kind, name))
@@ -327,8 +327,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       from `heads/card.json`'s.
     FileNotFoundError: a bundled file is missing.
   """
-  if kind not in HEAD_KINDS:
-    raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}.")
+  if kind not in HEAD_KINDS[:3]:  # none bundled for eagle3
+    raise ValueError(f"kind must be one of {HEAD_KINDS[:3]}, got {kind!r}.")
   name = dtype_name(dtype)
   directory = os.path.join(HEADS_DIR, kind)
   for file in (*(os.path.join(directory, f) for f in HEAD_FILES), HEADS_CARD_FILE):
@@ -379,8 +379,7 @@ def load_drafter(
       head's drafter), "ngram" (prompt lookup of n-grams up to `max_ngram`) or
       "layer_skip" (the target's first `num_layers` layers).
     target: the target `Transformer` the drafter drafts for.
-    head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`; kind
-      "eagle" takes an EAGLE-3 run's head too);
+    head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`);
       None: the bundled head of `kind` (`load_head`, in `dtype`), which reads
       the bundled target or a scaled one (`load_pair(scale=...)`).
     vocab_subset: K > 0: a head drafts among the bundled tokenizer's K most
