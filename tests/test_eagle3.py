@@ -195,6 +195,8 @@ def test_hub_layout_round_trips_and_refuses_misfits(target3):
     np.testing.assert_array_equal(x, y)
   with pytest.raises(ValueError, match="config hidden_size is 32; the target needs 64"):
     eagle3.from_hub({**config, "hidden_size": 32}, tensors, target3, jnp.float32)
+  with pytest.raises(ValueError, match="config norm_before_residual is True"):
+    eagle3.from_hub({**config, "norm_before_residual": True}, tensors, target3, jnp.float32)
   with pytest.raises(ValueError, match="tensor midlayer.hidden_norm.weight is missing"):
     eagle3.from_hub(
       config, {k: v for k, v in tensors.items() if "hidden_norm" not in k}, target3, jnp.float32

@@ -173,6 +173,7 @@ def from_hub(
   want = dict(hidden_size=t.d_model, target_hidden_size=t.d_model, rms_norm_eps=t.norm_eps)
   want.update(rope_theta=t.rope_theta, num_hidden_layers=1, vocab_size=t.vocab_size)
   want.update(num_attention_heads=t.n_heads, num_key_value_heads=t.n_kv_heads)
+  want.update(norm_before_residual=False)
   for key, value in {**want, "head_dim": t.resolved_head_dim}.items():
     if config.get(key, value) not in (value, None):
       raise ValueError(f"config {key} is {config[key]!r}; the target needs {value}.")

@@ -327,7 +327,7 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       from `heads/card.json`'s.
     FileNotFoundError: a bundled file is missing.
   """
-  if kind not in HEAD_KINDS[:3]:  # none bundled for eagle3
+  if kind not in HEAD_KINDS[:3]:
     raise ValueError(f"kind must be one of {HEAD_KINDS[:3]}, got {kind!r}.")
   name = dtype_name(dtype)
   directory = os.path.join(HEADS_DIR, kind)
