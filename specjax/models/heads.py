@@ -26,7 +26,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Block, Linear, Transformer, run_blocks
+from specjax.models.transformer import Block, Linear, Norm, Transformer, run_blocks
 from specjax.validation import is_int
 
 HEAD_KINDS = ("eagle", "medusa", "early_exit", "eagle3")
@@ -54,6 +54,17 @@ class HeadConfig:
     draft_ids: EAGLE-3's K target ids, ascending (`eagle3.draft_vocab_ids`);
       `()` with K = V (the identity map).
 
+  Hub layouts (`specjax.hf.load_head`) need these switches; the defaults are
+  specjax's own heads:
+    normed_features: the head reads the target's features after its final
+      norm and drafts through its own lm_head(s), with no norm (EAGLE-1's and
+      Medusa's published heads): eagle and medusa.
+    embed_first: EAGLE's fc reads `[embed; feature]` (the EAGLE repository's
+      order), not `[feature; embed]`.
+    input_norm: EAGLE's decoder layer normalises its input (the EAGLE
+      repository's layer 0 does not).
+    medusa_layers: residual layers per Medusa head, in [1, 8].
+
   EAGLE-3 reads exactly three `feature_layers`; `()` picks vLLM's (2, L//2, L-3)
   when those are three increasing counts (L >= 7), else (1, (L+1)//2, L).
   """
@@ -66,6 +77,10 @@ class HeadConfig:
   d_ff: int = 0
   draft_vocab_size: int = 0
   draft_ids: tuple[int, ...] = ()
+  normed_features: bool = False
+  embed_first: bool = False
+  input_norm: bool = True
+  medusa_layers: int = 1
 
   def __post_init__(self):
     if self.kind not in HEAD_KINDS:
@@ -89,6 +104,13 @@ class HeadConfig:
     object.__setattr__(self, "feature_layers", layers)
     if not is_int(self.d_ff) or self.d_ff < 0:
       raise ValueError(f"d_ff must be an int >= 0 (0: the target's), got {self.d_ff!r}.")
+    for name in ("normed_features", "embed_first", "input_norm"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
+    if self.normed_features and self.kind not in ("eagle", "medusa"):
+      raise ValueError(f"normed_features applies to eagle and medusa heads, not {self.kind!r}.")
+    if not is_int(self.medusa_layers) or not 1 <= self.medusa_layers <= 8:
+      raise ValueError(f"medusa_layers must be an int in [1, 8], got {self.medusa_layers!r}.")
 
   @property
   def draft_vocab(self) -> int:
@@ -201,6 +223,8 @@ class EagleHead(nnx.Module):
       self.fuse = _linear(cfg.target, cfg.num_features * d, d, rngs=rngs)
     self.fc = _linear(cfg.target, 2 * d, d, rngs=rngs)
     self.block = Block(cfg.block_config, rngs=rngs)
+    if not cfg.input_norm:  # the EAGLE repository's layer 0 has no input_layernorm
+      self.block.attn_norm = _Identity()
 
   def feature_space(self, target_features: jax.Array) -> jax.Array:
     """The target's features `[..., F]` (from `forward_cached(return_hidden=...)`)
@@ -222,7 +246,8 @@ class EagleHead(nnx.Module):
 
   def _inputs(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
     emb = target.embed(next_tokens).astype(features.dtype)
-    return self.fc(jnp.concatenate([features, emb], axis=-1))
+    pair = [emb, features] if self.cfg.embed_first else [features, emb]
+    return self.fc(jnp.concatenate(pair, axis=-1))
 
   def __call__(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
     """Training form, causal over T without a cache.
@@ -265,15 +290,23 @@ class MedusaHeads(nnx.Module):
     if cfg.kind != "medusa":
       raise ValueError(f"MedusaHeads needs kind='medusa', got {cfg.kind!r}.")
     self.cfg = cfg
-    d = cfg.target.d_model
-    self.heads = nnx.List(
-      [_linear(cfg.target, d, d, rngs=rngs, zero=True) for _ in range(cfg.num_heads)]
-    )
+    d, n = cfg.target.d_model, cfg.medusa_layers
+
+    def layers():
+      one = [_linear(cfg.target, d, d, rngs=rngs, zero=True) for _ in range(n)]
+      return one[0] if n == 1 else nnx.List(one)
+
+    self.heads = nnx.List([layers() for _ in range(cfg.num_heads)])
 
   def __call__(self, features: jax.Array, num_heads: int | None = None) -> jax.Array:
     """`[..., D]` features -> `[..., K, D]` (the first `num_heads` heads, static)."""
-    heads = self.heads[: num_heads or self.cfg.num_heads]
-    return jnp.stack([features + jax.nn.silu(head(features)) for head in heads], axis=-2)
+    out = []
+    for head in self.heads[: num_heads or self.cfg.num_heads]:
+      x = features
+      for layer in head if self.cfg.medusa_layers > 1 else [head]:
+        x = x + jax.nn.silu(layer(x))
+      out.append(x)
+    return jnp.stack(out, axis=-2)
 
 
 class ExitAdapter(nnx.Module):
@@ -298,7 +331,78 @@ class ExitAdapter(nnx.Module):
     return x, cache
 
 
+class _Identity(nnx.Module):
+  def __call__(self, x):
+    return x
+
+
+def _own_logits(x: jax.Array, vocab_subset: jax.Array | None) -> jax.Array:
+  """Float32 logits `x [..., V]`, -inf off `vocab_subset` (FR-Spec) when given."""
+  if vocab_subset is not None:
+    x = jnp.where(jnp.zeros(x.shape[-1], bool).at[vocab_subset].set(True), x, -jnp.inf)
+  return x
+
+
+class HubEagleHead(EagleHead):
+  """`EagleHead` with `normed_features` (EAGLE-1/2 as published): it reads
+  `feature_norm(f)` (a copy of the target's final norm) and drafts through
+  `lm_head` (a copy of the target's head), with no norm in between."""
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
+    t = cfg.target
+    self.feature_norm = Norm(t)
+    self.lm_head = Linear(
+      t.d_model,
+      t.vocab_size,
+      use_bias=False,
+      dtype=t.compute_dtype,
+      param_dtype=t.weight_dtype,
+      rngs=rngs,
+    )
+
+  def feature_space(self, target_features: jax.Array) -> jax.Array:
+    return self.feature_norm(target_features)
+
+  def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
+    """Predicted features `[..., D]` -> float32 logits `[..., V]`."""
+    return _own_logits(self.lm_head(h).astype(jnp.float32), vocab_subset)
+
+
+class HubMedusaHeads(MedusaHeads):
+  """`MedusaHeads` with `normed_features` (Medusa as published): the heads read
+  `feature_norm(f)` (a copy of the target's final norm) and head k drafts through
+  its own `lm_heads[k]`, with no norm in between."""
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
+    t = cfg.target
+    self.feature_norm = Norm(t)
+    self.lm_heads = nnx.List(
+      [
+        Linear(
+          t.d_model,
+          t.vocab_size,
+          use_bias=False,
+          dtype=t.compute_dtype,
+          param_dtype=t.weight_dtype,
+          rngs=rngs,
+        )
+        for _ in range(cfg.num_heads)
+      ]
+    )
+
+  def __call__(self, features: jax.Array, num_heads: int | None = None) -> jax.Array:
+    return super().__call__(self.feature_norm(features), num_heads)
+
+  def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
+    """Head outputs `[..., k, D]` (heads 0..k-1) -> float32 logits `[..., k, V]`."""
+    out = [self.lm_heads[i](h[..., i, :]) for i in range(h.shape[-2])]
+    return _own_logits(jnp.stack(out, axis=-2).astype(jnp.float32), vocab_subset)
+
+
 HEAD_MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "early_exit": ExitAdapter}
+HUB_MODULES = {"eagle": HubEagleHead, "medusa": HubMedusaHeads}
 
 
 def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -307,4 +411,4 @@ def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
     from specjax.models.eagle3 import Eagle3Head
 
     return Eagle3Head(cfg, rngs=rngs)
-  return HEAD_MODULES[cfg.kind](cfg, rngs=rngs)
+  return (HUB_MODULES if cfg.normed_features else HEAD_MODULES)[cfg.kind](cfg, rngs=rngs)

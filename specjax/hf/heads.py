@@ -1,0 +1,378 @@
+"""Draft heads by path, in specjax's layouts and the hub's (EAGLE-1/2, EAGLE-3, Medusa).
+
+  drafter = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # cached, offline
+  specjax.hf.save_head(head, "out")  # EAGLE-3 as vLLM and SGLang load it
+
+Read (names and shapes from the loaders' sources, listed in docs/hf_checkpoints.md):
+  specjax run     head_config.json + checkpoints/ (a head-training run)
+  specjax export  head_config.json + model.safetensors (as the bundled heads)
+  EAGLE-1/2       config.json (Llama, one layer, `bias`) + model.safetensors or
+                  pytorch_model.bin: fc [D, 2D] over cat(embed, normed feature),
+                  layers.0.* with no input_layernorm; drafts through the target's
+                  lm_head, no norm (`HubEagleHead`)
+  EAGLE-3         LlamaForCausalLMEagle3 (midlayer.*, d2t): `eagle3.from_hub`
+  Medusa          config.json (medusa_num_heads/layers) + medusa_lm_head.safetensors
+                  or .pt: {i}.{j}.linear.*, {i}.{L}.weight (`HubMedusaHeads`)
+  vLLM Medusa     config.json (num_heads, num_hidden_layers) + model.safetensors:
+                  blocks.{i}.layers.{j}.*, lm_heads.{i}.weight
+Written: EAGLE-3 heads as EAGLE-3; hub EAGLE-1 heads as the EAGLE repository's;
+hub Medusa heads as vLLM's; any head as specjax's export (`layout="specjax"`).
+A head that no hub layout computes exactly (specjax's EAGLE-1 and Medusa read
+the features before the final norm) is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.dtypes import dtype_name
+from specjax.hf import weights
+from specjax.hf.hub import resolve_checkpoint
+from specjax.models import eagle3
+from specjax.models.heads import HeadConfig, make_head
+from specjax.validation import read_json_object
+
+# Weight files per layout, in the order the reference loaders try them.
+_LLAMA_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+
+
+def load_head(path: str, target, dtype=jnp.float32):
+  """The drafter (`EagleDrafter`, `MedusaDrafter`, `EarlyExitDrafter`) of the head
+  at `path` for `target`: see `load_head_module`."""
+  from specjax.pretrained import HEAD_DRAFTERS
+
+  head = load_head_module(path, target, dtype)
+  return HEAD_DRAFTERS.get(head.cfg.kind, HEAD_DRAFTERS["eagle"])(target, head)
+
+
+def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
+  """The head module at `path` (a specjax run or export, or a hub layout: the module
+  docstring), in `dtype`, for `target` (ValueError naming the field that differs).
+
+  `path` is a directory or a repo id in the local Hugging Face cache (never downloaded)."""
+  directory = resolve_checkpoint(path, flag="path")
+  name = dtype_name(dtype)
+  own = os.path.join(directory, "head_config.json")
+  if os.path.exists(own):
+    try:
+      cfg = HeadConfig.from_dict(read_json_object(own))
+    except (TypeError, KeyError) as e:
+      raise ValueError(f"{own} is not a head config: {type(e).__name__}: {e}") from e
+    cfg.check_target(target.cfg)
+    file = os.path.join(directory, "model.safetensors")
+    if os.path.exists(file):
+      from specjax.pretrained import _read_head_params
+
+      graphdef, abstract = _abstract(cfg, name)
+      return nnx.merge(graphdef, _read_head_params(file, abstract, dtype, cfg.block_config))
+    from specjax.training import load_trained_head
+
+    head, _ = load_trained_head(directory)
+    values = {tuple(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
+    return _merge(cfg, name, values, directory)
+  config_file = os.path.join(directory, "config.json")
+  if not os.path.exists(config_file):
+    raise FileNotFoundError(
+      f"{directory} holds no head: neither head_config.json (specjax) nor config.json (hub)."
+    )
+  config = read_json_object(config_file)
+  medusa = "medusa_num_heads" in config or _first(directory, _MEDUSA_FILES)
+  file, tensors = _read(directory, _MEDUSA_FILES if medusa else _LLAMA_FILES)
+  keys = list(tensors)
+  try:
+    if medusa or "num_heads" in config and any(k.startswith(("blocks.", "medusa_")) for k in keys):
+      return _medusa(config, tensors, target, name)
+    if "draft_vocab_size" in config or any(k.startswith("midlayer.") for k in keys):
+      return eagle3.from_hub(config, tensors, target, dtype)
+    if "fc.weight" in tensors:
+      return _eagle1(config, tensors, target, name)
+  except ValueError as e:  # the file and the field or tensor
+    raise ValueError(f"{directory} ({os.path.basename(file)}): {e}") from e
+  raise ValueError(
+    f"{file}: not a head layout specjax reads (EAGLE-1: fc.weight; EAGLE-3: midlayer.*; "
+    f"Medusa: medusa_num_heads or blocks.*); it holds {sorted(keys)[:6]}."
+  )
+
+
+def _first(directory: str, names) -> str | None:
+  return next(
+    (os.path.join(directory, n) for n in names if os.path.exists(os.path.join(directory, n))), None
+  )
+
+
+def _read(directory: str, names) -> tuple[str, dict[str, np.ndarray]]:
+  """`(file, {name: array})` of the first of `names` in `directory`; an index
+  (`*.index.json`) names its shards. torch pickles need torch."""
+  file = _first(directory, names) or _first(directory, ("pytorch_model.bin.index.json",))
+  if file is None:
+    raise FileNotFoundError(f"{directory} holds none of the weight files {list(names)}.")
+  files = [file]
+  if file.endswith(".index.json"):
+    files = sorted(
+      {os.path.join(directory, f) for f in read_json_object(file)["weight_map"].values()}
+    )
+  out = {}
+  for f in files:
+    if f.endswith(".safetensors"):
+      out.update({n: a for _, n, a in weights.read_tensors([f])})
+      continue
+    try:
+      import torch
+    except ImportError as e:
+      raise ImportError(
+        f"{f} is a torch pickle: reading it needs torch (pip install torch)."
+      ) from e
+    state = torch.load(f, map_location="cpu", weights_only=True)
+    out.update({n: (t.float() if t.is_floating_point() else t).numpy() for n, t in state.items()})
+  return file, out
+
+
+def _abstract(cfg: HeadConfig, name: str):
+  cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
+  return nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
+
+
+def _merge(cfg: HeadConfig, name: str, values: dict, where: str) -> nnx.Module:
+  """The head of `cfg` in dtype `name` from `values` (parameter path -> array; a
+  fused parameter as a list of `(Part, array)`); absent biases are zeros."""
+  graphdef, abstract = _abstract(cfg, name)
+  flat = []
+  for path, var in nnx.to_flat_state(abstract):
+    path, shape = tuple(path), var.get_value().shape
+    value = values.pop(path, None)
+    if isinstance(value, list):
+      buffer = np.zeros(shape, np.float32)
+      for part, v in value:
+        part.put(buffer, v)
+      value = buffer
+    if value is None and path[-1] != "bias":
+      raise ValueError(f"{where} lacks the parameter {'.'.join(map(str, path))}.")
+    value = np.zeros(shape) if value is None else value
+    flat.append(
+      (path, var.replace(jax.device_put(np.asarray(value, np.float32).astype(jnp.dtype(name)))))
+    )
+  return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _take(names: dict, tensors: dict, shapes: dict) -> dict:
+  """Parameter values from hub `tensors` by `names` (hub name -> [(path, transform,
+  part)]): every tensor used, shapes checked, each error naming the tensor."""
+  values = {}
+  for hub, targets in names.items():
+    if hub not in tensors:
+      if hub.endswith(".bias"):
+        continue
+      raise ValueError(f"tensor {hub} is missing.")
+    tensor = np.asarray(tensors.pop(hub), np.float32)
+    for path, transform, part in targets:
+      value, shape = transform(tensor), shapes[path]
+      want = shape if part is None else (*shape[:-1], part.width)
+      if value.shape != want:
+        got = tensor.shape
+        raise ValueError(
+          f"tensor {hub} has shape {got}; this target needs {transform(np.empty(want)).shape}."
+        )
+      if part is None:
+        values[path] = value
+      else:
+        values.setdefault(path, []).append((part, value))
+  if tensors:
+    raise ValueError(f"tensors {sorted(tensors)[:6]} are not part of the layout.")
+  return values
+
+
+def _shapes(cfg: HeadConfig, name: str) -> dict:
+  _, abstract = _abstract(cfg, name)
+  return {tuple(p): v.get_value().shape for p, v in nnx.to_flat_state(abstract)}
+
+
+def _target_copies(target) -> dict:
+  """The target tensors a normed-features head keeps copies of."""
+  head = target.embed.embedding[...].T if target.cfg.tie_embeddings else target.lm_head[...]
+  return {
+    ("feature_norm", "scale"): np.asarray(target.final_norm.scale[...], np.float32),
+    ("lm_head", "kernel"): np.asarray(head, np.float32),
+  }
+
+
+def _check_llama(t) -> None:
+  from specjax.hf.export import _BEYOND_LLAMA
+  from specjax.models.config import ModelConfig
+
+  odd = [f for f in _BEYOND_LLAMA if getattr(t, f) != getattr(ModelConfig, f, None)]
+  odd += [
+    f
+    for f, v in (("norm", "rmsnorm"), ("mlp", "swiglu"), ("positions", "rope"))
+    if getattr(t, f) != v
+  ]
+  if odd:
+    raise ValueError(f"hub heads are Llama layers; the target differs in {odd}.")
+
+
+def _check(config: dict, want: dict) -> None:
+  for key, (value, default) in want.items():
+    got = config.get(key, default)
+    if got != value:
+      raise ValueError(f"config.json {key} is {got!r}; the target needs {value!r}.")
+
+
+def _eagle_names(cfg: HeadConfig) -> dict:
+  """EAGLE-1 hub names -> targets: fc, and the Llama layer 0 as `block`."""
+  names = {
+    "fc.weight": [(("fc", "kernel"), weights._transpose, None)],
+    "fc.bias": [(("fc", "bias"), weights._same, None)],
+  }
+  for hub, targets in weights._llama_names(cfg.block_config).items():
+    if hub.startswith("model.layers.0.") and (cfg.input_norm or "input_layernorm" not in hub):
+      names[hub[len("model.") :]] = [(("block", *p[2:]), f, part) for p, f, part in targets]
+  return names
+
+
+def _eagle1(config: dict, tensors: dict, target, name: str) -> nnx.Module:
+  t = target.cfg
+  _check_llama(t)
+  _check(
+    config,
+    {
+      "hidden_size": (t.d_model, None),
+      "vocab_size": (t.vocab_size, None),
+      "num_attention_heads": (t.n_heads, None),
+      "num_hidden_layers": (1, None),
+      "num_key_value_heads": (t.n_kv_heads, config.get("num_attention_heads")),
+      "rms_norm_eps": (t.norm_eps, 1e-6),
+      "rope_theta": (t.rope_theta, 10000.0),
+      "hidden_act": ("silu", "silu"),
+      "rope_scaling": (None, None),
+      "add_para_norm": (False, False),
+    },
+  )
+  if t.d_model // t.n_heads != t.resolved_head_dim:
+    raise ValueError(f"the target's head_dim {t.resolved_head_dim} is not hidden_size / heads.")
+  embed = tensors.pop("embed_tokens.weight", None)
+  own = np.asarray(target.embed.embedding[...], np.float32)
+  if embed is not None and (
+    embed.shape != own.shape or not np.allclose(embed, own, rtol=1e-2, atol=1e-3)
+  ):
+    raise ValueError(
+      "tensor embed_tokens.weight is not the target's embedding (specjax shares it)."
+    )
+  cfg = HeadConfig(
+    "eagle",
+    t,
+    d_ff=int(config.get("intermediate_size", t.d_ff)),
+    normed_features=True,
+    embed_first=True,
+    input_norm=False,
+  )
+  values = _take(_eagle_names(cfg), tensors, _shapes(cfg, name)) | _target_copies(target)
+  return _merge(cfg, name, values, "the EAGLE-1 head")
+
+
+def _medusa(config: dict, tensors: dict, target, name: str) -> nnx.Module:
+  t, vllm = target.cfg, "medusa_num_heads" not in config
+  tensors = {k.removeprefix("medusa_heads."): v for k, v in tensors.items()}
+  if vllm:
+    _check(
+      config,
+      {
+        "hidden_size": (t.d_model, t.d_model),
+        "vocab_size": (t.vocab_size, t.vocab_size),
+        "truncated_vocab_size": (t.vocab_size, t.vocab_size),
+      },
+    )
+    tensors.pop("token_map", None)
+  layers = int(config.get("num_hidden_layers" if vllm else "medusa_num_layers", 1))
+  pattern = r"blocks\.(\d+)\." if vllm else r"(\d+)\.0\.linear"
+  k = 1 + max((int(m.group(1)) for n in tensors if (m := re.match(pattern, n))), default=-1)
+  if not 1 <= k <= 16:
+    raise ValueError(f"found {k} Medusa heads in the file; specjax reads 1 to 16.")
+  cfg = HeadConfig("medusa", t, num_heads=k, medusa_layers=layers, normed_features=True)
+  names, shared = {}, None
+  if config.get("original_lm_head"):  # vLLM: one lm_head for all heads
+    shared = "lm_heads.0.weight" if "lm_heads.0.weight" in tensors else "lm_head.weight"
+  for i in range(k):
+    for j in range(layers):
+      path = ("heads", i) + ((j,) if layers > 1 else ())
+      hub = f"blocks.{i}.layers.{j}." if vllm else f"{i}.{j}.linear."
+      names[hub + "weight"] = [(path + ("kernel",), weights._transpose, None)]
+      names[hub + "bias"] = [(path + ("bias",), weights._same, None)]
+    head = (("lm_heads", i, "kernel"), weights._transpose, None)
+    hub = shared or (f"lm_heads.{i}.weight" if vllm else f"{i}.{layers}.weight")
+    names.setdefault(hub, []).append(head)
+  values = _take(names, tensors, _shapes(cfg, name))
+  values[("feature_norm", "scale")] = _target_copies(target)[("feature_norm", "scale")]
+  return _merge(cfg, name, values, "the Medusa head")
+
+
+def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
+  """Writes `head` to directory `path` as config.json + model.safetensors in its hub
+  layout (EAGLE-3; a hub EAGLE-1 head as the EAGLE repository's; a hub Medusa head
+  as vLLM's), or, with `layout="specjax"`, head_config.json + model.safetensors.
+
+  Raises ValueError for a head no hub layout computes exactly (use "specjax")."""
+  from safetensors.numpy import save_file
+
+  cfg = head.cfg
+  params = {tuple(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
+  dtype = str(jnp.dtype(cfg.target.param_dtype))
+  if layout == "specjax":
+    from specjax.pretrained import head_tensors
+
+    config, file, tensors = cfg.to_dict(), "head_config.json", head_tensors(head)
+  elif layout != "hub":
+    raise ValueError(f"layout must be 'hub' or 'specjax', got {layout!r}.")
+  elif cfg.kind == "eagle3":
+    config, file, tensors = eagle3.hub_config(head), "config.json", eagle3.hub_tensors(head)
+  elif cfg.kind == "eagle" and cfg.normed_features and cfg.embed_first and not cfg.input_norm:
+    from types import SimpleNamespace
+
+    from specjax.hf.export import hf_config
+
+    c = cfg.block_config
+    config = hf_config(SimpleNamespace(cfg=c), dtype)
+    config |= {"num_hidden_layers": 1, "bias": True, "qkv_bias": c.qkv_bias}
+    tensors, file = {}, "config.json"
+    for hub, targets in _eagle_names(cfg).items():
+      for p, f, part in targets:
+        value = params[p] if part is None else part.take(params[p])
+        tensors[hub] = value.T if f is weights._transpose else value
+  elif cfg.kind == "medusa" and cfg.normed_features:
+    k, n, file = cfg.num_heads, cfg.medusa_layers, "config.json"
+    config = {
+      "architectures": ["MedusaModel"],
+      "model_type": "medusa",
+      "hidden_size": cfg.target.d_model,
+      "vocab_size": cfg.target.vocab_size,
+      "num_heads": k,
+      "num_hidden_layers": n,
+      "truncated_vocab_size": cfg.target.vocab_size,
+      "medusa_fc_bias": True,
+      "torch_dtype": dtype,
+    }
+    tensors = {}
+    for i in range(k):
+      for j in range(n):
+        p = ("heads", i) + ((j,) if n > 1 else ())
+        tensors[f"blocks.{i}.layers.{j}.weight"] = params[p + ("kernel",)].T
+        tensors[f"blocks.{i}.layers.{j}.bias"] = params[p + ("bias",)]
+      tensors[f"lm_heads.{i}.weight"] = params[("lm_heads", i, "kernel")].T
+  else:
+    raise ValueError(
+      f"no hub layout computes this {cfg.kind} head exactly (hub EAGLE-1 and Medusa heads "
+      "read the target's features after its final norm, specjax's before); save it with "
+      "layout='specjax'."
+    )
+  os.makedirs(path, exist_ok=True)
+  tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(path, file), "w") as f:
+    json.dump(config, f, indent=2)
