@@ -372,3 +372,24 @@ def test_bad_medusa_layouts_and_other_targets_are_refused(target, tmp_path):
     load_head(str(tmp_path / "none"), target)
   with pytest.raises(FileNotFoundError, match="neither head_config.json"):
     load_head(str(tmp_path), target)
+
+
+def test_a_training_run_and_its_export_load_by_path(target, prompts, tmp_path):
+  from specjax.training.checkpoint import Checkpointer, save_head_config
+
+  cfg = HeadConfig("medusa", target.cfg, num_heads=3)
+  graphdef, params = nnx.split(make_head(cfg, rngs=nnx.Rngs(2)), nnx.Param)
+  params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(9), x.shape), params)
+  run = str(tmp_path / "run")
+  save_head_config(run, cfg)
+  saver = Checkpointer(run, save_every=1, keep=1)
+  saver.save(2, params, {"count": jnp.zeros(())}, {"step": 2})
+  saver.close()
+  head = nnx.merge(graphdef, params)
+  loaded = load_head(run, target)
+  assert _params(loaded.heads).keys() == _params(head).keys()
+  assert all(np.array_equal(_params(loaded.heads)[k], v) for k, v in _params(head).items())
+  exported = _roundtrip(loaded.heads, target, tmp_path, layout="specjax")
+  np.testing.assert_array_equal(_draft(target, head, prompts), _draft(target, exported, prompts))
+  bf16 = load_head_module(run, target, jnp.bfloat16)
+  assert all(v.dtype == jnp.bfloat16 for v in _params(bf16).values())
