@@ -1,24 +1,14 @@
-"""Draft heads by path, in specjax's layouts and the hub's (EAGLE-1/2, EAGLE-3, Medusa).
+"""Draft heads by path: specjax's runs and exports, and the hub's layouts in and out.
 
   drafter = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # cached, offline
-  specjax.hf.save_head(head, "out")  # EAGLE-3 as vLLM and SGLang load it
+  specjax.hf.save_head(head, "out")  # e.g. EAGLE-3 as vLLM and SGLang load it
 
-Read (names and shapes from the loaders' sources, listed in docs/hf_checkpoints.md):
-  specjax run     head_config.json + checkpoints/ (a head-training run)
-  specjax export  head_config.json + model.safetensors (as the bundled heads)
-  EAGLE-1/2       config.json (Llama, one layer, `bias`) + model.safetensors or
-                  pytorch_model.bin: fc [D, 2D] over cat(embed, normed feature),
-                  layers.0.* with no input_layernorm; drafts through the target's
-                  lm_head, no norm (`HubEagleHead`)
-  EAGLE-3         LlamaForCausalLMEagle3 (midlayer.*, d2t): `eagle3.from_hub`
-  Medusa          config.json (medusa_num_heads/layers) + medusa_lm_head.safetensors
-                  or .pt: {i}.{j}.linear.*, {i}.{L}.weight (`HubMedusaHeads`)
-  vLLM Medusa     config.json (num_heads, num_hidden_layers) + model.safetensors:
-                  blocks.{i}.layers.{j}.*, lm_heads.{i}.weight
-Written: EAGLE-3 heads as EAGLE-3; hub EAGLE-1 heads as the EAGLE repository's;
-hub Medusa heads as vLLM's; any head as specjax's export (`layout="specjax"`).
-A head that no hub layout computes exactly (specjax's EAGLE-1 and Medusa read
-the features before the final norm) is refused.
+Read: EAGLE-1/2 (the EAGLE repository's: fc over cat(embed, normed feature), layer 0
+without input_layernorm, drafting through the target's lm_head: `HubEagleHead`),
+EAGLE-3 (`eagle3.from_hub`), Medusa's and vLLM's Medusa (`HubMedusaHeads`).
+Written: EAGLE-3; hub EAGLE-1 heads as the EAGLE repository's; hub Medusa heads as
+vLLM's; any head as specjax's export. Files, key names and their sources:
+docs/hf_checkpoints.md.
 """
 
 from __future__ import annotations
@@ -76,9 +66,9 @@ def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
       return nnx.merge(graphdef, _read_head_params(file, abstract, dtype, cfg.block_config))
     from specjax.training import load_trained_head
 
-    head, _ = load_trained_head(directory)
-    values = {tuple(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
-    return _merge(cfg, name, values, directory)
+    graphdef, _ = _abstract(cfg, name)
+    state = nnx.state(load_trained_head(directory)[0])
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(dtype), state))
   config_file = os.path.join(directory, "config.json")
   if not os.path.exists(config_file):
     raise FileNotFoundError(
@@ -104,15 +94,14 @@ def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
 
 
 def _first(directory: str, names) -> str | None:
-  return next(
-    (os.path.join(directory, n) for n in names if os.path.exists(os.path.join(directory, n))), None
-  )
+  paths = (os.path.join(directory, n) for n in names)
+  return next((p for p in paths if os.path.exists(p)), None)
 
 
 def _read(directory: str, names) -> tuple[str, dict[str, np.ndarray]]:
   """`(file, {name: array})` of the first of `names` in `directory`; an index
   (`*.index.json`) names its shards. torch pickles need torch."""
-  file = _first(directory, names) or _first(directory, ("pytorch_model.bin.index.json",))
+  file = _first(directory, (*names, "pytorch_model.bin.index.json"))
   if file is None:
     raise FileNotFoundError(f"{directory} holds none of the weight files {list(names)}.")
   files = [file]
@@ -136,63 +125,38 @@ def _read(directory: str, names) -> tuple[str, dict[str, np.ndarray]]:
   return file, out
 
 
-def _abstract(cfg: HeadConfig, name: str):
+def _abstract(cfg: HeadConfig, name: str = "float32"):
   cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
   return nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
 
 
-def _merge(cfg: HeadConfig, name: str, values: dict, where: str) -> nnx.Module:
-  """The head of `cfg` in dtype `name` from `values` (parameter path -> array; a
-  fused parameter as a list of `(Part, array)`); absent biases are zeros."""
+def _build(cfg: HeadConfig, name: str, names: dict, tensors: dict, copies: dict) -> nnx.Module:
+  """The head of `cfg` in dtype `name` from hub `tensors` by `names` (hub name ->
+  [(path, transform, part)]) and `copies` (path -> array): every tensor used, its
+  shape checked (errors name it); absent biases are zeros."""
   graphdef, abstract = _abstract(cfg, name)
-  flat = []
-  for path, var in nnx.to_flat_state(abstract):
-    path, shape = tuple(path), var.get_value().shape
-    value = values.pop(path, None)
-    if isinstance(value, list):
-      buffer = np.zeros(shape, np.float32)
-      for part, v in value:
-        part.put(buffer, v)
-      value = buffer
-    if value is None and path[-1] != "bias":
-      raise ValueError(f"{where} lacks the parameter {'.'.join(map(str, path))}.")
-    value = np.zeros(shape) if value is None else value
-    flat.append(
-      (path, var.replace(jax.device_put(np.asarray(value, np.float32).astype(jnp.dtype(name)))))
-    )
-  return nnx.merge(graphdef, nnx.from_flat_state(flat))
-
-
-def _take(names: dict, tensors: dict, shapes: dict) -> dict:
-  """Parameter values from hub `tensors` by `names` (hub name -> [(path, transform,
-  part)]): every tensor used, shapes checked, each error naming the tensor."""
-  values = {}
+  flat = [(tuple(p), v) for p, v in nnx.to_flat_state(abstract)]
+  values = {p: np.zeros(v.get_value().shape, np.float32) for p, v in flat} | copies
   for hub, targets in names.items():
     if hub not in tensors:
       if hub.endswith(".bias"):
         continue
       raise ValueError(f"tensor {hub} is missing.")
     tensor = np.asarray(tensors.pop(hub), np.float32)
-    for path, transform, part in targets:
-      value, shape = transform(tensor), shapes[path]
-      want = shape if part is None else (*shape[:-1], part.width)
+    for path, f, part in targets:
+      value, buffer = f(tensor), values[path]
+      want = buffer.shape if part is None else (*buffer.shape[:-1], part.width)
       if value.shape != want:
-        got = tensor.shape
-        raise ValueError(
-          f"tensor {hub} has shape {got}; this target needs {transform(np.empty(want)).shape}."
-        )
+        want = f(np.empty(want)).shape
+        raise ValueError(f"tensor {hub} has shape {tensor.shape}; this target needs {want}.")
       if part is None:
-        values[path] = value
+        buffer[...] = value
       else:
-        values.setdefault(path, []).append((part, value))
+        part.put(buffer, value)
   if tensors:
     raise ValueError(f"tensors {sorted(tensors)[:6]} are not part of the layout.")
-  return values
-
-
-def _shapes(cfg: HeadConfig, name: str) -> dict:
-  _, abstract = _abstract(cfg, name)
-  return {tuple(p): v.get_value().shape for p, v in nnx.to_flat_state(abstract)}
+  cast = {p: jax.device_put(values[p].astype(jnp.dtype(name))) for p, _ in flat}
+  return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(cast[p])) for p, v in flat]))
 
 
 def _target_copies(target) -> dict:
@@ -208,14 +172,9 @@ def _check_llama(t) -> None:
   from specjax.hf.export import _BEYOND_LLAMA
   from specjax.models.config import ModelConfig
 
-  odd = [f for f in _BEYOND_LLAMA if getattr(t, f) != getattr(ModelConfig, f, None)]
-  odd += [
-    f
-    for f, v in (("norm", "rmsnorm"), ("mlp", "swiglu"), ("positions", "rope"))
-    if getattr(t, f) != v
-  ]
-  if odd:
-    raise ValueError(f"hub heads are Llama layers; the target differs in {odd}.")
+  odd = [f for f in _BEYOND_LLAMA if getattr(t, f) != getattr(ModelConfig, f)]
+  if odd or (t.norm, t.mlp, t.positions) != ("rmsnorm", "swiglu", "rope"):
+    raise ValueError(f"hub heads are Llama layers; the target is not Llama-style: {odd}.")
 
 
 def _check(config: dict, want: dict) -> None:
@@ -240,77 +199,57 @@ def _eagle_names(cfg: HeadConfig) -> dict:
 def _eagle1(config: dict, tensors: dict, target, name: str) -> nnx.Module:
   t = target.cfg
   _check_llama(t)
-  _check(
-    config,
-    {
-      "hidden_size": (t.d_model, None),
-      "vocab_size": (t.vocab_size, None),
-      "num_attention_heads": (t.n_heads, None),
-      "num_hidden_layers": (1, None),
-      "num_key_value_heads": (t.n_kv_heads, config.get("num_attention_heads")),
-      "rms_norm_eps": (t.norm_eps, 1e-6),
-      "rope_theta": (t.rope_theta, 10000.0),
-      "hidden_act": ("silu", "silu"),
-      "rope_scaling": (None, None),
-      "add_para_norm": (False, False),
-    },
-  )
+  kv = (t.n_kv_heads, config.get("num_attention_heads"))
+  want = dict(hidden_size=t.d_model, vocab_size=t.vocab_size, num_attention_heads=t.n_heads)
+  want = {k: (v, None) for k, v in want.items()} | dict(num_key_value_heads=kv)
+  want |= dict(num_hidden_layers=(1, None), rms_norm_eps=(t.norm_eps, 1e-6))
+  want |= dict(rope_theta=(t.rope_theta, 1e4), rope_scaling=(None, None))
+  _check(config, want | dict(hidden_act=("silu", "silu"), add_para_norm=(False, False)))
   if t.d_model // t.n_heads != t.resolved_head_dim:
     raise ValueError(f"the target's head_dim {t.resolved_head_dim} is not hidden_size / heads.")
   embed = tensors.pop("embed_tokens.weight", None)
   own = np.asarray(target.embed.embedding[...], np.float32)
-  if embed is not None and (
-    embed.shape != own.shape or not np.allclose(embed, own, rtol=1e-2, atol=1e-3)
-  ):
-    raise ValueError(
-      "tensor embed_tokens.weight is not the target's embedding (specjax shares it)."
-    )
-  cfg = HeadConfig(
-    "eagle",
-    t,
-    d_ff=int(config.get("intermediate_size", t.d_ff)),
-    normed_features=True,
-    embed_first=True,
-    input_norm=False,
-  )
-  values = _take(_eagle_names(cfg), tensors, _shapes(cfg, name)) | _target_copies(target)
-  return _merge(cfg, name, values, "the EAGLE-1 head")
+  if embed is not None and not (embed.shape == own.shape and np.allclose(embed, own, 1e-2, 1e-3)):
+    raise ValueError("tensor embed_tokens.weight is not the target's embedding (shared here).")
+  hub = dict(normed_features=True, embed_first=True, input_norm=False)
+  cfg = HeadConfig("eagle", t, d_ff=int(config.get("intermediate_size", t.d_ff)), **hub)
+  return _build(cfg, name, _eagle_names(cfg), tensors, _target_copies(target))
+
+
+def _medusa_names(cfg: HeadConfig, vllm: bool, shared: str | None = None) -> dict:
+  """Medusa's (`{i}.{j}.linear`, `{i}.{L}`) or vLLM's (`blocks.{i}.layers.{j}`,
+  `lm_heads.{i}`; `shared`: one lm_head) names -> targets."""
+  names, n, tr = {}, cfg.medusa_layers, weights._transpose
+  for i in range(cfg.num_heads):
+    for j in range(n):
+      path = ("heads", i) + ((j,) if n > 1 else ())
+      hub = f"blocks.{i}.layers.{j}." if vllm else f"{i}.{j}.linear."
+      names[hub + "weight"] = [(path + ("kernel",), tr, None)]
+      names[hub + "bias"] = [(path + ("bias",), weights._same, None)]
+    hub = shared or (f"lm_heads.{i}.weight" if vllm else f"{i}.{n}.weight")
+    names.setdefault(hub, []).append((("lm_heads", i, "kernel"), tr, None))
+  return names
 
 
 def _medusa(config: dict, tensors: dict, target, name: str) -> nnx.Module:
   t, vllm = target.cfg, "medusa_num_heads" not in config
   tensors = {k.removeprefix("medusa_heads."): v for k, v in tensors.items()}
   if vllm:
-    _check(
-      config,
-      {
-        "hidden_size": (t.d_model, t.d_model),
-        "vocab_size": (t.vocab_size, t.vocab_size),
-        "truncated_vocab_size": (t.vocab_size, t.vocab_size),
-      },
-    )
+    v = (t.vocab_size, t.vocab_size)
+    _check(config, dict(hidden_size=(t.d_model,) * 2, vocab_size=v, truncated_vocab_size=v))
     tensors.pop("token_map", None)
   layers = int(config.get("num_hidden_layers" if vllm else "medusa_num_layers", 1))
   pattern = r"blocks\.(\d+)\." if vllm else r"(\d+)\.0\.linear"
   k = 1 + max((int(m.group(1)) for n in tensors if (m := re.match(pattern, n))), default=-1)
-  if not 1 <= k <= 16:
+  if not 1 <= k <= 16:  # the file's heads: published configs sometimes say fewer
     raise ValueError(f"found {k} Medusa heads in the file; specjax reads 1 to 16.")
   cfg = HeadConfig("medusa", t, num_heads=k, medusa_layers=layers, normed_features=True)
-  names, shared = {}, None
+  shared = None
   if config.get("original_lm_head"):  # vLLM: one lm_head for all heads
     shared = "lm_heads.0.weight" if "lm_heads.0.weight" in tensors else "lm_head.weight"
-  for i in range(k):
-    for j in range(layers):
-      path = ("heads", i) + ((j,) if layers > 1 else ())
-      hub = f"blocks.{i}.layers.{j}." if vllm else f"{i}.{j}.linear."
-      names[hub + "weight"] = [(path + ("kernel",), weights._transpose, None)]
-      names[hub + "bias"] = [(path + ("bias",), weights._same, None)]
-    head = (("lm_heads", i, "kernel"), weights._transpose, None)
-    hub = shared or (f"lm_heads.{i}.weight" if vllm else f"{i}.{layers}.weight")
-    names.setdefault(hub, []).append(head)
-  values = _take(names, tensors, _shapes(cfg, name))
-  values[("feature_norm", "scale")] = _target_copies(target)[("feature_norm", "scale")]
-  return _merge(cfg, name, values, "the Medusa head")
+  norm = ("feature_norm", "scale")
+  copies = {norm: _target_copies(target)[norm]}
+  return _build(cfg, name, _medusa_names(cfg, vllm, shared), tensors, copies)
 
 
 def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
@@ -337,40 +276,27 @@ def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
 
     from specjax.hf.export import hf_config
 
-    c = cfg.block_config
+    c, file, names = cfg.block_config, "config.json", _eagle_names(cfg)
     config = hf_config(SimpleNamespace(cfg=c), dtype)
     config |= {"num_hidden_layers": 1, "bias": True, "qkv_bias": c.qkv_bias}
-    tensors, file = {}, "config.json"
-    for hub, targets in _eagle_names(cfg).items():
-      for p, f, part in targets:
-        value = params[p] if part is None else part.take(params[p])
-        tensors[hub] = value.T if f is weights._transpose else value
   elif cfg.kind == "medusa" and cfg.normed_features:
-    k, n, file = cfg.num_heads, cfg.medusa_layers, "config.json"
-    config = {
-      "architectures": ["MedusaModel"],
-      "model_type": "medusa",
-      "hidden_size": cfg.target.d_model,
-      "vocab_size": cfg.target.vocab_size,
-      "num_heads": k,
-      "num_hidden_layers": n,
-      "truncated_vocab_size": cfg.target.vocab_size,
-      "medusa_fc_bias": True,
-      "torch_dtype": dtype,
-    }
-    tensors = {}
-    for i in range(k):
-      for j in range(n):
-        p = ("heads", i) + ((j,) if n > 1 else ())
-        tensors[f"blocks.{i}.layers.{j}.weight"] = params[p + ("kernel",)].T
-        tensors[f"blocks.{i}.layers.{j}.bias"] = params[p + ("bias",)]
-      tensors[f"lm_heads.{i}.weight"] = params[("lm_heads", i, "kernel")].T
+    t, file, names = cfg.target, "config.json", _medusa_names(cfg, vllm=True)
+    config = dict(architectures=["MedusaModel"], model_type="medusa", hidden_size=t.d_model)
+    config |= dict(vocab_size=t.vocab_size, truncated_vocab_size=t.vocab_size, torch_dtype=dtype)
+    config |= dict(
+      num_heads=cfg.num_heads, num_hidden_layers=cfg.medusa_layers, medusa_fc_bias=True
+    )
   else:
     raise ValueError(
       f"no hub layout computes this {cfg.kind} head exactly (hub EAGLE-1 and Medusa heads "
       "read the target's features after its final norm, specjax's before); save it with "
       "layout='specjax'."
     )
+  if file == "config.json" and cfg.kind != "eagle3":  # the inverse of reading `names`
+    tensors = {}
+    for hub, [(p, f, part), *_] in names.items():
+      value = params[p] if part is None else part.take(params[p])
+      tensors[hub] = value.T if f is weights._transpose else value
   os.makedirs(path, exist_ok=True)
   tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

@@ -54,15 +54,11 @@ class HeadConfig:
     draft_ids: EAGLE-3's K target ids, ascending (`eagle3.draft_vocab_ids`);
       `()` with K = V (the identity map).
 
-  Hub layouts (`specjax.hf.load_head`) need these switches; the defaults are
-  specjax's own heads:
-    normed_features: the head reads the target's features after its final
-      norm and drafts through its own lm_head(s), with no norm (EAGLE-1's and
-      Medusa's published heads): eagle and medusa.
-    embed_first: EAGLE's fc reads `[embed; feature]` (the EAGLE repository's
-      order), not `[feature; embed]`.
-    input_norm: EAGLE's decoder layer normalises its input (the EAGLE
-      repository's layer 0 does not).
+  Switches for the hub's layouts (`specjax.hf.heads`; defaults: specjax's heads):
+    normed_features: eagle, medusa: read the target's features after its final
+      norm, draft through own lm_head(s) with no norm (published EAGLE-1, Medusa).
+    embed_first: EAGLE's fc reads `[embed; feature]`, not `[feature; embed]`.
+    input_norm: EAGLE's layer normalises its input (the EAGLE repo's does not).
     medusa_layers: residual layers per Medusa head, in [1, 8].
 
   EAGLE-3 reads exactly three `feature_layers`; `()` picks vLLM's (2, L//2, L-3)
@@ -191,11 +187,12 @@ def _check_eagle3(cfg: HeadConfig, layers: tuple, n: int) -> tuple[int, ...]:
   return layers
 
 
-def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero: bool = False):
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero=False, bias=True):
   init = nnx.initializers.zeros if zero else nnx.initializers.normal(cfg.init_std)
   return Linear(
     d_in,
     d_out,
+    use_bias=bias,
     kernel_init=nnx.with_partitioning(init, (None, "embed"), eager_sharding=False),
     dtype=cfg.compute_dtype,
     param_dtype=cfg.weight_dtype,
@@ -345,21 +342,14 @@ def _own_logits(x: jax.Array, vocab_subset: jax.Array | None) -> jax.Array:
 
 class HubEagleHead(EagleHead):
   """`EagleHead` with `normed_features` (EAGLE-1/2 as published): it reads
-  `feature_norm(f)` (a copy of the target's final norm) and drafts through
-  `lm_head` (a copy of the target's head), with no norm in between."""
+  `feature_norm(f)` and drafts through `lm_head` with no norm (copies of the
+  target's final norm and head)."""
 
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     super().__init__(cfg, rngs=rngs)
     t = cfg.target
     self.feature_norm = Norm(t)
-    self.lm_head = Linear(
-      t.d_model,
-      t.vocab_size,
-      use_bias=False,
-      dtype=t.compute_dtype,
-      param_dtype=t.weight_dtype,
-      rngs=rngs,
-    )
+    self.lm_head = _linear(t, t.d_model, t.vocab_size, rngs=rngs, bias=False)
 
   def feature_space(self, target_features: jax.Array) -> jax.Array:
     return self.feature_norm(target_features)
@@ -371,25 +361,15 @@ class HubEagleHead(EagleHead):
 
 class HubMedusaHeads(MedusaHeads):
   """`MedusaHeads` with `normed_features` (Medusa as published): the heads read
-  `feature_norm(f)` (a copy of the target's final norm) and head k drafts through
-  its own `lm_heads[k]`, with no norm in between."""
+  `feature_norm(f)` (a copy of the target's final norm); head k drafts through
+  its own `lm_heads[k]`, with no norm."""
 
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     super().__init__(cfg, rngs=rngs)
-    t = cfg.target
+    t, k = cfg.target, cfg.num_heads
     self.feature_norm = Norm(t)
     self.lm_heads = nnx.List(
-      [
-        Linear(
-          t.d_model,
-          t.vocab_size,
-          use_bias=False,
-          dtype=t.compute_dtype,
-          param_dtype=t.weight_dtype,
-          rngs=rngs,
-        )
-        for _ in range(cfg.num_heads)
-      ]
+      [_linear(t, t.d_model, t.vocab_size, rngs=rngs, bias=False) for _ in range(k)]
     )
 
   def __call__(self, features: jax.Array, num_heads: int | None = None) -> jax.Array:
