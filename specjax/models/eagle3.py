@@ -62,6 +62,8 @@ class Eagle3Head(nnx.Module):
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     if cfg.kind != "eagle3":
       raise ValueError(f"Eagle3Head needs kind='eagle3', got {cfg.kind!r}.")
+    if len(cfg.draft_ids or range(cfg.target.vocab_size)) != cfg.draft_vocab:
+      raise ValueError(f"cfg.draft_ids must hold {cfg.draft_vocab} ids (draft_vocab_ids).")
     self.cfg = cfg
     c = cfg.block_config
     self.fc = _linear(c, 3 * c.d_model, c.d_model, rngs=rngs)

@@ -52,7 +52,7 @@ class HeadConfig:
       the target's.
     draft_vocab_size: EAGLE-3's draft vocabulary K in [1, V]; 0 means V.
     draft_ids: EAGLE-3's K target ids, ascending (`eagle3.draft_vocab_ids`);
-      `()` with K = V (the identity map).
+      `()` with K = V (the identity map), or K < V before the data is counted.
 
   Switches for the hub's layouts (`specjax.hf.heads`; defaults: specjax's heads):
     normed_features: eagle, medusa: read the target's features after its final
@@ -174,10 +174,6 @@ def _check_eagle3(cfg: HeadConfig, layers: tuple, n: int) -> tuple[int, ...]:
   ):
     raise ValueError(
       f"draft_ids must be draft_vocab_size={k or v} ascending distinct ids in [0, {v})."
-    )
-  if not ids and 0 < k < v:
-    raise ValueError(
-      f"draft_ids must hold the {k} draft ids (eagle3.draft_vocab_ids) when k < {v}."
     )
   object.__setattr__(cfg, "draft_ids", ids if len(ids) < v else ())
   if not layers:

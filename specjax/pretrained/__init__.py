@@ -77,7 +77,12 @@ _REBUILD_CROSS = "reinstall specjax, or rebuild it with experiments/bundle_cross
 
 
 # The drafter class of each draft head kind (`load_drafter`).
-HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
+HEAD_DRAFTERS = {
+  "eagle": EagleDrafter,
+  "medusa": MedusaDrafter,
+  "early_exit": EarlyExitDrafter,
+  "eagle3": EagleDrafter,  # a trained EAGLE-3 run's head; nothing is bundled
+}
 # What `load_drafter` builds: the heads, prompt lookup, the target's first layers.
 DRAFTER_KINDS = (*HEAD_DRAFTERS, "ngram", "layer_skip")
 
@@ -327,8 +332,11 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       from `heads/card.json`'s.
     FileNotFoundError: a bundled file is missing.
   """
-  if kind not in HEAD_KINDS:
-    raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}.")
+  if kind not in HEAD_KINDS or kind == "eagle3":
+    raise ValueError(
+      f"kind must be one of {HEAD_KINDS[:3]}, got {kind!r} (EAGLE-3: a trained run's head, "
+      "specjax.training.load_trained_head)."
+    )
   name = dtype_name(dtype)
   directory = os.path.join(HEADS_DIR, kind)
   for file in (*(os.path.join(directory, f) for f in HEAD_FILES), HEADS_CARD_FILE):

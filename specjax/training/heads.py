@@ -22,6 +22,17 @@ target's own final norm and head (`Transformer.features_to_logits`):
   medusa      head k (0-based) at position t against the target's law at
               t + k + 1 (positions whose target lies past the window are left
               out); heads weigh equally.
+  eagle3      the training-time test (EAGLE-3): k = ttt_steps unrolled steps;
+              step 0 reads fc(the target's three features) at t with x_{t+1},
+              step j the head's own step-(j-1) output at t with x_{t+1+j}, at
+              position t + j, attending to step 0's pairs at <= t and to steps
+              1..j at t (the drafting chain from position t, exactly as
+              `EagleDrafter` runs it); its law over the draft ids against the
+              target's at t + 1 + j gathered on them and renormalised (SpecForge),
+              positions whose target argmax lies outside them left out; loss
+              sum_j 0.8**j * divergence_j. Metrics per step (alpha_t0_step{j},
+              alpha_t1_step{j}, against the full target law); alpha_t0/alpha_t1
+              are step 0's, ce is over the draft ids.
   early_exit  the adapter on the features after `exit_layer` layers against the
               full target's law at every position, plus feature_weight *
               smooth-L1 toward the last-layer features.
@@ -67,10 +78,12 @@ class HeadLoss:
 
   feature_weight: float = 0.0
   feature_noise: float = 0.0
+  ttt_steps: int = 7
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> HeadLoss:
-    return cls(float(config.head.feature_weight), float(config.head.feature_noise))
+    head = config.head
+    return cls(float(head.feature_weight), float(head.feature_noise), head.get("ttt_steps", 7))
 
 
 def head_kind(config: ml_collections.ConfigDict) -> str:
@@ -115,6 +128,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     value = head[name]
     if not is_real(value) or not 0 <= value < float("inf"):
       raise ValueError(f"config.head.{name} must be a finite number >= 0, got {value!r}.")
+  ttt = head.get("ttt_steps", 7)
+  if head.kind == "eagle3" and (not is_int(ttt) or not 1 <= ttt <= min(16, config.seq_len - 1)):
+    raise ValueError(
+      f"config.head.ttt_steps must be an int in [1, {min(16, config.seq_len - 1)}] "
+      f"(<= 16 and < config.seq_len), got {ttt!r}."
+    )
+  if not is_int(head.get("draft_vocab_size", 0)) or head.get("draft_vocab_size", 0) < 0:
+    raise ValueError(
+      f"config.head.draft_vocab_size must be an int >= 0 (0: the target's vocabulary), "
+      f"got {head.draft_vocab_size!r}."
+    )
   if config.seq_len < 2:
     raise ValueError(f"config.seq_len must be >= 2 to train a head, got {config.seq_len}.")
 
@@ -182,8 +206,11 @@ def load_target(path: str) -> Transformer:
   return load_model(path, dtype=jnp.float32)[0]
 
 
-def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadConfig:
-  """The `HeadConfig` `config.head` asks for on `target`; ValueError naming the field."""
+def head_config(
+  config: ml_collections.ConfigDict, target: ModelConfig, draft_ids: tuple[int, ...] = ()
+) -> HeadConfig:
+  """The `HeadConfig` `config.head` asks for on `target` (EAGLE-3: with `draft_ids`,
+  `draft_vocab_ids` of the data, `()` until counted); ValueError naming the field."""
   head, n = config.head, target.n_layers
   if head.kind == "early_exit" and not head.exit_layer < n:
     raise ValueError(
@@ -194,6 +221,12 @@ def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadC
     raise ValueError(
       f"config.head.feature_layers must be layer counts in [1, {n}] (the target has {n} "
       f"layers), got {head.feature_layers!r}."
+    )
+  k = head.get("draft_vocab_size", 0)
+  if head.kind == "eagle3" and k > target.vocab_size:
+    raise ValueError(
+      f"config.head.draft_vocab_size must be in [0, {target.vocab_size}] (the target's "
+      f"vocabulary), got {k!r}."
     )
   if config.seq_len > target.max_seq_len:
     raise ValueError(
@@ -207,7 +240,28 @@ def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadC
     exit_layer=int(head.exit_layer),
     feature_layers=tuple(int(i) for i in head.feature_layers),
     d_ff=int(head.d_ff),
+    **({"draft_vocab_size": k, "draft_ids": draft_ids} if head.kind == "eagle3" else {}),
   )
+
+
+def with_draft_ids(cfg: HeadConfig, workdir: str, tokens=None) -> HeadConfig:
+  """`cfg` with EAGLE-3's draft ids where it lacks them: a resumed run's own
+  (its head_config.json), else the `draft_vocab_ids` of the first 2**26 `tokens`
+  (the training split's, deterministic); unchanged without `tokens`."""
+  if cfg.kind != "eagle3" or cfg.draft_ids or cfg.draft_vocab == cfg.target.vocab_size:
+    return cfg
+  from specjax.training import checkpoint as ckpt
+
+  if ckpt.has_checkpoints(workdir) and os.path.isfile(os.path.join(workdir, ckpt.HEAD_CONFIG_FILE)):
+    saved = ckpt.load_head_config(workdir)
+    if saved.kind == "eagle3" and saved.draft_vocab == cfg.draft_vocab:
+      return dataclasses.replace(cfg, draft_ids=saved.draft_ids)
+  if tokens is None:
+    return cfg
+  from specjax.models.eagle3 import draft_vocab_ids
+
+  ids = draft_vocab_ids(tokens[: 1 << 26], cfg.target.vocab_size, cfg.draft_vocab)
+  return dataclasses.replace(cfg, draft_ids=ids)
 
 
 def smooth_l1(pred: jax.Array, target: jax.Array) -> jax.Array:
@@ -283,10 +337,72 @@ def early_exit_objective(head, target, batch, key, *, loss, settings):
   return metrics["distill"] + settings.feature_weight * metrics["feature"], metrics
 
 
+def _ttt_mask(n: int, steps: int, j: int) -> jax.Array:
+  """`[n - j, steps * n]`: step j's query at row t reads step 0's slots s <= t and
+  steps 1..j's slot t (slot i * n + s holds step i's row s)."""
+  t = jnp.arange(n - j)[:, None]
+  step, row = jnp.arange(steps * n) // n, jnp.arange(steps * n) % n
+  return ((step == 0) & (row <= t)) | ((step >= 1) & (step <= j) & (row == t))
+
+
+def ttt_unroll(head, target, inputs: jax.Array, features: jax.Array, steps: int) -> list:
+  """EAGLE-3's `steps` training-time-test steps on `inputs [B, T]` and the target's
+  features there `[B, T, 3D]`: step j's h' `[B, T - 1 - j, D]`, row r at position
+  r + j (read with token r + 1 + j), what drafting j tokens after position r gives."""
+  b, n = inputs.shape[0], inputs.shape[1] - 1
+  h, c = head.feature_space(features[:, :n]), head.midlayer.attn.cfg
+  zeros = jnp.zeros((b, c.n_kv_heads, steps * n, c.resolved_head_dim), h.dtype)
+  kv, out = (zeros, zeros), []
+  for j in range(steps):
+    m = n - j
+    x = head.layer_input(target, h[:, :m], inputs[:, 1 + j : 1 + j + m])
+    positions = jnp.broadcast_to(jnp.arange(m) + j, (b, m))
+    mask = jnp.broadcast_to(_ttt_mask(n, steps, j), (b, m, steps * n))
+    starts = jnp.full((b,), j * n, jnp.int32)
+    h, kv = head.midlayer(x, positions, mask, kv, starts, contiguous=False)
+    out.append(h)
+  return out
+
+
+def eagle3_objective(head, target, batch, key, *, loss, settings):
+  """EAGLE-3's training-time test; see the module docstring."""
+  del key
+  inputs, v = batch[:, :-1], target.cfg.vocab_size
+  p_logits, features = _target_outputs(target, inputs, head.cfg.target_features)
+  ids = jnp.asarray(head.cfg.draft_ids or range(v), jnp.int32)  # draft id -> target id
+  in_vocab = jnp.zeros(v, bool).at[ids].set(True)
+  value, metrics = 0.0, {}
+  for j, h in enumerate(ttt_unroll(head, target, inputs, features, settings.ttt_steps)):
+    m = h.shape[1]
+    log_q = jax.nn.log_softmax(head.draft_logits(h))  # [B, m, K]
+    p_full = p_logits[:, 1 + j : 1 + j + m]
+    log_p = jax.nn.log_softmax(p_full[..., ids])  # renormalised on the draft ids
+    p, q = jnp.exp(log_p), jnp.exp(log_q)
+    div = 0.0
+    if "kl" in loss:
+      div = div + (p * (log_p - log_q)).sum(-1)
+    if "tv" in loss:
+      div = div + 0.5 * jnp.abs(p - q).sum(-1)
+    value = value + 0.8**j * jnp.mean(div * in_vocab[p_full.argmax(-1)])
+    metrics[f"alpha_t0_step{j}"] = jnp.mean(ids[log_q.argmax(-1)] == p_full.argmax(-1))
+    p_true = jax.nn.softmax(p_full)[..., ids]
+    metrics[f"alpha_t1_step{j}"] = jnp.mean(jnp.minimum(p_true, q).sum(-1))
+    if j == 0:  # the head's cross-entropy on the corpus, over the labels it can draft
+      labels = batch[:, 2 : 2 + m]
+      draft_of = jnp.zeros(v, jnp.int32).at[ids].set(jnp.arange(ids.size))
+      nll = -jnp.take_along_axis(log_q, draft_of[labels][..., None], -1)[..., 0]
+      ok = in_vocab[labels]
+      metrics["ce"] = jnp.sum(nll * ok) / jnp.maximum(ok.sum(), 1)
+  metrics.update(distill=value, alpha_t0=metrics["alpha_t0_step0"])
+  metrics["alpha_t1"] = metrics["alpha_t1_step0"]
+  return value, metrics
+
+
 OBJECTIVES: dict[str, Callable] = {
   "eagle": eagle_objective,
   "medusa": medusa_objective,
   "early_exit": early_exit_objective,
+  "eagle3": eagle3_objective,
 }
 
 

@@ -460,6 +460,8 @@ def train(
     )
   tokenizer, paths = prepare_data(config, workdir, echo, vocab)
   train_data, val_data = _open_splits(config, paths)
+  if head_dir is not None:  # EAGLE-3's draft vocabulary: the training split's frequent ids
+    cfg = head_training.with_draft_ids(cfg, workdir, train_data.tokens)
   model, teacher, head_loss = _models(config, cfg, head_dir, tokenizer, mesh, echo)
   with jax.set_mesh(mesh):
     return _fit(
@@ -495,7 +497,7 @@ def _run_config(
   if head_training.head_kind(config):
     head_dir = head_training.target_dir(config)
     target_cfg = head_training.target_config(head_dir)
-    cfg = head_training.head_config(config, target_cfg)
+    cfg = head_training.with_draft_ids(head_training.head_config(config, target_cfg), workdir)
     vocab = (f"the target's vocab_size ({head_dir})", target_cfg.vocab_size)
   else:
     cfg = ModelConfig(**config.model.to_dict())
