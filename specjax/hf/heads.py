@@ -1,14 +1,8 @@
-"""Draft heads by path: specjax's runs and exports, and the hub's layouts in and out.
+"""Draft heads by path: specjax's runs and exports, and the hub's layouts in and out
+(EAGLE-1/2, EAGLE-3, Medusa; files, key names and their sources: docs/hf_checkpoints.md).
 
   drafter = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # cached, offline
   specjax.hf.save_head(head, "out")  # e.g. EAGLE-3 as vLLM and SGLang load it
-
-Read: EAGLE-1/2 (the EAGLE repository's: fc over cat(embed, normed feature), layer 0
-without input_layernorm, drafting through the target's lm_head: `HubEagleHead`),
-EAGLE-3 (`eagle3.from_hub`), Medusa's and vLLM's Medusa (`HubMedusaHeads`).
-Written: EAGLE-3; hub EAGLE-1 heads as the EAGLE repository's; hub Medusa heads as
-vLLM's; any head as specjax's export. Files, key names and their sources:
-docs/hf_checkpoints.md.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from specjax.models.heads import HeadConfig, make_head
 from specjax.validation import read_json_object
 
 # Weight files per layout, in the order the reference loaders try them.
-_LLAMA_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_LLAMA_FILES = ("model.safetensors", "pytorch_model.bin")  # heads are never sharded
 _MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 
@@ -45,10 +39,8 @@ def load_head(path: str, target, dtype=jnp.float32):
 
 
 def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
-  """The head module at `path` (a specjax run or export, or a hub layout: the module
-  docstring), in `dtype`, for `target` (ValueError naming the field that differs).
-
-  `path` is a directory or a repo id in the local Hugging Face cache (never downloaded)."""
+  """The head at `path` (a directory or a repo id in the local Hugging Face cache,
+  never downloaded) in `dtype`, for `target`: ValueError names the field that differs."""
   directory = resolve_checkpoint(path, flag="path")
   name = dtype_name(dtype)
   own = os.path.join(directory, "head_config.json")
@@ -71,9 +63,7 @@ def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
     return nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(dtype), state))
   config_file = os.path.join(directory, "config.json")
   if not os.path.exists(config_file):
-    raise FileNotFoundError(
-      f"{directory} holds no head: neither head_config.json (specjax) nor config.json (hub)."
-    )
+    raise FileNotFoundError(f"{directory} holds neither head_config.json nor config.json.")
   config = read_json_object(config_file)
   medusa = "medusa_num_heads" in config or _first(directory, _MEDUSA_FILES)
   file, tensors = _read(directory, _MEDUSA_FILES if medusa else _LLAMA_FILES)
@@ -87,10 +77,7 @@ def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
       return _eagle1(config, tensors, target, name)
   except ValueError as e:  # the file and the field or tensor
     raise ValueError(f"{directory} ({os.path.basename(file)}): {e}") from e
-  raise ValueError(
-    f"{file}: not a head layout specjax reads (EAGLE-1: fc.weight; EAGLE-3: midlayer.*; "
-    f"Medusa: medusa_num_heads or blocks.*); it holds {sorted(keys)[:6]}."
-  )
+  raise ValueError(f"{file}: not a head layout specjax reads; it holds {sorted(keys)[:6]}.")
 
 
 def _first(directory: str, names) -> str | None:
@@ -99,30 +86,18 @@ def _first(directory: str, names) -> str | None:
 
 
 def _read(directory: str, names) -> tuple[str, dict[str, np.ndarray]]:
-  """`(file, {name: array})` of the first of `names` in `directory`; an index
-  (`*.index.json`) names its shards. torch pickles need torch."""
-  file = _first(directory, (*names, "pytorch_model.bin.index.json"))
-  if file is None:
-    raise FileNotFoundError(f"{directory} holds none of the weight files {list(names)}.")
-  files = [file]
-  if file.endswith(".index.json"):
-    files = sorted(
-      {os.path.join(directory, f) for f in read_json_object(file)["weight_map"].values()}
-    )
-  out = {}
-  for f in files:
-    if f.endswith(".safetensors"):
-      out.update({n: a for _, n, a in weights.read_tensors([f])})
-      continue
-    try:
-      import torch
-    except ImportError as e:
-      raise ImportError(
-        f"{f} is a torch pickle: reading it needs torch (pip install torch)."
-      ) from e
-    state = torch.load(f, map_location="cpu", weights_only=True)
-    out.update({n: (t.float() if t.is_floating_point() else t).numpy() for n, t in state.items()})
-  return file, out
+  """`(file, {name: array})` of the first of `names` in `directory`."""
+  f = _first(directory, names)
+  if f is None:
+    raise FileNotFoundError(f"{directory} holds none of {list(names)}.")
+  if f.endswith(".safetensors"):
+    return f, {n: a for _, n, a in weights.read_tensors([f])}
+  try:
+    import torch
+  except ImportError as e:
+    raise ImportError(f"reading the torch pickle {f} needs torch.") from e
+  state = torch.load(f, map_location="cpu", weights_only=True)
+  return f, {n: (t.float() if t.is_floating_point() else t).numpy() for n, t in state.items()}
 
 
 def _abstract(cfg: HeadConfig, name: str = "float32"):
@@ -160,12 +135,10 @@ def _build(cfg: HeadConfig, name: str, names: dict, tensors: dict, copies: dict)
 
 
 def _target_copies(target) -> dict:
-  """The target tensors a normed-features head keeps copies of."""
+  """The target's final-norm scale and head, which hub heads keep copies of."""
   head = target.embed.embedding[...].T if target.cfg.tie_embeddings else target.lm_head[...]
-  return {
-    ("feature_norm", "scale"): np.asarray(target.final_norm.scale[...], np.float32),
-    ("lm_head", "kernel"): np.asarray(head, np.float32),
-  }
+  norm = np.asarray(target.final_norm.scale[...], np.float32)
+  return {("feature_norm", "scale"): norm, ("lm_head", "kernel"): np.asarray(head, np.float32)}
 
 
 def _check_llama(t) -> None:
@@ -174,7 +147,7 @@ def _check_llama(t) -> None:
 
   odd = [f for f in _BEYOND_LLAMA if getattr(t, f) != getattr(ModelConfig, f)]
   if odd or (t.norm, t.mlp, t.positions) != ("rmsnorm", "swiglu", "rope"):
-    raise ValueError(f"hub heads are Llama layers; the target is not Llama-style: {odd}.")
+    raise ValueError(f"hub heads are Llama layers; the target differs in {odd}.")
 
 
 def _check(config: dict, want: dict) -> None:
@@ -186,10 +159,8 @@ def _check(config: dict, want: dict) -> None:
 
 def _eagle_names(cfg: HeadConfig) -> dict:
   """EAGLE-1 hub names -> targets: fc, and the Llama layer 0 as `block`."""
-  names = {
-    "fc.weight": [(("fc", "kernel"), weights._transpose, None)],
-    "fc.bias": [(("fc", "bias"), weights._same, None)],
-  }
+  names = {"fc.weight": [(("fc", "kernel"), weights._transpose, None)]}
+  names["fc.bias"] = [(("fc", "bias"), weights._same, None)]
   for hub, targets in weights._llama_names(cfg.block_config).items():
     if hub.startswith("model.layers.0.") and (cfg.input_norm or "input_layernorm" not in hub):
       names[hub[len("model.") :]] = [(("block", *p[2:]), f, part) for p, f, part in targets]
@@ -247,17 +218,16 @@ def _medusa(config: dict, tensors: dict, target, name: str) -> nnx.Module:
   shared = None
   if config.get("original_lm_head"):  # vLLM: one lm_head for all heads
     shared = "lm_heads.0.weight" if "lm_heads.0.weight" in tensors else "lm_head.weight"
-  norm = ("feature_norm", "scale")
-  copies = {norm: _target_copies(target)[norm]}
+  copies = _target_copies(target)
+  copies.pop(("lm_head", "kernel"))
   return _build(cfg, name, _medusa_names(cfg, vllm, shared), tensors, copies)
 
 
 def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
-  """Writes `head` to directory `path` as config.json + model.safetensors in its hub
-  layout (EAGLE-3; a hub EAGLE-1 head as the EAGLE repository's; a hub Medusa head
-  as vLLM's), or, with `layout="specjax"`, head_config.json + model.safetensors.
-
-  Raises ValueError for a head no hub layout computes exactly (use "specjax")."""
+  """Writes `head` to directory `path`: config.json + model.safetensors in its hub layout
+  (EAGLE-3; a hub EAGLE-1 head as the EAGLE repository's, a hub Medusa head as vLLM's;
+  ValueError for a head no hub layout computes exactly), or head_config.json +
+  model.safetensors with `layout="specjax"`."""
   from safetensors.numpy import save_file
 
   cfg = head.cfg
@@ -287,10 +257,8 @@ def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
       num_heads=cfg.num_heads, num_hidden_layers=cfg.medusa_layers, medusa_fc_bias=True
     )
   else:
-    raise ValueError(
-      f"no hub layout computes this {cfg.kind} head exactly (hub EAGLE-1 and Medusa heads "
-      "read the target's features after its final norm, specjax's before); save it with "
-      "layout='specjax'."
+    raise ValueError(  # specjax's EAGLE-1 and Medusa heads read the pre-norm features
+      f"no hub layout computes this {cfg.kind} head exactly; use layout='specjax'."
     )
   if file == "config.json" and cfg.kind != "eagle3":  # the inverse of reading `names`
     tensors = {}

@@ -122,16 +122,10 @@ def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[
   the bundled head."""
   head_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.dtype")
   if config.head:  # a training run, an exported head or a hub layout (specjax.hf.load_head)
-    try:
-      head = specjax.hf.load_head_module(config.head, target, head_dtype)
-    except (ValueError, FileNotFoundError) as e:
-      raise type(e)(f"--config.head: {e}") from e
+    head = specjax.hf.load_head_module(config.head, target, head_dtype)
     kind = "eagle" if head.cfg.kind == "eagle3" else head.cfg.kind  # EAGLE-3 drafts as eagle
     if kind != config.drafter:
-      raise ValueError(
-        f"--config.head {config.head} holds a {head.cfg.kind} head; --config.drafter is "
-        f"{config.drafter!r} (use {kind!r})."
-      )
+      raise ValueError(f"--config.head holds a {kind} head; --config.drafter is {config.drafter}.")
   elif config.target:
     raise ValueError(
       f"config.drafter={config.drafter!r} with your own config.target needs "
@@ -375,12 +369,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   if config.compare_transformers:  # before any model loads: one line on how to install them
     import_torch_transformers("--config.compare_transformers")
   if config.head and config.drafter in HEAD_KINDS:  # before any model loads
-    if os.path.isfile(os.path.join(config.head, "head_config.json")) and not os.path.isfile(
-      os.path.join(config.head, "model.safetensors")
-    ):
-      check_run(config.head, "--config.head", kind="head")  # a run: it needs a checkpoint
-    else:
-      specjax.hf.resolve_checkpoint(config.head, flag="--config.head")
+    head_dir = specjax.hf.resolve_checkpoint(config.head, flag="--config.head")
+    if not {"config.json", "model.safetensors"} & set(os.listdir(head_dir)):  # a training run
+      check_run(head_dir, "--config.head", kind="head")
   inputs = _inputs(config)
   drafter, draft_fields = _drafter(
     config, inputs.target, inputs.draft, inputs.draft_tokenizer, inputs.tokenizer, inputs.draft_path

@@ -100,11 +100,11 @@ class HeadConfig:
     object.__setattr__(self, "feature_layers", layers)
     if not is_int(self.d_ff) or self.d_ff < 0:
       raise ValueError(f"d_ff must be an int >= 0 (0: the target's), got {self.d_ff!r}.")
-    for name in ("normed_features", "embed_first", "input_norm"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
-    if self.normed_features and self.kind not in ("eagle", "medusa"):
-      raise ValueError(f"normed_features applies to eagle and medusa heads, not {self.kind!r}.")
+    switches = (self.normed_features, self.embed_first, self.input_norm)
+    if not all(isinstance(x, bool) for x in switches):
+      raise ValueError(f"normed_features, embed_first, input_norm must be bools: {switches}.")
+    if self.normed_features and self.kind not in HUB_MODULES:
+      raise ValueError(f"normed_features applies to eagle and medusa, not {self.kind!r}.")
     if not is_int(self.medusa_layers) or not 1 <= self.medusa_layers <= 8:
       raise ValueError(f"medusa_layers must be an int in [1, 8], got {self.medusa_layers!r}.")
 
@@ -330,10 +330,11 @@ class _Identity(nnx.Module):
 
 
 def _own_logits(x: jax.Array, vocab_subset: jax.Array | None) -> jax.Array:
-  """Float32 logits `x [..., V]`, -inf off `vocab_subset` (FR-Spec) when given."""
-  if vocab_subset is not None:
-    x = jnp.where(jnp.zeros(x.shape[-1], bool).at[vocab_subset].set(True), x, -jnp.inf)
-  return x
+  """Logits `x [..., V]` as float32, -inf off `vocab_subset` (FR-Spec) when given."""
+  x = x.astype(jnp.float32)
+  if vocab_subset is None:
+    return x
+  return jnp.where(jnp.zeros(x.shape[-1], bool).at[vocab_subset].set(True), x, -jnp.inf)
 
 
 class HubEagleHead(EagleHead):
@@ -352,7 +353,7 @@ class HubEagleHead(EagleHead):
 
   def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
     """Predicted features `[..., D]` -> float32 logits `[..., V]`."""
-    return _own_logits(self.lm_head(h).astype(jnp.float32), vocab_subset)
+    return _own_logits(self.lm_head(h), vocab_subset)
 
 
 class HubMedusaHeads(MedusaHeads):
@@ -374,7 +375,7 @@ class HubMedusaHeads(MedusaHeads):
   def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
     """Head outputs `[..., k, D]` (heads 0..k-1) -> float32 logits `[..., k, V]`."""
     out = [self.lm_heads[i](h[..., i, :]) for i in range(h.shape[-2])]
-    return _own_logits(jnp.stack(out, axis=-2).astype(jnp.float32), vocab_subset)
+    return _own_logits(jnp.stack(out, axis=-2), vocab_subset)
 
 
 HEAD_MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "early_exit": ExitAdapter}
