@@ -349,7 +349,7 @@ class HubEagleHead(EagleHead):
     self.lm_head = _linear(t, t.d_model, t.vocab_size, rngs=rngs, bias=False)
 
   def feature_space(self, target_features: jax.Array) -> jax.Array:
-    return self.feature_norm(target_features)
+    return self.feature_norm(super().feature_space(target_features))
 
   def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
     """Predicted features `[..., D]` -> float32 logits `[..., V]`."""
