@@ -53,7 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
   # bundled 1024-id cross draft, or config.draft's tokenizer.json), token-level
   # intersection in the jitted loop or string-level exact match around it
   config.drafter = "model"
-  config.head = ""  # a head's training run directory ("": the bundled head)
+  # a head's directory or cached repo id ("": the bundled head): a training run, an
+  # exported head, or a hub layout (EAGLE-1/2, EAGLE-3, Medusa: specjax.hf.load_head)
+  config.head = ""
   # FR-Spec for the bundled heads: draft among the K most frequent ids (0: all)
   config.vocab_subset = 0
   config.ngram = 3  # longest n-gram matched by the ngram drafter

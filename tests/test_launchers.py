@@ -62,7 +62,8 @@ class Step:
   `slow`: run in the slow tier only (tests/conftest.py), for a launcher's
   longer run when a smaller one of the same launcher is in the default tier.
   `check(tmp, output)`: asserts what the run wrote (files under `tmp`, its
-  printed `output`) beyond its exit status.
+  printed `output`) beyond its exit status. `prepare(tmp)`: writes inputs no
+  launcher makes (a hub-layout head) before the run.
   """
 
   id: str
@@ -72,6 +73,29 @@ class Step:
   server: bool = False
   slow: bool = False
   check: Callable[[str, str], None] | None = None
+  prepare: Callable[[str], None] | None = None
+
+
+def _hub_eagle_head(tmp: str) -> None:
+  """An EAGLE-1 head for the bundled target in the EAGLE repository's layout
+  (config.json + model.safetensors; random weights), at tmp/hub_eagle."""
+  from flax import nnx
+
+  from specjax import pretrained
+  from specjax.hf import save_head
+  from specjax.models.heads import HeadConfig, make_head
+  from specjax.validation import read_json_object
+
+  bundled = read_json_object(os.path.join(pretrained.HEADS_DIR, "eagle", "head_config.json"))
+  target = HeadConfig.from_dict(bundled).target
+  hub = dict(normed_features=True, embed_first=True, input_norm=False)
+  save_head(make_head(HeadConfig("eagle", target, **hub), rngs=nnx.Rngs(0)), f"{tmp}/hub_eagle")
+
+
+def _check_hub_head_decode(tmp: str, output: str) -> None:
+  with open(os.path.join(tmp, "decode_hub.json")) as f:
+    result = json.load(f)
+  assert result["texts_identical"] is True and result["draft"].startswith("eagle: ")
 
 
 def _check_main_job(tmp: str, output: str) -> None:
@@ -285,6 +309,15 @@ STEPS = (
     ("--config.max_new_tokens=16", "--output_json={tmp}/decode.json"),
     check=_check_main_job,
   ),
+  # A head in a hub layout by path (specjax.hf.load_head): EAGLE-1 as the EAGLE repo saves it.
+  Step(
+    "decode_hub_head",
+    "decode",
+    ("--config.drafter=eagle", "--config.head={tmp}/hub_eagle", "--config.max_new_tokens=8")
+    + ("--config.report_floor=False", "--output_json={tmp}/decode_hub.json"),
+    check=_check_hub_head_decode,
+    prepare=_hub_eagle_head,
+  ),
   Step("benchmark", "benchmark", ("--config=configs/benchmark.py",)),  # tiny, its default preset
   # Its default rows (the bundled pair at T = 0 and 1), without the floor report.
   Step(
@@ -425,6 +458,8 @@ def _argv(step: Step, tmp: str, port: int = 0) -> list[str]:
 
 
 def _run(step: Step, tmp: str) -> Result:
+  if step.prepare is not None:
+    step.prepare(tmp)
   argv = _argv(step, tmp)
   start = time.perf_counter()
   process = subprocess.Popen(

@@ -75,6 +75,11 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
   def vocab_size(self) -> int:
     return self.target.cfg.vocab_size
 
+  def _logits(self, features: jax.Array) -> jax.Array:
+    if hasattr(self.heads, "logits"):  # hub heads draft through their own lm_heads
+      return self.heads.logits(features, self.vocab_subset)
+    return VocabSubset._logits(self, features)
+
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     del prompt_width, max_new_tokens  # no cache of its own
     if self.tree is not None:

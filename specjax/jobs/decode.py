@@ -118,11 +118,14 @@ def _drafter(
 
 
 def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[str, Any]]:
-  """`_drafter` for a draft head: `config.head`'s trained run, or the bundled head."""
-  if config.head:
-    from specjax.training import load_trained_head
-
-    head, _ = load_trained_head(config.head)
+  """`_drafter` for a draft head: `config.head`'s (a run, an export or a hub layout), or
+  the bundled head."""
+  head_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.dtype")
+  if config.head:  # a training run, an exported head or a hub layout (specjax.hf.load_head)
+    head = specjax.hf.load_head_module(config.head, target, head_dtype)
+    kind = "eagle" if head.cfg.kind == "eagle3" else head.cfg.kind  # EAGLE-3 drafts as eagle
+    if kind != config.drafter:
+      raise ValueError(f"--config.head holds a {kind} head; --config.drafter is {config.drafter}.")
   elif config.target:
     raise ValueError(
       f"config.drafter={config.drafter!r} with your own config.target needs "
@@ -130,8 +133,7 @@ def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[
       "heads read the bundled target)."
     )
   else:
-    head_dtype = config.draft_dtype or config.dtype
-    head = pretrained.load_head(config.drafter, target, dtypes.to_dtype(head_dtype, "config.dtype"))
+    head = pretrained.load_head(config.drafter, target, head_dtype)
   if config.vocab_subset and config.target:
     raise ValueError(
       "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
@@ -366,8 +368,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   check_config(config)
   if config.compare_transformers:  # before any model loads: one line on how to install them
     import_torch_transformers("--config.compare_transformers")
-  if config.head and config.drafter in HEAD_KINDS:
-    check_run(config.head, "--config.head", kind="head")
+  if config.head and config.drafter in HEAD_KINDS:  # before any model loads
+    head_dir = specjax.hf.resolve_checkpoint(config.head, flag="--config.head")
+    if not {"config.json", "model.safetensors"} & set(os.listdir(head_dir)):  # a training run
+      check_run(head_dir, "--config.head", kind="head")
   inputs = _inputs(config)
   drafter, draft_fields = _drafter(
     config, inputs.target, inputs.draft, inputs.draft_tokenizer, inputs.tokenizer, inputs.draft_path

@@ -26,7 +26,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Block, Linear, Transformer, run_blocks
+from specjax.models.transformer import Block, Linear, Norm, Transformer, run_blocks
 from specjax.validation import is_int
 
 HEAD_KINDS = ("eagle", "medusa", "early_exit", "eagle3")
@@ -40,7 +40,7 @@ class HeadConfig:
   """What a draft head is, and the target shape it reads.
 
   Attributes:
-    kind: "eagle", "medusa" or "early_exit".
+    kind: one of `HEAD_KINDS`.
     target: the `ModelConfig` of the target the head was built for.
     num_heads: Medusa heads K (head k drafts token k + 1 of the iteration;
       the draft length gamma is at most K).
@@ -54,8 +54,15 @@ class HeadConfig:
     draft_ids: EAGLE-3's K target ids, ascending (`eagle3.draft_vocab_ids`);
       `()`: the identity (K = V), or not yet counted.
 
-  EAGLE-3 reads 3 `feature_layers`; `()` picks vLLM's (2, L//2, L-3) for L >= 7,
-  else (1, (L+1)//2, L).
+  Switches for the hub's layouts (`specjax.hf.heads`; defaults: specjax's heads):
+    normed_features: eagle, medusa: read the target's features after its final
+      norm, draft through own lm_head(s) with no norm (published EAGLE-1, Medusa).
+    embed_first: EAGLE's fc reads `[embed; feature]`, not `[feature; embed]`.
+    input_norm: EAGLE's layer normalises its input (the EAGLE repo's does not).
+    medusa_layers: residual layers per Medusa head, in [1, 8].
+
+  EAGLE-3 reads exactly three `feature_layers`; `()` picks vLLM's (2, L//2, L-3)
+  when those are three increasing counts (L >= 7), else (1, (L+1)//2, L).
   """
 
   kind: str
@@ -66,6 +73,10 @@ class HeadConfig:
   d_ff: int = 0
   draft_vocab_size: int = 0
   draft_ids: tuple[int, ...] = ()
+  normed_features: bool = False
+  embed_first: bool = False
+  input_norm: bool = True
+  medusa_layers: int = 1
 
   def __post_init__(self):
     if self.kind not in HEAD_KINDS:
@@ -89,6 +100,13 @@ class HeadConfig:
     object.__setattr__(self, "feature_layers", layers)
     if not is_int(self.d_ff) or self.d_ff < 0:
       raise ValueError(f"d_ff must be an int >= 0 (0: the target's), got {self.d_ff!r}.")
+    switches = (self.normed_features, self.embed_first, self.input_norm)
+    if not all(isinstance(x, bool) for x in switches):
+      raise ValueError(f"normed_features, embed_first, input_norm must be bools: {switches}.")
+    if self.normed_features and self.kind not in HUB_MODULES:
+      raise ValueError(f"normed_features applies to eagle and medusa, not {self.kind!r}.")
+    if not is_int(self.medusa_layers) or not 1 <= self.medusa_layers <= 8:
+      raise ValueError(f"medusa_layers must be an int in [1, 8], got {self.medusa_layers!r}.")
 
   @property
   def draft_vocab(self) -> int:
@@ -162,11 +180,12 @@ def _check_eagle3(cfg: HeadConfig, layers: tuple, n: int) -> tuple[int, ...]:
   return layers
 
 
-def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero: bool = False):
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero=False, bias=True):
   init = nnx.initializers.zeros if zero else nnx.initializers.normal(cfg.init_std)
   return Linear(
     d_in,
     d_out,
+    use_bias=bias,
     kernel_init=nnx.with_partitioning(init, (None, "embed"), eager_sharding=False),
     dtype=cfg.compute_dtype,
     param_dtype=cfg.weight_dtype,
@@ -194,6 +213,8 @@ class EagleHead(nnx.Module):
       self.fuse = _linear(cfg.target, cfg.num_features * d, d, rngs=rngs)
     self.fc = _linear(cfg.target, 2 * d, d, rngs=rngs)
     self.block = Block(cfg.block_config, rngs=rngs)
+    if not cfg.input_norm:  # the EAGLE repository's layer 0 has no input_layernorm
+      self.block.attn_norm = _Identity()
 
   def feature_space(self, target_features: jax.Array) -> jax.Array:
     """The target's features `[..., F]` (from `forward_cached(return_hidden=...)`)
@@ -215,7 +236,8 @@ class EagleHead(nnx.Module):
 
   def _inputs(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
     emb = target.embed(next_tokens).astype(features.dtype)
-    return self.fc(jnp.concatenate([features, emb], axis=-1))
+    pair = [emb, features] if self.cfg.embed_first else [features, emb]
+    return self.fc(jnp.concatenate(pair, axis=-1))
 
   def __call__(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
     """Training form, causal over T without a cache.
@@ -258,15 +280,23 @@ class MedusaHeads(nnx.Module):
     if cfg.kind != "medusa":
       raise ValueError(f"MedusaHeads needs kind='medusa', got {cfg.kind!r}.")
     self.cfg = cfg
-    d = cfg.target.d_model
-    self.heads = nnx.List(
-      [_linear(cfg.target, d, d, rngs=rngs, zero=True) for _ in range(cfg.num_heads)]
-    )
+    d, n = cfg.target.d_model, cfg.medusa_layers
+
+    def layers():
+      one = [_linear(cfg.target, d, d, rngs=rngs, zero=True) for _ in range(n)]
+      return one[0] if n == 1 else nnx.List(one)
+
+    self.heads = nnx.List([layers() for _ in range(cfg.num_heads)])
 
   def __call__(self, features: jax.Array, num_heads: int | None = None) -> jax.Array:
     """`[..., D]` features -> `[..., K, D]` (the first `num_heads` heads, static)."""
-    heads = self.heads[: num_heads or self.cfg.num_heads]
-    return jnp.stack([features + jax.nn.silu(head(features)) for head in heads], axis=-2)
+    out = []
+    for head in self.heads[: num_heads or self.cfg.num_heads]:
+      x = features
+      for layer in head if self.cfg.medusa_layers > 1 else [head]:
+        x = x + jax.nn.silu(layer(x))
+      out.append(x)
+    return jnp.stack(out, axis=-2)
 
 
 class ExitAdapter(nnx.Module):
@@ -291,7 +321,62 @@ class ExitAdapter(nnx.Module):
     return x, cache
 
 
+class _Identity(nnx.Module):
+  def __call__(self, x):
+    return x
+
+
+def _own_logits(x: jax.Array, vocab_subset: jax.Array | None) -> jax.Array:
+  """Logits `x [..., V]` as float32, -inf off `vocab_subset` (FR-Spec) when given."""
+  x = x.astype(jnp.float32)
+  if vocab_subset is None:
+    return x
+  return jnp.where(jnp.zeros(x.shape[-1], bool).at[vocab_subset].set(True), x, -jnp.inf)
+
+
+class HubEagleHead(EagleHead):
+  """`EagleHead` with `normed_features` (EAGLE-1/2 as published): it reads
+  `feature_norm(f)` and drafts through `lm_head` with no norm (copies of the
+  target's final norm and head)."""
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
+    t = cfg.target
+    self.feature_norm = Norm(t)
+    self.lm_head = _linear(t, t.d_model, t.vocab_size, rngs=rngs, bias=False)
+
+  def feature_space(self, target_features: jax.Array) -> jax.Array:
+    return self.feature_norm(super().feature_space(target_features))
+
+  def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
+    """Predicted features `[..., D]` -> float32 logits `[..., V]`."""
+    return _own_logits(self.lm_head(h), vocab_subset)
+
+
+class HubMedusaHeads(MedusaHeads):
+  """`MedusaHeads` with `normed_features` (Medusa as published): the heads read
+  `feature_norm(f)` (a copy of the target's final norm); head k drafts through
+  its own `lm_heads[k]`, with no norm."""
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
+    t, k = cfg.target, cfg.num_heads
+    self.feature_norm = Norm(t)
+    self.lm_heads = nnx.List(
+      [_linear(t, t.d_model, t.vocab_size, rngs=rngs, bias=False) for _ in range(k)]
+    )
+
+  def __call__(self, features: jax.Array, num_heads: int | None = None) -> jax.Array:
+    return super().__call__(self.feature_norm(features), num_heads)
+
+  def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
+    """Head outputs `[..., k, D]` (heads 0..k-1) -> float32 logits `[..., k, V]`."""
+    out = [self.lm_heads[i](h[..., i, :]) for i in range(h.shape[-2])]
+    return _own_logits(jnp.stack(out, axis=-2), vocab_subset)
+
+
 HEAD_MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "early_exit": ExitAdapter}
+HUB_MODULES = {"eagle": HubEagleHead, "medusa": HubMedusaHeads}
 
 
 def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -300,4 +385,4 @@ def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
     from specjax.models.eagle3 import Eagle3Head
 
     return Eagle3Head(cfg, rngs=rngs)
-  return HEAD_MODULES[cfg.kind](cfg, rngs=rngs)
+  return (HUB_MODULES if cfg.normed_features else HEAD_MODULES)[cfg.kind](cfg, rngs=rngs)
