@@ -23,6 +23,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = "bundled"  # bundled | hf | tiny
   config.target = ""
   config.draft = ""
+  # A draft head in place of config.draft: a head's training run, an export or a
+  # hub layout (EAGLE-1/2, EAGLE-3, Medusa), as `specjax.hf.load_head` reads them.
+  config.head = ""
   config.dtype = "float32"  # float32 | bfloat16
   config.model_name = ""  # what clients see ("": from the model)
   # The engine (specjax.serving.EngineConfig).

@@ -17,10 +17,12 @@ import threading
 import time
 
 import httpx
+import jax.numpy as jnp
 import pytest
 import uvicorn
 
 from helpers import SERVING_ENGINE
+from specjax import GREEDY, autoregressive_generate
 from specjax.serving import Engine, EngineConfig, Request, fit_config, summarize
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import _Decoder, make_app
@@ -371,3 +373,33 @@ def test_serve_exits_cleanly_on_sigterm(background):
 
 
 test_serve_exits_cleanly_on_sigterm.start_in_background = start_server
+
+
+def test_serve_drafts_with_a_head_by_path(tmp_path):
+  """--config.head: the server drafts with any head `specjax.hf.load_head` reads
+  (here a specjax export for the tiny target); greedy output is the target's own."""
+  from flax import nnx
+
+  import specjax.hf
+  from configs import serve as serve_config
+  from specjax.drafting import EagleDrafter
+  from specjax.jobs import serve
+  from specjax.models.heads import HeadConfig, make_head
+
+  target, _, _ = tiny_setup(0)
+  head = make_head(HeadConfig("eagle", target.cfg, d_ff=64), rngs=nnx.Rngs(1))
+  specjax.hf.save_head(head, str(tmp_path / "head"), layout="specjax")
+  config = serve_config.get_config()
+  config.update(dict(SERVING_ENGINE, model="tiny", head=str(tmp_path / "head"), policy="always"))
+  config.widths = (4,)
+  engine, _, _ = serve.warm_engine(config)
+  assert isinstance(engine.drafter, EagleDrafter)
+  prompt = [5, 17, 33, 2, 99]
+  done = engine.run([Request(prompt=prompt, max_new_tokens=12)])[0]
+  plain = autoregressive_generate(
+    target, jnp.asarray([prompt]), jnp.asarray([5]), max_new_tokens=12, sampling=GREEDY
+  )
+  assert done.tokens == plain.tokens[0].tolist() and done.proposed > 0
+  config.draft = "runs/draft"
+  with pytest.raises(ValueError, match="config.head drafts in place of config.draft"):
+    serve.check_config(config)

@@ -179,6 +179,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"config.log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}."
     )
+  if config.get("head") and (config.draft or config.policy == "never"):
+    raise ValueError(
+      "config.head drafts in place of config.draft: leave config.draft empty and set a "
+      f"policy other than 'never' (got draft={config.draft!r}, policy={config.policy!r})."
+    )
   if not config.shutdown_timeout_s >= 0:
     raise ValueError(
       f"config.shutdown_timeout_s must be a number >= 0, got {config.shutdown_timeout_s!r}."
@@ -250,8 +255,12 @@ def warm_engine(config: ml_collections.ConfigDict):
     dtype=config.dtype,
     stop_at_eos=config.stop_at_eos,
     seed=config.seed,
-    need_draft=not plain,
+    need_draft=not (plain or config.get("head")),
   )
+  if config.get("head"):
+    import specjax.hf
+
+    draft = specjax.hf.load_head(config.head, target, dtypes.to_dtype(config.dtype, "config.dtype"))
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config), target, draft, names=FIT_FLAGS)
