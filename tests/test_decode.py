@@ -107,6 +107,9 @@ def test_decode_takes_hub_ids_and_the_checkpoints_generation_config(pair, tmp_pa
     (dict(num_runs=2), r"config.num_runs must be an integer >= 3"),
     (dict(drafter="hydra"), "config.drafter must be one of model, ngram, layer_skip, eagle"),
     (dict(drafter="eagle"), "with your own config.target needs config.head"),
+    (dict(draft=""), "config.target and config.draft must both name"),
+    # A head drafts without a draft checkpoint: the pair check lets it through.
+    (dict(drafter="eagle", draft=""), "with your own config.target needs config.head"),
     (dict(drafter="eagle", vocab_subset=-1), r"config.vocab_subset \(0: all ids\)"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
     (dict(draft_dtype="float16"), r"config.draft_dtype must be '' \(config.dtype\)"),

@@ -65,16 +65,19 @@ def default_gamma(batch_size: int, drafter: str = "model") -> int:
 def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
   """The models (`pretrained.load_checkpoints`): the bundled pair (with the bundled
   cross draft for the cross-tokenizer drafters) or two HF dirs."""
-  if bool(config.target) != bool(config.draft):
+  need_draft = config.drafter in ("model", *CROSS_DRAFTERS)  # the others draft without one
+  if bool(config.draft or (not need_draft and config.target)) != bool(config.target):
     raise ValueError(
       "config.target and config.draft must both name local Hugging Face "
       "checkpoint directories (config.json, *.safetensors, tokenizer.json), "
-      "or both be empty for the bundled pair."
+      "or both be empty for the bundled pair (a head, ngram or layer_skip "
+      "drafter needs only config.target)."
     )
   return pretrained.load_checkpoints(
     config.target,
     config.draft,
     dtype=dtype,
+    need_draft=need_draft or not config.target,
     own_tokenizer=config.drafter in CROSS_DRAFTERS,
     scale=config.scale or None,
     draft_dtype=(
@@ -307,7 +310,7 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
       f"mesh's data axis ({mesh.shape['data']})."
     )
   target = shard_model(models.target, mesh)
-  draft = shard_model(models.draft, mesh, replicate=config.replicate_draft)
+  draft = models.draft and shard_model(models.draft, mesh, replicate=config.replicate_draft)
   # The target's generation_config.json (else config.json): EOS ids, default sampling.
   settings = specjax.hf.generation_settings(models.target_path)
   if config.checkpoint_sampling:
