@@ -134,7 +134,7 @@ def test_decode_names_the_checkpoint_flags(tmp_path, monkeypatch):
   config.target = config.draft = ""
   config.drafter, config.head = "eagle", "runs/eagle"
   with pytest.raises(
-    FileNotFoundError, match=r"^--config.head: runs/eagle: no such run directory$"
+    FileNotFoundError, match=r"^--config.head: runs/eagle: no such checkpoint directory"
   ):
     decode.run(config)
 

@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.models.fused import gate_up_parts, qkv_parts
-from specjax.models.heads import EagleHead, HeadConfig, _linear
+from specjax.models.heads import HEAD_MODULES, EagleHead, HeadConfig, _linear
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import MLP, Attention, Norm, Transformer, run_blocks
 
@@ -212,3 +212,6 @@ def from_hub(
   if tensors:
     raise ValueError(f"tensors {sorted(tensors)} are not part of the EAGLE-3 layout.")
   return head
+
+
+HEAD_MODULES["eagle3"] = Eagle3Head

@@ -380,9 +380,5 @@ HUB_MODULES = {"eagle": HubEagleHead, "medusa": HubMedusaHeads}
 
 
 def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-  """A fresh head of `cfg.kind`."""
-  if cfg.kind == "eagle3":
-    from specjax.models.eagle3 import Eagle3Head
-
-    return Eagle3Head(cfg, rngs=rngs)
+  """A fresh head of `cfg.kind` (eagle3 registers itself: `specjax.models` imports it)."""
   return (HUB_MODULES if cfg.normed_features else HEAD_MODULES)[cfg.kind](cfg, rngs=rngs)

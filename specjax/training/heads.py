@@ -139,7 +139,7 @@ def target_dir(config: ml_collections.ConfigDict) -> str:
   if target and (os.path.isabs(target) or os.path.isdir(target.split("/")[0])):
     return target  # a path: `check_target_dir` names it when missing
   if target:
-    from specjax.hf import resolve_checkpoint
+    from specjax.hf.hub import resolve_checkpoint
 
     return resolve_checkpoint(target, flag="config.head.target")
   from specjax import pretrained  # imported here: only the default needs it
@@ -185,7 +185,8 @@ def target_config(path: str, name: str = "config.head.target") -> ModelConfig:
     from specjax.training.checkpoint import load_model_config
 
     return load_model_config(path).replace(dtype="float32", param_dtype="float32")
-  from specjax.hf import model_config, read_config
+  from specjax.hf.config import model_config
+  from specjax.hf.loader import read_config
 
   return model_config(read_config(path), "float32", source=os.path.join(path, "config.json"))
 
@@ -196,7 +197,7 @@ def load_target(path: str) -> Transformer:
     from specjax.training.checkpoint import load_trained_model
 
     return load_trained_model(path, dtype="float32")[0]
-  from specjax.hf import load_model
+  from specjax.hf.loader import load_model
 
   return load_model(path, dtype=jnp.float32)[0]
 

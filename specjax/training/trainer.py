@@ -245,7 +245,7 @@ def _prepare_files(
   from specjax.data.chat import ChatTemplate
   from specjax.data.dataset import prepare_file_splits
   from specjax.data.files import eos_of, source_files
-  from specjax.hf import load_tokenizer
+  from specjax.hf.loader import load_tokenizer
 
   files = source_files(config.data.files)  # a missing file fails before anything loads
   target = head_training.target_dir(config) if head_training.head_kind(config) else None
@@ -612,7 +612,7 @@ def _target_and_head(
   echo: Callable[[str], None],
 ) -> tuple[Transformer, nnx.Module]:
   """The frozen target at `path` (float32) and a fresh head of `cfg` (seed `config.seed`)."""
-  from specjax.hf import load_tokenizer
+  from specjax.hf.loader import load_tokenizer
 
   own = load_tokenizer(path)
   if own is not None and own.get_vocab() != tokenizer.get_vocab():
