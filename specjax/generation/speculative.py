@@ -44,11 +44,17 @@ ADAPTIVE = (None, "schedule", "confidence")
 
 
 def speculative_step(
-  target: Transformer, drafter: Drafter | Transformer, state: SpecState, config: SpecConfig
+  target: Transformer,
+  drafter: Drafter | Transformer,
+  state: SpecState,
+  config: SpecConfig,
+  *,
+  with_logits: bool = False,
 ) -> SpecState:
   """One pure speculative iteration for every row: draft, score, verify, commit.
   Done rows run along but commit nothing; a row that proposed k < gamma tokens
-  is verified as a block of k (q = 0 past them)."""
+  is verified as a block of k (q = 0 past them). `with_logits` (static): also the
+  target's logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (serving's logprobs)."""
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   sampling = step_sampling(state, config)
@@ -72,7 +78,10 @@ def speculative_step(
     verify_key, proposal, logits, cache, hidden, sampling, vocab, drafter.tree_mode, config
   )
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics.
-  return commit_step(state, drafter, drafter_state, proposal, verified, config)
+  new = commit_step(state, drafter, drafter_state, proposal, verified, config)
+  if with_logits:
+    return new, logits, emitted_tokens(verified.drafted, verified.n, verified.next_token)
+  return new
 
 
 class Verified(NamedTuple):

@@ -36,15 +36,12 @@ from specjax.drafting import Commit, Drafter
 from specjax.generation.common import prefill, zero_padding
 from specjax.generation.speculative import (
   commit_cache,
-  commit_step,
   commit_tokens,
-  emitted_tokens,
   next_recent,
   prefill_state,
   score,
   speculative_step,
   step_sampling,
-  verify_block,
 )
 from specjax.generation.state import SpecConfig, SpecState
 from specjax.models.kv_cache import write_rows
@@ -259,31 +256,6 @@ def plain_step(
   return state, logits, emitted
 
 
-def speculative_step_logits(
-  target: Transformer, drafter: Drafter, state: SpecState, config: SpecConfig
-) -> tuple[SpecState, jax.Array, jax.Array]:
-  """`speculative_step` (a chain, keys `[1, 2]`) also returning the target's
-  logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (token j: position j's law)."""
-  draft_key, verify_key = state.keys[0]
-  sampling = step_sampling(state, config)
-  proposal, drafter_state = drafter.propose(
-    state.drafter_state,
-    state.recent,
-    draft_key,
-    state.draft_limit,
-    gamma=config.gamma,
-    sampling=sampling,
-  )
-  block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)
-  logits, cache, hidden = score(target, block, state.target_cache, drafter.target_features)
-  vocab = max(target.cfg.vocab_size, drafter.vocab_size)
-  verified = verify_block(
-    verify_key, proposal, logits, cache, hidden, sampling, vocab, drafter.tree_mode, config
-  )
-  new = commit_step(state, drafter, drafter_state, proposal, verified, config)
-  return new, logits, emitted_tokens(proposal.tokens, verified.n, verified.next_token)
-
-
 def _prefix(state: SlotState, width: int) -> SlotState:
   return state if width == state.prompts.shape[0] else map_rows(lambda x: x[:width], state)
 
@@ -313,7 +285,9 @@ def _step(
   if gamma == 0:
     spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys)
   elif config.logprobs:
-    spec, logits, emitted = speculative_step_logits(target, drafter, part.spec, spec_config)
+    spec, logits, emitted = speculative_step(
+      target, drafter, part.spec, spec_config, with_logits=True
+    )
   else:
     spec = logits = emitted = speculative_step(target, drafter, part.spec, spec_config)
   at = part.spec.num_generated
