@@ -242,7 +242,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   check_int("config.vocab_subset (0: all ids)", config.vocab_subset, minimum=0)
   if config.drafter not in DRAFTERS:
     raise ValueError(
-      f"config.drafter must be one of {', '.join(DRAFTERS)}; got {config.drafter!r}."
+      f"config.drafter must be one of {', '.join(DRAFTERS)} (EAGLE-3 heads: eagle); "
+      f"got {config.drafter!r}."
     )
   if config.drafter == "string_level" and config.adaptive:
     raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")

@@ -46,7 +46,7 @@ from specjax.hf.pairs import check_pair
 from specjax.models.config import ModelConfig
 from specjax.models.expand import check_expansion, expand_head
 from specjax.models.fused import fused_parts, unfuse
-from specjax.models.heads import HEAD_KINDS, HeadConfig, make_head
+from specjax.models.heads import HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.pretrained.scales import SCALES, Scale, get_scale, scale_pair, scaled_configs
 from specjax.validation import is_int, read_json_object
@@ -78,6 +78,7 @@ _REBUILD_CROSS = "reinstall specjax, or rebuild it with experiments/bundle_cross
 
 # The drafter class of each draft head kind (`load_drafter`).
 HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
+BUNDLED_HEADS = tuple(HEAD_DRAFTERS)  # no EAGLE-3 head is bundled
 # What `load_drafter` builds: the heads, prompt lookup, the target's first layers.
 DRAFTER_KINDS = (*HEAD_DRAFTERS, "ngram", "layer_skip")
 
@@ -222,7 +223,7 @@ def _tensor_name(path: tuple) -> str:
   return ".".join(str(part) for part in path)
 
 
-def head_file_sums(directory: str, kinds=HEAD_KINDS[:3]) -> dict[str, str]:
+def head_file_sums(directory: str, kinds=BUNDLED_HEADS) -> dict[str, str]:
   """{"<kind>/<file>": sha256} of the bundled files of `kinds` under `directory`."""
   return {
     f"{kind}/{name}": file_sha256(os.path.join(directory, kind, name))
@@ -327,8 +328,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       from `heads/card.json`'s.
     FileNotFoundError: a bundled file is missing.
   """
-  if kind not in HEAD_KINDS[:3]:
-    raise ValueError(f"kind must be one of {HEAD_KINDS[:3]}, got {kind!r}.")
+  if kind not in BUNDLED_HEADS:
+    raise ValueError(f"kind must be one of {BUNDLED_HEADS}, got {kind!r}.")
   name = dtype_name(dtype)
   directory = os.path.join(HEADS_DIR, kind)
   for file in (*(os.path.join(directory, f) for f in HEAD_FILES), HEADS_CARD_FILE):
