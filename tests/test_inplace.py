@@ -26,10 +26,9 @@ import specjax
 from helpers import head_drafter, word_tokenizer
 from specjax import trees
 from specjax.bench import hlo
+from specjax.bench.compile import lower_autoregressive, lower_speculative
 from specjax.drafting import CrossTokenizerDrafter, NGramDrafter, TreeDrafter, layer_skip
 from specjax.generation import SpecConfig, string_level
-from specjax.generation.autoregressive import _autoregressive_program
-from specjax.generation.speculative import _checked_run, _speculative_program
 from specjax.sampling import GREEDY, RowSampling
 from specjax.serving import slots
 
@@ -82,44 +81,11 @@ DRAFTERS = {
 def _compiled(models, name: str, loop: str) -> tuple[str, int]:
   """(the compiled text of `name`'s generation program, one cache layer's bytes)."""
   target, draft = models
-  prompts, lengths = _prompts()
   if name == "ar":
-    capacity = WIDTH + NEW
-    lowered = _autoregressive_program.lower(
-      target,
-      prompts,
-      lengths,
-      jax.random.key(0),
-      None,
-      sampling=SAMPLED,
-      max_new_tokens=NEW,
-      eos_id=None,
-      pad_id=0,
-      capacity=capacity,
-      loop=loop,
-      loop_chunk=4,
-    )
-    return lowered.compile().as_text(), layer_bytes(capacity)
+    lowered = lower_autoregressive(target, BATCH, WIDTH, NEW, loop, 4, sampling=SAMPLED)
+    return lowered.compile().as_text(), layer_bytes(WIDTH + NEW)
   drafter, gamma = DRAFTERS[name](target, draft)
-  drafter, config = _checked_run(
-    target,
-    drafter,
-    prompts,
-    lengths,
-    gamma=gamma,
-    max_new_tokens=NEW,
-    sampling=SAMPLED,
-    eos_id=None,
-    verifier="auto",
-    pad_id=0,
-    adaptive=None,
-    confidence_threshold=0.5,
-    loop=loop,
-    loop_chunk=4,
-  )
-  lowered = _speculative_program.lower(
-    target, drafter, prompts, lengths, jax.random.key(0), config=config
-  )
+  lowered = lower_speculative(target, drafter, BATCH, WIDTH, NEW, gamma, loop, 4, SAMPLED)
   return lowered.compile().as_text(), layer_bytes(WIDTH + NEW + gamma + 1)
 
 
@@ -150,22 +116,7 @@ def test_the_check_sees_the_copies_of_a_batch_of_one(models):
   limit, docs/performance.md): the check finds those copies."""
   target, _ = models
   capacity = WIDTH + NEW
-  text = (
-    _autoregressive_program.lower(
-      target,
-      jnp.zeros((1, WIDTH), jnp.int32),
-      jnp.full((1,), 3, jnp.int32),
-      jax.random.key(0),
-      None,
-      sampling=GREEDY,
-      max_new_tokens=NEW,
-      eos_id=None,
-      pad_id=0,
-      capacity=capacity,
-    )
-    .compile()
-    .as_text()
-  )
+  text = lower_autoregressive(target, 1, WIDTH, NEW).compile().as_text()
   assert hlo.cache_copies(text, layer_bytes(capacity, batch=1))
 
 

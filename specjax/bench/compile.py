@@ -18,9 +18,7 @@ from flax import nnx
 from specjax.bench import hlo
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams
-
-GREEDY = SamplingParams(temperature=0.0)
+from specjax.sampling import GREEDY, SamplingParams
 
 
 def abstract_model(cfg: ModelConfig) -> Transformer:
@@ -36,10 +34,16 @@ def _shapes(batch: int, prompt_len: int):
 
 
 def lower_autoregressive(
-  model, batch: int, prompt_len: int, max_new_tokens: int, loop: str = "while", loop_chunk: int = 8
+  model,
+  batch: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  loop: str = "while",
+  loop_chunk: int = 8,
+  sampling: SamplingParams = GREEDY,
 ):
   """The jitted program of `autoregressive_generate` for `model` (abstract or
-  real), lowered for `[batch, prompt_len]` prompts at temperature 0."""
+  real), lowered for `[batch, prompt_len]` prompts under `sampling`."""
   from specjax.generation.autoregressive import _autoregressive_program
   from specjax.models.kv_cache import cache_capacity
 
@@ -50,7 +54,7 @@ def lower_autoregressive(
     lengths,
     jax.random.key(0),
     None,
-    sampling=GREEDY,
+    sampling=sampling,
     max_new_tokens=max_new_tokens,
     eos_id=None,
     pad_id=0,
@@ -69,6 +73,7 @@ def lower_speculative(
   gamma: int,
   loop: str = "while",
   loop_chunk: int = 8,
+  sampling: SamplingParams = GREEDY,
 ):
   """The jitted program of `speculative_generate` (a draft model or any
   drafter), lowered like `lower_autoregressive`."""
@@ -82,7 +87,7 @@ def lower_speculative(
     jnp.full(lengths.shape, prompt_len, jnp.int32),
     gamma=gamma,
     max_new_tokens=max_new_tokens,
-    sampling=GREEDY,
+    sampling=sampling,
     eos_id=None,
     verifier="auto",
     pad_id=0,
