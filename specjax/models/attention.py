@@ -161,7 +161,6 @@ def attention(
       trees: "pallas" then goes through "dot_product").
 
   Returns:
-
     `[B, T, N, H]` in q's dtype, equal to `attend`'s within rounding.
   """
   if impl not in ATTENTION_IMPLS:
