@@ -7,6 +7,7 @@ booleans are never numbers here.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import os
 
@@ -126,6 +127,15 @@ def check_output_path(name: str, path: str | None) -> str | None:
   if not os.access(parent, os.W_OK):
     raise ValueError(f"{name}: the directory {parent!r} is not writable.")
   return path
+
+
+def file_sha256(path: str) -> str:
+  """The hex sha256 of the file at `path`, read in chunks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
 
 
 def read_json_object(path: str) -> dict:

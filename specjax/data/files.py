@@ -11,7 +11,6 @@ size and sha256, so a changed file is named on resume (docs/training.md).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from specjax.data.chat import ChatTemplate, check_messages
+from specjax.validation import file_sha256
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -122,14 +122,10 @@ def eos_of(target: str | None, tokenizer) -> int:
 
 def file_record(path: str) -> dict[str, Any]:
   """{path, bytes, sha256} of a source file."""
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
   return {
     "path": os.path.abspath(path),
     "bytes": os.path.getsize(path),
-    "sha256": digest.hexdigest(),
+    "sha256": file_sha256(path),
   }
 
 

@@ -26,7 +26,6 @@ function (the presets: `scales.SCALES`; `specjax/models/expand.py`), and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 from typing import NamedTuple
@@ -49,7 +48,7 @@ from specjax.models.fused import fused_parts, unfuse
 from specjax.models.heads import HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.pretrained.scales import SCALES, Scale, get_scale, scale_pair, scaled_configs
-from specjax.validation import is_int, read_json_object
+from specjax.validation import file_sha256, is_int, read_json_object
 
 PAIR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib_pair")
 TARGET_DIR = os.path.join(PAIR_DIR, "target")
@@ -105,15 +104,6 @@ class Checkpoints(NamedTuple):
   draft_tokenizer: Tokenizer | None
   target_path: str
   draft_path: str | None
-
-
-def file_sha256(path: str) -> str:
-  """The hex sha256 of the file at `path`, read in chunks."""
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def file_sums(directory: str, files: tuple[str, ...] = BUNDLED_FILES) -> dict[str, str]:
