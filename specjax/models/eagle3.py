@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.models.fused import gate_up_parts, qkv_parts
-from specjax.models.heads import HEAD_MODULES, EagleHead, HeadConfig, _linear
+from specjax.models.heads import HEAD_MODULES, EagleHead, HeadConfig, _linear, _own_logits
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import MLP, Attention, Norm, Transformer, run_blocks
 
@@ -89,10 +89,7 @@ class Eagle3Head(nnx.Module):
     if self.cfg.draft_ids:
       full = jnp.full((*x.shape[:-1], self.cfg.target.vocab_size), -jnp.inf, x.dtype)
       x = full.at[..., jnp.asarray(self.cfg.draft_ids)].set(x)
-    if vocab_subset is not None:
-      keep = jnp.zeros(x.shape[-1], bool).at[vocab_subset].set(True)
-      x = jnp.where(keep, x, -jnp.inf)
-    return x
+    return _own_logits(x, vocab_subset)
 
 
 def warm_start(head: Eagle3Head, target: Transformer) -> Eagle3Head:
