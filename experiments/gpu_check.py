@@ -26,7 +26,7 @@ step, command_buffer, scaled; about 8 minutes):
      to fit (the bundled pair: chains against trees of 8 and 16 nodes with the
      draft model, EAGLE and Medusa, at T = 0 and 1; real acceptance);
   decode:
-  1. measures copy bandwidth (read + write of a 2 GiB buffer, `specjax.bench.floor`);
+  1. measures read bandwidth (a read-only sum of a 2 GiB buffer, `specjax.bench.floor`);
   2. builds a TinyLlama-1.1B-shaped bfloat16 target (d_model 2048, 22 layers,
      32 heads, 4 kv heads, d_ff 5632, vocab 32000) and a 68M-shaped draft
      (d_model 768, 2 layers, 12 heads, d_ff 3072), random weights;
@@ -68,7 +68,7 @@ SIZES = {
     draft=dict(vocab_size=32000, d_model=768, n_layers=2, n_heads=12, n_kv_heads=12, d_ff=3072),
     prompt_len=64,
     max_new_tokens=1 + 25 * 5,
-    copy_bytes=2 << 30,
+    read_bytes=2 << 30,
     num_runs=3,
   ),
   "smoke": dict(
@@ -76,7 +76,7 @@ SIZES = {
     draft=dict(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=64),
     prompt_len=8,
     max_new_tokens=1 + 3 * 5,
-    copy_bytes=8 << 20,
+    read_bytes=8 << 20,
     num_runs=3,
   ),
 }
@@ -213,8 +213,8 @@ def step_rows(scale: str, sizes: dict, command_buffer: bool = False) -> list[dic
   from specjax.pretrained import bundled_configs
   from specjax.pretrained.scales import scaled_configs
 
-  bandwidth = 1e9 * bench.memory_bandwidth_gbs(
-    megabytes=sizes["copy_bytes"] >> 20, num_runs=sizes["num_runs"]
+  bandwidth = 1e9 * bench.read_bandwidth_gbs(
+    megabytes=sizes["read_bytes"] >> 20, num_runs=sizes["num_runs"]
   )
   rows = []
   base = bundled_configs("bfloat16")
@@ -334,19 +334,19 @@ def main(argv):
 def decode_rows(target, draft, sizes: dict, result: dict) -> list[dict]:
   """Autoregressive and speculative decoding of the 1.1B shape (`CASES`) against
   the memory floor; records the bandwidth and floor in `result`."""
-  bandwidth = 1e9 * bench.memory_bandwidth_gbs(
-    megabytes=sizes["copy_bytes"] >> 20, num_runs=sizes["num_runs"]
+  bandwidth = 1e9 * bench.read_bandwidth_gbs(
+    megabytes=sizes["read_bytes"] >> 20, num_runs=sizes["num_runs"]
   )
   floor_ms = bench.weight_bytes(target) / bandwidth * 1e3
   result.update(
-    copy_bandwidth_gb_s=bandwidth / 1e9,
+    read_bandwidth_gb_s=bandwidth / 1e9,
     target_params=target.num_params,
     draft_params=draft.num_params,
     target_param_bytes=bench.weight_bytes(target),
     memory_floor_ms_per_step=floor_ms,
   )
   print(
-    f"{jax.devices()[0].device_kind}: copy {bandwidth / 1e9:.0f} GB/s, target "
+    f"{jax.devices()[0].device_kind}: read {bandwidth / 1e9:.0f} GB/s, target "
     f"{target.num_params / 1e6:.0f}M params, floor {floor_ms:.3f} ms/step"
   )
   vocab = sizes["target"]["vocab_size"]
@@ -373,8 +373,8 @@ def decode_rows(target, draft, sizes: dict, result: dict) -> list[dict]:
     case.update(
       batch=batch,
       draft=which,
-      # The memory floor at this copy bandwidth (`ar_over_floor` from
-      # benchmark_generation measures its own, smaller copy).
+      # The memory floor at this read bandwidth (`ar_over_floor` from
+      # benchmark_generation measures its own, smaller read).
       ar_over_memory_floor=case["ar_ms_per_token"] / floor_ms,
       target_step_over_memory_floor=case["target_step_ms"] / floor_ms,
     )

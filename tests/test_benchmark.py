@@ -36,7 +36,7 @@ KEYS = [
   "ar_compile_seconds",
   "spec_compile_seconds",
   "prefill_ms",
-  "memory_bandwidth_gbs",
+  "read_bandwidth_gbs",
   "matmul_gflops",
   "target_matmul_floor_ms",
   "ar_over_floor",

@@ -31,7 +31,7 @@ def test_matmul_skeleton_does_the_models_products(target, monkeypatch):
 def test_floor_measurements_are_positive():
   # Small sizes; machine_floor at its own sizes runs in every floor report (the
   # decode step of test_launchers.py, test_benchmark.py), which check its fields.
-  assert bench.memory_bandwidth_gbs(megabytes=8, num_runs=1) > 0
+  assert bench.read_bandwidth_gbs(megabytes=8, num_runs=1) > 0
   assert bench.matmul_gflops(n=128, num_runs=1) > 0
 
 

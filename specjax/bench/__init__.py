@@ -17,8 +17,8 @@ from specjax.bench.floor import (
   machine_floor,
   matmul_floor_seconds,
   matmul_gflops,
-  memory_bandwidth_gbs,
   model_floor,
+  read_bandwidth_gbs,
   weight_bytes,
 )
 from specjax.bench.generation import benchmark_generation
@@ -59,7 +59,7 @@ __all__ = [
   "machine_floor",
   "matmul_floor_seconds",
   "matmul_gflops",
-  "memory_bandwidth_gbs",
+  "read_bandwidth_gbs",
   "memory_map_count",
   "model_floor",
   "predict_speedup",

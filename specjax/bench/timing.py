@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -21,7 +19,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.kernels import kernel_status
+from specjax.kernels import cpu, kernel_status
 from specjax.validation import check_positive_int
 
 
@@ -145,18 +143,6 @@ def random_prompts(
   return prompts, jnp.full((batch_size,), width, jnp.int32)
 
 
-def cpu_model() -> str:
-  """The CPU's model name as /proc/cpuinfo gives it (else the platform's processor)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
 def peak_memory_gb() -> float:
   """This process's peak resident memory so far, in GB (10^9 bytes)."""
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
@@ -164,17 +150,19 @@ def peak_memory_gb() -> float:
 
 
 def environment_info() -> dict[str, Any]:
-  """Backend, devices, CPU, library versions, `kernels.kernel_status()`, peak
-  memory and the UTC date, for a result file."""
+  """Backend, devices, the CPU (model, vector extensions, cores), library
+  versions, `kernels.kernel_status()`, peak memory and the UTC date, for a
+  result file."""
 
   device = jax.devices()[0]
   return {
     "backend": jax.default_backend(),
     "device_kind": device.device_kind,
     "device_count": jax.device_count(),
-    "cpu_model": cpu_model(),
-    "cpu_count": os.cpu_count(),
-    "cpu_matmul_kernel": kernel_status()["available"] if jax.default_backend() == "cpu" else None,
+    **cpu.describe(),
+    # Which kernel variant ran and, per product shape, kernel or XLA with the
+    # timings behind the choice.
+    "cpu_matmul_kernel": kernel_status() if jax.default_backend() == "cpu" else None,
     "peak_memory_gb": round(peak_memory_gb(), 2),
     "jax_version": jax.__version__,
     "flax_version": flax.__version__,

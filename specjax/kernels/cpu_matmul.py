@@ -2,165 +2,219 @@
 
 XLA:CPU's dot neither streams the weights at the memory floor at decode's few
 rows nor keeps gamma + 1 rows as cheap as one. `cpu_matmul.cc` reads each weight
-once for up to 8 rows and sums each output in a fixed order, so a row's result
-is the same whatever the other rows (greedy verification compares them). It is
-compiled on first use with `-march=native`, cached under `$SPECJAX_KERNEL_CACHE`
-(default `~/.cache/specjax/kernels`, keyed by source, jax version, compiler and
-CPU flags) and registered as the FFI target `specjax_cpu_matmul`.
+once for all rows and sums each output in one fixed order, so a row's result is
+the same whatever the other rows are (greedy verification compares them).
 
-`uses_kernel` decides at trace time: float32 / bfloat16 products of at most
-`MAX_ROWS[w.dtype]` rows on one CPU device, once built. `SPECJAX_CPU_KERNEL=0`
-keeps XLA's dot everywhere; `=1` makes a failed build an error instead of a
-logged fallback. Gradients go through XLA's dot. Measurements and the design:
-docs/performance.md ("a CPU kernel of our own").
+How a product is dispatched:
+- at trace time, `uses_kernel` says whether the kernel may take it: float32 /
+  bfloat16, one device, the kernel built for this CPU (`build.py`: the variant
+  its vector extensions allow, `cpu.py`) and faster than XLA's dot on this
+  product shape here (`calibration.py`: timed once, then kept);
+- such a product is one `specjax_matmul` primitive whose lowering follows the
+  platform being lowered for: the kernel's FFI call on CPU, XLA's dot on every
+  other platform and in `jax.export` (whose programs must not depend on a
+  library built here).
+
+`SPECJAX_CPU_KERNEL`: `auto` (default; a kernel that cannot be built is one
+logged warning naming the cause, then XLA's dot), `1` (the kernel wherever it
+can run, untimed; a failed build is an error), `0` (XLA's dot everywhere).
+`SPECJAX_CPU_KERNEL_VARIANT` picks a build (`avx512_bf16`, `avx512`, `avx2`,
+`generic`; default: the fastest this CPU runs). Gradients go through XLA's dot.
+Design and figures: docs/performance.md ("a CPU kernel of our own").
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
-import logging
 import math
 import os
-import shutil
-import subprocess
-import tempfile
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
+from absl import logging
+from jax._src import dispatch
+from jax.interpreters import batching, mlir
 
-TARGET = "specjax_cpu_matmul"
-TARGET_T = "specjax_cpu_matmul_t"  # w stored [N, K] (a tied head's embedding)
-# The most rows the kernel takes, by the weights' dtype: it reads w once per 8
-# rows, so its cost grows with the rows past 8. float32: XLA's blocked product
-# wins from 16 rows on; bfloat16: XLA converts the whole weight to float32 first,
-# and the kernel stays faster up to a 512-token prefill (a chain of 1B-shaped
-# layers, 2-core AMD EPYC, 2026-12-03: float32 16 rows XLA 365 ms / kernel 487;
-# bfloat16 16 rows 1903 / 372, 64 rows 2203 / 1144, 512 rows 10757 / 6241).
-MAX_ROWS = {jnp.dtype(jnp.float32): 8, jnp.dtype(jnp.bfloat16): 512}
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_matmul.cc")
+from specjax.kernels import build, calibration, cpu
+
+# The most rows the kernel ever takes; a longer prefill goes to XLA's dot.
+MAX_ROWS = 512
+EXACT_ROWS = calibration.EXACT_ROWS
+MODES = ("auto", "0", "1")
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-_MODES = ("auto", "0", "1")
 
 
-def _cpu_flags() -> str:
-  """The CPU's feature flags as /proc/cpuinfo lists them ("" where it does not)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith(("flags", "Features")):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return ""
+def mode() -> str:
+  """`SPECJAX_CPU_KERNEL`: "auto", "0" or "1"."""
+  value = os.environ.get("SPECJAX_CPU_KERNEL", "auto")
+  if value not in MODES:
+    raise ValueError(f"SPECJAX_CPU_KERNEL must be one of {MODES}, got {value!r}.")
+  return value
 
 
-def _compile(compiler: str, flags: list[str], path: str) -> None:
-  """Compiles the kernel to `path` atomically (another process may be building it)."""
-  directory = os.path.dirname(path)
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
-  os.close(fd)
-  try:
-    subprocess.run(
-      [compiler, *flags, _SOURCE, "-o", tmp], check=True, capture_output=True, text=True
+def variant() -> str:
+  """The kernel build for this CPU: `SPECJAX_CPU_KERNEL_VARIANT`, else the fastest it runs."""
+  supported = cpu.supported_variants()
+  value = os.environ.get("SPECJAX_CPU_KERNEL_VARIANT", "auto")
+  if value == "auto":
+    return supported[0]
+  if value not in supported:
+    raise ValueError(
+      f"SPECJAX_CPU_KERNEL_VARIANT must be 'auto' or one this CPU runs {supported}, got {value!r}."
     )
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  return value
 
 
 @functools.cache
-def _build() -> tuple[bool, str]:
-  """Builds (or finds in the cache), loads and registers the kernel once per
-  process: `(available, the library's path or why not)`."""
-  compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
-  if not compiler:
-    return False, "no C++ compiler (g++ or clang++; or set CXX)"
-  flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
-  flags.append(f"-I{jax.ffi.include_dir()}")
-  with open(_SOURCE, "rb") as f:
-    source = f.read()
-  key = hashlib.sha256(
-    b"\0".join(
-      [source, jax.__version__.encode(), compiler.encode(), " ".join(flags).encode()]
-      + [_cpu_flags().encode()]
-    )
-  ).hexdigest()[:16]
-  cache = os.environ.get("SPECJAX_KERNEL_CACHE") or os.path.join(
-    os.path.expanduser("~"), ".cache", "specjax", "kernels"
-  )
-  path = os.path.join(cache, f"cpu_matmul-{key}.so")
+def _load(name: str) -> build.Library | str:
+  """The built library of variant `name`, or why it cannot be had (once per process)."""
   try:
-    if not os.path.exists(path):
-      _compile(compiler, flags, path)
-    library = ctypes.cdll.LoadLibrary(path)
-    for target, symbol in ((TARGET, library.SpecjaxMatmul), (TARGET_T, library.SpecjaxMatmulT)):
-      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
-  except (OSError, subprocess.CalledProcessError) as e:
-    detail = getattr(e, "stderr", "") or str(e)
-    return False, f"the kernel did not build: {detail.strip()[-2000:]}"
-  return True, path
+    return build.build(name)
+  except build.KernelUnavailable as e:
+    return str(e)
 
 
-def _mode() -> str:
-  mode = os.environ.get("SPECJAX_CPU_KERNEL", "auto")
-  if mode not in _MODES:
-    raise ValueError(f"SPECJAX_CPU_KERNEL must be one of {_MODES}, got {mode!r}.")
-  return mode
+_warned: set[str] = set()
+
+
+def library() -> build.Library | None:
+  """The kernel library this process uses, or None (mode 0, or it cannot be built:
+  one warning per cause in mode auto).
+
+  Raises:
+    ValueError: SPECJAX_CPU_KERNEL or SPECJAX_CPU_KERNEL_VARIANT is invalid.
+    RuntimeError: SPECJAX_CPU_KERNEL=1 and the kernel cannot be built.
+  """
+  if mode() == "0":
+    return None
+  loaded = _load(variant())
+  if isinstance(loaded, build.Library):
+    return loaded
+  if mode() == "1":
+    raise RuntimeError(f"SPECJAX_CPU_KERNEL=1 but the CPU matmul kernel is unavailable: {loaded}")
+  if loaded not in _warned:
+    _warned.add(loaded)
+    logging.warning("specjax CPU matmul kernel unavailable, using XLA's dot: %s", loaded)
+  return None
+
+
+def uses_kernel(rows: int, dtype, w_dtype, k: int, n: int, *, transposed: bool = False) -> bool:
+  """Whether a product `[rows, k] @ [k, n]` (x and result in `dtype`, weights in
+  `w_dtype`; `transposed`: w stored `[n, k]`) runs on the kernel.
+
+  Raises:
+    ValueError: SPECJAX_CPU_KERNEL or SPECJAX_CPU_KERNEL_VARIANT is invalid.
+    RuntimeError: SPECJAX_CPU_KERNEL=1 and the kernel cannot be built.
+  """
+  return _choose(rows, dtype, w_dtype, k, n, transposed) is not None
+
+
+def _choose(rows, dtype, w_dtype, k, n, transposed) -> str | None:
+  """The FFI target for this product, or None for XLA's dot."""
+  if mode() == "0" or jnp.dtype(dtype) not in _DTYPES or jnp.dtype(w_dtype) not in _DTYPES:
+    return None
+  if not (0 < rows <= MAX_ROWS and k > 0 and n > 0):
+    return None
+  # A kernel call on one device; sharded products are left to XLA's partitioner.
+  if jax.default_backend() != "cpu" or jax.device_count() != 1:
+    return None
+  lib = library()
+  if lib is None:
+    return None
+  target = lib.target(transposed)
+  if mode() == "1":
+    return target
+  store = calibration.store_path(lib.path)
+  product = functools.partial(
+    _timing_product, target=target, dtype=jnp.dtype(dtype), transposed=transposed
+  )
+  decision = calibration.decide(store, product, dtype, w_dtype, k, n, transposed)
+  return target if decision.uses_kernel(rows) else None
+
+
+def _timing_product(x, w, use_kernel, *, target, dtype, transposed):
+  if use_kernel:
+    return _kernel_product(x, w, dtype, transposed, target)
+  return _xla_product(x, w, out_dtype=dtype, transposed=transposed)
 
 
 def kernel_status() -> dict:
-  """What the CPU matmul kernel does on this machine, for result files:
-  `{"available", "detail" (its path or why not), "avx512_bf16", "mode"}`."""
-  available, detail = _build() if _mode() != "0" else (False, "SPECJAX_CPU_KERNEL=0")
-  return {
-    "available": available,
-    "detail": detail,
-    "avx512_bf16": "avx512_bf16" in _cpu_flags().split(),
-    "mode": _mode(),
-  }
+  """What the CPU matmul kernel does here, for result files: `mode`, `variant`,
+  `available`, `detail` (the library's path or why not), the CPU
+  (`cpu_model`, `cpu_extensions`, `cpu_count`) and `decisions` (kernel or XLA
+  per product shape, with the timings, as this process chose them)."""
+  status = {"mode": os.environ.get("SPECJAX_CPU_KERNEL", "auto"), **cpu.describe()}
+  try:
+    status["variant"] = variant()
+    loaded = _load(status["variant"]) if mode() != "0" else "SPECJAX_CPU_KERNEL=0"
+  except ValueError as e:
+    status["variant"], loaded = None, str(e)
+  status["available"] = isinstance(loaded, build.Library)
+  status["detail"] = loaded.path if status["available"] else loaded
+  status["exact_rows"] = EXACT_ROWS
+  status["decisions"] = calibration.decisions()
+  return status
 
 
-def uses_kernel(rows: int, x_dtype, w_dtype) -> bool:
-  """Whether a product of `rows` rows in these dtypes runs on the kernel.
-
-  Raises:
-    ValueError: SPECJAX_CPU_KERNEL is not "auto", "0" or "1".
-    RuntimeError: SPECJAX_CPU_KERNEL=1 and the kernel cannot build.
-  """
-  mode = _mode()
-  if mode == "0" or jnp.dtype(x_dtype) not in _DTYPES or jnp.dtype(w_dtype) not in _DTYPES:
-    return False
-  if rows > MAX_ROWS[jnp.dtype(w_dtype)]:
-    return False
-  if jax.default_backend() != "cpu" or jax.device_count() != 1:
-    return False
-  available, detail = _build()
-  if not available:
-    if mode == "1":
-      raise RuntimeError(f"SPECJAX_CPU_KERNEL=1 but {detail}")
-    logging.log_first_n(logging.WARNING, "specjax CPU matmul kernel unavailable: %s", 1, detail)
-  return available
+# The product as one primitive, lowered per platform.
+matmul_p = jax.extend.core.Primitive("specjax_matmul")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _kernel_product(x: jax.Array, w: jax.Array, out_dtype, transposed: bool) -> jax.Array:
-  """`x [M, K] @ w [K, N]` (or `@ w[N, K].T` when `transposed`) -> `[M, N]` in
-  `out_dtype`, through the FFI target."""
+def _xla_product(x, w, *, out_dtype, transposed, target=None):
+  """XLA's dot: `x [M, K] @ w` -> `[M, N]` in out_dtype (w cast to x's dtype)."""
+  wk = (w.T if transposed else w).astype(x.dtype)
+  return jnp.matmul(x, wk, preferred_element_type=out_dtype).astype(out_dtype)
+
+
+def _abstract(x, w, *, out_dtype, transposed, target):
   n = w.shape[0] if transposed else w.shape[1]
-  out = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
-  target = TARGET_T if transposed else TARGET
-  return jax.ffi.ffi_call(target, out, vmap_method="sequential")(x, w)
+  return jax.core.ShapedArray((x.shape[0], n), out_dtype)
 
 
-def _product_fwd(x, w, out_dtype, transposed):
-  return _kernel_product(x, w, out_dtype, transposed), (x, w)
+_xla_lowering = mlir.lower_fun(_xla_product, multiple_results=False)
 
 
-def _product_bwd(out_dtype, transposed, residuals, g):
+def _cpu_lowering(ctx, x, w, *, out_dtype, transposed, target):
+  # An exported program must run wherever it is loaded, without our library.
+  if target is None or ctx.module_context.lowering_parameters.for_export:
+    return _xla_lowering(ctx, x, w, out_dtype=out_dtype, transposed=transposed, target=target)
+  return jax.ffi.ffi_lowering(target)(ctx, x, w)
+
+
+def _batched(args, dims, *, out_dtype, transposed, target):
+  x, w = args
+  bx, bw = dims
+  if bw is not None:  # per-example weights: XLA's batched dot
+    product = functools.partial(_xla_product, out_dtype=out_dtype, transposed=transposed)
+    return jax.vmap(product, in_axes=(bx, bw))(x, w), 0
+  x = jnp.moveaxis(x, bx, 0)
+  b, m, k = x.shape
+  y = matmul_p.bind(
+    x.reshape(b * m, k), w, out_dtype=out_dtype, transposed=transposed, target=target
+  )
+  return y.reshape(b, m, -1), 0
+
+
+matmul_p.def_impl(functools.partial(dispatch.apply_primitive, matmul_p))
+matmul_p.def_abstract_eval(_abstract)
+mlir.register_lowering(matmul_p, _xla_lowering)
+mlir.register_lowering(matmul_p, _cpu_lowering, platform="cpu")
+batching.primitive_batchers[matmul_p] = _batched
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _kernel_product(x, w, out_dtype, transposed: bool, target: str):
+  """`x [M, K] @ w [K, N]` (or `@ w[N, K].T` when `transposed`) -> `[M, N]` in
+  `out_dtype`, through `target` when lowered for CPU."""
+  return matmul_p.bind(x, w, out_dtype=jnp.dtype(out_dtype), transposed=transposed, target=target)
+
+
+def _product_fwd(x, w, out_dtype, transposed, target):
+  return _kernel_product(x, w, out_dtype, transposed, target), (x, w)
+
+
+def _product_bwd(out_dtype, transposed, target, residuals, g):
   # XLA's products: gradients are for training, whose batches are large.
   x, w = residuals
   wk = (w.T if transposed else w).astype(g.dtype)  # [K, N]
@@ -176,16 +230,16 @@ def matmul(x: jax.Array, w: jax.Array, dtype=None, *, transposed: bool = False) 
   """`x [..., K] @ w [K, N]` -> `[..., N]` in `dtype` (default x's), float32
   accumulation: the kernel when `uses_kernel` says so, else XLA's dot (w cast
   to x's dtype, as `nnx.Linear` does). `transposed`: w is `[N, K]` (tied head)."""
-
   dtype = jnp.dtype(dtype or x.dtype)
   *lead, k = x.shape
   n_axis = 0 if transposed else 1
   if w.ndim != 2 or w.shape[1 - n_axis] != k:
     layout = f"[N, K={k}]" if transposed else f"[K={k}, N]"
     raise ValueError(f"w must be {layout}, got shape {w.shape}.")
-  rows = math.prod(lead)
-  if rows and uses_kernel(rows, dtype, w.dtype):
-    y = _kernel_product(x.reshape(rows, k).astype(dtype), w, dtype, transposed)
-    return y.reshape(*lead, w.shape[n_axis])
+  rows, n = math.prod(lead), w.shape[n_axis]
+  target = _choose(rows, dtype, w.dtype, k, n, transposed)
+  if target is not None:
+    y = _kernel_product(x.reshape(rows, k).astype(dtype), w, dtype, transposed, target)
+    return y.reshape(*lead, n)
   wk = w.T if transposed else w
   return jnp.matmul(x, wk.astype(x.dtype), preferred_element_type=dtype).astype(dtype)

@@ -53,7 +53,8 @@ class Linear(nnx.Linear):
     dtype = self.dtype or jnp.result_type(inputs, kernel)
     rows = inputs.size // inputs.shape[-1]
     plain = out_sharding is None and self.precision is None and self.preferred_element_type is None
-    if not (plain and uses_kernel(rows, dtype, kernel.dtype)):
+    k, n = kernel.shape
+    if not (plain and uses_kernel(rows, dtype, kernel.dtype, k, n)):
       return super().__call__(inputs, out_sharding)
     # The weights stay in their stored dtype: the kernel converts as it reads.
     y = matmul(inputs, kernel, dtype)
