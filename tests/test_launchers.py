@@ -92,6 +92,21 @@ def _hub_eagle_head(tmp: str) -> None:
   save_head(make_head(HeadConfig("eagle", target, **hub), rngs=nnx.Rngs(0)), f"{tmp}/hub_eagle")
 
 
+def _check_kernel_benchmark(tmp: str) -> None:
+  """The kernel table names the CPU and times every case through XLA and each
+  variant this CPU runs (or says why a variant is missing)."""
+  with open(os.path.join(tmp, "kernel.json")) as f:
+    result = json.load(f)
+  assert result["machine"]["cpu_model"] and result["read_bandwidth_gbs"] > 0
+  assert [(c["dtype"], c["rows"]) for c in result["cases"]] == [
+    (d, r) for d in ("float32", "bfloat16") for r in (1, 2)
+  ]
+  for name, variant in result["variants"].items():
+    if "path" in variant:
+      assert all(c[f"{name}_ms"] > 0 for c in result["cases"]), name
+      assert set(result["goals"][name]) == {"float32", "bfloat16"}
+
+
 def _check_hub_head_decode(tmp: str, output: str) -> None:
   with open(os.path.join(tmp, "decode_hub.json")) as f:
     result = json.load(f)
@@ -319,6 +334,15 @@ STEPS = (
     prepare=_hub_eagle_head,
   ),
   Step("benchmark", "benchmark", ("--config=configs/benchmark.py",)),  # tiny, its default preset
+  # One small layer-chain at one row; this CPU's variant and the AVX2 build.
+  Step(
+    "kernel_benchmark",
+    "kernel_benchmark",
+    ("--config.rows=1,2", "--config.num_layers=1", "--config.num_runs=1")
+    + ("--config.read_megabytes=64", "--config.variants=auto,avx2")
+    + ("--output_json={tmp}/kernel.json",),
+    check=lambda tmp, _: _check_kernel_benchmark(tmp),
+  ),
   # Its default rows (the bundled pair at T = 0 and 1), without the floor report.
   Step(
     "decode_table",
