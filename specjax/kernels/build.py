@@ -226,8 +226,7 @@ def _check_digest(path: str) -> None:
     expected = None
   if expected != _digest(path):
     raise KernelUnavailable(
-      f"the cached kernel {path!r} is corrupt (its sha256 is not the build's); "
-      "delete it to rebuild"
+      f"the cached kernel {path!r} is corrupt (its sha256 is not the build's); delete it to rebuild"
     )
 
 

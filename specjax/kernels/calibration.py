@@ -4,11 +4,13 @@ A kernel tuned on one CPU can lose to XLA on another, so the choice is measured
 where it runs: the first time a product shape (x dtype, w dtype, K, N, layout)
 is traced, the kernel and XLA's dot are each timed on it at 1, 2, 5, 8 and 16
 rows (`ROWS`), in a thread of its own (the caller may be inside a trace). The
-kernel takes the shape when it is at least as fast in total and within
-`TOLERANCE` at every row count; it then runs every product of that shape up to
-`EXACT_ROWS` rows, so a decode step and the verification of gamma + 1 tokens go
-through the same code and a row's result never depends on the other rows.
-Above that (a prefill), the two are compared once more at `PREFILL_ROWS`.
+kernel takes the shape when it is faster over those row counts (the geometric
+mean of its time over XLA's is at most 1), and then runs every product of that
+shape up to `EXACT_ROWS` rows. One path for the whole range, not the faster per
+row count, because only the kernel keeps a row's result independent of the
+other rows: a decode step and the verification of gamma + 1 tokens must agree
+to the bit. Above that range (a prefill) the two are compared once more, at
+`PREFILL_ROWS`.
 
 Decisions are written to a JSON file beside the kernel library (keyed by the
 library, which names the source, compiler, flags and CPU, and by XLA_FLAGS),
@@ -21,6 +23,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -36,9 +39,6 @@ ROWS = (1, 2, 5, 8, 16)
 PREFILL_ROWS = 256
 # Rows past this go to the prefill decision; up to it, one path per shape.
 EXACT_ROWS = 64
-# Timing noise on a shared 2-core machine is a few percent: the kernel may be
-# up to 10% slower at one row count if it is not slower in total.
-TOLERANCE = 1.1
 _NUM_RUNS = 5
 _TARGET_CALL_S = 4e-3  # products per timed call: enough that a call takes about this
 
@@ -62,9 +62,8 @@ class Decision:
 
   @staticmethod
   def choose(kernel_us, xla_us, prefill_us) -> Decision:
-    kernel = sum(kernel_us) <= sum(xla_us) and all(
-      k <= TOLERANCE * x for k, x in zip(kernel_us, xla_us)
-    )
+    ratios = [k / x for k, x in zip(kernel_us, xla_us)]
+    kernel = math.prod(ratios) ** (1 / len(ratios)) <= 1.0
     return Decision(
       kernel=kernel,
       prefill_kernel=prefill_us[0] <= prefill_us[1],
