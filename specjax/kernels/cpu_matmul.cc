@@ -24,8 +24,13 @@
 //
 // Memory. A decode step is bound by reading the weights, so w is read once for
 // all rows. Up to one register tile of rows: kKb rows of w are streamed side by
-// side straight into the tile, sweeping the thread's whole chunk. More
-// rows: each block of kPackRows x kBlockCols of w is first packed into a small
+// side straight into the tile, sweeping the thread's whole chunk. Up to
+// kStreamMaxRows rows (float32 w): the same streams feed the first row group's
+// tiles, which also store the vectors they load into a small packed block that
+// the other row groups then sweep from L1, so reading w overlaps computing and
+// the hardware prefetcher sees long runs (a separate packing pass, below,
+// measured 1.2-1.4x slower at 8-16 rows). More rows (compute-bound) or
+// bfloat16 w: each block of kPackRows x kBlockCols of w is first packed into a small
 // contiguous buffer (float32, or vdpbf16ps's interleaved pairs), which every
 // row group then sweeps from L1. Packing makes the conversion or interleave
 // happen once per block rather than once per row group, and it keeps the
@@ -98,6 +103,10 @@ inline Vec Load(const uint16_t* p) {
 inline Vec Broadcast(float f) { return _mm512_set1_ps(f); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+// Branch-free (a branch here makes GCC 12 keep a tile's accumulators in memory).
+inline Vec LoadOrZero(const float* p, bool zero) {
+  return _mm512_maskz_loadu_ps(zero ? 0 : 0xffff, p);
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr char kIsa[] = "avx2";
 constexpr int VW = 8;
@@ -111,6 +120,9 @@ inline Vec Load(const uint16_t* p) {
 inline Vec Broadcast(float f) { return _mm256_set1_ps(f); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec LoadOrZero(const float* p, bool zero) {
+  return _mm256_maskload_ps(p, _mm256_set1_epi32(zero ? 0 : -1));
+}
 #else
 constexpr char kIsa[] = "generic";
 constexpr int VW = 8;
@@ -135,6 +147,7 @@ inline Vec Fma(Vec a, Vec b, Vec c) {
   return v;
 }
 inline void Store(float* p, Vec v) { std::memcpy(p, v.f, sizeof(v.f)); }
+inline Vec LoadOrZero(const float* p, bool zero) { return zero ? Zero() : Load(p); }
 #endif
 
 // Register tiles by rows: kColNv[MT - 1] vectors of columns for a tile of MT
@@ -164,6 +177,13 @@ constexpr int kPairNg[] = {4, 4, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1};
 constexpr int64_t kKb = 16;
 // The packed block of w shared by several row groups (16 KiB in float32).
 constexpr int64_t kPackRows = 32, kBlockCols = 128;
+// Up to kStreamMaxRows rows (more than one register tile): the first row
+// group streams w's kKb rows straight from memory, a panel of kStreamPanel
+// floats of sums (kept in L2) at a time, kStreamVecs vectors of columns per
+// step, leaving a packed copy there that the other row groups sweep from L1.
+constexpr int64_t kStreamMaxRows = 32, kStreamVecs = 12, kStreamPanel = 64 * 1024;
+// The chunk's packing buffer, in floats.
+constexpr int64_t kPackFloats = std::max<int64_t>(kPackRows * kBlockCols, kKb * kStreamVecs * VW);
 // Rows of w per block in the [N, K] layout, shared by the row groups.
 constexpr int64_t kDotRows = 8;
 // Chunks of columns start at multiples of this: the widest tile (8 zmm) and
@@ -173,39 +193,64 @@ constexpr int64_t kAlign = 128;
 // ---- [K, N]: one FMA chain per element ----
 
 // y[0:MT, 0:NV VW] (row stride ys) = (first ? 0 : y) + x[0:MT, k0:k1] @ w[k0:k1, 0:NV VW].
-template <int MT, int NV, typename W>
+// kStore: w's vectors are also stored (as float32) to pk[(k - k0) * pks + ...].
+template <int MT, int NV, bool kStore, typename W>
 inline void ColumnTile(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
-                       int64_t k0, int64_t k1, bool first) {
+                       int64_t k0, int64_t k1, bool first, float* pk, int64_t pks) {
   Vec acc[MT][NV];
   for (int m = 0; m < MT; ++m)
-    for (int j = 0; j < NV; ++j) acc[m][j] = first ? Zero() : Load(y + m * ys + j * VW);
-  for (int64_t k = k0; k < k1; ++k) {
+    for (int j = 0; j < NV; ++j) acc[m][j] = LoadOrZero(y + m * ys + j * VW, first);
+  int64_t k = k0;  // k1 > k0: a do-while keeps the accumulators in registers (GCC 12)
+  do {
     const W* row = w + k * N;
     Vec wv[NV];
     for (int j = 0; j < NV; ++j) wv[j] = Load(row + j * VW);
+    if constexpr (kStore)
+      for (int j = 0; j < NV; ++j) Store(pk + (k - k0) * pks + j * VW, wv[j]);
     for (int m = 0; m < MT; ++m) {
       const Vec xb = Broadcast(x[m * K + k]);
       for (int j = 0; j < NV; ++j) acc[m][j] = Fma(xb, wv[j], acc[m][j]);
     }
-  }
+  } while (++k < k1);
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < NV; ++j) Store(y + m * ys + j * VW, acc[m][j]);
 }
 
-// One row group of MT rows over `nvec` vectors of columns, for rows k0:k1 of w.
-template <int MT, typename W>
-void ColumnStrip(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
-                 int64_t k0, int64_t k1, int64_t nvec, bool first) {
+// The last r < NV vectors of a strip, as one tile of r vectors.
+template <int MT, int NV, bool kStore, typename W>
+inline void ColumnRest(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
+                       int64_t k0, int64_t k1, int64_t r, bool first, float* pk, int64_t pks) {
+  if constexpr (NV >= 1) {
+    if (r == NV) ColumnTile<MT, NV, kStore>(x, K, w, N, y, ys, k0, k1, first, pk, pks);
+    else ColumnRest<MT, NV - 1, kStore>(x, K, w, N, y, ys, k0, k1, r, first, pk, pks);
+  }
+}
+
+template <int MT, bool kStore, typename W>
+inline void ColumnStripS(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
+                         int64_t k0, int64_t k1, int64_t nvec, bool first, float* pk,
+                         int64_t pks) {
   constexpr int NV = kColNv[MT - 1];
   int64_t v = 0;
   for (; v + NV <= nvec; v += NV)
-    ColumnTile<MT, NV>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, first);
-  for (; v < nvec; ++v) ColumnTile<MT, 1>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, first);
+    ColumnTile<MT, NV, kStore>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, first, kStore ? pk + v * VW : nullptr,
+                               pks);
+  ColumnRest<MT, NV - 1, kStore>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, nvec - v, first,
+                                 kStore ? pk + v * VW : nullptr, pks);
+}
+
+// One row group of MT rows over `nvec` vectors of columns, for rows k0:k1 of w;
+// with `pk`, w's rows k0:k1 are also packed there (pks floats apart).
+template <int MT, typename W>
+void ColumnStrip(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
+                 int64_t k0, int64_t k1, int64_t nvec, bool first, float* pk, int64_t pks) {
+  if (pk) ColumnStripS<MT, true>(x, K, w, N, y, ys, k0, k1, nvec, first, pk, pks);
+  else ColumnStripS<MT, false>(x, K, w, N, y, ys, k0, k1, nvec, first, pk, pks);
 }
 
 template <typename W>
 using ColumnFn = void (*)(const float*, int64_t, const W*, int64_t, float*, int64_t, int64_t,
-                          int64_t, int64_t, bool);
+                          int64_t, int64_t, bool, float*, int64_t);
 template <typename W, int... I>
 constexpr std::array<ColumnFn<W>, sizeof...(I)> ColumnTable(std::integer_sequence<int, I...>) {
   return {{&ColumnStrip<I + 1, W>...}};
@@ -237,7 +282,7 @@ inline void Prefetch(const W* p, int64_t count) {
   for (int64_t i = 0; i < count; i += 64 / sizeof(W)) __builtin_prefetch(p + i);
 }
 
-// `pack`: kPackRows x kBlockCols floats of this chunk's own.
+// `pack`: kPackFloats floats of this chunk's own.
 template <typename W>
 void ColumnChunk(const Job& j, const W* w, int64_t n0, int64_t n1, float* pack) {
   static constexpr auto table = ColumnTable<W>(std::make_integer_sequence<int, kColMt>());
@@ -248,7 +293,26 @@ void ColumnChunk(const Job& j, const W* w, int64_t n0, int64_t n1, float* pack) 
   if (M <= kColMt) {
     for (int64_t k0 = 0; k0 < K && vend > n0; k0 += kKb)
       table[M - 1](j.xf, j.xs, w + n0, N, j.acc + n0, ys, k0, std::min(k0 + kKb, K),
-                   (vend - n0) / VW, k0 == 0);
+                   (vend - n0) / VW, k0 == 0, nullptr, 0);
+  } else if (sizeof(W) == 4 && M <= kStreamMaxRows) {
+    const int64_t panel = std::max<int64_t>(kAlign, kStreamPanel / M / kAlign * kAlign);
+    for (int64_t p0 = n0; p0 < vend; p0 += panel) {
+      const int64_t p1 = std::min(p0 + panel, vend);
+      for (int64_t k0 = 0; k0 < K; k0 += kKb) {
+        const int64_t k1 = std::min(k0 + kKb, K);
+        for (int64_t n = p0; n < p1; n += kStreamVecs * VW) {
+          const int64_t vecs = std::min(kStreamVecs * VW, p1 - n) / VW;
+          // The first row group reads w and leaves a packed copy for the others.
+          table[kColMt - 1](j.xf, j.xs, w + n, N, j.acc + n, ys, k0, k1, vecs, k0 == 0, pack,
+                            vecs * VW);
+          for (int64_t m0 = kColMt, mt; m0 < M; m0 += mt) {
+            mt = std::min<int64_t>(kColMt, M - m0);
+            packed[mt - 1](j.xf + m0 * j.xs + k0, j.xs, pack, vecs * VW, j.acc + m0 * ys + n, ys,
+                           0, k1 - k0, vecs, k0 == 0, nullptr, 0);
+          }
+        }
+      }
+    }
   } else {
     for (int64_t k0 = 0; k0 < K && vend > n0; k0 += kPackRows) {
       const int64_t kb = std::min(kPackRows, K - k0);
@@ -262,7 +326,7 @@ void ColumnChunk(const Job& j, const W* w, int64_t n0, int64_t n1, float* pack) 
         for (int64_t m0 = 0, mt; m0 < M; m0 += mt) {
           mt = std::min<int64_t>(kColMt, M - m0);
           packed[mt - 1](j.xf + m0 * j.xs + k0, j.xs, pack, cols, j.acc + m0 * ys + n, ys, 0, kb,
-                         cols / VW, k0 == 0);
+                         cols / VW, k0 == 0, nullptr, 0);
         }
       }
     }
@@ -490,7 +554,7 @@ void DotChunk(const Job& j, const W* w, int64_t n0, int64_t n1) {
 // ---- chunks, threads, the FFI handlers ----
 
 // Columns n0:n1 of y (rows n0:n1 of w when transposed): the sums, then y.
-// `pack`: the chunk's kPackRows x kBlockCols floats for packing w.
+// `pack`: the chunk's kPackFloats floats for packing w.
 void RunChunk(const Job& j, int64_t n0, int64_t n1, float* pack) {
   const auto* w16 = static_cast<const uint16_t*>(j.w);
   const auto* w32 = static_cast<const float*>(j.w);
@@ -616,10 +680,10 @@ ffi::Error Product(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
   const int64_t per = ((N + threads - 1) / threads + align - 1) / align * align;
   auto shared = std::make_shared<Chunks>();
   shared->count = (N + per - 1) / per;
-  std::vector<float> packs(transposed ? 0 : shared->count * kPackRows * kBlockCols);
+  std::vector<float> packs(transposed ? 0 : shared->count * kPackFloats);
   shared->work = [&j, &packs, per, N](int64_t chunk) {
     RunChunk(j, chunk * per, std::min(chunk * per + per, N),
-             packs.empty() ? nullptr : packs.data() + chunk * kPackRows * kBlockCols);
+             packs.empty() ? nullptr : packs.data() + chunk * kPackFloats);
   };
   const int64_t helpers = std::min(threads, shared->count) - 1;
   for (int64_t t = 0; t < helpers; ++t) {
