@@ -196,12 +196,13 @@ def test_auto_times_each_shape_once_and_keeps_the_choice(monkeypatch):
 
 
 def test_the_choice_rule():
-  """The kernel takes a shape when it is faster over the row counts timed (the
-  geometric mean of the ratios), even if slower at one of them."""
+  """The kernel takes a shape when it is faster at one row, or over the row
+  counts timed (the geometric mean of the ratios), even if slower at some."""
   d = calibration.Decision.choose
   assert d([10, 20], [11, 20], (5, 6)).kernel
   assert not d([12, 30], [11, 20], (5, 6)).kernel
-  assert d([10, 23], [30, 20], (5, 6)).kernel  # 15% slower at one count, 3x faster at the other
+  assert d([10, 60], [11, 20], (5, 6)).kernel  # faster at one row, 3x slower at the other
+  assert d([12, 10], [11, 20], (5, 6)).kernel  # 9% slower at one row, 2x faster at the other
   decision = d([10, 21], [30, 20], (6, 5))
   assert decision.uses_kernel(calibration.EXACT_ROWS)
   assert not decision.uses_kernel(calibration.EXACT_ROWS + 1)  # prefill: XLA was faster

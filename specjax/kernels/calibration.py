@@ -4,13 +4,14 @@ A kernel tuned on one CPU can lose to XLA on another, so the choice is measured
 where it runs: the first time a product shape (x dtype, w dtype, K, N, layout)
 is traced, the kernel and XLA's dot are each timed on it at 1, 2, 5, 8 and 16
 rows (`ROWS`), in a thread of its own (the caller may be inside a trace). The
-kernel takes the shape when it is faster over those row counts (the geometric
-mean of its time over XLA's is at most 1), and then runs every product of that
-shape up to `EXACT_ROWS` rows. One path for the whole range, not the faster per
-row count, because only the kernel keeps a row's result independent of the
-other rows: a decode step and the verification of gamma + 1 tokens must agree
-to the bit. Above that range (a prefill) the two are compared once more, at
-`PREFILL_ROWS`.
+kernel takes the shape when it is faster at one row (the most frequent call:
+every autoregressive step, every draft call at batch 1) or faster over those
+row counts (the geometric mean of its time over XLA's is at most 1), and then
+runs every product of that shape up to `EXACT_ROWS` rows. One path for the
+whole range, not the faster per row count, because only the kernel keeps a
+row's result independent of the other rows: a decode step and the
+verification of gamma + 1 tokens must agree to the bit. Above that range (a
+prefill) the two are compared once more, at `PREFILL_ROWS`.
 
 Decisions are written to a JSON file beside the kernel library (keyed by the
 library, which names the source, compiler, flags and CPU, and by XLA_FLAGS),
@@ -63,7 +64,7 @@ class Decision:
   @staticmethod
   def choose(kernel_us, xla_us, prefill_us) -> Decision:
     ratios = [k / x for k, x in zip(kernel_us, xla_us)]
-    kernel = math.prod(ratios) ** (1 / len(ratios)) <= 1.0
+    kernel = ratios[0] <= 1.0 or math.prod(ratios) ** (1 / len(ratios)) <= 1.0
     return Decision(
       kernel=kernel,
       prefill_kernel=prefill_us[0] <= prefill_us[1],
@@ -181,15 +182,11 @@ def _load(store: str) -> dict[str, Decision]:
   try:
     with open(store) as f:
       raw = json.load(f)
+    # The timings are kept; the choice is made again, so a change of rule applies.
     return {
-      key: Decision(
-        kernel=bool(d["kernel"]),
-        prefill_kernel=bool(d["prefill_kernel"]),
-        kernel_us=tuple(d["kernel_us"]),
-        xla_us=tuple(d["xla_us"]),
-        prefill_us=tuple(d["prefill_us"]),
-      )
+      key: Decision.choose(d["kernel_us"], d["xla_us"], d["prefill_us"])
       for key, d in raw.items()
+      if len(d["kernel_us"]) == len(ROWS)
     }
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     return {}  # missing or unreadable: measured again and rewritten
