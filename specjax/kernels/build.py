@@ -7,10 +7,11 @@ Compiling code at run time is done carefully: the cache directory is created
 builds across processes; the bytes compiled are the bytes hashed into the
 library's name (source, flags, JAX version, the compiler's path and
 `--version`, the CPU); a library is written to a temporary name and renamed
-into place. Any failure (no compiler, a compile error, missing FFI headers, an
-unwritable cache, a corrupt or foreign library: each library's sha256 is kept
-beside it and checked before loading, a missing symbol) becomes a
-`KernelUnavailable`, never an exception of another type.
+into place with its sha256 beside it, checked before every load (dlopen of a
+truncated library kills the process instead of raising). Any failure (no
+compiler, a compile error, missing FFI headers, an unwritable or foreign cache,
+a corrupt library, a missing symbol) becomes a `KernelUnavailable` naming the
+cause, never an exception of another type.
 """
 
 from __future__ import annotations
