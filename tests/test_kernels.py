@@ -48,7 +48,7 @@ def _arrays(m, k, n, x_dtype, w_dtype, seed=0, transposed=False):
 
 def _product(lib, out_dtype, transposed):
   target = lib.target(transposed)
-  return jax.jit(lambda x, w: cpu_matmul._kernel_product(x, w, out_dtype, transposed, target))
+  return jax.jit(lambda x, w: cpu_matmul.product(x, w, out_dtype, transposed, target))
 
 
 @pytest.fixture
@@ -356,28 +356,12 @@ def test_exports_hold_no_cpu_custom_call(pair, monkeypatch):
 
 
 def _export_speculative(target, draft, platform):
-  from specjax.bench.compile import _shapes
-  from specjax.generation.speculative import _checked_run, _speculative_program
+  from specjax.bench.compile import speculative_program
 
-  prompts, lengths = _shapes(1, 8)
-  drafter, config = _checked_run(
-    target,
-    draft,
-    jnp.zeros(prompts.shape, jnp.int32),
-    jnp.full(lengths.shape, 8, jnp.int32),
-    gamma=4,
-    max_new_tokens=8,
-    sampling=specjax.GREEDY,
-    eos_id=None,
-    verifier="auto",
-    pad_id=0,
-    adaptive=None,
-    confidence_threshold=0.5,
-    loop="while",
-    loop_chunk=8,
+  program, args, kwargs = speculative_program(
+    target, draft, batch=1, prompt_len=8, max_new_tokens=8, gamma=4
   )
-  export = jax.export.export(_speculative_program, platforms=(platform,))
-  return export(target, drafter, prompts, lengths, jax.random.key(0), config=config)
+  return jax.export.export(program, platforms=(platform,))(*args, **kwargs)
 
 
 # Greedy speculative decoding equals greedy decoding through the kernel.

@@ -64,7 +64,7 @@ def lower_autoregressive(
   )
 
 
-def lower_speculative(
+def speculative_program(
   target,
   draft,
   batch: int,
@@ -75,8 +75,9 @@ def lower_speculative(
   loop_chunk: int = 8,
   sampling: SamplingParams = GREEDY,
 ):
-  """The jitted program of `speculative_generate` (a draft model or any
-  drafter), lowered like `lower_autoregressive`."""
+  """`(program, args, kwargs)`: the jitted program of `speculative_generate` (a
+  draft model or any drafter) and its arguments for `[batch, prompt_len]`
+  prompts, to lower (`lower_speculative`) or export."""
   from specjax.generation.speculative import _checked_run, _speculative_program
 
   prompts, lengths = _shapes(batch, prompt_len)
@@ -96,9 +97,27 @@ def lower_speculative(
     loop=loop,
     loop_chunk=loop_chunk,
   )
-  return _speculative_program.lower(
-    target, drafter, prompts, lengths, jax.random.key(0), config=config
+  args = (target, drafter, prompts, lengths, jax.random.key(0))
+  return _speculative_program, args, {"config": config}
+
+
+def lower_speculative(
+  target,
+  draft,
+  batch: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  gamma: int,
+  loop: str = "while",
+  loop_chunk: int = 8,
+  sampling: SamplingParams = GREEDY,
+):
+  """The jitted program of `speculative_generate` (a draft model or any
+  drafter), lowered like `lower_autoregressive`."""
+  program, args, kwargs = speculative_program(
+    target, draft, batch, prompt_len, max_new_tokens, gamma, loop, loop_chunk, sampling
   )
+  return program.lower(*args, **kwargs)
 
 
 @contextlib.contextmanager

@@ -46,9 +46,7 @@ def _chain(layers, x, *, target: str | None):
   """The layers' products on `x [M, 2048]`: through the FFI `target`, or XLA's dot (None)."""
 
   def dot(a, w):
-    if target is None:
-      return cpu_matmul._xla_product(a, w, out_dtype=a.dtype, transposed=False)
-    return cpu_matmul._kernel_product(a, w, a.dtype, False, target)
+    return cpu_matmul.product(a, w, a.dtype, False, target)
 
   for mats in layers:
     qkv = dot(x, mats["qkv"])

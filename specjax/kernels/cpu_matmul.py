@@ -126,17 +126,18 @@ def _choose(rows, dtype, w_dtype, k, n, transposed) -> str | None:
   if mode() == "1":
     return target
   store = calibration.store_path(lib.path)
-  product = functools.partial(
-    _timing_product, target=target, dtype=jnp.dtype(dtype), transposed=transposed
-  )
-  decision = calibration.decide(store, product, dtype, w_dtype, k, n, transposed)
+  timed = lambda x, w, kernel: product(x, w, dtype, transposed, target if kernel else None)
+  decision = calibration.decide(store, timed, dtype, w_dtype, k, n, transposed)
   return target if decision.uses_kernel(rows) else None
 
 
-def _timing_product(x, w, use_kernel, *, target, dtype, transposed):
-  if use_kernel:
-    return _kernel_product(x, w, dtype, transposed, target)
-  return _xla_product(x, w, out_dtype=dtype, transposed=transposed)
+def product(x: jax.Array, w: jax.Array, out_dtype, transposed: bool, target: str | None):
+  """`x [M, K] @ w` -> `[M, N]` in `out_dtype` through the FFI `target` (a
+  `build.Library.target`), or XLA's dot when None: one path, no dispatch rules
+  (timing and benchmarks compare the two)."""
+  if target is None:
+    return _xla_product(x, w, out_dtype=jnp.dtype(out_dtype), transposed=transposed)
+  return _kernel_product(x, w, out_dtype, transposed, target)
 
 
 def kernel_status() -> dict:
@@ -186,8 +187,8 @@ def _batched(args, dims, *, out_dtype, transposed, target):
   x, w = args
   bx, bw = dims
   if bw is not None:  # per-example weights: XLA's batched dot
-    product = functools.partial(_xla_product, out_dtype=out_dtype, transposed=transposed)
-    return jax.vmap(product, in_axes=(bx, bw))(x, w), 0
+    xla = functools.partial(_xla_product, out_dtype=out_dtype, transposed=transposed)
+    return jax.vmap(xla, in_axes=(bx, bw))(x, w), 0
   x = jnp.moveaxis(x, bx, 0)
   b, m, k = x.shape
   y = matmul_p.bind(
