@@ -187,25 +187,52 @@ def test_auto_times_each_shape_once_and_keeps_the_choice(monkeypatch):
   key = calibration.shape_key(F32, F32, 96, 136, False)
   calls_kernel = _calls_kernel(matmul, x, w)
   decision = kernel_status()["decisions"][key]
-  assert calls_kernel == decision["kernel"]
-  assert len(decision["kernel_us"]) == len(calibration.ROWS) == len(decision["xla_us"])
+  assert calls_kernel == (decision["path"] != "xla")
+  assert set(decision["us"]) == {"xla", cpu_matmul.library().variant}  # too small for two builds
+  assert all(len(us) == len(calibration.ROWS) for us in decision["us"].values())
   for rows in (1, 5, 17, calibration.EXACT_ROWS):
-    assert _calls_kernel(matmul, jnp.zeros((rows, 96)), w) == decision["kernel"]
+    assert _calls_kernel(matmul, jnp.zeros((rows, 96)), w) == calls_kernel
   store = calibration.store_path(cpu_matmul.library().path)
   assert key in calibration._load(store)
 
 
+def test_auto_times_every_candidate_build_on_large_shapes(monkeypatch):
+  """A product with at least 2^20 weights is timed through every candidate build
+  (this CPU's widest, and AVX2 beside an AVX-512 one) and XLA; the fastest runs it."""
+  monkeypatch.setenv("SPECJAX_CPU_KERNEL", "auto")
+  names = [lib.variant for lib in cpu_matmul.candidates()]
+  if cpu.supported_variants()[0] in ("avx512_bf16", "avx512"):
+    assert names == [cpu.supported_variants()[0], "avx2"]
+  x, w = _arrays(2, 1024, 1024, BF16, BF16)
+  text = jax.jit(lambda a, b: matmul(a, b)).lower(x, w).as_text()
+  decision = kernel_status()["decisions"][calibration.shape_key(BF16, BF16, 1024, 1024, False)]
+  assert set(decision["us"]) == set(decision["prefill_us"]) == {"xla", *names}
+  if decision["path"] == "xla":
+    assert build.TARGET not in text
+  else:
+    assert f"{build.TARGET}_{decision['path']}_" in text
+  assert kernel_status()["candidates"] == names
+
+
 def test_the_choice_rule():
-  """The kernel takes a shape when it is faster at one row, or over the row
-  counts timed (the geometric mean of the ratios), even if slower at some."""
-  d = calibration.Decision.choose
-  assert d([10, 20], [11, 20], (5, 6)).kernel
-  assert not d([12, 30], [11, 20], (5, 6)).kernel
-  assert d([10, 60], [11, 20], (5, 6)).kernel  # faster at one row, 3x slower at the other
-  assert d([12, 10], [11, 20], (5, 6)).kernel  # 9% slower at one row, 2x faster at the other
-  decision = d([10, 21], [30, 20], (6, 5))
-  assert decision.uses_kernel(calibration.EXACT_ROWS)
-  assert not decision.uses_kernel(calibration.EXACT_ROWS + 1)  # prefill: XLA was faster
+  """A build takes a shape when it is faster at one row, or over the row counts
+  timed (the geometric mean of the ratios), even if slower at some; of two such
+  builds the lower geometric mean wins, one row counted twice."""
+
+  def path(a, xla=(11, 20), b=None):
+    us = {"xla": xla, "a": a} | ({"b": b} if b else {})
+    return calibration.Decision.choose(us, {"xla": 5, "a": 6}).path
+
+  assert path([10, 20]) == "a"
+  assert path([12, 30]) == "xla"
+  assert path([10, 60]) == "a"  # faster at one row, 3x slower at the other
+  assert path([12, 10]) == "a"  # 9% slower at one row, 2x faster at the other
+  assert path([12, 30], b=[12, 15]) == "b"
+  assert path([10, 20], b=[11, 10]) == "b"  # geometric means 0.94 vs 0.79 (one row twice)
+  assert path([7, 20], b=[11, 10]) == "a"  # 0.74 vs 0.79
+  decision = calibration.Decision.choose({"xla": [30, 20], "a": [10, 21]}, {"a": 6, "xla": 5})
+  assert decision.path_for(calibration.EXACT_ROWS) == "a"
+  assert decision.path_for(calibration.EXACT_ROWS + 1) == "xla"  # prefill: XLA was faster
 
 
 # Failures: one warning naming the cause, then XLA's dot.

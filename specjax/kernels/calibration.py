@@ -1,21 +1,27 @@
-"""Kernel or XLA's dot, per product shape: timed once on this machine, then kept.
+"""Kernel build or XLA's dot, per product shape: timed once on this machine, then kept.
 
-A kernel tuned on one CPU can lose to XLA on another, so the choice is measured
-where it runs: the first time a product shape (x dtype, w dtype, K, N, layout)
-is traced, the kernel and XLA's dot are each timed on it at 1, 2, 5, 8 and 16
-rows (`ROWS`), in a thread of its own (the caller may be inside a trace). The
-kernel takes the shape when it is faster at one row (the most frequent call:
-every autoregressive step, every draft call at batch 1) or faster over those
-row counts (the geometric mean of its time over XLA's is at most 1), and then
-runs every product of that shape up to `EXACT_ROWS` rows. One path for the
-whole range, not the faster per row count, because only the kernel keeps a
-row's result independent of the other rows: a decode step and the
-verification of gamma + 1 tokens must agree to the bit. Above that range (a
-prefill) the two are compared once more, at `PREFILL_ROWS`.
+A kernel tuned on one CPU can lose to XLA on another, and of two builds a CPU
+runs the one for its widest vectors is not always the faster (on a Zen 4, whose
+AVX-512 units are 256 bits wide, the AVX2 build's bfloat16 products measured
+1.2x faster at 1-5 rows and the AVX512-BF16 build's 1.5x faster at 16). So the
+choice is measured where it runs: the first time a product shape (x dtype, w
+dtype, K, N, layout) is traced, XLA's dot and each candidate build
+(`cpu_matmul.candidates`) are timed on it at 1, 2, 5, 8 and 16 rows (`ROWS`), in
+a thread of its own (the caller may be inside a trace). A build may take the
+shape when it is faster than XLA at one row (the most frequent call: every
+autoregressive step, every draft call at batch 1) or over those row counts (the
+geometric mean of its time over XLA's is at most 1); the best such build
+(`Decision.choose`) then runs every product of that shape up to `EXACT_ROWS`
+rows. One path for the whole range, not the faster per row count, because a
+row's result must not depend on the other rows: a decode step and the
+verification of gamma + 1 tokens must agree to the bit, and each build sums in
+its own order. Above that range (a prefill) the paths are compared once more,
+at `PREFILL_ROWS`.
 
-Decisions are written to a JSON file beside the kernel library (keyed by the
-library, which names the source, compiler, flags and CPU, and by XLA_FLAGS),
-so later processes reuse them; `decisions()` is what this process used.
+Decisions are written to a JSON file beside the first candidate's library
+(keyed by the library, which names the source, compiler, flags and CPU, and by
+XLA_FLAGS), so later processes reuse them; `decisions()` is what this process
+used.
 """
 
 from __future__ import annotations
@@ -43,39 +49,51 @@ EXACT_ROWS = 64
 _NUM_RUNS = 5
 _TARGET_CALL_S = 4e-3  # products per timed call: enough that a call takes about this
 
-# A product under test: (x [M, K], w, use_kernel) -> [M, N].
-Product = Callable[[jax.Array, jax.Array, bool], jax.Array]
+# A product under test: (x [M, K], w, path) -> [M, N]; path "xla" or a build's name.
+Product = Callable[[jax.Array, jax.Array, str], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-  """The kernel-or-XLA choice for one product shape, with the timings behind it.
+  """The path of one product shape, "xla" or a kernel build, with the timings behind it.
 
-  `kernel_us` / `xla_us`: microseconds of one product at each of `ROWS`;
-  `prefill_us`: (kernel, XLA) at `PREFILL_ROWS`.
+  `us`: path -> microseconds of one product at each of `ROWS`; `prefill_us`:
+  path -> microseconds at `PREFILL_ROWS`.
   """
 
-  kernel: bool
-  prefill_kernel: bool
-  kernel_us: tuple[float, ...]
-  xla_us: tuple[float, ...]
-  prefill_us: tuple[float, float]
+  path: str
+  prefill_path: str
+  us: dict[str, tuple[float, ...]]
+  prefill_us: dict[str, float]
 
   @staticmethod
-  def choose(kernel_us, xla_us, prefill_us) -> Decision:
-    ratios = [k / x for k, x in zip(kernel_us, xla_us)]
-    kernel = ratios[0] <= 1.0 or math.prod(ratios) ** (1 / len(ratios)) <= 1.0
+  def choose(us: dict[str, tuple[float, ...]], prefill_us: dict[str, float]) -> Decision:
+    """A build may take the shape when it beats XLA at one row or over `ROWS`
+    (geometric mean of its time over XLA's at most 1); of those, the one with the
+    lowest geometric mean wins, its one-row ratio counted twice (one-row calls
+    are the most frequent). Prefill: the fastest at `PREFILL_ROWS`."""
+    xla = us["xla"]
+    scores = {}
+    for path, times in us.items():
+      if path == "xla":
+        continue
+      ratios = [t / x for t, x in zip(times, xla)]
+      if ratios[0] <= 1.0 or _geomean(ratios) <= 1.0:
+        scores[path] = _geomean([ratios[0], *ratios])
     return Decision(
-      kernel=kernel,
-      prefill_kernel=prefill_us[0] <= prefill_us[1],
-      kernel_us=tuple(kernel_us),
-      xla_us=tuple(xla_us),
-      prefill_us=tuple(prefill_us),
+      path=min(scores, key=scores.get, default="xla"),
+      prefill_path=min(prefill_us, key=prefill_us.get),
+      us={path: tuple(times) for path, times in us.items()},
+      prefill_us=dict(prefill_us),
     )
 
-  def uses_kernel(self, rows: int) -> bool:
-    """Whether a product of `rows` rows of this shape runs on the kernel."""
-    return self.kernel if rows <= EXACT_ROWS else self.prefill_kernel
+  def path_for(self, rows: int) -> str:
+    """ "xla" or the build that runs a product of `rows` rows of this shape."""
+    return self.path if rows <= EXACT_ROWS else self.prefill_path
+
+
+def _geomean(values) -> float:
+  return math.prod(values) ** (1 / len(values))
 
 
 def shape_key(x_dtype, w_dtype, k: int, n: int, transposed: bool) -> str:
@@ -99,24 +117,37 @@ def decisions() -> dict[str, dict]:
 
 
 def store_path(library_path: str) -> str:
-  """The decisions file of a kernel library under this process's XLA_FLAGS."""
+  """The decisions file of a kernel library (the first candidate) under this
+  process's XLA_FLAGS."""
   flags = hashlib.sha256(os.environ.get("XLA_FLAGS", "").encode()).hexdigest()[:8]
   base = os.path.splitext(library_path)[0]
   return f"{base}-decisions-{flags}.json"
 
 
 def decide(
-  store: str, product: Product, x_dtype, w_dtype, k: int, n: int, transposed: bool
+  store: str,
+  product: Product,
+  builds: tuple[str, ...],
+  x_dtype,
+  w_dtype,
+  k: int,
+  n: int,
+  transposed: bool,
 ) -> Decision:
-  """The decision for this product shape: from this process, the store, or timed now."""
+  """The decision for this product shape among XLA and `builds` (kernel builds,
+  as `product` names them): from this process, the store, or timed now. A stored
+  decision timed over other builds is timed again."""
   key = shape_key(x_dtype, w_dtype, k, n, transposed)
+  paths = {"xla", *builds}
   with _lock:
     known = _decisions.setdefault(store, {})
-    if key not in known:
-      known.update(_load(store))
-    if key in known:
+    if key not in known or set(known[key].us) != paths:
+      stored = _load(store).get(key)
+      if stored is not None and set(stored.us) == paths:
+        known[key] = stored
+    if key in known and set(known[key].us) == paths:
       return known[key]
-    decision = _in_thread(lambda: _measure(product, x_dtype, w_dtype, k, n, transposed))
+    decision = _in_thread(lambda: _measure(product, builds, x_dtype, w_dtype, k, n, transposed))
     known[key] = decision
     _save(store, key, decision)
     return decision
@@ -142,15 +173,15 @@ def _in_thread(fn):
 
 
 def time_product(
-  product: Product, x: jax.Array, w: jax.Array, use_kernel: bool, num_runs: int = _NUM_RUNS
+  product: Product, x: jax.Array, w: jax.Array, path: str, num_runs: int = _NUM_RUNS
 ) -> float:
-  """Seconds of one `product(x, w, use_kernel)`: a jitted loop of dependent products
+  """Seconds of one `product(x, w, path)`: a jitted loop of dependent products
   (enough that a call takes a few ms), one warm-up, the median of `num_runs` calls."""
   estimate = max(w.size * w.dtype.itemsize / 20e9, 2 * x.shape[0] * w.size / 50e9, 2e-6)
   steps = int(min(max(_TARGET_CALL_S // estimate, 1), 256))
 
   def body(_, x):
-    y = product(x, w, use_kernel)
+    y = product(x, w, path)
     # Each product feeds the next through a scalar, so none is hoisted or dropped.
     return x + (1e-30 * y[0, 0]).astype(x.dtype)
 
@@ -164,18 +195,20 @@ def time_product(
   return statistics.median(times) / steps
 
 
-def _measure(product: Product, x_dtype, w_dtype, k, n, transposed) -> Decision:
+def _measure(product: Product, builds, x_dtype, w_dtype, k, n, transposed) -> Decision:
   rng = np.random.default_rng(0)
   shape = (n, k) if transposed else (k, n)
   w = jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02, w_dtype)
-
-  def both(rows, num_runs=_NUM_RUNS):
-    x = jnp.asarray(rng.standard_normal((rows, k), np.float32), x_dtype)
-    return [time_product(product, x, w, kernel, num_runs) * 1e6 for kernel in (True, False)]
-
-  timed = [both(rows) for rows in ROWS]
-  prefill = both(PREFILL_ROWS, num_runs=3)
-  return Decision.choose([t[0] for t in timed], [t[1] for t in timed], prefill)
+  xs = {rows: jnp.asarray(rng.standard_normal((rows, k), np.float32), x_dtype) for rows in ROWS}
+  prefill_x = jnp.asarray(rng.standard_normal((PREFILL_ROWS, k), np.float32), x_dtype)
+  # Each path in a block of its own, XLA last: XLA's bfloat16 dot converts the
+  # weights into a temporary, and for about half a second after it the kernel
+  # measured up to 1.6x slower (interleaved timings would favour XLA).
+  us, prefill_us = {}, {}
+  for path in (*builds, "xla"):
+    us[path] = [time_product(product, xs[rows], w, path) * 1e6 for rows in ROWS]
+    prefill_us[path] = time_product(product, prefill_x, w, path, num_runs=3) * 1e6
+  return Decision.choose(us, prefill_us)
 
 
 def _load(store: str) -> dict[str, Decision]:
@@ -184,9 +217,9 @@ def _load(store: str) -> dict[str, Decision]:
       raw = json.load(f)
     # The timings are kept; the choice is made again, so a change of rule applies.
     return {
-      key: Decision.choose(d["kernel_us"], d["xla_us"], d["prefill_us"])
+      key: Decision.choose(d["us"], d["prefill_us"])
       for key, d in raw.items()
-      if len(d["kernel_us"]) == len(ROWS)
+      if all(len(times) == len(ROWS) for times in d["us"].values())
     }
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     return {}  # missing or unreadable: measured again and rewritten

@@ -6,10 +6,11 @@ once for all rows and sums each output in one fixed order, so a row's result is
 the same whatever the other rows are (greedy verification compares them).
 
 How a product is dispatched:
-- at trace time, `uses_kernel` says whether the kernel may take it: float32 /
-  bfloat16, one device, the kernel built for this CPU (`build.py`: the variant
-  its vector extensions allow, `cpu.py`) and faster than XLA's dot on this
-  product shape here (`calibration.py`: timed once, then kept);
+- at trace time, `uses_kernel` says whether a kernel build may take it: float32 /
+  bfloat16, one device, the builds this CPU runs (`build.py`; `cpu.py` names
+  the variants its vector extensions allow, `candidates` the ones timed) and
+  the fastest of them and XLA's dot on this product shape here
+  (`calibration.py`: timed once, then kept);
 - such a product is one `specjax_matmul` primitive whose lowering follows the
   platform being lowered for: the kernel's FFI call on CPU, XLA's dot on every
   other platform and in `jax.export` (whose programs must not depend on a
@@ -18,8 +19,9 @@ How a product is dispatched:
 `SPECJAX_CPU_KERNEL`: `auto` (default; a kernel that cannot be built is one
 logged warning naming the cause, then XLA's dot), `1` (the kernel wherever it
 can run, untimed; a failed build is an error), `0` (XLA's dot everywhere).
-`SPECJAX_CPU_KERNEL_VARIANT` picks a build (`avx512_bf16`, `avx512`, `avx2`,
-`generic`; default: the fastest this CPU runs). Gradients go through XLA's dot.
+`SPECJAX_CPU_KERNEL_VARIANT` pins one build (`avx512_bf16`, `avx512`, `avx2`,
+`generic`; default: the widest this CPU runs, with the AVX2 build timed beside
+an AVX-512 one). Gradients go through XLA's dot.
 Design and figures: docs/performance.md ("a CPU kernel of our own").
 """
 
@@ -99,6 +101,37 @@ def library() -> build.Library | None:
   return None
 
 
+# Where the CPU's widest build is an AVX-512 one, the AVX2 build is timed
+# beside it (its 256-bit tiles can win where AVX-512 runs at half width, as on
+# Zen 4), on products large enough for the difference to matter.
+_ALTERNATE = {"avx512_bf16": "avx2", "avx512": "avx2"}
+_ALTERNATE_MIN_WEIGHTS = 1 << 20
+
+
+def candidates() -> list[build.Library]:
+  """The kernel builds calibration chooses among, first the one for this CPU's
+  widest vectors (`library()`), then, unless SPECJAX_CPU_KERNEL_VARIANT names
+  one build, the AVX2 build on an AVX-512 CPU. A candidate that cannot be built
+  is left out with one warning naming the cause (an error in mode 1 for the
+  first). Empty in mode 0 or when the first cannot be built.
+  """
+  first = library()
+  if first is None:
+    return []
+  other = _ALTERNATE.get(first.variant)
+  if os.environ.get("SPECJAX_CPU_KERNEL_VARIANT", "auto") != "auto" or other is None:
+    return [first]
+  if other not in cpu.supported_variants():
+    return [first]
+  loaded = _load(other)
+  if isinstance(loaded, build.Library):
+    return [first, loaded]
+  if loaded not in _warned:
+    _warned.add(loaded)
+    logging.warning("specjax CPU matmul kernel: the %s build is unavailable: %s", other, loaded)
+  return [first]
+
+
 def uses_kernel(rows: int, dtype, w_dtype, k: int, n: int, *, transposed: bool = False) -> bool:
   """Whether a product `[rows, k] @ [k, n]` (x and result in `dtype`, weights in
   `w_dtype`; `transposed`: w stored `[n, k]`) runs on the kernel.
@@ -119,16 +152,18 @@ def _choose(rows, dtype, w_dtype, k, n, transposed) -> str | None:
   # A kernel call on one device; sharded products are left to XLA's partitioner.
   if jax.default_backend() != "cpu" or jax.device_count() != 1:
     return None
-  lib = library()
-  if lib is None:
+  libs = candidates()
+  if not libs:
     return None
-  target = lib.target(transposed)
   if mode() == "1":
-    return target
-  store = calibration.store_path(lib.path)
-  timed = lambda x, w, kernel: product(x, w, dtype, transposed, target if kernel else None)
-  decision = calibration.decide(store, timed, dtype, w_dtype, k, n, transposed)
-  return target if decision.uses_kernel(rows) else None
+    return libs[0].target(transposed)
+  if k * n < _ALTERNATE_MIN_WEIGHTS:
+    libs = libs[:1]
+  targets = {lib.variant: lib.target(transposed) for lib in libs}
+  store = calibration.store_path(libs[0].path)
+  timed = lambda x, w, path: product(x, w, dtype, transposed, targets.get(path))
+  decision = calibration.decide(store, timed, tuple(targets), dtype, w_dtype, k, n, transposed)
+  return targets.get(decision.path_for(rows))
 
 
 def product(x: jax.Array, w: jax.Array, out_dtype, transposed: bool, target: str | None):
@@ -142,9 +177,10 @@ def product(x: jax.Array, w: jax.Array, out_dtype, transposed: bool, target: str
 
 def kernel_status() -> dict:
   """What the CPU matmul kernel does here, for result files: `mode`, `variant`,
-  `available`, `detail` (the library's path or why not), the CPU
-  (`cpu_model`, `cpu_extensions`, `cpu_count`) and `decisions` (kernel or XLA
-  per product shape, with the timings, as this process chose them)."""
+  `available`, `detail` (the library's path or why not), `candidates` (the
+  builds timed against XLA), the CPU (`cpu_model`, `cpu_extensions`,
+  `cpu_count`) and `decisions` (the build or "xla" per product shape, with the
+  timings, as this process chose them)."""
   status = {"mode": os.environ.get("SPECJAX_CPU_KERNEL", "auto"), **cpu.describe()}
   try:
     status["variant"] = variant()
@@ -153,6 +189,7 @@ def kernel_status() -> dict:
     status["variant"], loaded = None, str(e)
   status["available"] = isinstance(loaded, build.Library)
   status["detail"] = loaded.path if status["available"] else loaded
+  status["candidates"] = [lib.variant for lib in candidates()] if status["available"] else []
   status["exact_rows"] = EXACT_ROWS
   status["decisions"] = calibration.decisions()
   return status
