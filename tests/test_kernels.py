@@ -214,6 +214,18 @@ def test_auto_times_every_candidate_build_on_large_shapes(monkeypatch):
   assert kernel_status()["candidates"] == names
 
 
+def test_timing_reads_weights_from_memory_not_a_cache(monkeypatch):
+  """Calibration times a product over copies of its weights that together
+  exceed twice the largest cache (capped), each a buffer of its own."""
+  monkeypatch.setattr(cpu, "largest_cache_bytes", lambda: 1 << 20)
+  small = calibration.weight_copies(jnp.ones((64, 128), F32))  # 32 KiB -> 64 copies
+  assert len(small) == 64
+  assert len({c.unsafe_buffer_pointer() for c in small}) == 64
+  assert all(bool((c == 1).all()) for c in small)
+  assert len(calibration.weight_copies(jnp.ones((512, 512), F32))) == 2  # 1 MiB
+  assert len(calibration.weight_copies(jnp.ones((1024, 1024), F32))) == 1
+
+
 def test_the_choice_rule():
   """A build takes a shape when it is faster at one row, or over the row counts
   timed (the geometric mean of the ratios), even if slower at some; of two such

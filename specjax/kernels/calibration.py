@@ -42,12 +42,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.kernels import cpu
+
 ROWS = (1, 2, 5, 8, 16)
 PREFILL_ROWS = 256
 # Rows past this go to the prefill decision; up to it, one path per shape.
 EXACT_ROWS = 64
 _NUM_RUNS = 5
 _TARGET_CALL_S = 4e-3  # products per timed call: enough that a call takes about this
+_MAX_COPIES = 64  # weight copies timed in turn (`weight_copies`)
+# Bumped when the timing method changes, so decisions timed the old way are not reused.
+_METHOD = 2
 
 # A product under test: (x [M, K], w, path) -> [M, N]; path "xla" or a build's name.
 Product = Callable[[jax.Array, jax.Array, str], jax.Array]
@@ -121,7 +126,7 @@ def store_path(library_path: str) -> str:
   process's XLA_FLAGS."""
   flags = hashlib.sha256(os.environ.get("XLA_FLAGS", "").encode()).hexdigest()[:8]
   base = os.path.splitext(library_path)[0]
-  return f"{base}-decisions-{flags}.json"
+  return f"{base}-decisions-v{_METHOD}-{flags}.json"
 
 
 def decide(
@@ -172,33 +177,47 @@ def _in_thread(fn):
   return out["value"]
 
 
+def weight_copies(w: jax.Array) -> tuple[jax.Array, ...]:
+  """`w` and copies of it, together at least twice the CPU's largest cache (at
+  most `_MAX_COPIES`): a product timed over them reads its weights from memory,
+  as a decode step over a whole model does, not from a cache that holds one
+  matrix (a 16 MB float32 2048x2048 product measured 2.5x faster from L3)."""
+  nbytes = w.size * w.dtype.itemsize
+  count = min(max(-(-2 * cpu.largest_cache_bytes() // max(nbytes, 1)), 1), _MAX_COPIES)
+  return (w, *(jnp.array(w, copy=True) for _ in range(count - 1)))
+
+
 def time_product(
-  product: Product, x: jax.Array, w: jax.Array, path: str, num_runs: int = _NUM_RUNS
+  product: Product, x: jax.Array, ws: tuple[jax.Array, ...], path: str, num_runs: int = _NUM_RUNS
 ) -> float:
-  """Seconds of one `product(x, w, path)`: a jitted loop of dependent products
+  """Seconds of one `product(x, w, path)`, w taken in turn from `ws` (copies of
+  one weight matrix, `weight_copies`): a jitted loop of dependent products
   (enough that a call takes a few ms), one warm-up, the median of `num_runs` calls."""
+  w = ws[0]
   estimate = max(w.size * w.dtype.itemsize / 20e9, 2 * x.shape[0] * w.size / 50e9, 2e-6)
-  steps = int(min(max(_TARGET_CALL_S // estimate, 1), 256))
+  passes = int(min(max(_TARGET_CALL_S // (estimate * len(ws)), 1), 256))
 
-  def body(_, x):
-    y = product(x, w, path)
-    # Each product feeds the next through a scalar, so none is hoisted or dropped.
-    return x + (1e-30 * y[0, 0]).astype(x.dtype)
+  def body(x, ws):
+    for w in ws:
+      y = product(x, w, path)
+      # Each product feeds the next through a scalar, so none is hoisted or dropped.
+      x = x + (1e-30 * y[0, 0]).astype(x.dtype)
+    return x
 
-  run = jax.jit(lambda x, w: jax.lax.fori_loop(0, steps, lambda i, x: body(i, x), x))
-  run(x, w).block_until_ready()
+  run = jax.jit(lambda x, ws: jax.lax.fori_loop(0, passes, lambda _, x: body(x, ws), x))
+  run(x, ws).block_until_ready()
   times = []
   for _ in range(num_runs):
     start = time.perf_counter()
-    run(x, w).block_until_ready()
+    run(x, ws).block_until_ready()
     times.append(time.perf_counter() - start)
-  return statistics.median(times) / steps
+  return statistics.median(times) / (passes * len(ws))
 
 
 def _measure(product: Product, builds, x_dtype, w_dtype, k, n, transposed) -> Decision:
   rng = np.random.default_rng(0)
   shape = (n, k) if transposed else (k, n)
-  w = jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02, w_dtype)
+  ws = weight_copies(jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02, w_dtype))
   xs = {rows: jnp.asarray(rng.standard_normal((rows, k), np.float32), x_dtype) for rows in ROWS}
   prefill_x = jnp.asarray(rng.standard_normal((PREFILL_ROWS, k), np.float32), x_dtype)
   # Each path in a block of its own, XLA last: XLA's bfloat16 dot converts the
@@ -206,8 +225,8 @@ def _measure(product: Product, builds, x_dtype, w_dtype, k, n, transposed) -> De
   # measured up to 1.6x slower (interleaved timings would favour XLA).
   us, prefill_us = {}, {}
   for path in (*builds, "xla"):
-    us[path] = [time_product(product, xs[rows], w, path) * 1e6 for rows in ROWS]
-    prefill_us[path] = time_product(product, prefill_x, w, path, num_runs=3) * 1e6
+    us[path] = [time_product(product, xs[rows], ws, path) * 1e6 for rows in ROWS]
+    prefill_us[path] = time_product(product, prefill_x, ws, path, num_runs=3) * 1e6
   return Decision.choose(us, prefill_us)
 
 

@@ -93,6 +93,27 @@ def supported_variants() -> list[str]:
   ]
 
 
+@functools.cache
+def largest_cache_bytes() -> int:
+  """The size of CPU 0's largest cache (sysfs), 32 MiB where it is not reported."""
+  sizes = []
+  base = "/sys/devices/system/cpu/cpu0/cache"
+  try:
+    for index in os.listdir(base):
+      try:
+        with open(os.path.join(base, index, "size")) as f:
+          text = f.read().strip().upper()
+      except OSError:
+        continue
+      scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+      digits = text.rstrip("KMG")
+      if digits.isdigit():
+        sizes.append(int(digits) * scale)
+  except OSError:
+    pass
+  return max(sizes, default=32 << 20)
+
+
 def describe() -> dict:
   """`{"cpu_model", "cpu_extensions", "cpu_count"}` for a result file."""
   return {
