@@ -215,15 +215,18 @@ def test_auto_times_every_candidate_build_on_large_shapes(monkeypatch):
 
 
 def test_timing_reads_weights_from_memory_not_a_cache(monkeypatch):
-  """Calibration times a product over copies of its weights that together
-  exceed twice the largest cache (capped), each a buffer of its own."""
-  monkeypatch.setattr(cpu, "largest_cache_bytes", lambda: 1 << 20)
-  small = calibration.weight_copies(jnp.ones((64, 128), F32))  # 32 KiB -> 64 copies
-  assert len(small) == 64
-  assert len({c.unsafe_buffer_pointer() for c in small}) == 64
-  assert all(bool((c == 1).all()) for c in small)
-  assert len(calibration.weight_copies(jnp.ones((512, 512), F32))) == 2  # 1 MiB
-  assert len(calibration.weight_copies(jnp.ones((1024, 1024), F32))) == 1
+  """Calibration times a product of 1 MiB of weights or more over copies of
+  them that together fill twice the largest cache (at most 8), each a buffer of
+  its own; a smaller matrix alone."""
+  monkeypatch.setattr(cpu, "largest_cache_bytes", lambda: 2 << 20)
+  copies = calibration.weight_copies(jnp.ones((512, 512), F32))  # 1 MiB -> 4 copies
+  assert len(copies) == 4
+  assert len({c.unsafe_buffer_pointer() for c in copies}) == 4
+  assert all(bool((c == 1).all()) for c in copies)
+  assert len(calibration.weight_copies(jnp.ones((512, 256), F32))) == 1  # under 1 MiB
+  assert len(calibration.weight_copies(jnp.ones((1024, 1024), F32))) == 1  # 4 MiB
+  monkeypatch.setattr(cpu, "largest_cache_bytes", lambda: 64 << 20)
+  assert len(calibration.weight_copies(jnp.ones((512, 512), F32))) == 8  # capped
 
 
 def test_the_choice_rule():

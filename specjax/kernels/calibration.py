@@ -50,7 +50,10 @@ PREFILL_ROWS = 256
 EXACT_ROWS = 64
 _NUM_RUNS = 5
 _TARGET_CALL_S = 4e-3  # products per timed call: enough that a call takes about this
-_MAX_COPIES = 64  # weight copies timed in turn (`weight_copies`)
+# Weight copies timed in turn (`weight_copies`): at most this many, for
+# matrices of at least _COPY_MIN_BYTES (compile time grows with the copies:
+# 64 copies of a tiny matrix took 20 s per shape to calibrate, 1 copy 3.6 s).
+_MAX_COPIES, _COPY_MIN_BYTES = 8, 1 << 20
 # Bumped when the timing method changes, so decisions timed the old way are not reused.
 _METHOD = 2
 
@@ -178,12 +181,17 @@ def _in_thread(fn):
 
 
 def weight_copies(w: jax.Array) -> tuple[jax.Array, ...]:
-  """`w` and copies of it, together at least twice the CPU's largest cache (at
-  most `_MAX_COPIES`): a product timed over them reads its weights from memory,
-  as a decode step over a whole model does, not from a cache that holds one
-  matrix (a 16 MB float32 2048x2048 product measured 2.5x faster from L3)."""
+  """`w` and copies of it, read in turn by `time_product` so that a product's
+  weights come from memory, as in a decode step over a model larger than the
+  cache, not from a cache that holds one matrix (a 16 MB float32 2048x2048
+  product ran 2.5x faster timed on one copy). Matrices of `_COPY_MIN_BYTES` or
+  more get enough copies to fill twice the CPU's largest cache, at most
+  `_MAX_COPIES` (each copy is one more product in the compiled loop); smaller
+  ones are timed alone, as they would be in a model that fits the cache."""
   nbytes = w.size * w.dtype.itemsize
-  count = min(max(-(-2 * cpu.largest_cache_bytes() // max(nbytes, 1)), 1), _MAX_COPIES)
+  if nbytes < _COPY_MIN_BYTES:
+    return (w,)
+  count = min(-(-2 * cpu.largest_cache_bytes() // nbytes), _MAX_COPIES)
   return (w, *(jnp.array(w, copy=True) for _ in range(count - 1)))
 
 
