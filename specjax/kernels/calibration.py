@@ -55,7 +55,7 @@ _TARGET_CALL_S = 4e-3  # products per timed call: enough that a call takes about
 # 64 copies of a tiny matrix took 20 s per shape to calibrate, 1 copy 3.6 s).
 _MAX_COPIES, _COPY_MIN_BYTES = 8, 1 << 20
 # Bumped when the timing method changes, so decisions timed the old way are not reused.
-_METHOD = 2
+_METHOD = 3
 
 # A product under test: (x [M, K], w, path) -> [M, N]; path "xla" or a build's name.
 Product = Callable[[jax.Array, jax.Array, str], jax.Array]
