@@ -93,8 +93,9 @@ def _hub_eagle_head(tmp: str) -> None:
 
 
 def _check_kernel_benchmark(tmp: str) -> None:
-  """The kernel table names the CPU and times every case through XLA and each
-  variant this CPU runs (or says why a variant is missing)."""
+  """The kernel table names the CPU and times every case through XLA, each
+  variant this CPU runs (or says why a variant is missing) and the paths a
+  model gets."""
   with open(os.path.join(tmp, "kernel.json")) as f:
     result = json.load(f)
   assert result["machine"]["cpu_model"] and result["read_bandwidth_gbs"] > 0
@@ -105,6 +106,10 @@ def _check_kernel_benchmark(tmp: str) -> None:
     if "path" in variant:
       assert all(c[f"{name}_ms"] > 0 for c in result["cases"]), name
       assert set(result["goals"][name]) == {"float32", "bfloat16"}
+  # "chosen": the chain as a model runs it, each of its 8 shapes on a calibrated path.
+  assert all(c["chosen_ms"] > 0 for c in result["cases"])
+  assert len(result["chosen_paths"]) == 8
+  assert set(result["chosen_paths"].values()) <= {"xla", *result["variants"]}
 
 
 def _check_hub_head_decode(tmp: str, output: str) -> None:

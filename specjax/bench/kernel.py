@@ -27,6 +27,8 @@ from specjax.validation import check_positive_int
 # (K, N) of one layer's products, in the order a layer runs them.
 LAYER_1B = (("qkv", 2048, 3072), ("o", 2048, 2048), ("gate_up", 2048, 11264), ("down", 5632, 2048))
 DTYPES = ("float32", "bfloat16")
+# The column of what a model gets: each product shape on its calibrated path.
+CHOSEN = "chosen"
 
 
 def layer_weights(num_layers: int, dtype, seed: int = 0) -> list[dict[str, jax.Array]]:
@@ -43,9 +45,13 @@ def layer_weights(num_layers: int, dtype, seed: int = 0) -> list[dict[str, jax.A
 
 @functools.partial(jax.jit, static_argnames=("target",))
 def _chain(layers, x, *, target: str | None):
-  """The layers' products on `x [M, 2048]`: through the FFI `target`, or XLA's dot (None)."""
+  """The layers' products on `x [M, 2048]`: through the FFI `target`, XLA's dot
+  (None), or, with target "chosen", `cpu_matmul.matmul` as a model calls it
+  (each shape on the path calibration chose for it here)."""
 
   def dot(a, w):
+    if target == CHOSEN:
+      return cpu_matmul.matmul(a, w)
     return cpu_matmul.product(a, w, a.dtype, False, target)
 
   for mats in layers:
@@ -79,8 +85,11 @@ def kernel_table(
     `{"machine", "read_bandwidth_gbs", "read_bandwidth_2_threads_gbs",
     "variants", "cases": [{"dtype", "rows", "weight_bytes", "xla_ms",
     "xla_gbs", "<variant>_ms", "<variant>_gbs", "<variant>_over_xla"}],
-    "goals"}`: `goals` per variant checks one row >= 0.8 x the 2-thread read
-    bandwidth, 5 rows <= 1.3 x one row, and never slower than XLA.
+    "goals", "chosen_paths"}`: the variants include "chosen", the products as
+    a model runs them (`cpu_matmul.matmul`: per shape, the build or XLA that
+    calibration chose, `chosen_paths`); `goals` per variant checks one row >=
+    0.8 x the 2-thread read bandwidth, 5 rows <= 1.3 x one row, and never
+    slower than XLA.
   """
   for r in rows:
     check_positive_int("rows", r)
@@ -121,6 +130,7 @@ def kernel_table(
         name: functools.partial(_chain, layers, x, target=lib.target(False))
         for name, lib in libraries.items()
       }
+      fns[CHOSEN] = functools.partial(_chain, layers, x, target=CHOSEN)
       fns["xla"] = functools.partial(_chain, layers, x, target=None)
       # Each path in a block of its own, XLA last, not interleaved: after XLA's
       # bfloat16 chain (weights converted into temporaries) the kernel measured
@@ -133,7 +143,7 @@ def kernel_table(
       for name, timing in timings.items():
         case[f"{name}_ms"] = round(timing.median_s * 1e3, 2)
         case[f"{name}_gbs"] = round(weight_bytes / timing.median_s / 1e9, 2)
-      for name in libraries:
+      for name in (*libraries, CHOSEN):
         case[f"{name}_over_xla"] = round(case[f"{name}_ms"] / case["xla_ms"], 3)
         np.testing.assert_allclose(  # the same products, whichever path
           np.asarray(outputs[name], np.float32),
@@ -143,7 +153,10 @@ def kernel_table(
         )
       result["cases"].append(case)
     del layers
-  result["goals"] = {name: _goals(result, name) for name in libraries}
+  result["goals"] = {name: _goals(result, name) for name in (*libraries, CHOSEN)}
+  result["chosen_paths"] = {
+    key: decision["path"] for key, decision in cpu_matmul.kernel_status()["decisions"].items()
+  }
   return result
 
 
