@@ -245,6 +245,8 @@ def test_the_choice_rule():
   assert path([12, 30], b=[12, 15]) == "b"
   assert path([10, 20], b=[11, 10]) == "b"  # geometric means 0.94 vs 0.79 (one row twice)
   assert path([7, 20], b=[11, 10]) == "a"  # 0.74 vs 0.79
+  # A time above a larger row count's is noise: 1 row at 30 counts as 10.
+  assert path([30, 10], xla=(11, 10.5)) == "a"  # uncapped: 2.7x slower at one row
   decision = calibration.Decision.choose({"xla": [30, 20], "a": [10, 21]}, {"a": 6, "xla": 5})
   assert decision.path_for(calibration.EXACT_ROWS) == "a"
   assert decision.path_for(calibration.EXACT_ROWS + 1) == "xla"  # prefill: XLA was faster
