@@ -16,7 +16,9 @@ rows. One path for the whole range, not the faster per row count, because a
 row's result must not depend on the other rows: a decode step and the
 verification of gamma + 1 tokens must agree to the bit, and each build sums in
 its own order. Above that range (a prefill) the paths are compared once more,
-at `PREFILL_ROWS`.
+at `PREFILL_ROWS`. Each path is timed in a block of its own, XLA last, over
+copies of the weights larger than the cache (`weight_copies`), so the timings
+are those of weights read from memory, as in a decode step.
 
 Decisions are written to a JSON file beside the first candidate's library
 (keyed by the library, which names the source, compiler, flags and CPU, and by
