@@ -211,7 +211,8 @@ def test_run_file_runs_blocks_in_order_and_reports_failures(tmp_path):
     ```python
     import os, experiments  # the repository is importable, cwd mirrors its root
     assert os.path.samefile("experiments", {os.path.join(ROOT, "experiments")!r})
-    assert not os.path.exists("runs")  # a scratch tree: the repository's runs/ is not there
+    # A scratch tree: runs/ is not the repository's (an earlier block may have made one).
+    assert not os.path.islink("runs")
     open({str(out)!r}, "w").write("one\\n")
     ```
 
@@ -245,10 +246,10 @@ def test_run_file_runs_blocks_in_order_and_reports_failures(tmp_path):
   failures = docs_blocks.run_file(path, echo=lines.append)
   assert out.exists() and out.read_text() == "one\ntwo\n", (lines, failures)
   assert len(failures) == 2, failures
-  assert failures[0].startswith(f"{path}:23: exit status 1") and "false | cat" in failures[0]
+  assert failures[0].startswith(f"{path}:24: exit status 1") and "false | cat" in failures[0]
   assert "not reached" not in failures[0].split("--- its output")[1]
-  assert failures[1].startswith(f"{path}:29: timed out after 1 s")
-  assert f"{path}:19: skipped: cannot run here" in lines
+  assert failures[1].startswith(f"{path}:30: timed out after 1 s")
+  assert f"{path}:20: skipped: cannot run here" in lines
 
 
 def test_server_block_stays_up_for_the_file_then_exits_on_sigterm(tmp_path):
