@@ -155,17 +155,16 @@ def decide(
   decision timed over other builds is timed again."""
   key = shape_key(x_dtype, w_dtype, k, n, transposed)
   paths = {"xla", *builds}
+  timed_here = lambda d: d is not None and set(d.us) == paths
   with _lock:
     known = _decisions.setdefault(store, {})
-    if key not in known or set(known[key].us) != paths:
-      stored = _load(store).get(key)
-      if stored is not None and set(stored.us) == paths:
-        known[key] = stored
-    if key in known and set(known[key].us) == paths:
-      return known[key]
-    decision = _in_thread(lambda: _measure(product, builds, x_dtype, w_dtype, k, n, transposed))
+    decision = known.get(key)
+    if not timed_here(decision):
+      decision = _load(store).get(key)
+    if not timed_here(decision):
+      decision = _in_thread(lambda: _measure(product, builds, x_dtype, w_dtype, k, n, transposed))
+      _save(store, key, decision)
     known[key] = decision
-    _save(store, key, decision)
     return decision
 
 

@@ -112,14 +112,16 @@ def candidates() -> list[build.Library]:
   """The kernel builds calibration chooses among, first the one for this CPU's
   widest vectors (`library()`), then, unless SPECJAX_CPU_KERNEL_VARIANT names
   one build, the AVX2 build on an AVX-512 CPU. A candidate that cannot be built
-  is left out with one warning naming the cause (an error in mode 1 for the
-  first). Empty in mode 0 or when the first cannot be built.
+  is left out with one warning naming the cause. Empty in mode 0 or when the
+  first cannot be built; only the first in mode 1, which times nothing (and
+  there a first that cannot be built is an error).
   """
   first = library()
   if first is None:
     return []
   other = _ALTERNATE.get(first.variant)
-  if os.environ.get("SPECJAX_CPU_KERNEL_VARIANT", "auto") != "auto" or other is None:
+  pinned = os.environ.get("SPECJAX_CPU_KERNEL_VARIANT", "auto") != "auto"
+  if mode() == "1" or pinned or other is None:
     return [first]
   if other not in cpu.supported_variants():
     return [first]
