@@ -113,6 +113,11 @@ class RowSampling:
   def batch(self) -> int:
     return self.temperature.shape[0]
 
+  def repeat(self, count: int) -> RowSampling:
+    """Each row's settings `count` times in a run: the warp of `[B * count, ...]`
+    logits laid out row by row (e.g. a tree's nodes of each row)."""
+    return jax.tree.map(lambda x: jnp.repeat(x, count, axis=0), self)
+
   def all_greedy(self) -> bool:
     """On the host: every row is greedy (no random numbers needed)."""
     return bool(np.all(np.asarray(self.temperature) < MIN_TEMPERATURE))

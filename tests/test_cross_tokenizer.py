@@ -112,6 +112,17 @@ def test_tli_greedy_equals_the_targets_greedy_decoding(target, drafter, prompts,
   assert int(out.stats.proposed.sum()) > 0
 
 
+def test_tli_with_the_coupled_verifier_gives_the_plain_coupled_text(target, drafter, prompts):
+  """Drafter invariance reaches another tokenizer: with per-row keys, the
+  text equals plain coupled decoding (tests/test_coupled.py has the others)."""
+  run = dict(max_new_tokens=16, sampling=specjax.SamplingParams(0.7))
+  keys = jax.random.split(jax.random.key(6), prompts[0].shape[0])
+  plain = specjax.autoregressive_generate(target, *prompts, key=keys, **run)
+  out = specjax.speculative_generate(target, drafter, *prompts, gamma=4, key=keys, **run)
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+  assert int(out.stats.proposed.sum()) > 0
+
+
 def disguised(target, tokenizer, seed=3):
   """The target and its tokenizer with every non-special id renamed: another
   tokenizer (same strings, other ids) and a draft that is the target in disguise."""

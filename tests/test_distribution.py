@@ -101,6 +101,23 @@ def test_speculative_sampling_matches_target_law(pair, sampling):
   assert chi_square_pvalue(spec.tokens, joint) > 1e-3
 
 
+def test_coupled_sampling_matches_target_law(pair):
+  """The coupled verifier (per-row keys, Gumbel-max) and the coupled plain
+  sampler each have the target's law; speculative rows equal plain rows."""
+  target, draft = pair
+  sampling = specjax.SamplingParams(temperature=0.7, top_k=5)
+  joint = exact_joint(target, sampling)
+  prompts = jnp.tile(PROMPT, (ROWS, 1))
+  lengths = jnp.full((ROWS,), len(PROMPT), jnp.int32)
+  keys = jax.random.split(jax.random.key(15), ROWS)
+  run = dict(max_new_tokens=NEW, sampling=sampling, key=keys)
+  spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=2, **run)
+  ar = specjax.autoregressive_generate(target, prompts, lengths, **run)
+  assert 0.1 < float(spec.stats.acceptance_rate) < 0.95
+  assert chi_square_pvalue(ar.tokens, joint) > 1e-3
+  np.testing.assert_array_equal(spec.tokens, ar.tokens)
+
+
 MIXED = [
   specjax.GREEDY,
   specjax.SamplingParams(temperature=1.0),

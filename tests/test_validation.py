@@ -123,7 +123,11 @@ def test_padding_beyond_lengths_is_ignored(target):
 @pytest.mark.parametrize(
   "overrides, message",
   [
-    (dict(key=jax.random.split(KEY, 2)), r"key must be a single jax.random.key"),
+    (
+      dict(key=jax.random.split(KEY, 3)),  # two rows
+      r"key must be a single jax.random.key \(shape \(\)\), or one per row \(keys \[2\]",
+    ),
+    (dict(key=jax.random.split(KEY, 2), verifier="token"), r"cannot use one key per row"),
     (dict(pad_id=2**31), r"pad_id must be an integer in \[-2147483648, 2147483647\]"),
     (dict(pad_id=0.5), r"pad_id must be an integer"),
     (dict(adaptive="confidence", confidence_threshold=0.0), r"confidence_threshold must be"),

@@ -96,6 +96,6 @@ def test_sampling_verifiers_need_one_key(verify):
 def test_registry_takes_names_and_functions():
   assert get_verifier("block") is block_verify
   assert get_verifier(token_verify) is token_verify
-  assert set(VERIFIERS) == {"token", "block", "greedy"}
+  assert set(VERIFIERS) == {"token", "block", "greedy", "coupled"}
   with pytest.raises(ValueError, match="verifier must be one of"):
     get_verifier("tree")

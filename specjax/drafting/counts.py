@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.coupling import Coupling, chain_draws
 from specjax.drafting.base import Commit, DrafterBase, Proposal
 from specjax.sampling import SamplingParams, sample, warp_probs
 from specjax.validation import check_int, is_real
@@ -67,14 +68,16 @@ class CountDrafter(DrafterBase):
     b = recent.shape[0]
     previous = recent[:, 1]
     tokens, probs = [], []
-    for step_key in jax.random.split(key, gamma):
+    coupled = chain_draws(key, gamma, b) if isinstance(key, Coupling) else None
+    step_keys = [None] * gamma if coupled else jax.random.split(key, gamma)
+    for i, step_key in enumerate(step_keys):
       logits = (
         self.log_q[previous]
         if self.order == 2
         else jnp.broadcast_to(self.log_q, (b, self.vocab_size))
       )
       q = warp_probs(logits, sampling)  # [B, V]: exactly the law the token is drawn from
-      previous = sample(step_key, q)
+      previous = coupled(i, q) if coupled else sample(step_key, q)
       tokens.append(previous)
       probs.append(q)
     lengths = jnp.minimum(limit, gamma).astype(jnp.int32)

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import trees
+from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   Commit,
   ConfidenceLength,
@@ -53,11 +54,17 @@ from specjax.drafting.base import (
   check_confidence,
   draft_loop,
 )
-from specjax.drafting.tree import check_tree_gamma, check_tree_mode, children, draft_tree
+from specjax.drafting.tree import (
+  check_tree_gamma,
+  check_tree_mode,
+  children,
+  depth_keys,
+  draft_tree,
+)
 from specjax.models.heads import EagleHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import RowSampling, SamplingParams, sample_with_uniform, warp_probs
+from specjax.sampling import RowSampling, SamplingParams, warp_probs
 from specjax.vocab import fit_ids
 
 
@@ -226,7 +233,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
       return self._propose_tree(state, key, sampling)
     b, g = limit.shape[0], gamma
     greedy = sampling.greedy
-    uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
+    draw_token = None if greedy else chain_draws(key, g, b)
 
     def draw(i, feature, tokens, probs, active):
       logits = self._logits(feature)
@@ -235,7 +242,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         return token, tokens.at[:, i].set(token), probs, active
       q = warp_probs(logits, sampling)
-      token = sample_with_uniform(uniforms[i], q)
+      token = draw_token(i, q)
       if self.confidence > 0:
         active = active & (jnp.max(q, axis=-1) >= self.confidence)
       return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active
@@ -292,7 +299,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     accepted path as for a chain.
     """
     spec, b = self.tree, state.next_feature.shape[0]
-    keys = jax.random.split(key, spec.depth)
+    keys = depth_keys(key, spec.depth)
     root = self._logits(state.next_feature)[:, None]  # [B, 1, V]
     groups = [
       self._group(root, jnp.zeros((b, 1)), jnp.full((b, 1), -1, jnp.int32), 0, keys[0], sampling)
@@ -332,6 +339,8 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     """The `branch` children of each of m nodes, from their next-token `logits [B, m, V]`;
     `parent_values`, `parent_ids` `[B, m]`, `first_law` the index of their first law."""
     (b, m, v), k = logits.shape, self.tree.branch
+    if isinstance(sampling, RowSampling):  # each row's warp on its m nodes
+      sampling = sampling.repeat(m)
     drawn, q = children(key, logits.reshape(b * m, v), k, sampling, self.tree_mode)
     # A child's value reads its parent's law only: the rank-th largest probability.
     ranked = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)[0]  # [B, m, k]

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import trees
+from specjax.coupling import Coupling, chain_draws
 from specjax.drafting.base import (
   Commit,
   ConfidenceLength,
@@ -113,8 +114,11 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
       tokens, probs = jnp.argmax(logits, axis=-1).astype(jnp.int32), None
     else:
       probs = warp_probs(logits, sampling)
-      uniforms = jax.random.uniform(key, (b, g), jnp.float32)
-      tokens = sample_with_uniform(uniforms, probs)
+      if isinstance(key, Coupling):
+        draw_token = chain_draws(key, g, b)
+        tokens = jnp.stack([draw_token(i, probs[:, i]) for i in range(g)], axis=1)
+      else:
+        tokens = sample_with_uniform(jax.random.uniform(key, (b, g), jnp.float32), probs)
       if self.confidence > 0:
         proposed &= jnp.max(probs, axis=-1) >= self.confidence
     # A row's draft is the leading run of proposed heads.

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   DRAFTER_MEMBERS,
   Commit,
@@ -29,7 +30,7 @@ from specjax.drafting.base import (
 )
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
+from specjax.sampling import SamplingParams, warp_probs
 from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
@@ -67,8 +68,9 @@ class CachedDrafting(ConfidenceLength):
 
     b, g = recent.shape[0], gamma
     greedy = sampling.greedy
-    # One random-bit computation for the whole proposal: a uniform per draw.
-    uniforms = None if greedy else jax.random.uniform(key, (g, b), jnp.float32)
+    # One random-bit computation for the whole proposal: a uniform per draw
+    # (or, coupled, the rows' noise at the drafted positions).
+    draw_token = None if greedy else chain_draws(key, g, b)
     logits, state = self._feed_recent(recent, state, g)
 
     def draw(i, logits, tokens, probs, active):
@@ -77,7 +79,7 @@ class CachedDrafting(ConfidenceLength):
         token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
         return token, tokens.at[:, i].set(token), probs, active
       q = warp_probs(logits[:, 0], sampling)
-      token = sample_with_uniform(uniforms[i], q)
+      token = draw_token(i, q)
       if self.confidence > 0:
         active = active & (jnp.max(q, axis=-1) >= self.confidence)
       return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active
@@ -191,7 +193,7 @@ def check_drafter(
   """`as_drafter(draft)`, checked for a run before anything compiles.
 
   The drafter's `check_capacity` and `check_target`; a tree drafter also needs
-  `verifier` "auto" and `adaptive` None.
+  `verifier` "auto" or "coupled" (`coupled_tree_verify`) and `adaptive` None.
 
 
   Raises:
@@ -200,10 +202,10 @@ def check_drafter(
   drafter = as_drafter(draft)
   drafter.check_capacity(prompt_width, max_new_tokens, gamma)
   drafter.check_target(target)  # e.g. a draft with a tokenizer of its own
-  if drafter.tree is not None and (verifier != "auto" or adaptive is not None):
+  if drafter.tree is not None and (verifier not in ("auto", "coupled") or adaptive is not None):
     raise ValueError(
       f"{type(drafter).__name__} drafts a token tree, which tree verification checks "
-      f"(specjax.verify.tree_verify): verifier must be 'auto' (got {verifier!r}) and "
-      f"adaptive None (got {adaptive!r})."
+      f"(specjax.verify.tree_verify): verifier must be 'auto' or 'coupled' (got "
+      f"{verifier!r}) and adaptive None (got {adaptive!r})."
     )
   return drafter

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import trees
+from specjax import coupling, trees
+from specjax.coupling import Coupling
 from specjax.drafting.base import Commit, Proposal
 from specjax.drafting.model import CachedDrafting
 from specjax.models.kv_cache import KVCache, check_capacity
@@ -50,7 +51,7 @@ def check_tree_gamma(tree: tuple[int, ...], gamma: int) -> None:
 
 
 def children(
-  key: jax.Array,
+  key: jax.Array | Coupling,
   logits: jax.Array,
   count: int,
   sampling: SamplingParams,
@@ -58,10 +59,21 @@ def children(
 ) -> tuple[jax.Array, jax.Array | None]:
   """`count` children of each row's node from its next-token `logits [B, V]`:
   `(tokens [B, count] int32, q [B, V])`, q the warped law drawn from (None at
-  temperature 0: the top-k)."""
+  temperature 0: the top-k). With a `Coupling` (its noise at index 0 is the
+  children's position; `[B', ...]` with B a multiple of B', each row's nodes in
+  a run), its rows take the top `count` of log q + noise: the first child is
+  the coupled draw, the others Gumbel-max list samples (Rowan et al. 2025)."""
   if sampling.greedy:
     return jax.lax.top_k(logits, count)[1].astype(jnp.int32), None
   q = warp_probs(logits, sampling)
+  if isinstance(key, Coupling):
+    per_node = q.shape[0] // key.gumbel.shape[0]  # nodes per row
+    gumbel = jnp.repeat(key.gumbel[:, 0], per_node, axis=0)
+    coupled = jax.lax.top_k(coupling.scores(q, gumbel), count)[1].astype(jnp.int32)
+    if key.rows is None:
+      return coupled, q
+    plain, _ = children(key.key, logits, count, sampling, mode)
+    return jnp.where(jnp.repeat(key.rows, per_node)[:, None], coupled, plain), q
   if mode == "iid":
     uniforms = jax.random.uniform(key, (count, q.shape[0]), jnp.float32)
     return jnp.stack([sample_with_uniform(u, q) for u in uniforms], axis=1), q
@@ -70,6 +82,20 @@ def children(
   noise = jax.random.gumbel(key, q.shape, jnp.float32)
   scores = jnp.where(q > 0, jnp.log(jnp.where(q > 0, q, 1.0)) + noise, -jnp.inf)
   return jax.lax.top_k(scores, count)[1].astype(jnp.int32), q
+
+
+def _fold(key: jax.Array | Coupling, salt: int, depth: int) -> jax.Array | Coupling:
+  """A parent's key: `fold_in(key, salt)`; a coupling moves to the children's depth."""
+  if isinstance(key, Coupling):
+    return key.shift(depth, jax.random.fold_in(key.key, salt))
+  return jax.random.fold_in(key, salt)
+
+
+def depth_keys(key: jax.Array | Coupling, depth: int) -> list:
+  """One key per depth of a tree drafted depth by depth (a coupling shifted to it)."""
+  if isinstance(key, Coupling):
+    return [key.shift(d, k) for d, k in enumerate(jax.random.split(key.key, depth))]
+  return list(jax.random.split(key, depth))
 
 
 def draft_tree(
@@ -86,7 +112,8 @@ def draft_tree(
     parents: the tree (`specjax.trees.check_drafting_tree`).
     mode: "without_replacement" or "iid" (how siblings are drawn).
     sampling: the warp; temperature 0 takes each node's top-k.
-    key: all randomness comes from it (one fold per parent).
+    key: all randomness comes from it (one fold per parent), or a `Coupling`
+      (the children at depth d take its noise at index d).
     root_logits: `[B, V]`, the drafter's logits after s[-1].
     read: `read(start, stop, tokens [B, T])` -> `[B, T, V]`, the logits after
       nodes start..stop-1 (one depth), called in order for all depths but the last.
@@ -105,7 +132,7 @@ def draft_tree(
   for depth, (start, stop) in enumerate(spans):
     for u in sorted({parents[c] for c in range(start, stop)}):
       kids = [c for c in range(start, stop) if parents[c] == u]
-      drawn, q = children(jax.random.fold_in(key, u + 1), laws[u], counts[u + 1], sampling, mode)
+      drawn, q = children(_fold(key, u + 1, depth), laws[u], counts[u + 1], sampling, mode)
       for rank, c in enumerate(kids):
         tokens[c], probs[c] = drawn[:, rank], q
     if depth + 1 < len(spans):

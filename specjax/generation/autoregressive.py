@@ -11,6 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from specjax import coupling
+from specjax.coupling import Coupling
 from specjax.generation import validation
 from specjax.generation.common import (
   finalize,
@@ -39,6 +41,9 @@ def autoregressive_step(
   logits, cache = model.forward_cached(state.last[:, None], state.cache)
   if sampling.greedy:  # the argmax of the logits is the argmax of the one-hot warp
     token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+  elif state.row_keys is not None:  # the rows' own noise at the index drawn
+    gumbel = coupling.noise(state.row_keys, state.num_generated, 1, model.cfg.vocab_size)
+    token = coupling.gumbel_max(warp_probs(logits[:, 0], sampling), gumbel[:, 0])
   else:
     u = state.uniforms[jnp.minimum(state.stats.iterations, state.uniforms.shape[0] - 1)]
     token = sample_with_uniform(u, warp_probs(logits[:, 0], sampling))
@@ -61,6 +66,7 @@ def autoregressive_step(
     done=done,
     uniforms=state.uniforms,
     stats=stats,
+    row_keys=state.row_keys,
   )
 
 
@@ -77,6 +83,7 @@ def autoregressive_step(
     "capacity",
     "loop",
     "loop_chunk",
+    "coupled",
   ),
 )
 def _autoregressive_program(
@@ -93,12 +100,19 @@ def _autoregressive_program(
   capacity,
   loop="while",
   loop_chunk=8,
+  coupled=False,
 ) -> GenerateOutput:
   sampling = rows if sampling is None else sampling  # per-row settings are data
   prompts = zero_padding(prompts, prompt_lengths)
-  key, first_key = jax.random.split(key)
-  first, cache = prefill(model, prompts, prompt_lengths, capacity, first_key, sampling)
   b = prompts.shape[0]
+  row_keys = coupling.row_keys(key, b) if coupled else None
+  if coupling.is_key_batch(key):  # every row is coupled: the batch key draws nothing
+    key = key[0]
+  key, first_key = jax.random.split(key)
+  if coupled:
+    zero = jnp.zeros((b,), jnp.int32)
+    first_key = Coupling(coupling.noise(row_keys, zero, 1, model.cfg.vocab_size), first_key)
+  first, cache = prefill(model, prompts, prompt_lengths, capacity, first_key, sampling)
   # One slot of slack: finished rows keep writing at num_generated <= max_new_tokens.
   tokens = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(first)
   state = ARState(
@@ -109,8 +123,9 @@ def _autoregressive_program(
     done=first_done(first, max_new_tokens, eos_id),
     # All of the loop's random numbers in one computation, before it: a step
     # then only reads its row of uniforms.
-    uniforms=jax.random.uniform(key, (0 if sampling.greedy else max_new_tokens, b)),
+    uniforms=jax.random.uniform(key, (0 if sampling.greedy or coupled else max_new_tokens, b)),
     stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)),
+    row_keys=row_keys,
   )
   state = run_loop(
     lambda s: autoregressive_step(model, s, sampling, max_new_tokens, eos_id),
@@ -137,6 +152,7 @@ def autoregressive_generate(
   pad_id: int = 0,
   loop: str = "while",
   loop_chunk: int = 8,
+  sampler: str = "auto",
 ) -> GenerateOutput:
   """Decodes up to `max_new_tokens` tokens per row, one model call per token.
 
@@ -147,6 +163,12 @@ def autoregressive_generate(
 
     loop, loop_chunk: "while" or "chunked" (a test per `loop_chunk` steps,
       static), as in `speculative_generate`. Same tokens and statistics.
+    sampler: how sampled tokens are drawn: "inverse_cdf" (one uniform per row
+      and step, from `key`), "coupled" (Gumbel-max with each row's own noise at
+      each generated index, `specjax.coupling`: the text `speculative_generate`
+      gives with verifier="coupled" and the same keys, whatever the drafter),
+      or "auto": "coupled" when `key` is one key per row (`[B]`), else
+      "inverse_cdf".
 
 
   Returns:
@@ -163,11 +185,13 @@ def autoregressive_generate(
     pad_id=pad_id,
   )
   loop, loop_chunk = check_loop(loop, loop_chunk)
+  key = validation.check_key(key, sampling, batch=args.batch)
+  coupled = check_sampler(sampler, coupling.is_key_batch(key))
   return _autoregressive_program(
     model,
     jnp.asarray(prompts, jnp.int32),
     jnp.asarray(prompt_lengths, jnp.int32),
-    validation.check_key(key, sampling),
+    key,
     sampling if isinstance(sampling, RowSampling) else None,
     sampling=None if isinstance(sampling, RowSampling) else sampling,
     max_new_tokens=args.max_new_tokens,
@@ -176,4 +200,21 @@ def autoregressive_generate(
     capacity=args.capacity,
     loop=loop,
     loop_chunk=loop_chunk,
+    coupled=coupled and not (isinstance(sampling, SamplingParams) and sampling.greedy),
   )
+
+
+SAMPLERS = ("auto", "inverse_cdf", "coupled")
+
+
+def check_sampler(sampler: str, per_row_keys: bool) -> bool:
+  """Whether `autoregressive_generate` draws coupled; a ValueError naming
+  `sampler` when it is unknown or "inverse_cdf" with per-row keys."""
+  if sampler not in SAMPLERS:
+    raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}.")
+  if sampler == "inverse_cdf" and per_row_keys:
+    raise ValueError(
+      "sampler='inverse_cdf' draws one batch of uniforms, so it cannot use one key per "
+      "row: pass sampler='coupled' (or 'auto') with per-row keys, or one key."
+    )
+  return sampler == "coupled" or (sampler == "auto" and per_row_keys)

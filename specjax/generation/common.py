@@ -13,9 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax import coupling
+from specjax.coupling import Coupling
 from specjax.drafting.base import fixed_trip_loops
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_tokens
+from specjax.sampling import SamplingParams, sample_tokens, warp_probs
 
 
 def prefill(
@@ -23,7 +25,7 @@ def prefill(
   prompts: jax.Array,
   prompt_lengths: jax.Array,
   capacity: int,
-  key: jax.Array,
+  key: jax.Array | Coupling,
   sampling: SamplingParams,
   return_hidden: bool | tuple[int, ...] = False,
 ):
@@ -31,6 +33,7 @@ def prefill(
 
   Args:
     prompts: `[B, P]` right-padded; prompt_lengths `[B]` in [1, P].
+    key: a key, or a `Coupling` whose noise at index 0 draws the first token.
     return_hidden: also return the model's features at every prompt position
       (`Transformer.forward_cached`), for draft heads.
 
@@ -43,7 +46,11 @@ def prefill(
   out = model.forward_cached(
     prompts, cache, logit_indices=(prompt_lengths - 1)[:, None], return_hidden=return_hidden
   )
-  first, _ = sample_tokens(key, out[0][:, 0], sampling)
+  if isinstance(key, Coupling):  # the rows' own noise at generated index 0
+    probs = warp_probs(out[0][:, 0], sampling)
+    first = coupling.sample_tokens(key, probs)
+  else:
+    first, _ = sample_tokens(key, out[0][:, 0], sampling)
   cache = out[1].with_lengths(prompt_lengths)
   return (first, cache, out[2]) if return_hidden is not False else (first, cache)
 

@@ -15,7 +15,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax import coupling as coupling_lib
 from specjax import verify as verify_lib
+from specjax.coupling import Coupling
 from specjax.drafting import (
   Commit,
   Drafter,
@@ -36,7 +38,7 @@ from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, Spec
 from specjax.models.kv_cache import KVCache, cache_capacity, write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams, warp_probs
-from specjax.trees import Tree
+from specjax.trees import DynamicTree, Tree, levels
 from specjax.validation import check_loop, check_positive_int
 from specjax.vocab import fit_ids, pad_vocab
 
@@ -57,6 +59,9 @@ def speculative_step(
   target's logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (serving's logprobs)."""
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
+  if config.coupled:  # the rows' noise at this block's generated indices, drawn once
+    draft_key = step_coupling(state, draft_key, noise_positions(drafter, config.gamma), target)
+    verify_key = draft_key.replace(key=verify_key)
   sampling = step_sampling(state, config)
   # 1. Draft up to gamma tokens per row (a chain or a tree), with the laws q they were drawn from.
   proposal, drafter_state = drafter.propose(
@@ -168,6 +173,25 @@ def commit_step(
   )
 
 
+def noise_positions(drafter: Drafter, gamma: int) -> int:
+  """How many generated indices an iteration may draw at: a chain's gamma + 1,
+  a tree's depth + 1."""
+  if drafter.tree is None:
+    return gamma + 1
+  if isinstance(drafter.tree, DynamicTree):
+    return drafter.tree.depth + 1
+  return len(levels(drafter.tree)) + 1
+
+
+def step_coupling(
+  state: SpecState, key: jax.Array, positions: int, target: Transformer
+) -> Coupling:
+  """The `Coupling` of an iteration: the rows' noise at generated indices
+  num_generated ... + positions - 1, over the target's vocabulary."""
+  gumbel = coupling_lib.noise(state.row_keys, state.num_generated, positions, target.cfg.vocab_size)
+  return Coupling(gumbel, key, state.coupled_rows)
+
+
 def step_sampling(state: SpecState, config: SpecConfig) -> SamplingParams | RowSampling:
   """The warp of this iteration: the config's static one, or the rows' own."""
   return state.sampling if config.sampling is None else config.sampling
@@ -203,7 +227,8 @@ def verify_tree(
   mode: str,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`tree_verify` of a drafted tree against the target's `logits [B, N+1, V]`:
-  greedy at temperature 0, else `mode` ("iid" or "without_replacement").
+  greedy at temperature 0, else `mode` ("iid" or "without_replacement"), or
+  `coupled_tree_verify` when `key` is a `Coupling`.
 
   Returns:
     `(path [B, D], n [B], next_token [B])`.
@@ -214,6 +239,8 @@ def verify_tree(
     return verify_lib.tree_verify(None, proposal.tokens, proposal.tree, q, logits, "greedy")
   p = pad_vocab(warp_probs(logits, sampling), vocab_size)
   q = proposal_probs(proposal, vocab_size)
+  if isinstance(key, Coupling):
+    return verify_lib.coupled_tree_verify(key, proposal.tokens, proposal.tree, q, p, mode)
   return verify_lib.tree_verify(key, proposal.tokens, proposal.tree, q, p, mode)
 
 
@@ -323,6 +350,9 @@ def init_state(
     rows: the rows' own sampling settings when `config.sampling` is None.
   """
   b, width = prompts.shape
+  keys = coupling_lib.row_keys(key, b) if config.coupled else None
+  if coupling_lib.is_key_batch(key):  # every row is coupled: the batch key draws nothing
+    key = key[0]
   key, first_key = jax.random.split(key)
   return prefill_state(
     target,
@@ -338,6 +368,7 @@ def init_state(
     # split before the loop gives each its (draft, verify) keys.
     keys=jax.random.split(key, (config.max_new_tokens, 2)),
     rows=rows,
+    row_keys=keys,
   )
 
 
@@ -354,6 +385,8 @@ def prefill_state(
   stop: jax.Array,
   keys: jax.Array,
   rows: RowSampling | None = None,
+  row_keys: jax.Array | None = None,
+  coupled_rows: jax.Array | None = None,
 ) -> SpecState:
   """`init_state` with each row's budget, stop id and the capacity given (a
   server's rows differ); `drafter` None keeps no drafter state.
@@ -363,9 +396,15 @@ def prefill_state(
       budget, stop `[B]` (stop -1: none).
     first_key: the key of the first token's draw.
     keys: `[K, 2]` the iterations' (draft, verify) keys.
+    row_keys, coupled_rows: `SpecState`'s, when `config.coupled` (the first
+      token is then the coupled draw at generated index 0).
   """
   b = prompts.shape[0]
   features = drafter is not None and drafter.target_features
+  if config.coupled:
+    zero = jnp.zeros((b,), jnp.int32)
+    gumbel = coupling_lib.noise(row_keys, zero, 1, target.cfg.vocab_size)
+    first_key = Coupling(gumbel, first_key, coupled_rows)
   first, target_cache, *hidden = prefill(
     target,
     prompts,
@@ -400,6 +439,8 @@ def prefill_state(
       b, config.gamma, draft_calls=0 if drafter is None else drafter.prefill_calls
     ),
     sampling=rows,
+    row_keys=row_keys,
+    coupled_rows=coupled_rows,
   )
 
 
@@ -452,11 +493,15 @@ def speculative_generate(
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
       `RowSampling` gives each row its own ("auto" is then "token").
-    key: one PRNG key; required unless sampling is greedy (every row).
+    key: one PRNG key, or one per row (typed keys `[B]`); required unless
+      sampling is greedy (every row). With the "coupled" verifier row b's
+      tokens depend on its key (`fold_in(key, b)` from one key) and prompt only.
     eos_id: stop a row after this id, or any of a list (kept and counted).
-    verifier: "auto" (greedy at temperature 0, else token), "token", "block",
-      "greedy", or a `specjax.verify` function; "auto" for token trees
-      (`tree_verify`).
+    verifier: "auto" (greedy at temperature 0, else "coupled" with per-row
+      keys, else "token"), "token", "block", "greedy", "coupled" (Gumbel-max:
+      the text of `autoregressive_generate(sampler="coupled")` with the same
+      keys, for every drafter; docs/usage.md), or a `specjax.verify` function;
+      "auto" or "coupled" for token trees (`tree_verify`, `coupled_tree_verify`).
     pad_id: value of `tokens` past each row's `num_generated` (an int32).
     adaptive: per-row draft length within `gamma`: None, "schedule" (+2 after a
       fully accepted block, -1 otherwise) or "confidence" (a model drafter stops
@@ -479,6 +524,7 @@ def speculative_generate(
     draft,
     prompts,
     prompt_lengths,
+    per_row_keys=validation.per_row_keys(key),
     gamma=gamma,
     max_new_tokens=max_new_tokens,
     sampling=sampling,
@@ -490,7 +536,7 @@ def speculative_generate(
     loop=loop,
     loop_chunk=loop_chunk,
   )
-  key = validation.check_key(key, sampling)
+  key = validation.check_key(key, sampling, batch=jnp.shape(prompts)[0])
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
   return _speculative_program(
     target,
@@ -514,6 +560,7 @@ def _checked_run(
   confidence_threshold,
   loop="while",
   loop_chunk=8,
+  per_row_keys=False,
   **settings,
 ) -> tuple[Drafter, SpecConfig]:
   """`speculative_generate`'s checks before compiling: `(drafter, config)`."""
@@ -538,14 +585,18 @@ def _checked_run(
   )
   if adaptive == "confidence":
     drafter = drafter.with_confidence(confidence_threshold)
+  rule = validation.resolve_verifier(
+    "auto" if drafter.tree is not None and verifier == "auto" else verifier,
+    sampling,
+    per_row_keys=per_row_keys,
+  )
   config = SpecConfig(
     gamma=gamma,
     max_new_tokens=args.max_new_tokens,
     sampling=None if isinstance(sampling, RowSampling) else sampling,
     # A tree is verified as the proposal's tree says (`verify_block`).
-    verifier="tree"
-    if drafter.tree is not None
-    else validation.resolve_verifier(verifier, sampling),
+    verifier="tree" if drafter.tree is not None else rule,
+    coupled=rule == "coupled",
     eos_id=args.eos_id,
     pad_id=args.pad_id,
     adaptive=adaptive,

@@ -28,6 +28,9 @@ class SpecConfig:
     pad_id: the value written to `tokens` past each row's `num_generated`.
     adaptive: None or "schedule" ("confidence" lives in the drafter).
     loop, loop_chunk: `generation.common.run_loop`'s.
+    coupled: draw with the rows' Gumbel noise (`specjax.coupling`): drafting,
+      verification (a chain's "coupled" verifier or `coupled_tree_verify`) and
+      the first token; the rows' keys are `SpecState.row_keys`.
   """
 
   gamma: int
@@ -39,6 +42,7 @@ class SpecConfig:
   adaptive: str | None = None
   loop: str = "while"
   loop_chunk: int = 8
+  coupled: bool = False
 
 
 @struct.dataclass
@@ -194,6 +198,10 @@ class SpecState:
       of iteration i, split once before the loop.
     stats: `SpeculativeStats`.
     sampling: None (the config's static warp), or the rows' own `RowSampling`.
+    row_keys: None, or `[B]` typed keys, each row's own (`SpecConfig.coupled`).
+    coupled_rows: None (every row is coupled when `SpecConfig.coupled`), or `[B]`
+      bool, the rows drawn with their own key's noise (a server's seeded rows);
+      the others draw from `keys` as without coupling.
   """
 
   target_cache: KVCache
@@ -208,13 +216,16 @@ class SpecState:
   keys: jax.Array
   stats: SpeculativeStats
   sampling: Any = None
+  row_keys: Any = None
+  coupled_rows: Any = None
 
 
 @struct.dataclass
 class ARState:
   """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`; `tokens`
   `[B, max_new_tokens + 1]`; `uniforms [max_new_tokens, B]`, step i's in row i
-  (`[0, B]` when greedy)."""
+  (`[0, B]` when greedy or coupled); `row_keys` None or `[B]` typed keys, each
+  row's own for coupled draws (`specjax.coupling`)."""
 
   cache: KVCache
   last: jax.Array
@@ -223,3 +234,4 @@ class ARState:
   done: jax.Array
   uniforms: jax.Array
   stats: AutoregressiveStats
+  row_keys: Any = None

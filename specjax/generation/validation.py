@@ -103,26 +103,40 @@ def check_pad_id(pad_id) -> int:
   return check_int("pad_id", pad_id, INT32_MIN, INT32_MAX)
 
 
-def check_key(key, sampling: SamplingParams | RowSampling) -> jax.Array:
-  """One typed PRNG key from a typed key of shape () or raw `uint32[2]` data (a
-  batch of keys is refused); required unless every row is greedy."""
+def check_key(key, sampling: SamplingParams | RowSampling, batch: int | None = None) -> jax.Array:
+  """A typed PRNG key from a typed key of shape () or raw `uint32[2]` data; with
+  `batch`, also one key per row: typed keys `[batch]` or raw `uint32[batch, 2]`
+  (returned as `[batch]` typed keys). Required unless every row is greedy."""
 
   if key is None:
     greedy = sampling.all_greedy() if isinstance(sampling, RowSampling) else sampling.greedy
     if not greedy:
       raise ValueError("key must be a jax.random key when temperature > 0.")
     return jax.random.key(0)
+  per_row = "" if batch is None else f", or one per row (keys [{batch}] or uint32[{batch}, 2])"
   if isinstance(key, jax.Array):
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-      if key.shape == ():
+      if key.shape == () or (batch is not None and key.shape == (batch,)):
         return key
       raise ValueError(
-        f"key must be a single jax.random.key (shape ()), got a batch of "
-        f"keys of shape {tuple(key.shape)}; pass one of them."
+        f"key must be a single jax.random.key (shape ()){per_row}, got keys of "
+        f"shape {tuple(key.shape)}."
       )
     if key.dtype == np.uint32 and key.shape == (2,):
       return jax.random.wrap_key_data(key)
-  raise ValueError(f"key must be a jax.random.key(...), got {key!r}.")
+    if key.dtype == np.uint32 and batch is not None and key.shape == (batch, 2):
+      return jax.random.wrap_key_data(key)
+  raise ValueError(f"key must be a jax.random.key(...){per_row}, got {key!r}.")
+
+
+def per_row_keys(key) -> bool:
+  """Whether `key` looks like one key per row (typed `[B]` or uint32 `[B, 2]`);
+  `check_key` checks B."""
+  if not isinstance(key, jax.Array):
+    return False
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return key.ndim == 1
+  return key.dtype == np.uint32 and key.ndim == 2
 
 
 class GenerateArgs(NamedTuple):
@@ -161,27 +175,41 @@ def check_generate_args(
   return GenerateArgs(max_new_tokens, eos_id, pad_id, batch, width, capacity)
 
 
-def resolve_verifier(verifier, sampling: SamplingParams | RowSampling, allowed=None):
-  """The verifier a loop runs: "auto" is "greedy" at temperature 0, else "token".
+def resolve_verifier(
+  verifier, sampling: SamplingParams | RowSampling, allowed=None, per_row_keys: bool = False
+):
+  """The verifier a loop runs: "auto" is "greedy" at temperature 0, else "token",
+  or "coupled" when the keys are per row.
 
   Args:
     verifier: "auto", a name in `specjax.verify.VERIFIERS`, or a verifier function.
     sampling: the loop's warp (`RowSampling` is never greedy as a whole).
     allowed: None (any verifier), or the names a loop takes besides "auto".
+    per_row_keys: the call gave one key per row.
 
   Raises:
-    ValueError naming `verifier` when it is unknown, not allowed, or "greedy"
-    while sampling.
+    ValueError naming `verifier` when it is unknown, not allowed, "greedy"
+    while sampling, or a batch-wide rule with per-row keys.
   """
   if verifier == "auto":
-    return "greedy" if sampling.greedy else "token"
+    if sampling.greedy:
+      return "greedy"
+    return "coupled" if per_row_keys else "token"
   if allowed is not None and verifier not in allowed:
     names = [repr(name) for name in ("auto", *allowed)]
     names = ", ".join(names[:-1]) + " or " + names[-1]
     raise ValueError(f"verifier must be one of {names}, got {verifier!r}.")
-  if verify.get_verifier(verifier) is verify.greedy_verify and not sampling.greedy:
+  rule = verify.get_verifier(verifier)
+  if rule is verify.greedy_verify and not sampling.greedy:
     raise ValueError(
       "verifier='greedy' needs temperature 0 (a static SamplingParams); use 'token', "
-      "'block' or 'auto'."
+      "'block', 'coupled' or 'auto'."
     )
+  if per_row_keys and rule is not verify.coupled_verify and not sampling.greedy:
+    raise ValueError(
+      f"verifier={verifier!r} draws one batch of random numbers, so it cannot use one "
+      "key per row: pass verifier='coupled' (or 'auto') with per-row keys, or one key."
+    )
+  if rule is verify.coupled_verify and sampling.greedy:
+    return "greedy"  # the coupled draw from a one-hot law is its argmax
   return verifier

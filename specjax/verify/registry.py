@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specjax.verify.base import Verifier
 from specjax.verify.block import block_verify
+from specjax.verify.coupled import coupled_verify
 from specjax.verify.greedy import greedy_verify
 from specjax.verify.token import token_verify
 
@@ -11,11 +12,12 @@ VERIFIERS: dict[str, Verifier] = {
   "token": token_verify,
   "block": block_verify,
   "greedy": greedy_verify,
+  "coupled": coupled_verify,
 }
 
 
 def get_verifier(verifier: str | Verifier) -> Verifier:
-  """A verifier from its name ("token", "block", "greedy") or the function itself.
+  """A verifier from its name ("token", "block", "greedy", "coupled") or the function itself.
 
   A function must have the common signature `(key, draft_tokens [B, g],
   draft_probs [B, g, V], target_probs [B, g+1, V]) -> VerifyResult`; it is a
