@@ -102,6 +102,28 @@ class Coupling:
   key: jax.Array
   rows: jax.Array | None = None
 
+  @classmethod
+  def of(
+    cls,
+    keys: jax.Array,
+    start: jax.Array,
+    count: int,
+    vocab_size: int,
+    key: jax.Array,
+    rows: jax.Array | None = None,
+  ) -> Coupling:
+    """The coupling of a call drawing at generated indices start[b] ... + count - 1
+    (`noise`), for `rows` (None: all); with rows given, no noise is drawn when
+    none is set (a server's batch often has no coupled row)."""
+
+    def draw():
+      return noise(keys, start, count, vocab_size)
+
+    if rows is None:
+      return cls(draw(), key)
+    zeros = lambda: jnp.zeros((start.shape[0], count, vocab_size), jnp.float32)
+    return cls(jax.lax.cond(jnp.any(rows), draw, zeros), key, rows)
+
   def shift(self, depth: int, key: jax.Array | None = None) -> Coupling:
     """The coupling `depth` indices on (a tree's children at that depth), with
     `key` for the uncoupled rows if given."""

@@ -10,7 +10,14 @@ from flax import nnx
 
 import specjax
 from helpers import SERVING_ENGINE, traces
-from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy, fit_config
+from specjax.serving import (
+  Engine,
+  EngineConfig,
+  Request,
+  SpeculationPolicy,
+  fit_config,
+  request_key,
+)
 from specjax.serving import slots as programs
 from specjax.testing import tiny_setup
 from specjax.theory import expected_tokens_per_iteration
@@ -476,3 +483,80 @@ def test_a_failing_step_fails_its_requests_and_serving_goes_on(pair, engine, mon
   later = requests(4, seed=21)
   for completion, alone in zip(engine.run(later), solo(target, later)):
     assert completion.tokens == alone
+
+
+def seeded_requests(seed):
+  """Four seeded sampled requests (two choices of one seed among them)."""
+  rng = np.random.default_rng(seed)
+  sampling = specjax.SamplingParams(temperature=0.9, top_p=0.95)
+  prompts = [rng.integers(0, V, int(rng.integers(2, 12))).tolist() for _ in range(3)]
+  return [
+    Request(prompts[0], 16, sampling, seed=1234),
+    Request(prompts[0], 16, sampling, seed=1234, choice=1),
+    Request(prompts[1], 12, specjax.SamplingParams(temperature=0.7), seed=-5),
+    Request(prompts[2], 16, sampling, seed=2**64 - 1, stop_id=3),
+  ]
+
+
+def coupled_solo(target, batch, eos=7):
+  """Each seeded request decoded alone by `autoregressive_generate` with its
+  request key (the coupled sampler), cut at its EOS or stop id."""
+  expected = []
+  for r in batch:
+    out = specjax.autoregressive_generate(
+      target,
+      jnp.asarray([r.prompt + [0] * (CONFIG.max_prompt_len - len(r.prompt))]),
+      jnp.asarray([len(r.prompt)]),
+      max_new_tokens=CONFIG.max_new_tokens,
+      sampling=specjax.RowSampling.of([r.sampling]),
+      key=request_key(r.seed, r.choice)[None],
+    )
+    row = np.asarray(out.tokens)[0, : r.max_new_tokens].tolist()
+    ends = [i for i, t in enumerate(row) if t in (eos, r.stop_id)]
+    expected.append(row[: ends[0] + 1] if ends else row)
+  return expected
+
+
+@pytest.mark.parametrize(
+  "gammas", [(0,), (3,), (3, 0, 0, 3, 3)], ids=["plain", "speculative", "mixed"]
+)
+def test_seeded_requests_have_one_text_whatever_the_steps_and_the_batch(pair, engine, gammas):
+  """A seeded request's tokens are plain coupled decoding with its own key:
+  with speculation off, on, or switching, beside other sampled and greedy
+  requests that come and go (Gumbel-max coupling: the drafter and the draft
+  length change how many tokens a step commits, never which)."""
+  target, _ = pair
+  engine.policy = Schedule(gammas)
+  seeded = seeded_requests(1)
+  others = requests(6, seed=len(gammas), sampled=True)
+  ids = [engine.submit(r) for r in [others[0], seeded[0], others[1], *seeded[1:], *others[2:]]]
+  while engine.has_work():
+    engine.step()
+  got = [engine.pop_completion(i).tokens for i in ids]
+  expected = coupled_solo(target, seeded)
+  assert [got[1], *got[3:6]] == expected
+  assert expected[0] != expected[1]  # choice 1 has a key of its own
+  if gammas != (0,):
+    assert engine.counters["steps_gamma_3"] > 0
+
+
+def test_per_request_draft_caps_are_honoured_row_by_row(pair, engine):
+  """`max_draft_tokens`: 0 decodes a request without drafted tokens, 1 drafts at
+  most one token a step for it, in the same batch as an uncapped request that
+  drafts 3; texts are unchanged (greedy: the target's own). A batch whose every
+  request says 0 runs plain steps."""
+  target, _ = pair
+  engine.policy = Schedule((3,))
+  base = requests(3, seed=41)
+  batch = [dataclasses.replace(r, max_draft_tokens=cap) for r, cap in zip(base, (None, 0, 1))]
+  completions = engine.run(batch)
+  assert [c.tokens for c in completions] == solo(target, batch)
+  free, off, one = completions
+  assert free.proposed > free.iterations  # 3 a step
+  assert off.proposed == 0 and off.iterations > 0
+  assert 0 < one.proposed <= one.iterations
+  plain = engine.counters["steps_gamma_0"]
+  engine.run([dataclasses.replace(r, max_draft_tokens=0) for r in base])
+  assert engine.counters["steps_gamma_0"] > plain
+  with pytest.raises(ValueError, match=r"max_draft_tokens must be an integer in \[0, inf\]"):
+    engine.submit(dataclasses.replace(base[0], max_draft_tokens=-1))

@@ -43,17 +43,9 @@ TEMPLATE = (
 MESSAGES = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-  """(client, url, background, target, tokenizer, template): the tiny engine behind
-  the app (its chat template read from a checkpoint directory), on a free port."""
-  checkpoint = tmp_path_factory.mktemp("checkpoint")
-  (checkpoint / "tokenizer_config.json").write_text(
-    json.dumps({"chat_template": TEMPLATE, "bos_token": "^"})
-  )
-  template = ChatTemplate.from_checkpoint(str(checkpoint))
-  target, draft, tokenizer = tiny_setup(0)
-  engine = Engine(target, draft, EngineConfig(policy="adaptive", **ENGINE))
+def serve(engine, tokenizer, template):
+  """Runs `engine` behind the app on a free port (a daemon thread); returns
+  `(url, background, stop)`."""
   engine.warmup(timed_runs=0)
   background = BackgroundEngine(engine)
   with socket.socket() as s:
@@ -68,12 +60,33 @@ def served(tmp_path_factory):
   while not server.started and thread.is_alive() and time.monotonic() < deadline:
     time.sleep(0.01)
   assert server.started
-  url = f"http://127.0.0.1:{port}"
-  client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
-  yield client, url, background, target, tokenizer, template
-  server.should_exit = True
-  thread.join(10)
-  background.close()
+
+  def stop():
+    server.should_exit = True
+    thread.join(10)
+    background.close()
+
+  return f"http://127.0.0.1:{port}", background, stop
+
+
+def openai_client(url):
+  return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+  """(client, url, background, target, tokenizer, template): the tiny engine behind
+  the app (its chat template read from a checkpoint directory), on a free port."""
+  checkpoint = tmp_path_factory.mktemp("checkpoint")
+  (checkpoint / "tokenizer_config.json").write_text(
+    json.dumps({"chat_template": TEMPLATE, "bos_token": "^"})
+  )
+  template = ChatTemplate.from_checkpoint(str(checkpoint))
+  target, draft, tokenizer = tiny_setup(0)
+  engine = Engine(target, draft, EngineConfig(policy="adaptive", **ENGINE))
+  url, background, stop = serve(engine, tokenizer, template)
+  yield openai_client(url), url, background, target, tokenizer, template
+  stop()
 
 
 @pytest.fixture
@@ -248,6 +261,57 @@ def test_seed_same_text_under_concurrent_load(client):
   assert client.completions.create(**{**seeded, "seed": 99}).choices[0].text != alone
 
 
+@pytest.fixture(scope="module")
+def served_off(served):
+  """A second server on the same models with speculation off (policy "never")."""
+  _, _, _, target, tokenizer, template = served
+  _, draft, _ = tiny_setup(0)
+  engine = Engine(target, draft, EngineConfig(policy="never", **ENGINE))
+  url, _, stop = serve(engine, tokenizer, template)
+  yield openai_client(url)
+  stop()
+
+
+def test_seeded_text_is_the_same_with_speculation_on_and_off(served, served_off):
+  """Both servers: a seeded request gets one text from the server that never
+  speculates and, under concurrent load, from the one that does (streamed or
+  not, completions and chat), and with its own `speculation` settings; an
+  unseeded sampled request gets other texts."""
+  on = served[0]
+  seeded = dict(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0.9, seed=4321)
+  chat = dict(model="tiny", messages=MESSAGES, max_tokens=12, temperature=1.0, seed=8)
+  off_text = served_off.completions.create(**seeded).choices[0].text
+  off_chat = served_off.chat.completions.create(**chat).choices[0].message.content
+
+  def noise(i):
+    return on.completions.create(
+      model="tiny", prompt="y" * (2 + i), max_tokens=4 + i, temperature=1
+    )
+
+  def request(i):
+    if i % 3 == 0:
+      return on.chat.completions.create(**chat).choices[0].message.content
+    extra = [None, {"speculation": {"max_draft_tokens": 1}}, {"speculation": {"enabled": False}}]
+    if i % 3 == 1:
+      chunks = on.completions.create(**seeded, stream=True, extra_body=extra[i % 2])
+      return "".join(c.choices[0].text for c in chunks)
+    return on.completions.create(**seeded, extra_body=extra[2 * (i % 2)]).choices[0].text
+
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    loads = [pool.submit(noise, i) for i in range(5)]
+    texts = list(pool.map(request, range(9)))
+    assert all(f.result().choices for f in loads)
+  assert texts == [off_chat if i % 3 == 0 else off_text for i in range(9)]
+  assert len(set(texts)) == 2 and off_text
+  unseeded = {k: v for k, v in seeded.items() if k != "seed"}
+  assert {on.completions.create(**unseeded).choices[0].text for _ in range(3)} != {off_text}
+  with pytest.raises(openai.BadRequestError, match="speculation.max_draft_tokens must be") as e:
+    on.completions.create(**seeded, extra_body={"speculation": {"max_draft_tokens": -1}})
+  assert e.value.body["param"] == "speculation.max_draft_tokens"
+  with pytest.raises(openai.BadRequestError, match="speculation"):
+    on.completions.create(**seeded, extra_body={"speculation": {"enable": False}})
+
+
 def test_n_choices(client, greedy):
   ids, text = greedy
   out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, n=3)
@@ -357,6 +421,6 @@ def test_engine_refusals_name_the_field(served):
   hot = Engine.__new__(Engine)  # the check alone, for an engine that never takes plain steps
   hot.config = EngineConfig(policy="always", **ENGINE)
   hot.vocab_size = 256
-  with pytest.raises(ValueError, match="seed: policy .always. takes no plain steps"):
-    hot.check(Request([1], 4, SamplingParams(1.0), seed=1))
-  hot.check(Request([1], 4, seed=1))  # greedy: the seed changes nothing
+  hot.check(Request([1], 4, SamplingParams(1.0), seed=1))  # seeded rows speculate (coupled)
+  with pytest.raises(ValueError, match=r"max_draft_tokens must be an integer in \[0, inf\]"):
+    hot.check(Request([1], 4, max_draft_tokens=-2))

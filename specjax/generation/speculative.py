@@ -60,7 +60,14 @@ def speculative_step(
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   if config.coupled:  # the rows' noise at this block's generated indices, drawn once
-    draft_key = step_coupling(state, draft_key, noise_positions(drafter, config.gamma), target)
+    draft_key = Coupling.of(
+      state.row_keys,
+      state.num_generated,
+      noise_positions(drafter, config.gamma),
+      target.cfg.vocab_size,
+      draft_key,
+      state.coupled_rows,
+    )
     verify_key = draft_key.replace(key=verify_key)
   sampling = step_sampling(state, config)
   # 1. Draft up to gamma tokens per row (a chain or a tree), with the laws q they were drawn from.
@@ -181,15 +188,6 @@ def noise_positions(drafter: Drafter, gamma: int) -> int:
   if isinstance(drafter.tree, DynamicTree):
     return drafter.tree.depth + 1
   return len(levels(drafter.tree)) + 1
-
-
-def step_coupling(
-  state: SpecState, key: jax.Array, positions: int, target: Transformer
-) -> Coupling:
-  """The `Coupling` of an iteration: the rows' noise at generated indices
-  num_generated ... + positions - 1, over the target's vocabulary."""
-  gumbel = coupling_lib.noise(state.row_keys, state.num_generated, positions, target.cfg.vocab_size)
-  return Coupling(gumbel, key, state.coupled_rows)
 
 
 def step_sampling(state: SpecState, config: SpecConfig) -> SamplingParams | RowSampling:
@@ -401,10 +399,9 @@ def prefill_state(
   """
   b = prompts.shape[0]
   features = drafter is not None and drafter.target_features
-  if config.coupled:
+  if config.coupled:  # each row's draw at generated index 0
     zero = jnp.zeros((b,), jnp.int32)
-    gumbel = coupling_lib.noise(row_keys, zero, 1, target.cfg.vocab_size)
-    first_key = Coupling(gumbel, first_key, coupled_rows)
+    first_key = Coupling.of(row_keys, zero, 1, target.cfg.vocab_size, first_key, coupled_rows)
   first, target_cache, *hidden = prefill(
     target,
     prompts,

@@ -4,6 +4,7 @@ with their own settings, an adaptive speculation policy, metrics.
   Engine                      the engine: scheduling (`specjax.serving.engine`)
   EngineConfig, fit_config    its settings, fitted to the models' context (`.config`)
   Request, Event, Completion  what goes in and comes out (`.request`)
+  request_key                 the key a seeded request draws with
   SpeculationPolicy           draft length per step (`.policy`; warm-up timing
                               in `.calibration`)
   summarize, percentiles      latency and throughput figures (`.metrics`)
@@ -17,7 +18,7 @@ The HTTP endpoint (`specjax.serving.http`, FastAPI) needs `pip install 'specjax[
 
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.config import EngineConfig, fit_config
-from specjax.serving.engine import Engine
+from specjax.serving.engine import Engine, request_key
 from specjax.serving.metrics import percentiles, summarize
 from specjax.serving.policy import SpeculationPolicy
 from specjax.serving.request import Completion, Event, Request
@@ -32,5 +33,6 @@ __all__ = [
   "SpeculationPolicy",
   "fit_config",
   "percentiles",
+  "request_key",
   "summarize",
 ]

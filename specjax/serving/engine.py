@@ -128,7 +128,11 @@ class Engine:
         gamma=config.gamma,
         max_new_tokens=config.max_new_tokens,
         sampling=None,  # every row its own (RowSampling)
-        verifier="token",  # exact for any mix of greedy and sampled rows
+        # Seeded rows: Gumbel-max coupling with their own keys (their text is
+        # the same with or without speculation); the others: the token rule,
+        # exact for any mix of greedy and sampled rows.
+        verifier="coupled",
+        coupled=True,
         eos_id=self.eos_ids,
       ),
       capacity=capacity,
@@ -179,8 +183,8 @@ class Engine:
       check_int("logprobs", request.logprobs, 0, self.config.logprobs)
     if request.seed is not None:
       check_int("seed", request.seed, -(2**63), 2**64 - 1)
-      if not request.sampling.greedy and 0 not in self.config.draft_lengths:
-        raise ValueError(f"seed: policy {self.config.policy!r} takes no plain steps.")
+    if request.max_draft_tokens is not None:
+      check_int("max_draft_tokens", request.max_draft_tokens, 0)
 
   def submit(self, request: Request) -> int:
     """Queues `request`; returns its id. Raises a ValueError naming the field for
@@ -256,9 +260,7 @@ class Engine:
       return events
     width = self._compact()
     live = [i for i, s in enumerate(self._slot_requests) if s is not None]
-    gamma = self.policy.choose(width)
-    if any(_seeded(s.request) for s in self._slot_requests if s is not None):
-      gamma = 0  # seeded rows draw from their own keys in plain steps only
+    gamma = self._capped(self.policy.choose(width), live)
     if gamma and self._drafter_stale:
       self._state = slots.resync(
         self.target, self.drafter, self._state, width=width, config=self._slot_config
@@ -285,6 +287,15 @@ class Engine:
     self.counters["accepted"] += int(counts[0])
     self.counters["evaluated"] += int(counts[1])
     return events + self._stream(tokens, num_generated, done, stats, logprobs)
+
+  def _capped(self, gamma: int, live: list[int]) -> int:
+    """The policy's draft length, no longer than any live request lets a step
+    draft for it (`Request.max_draft_tokens`), among the compiled lengths. Each
+    row's own cap is its `draft_limit`, set at admission."""
+    caps = [self._slot_requests[slot].request.max_draft_tokens for slot in live]
+    bound = max(gamma if cap is None else min(gamma, cap) for cap in caps)
+    fits = [g for g in self.config.draft_lengths if g <= bound]
+    return max(fits) if fits else min(self.config.draft_lengths)
 
   def _asked(self) -> bool:
     """Whether a live request asked for log-probabilities (else none are computed)."""
@@ -360,14 +371,8 @@ class Engine:
     prompt = np.asarray(request.prompt, np.int32)
     width = next(p for p in self.config.prompt_buckets if p >= prompt.size)
     row_key = jnp.zeros((1, 2), jnp.uint32)  # unseeded (greedy rows: a seed changes nothing)
-    if _seeded(request):  # the 64-bit seed as key data, folded with the choice
-      seed = request.seed % 2**64
-      row_key = jax.random.key_data(
-        jax.random.fold_in(
-          jax.random.wrap_key_data(jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], jnp.uint32)),
-          request.choice,
-        )
-      )[None]
+    if _seeded(request):
+      row_key = jax.random.key_data(request_key(request.seed, request.choice))[None]
     self._state = slots.admit(
       self.target,
       drafter,
@@ -381,6 +386,10 @@ class Engine:
       key,
       row_key,
       jnp.asarray(request.logprobs is not None),
+      jnp.asarray(
+        [self.config.gamma if request.max_draft_tokens is None else request.max_draft_tokens],
+        jnp.int32,
+      ),
       config=self._slot_config,
     )
 
@@ -534,6 +543,7 @@ class Engine:
       self._key,
       jnp.zeros((1, 2), jnp.uint32),
       jnp.asarray(False),
+      jnp.asarray([self.config.gamma], jnp.int32),
       config=self._slot_config,
     )
 
@@ -563,6 +573,15 @@ class Engine:
       draft_lengths=self.config.draft_lengths,
       policy=self.policy,
     )
+
+
+def request_key(seed: int, choice: int = 0) -> jax.Array:
+  """The key a seeded request draws with: the 64-bit seed as key data, folded
+  with the choice's index. `autoregressive_generate(..., key=request_key(seed)[None])`
+  gives the text the server gives the request (`specjax.coupling`)."""
+  seed %= 2**64
+  data = jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], jnp.uint32)
+  return jax.random.fold_in(jax.random.wrap_key_data(data), choice)
 
 
 def _seeded(request: Request) -> bool:

@@ -61,6 +61,7 @@ ENGINE_FIELDS = {
   "prompt": "prompt",
   "seed": "seed",
   "logprobs": "logprobs",
+  "max_draft_tokens": "speculation.max_draft_tokens",
   # SamplingParams' own messages name the bare fields.
   "temperature": "temperature",
   "top_k": "top_k",
@@ -80,6 +81,18 @@ class StreamOptions(pydantic.BaseModel):
   include_usage: bool = False
 
 
+class Speculation(pydantic.BaseModel):
+  """The `speculation` extension: this request's own speculation settings."""
+
+  model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+  enabled: bool = True  # false: decoded without drafted tokens (in the same batch)
+  max_draft_tokens: int | None = None  # at most this many drafted tokens per step
+
+  def cap(self) -> int | None:
+    """`Request.max_draft_tokens`: None (the engine decides), or the cap."""
+    return 0 if not self.enabled else self.max_draft_tokens
+
+
 class _Body(pydantic.BaseModel):
   """The fields both endpoints accept (ranges are checked by the engine)."""
 
@@ -96,6 +109,7 @@ class _Body(pydantic.BaseModel):
   stop: str | list[str] | None = None
   seed: int | None = None
   n: int = 1
+  speculation: Speculation | None = None
 
 
 class CompletionBody(_Body):
@@ -398,8 +412,9 @@ class _Completions:
       raise APIError(400, "stream_options needs stream: true.", "stream_options")
     try:
       sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+      cap = None if body.speculation is None else body.speculation.cap()
       requests = [
-        Request(prompt, body.max_tokens, sampling, body.stop_token_id, body.seed, i, logprobs)
+        Request(prompt, body.max_tokens, sampling, body.stop_token_id, body.seed, i, logprobs, cap)
         for i in range(body.n)
       ]
       self.background.engine.check(requests[0])  # pure: safe from this thread

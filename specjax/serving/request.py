@@ -29,11 +29,16 @@ class Request:
     stop_id: the request stops after emitting this id (kept), besides the
       engine's EOS ids; None for none.
     seed: None, or an integer in [-2**63, 2**64): a sampled request then draws
-      from its own key, of (seed, choice) only, in plain steps: its text does
-      not depend on what else the engine serves.
+      with its own key, of (seed, choice) only, by Gumbel-max coupling
+      (`specjax.coupling`), in plain and speculative steps alike: its text
+      depends on neither what else the engine serves, nor the draft length,
+      nor the drafter, and equals the text with speculation off.
     choice: which of a request's samples this is.
     logprobs: None, or k in [0, `EngineConfig.logprobs`]: the events carry each
       token's log-probability under the request's warp and k alternatives.
+    max_draft_tokens: None (the engine's policy decides), or an integer >= 0:
+      no step drafts more than this many tokens for this request (0: it is
+      decoded without speculation, in the same batch as the others).
   """
 
   prompt: Sequence[int]
@@ -43,6 +48,7 @@ class Request:
   seed: int | None = None
   choice: int = 0
   logprobs: int | None = None
+  max_draft_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

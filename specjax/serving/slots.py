@@ -18,7 +18,10 @@ warm-up):
   release       slots marked done (cancelled requests stop committing)
 
 Rows of finished or free slots run along (static shapes) but commit nothing.
-A seeded row draws in plain steps from its own key folded with its position.
+A seeded row draws with its own key's Gumbel noise at each generated index
+(`specjax.coupling`), in plain and speculative steps alike, so its text does not
+depend on the batch, the draft length or the drafter. A row's `draft_limit` is
+its request's cap on the draft length (0: it takes no drafted tokens).
 With `SlotConfig.logprobs` = K > 0 committed tokens can record their
 log-probabilities and K alternatives, from the logits that verified them.
 """
@@ -32,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import coupling
+from specjax.coupling import Coupling
 from specjax.drafting import Commit, Drafter
 from specjax.generation.common import prefill, zero_padding
 from specjax.generation.speculative import (
@@ -130,6 +135,12 @@ def _seeded(row_keys: jax.Array) -> jax.Array:
   return jnp.any(row_keys != 0, axis=-1)
 
 
+def _coupled_rows(row_keys: jax.Array) -> dict:
+  """`SpecState`'s coupling fields for `row_keys [B, 2]`: the seeded rows draw
+  with their own key's Gumbel noise (`specjax.coupling`), the others as before."""
+  return dict(row_keys=jax.random.wrap_key_data(row_keys), coupled_rows=_seeded(row_keys))
+
+
 def token_logprobs(logits: jax.Array, tokens: jax.Array, sampling: RowSampling, k: int) -> tuple:
   """`(logprob [B, T], top_ids [B, T, k], top_logprobs [B, T, k])` of `tokens [B, T]`
   under each row's warp of `logits [B, T, V]` (a greedy row's: at temperature 1)."""
@@ -181,9 +192,6 @@ def fresh_rows(
   n, width = prompts.shape
   prompts = zero_padding(prompts, prompt_lengths)
   row_keys = jnp.zeros((n, 2), jnp.uint32) if row_keys is None else row_keys
-  if n == 1:  # an admission: a seeded row's first draw is its own (`prefill` draws for the batch)
-    own = _seeded(row_keys[0])
-    key = jax.random.wrap_key_data(jnp.where(own, row_keys[0], jax.random.key_data(key)))
   spec = prefill_state(
     target,
     drafter,
@@ -196,7 +204,8 @@ def fresh_rows(
     stop=stop,
     keys=jax.random.split(key, (1, 2)),  # the engine gives each step its keys
     rows=sampling,
-  )
+    **_coupled_rows(row_keys),  # a seeded row's first token: its draw at index 0
+  ).replace(row_keys=None, coupled_rows=None)  # they live in SlotState.row_keys
   padded = jnp.pad(prompts, ((0, 0), (0, config.max_prompt_len - width)))
   state = SlotState(spec, padded, prompt_lengths, row_keys)
   if not config.logprobs:
@@ -223,21 +232,28 @@ def plain_step(
   target: Transformer, state: SpecState, config: SpecConfig, row_keys=None
 ) -> tuple[SpecState, jax.Array, jax.Array]:
   """One autoregressive step on a `SpecState`: the target scores s[-1], each active
-  row commits one token drawn from its warped law (a seeded row with the uniform
-  of its own key `row_keys [B, 2]` folded with its length). The drafter's state
+  row commits one token drawn from its warped law (a seeded row by Gumbel-max with
+  its own key `row_keys [B, 2]`'s noise at its generated index). The drafter's state
   is left as it was (behind by one token per step; `resync` catches it up).
 
   Returns:
     `(state, logits [B, 1, V], emitted [B, 1])`.
   """
   logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
-  u = jax.random.uniform(state.keys[0, 1], state.done.shape)
-  if row_keys is not None:
-    own = jax.vmap(lambda k, i: jax.random.uniform(jax.random.fold_in(k, i)))(
-      jax.random.wrap_key_data(row_keys), state.num_generated
+  probs = warp_probs(logits[:, 0], step_sampling(state, config))
+  if row_keys is None:
+    token = sample_with_uniform(jax.random.uniform(state.keys[0, 1], state.done.shape), probs)
+  else:  # seeded rows: the coupled draw at their generated index, as a speculative step's
+    seeded = _coupled_rows(row_keys)
+    key = Coupling.of(
+      seeded["row_keys"],
+      state.num_generated,
+      1,
+      target.cfg.vocab_size,
+      state.keys[0, 1],
+      seeded["coupled_rows"],
     )
-    u = jnp.where(_seeded(row_keys), own, u)
-  token = sample_with_uniform(u, warp_probs(logits[:, 0], step_sampling(state, config)))
+    token = coupling.sample_tokens(key, probs)
   n = jnp.zeros_like(token)
   emitted = token[:, None]
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
@@ -284,12 +300,15 @@ def _step(
   spec_config = dataclasses.replace(config.spec, gamma=gamma)
   if gamma == 0:
     spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys)
-  elif config.logprobs:
-    spec, logits, emitted = speculative_step(
-      target, drafter, part.spec, spec_config, with_logits=True
-    )
   else:
-    spec = logits = emitted = speculative_step(target, drafter, part.spec, spec_config)
+    coupled = part.spec.replace(**_coupled_rows(part.row_keys))
+    if config.logprobs:
+      spec, logits, emitted = speculative_step(
+        target, drafter, coupled, spec_config, with_logits=True
+      )
+    else:
+      spec = logits = emitted = speculative_step(target, drafter, coupled, spec_config)
+    spec = spec.replace(row_keys=None, coupled_rows=None)
   at = part.spec.num_generated
   part = _record(part, spec, lambda: logits, emitted, at, config.logprobs, record)
   # This step's accepted and evaluated drafted tokens (the policy's alpha).
@@ -347,10 +366,12 @@ def _admit(
   key: jax.Array,
   row_key: jax.Array,
   record: jax.Array,
+  draft_cap: jax.Array,
   *,
   config: SlotConfig,
 ) -> SlotState:
-  """One request (prompt `[1, P]`, its `row_key [1, 2]`, `record` its logprobs)
+  """One request (prompt `[1, P]`, its `row_key [1, 2]`, `record` its logprobs,
+  `draft_cap [1]` the most tokens it lets a step draft for it, 0: none)
   prefilled into slot `slot` (a traced index).
 
   `drafter` None into a batch that has a drafter state prefills the target
@@ -371,6 +392,9 @@ def _admit(
     row_key,
     record,
   )
+  # The row's own cap on its draft length, whatever length a step drafts.
+  limit = jnp.minimum(row.spec.draft_limit, draft_cap)
+  row = row.replace(spec=row.spec.replace(draft_limit=limit))
   if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
     stale = jax.tree.map(lambda x: x[slot][None], state.spec.drafter_state)
     row = row.replace(spec=row.spec.replace(drafter_state=stale))
