@@ -46,7 +46,9 @@ def get_config() -> ml_collections.ConfigDict:
   # (specjax.jobs.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
   # drafter (DRAFTER_GAMMA: early exit drafts 1).
   config.gamma = 0
-  config.verifier = "auto"  # auto (greedy at T=0, else token) | token | block | greedy
+  # auto (greedy at T=0, else token) | token | block | greedy | coupled (Gumbel-max:
+  # each row's text a function of its key, the same with every drafter)
+  config.verifier = "auto"
   # model (the draft) | ngram | layer_skip (target's first layers) | eagle | medusa
   # | early_exit (draft heads on the target; the bundled ones, or config.head)
   # | cross_tokenizer | string_level: a draft with a tokenizer of its own (the

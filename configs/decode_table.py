@@ -12,7 +12,10 @@ at temperature 0 and 1, with the EAGLE head, at batch 4 and 16, and beside
 transformers' generate on the same weights. It needs about 10 GB of memory and
 about 40 minutes on a 2-core CPU. The `sizes` preset decodes the pair as trained,
 grown to 160m and to 1b (float32, a bfloat16 draft, T = 0); `--output_plot=PATH` draws speedup
-against target size with Leviathan's prediction (docs/performance.md).
+against target size with Leviathan's prediction (docs/performance.md). The
+`coupling` preset sets the coupled verifier beside the token rule (draft model
+and EAGLE head, T = 0.7 and 1) on the bundled pair, `coupling_1b` at the 1b
+shape with a bfloat16 draft (docs/usage.md, "Same seed, same text").
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import ml_collections
 
 from configs import decode
 
-PRESETS = ("1b", "sizes")
+PRESETS = ("1b", "sizes", "coupling", "coupling_1b")
 
 
 def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
@@ -51,4 +54,19 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     )
   if preset == "sizes":
     c.rows = tuple(dict(scale=scale, draft_dtype="bfloat16") for scale in ("", "160m", "1b"))
+  if preset in ("coupling", "coupling_1b"):
+    # The coupled verifier (Gumbel-max; the text a function of the seed) against
+    # the token rule, with the draft model and the EAGLE head, at T = 0.7 and 1.
+    # 256 tokens: acceptance over one prompt's text is noisy at 64.
+    c.decode.max_new_tokens = 256
+    if preset == "coupling_1b":
+      c.decode.scale = "1b"
+      c.decode.draft_dtype = "bfloat16"
+      c.decode.max_new_tokens = 128
+    c.rows = tuple(
+      dict(temperature=t, drafter=d, verifier=v)
+      for d in ("model", "eagle")
+      for t in (0.7, 1.0)
+      for v in ("token", "coupled")
+    )
   return c

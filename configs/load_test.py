@@ -31,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Each request: its budget and sampling.
   config.max_new_tokens = 64
   config.temperature = 0.0
+  # Request i carries seed i: at temperature > 0 its text is the same in every
+  # mode (seeded requests speculate with the coupled verifier; docs/serving.md).
+  config.seeded = False
   config.top_k = 0
   config.top_p = 1.0
   # Goodput counts requests meeting both objectives (0: no objective).

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import train_draft
-from specjax.reproduce.run import DRAFTERS
+from specjax.reproduce.run import DISTILLED, DRAFTERS
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -28,6 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.num_runs = 3  # timed runs per variant (median), after a warm-up
   c.seed = 0
   c.drafters = DRAFTERS  # every drafter specjax has (Table 3's rows)
+  # Measured again with the coupled verifier at T > 0 (Daliri et al.; every drafter
+  # of `drafters` is checked for the same text as plain decoding)
+  c.coupled_drafters = (DISTILLED, "EAGLE head")
   c.count_files = 0  # training-split files the unigram and bigram drafts count (0: all)
   c.count_smoothing = 1.0  # add-k pseudo-counts of the count drafts
   c.layer_skip = 3  # target layers the layer-skip draft keeps (of 6)
@@ -52,6 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
       max_new_tokens=24,
       num_runs=1,
       drafters=("unigram", "bigram", "corpus-trained draft", "distilled draft"),
+      coupled_drafters=("distilled draft",),
       count_files=40,
       samples=20_000,
       corpus_draft=dict(

@@ -19,6 +19,10 @@ step, command_buffer, scaled; about 8 minutes):
   scaled: the bundled pair grown to the Llama-2-7B shape (`load_pair(scale="7b")`,
      bfloat16, real acceptance) decoded by the main job at T = 0 and 1 and with
      the grown EAGLE head (`specjax.jobs.decode_table`; smoke: the bundled pair);
+  coupling: the coupled verifier (Gumbel-max, drafter-invariant) against the
+     token rule at the scaled `1b` shape in bfloat16, with the grown draft and
+     EAGLE head, at T = 0.7 and 1 (`configs/decode_table.py:coupling_1b`;
+     smoke: the bundled pair, 8 tokens);
   scoring: the 1.1B-shaped target's cost of one call over T = 2..64 positions
      (a chain, and a token tree with tree attention) against one position:
      what a tree's extra nodes cost on memory-bound hardware;
@@ -85,7 +89,7 @@ GAMMA = 4
 # untrained EAGLE head on the target (its cost c matters here; its alpha comes
 # from the bundled pair, not from random weights).
 CASES = ((1, "68m"), (1, "self"), (8, "68m"), (1, "eagle"))
-SECTIONS = ("step", "command_buffer", "scaled", "scoring", "trees", "decode")
+SECTIONS = ("step", "command_buffer", "scaled", "coupling", "scoring", "trees", "decode")
 # What one lent GPU runs by default (about 8 minutes): the step at the scaled
 # shapes, then with while loops in command buffers, then the 7b pair's speedups.
 DEFAULT_SECTIONS = ("step", "command_buffer", "scaled")
@@ -185,6 +189,16 @@ def tree_config(scale: str):
   config.trees.max_depth = 16
   config.num_prompts = 2
   config.max_new_tokens = 64 if scale == "full" else 12
+  return config
+
+
+def coupling_config(scale: str):
+  """`configs/decode_table.py:coupling_1b` in bfloat16 (smoke: the bundled pair)."""
+  config = decode_table_config.get_config("coupling_1b" if scale == "full" else "coupling")
+  config.decode.dtype = "bfloat16"
+  config.decode.draft_dtype = ""
+  if scale != "full":
+    config.decode.max_new_tokens = 8
   return config
 
 
@@ -318,6 +332,9 @@ def main(argv):
     elif section == "scaled":
       rows = decode_table.run(scaled_config(scale), progress=True)
       save("scaled", rows, decode_table.COLUMNS)
+    elif section == "coupling":
+      rows = decode_table.run(coupling_config(scale), progress=True)
+      save("coupling", rows, decode_table.COLUMNS)
     elif section == "scoring":
       save("scoring", scoring_rows(target, sizes, scale), SCORING_COLUMNS)
     elif section == "trees":

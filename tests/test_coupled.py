@@ -36,7 +36,7 @@ from test_verify_exactness import (
 
 import specjax
 from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue, head_drafter, make_drafter
-from specjax import coupling, pretrained, trees
+from specjax import coupling, pretrained, theory, trees
 from specjax.coupling import Coupling
 from specjax.drafting import TreeDrafter
 from specjax.verify import coupled_tree_verify, coupled_verify
@@ -162,13 +162,35 @@ def _simulate(key, p_table, q_table, *, gamma, num_samples):
 
 
 def collision_probability(p, q):
-  """P(argmax(log p + G) = argmax(log q + G)) for shared Gumbel noise G, exactly:
-  sum_i 1 / sum_j max(p_j / p_i, q_j / q_i) over ids with p_i, q_i > 0."""
+  """P(argmax(log p + G) = argmax(log q + G)) for shared Gumbel noise G, by the
+  O(V^2) formula: sum_i 1 / sum_j max(p_j / p_i, q_j / q_i) over ids with p_i, q_i > 0."""
   total = 0.0
   for i in range(len(p)):
     if p[i] > 0 and q[i] > 0:
       total += 1.0 / np.sum(np.maximum(p / p[i], q / q[i]))
   return total
+
+
+def test_the_exact_acceptance_formula_sorts_what_the_quadratic_one_sums():
+  """`theory.gumbel_coupling_acceptance` (O(V log V), ties and zeros included)
+  equals the quadratic formula; 1 for p = q; between the bound and 1 - TV."""
+  rng = np.random.default_rng(0)
+  laws = []
+  for v in (2, 3, 9, 40):
+    p, q = rng.dirichlet(np.ones(v), size=2)
+    q[0], p[-1] = 0.0, 0.0  # ids one law never draws
+    laws.append((p / p.sum(), q / q.sum()))
+  laws.append((np.array([0.25, 0.25, 0.5]), np.array([0.5, 0.5, 0.0]) / 1.0))  # tied ratios
+  for p, q in laws:
+    beta = float(theory.gumbel_coupling_acceptance(p, q))
+    assert abs(beta - collision_probability(p, q)) < 1e-12
+    tv = 0.5 * np.abs(p - q).sum()
+    assert theory.coupled_acceptance_bound(tv) - 1e-12 <= beta <= 1 - tv + 1e-12
+    assert abs(float(theory.gumbel_coupling_acceptance(p, p)) - 1) < 1e-12
+  batch = theory.gumbel_coupling_acceptance(np.stack([p, p]), np.stack([q, p]))
+  assert batch.shape == (2,) and abs(batch[1] - 1) < 1e-12
+  with pytest.raises(ValueError, match="p and q must be laws of one shape"):
+    theory.gumbel_coupling_acceptance(np.ones(3), np.ones(4))
 
 
 @pytest.mark.parametrize("case", ["generic", "disjoint_supports"])

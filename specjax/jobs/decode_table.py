@@ -72,6 +72,7 @@ COLUMNS = (
   ("T", "{temperature:g}"),
   ("batch", "{batch_size}"),
   ("γ", "{gamma}"),
+  ("verifier", "{verifier}"),
   ("AR ms/tok", "{ar_ms_per_token:.1f}"),
   ("AR / floor", _optional("ar_over_floor", ".2f")),
   ("verify cost", _optional("verify_cost", ".2f")),

@@ -163,6 +163,7 @@ def _requests(config, tokenizer, max_prompt_len: int):
     max_new_tokens=config.max_new_tokens,
     max_prompt_len=max_prompt_len,
     sampling=_sampling(config),
+    seeded=config.seeded,
   )
 
 

@@ -7,6 +7,10 @@ LEVIATHAN = "Leviathan, Kalman, Matias 2023 (arXiv 2211.17192)"
 CHEN = "Chen et al. 2023 (arXiv 2302.01318)"
 SUN = "Sun et al. 2024, block verification (arXiv 2403.10444)"
 DISTILLSPEC = "Zhou et al. 2023, DistillSpec (arXiv 2310.08461)"
+DALIRI = (
+  "Daliri, Musco, Suresh 2024, Coupling without Communication and Drafter-Invariant "
+  "Speculative Decoding (arXiv 2408.07978)"
+)
 
 # Leviathan Table 1 (c = 0) and section 3.3's optimum: printed values.
 TABLE1_TOKENS = {"alpha": 0.8, "gamma": 5, "tokens_per_iteration": 3.69, "ops_factor": 1.63}
@@ -38,3 +42,8 @@ WORKED_EXAMPLES = (
   {"q": (0.4, 0.6), "p": (0.3, 0.7), "acceptance_of_A": 0.75},
   {"q": (0.8, 0.2), "p": (0.3, 0.7), "acceptance_of_A": 0.375},
 )
+
+# Daliri et al.: the output is a function of the seed alone, whatever the drafter
+# (drafter invariance); Gumbel-max coupling accepts at least (1 - TV) / (1 + TV)
+# where the residual rule accepts 1 - TV (their Theorem 2; the bound, not a table).
+DALIRI_CLAIMS = ("drafter-invariant output", "acceptance >= (1 - TV) / (1 + TV)")

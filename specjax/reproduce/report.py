@@ -327,6 +327,75 @@ def distillspec_section(rows: list[dict], gamma: int) -> Section:
   )
 
 
+def daliri_section(studies: list[dict], rows: list[dict], gamma: int) -> Section:
+  """Drafter invariance, the coupled against the token rule's acceptance, and the
+  paper's bound on the pair's measured laws (`reproduce.coupling.coupling_study`)."""
+  invariant, compared, bounds = [], [], []
+  for study in studies:
+    t = study["temperature"]
+    for row in study["invariance"]:
+      verdict = "agrees" if row["identical"] else "differs from plain decoding"
+      invariant.append([f"{t:g}", row["drafter"], row["tokens"], row["identical"], verdict])
+    n = study["positions"]
+    holds = study["bound_holds"]
+    bounds.append(
+      [
+        f"{t:g}",
+        n,
+        round(study["one_minus_tv"], 4),
+        round(study["coupled"], 4),
+        round(study["bound"], 4),
+        f"{holds}/{n}",
+        "agrees" if holds == n else "the bound fails",
+      ]
+    )
+  for r in rows:
+    if r["verifier"] != "coupled":
+      continue
+    token = _pick(rows, drafter=r["drafter"], gamma=r["gamma"], verifier="auto")
+    token = [x for x in token if x["temperature"] == r["temperature"]]
+    if token:
+      base = token[0]
+      compared.append(
+        [f"{r['temperature']:g}", r["drafter"]]
+        + [round(x, 3) for x in (base["alpha"], r["alpha"])]
+        + [round(x, 2) for x in (base["tokens_per_iteration"], r["tokens_per_iteration"])]
+        + [round(x, 2) for x in (base["speedup"], r["speedup"])]
+      )
+  return section(
+    "daliri",
+    "Daliri et al.: drafter-invariant speculative decoding",
+    papers.DALIRI,
+    [
+      table(
+        "The text is fixed by the seed whatever the drafter (verifier coupled, "
+        f"γ = {gamma}, against plain coupled decoding with the same keys)",
+        ["T", "drafter", "tokens", "identical", "verdict"],
+        invariant,
+      ),
+      table(
+        f"Acceptance, coupled against the token rule (γ = {gamma}, batch 1)",
+        ["T", "drafter", "α token", "α coupled", "tokens/iter token", "tokens/iter coupled"]
+        + ["speedup token", "speedup coupled"],
+        compared,
+      ),
+      table(
+        "The paper's bound on the laws along the plain text (distilled draft): mean "
+        "per-token acceptance",
+        ["T", "positions", "token: 1 - TV", "coupled (exact)", "bound (1 - TV)/(1 + TV)"]
+        + ["bound <= coupled <= 1 - TV", "verdict"],
+        bounds,
+      ),
+    ],
+    notes=[
+      "The coupled rule gives up some acceptance for reproducibility: its "
+      "acceptance lies between the paper's bound and the token rule's 1 - TV at "
+      "every position. Its text equals plain decoding's with the same keys, so a "
+      "server can speculate for seeded requests (docs/serving.md)."
+    ],
+  )
+
+
 def examples_section(examples: list[dict], shortcut: dict) -> Section:
   """The explainers' worked examples, computed and sampled."""
   rows = []

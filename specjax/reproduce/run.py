@@ -31,6 +31,7 @@ from specjax.drafting import (
   layer_skip,
 )
 from specjax.reproduce import examples, figures, papers, report
+from specjax.reproduce.coupling import coupling_study
 from specjax.reproduce.measure import Variant, measure
 from specjax.reproduce.report import CORPUS, DISTILLED
 from specjax.validation import check_positive_int, read_json_object
@@ -56,6 +57,7 @@ SECTIONS = (
   "sun",
   "distillspec",
   "worked_examples",
+  "daliri",
 )
 _HEADS = {
   "EAGLE head": ("eagle", EagleDrafter),
@@ -90,6 +92,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   unknown = [d for d in config.drafters if d not in DRAFTERS]
   if unknown:
     raise ValueError(f"config.drafters must be among {DRAFTERS}, got unknown {unknown}.")
+  unknown = [d for d in config.coupled_drafters if d not in config.drafters]
+  if unknown:
+    raise ValueError(f"config.coupled_drafters must be among config.drafters, got {unknown}.")
   for needed in (CORPUS, DISTILLED):
     if needed not in config.drafters:
       raise ValueError(f"config.drafters must include {needed!r} (DistillSpec, Chen, Sun).")
@@ -170,12 +175,14 @@ def _drafters(config, target, draft, tokenizer, output_dir, progress) -> tuple[d
 def variants(config) -> list[Variant]:
   """Every drafter at config.gamma; the distilled draft at each γ of config.gammas,
   and with block verification at config.gamma and T > 0 (at T = 0 both rules
-  accept exactly the argmax matches)."""
+  accept exactly the argmax matches); `config.coupled_drafters` with the coupled
+  verifier at T > 0 (Daliri et al.)."""
   out = [Variant(name, config.gamma) for name in config.drafters]
   out += [Variant(DISTILLED, g) for g in config.gammas if g != config.gamma]
   sampled = tuple(t for t in config.temperatures if t > 0)
   if sampled:
     out.append(Variant(DISTILLED, config.gamma, "block", sampled))
+    out += [Variant(name, config.gamma, "coupled", sampled) for name in config.coupled_drafters]
   return out
 
 
@@ -227,6 +234,7 @@ def write_report(result: dict[str, Any], output_dir: str, figures_too: bool = Tr
     report.sun_section(ex["block_toy"], rows, DISTILLED, config.gamma),
     report.distillspec_section(rows, config.gamma),
     report.examples_section(ex["one_token"], ex["top1_shortcut"]),
+    report.daliri_section(result.get("coupling", []), rows, config.gamma),
   ]
   made = []
   if figures_too:
@@ -292,8 +300,26 @@ def reproduce(
     seed=config.seed,
     progress=progress,
   )
+  coupling = []
+  for t in (t for t in config.temperatures if t > 0):
+    progress(f"T={t:g}: the coupled verifier with every drafter (Daliri et al.)")
+    coupling.append(
+      coupling_study(
+        target,
+        drafters,
+        draft,
+        prompts,
+        lengths,
+        temperature=t,
+        gamma=config.gamma,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed,
+        progress=progress,
+      )
+    )
   step(4, "report and figures")
   result = {
+    "coupling": coupling,
     "date": time.strftime("%Y-%m-%d"),
     "rows": rows,
     "examples": {"one_token": worked, "block_toy": toy, "top1_shortcut": shortcut},

@@ -83,16 +83,24 @@ def held_out_requests(
   max_prompt_len: int,
   sampling: SamplingParams = GREEDY,
   stop_id: int | None = None,
+  seeded: bool = False,
 ) -> list[Request]:
   """`n` requests whose prompts are the held-out test-split prompts
   (`held_out_texts`), reused in order when `n` exceeds them. A prompt longer
   than `max_prompt_len` tokens keeps its last `max_prompt_len` (the
-  continuation starts at its end)."""
+  continuation starts at its end). `seeded`: request i has seed i (its text is
+  then the same in every mode)."""
   check_positive_int("max_new_tokens", max_new_tokens)
   check_positive_int("max_prompt_len", max_prompt_len)
   prompts = [tokenizer.encode(t)[-max_prompt_len:] for t in held_out_texts(n)]
   return [
-    Request(prompts[i % len(prompts)], max_new_tokens, sampling=sampling, stop_id=stop_id)
+    Request(
+      prompts[i % len(prompts)],
+      max_new_tokens,
+      sampling=sampling,
+      stop_id=stop_id,
+      seed=i if seeded else None,
+    )
     for i in range(n)
   ]
 
@@ -165,6 +173,8 @@ async def _http_one(client, url: str, index: int, request: Request, arrival: flo
   }
   if request.stop_id is not None:
     body["stop_token_id"] = request.stop_id
+  if request.seed is not None:
+    body["seed"] = request.seed
   first = None
   finish_reason, error, tokens = "error", None, 0
   try:
