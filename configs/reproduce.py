@@ -3,6 +3,7 @@ the bundled models.
 
   python -m experiments.reproduce --output_dir=runs/reproduce       # full: 25 min here
   python -m experiments.reproduce --output_dir=/tmp/quick --quick   # < 3 min, what tests run
+  python -m experiments.reproduce --config=configs/reproduce.py:daliri --output_dir=runs/daliri
 
 The first full run also trains runs/draft_ce (12 min here).
 
@@ -17,8 +18,17 @@ from configs import train_draft
 from specjax.reproduce.run import DISTILLED, DRAFTERS
 
 
-def get_config() -> ml_collections.ConfigDict:
-  """The full run's configuration; `quick` holds the quick run's overrides."""
+PRESETS = ("daliri",)
+
+
+def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
+  """The full run's configuration; `quick` holds the quick run's overrides.
+  Preset "daliri": the quick run's settings (one timed run, a 4-step
+  corpus-trained draft, one γ) at the size of a measurement, for the Daliri et al.
+  section: 8 prompts × 64 tokens, T = 0.7 and 1, every drafter, the distilled
+  draft and the EAGLE head also with the coupled verifier (5 minutes here)."""
+  if preset is not None and preset not in PRESETS:
+    raise ValueError(f"preset must be one of {PRESETS} (or none), got {preset!r}.")
   c = ml_collections.ConfigDict()
   c.gamma = 4  # draft length of Table 3, Table 4, Sun and DistillSpec
   c.gammas = (1, 2, 3, 4, 6, 8)  # the distilled draft's sweep (Leviathan's figures, Chen's K)
@@ -65,4 +75,17 @@ def get_config() -> ml_collections.ConfigDict:
       ),
     )
   )
+  if preset == "daliri":
+    from specjax.reproduce.run import apply_quick
+
+    c.quick.update(
+      dict(
+        num_prompts=8,
+        max_new_tokens=64,
+        temperatures=(0.7, 1.0),
+        drafters=DRAFTERS,
+        coupled_drafters=(DISTILLED, "EAGLE head"),
+      )
+    )
+    c = apply_quick(c)
   return c
