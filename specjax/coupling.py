@@ -12,7 +12,7 @@ drafter's block (a drafted token is accepted exactly when it equals y_t). A
 drafter that samples with the same noise (argmax of log q~_t + G_t) agrees
 whenever q~ and p~ are close. The guide: docs/usage.md, "Same seed, same text".
 
-row_keys     one key per row, from one key or `[B]` keys
+row_keys     one key per row, from one key or `[B]` keys (`split_keys`)
 noise        `[B, S, V]` Gumbel noise at S consecutive generated indices
 gumbel_max   argmax(log probs + noise), the coupled draw
 Coupling     the noise of one call, handed to drafters and verifiers in place
@@ -46,6 +46,14 @@ def row_keys(key: jax.Array, batch: int) -> jax.Array:
   if is_key_batch(key):
     return key
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch, dtype=jnp.uint32))
+
+
+def split_keys(key: jax.Array, batch: int, coupled: bool) -> tuple[jax.Array, jax.Array | None]:
+  """`(batch_key, row_keys)` of a generation call given one key or `[B]` keys:
+  the key its batch-wide draws come from (with `[B]` keys every row is coupled
+  and it draws nothing: the first row's), and the rows' keys when `coupled`."""
+  keys = row_keys(key, batch) if coupled else None
+  return (key[0] if is_key_batch(key) else key), keys
 
 
 def noise(keys: jax.Array, start: jax.Array, count: int, vocab_size: int) -> jax.Array:

@@ -83,10 +83,13 @@ def test_count_drafter_table_shape_is_checked():
     (dict(gammas=(0, 2)), "config.gammas"),
     (dict(temperatures=()), "config.temperatures must be non-empty"),
     (dict(count_files=-1), "config.count_files must be >= 0"),
+    (dict(coupled_drafters=("Medusa heads", "trigram")), r"coupled_drafters must be among"),
   ],
 )
 def test_bad_configs_name_the_field(change, message):
   config = reproduce_config.get_config()
+  if "coupled_drafters" in change:
+    config.drafters = tuple(d for d in config.drafters if d != "Medusa heads")
   config.update(change)
   with pytest.raises(ValueError, match=message):
     check_config(config)

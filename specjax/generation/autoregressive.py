@@ -105,9 +105,7 @@ def _autoregressive_program(
   sampling = rows if sampling is None else sampling  # per-row settings are data
   prompts = zero_padding(prompts, prompt_lengths)
   b = prompts.shape[0]
-  row_keys = coupling.row_keys(key, b) if coupled else None
-  if coupling.is_key_batch(key):  # every row is coupled: the batch key draws nothing
-    key = key[0]
+  key, row_keys = coupling.split_keys(key, b, coupled)
   key, first_key = jax.random.split(key)
   if coupled:
     zero = jnp.zeros((b,), jnp.int32)

@@ -348,9 +348,7 @@ def init_state(
     rows: the rows' own sampling settings when `config.sampling` is None.
   """
   b, width = prompts.shape
-  keys = coupling_lib.row_keys(key, b) if config.coupled else None
-  if coupling_lib.is_key_batch(key):  # every row is coupled: the batch key draws nothing
-    key = key[0]
+  key, keys = coupling_lib.split_keys(key, b, config.coupled)
   key, first_key = jax.random.split(key)
   return prefill_state(
     target,
@@ -489,7 +487,8 @@ def speculative_generate(
     gamma: drafted tokens per iteration (>= 1, static); a tree drafter's nodes.
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
-      `RowSampling` gives each row its own ("auto" is then "token").
+      `RowSampling` gives each row its own ("auto" is then "token", or
+      "coupled" with per-row keys).
     key: one PRNG key, or one per row (typed keys `[B]`); required unless
       sampling is greedy (every row). With the "coupled" verifier row b's
       tokens depend on its key (`fold_in(key, b)` from one key) and prompt only.

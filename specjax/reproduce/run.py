@@ -92,12 +92,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   unknown = [d for d in config.drafters if d not in DRAFTERS]
   if unknown:
     raise ValueError(f"config.drafters must be among {DRAFTERS}, got unknown {unknown}.")
-  unknown = [d for d in config.coupled_drafters if d not in config.drafters]
-  if unknown:
-    raise ValueError(f"config.coupled_drafters must be among config.drafters, got {unknown}.")
   for needed in (CORPUS, DISTILLED):
     if needed not in config.drafters:
       raise ValueError(f"config.drafters must include {needed!r} (DistillSpec, Chen, Sun).")
+  unknown = [d for d in config.coupled_drafters if d not in config.drafters]
+  if unknown:
+    raise ValueError(f"config.coupled_drafters must be among config.drafters, got {unknown}.")
   if not config.temperatures or any(t < 0 for t in config.temperatures):
     raise ValueError(f"config.temperatures must be non-empty and >= 0, got {config.temperatures}.")
   if config.count_files < 0:

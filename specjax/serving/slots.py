@@ -51,7 +51,7 @@ from specjax.generation.speculative import (
 from specjax.generation.state import SpecConfig, SpecState
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import GREEDY, MIN_TEMPERATURE, RowSampling, sample_with_uniform, warp_probs
+from specjax.sampling import GREEDY, MIN_TEMPERATURE, RowSampling, warp_probs
 
 # SpecState fields that hold one entry per row (the rest are batch-wide).
 ROW_FIELDS = (
@@ -241,19 +241,12 @@ def plain_step(
   """
   logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
   probs = warp_probs(logits[:, 0], step_sampling(state, config))
-  if row_keys is None:
-    token = sample_with_uniform(jax.random.uniform(state.keys[0, 1], state.done.shape), probs)
-  else:  # seeded rows: the coupled draw at their generated index, as a speculative step's
-    seeded = _coupled_rows(row_keys)
-    key = Coupling.of(
-      seeded["row_keys"],
-      state.num_generated,
-      1,
-      target.cfg.vocab_size,
-      state.keys[0, 1],
-      seeded["coupled_rows"],
-    )
-    token = coupling.sample_tokens(key, probs)
+  key = state.keys[0, 1]
+  if row_keys is not None:  # seeded rows: the coupled draw at their generated index
+    rows = _coupled_rows(row_keys)
+    vocab = target.cfg.vocab_size
+    key = Coupling.of(rows["row_keys"], state.num_generated, 1, vocab, key, rows["coupled_rows"])
+  token = coupling.sample_tokens(key, probs)
   n = jnp.zeros_like(token)
   emitted = token[:, None]
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
