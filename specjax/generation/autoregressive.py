@@ -11,6 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from specjax import constraints as constraints_lib
 from specjax import coupling
 from specjax.coupling import Coupling
 from specjax.generation import validation
@@ -35,10 +36,14 @@ def autoregressive_step(
   sampling: SamplingParams | RowSampling,
   max_new_tokens: int,
   eos_id: int | tuple[int, ...] | None,
+  table: constraints_lib.ConstraintTable | None = None,
 ) -> ARState:
-  """Feeds each row's last token, samples the next, commits it for active rows."""
+  """Feeds each row's last token, samples the next, commits it for active rows
+  (with `table`, among the tokens its constraint state allows)."""
   active = ~state.done
   logits, cache = model.forward_cached(state.last[:, None], state.cache)
+  if table is not None:
+    logits = constraints_lib.mask_logits(logits, table, state.constraint_state[:, None])
   if sampling.greedy:  # the argmax of the logits is the argmax of the one-hot warp
     token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
   elif state.row_keys is not None:  # the rows' own noise at the index drawn
@@ -67,6 +72,11 @@ def autoregressive_step(
     uniforms=state.uniforms,
     stats=stats,
     row_keys=state.row_keys,
+    constraint_state=None
+    if table is None
+    else jnp.where(
+      active, constraints_lib.advance(table, state.constraint_state, token), state.constraint_state
+    ),
   )
 
 
@@ -92,6 +102,7 @@ def _autoregressive_program(
   prompt_lengths,
   key,
   rows,
+  rules=None,
   *,
   sampling,
   max_new_tokens,
@@ -110,7 +121,10 @@ def _autoregressive_program(
   if coupled:
     zero = jnp.zeros((b,), jnp.int32)
     first_key = Coupling(coupling.noise(row_keys, zero, 1, model.cfg.vocab_size), first_key)
-  first, cache = prefill(model, prompts, prompt_lengths, capacity, first_key, sampling)
+  constraint = None if rules is None else (rules.table, rules.start)
+  first, cache = prefill(
+    model, prompts, prompt_lengths, capacity, first_key, sampling, constraint=constraint
+  )
   # One slot of slack: finished rows keep writing at num_generated <= max_new_tokens.
   tokens = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(first)
   state = ARState(
@@ -124,9 +138,13 @@ def _autoregressive_program(
     uniforms=jax.random.uniform(key, (0 if sampling.greedy or coupled else max_new_tokens, b)),
     stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)),
     row_keys=row_keys,
+    constraint_state=None
+    if rules is None
+    else constraints_lib.advance(rules.table, rules.start, first),
   )
+  table = None if rules is None else rules.table
   state = run_loop(
-    lambda s: autoregressive_step(model, s, sampling, max_new_tokens, eos_id),
+    lambda s: autoregressive_step(model, s, sampling, max_new_tokens, eos_id, table),
     state,
     loop,
     loop_chunk,
@@ -151,6 +169,7 @@ def autoregressive_generate(
   loop: str = "while",
   loop_chunk: int = 8,
   sampler: str = "auto",
+  constraints: constraints_lib.RowConstraints | None = None,
 ) -> GenerateOutput:
   """Decodes up to `max_new_tokens` tokens per row, one model call per token.
 
@@ -167,6 +186,10 @@ def autoregressive_generate(
       gives with verifier="coupled" and the same keys, whatever the drafter),
       or "auto": "coupled" when `key` is one key per row (`[B]`), else
       "inverse_cdf".
+    constraints: None, or `specjax.constraints.RowConstraints` (a regex, JSON
+      schema or choice per row, or none): each token is drawn from the warped
+      law masked to what the row's automaton allows; EOS only where the text
+      is complete. A new constraint of the same table bucket does not recompile.
 
 
   Returns:
@@ -191,6 +214,7 @@ def autoregressive_generate(
     jnp.asarray(prompt_lengths, jnp.int32),
     key,
     sampling if isinstance(sampling, RowSampling) else None,
+    constraints_lib.check_rows(constraints, args.batch, model.cfg.vocab_size),
     sampling=None if isinstance(sampling, RowSampling) else sampling,
     max_new_tokens=args.max_new_tokens,
     eos_id=args.eos_id,

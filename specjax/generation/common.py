@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax import coupling
+from specjax import constraints, coupling
 from specjax.coupling import Coupling
 from specjax.drafting.base import fixed_trip_loops
 from specjax.models.transformer import Transformer
@@ -28,6 +28,7 @@ def prefill(
   key: jax.Array | Coupling,
   sampling: SamplingParams,
   return_hidden: bool | tuple[int, ...] = False,
+  constraint: tuple | None = None,
 ):
   """Runs the prompt through a fresh cache and samples the first new token.
 
@@ -36,6 +37,8 @@ def prefill(
     key: a key, or a `Coupling` whose noise at index 0 draws the first token.
     return_hidden: also return the model's features at every prompt position
       (`Transformer.forward_cached`), for draft heads.
+    constraint: None, or `(ConstraintTable, states [B])`: the first token is
+      drawn among the tokens each row's state allows (`specjax.constraints`).
 
   Returns:
     `(first_token [B], cache)`, then `hidden [B, P, F]` if `return_hidden`; the
@@ -46,11 +49,13 @@ def prefill(
   out = model.forward_cached(
     prompts, cache, logit_indices=(prompt_lengths - 1)[:, None], return_hidden=return_hidden
   )
+  logits = out[0][:, 0]
+  if constraint is not None:  # the rows' grammars at their start states
+    logits = constraints.mask_logits(logits, *constraint)
   if isinstance(key, Coupling):  # the rows' own noise at generated index 0
-    probs = warp_probs(out[0][:, 0], sampling)
-    first = coupling.sample_tokens(key, probs)
+    first = coupling.sample_tokens(key, warp_probs(logits, sampling))
   else:
-    first, _ = sample_tokens(key, out[0][:, 0], sampling)
+    first, _ = sample_tokens(key, logits, sampling)
   cache = out[1].with_lengths(prompt_lengths)
   return (first, cache, out[2]) if return_hidden is not False else (first, cache)
 

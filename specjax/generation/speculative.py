@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax import constraints as constraints_lib
 from specjax import coupling as coupling_lib
 from specjax import verify as verify_lib
 from specjax.coupling import Coupling
@@ -52,11 +53,15 @@ def speculative_step(
   config: SpecConfig,
   *,
   with_logits: bool = False,
+  table: constraints_lib.ConstraintTable | None = None,
 ) -> SpecState:
   """One pure speculative iteration for every row: draft, score, verify, commit.
   Done rows run along but commit nothing; a row that proposed k < gamma tokens
   is verified as a block of k (q = 0 past them). `with_logits` (static): also the
-  target's logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (serving's logprobs)."""
+  target's logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (serving's logprobs).
+  `table`: the rows' constraints (`state.constraint_state`): the target's logits at
+  each scored position are masked by the state the drafted tokens before it reach,
+  so verification is exact for the constrained law (chains)."""
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   if config.coupled:  # the rows' noise at this block's generated indices, drawn once
@@ -84,6 +89,10 @@ def speculative_step(
   logits, cache, hidden = score(
     target, block, state.target_cache, drafter.target_features, proposal.tree
   )
+  path_states = None
+  if table is not None:  # the constraint's state before each scored position
+    path_states = constrained_path(table, state.constraint_state, proposal.tokens)
+    logits = constraints_lib.mask_logits(logits, table, path_states)
   # 3. Verify: keep n drafted tokens (a tree: the nodes of one path), then the verifier's token.
   vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
   verified = verify_block(
@@ -91,6 +100,10 @@ def speculative_step(
   )
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics.
   new = commit_step(state, drafter, drafter_state, proposal, verified, config)
+  if table is not None:  # the state after the kept tokens and the verifier's token
+    kept = jnp.take_along_axis(path_states, verified.n[:, None], axis=1)[:, 0]
+    after = constraints_lib.advance(table, kept, verified.next_token)
+    new = new.replace(constraint_state=jnp.where(state.done, state.constraint_state, after))
   if with_logits:
     return new, logits, emitted_tokens(verified.drafted, verified.n, verified.next_token)
   return new
@@ -178,6 +191,18 @@ def commit_step(
       draft_calls=proposal.calls,
     ),
   )
+
+
+def constrained_path(
+  table: constraints_lib.ConstraintTable, start: jax.Array, tokens: jax.Array
+) -> jax.Array:
+  """`[B, g + 1]` the constraint states along a drafted chain `tokens [B, g]` from
+  `start [B]` (the state after s[-1]): column i is the state x_1..x_i reach (-1
+  once a token is not allowed; what follows is never accepted)."""
+  states = [start]
+  for i in range(tokens.shape[1]):
+    states.append(constraints_lib.advance(table, states[-1], tokens[:, i]))
+  return jnp.stack(states, axis=1)
 
 
 def noise_positions(drafter: Drafter, gamma: int) -> int:
@@ -340,12 +365,14 @@ def init_state(
   key: jax.Array,
   config: SpecConfig,
   rows: RowSampling | None = None,
+  rules: constraints_lib.RowConstraints | None = None,
 ) -> SpecState:
   """Prefills the target and the drafter and samples the first token from the target.
 
   Args:
     prompts: `[B, P]` right-padded (padding already zeroed); prompt_lengths `[B]`.
     rows: the rows' own sampling settings when `config.sampling` is None.
+    rules: None, or the rows' constraints (`specjax.constraints`).
   """
   b, width = prompts.shape
   key, keys = coupling_lib.split_keys(key, b, config.coupled)
@@ -365,6 +392,7 @@ def init_state(
     keys=jax.random.split(key, (config.max_new_tokens, 2)),
     rows=rows,
     row_keys=keys,
+    rules=rules,
   )
 
 
@@ -383,6 +411,7 @@ def prefill_state(
   rows: RowSampling | None = None,
   row_keys: jax.Array | None = None,
   coupled_rows: jax.Array | None = None,
+  rules: constraints_lib.RowConstraints | None = None,
 ) -> SpecState:
   """`init_state` with each row's budget, stop id and the capacity given (a
   server's rows differ); `drafter` None keeps no drafter state.
@@ -394,6 +423,8 @@ def prefill_state(
     keys: `[K, 2]` the iterations' (draft, verify) keys.
     row_keys, coupled_rows: `SpecState`'s, when `config.coupled` (the first
       token is then the coupled draw at generated index 0).
+    rules: None, or the rows' constraints: the first token among what their
+      start states allow; `SpecState.constraint_state` the state after it.
   """
   b = prompts.shape[0]
   features = drafter is not None and drafter.target_features
@@ -408,6 +439,7 @@ def prefill_state(
     first_key,
     rows if config.sampling is None else config.sampling,
     return_hidden=features,
+    constraint=None if rules is None else (rules.table, rules.start),
   )
   drafter_state = (
     ()
@@ -436,17 +468,24 @@ def prefill_state(
     sampling=rows,
     row_keys=row_keys,
     coupled_rows=coupled_rows,
+    constraint_state=None
+    if rules is None
+    else constraints_lib.advance(rules.table, rules.start, first),
   )
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _speculative_program(
-  target, drafter, prompts, prompt_lengths, key, rows=None, *, config: SpecConfig
+  target, drafter, prompts, prompt_lengths, key, rows=None, rules=None, *, config: SpecConfig
 ) -> GenerateOutput:
   prompts = zero_padding(prompts, prompt_lengths)
-  state = init_state(target, drafter, prompts, prompt_lengths, key, config, rows)
+  state = init_state(target, drafter, prompts, prompt_lengths, key, config, rows, rules)
+  table = None if rules is None else rules.table
   state = run_loop(
-    lambda s: speculative_step(target, drafter, s, config), state, config.loop, config.loop_chunk
+    lambda s: speculative_step(target, drafter, s, config, table=table),
+    state,
+    config.loop,
+    config.loop_chunk,
   )
   return GenerateOutput(
     tokens=finalize(state.tokens, state.num_generated, config.max_new_tokens, config.pad_id),
@@ -472,6 +511,7 @@ def speculative_generate(
   confidence_threshold: float = 0.5,
   loop: str = "while",
   loop_chunk: int = 8,
+  constraints: constraints_lib.RowConstraints | None = None,
 ) -> GenerateOutput:
   """Exact speculative decoding of up to `max_new_tokens` tokens per row.
 
@@ -510,6 +550,11 @@ def speculative_generate(
       in draft_calls).
 
     loop_chunk: iterations per test of loop="chunked" (>= 1, static).
+    constraints: None, or `specjax.constraints.RowConstraints` (a regex, JSON
+      schema or choice per row, or none): the target's law at every scored
+      position is masked by the state the drafted tokens before it reach, so
+      the output has the constrained target's law (greedy: constrained greedy
+      decoding). Chain drafters only for now.
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
@@ -533,6 +578,12 @@ def speculative_generate(
     loop_chunk=loop_chunk,
   )
   key = validation.check_key(key, sampling, batch=jnp.shape(prompts)[0])
+  rules = constraints_lib.check_rows(constraints, jnp.shape(prompts)[0], target.cfg.vocab_size)
+  if rules is not None and drafter.tree is not None:
+    raise ValueError(
+      f"constraints: {type(drafter).__name__} drafts token trees; constrained decoding "
+      "takes chain drafters for now."
+    )
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
   return _speculative_program(
     target,
@@ -541,6 +592,7 @@ def speculative_generate(
     jnp.asarray(prompt_lengths, jnp.int32),
     key,
     sampling if isinstance(sampling, RowSampling) else None,
+    rules,
     config=config,
   )
 

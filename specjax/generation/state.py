@@ -202,6 +202,8 @@ class SpecState:
     coupled_rows: None (every row is coupled when `SpecConfig.coupled`), or `[B]`
       bool, the rows drawn with their own key's noise (a server's seeded rows);
       the others draw from `keys` as without coupling.
+    constraint_state: None, or `[B]` int32, each row's state in its constraint
+      after s[-1] (`specjax.constraints`; -1 never happens for committed text).
   """
 
   target_cache: KVCache
@@ -218,6 +220,7 @@ class SpecState:
   sampling: Any = None
   row_keys: Any = None
   coupled_rows: Any = None
+  constraint_state: Any = None
 
 
 @struct.dataclass
@@ -225,7 +228,8 @@ class ARState:
   """Autoregressive loop state: cache holds s[:-1], `last` = s[-1] `[B]`; `tokens`
   `[B, max_new_tokens + 1]`; `uniforms [max_new_tokens, B]`, step i's in row i
   (`[0, B]` when greedy or coupled); `row_keys` None or `[B]` typed keys, each
-  row's own for coupled draws (`specjax.coupling`)."""
+  row's own for coupled draws (`specjax.coupling`); `constraint_state` None or
+  `[B]` int32, each row's state in its constraint (`specjax.constraints`)."""
 
   cache: KVCache
   last: jax.Array
@@ -235,3 +239,4 @@ class ARState:
   uniforms: jax.Array
   stats: AutoregressiveStats
   row_keys: Any = None
+  constraint_state: Any = None
