@@ -17,7 +17,6 @@ import ml_collections
 from configs import train_draft
 from specjax.reproduce.run import DISTILLED, DRAFTERS
 
-
 PRESETS = ("daliri",)
 
 

@@ -9,8 +9,9 @@ masked on p at every scored position, exact for the constrained target law.
   per-row keys the coupled verifier keeps its drafter invariance under a
   constraint.
 * Sampled outputs of the bundled pair under a JSON schema (200 rows; 1,000
-  in the slow tier) all parse and validate, each ending with EOS; EOS is allowed only in accepting states; a
-  new constraint in the same table bucket does not recompile.
+  in the slow tier) all parse and validate, each ending with EOS; EOS is
+  allowed only in accepting states; a new constraint in the same table bucket
+  does not recompile.
 """
 
 import itertools
