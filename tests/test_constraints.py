@@ -5,9 +5,9 @@ masked on p at every scored position, exact for the constrained target law.
   tokens under a regex is computed from the target's full forward (masked and
   renormalised at every position), and 20,000 rows of speculative (token rule)
   and plain decoding pass a chi-square test against it.
-* Greedy constrained speculative decoding is constrained greedy decoding; with
-  per-row keys the coupled verifier keeps its drafter invariance under a
-  constraint.
+* Greedy constrained speculative decoding is constrained greedy decoding, for
+  chains, static trees and EAGLE-2 trees; with per-row keys the coupled
+  verifier keeps its drafter invariance under a constraint.
 * Sampled outputs of the bundled pair under a JSON schema (100 rows; 1,000
   in the slow tier) all parse and validate, each ending with EOS; EOS is
   allowed only in accepting states; a new constraint in the same table bucket
@@ -24,9 +24,10 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import chisquare_pvalue, sequence_counts, traces
+from helpers import chisquare_pvalue, head_drafter, sequence_counts, traces
 from specjax import constraints as C
-from specjax import pretrained
+from specjax import pretrained, trees
+from specjax.drafting import TreeDrafter
 from specjax.vocab_map import token_bytes
 
 V = 8
@@ -187,6 +188,28 @@ def test_bundled_outputs_validate_against_their_schema(rows):
     assert set(value) == {"name", "args"} and isinstance(value["name"], str)
     assert len(value["name"]) <= 8 and isinstance(value["args"], list) and len(value["args"]) <= 2
     assert all(isinstance(a, str) and len(a) <= 4 for a in value["args"])
+
+
+@pytest.mark.parametrize("kind", ["static_tree", "eagle2"])
+def test_constrained_trees_equal_plain_decoding(target, draft, kind):
+  """A static tree (the draft model) and EAGLE-2's per-row trees: each node is
+  masked by the state its own path reaches; greedy and coupled outputs equal
+  plain constrained decoding."""
+  tb = [bytes([97 + i % 26]) * (1 + i // 26) for i in range(511)] + [None]
+  regex = C.compile_constraint(C.Regex("[a-f]{2,8}(xy|z)"), tb, [511], 512)
+  rules = C.row_constraints([regex, None], 512)
+  tree = trees.from_paths([(0,), (1,), (1, 0), (1, 1), (1, 0, 0)])
+  drafter = {
+    "static_tree": lambda: TreeDrafter(draft, tree),
+    "eagle2": lambda: head_drafter("eagle", target).replace(tree=trees.DynamicTree(5, 3, 3, 2)),
+  }[kind]()
+  prompts, lengths = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32), jnp.asarray([3, 2])
+  keys = jax.random.split(jax.random.key(9), 2)
+  for sampling, key in ((specjax.GREEDY, None), (specjax.SamplingParams(0.9), keys)):
+    run = dict(max_new_tokens=10, sampling=sampling, key=key, eos_id=511, constraints=rules)
+    plain = specjax.autoregressive_generate(target, prompts, lengths, **run)
+    spec = specjax.speculative_generate(target, drafter, prompts, lengths, gamma=5, **run)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
 
 
 def test_a_new_constraint_in_the_same_bucket_does_not_recompile(target, draft):

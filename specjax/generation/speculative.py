@@ -61,7 +61,7 @@ def speculative_step(
   target's logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (serving's logprobs).
   `table`: the rows' constraints (`state.constraint_state`): the target's logits at
   each scored position are masked by the state the drafted tokens before it reach,
-  so verification is exact for the constrained law (chains)."""
+  so verification is exact for the constrained law (chains and trees)."""
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   if config.coupled:  # the rows' noise at this block's generated indices, drawn once
@@ -91,7 +91,7 @@ def speculative_step(
   )
   path_states = None
   if table is not None:  # the constraint's state before each scored position
-    path_states = constrained_path(table, state.constraint_state, proposal.tokens)
+    path_states = constrained_path(table, state.constraint_state, proposal.tokens, proposal.tree)
     logits = constraints_lib.mask_logits(logits, table, path_states)
   # 3. Verify: keep n drafted tokens (a tree: the nodes of one path), then the verifier's token.
   vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
@@ -101,7 +101,14 @@ def speculative_step(
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics.
   new = commit_step(state, drafter, drafter_state, proposal, verified, config)
   if table is not None:  # the state after the kept tokens and the verifier's token
-    kept = jnp.take_along_axis(path_states, verified.n[:, None], axis=1)[:, 0]
+    # The block row after the last kept token: a chain's row n, a tree's deepest
+    # accepted node (row node + 1; the root's row 0 when none was kept).
+    if verified.path is None:
+      row = verified.n
+    else:
+      last = jnp.take_along_axis(verified.path, jnp.maximum(verified.n - 1, 0)[:, None], 1)[:, 0]
+      row = jnp.where(verified.n > 0, last + 1, 0)
+    kept = jnp.take_along_axis(path_states, row[:, None], axis=1)[:, 0]
     after = constraints_lib.advance(table, kept, verified.next_token)
     new = new.replace(constraint_state=jnp.where(state.done, state.constraint_state, after))
   if with_logits:
@@ -194,14 +201,25 @@ def commit_step(
 
 
 def constrained_path(
-  table: constraints_lib.ConstraintTable, start: jax.Array, tokens: jax.Array
+  table: constraints_lib.ConstraintTable,
+  start: jax.Array,
+  tokens: jax.Array,
+  tree: Tree | None = None,
 ) -> jax.Array:
-  """`[B, g + 1]` the constraint states along a drafted chain `tokens [B, g]` from
-  `start [B]` (the state after s[-1]): column i is the state x_1..x_i reach (-1
-  once a token is not allowed; what follows is never accepted)."""
+  """`[B, g + 1]` the constraint states at the scored block's rows, from `start
+  [B]` (the state after s[-1]): for a chain `tokens [B, g]`, column i is the
+  state x_1..x_i reach; for a tree, column c + 1 the state node c's path from
+  the root reaches (column 0: the root). -1 once a token is not allowed: what
+  follows it is never accepted."""
   states = [start]
-  for i in range(tokens.shape[1]):
-    states.append(constraints_lib.advance(table, states[-1], tokens[:, i]))
+  for c in range(tokens.shape[1]):
+    if tree is None:
+      before = states[-1]
+    else:  # the parent's column: -1 (the root) is column 0; a malformed parent reads the root
+      parent = jnp.broadcast_to(jnp.asarray(tree.parents[:, c]), start.shape)
+      above = jnp.stack(states, axis=1)
+      before = jnp.take_along_axis(above, jnp.clip(parent + 1, 0, c)[:, None], axis=1)[:, 0]
+    states.append(constraints_lib.advance(table, before, tokens[:, c]))
   return jnp.stack(states, axis=1)
 
 
@@ -554,7 +572,7 @@ def speculative_generate(
       schema or choice per row, or none): the target's law at every scored
       position is masked by the state the drafted tokens before it reach, so
       the output has the constrained target's law (greedy: constrained greedy
-      decoding). Chain drafters only for now.
+      decoding); for a token tree, each node's path from the root.
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
@@ -579,11 +597,6 @@ def speculative_generate(
   )
   key = validation.check_key(key, sampling, batch=jnp.shape(prompts)[0])
   rules = constraints_lib.check_rows(constraints, jnp.shape(prompts)[0], target.cfg.vocab_size)
-  if rules is not None and drafter.tree is not None:
-    raise ValueError(
-      f"constraints: {type(drafter).__name__} drafts token trees; constrained decoding "
-      "takes chain drafters for now."
-    )
   # Modules (and drafters) are passed as pytrees, as in autoregressive_generate.
   return _speculative_program(
     target,
