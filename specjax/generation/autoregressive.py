@@ -120,7 +120,7 @@ def _autoregressive_program(
   key, first_key = jax.random.split(key)
   if coupled:
     zero = jnp.zeros((b,), jnp.int32)
-    first_key = Coupling(coupling.noise(row_keys, zero, 1, model.cfg.vocab_size), first_key)
+    first_key = Coupling.of(row_keys, zero, 1, model.cfg.vocab_size, first_key)
   constraint = None if rules is None else (rules.table, rules.start)
   first, cache = prefill(
     model, prompts, prompt_lengths, capacity, first_key, sampling, constraint=constraint

@@ -101,14 +101,12 @@ def speculative_step(
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics.
   new = commit_step(state, drafter, drafter_state, proposal, verified, config)
   if table is not None:  # the state after the kept tokens and the verifier's token
-    # The block row after the last kept token: a chain's row n, a tree's deepest
-    # accepted node (row node + 1; the root's row 0 when none was kept).
-    if verified.path is None:
-      row = verified.n
-    else:
-      last = jnp.take_along_axis(verified.path, jnp.maximum(verified.n - 1, 0)[:, None], 1)[:, 0]
-      row = jnp.where(verified.n > 0, last + 1, 0)
-    kept = jnp.take_along_axis(path_states, row[:, None], axis=1)[:, 0]
+    # The block row of the last kept token: a chain's row n, a tree's deepest
+    # accepted node (`path_rows`; the root's row 0 when none was kept).
+    row = verified.n[:, None]
+    if verified.path is not None:
+      row = jnp.take_along_axis(path_rows(verified.path), row, axis=1)
+    kept = jnp.take_along_axis(path_states, row, axis=1)[:, 0]
     after = constraints_lib.advance(table, kept, verified.next_token)
     new = new.replace(constraint_state=jnp.where(state.done, state.constraint_state, after))
   if with_logits:
