@@ -13,7 +13,9 @@
   TreeDrafter(model, tree)      a draft model drafting a token tree (`specjax.trees`);
                                 EagleDrafter and MedusaDrafter take `tree=` too
 
-All share the `Drafter` protocol (`specjax.drafting.base`); `as_drafter` turns a
+Under a constraint (`specjax.constraints`) drafters with `constrained_drafts`
+draw among the tokens the constraint allows (`DraftConstraint`): q is masked
+like p. All share the `Drafter` protocol (`specjax.drafting.base`); `as_drafter` turns a
 plain `Transformer` into a `ModelDrafter`, and `check_drafter` checks a drafter
 against a run (capacity, target, tree rules) before anything compiles. A
 drafter's loop over its draft positions goes through `draft_loop`, which the
@@ -22,6 +24,7 @@ chunked generation loop runs with a known trip count (`fixed_trip_loops`).
 
 from specjax.drafting.base import (
   Commit,
+  DraftConstraint,
   Drafter,
   DrafterBase,
   Proposal,
@@ -42,6 +45,7 @@ __all__ = [
   "Commit",
   "CountDrafter",
   "CrossTokenizerDrafter",
+  "DraftConstraint",
   "Drafter",
   "DrafterBase",
   "EagleDrafter",

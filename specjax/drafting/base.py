@@ -20,7 +20,9 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
+from specjax import constraints
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams
 from specjax.trees import DynamicTree, Tree
@@ -102,6 +104,12 @@ class Drafter(Protocol):
   """Static: False, True (the target's features before the final norm) or a
   tuple of layer counts (EAGLE-3 fusion): the `return_hidden` of the target's
   calls, whose features `init` and `commit` receive. Default False."""
+  constrained_drafts: bool
+  """Static: under a constraint (`specjax.constraints`), `propose` takes
+  `constraint=` (a `DraftConstraint`) and draws every token among what the
+  state its own path reaches allows, so q is masked like p. Default False: the
+  drafter drafts as if unconstrained (still exact: verification masks p, and a
+  forbidden draft is rejected)."""
 
   def init(
     self,
@@ -130,7 +138,8 @@ class Drafter(Protocol):
     sampling: SamplingParams | RowSampling,
   ) -> tuple[Proposal, Any]:
     """Up to `gamma` tokens per row continuing s, at most `limit[b]` for row b,
-    drawn under the `sampling` warp; `recent [B, 2] = [s[-2], s[-1]]`."""
+    drawn under the `sampling` warp; `recent [B, 2] = [s[-2], s[-1]]`. A drafter
+    with `constrained_drafts` also takes `constraint=None | DraftConstraint`."""
     ...
 
   def commit(self, state: Any, commit: Commit) -> Any:
@@ -171,6 +180,7 @@ class DrafterBase:
 
   prefill_calls = 0
   target_features = False
+  constrained_drafts = False
   tree = None
   tree_mode = "iid"
 
@@ -185,6 +195,39 @@ class DrafterBase:
       "adaptive='confidence' needs a model drafter (a Transformer, "
       f"ModelDrafter or layer_skip), got {type(self).__name__}."
     )
+
+
+@struct.dataclass
+class DraftConstraint:
+  """The rows' constraint as a drafter sees it while it drafts: the device table
+  and the state each drafted token continues from.
+
+  Attributes:
+    table: the `constraints.ConstraintTable` of the batch.
+    state: `[B, ...]` int32, the state after the token a draft continues
+      (`[B]` for a chain; a tree's nodes carry `[B, m]`).
+  """
+
+  table: constraints.ConstraintTable
+  state: jax.Array
+
+  def logits(self, logits: jax.Array) -> jax.Array:
+    """`logits [*state.shape, V']` with the tokens `state` forbids at -inf (the
+    law q is then masked and renormalised like the target's p). A row whose
+    drafter can reach no allowed id (a vocabulary subset, a smaller draft
+    vocabulary) keeps its logits: its forbidden drafts are rejected, still exact."""
+    masked = constraints.mask_logits(logits, self.table, self.state)
+    reachable = jnp.any(masked > -jnp.inf, axis=-1, keepdims=True)
+    return jnp.where(reachable, masked, logits)
+
+  def after(self, tokens: jax.Array) -> DraftConstraint:
+    """The constraint after `tokens [*state.shape]` (a forbidden token: dead, -1,
+    which allows every token after it)."""
+    return self.replace(state=constraints.advance(self.table, self.state, tokens))
+
+  def at(self, state: jax.Array) -> DraftConstraint:
+    """The same table at other states."""
+    return self.replace(state=state)
 
 
 def check_confidence(confidence) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from flax import struct
 
 from specjax.coupling import Coupling, chain_draws
-from specjax.drafting.base import Commit, DrafterBase, Proposal
+from specjax.drafting.base import Commit, DraftConstraint, DrafterBase, Proposal
 from specjax.sampling import SamplingParams, sample, warp_probs
 from specjax.validation import check_int, is_real
 
@@ -39,6 +39,8 @@ class CountDrafter(DrafterBase):
   log_q: jax.Array
   vocab_size: int = struct.field(pytree_node=False)
   order: int = struct.field(pytree_node=False)
+
+  constrained_drafts = True
 
   def __post_init__(self):
     check_int("vocab_size", self.vocab_size, 1)
@@ -64,6 +66,7 @@ class CountDrafter(DrafterBase):
     *,
     gamma: int,
     sampling: SamplingParams,
+    constraint: DraftConstraint | None = None,
   ) -> tuple[Proposal, tuple]:
     b = recent.shape[0]
     previous = recent[:, 1]
@@ -76,8 +79,12 @@ class CountDrafter(DrafterBase):
         if self.order == 2
         else jnp.broadcast_to(self.log_q, (b, self.vocab_size))
       )
+      if constraint is not None:
+        logits = constraint.logits(logits)
       q = warp_probs(logits, sampling)  # [B, V]: exactly the law the token is drawn from
       previous = coupled(i, q) if coupled else sample(step_key, q)
+      if constraint is not None:
+        constraint = constraint.after(previous)
       tokens.append(previous)
       probs.append(q)
     lengths = jnp.minimum(limit, gamma).astype(jnp.int32)

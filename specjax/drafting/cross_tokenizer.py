@@ -219,15 +219,18 @@ class CrossTokenizerDrafter(CachedDrafting):
     base = counts.sum(axis=1) - jnp.take_along_axis(counts, (prompt_lengths - 1)[:, None], 1)[:, 0]
     return CrossTokenizerState(cache.with_lengths(base), base, state.fed)
 
-  def propose(self, state, recent, key, limit, *, gamma, sampling):
-    """`CachedDrafting.propose` over the shared ids; rows whose cache is full, and
-    every row when the tokenizers share no token, propose nothing."""
+  def propose(self, state, recent, key, limit, *, gamma, sampling, constraint=None):
+    """`CachedDrafting.propose` over the shared ids (its logits are over target ids,
+    so a `constraint` masks them as it masks the target's); rows whose cache is
+    full, and every row when the tokenizers share no token, propose nothing."""
     if not self.shared:
       b = recent.shape[0]
       zeros = jnp.zeros((b, gamma), jnp.int32)
       return Proposal(zeros, None, jnp.zeros((b,), jnp.int32), calls=jnp.int32(0)), state
     limit = jnp.where(self._fits(state, gamma), limit, 0)
-    return super().propose(state, recent, key, limit, gamma=gamma, sampling=sampling)
+    return super().propose(
+      state, recent, key, limit, gamma=gamma, sampling=sampling, constraint=constraint
+    )
 
   def commit(self, state: CrossTokenizerState, commit: Commit) -> CrossTokenizerState:
     """base += draft ids of s[-2], s[-1] and the accepted tokens before the last two

@@ -49,6 +49,7 @@ from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   Commit,
   ConfidenceLength,
+  DraftConstraint,
   Proposal,
   VocabSubset,
   check_confidence,
@@ -88,6 +89,7 @@ class _Group(NamedTuple):
     law_ids: the index, among all groups' laws, of the law it was drawn from.
     beams: which of the m nodes it continues.
     laws: the m laws q (the logits at temperature 0).
+    states: None, or under a constraint the state each child's path reaches.
   """
 
   tokens: jax.Array
@@ -96,6 +98,7 @@ class _Group(NamedTuple):
   law_ids: jax.Array
   beams: jax.Array
   laws: jax.Array
+  states: jax.Array | None = None
 
 
 def _best_tree(groups: list[_Group], spec: trees.DynamicTree, sampling) -> Proposal:
@@ -153,6 +156,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
   tree_mode: str = struct.field(pytree_node=False, default="without_replacement")
 
   prefill_calls = 1
+  constrained_drafts = True
 
   def __post_init__(self):
     self.head.cfg.check_target(self.target.cfg)
@@ -225,41 +229,49 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     *,
     gamma: int,
     sampling: SamplingParams | RowSampling,
+    constraint: DraftConstraint | None = None,
   ) -> tuple[Proposal, EagleState]:
     del recent  # the head's state already continues s
     if isinstance(self.tree, trees.DynamicTree):
-      return self._propose_dynamic(state, key, sampling)
+      return self._propose_dynamic(state, key, sampling, constraint)
     if self.tree is not None:
-      return self._propose_tree(state, key, sampling)
+      return self._propose_tree(state, key, sampling, constraint)
     b, g = limit.shape[0], gamma
     greedy = sampling.greedy
     draw_token = None if greedy else chain_draws(key, g, b)
 
-    def draw(i, feature, tokens, probs, active):
+    def draw(i, feature, tokens, probs, active, rule):
       logits = self._logits(feature)
+      if rule is not None:
+        logits = rule.logits(logits)
       active = active & (i < limit)
       if greedy:
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return token, tokens.at[:, i].set(token), probs, active
-      q = warp_probs(logits, sampling)
-      token = draw_token(i, q)
-      if self.confidence > 0:
-        active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active
+      else:
+        q = warp_probs(logits, sampling)
+        token = draw_token(i, q)
+        probs = probs.at[:, i].set(q)
+        if self.confidence > 0:
+          active = active & (jnp.max(q, axis=-1) >= self.confidence)
+      rule = None if rule is None else rule.after(token)
+      return token, tokens.at[:, i].set(token), probs, active, rule
 
     tokens = jnp.zeros((b, g), jnp.int32)
     probs = None if greedy else jnp.zeros((b, g, self.vocab_size), jnp.float32)
-    token, tokens, probs, active = draw(0, state.next_feature, tokens, probs, jnp.ones((b,), bool))
+    token, tokens, probs, active, rule = draw(
+      0, state.next_feature, tokens, probs, jnp.ones((b,), bool), constraint
+    )
 
     def body(i, carry):
-      token, (cache, feature), tokens, probs, active, lengths = carry
+      token, (cache, feature), tokens, probs, active, lengths, rule = carry
       new_feature, cache = self._pairs(cache, feature[:, None], token[:, None])
-      token, tokens, probs, active = draw(i, new_feature[:, 0], tokens, probs, active)
-      return token, (cache, new_feature[:, 0]), tokens, probs, active, lengths + active
+      token, tokens, probs, active, rule = draw(i, new_feature[:, 0], tokens, probs, active, rule)
+      return token, (cache, new_feature[:, 0]), tokens, probs, active, lengths + active, rule
 
-    i, (_, (cache, _), tokens, probs, _, lengths) = draft_loop(
+    carry = (state.cache, state.next_feature)
+    i, (_, (cache, _), tokens, probs, _, lengths, _) = draft_loop(
       body,
-      (token, (state.cache, state.next_feature), tokens, probs, active, active.astype(jnp.int32)),
+      (token, carry, tokens, probs, active, active.astype(jnp.int32), rule),
       1,
       g,
       lambda c: jnp.any(c[4]),
@@ -268,7 +280,11 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     return Proposal(tokens, probs, lengths, calls=i), state.replace(cache=cache)
 
   def _propose_tree(
-    self, state: EagleState, key: jax.Array, sampling: SamplingParams | RowSampling
+    self,
+    state: EagleState,
+    key: jax.Array,
+    sampling: SamplingParams | RowSampling,
+    constraint: DraftConstraint | None = None,
   ):
     features = {-1: state.next_feature}  # node -> the head's feature at its position
     cache, tree = {"cache": state.cache}, trees.Tree.static(self.tree)
@@ -280,7 +296,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
       return self._logits(predicted)
 
     root = self._logits(state.next_feature)
-    tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, root, read)
+    tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, root, read, constraint)
     b, calls = tokens.shape[0], len(trees.levels(self.tree)) - 1
     lengths = jnp.full((b,), len(self.tree), jnp.int32)
     # As for a chain, the commit's head call is this iteration's last draft call.
@@ -288,7 +304,11 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     return proposal, state.replace(cache=cache["cache"])
 
   def _propose_dynamic(
-    self, state: EagleState, key: jax.Array, sampling: SamplingParams | RowSampling
+    self,
+    state: EagleState,
+    key: jax.Array,
+    sampling: SamplingParams | RowSampling,
+    constraint: DraftConstraint | None = None,
   ):
     """EAGLE-2 (`trees.DynamicTree`): expand the most valuable nodes depth by depth,
     then keep the best N of all candidates as this row's tree (`Tree.per_row`).
@@ -301,8 +321,11 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     spec, b = self.tree, state.next_feature.shape[0]
     keys = depth_keys(key, spec.depth)
     root = self._logits(state.next_feature)[:, None]  # [B, 1, V]
+    rule = None if constraint is None else constraint.at(constraint.state[:, None])
     groups = [
-      self._group(root, jnp.zeros((b, 1)), jnp.full((b, 1), -1, jnp.int32), 0, keys[0], sampling)
+      self._group(
+        root, jnp.zeros((b, 1)), jnp.full((b, 1), -1, jnp.int32), 0, keys[0], sampling, rule
+      )
     ]
     scratch = jnp.full((b, (spec.depth - 1) * spec.expand), -1, jnp.int32)  # the beams' tree
     cache, start, last_slots = state.cache, 0, None
@@ -329,16 +352,22 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
           sum(g.laws.shape[1] for g in groups),
           keys[step],
           sampling,
+          None if rule is None else rule.at(jnp.take_along_axis(newest.states, pick, 1)),
         )
       )
       last_slots = start + jnp.broadcast_to(jnp.arange(m)[None], (b, m))
       start += m
     return _best_tree(groups, spec, sampling), state.replace(cache=cache)
 
-  def _group(self, logits, parent_values, parent_ids, first_law, key, sampling) -> _Group:
+  def _group(
+    self, logits, parent_values, parent_ids, first_law, key, sampling, rule=None
+  ) -> _Group:
     """The `branch` children of each of m nodes, from their next-token `logits [B, m, V]`;
-    `parent_values`, `parent_ids` `[B, m]`, `first_law` the index of their first law."""
+    `parent_values`, `parent_ids` `[B, m]`, `first_law` the index of their first law;
+    `rule` None or the constraint at the m nodes' states `[B, m]` (their laws masked)."""
     (b, m, v), k = logits.shape, self.tree.branch
+    if rule is not None:
+      logits = rule.logits(logits)
     if isinstance(sampling, RowSampling):  # each row's warp on its m nodes
       sampling = sampling.repeat(m)
     drawn, q = children(key, logits.reshape(b * m, v), k, sampling, self.tree_mode)
@@ -355,6 +384,9 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
       law_ids=flat(first_law + jnp.arange(m)[None, :, None]),
       beams=flat(jnp.arange(m)[None, :, None]),
       laws=logits if q is None else q.reshape(b, m, v),
+      states=None
+      if rule is None
+      else rule.at(jnp.repeat(rule.state, k, axis=1)).after(drawn.reshape(b, m * k)).state,
     )
 
   def commit(self, state: EagleState, commit: Commit) -> EagleState:

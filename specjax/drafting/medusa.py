@@ -25,6 +25,7 @@ from specjax.coupling import Coupling, chain_draws
 from specjax.drafting.base import (
   Commit,
   ConfidenceLength,
+  DraftConstraint,
   Proposal,
   VocabSubset,
   check_confidence,
@@ -59,6 +60,7 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
 
   prefill_calls = 0  # the prefill's target features are all it needs
   target_features = True
+  constrained_drafts = True
 
   def __post_init__(self):
     self.heads.cfg.check_target(self.target.cfg)
@@ -103,13 +105,16 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
     *,
     gamma: int,
     sampling: SamplingParams,
+    constraint: DraftConstraint | None = None,
   ) -> tuple[Proposal, jax.Array]:
     del recent
     if self.tree is not None:
-      return self._propose_tree(feature, key, sampling), feature
+      return self._propose_tree(feature, key, sampling, constraint), feature
     b, g = limit.shape[0], gamma
     logits = self._logits(self.heads(feature, num_heads=g))  # [B, g, V]
     proposed = jnp.arange(g)[None, :] < limit[:, None]
+    if constraint is not None:  # head i's law masked by the state tokens 1..i-1 reach
+      return self._propose_constrained(logits, proposed, key, sampling, constraint), feature
     if sampling.greedy:
       tokens, probs = jnp.argmax(logits, axis=-1).astype(jnp.int32), None
     else:
@@ -121,11 +126,42 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
         tokens = sample_with_uniform(jax.random.uniform(key, (b, g), jnp.float32), probs)
       if self.confidence > 0:
         proposed &= jnp.max(probs, axis=-1) >= self.confidence
-    # A row's draft is the leading run of proposed heads.
-    lengths = jnp.sum(jnp.cumprod(proposed, axis=1), axis=1).astype(jnp.int32)
-    return Proposal(tokens, probs, lengths, calls=jnp.int32(1)), feature
+    return Proposal(tokens, probs, _leading(proposed), calls=jnp.int32(1)), feature
 
-  def _propose_tree(self, feature: jax.Array, key: jax.Array, sampling: SamplingParams):
+  def _propose_constrained(self, logits, proposed, key, sampling, rule: DraftConstraint):
+    """The chain under a constraint: the heads' laws are masked one position at a
+    time, since each position's state depends on the tokens drawn before it."""
+    b, g = proposed.shape
+    if not sampling.greedy:
+      if isinstance(key, Coupling):
+        draw_token = chain_draws(key, g, b)
+      else:  # the unconstrained chain's uniforms, position by position
+        uniforms = jax.random.uniform(key, (b, g), jnp.float32)
+        draw_token = lambda i, q: sample_with_uniform(uniforms[:, i], q)
+    tokens, probs = [], []
+    for i in range(g):
+      masked = rule.logits(logits[:, i])
+      if sampling.greedy:
+        token = jnp.argmax(masked, axis=-1).astype(jnp.int32)
+      else:
+        q = warp_probs(masked, sampling)
+        token = draw_token(i, q)
+        probs.append(q)
+        if self.confidence > 0:
+          confident = jnp.max(q, axis=-1) >= self.confidence
+          proposed = proposed.at[:, i].set(proposed[:, i] & confident)
+      tokens.append(token)
+      rule = rule.after(token)
+    probs = jnp.stack(probs, axis=1) if probs else None
+    return Proposal(jnp.stack(tokens, axis=1), probs, _leading(proposed), calls=jnp.int32(1))
+
+  def _propose_tree(
+    self,
+    feature: jax.Array,
+    key: jax.Array,
+    sampling: SamplingParams,
+    constraint: DraftConstraint | None = None,
+  ):
     depth = len(trees.levels(self.tree))
     logits = self._logits(self.heads(feature, num_heads=depth))  # [B, depth, V]
 
@@ -133,7 +169,9 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
       d = trees.tree_depths(self.tree)[start]
       return jnp.broadcast_to(logits[:, d : d + 1], (*tokens.shape, logits.shape[-1]))
 
-    tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, logits[:, 0], read)
+    tokens, probs = draft_tree(
+      self.tree, self.tree_mode, sampling, key, logits[:, 0], read, constraint
+    )
     lengths = jnp.full((feature.shape[0],), len(self.tree), jnp.int32)
     return Proposal(tokens, probs, lengths, jnp.int32(1), trees.Tree.static(self.tree))
 
@@ -141,3 +179,8 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
     kept = commit.new_length - commit.old_length  # n + 1; hidden[n] predicted s'[-1]
     new = jnp.take_along_axis(commit.hidden, (kept - 1)[:, None, None], axis=1)[:, 0]
     return jnp.where(commit.goes_on[:, None], new, feature)
+
+
+def _leading(proposed: jax.Array) -> jax.Array:
+  """`[B]` a row's draft length: its leading run of proposed heads (`proposed [B, g]`)."""
+  return jnp.sum(jnp.cumprod(proposed, axis=1), axis=1).astype(jnp.int32)

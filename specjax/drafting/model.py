@@ -23,6 +23,7 @@ from specjax.drafting.base import (
   DRAFTER_MEMBERS,
   Commit,
   ConfidenceLength,
+  DraftConstraint,
   Drafter,
   Proposal,
   check_confidence,
@@ -35,6 +36,10 @@ from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
 
+def _after(rule: DraftConstraint | None, token: jax.Array) -> DraftConstraint | None:
+  return None if rule is None else rule.after(token)
+
+
 class CachedDrafting(ConfidenceLength):
   """`init`/`propose`/`commit` of any drafter that samples one token per cached call.
 
@@ -44,6 +49,7 @@ class CachedDrafting(ConfidenceLength):
 
   prefill_calls = 1  # init runs the prompt through the drafter once
   target_features = False
+  constrained_drafts = True
 
   def init(self, prompts, prompt_lengths, first, capacity, hidden=None):
     b = prompts.shape[0]
@@ -60,10 +66,12 @@ class CachedDrafting(ConfidenceLength):
     *,
     gamma: int,
     sampling: SamplingParams,
+    constraint: DraftConstraint | None = None,
   ):
     """Samples up to min(gamma, limit[b]) tokens per row, stopping once no row
     needs more (unless `draft_loop` runs every trip). Greedy drafts build no
-    `[B, g, V]` law (`Proposal.probs` None, q one-hot).
+    `[B, g, V]` law (`Proposal.probs` None, q one-hot). Under a `constraint`
+    every token is drawn among what the state its predecessors reach allows.
     """
 
     b, g = recent.shape[0], gamma
@@ -73,32 +81,35 @@ class CachedDrafting(ConfidenceLength):
     draw_token = None if greedy else chain_draws(key, g, b)
     logits, state = self._feed_recent(recent, state, g)
 
-    def draw(i, logits, tokens, probs, active):
+    def draw(i, logits, tokens, probs, active, rule):
       active = active & (i < limit)
+      logits = logits[:, 0] if rule is None else rule.logits(logits[:, 0])
       if greedy:  # a one-hot q: its top probability is 1, above any threshold
-        token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
-        return token, tokens.at[:, i].set(token), probs, active
-      q = warp_probs(logits[:, 0], sampling)
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return token, tokens.at[:, i].set(token), probs, active, _after(rule, token)
+      q = warp_probs(logits, sampling)
       token = draw_token(i, q)
       if self.confidence > 0:
         active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active
+      return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active, _after(rule, token)
 
     vocab = logits.shape[-1]
     tokens = jnp.zeros((b, g), jnp.int32)
     probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
-    token, tokens, probs, active = draw(0, logits, tokens, probs, jnp.ones((b,), bool))
+    token, tokens, probs, active, rule = draw(
+      0, logits, tokens, probs, jnp.ones((b,), bool), constraint
+    )
     lengths = active.astype(jnp.int32)
 
     def body(i, carry):
-      token, state, tokens, probs, active, lengths = carry
+      token, state, tokens, probs, active, lengths, rule = carry
       logits, state = self._forward(token[:, None], state)
-      token, tokens, probs, active = draw(i, logits, tokens, probs, active)
-      return token, state, tokens, probs, active, lengths + active
+      token, tokens, probs, active, rule = draw(i, logits, tokens, probs, active, rule)
+      return token, state, tokens, probs, active, lengths + active, rule
 
     # One call per trip: the loop's stop index is the calls spent (feeding `recent` was one).
-    i, (_, state, tokens, probs, _, lengths) = draft_loop(
-      body, (token, state, tokens, probs, active, lengths), 1, g, lambda c: jnp.any(c[4])
+    i, (_, state, tokens, probs, _, lengths, _) = draft_loop(
+      body, (token, state, tokens, probs, active, lengths, rule), 1, g, lambda c: jnp.any(c[4])
     )
     return Proposal(tokens, probs, lengths, calls=i), state
 

@@ -23,7 +23,7 @@ from flax import struct
 
 from specjax import coupling, trees
 from specjax.coupling import Coupling
-from specjax.drafting.base import Commit, Proposal
+from specjax.drafting.base import Commit, DraftConstraint, Proposal
 from specjax.drafting.model import CachedDrafting
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -105,6 +105,7 @@ def draft_tree(
   key: jax.Array,
   root_logits: jax.Array,
   read: Callable[[int, int, jax.Array], jax.Array],
+  constraint: DraftConstraint | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
   """Fills a static breadth-first tree, depth by depth.
 
@@ -117,6 +118,8 @@ def draft_tree(
     root_logits: `[B, V]`, the drafter's logits after s[-1].
     read: `read(start, stop, tokens [B, T])` -> `[B, T, V]`, the logits after
       nodes start..stop-1 (one depth), called in order for all depths but the last.
+    constraint: None, or the rows' constraint after s[-1]: each node's children
+      are drawn among what the state its own path reaches allows.
 
 
   Returns:
@@ -128,13 +131,16 @@ def draft_tree(
   laws: dict[int, jax.Array] = {-1: root_logits}  # node -> logits after it
   tokens: list[jax.Array | None] = [None] * n
   probs: list[jax.Array | None] = [None] * n
+  rules = {-1: constraint}  # node -> the constraint at the state its path reaches
   spans = trees.levels(parents)
   for depth, (start, stop) in enumerate(spans):
     for u in sorted({parents[c] for c in range(start, stop)}):
       kids = [c for c in range(start, stop) if parents[c] == u]
-      drawn, q = children(_fold(key, u + 1, depth), laws[u], counts[u + 1], sampling, mode)
+      logits = laws[u] if rules[u] is None else rules[u].logits(laws[u])
+      drawn, q = children(_fold(key, u + 1, depth), logits, counts[u + 1], sampling, mode)
       for rank, c in enumerate(kids):
         tokens[c], probs[c] = drawn[:, rank], q
+        rules[c] = None if rules[u] is None else rules[u].after(drawn[:, rank])
     if depth + 1 < len(spans):
       level = jnp.stack(tokens[start:stop], axis=1)
       logits = read(start, stop, level)
@@ -207,6 +213,7 @@ class TreeDrafter(CachedDrafting):
     *,
     gamma: int,
     sampling: SamplingParams,
+    constraint: DraftConstraint | None = None,
   ) -> tuple[Proposal, KVCache]:
     """One call on `recent`, then one per depth but the last; node i at slot
     len(s) + i."""
@@ -220,7 +227,9 @@ class TreeDrafter(CachedDrafting):
       logits, state["cache"] = self._forward(tokens, state["cache"], tree=(tree, start))
       return logits
 
-    tokens, probs = draft_tree(self.tree, self.tree_mode, sampling, key, logits[:, 0], read)
+    tokens, probs = draft_tree(
+      self.tree, self.tree_mode, sampling, key, logits[:, 0], read, constraint
+    )
     calls = len(trees.levels(self.tree))  # recent, then every depth but the last
     lengths = jnp.full((b,), len(self.tree), jnp.int32)
     return Proposal(tokens, probs, lengths, jnp.int32(calls), tree), state["cache"]

@@ -21,6 +21,7 @@ from specjax import verify as verify_lib
 from specjax.coupling import Coupling
 from specjax.drafting import (
   Commit,
+  DraftConstraint,
   Drafter,
   Proposal,
   as_drafter,
@@ -61,7 +62,8 @@ def speculative_step(
   target's logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (serving's logprobs).
   `table`: the rows' constraints (`state.constraint_state`): the target's logits at
   each scored position are masked by the state the drafted tokens before it reach,
-  so verification is exact for the constrained law (chains and trees)."""
+  so verification is exact for the constrained law (chains and trees); drafters
+  with `constrained_drafts` mask their q the same way while they draft."""
   drafter = as_drafter(drafter)
   draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
   if config.coupled:  # the rows' noise at this block's generated indices, drawn once
@@ -75,7 +77,11 @@ def speculative_step(
     )
     verify_key = draft_key.replace(key=verify_key)
   sampling = step_sampling(state, config)
-  # 1. Draft up to gamma tokens per row (a chain or a tree), with the laws q they were drawn from.
+  # 1. Draft up to gamma tokens per row (a chain or a tree), with the laws q they were drawn
+  # from; under a constraint, q masked like p where the drafter can (`constrained_drafts`).
+  masked = {}
+  if table is not None and drafter.constrained_drafts:
+    masked = {"constraint": DraftConstraint(table, state.constraint_state)}
   proposal, drafter_state = drafter.propose(
     state.drafter_state,
     state.recent,
@@ -83,6 +89,7 @@ def speculative_step(
     state.draft_limit,
     gamma=config.gamma,
     sampling=sampling,
+    **masked,
   )
   # 2. Score s[-1] and the drafted tokens in one target call: logits at g + 1 positions.
   block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
