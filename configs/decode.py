@@ -22,9 +22,15 @@ that decoded (a head's directory and parameters, the n-gram lookup, the
 target's first layers), not the draft model when another drafter is used.
 
 An empty `prompt` gives row i of the batch the i-th prompt of the held-out test
-split (`specjax.data.prompts.held_out_prompts`). `compare_transformers=True`
-also times transformers' `generate`, plain and with `assistant_model=draft`
-(batch 1); it needs torch and transformers (see experiments/make_hf_checkpoint.py).
+split (`specjax.data.prompts.held_out_prompts`), or with `constraint=signature`
+(structured output; `prompt_set` chooses otherwise) a def to describe as JSON:
+
+  python -m experiments.decode --config.constraint=signature
+  python -m experiments.decode --config.constraint='regex:[0-9]{1,4}' --config.prompt="x = "
+
+`compare_transformers=True` also times transformers' `generate`, plain and with
+`assistant_model=draft` (batch 1); it needs torch and transformers (see
+experiments/make_hf_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ def get_config() -> ml_collections.ConfigDict:
   # 1b (TinyLlama-shaped target, 68M-shaped draft) or 7b (for accelerators).
   config.scale = ""
   config.prompt = ""
+  # Structured output (specjax.jobs.structured): "" (none) | signature (the bundled
+  # task: a function's signature as JSON {"name": str, "args": [str]}) |
+  # json:<schema file or inline JSON> | regex:<pattern> | choice:a|b|c. Both loops
+  # decode under it, so the speedup is constrained against constrained; the result
+  # adds the share of outputs that validate and the mask's cost per step.
+  config.constraint = ""
+  # The prompts when config.prompt is empty: "" (the constraint's task: the
+  # signature prompts for constraint=signature, else held_out) | held_out | signature
+  config.prompt_set = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
   # (specjax.jobs.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
   # drafter (DRAFTER_GAMMA: early exit drafts 1).

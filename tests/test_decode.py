@@ -122,6 +122,28 @@ def test_decode_rejects(pair, changes, message):
     decode.run(_config(pair, **changes))
 
 
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (dict(constraint="sigature"), r"config.constraint must be one of '' \(none\), signature"),
+    (dict(constraint="json:{not json"), "config.constraint: inline JSON is not JSON"),
+    (dict(constraint="json:/nonexistent.json"), "config.constraint=json:/nonexistent.json: no"),
+    (dict(constraint="choice:a||b"), "config.constraint must be one of"),
+    (dict(constraint="regex:"), "config.constraint must be one of"),
+    (dict(constraint="signature", drafter="string_level"), "config.constraint needs a jitted"),
+    (dict(constraint="signature", stop_at_eos=False), "config.constraint needs config.stop_at"),
+    (dict(prompt_set="tests"), r"config.prompt_set must be '' \(the constraint's task\)"),
+  ],
+)
+def test_decode_rejects_a_bad_constraint_before_loading(changes, message, monkeypatch):
+  """A bad config.constraint (or prompt set) is named before any model loads."""
+  monkeypatch.setattr(decode, "_inputs", lambda config: pytest.fail("loaded before the check"))
+  config = decode_config.get_config()
+  config.update(changes)
+  with pytest.raises(ValueError, match=message):
+    decode.run(config)
+
+
 def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
   """An unusable --output_json fails at once, not after the whole decode."""
   blocker = tmp_path / "blocker"

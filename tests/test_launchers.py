@@ -239,6 +239,20 @@ _TINY_HEAD_RUN = (
 )
 
 
+def _check_constrained_decode(tmp: str, output: str) -> None:
+  """`--config.constraint=signature`: the constraint recorded, every text of
+  both loops a JSON object with the schema's fields, and the mask's cost."""
+  with open(os.path.join(tmp, "decode_constrained.json")) as f:
+    result = json.load(f)
+  assert result["constraint"] == "signature" and result["constraint_states"] > 1
+  assert result["valid_fraction"] == 1.0
+  for text in result["ar_texts"] + result["spec_texts"]:
+    value = json.loads(text)
+    assert set(value) == {"name", "args"} and isinstance(value["args"], list), text
+  assert result["mask_ms_per_iteration"] < result["iteration_ms_unmasked"]
+  assert result["iteration_ms_masked"] > 0 and result["ar_mask_fraction"] < 1
+
+
 def _check_table(tmp: str) -> None:
   """The decode table has its header, the separator and one line per default row."""
   with open(os.path.join(tmp, "table.md")) as f:
@@ -328,6 +342,15 @@ STEPS = (
     "decode",
     ("--config.max_new_tokens=16", "--output_json={tmp}/decode.json"),
     check=_check_main_job,
+  ),
+  # Structured output: the bundled signature schema in both loops (64 tokens
+  # hold a whole schema text, so each ends at EOS and parses).
+  Step(
+    "decode_constrained",
+    "decode",
+    ("--config.constraint=signature", "--config.report_floor=False")
+    + ("--output_json={tmp}/decode_constrained.json",),
+    check=_check_constrained_decode,
   ),
   # A head in a hub layout by path (specjax.hf.load_head): EAGLE-1 as the EAGLE repo saves it.
   Step(

@@ -20,12 +20,14 @@ import numpy as np
 
 import specjax
 import specjax.hf
-from specjax import bench, dtypes, pretrained
+from specjax import bench, constraints, dtypes, pretrained
+from specjax.bench import masking
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
 from specjax.drafting import CrossTokenizerDrafter
 from specjax.hf.optional import import_torch_transformers
+from specjax.jobs import structured
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import write_json
 from specjax.training import heads as head_training
@@ -88,9 +90,13 @@ def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
 
 def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
   """(texts, tokens [B, P], lengths [B]): `config.prompt` on every row, or when it
-  is empty, row i holds the i-th held-out test-split prompt."""
+  is empty, `config.prompt_set`'s (`structured.prompts`; by default row i holds
+  the i-th held-out test-split prompt)."""
   texts = (
-    [config.prompt] * config.batch_size if config.prompt else held_out_prompts(config.batch_size)
+    [config.prompt] * config.batch_size
+    if config.prompt
+    else structured.prompts(config.prompt_set, config.constraint, config.batch_size)
+    or held_out_prompts(config.batch_size)
   )
   return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"))
 
@@ -279,12 +285,35 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       "config.scale grows the bundled pair: it takes no config.target / config.draft "
       "and no cross-tokenizer drafter."
     )
+  _check_constraint(config)
+
+
+def _check_constraint(config: ml_collections.ConfigDict) -> None:
+  """`config.constraint` and `config.prompt_set` (`structured.parse`), and the
+  settings a constrained run cannot take."""
+  if config.prompt_set not in ("", *structured.PROMPT_SETS):
+    raise ValueError(
+      f"config.prompt_set must be '' (the constraint's task) or one of "
+      f"{', '.join(structured.PROMPT_SETS)}; got {config.prompt_set!r}."
+    )
+  if structured.parse(config.constraint) is None:
+    return
+  if config.drafter == "string_level":
+    raise ValueError(
+      "config.constraint needs a jitted loop: config.drafter='string_level' runs on the host."
+    )
+  if config.compare_transformers:
+    raise ValueError("config.constraint: transformers' generate is not constrained here.")
+  if not config.stop_at_eos:
+    raise ValueError("config.constraint needs config.stop_at_eos=True (a constrained text ends).")
 
 
 class _Inputs(NamedTuple):
   """What `run` decodes: the models (sharded on `mesh`), their checkpoint paths,
-  the sampling settings, and the prompts (`prompts [B, P]`, `lengths [B]`,
-  sharded; `prompt` and `ids` are the first row's text and token ids)."""
+  the sampling settings, the prompts (`prompts [B, P]`, `lengths [B]`,
+  sharded; `prompt` and `ids` are the first row's text and token ids) and the
+  rows' constraint (`config.constraint`: its `RowConstraints` and number of
+  states; None, 0 without one)."""
 
   target: Any
   draft: Any
@@ -299,6 +328,8 @@ class _Inputs(NamedTuple):
   ids: list[int]
   prompts: jax.Array
   lengths: jax.Array
+  rules: constraints.RowConstraints | None
+  constraint_states: int
 
 
 def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
@@ -323,6 +354,15 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
   texts, prompts, lengths = _prompt_batch(config, models.tokenizer)
   ids = np.asarray(prompts[0, : lengths[0]]).tolist()
   eos = (list(settings.eos_ids) or None) if config.stop_at_eos else None
+  rules, states = None, 0
+  constraint = structured.parse(config.constraint)
+  if constraint is not None:  # compiled on the host, before any program compiles
+    # A constrained text ends with an id the automaton cannot spell: the specials too.
+    eos = structured.eos_ids(models.tokenizer, eos)
+    rules, states = structured.compile_rows(
+      constraint, models.tokenizer, eos, models.target.cfg.vocab_size, config.batch_size
+    )
+    rules = rules.replace(start=shard_batch(rules.start, mesh))
   return _Inputs(
     target,
     draft,
@@ -337,6 +377,8 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
     ids,
     shard_batch(prompts, mesh),
     shard_batch(lengths, mesh),
+    rules,
+    states,
   )
 
 
@@ -344,7 +386,8 @@ def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[
   """The timed calls: autoregressive ("ar") and speculative ("spec") decoding."""
   i, key = inputs, jax.random.key(config.seed)
   plain = dict(max_new_tokens=config.max_new_tokens, sampling=i.sampling, key=key, eos_id=i.eos)
-  loop = dict(loop=config.loop, loop_chunk=config.loop_chunk)
+  # Both loops under the same constraint: the speedup is constrained against constrained.
+  loop = dict(loop=config.loop, loop_chunk=config.loop_chunk, constraints=i.rules)
   calls = {
     "ar": lambda: specjax.autoregressive_generate(i.target, i.prompts, i.lengths, **plain, **loop)
   }
@@ -400,6 +443,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     **draft_fields,  # "draft", "draft_params": the drafter that decoded
     "prompt": inputs.prompt,
     "prompt_tokens": len(inputs.ids),
+    "constraint": config.constraint or None,
     "ar_text": texts["ar"],
     "spec_text": texts["spec"],
     "gamma": config.gamma,
@@ -423,11 +467,53 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     result["string_level_timings"] = outputs["spec"].timings
   elif config.report_floor:
     result.update(_floor(config, inputs, drafter, timings, stats, int(host["ar"][1].max())))
+  if inputs.rules is not None:
+    result.update(_constraint_fields(config, inputs, drafter, host, ms["ar"]))
   if inputs.sampling.greedy:
     result["texts_identical"] = bool(np.array_equal(host["ar"][0], host["spec"][0]))
   if config.compare_transformers:
     result.update(_transformers_fields(config, inputs, ms, host["spec"][0]))
   return result
+
+
+def _constraint_fields(config, inputs: _Inputs, drafter, host, ar_ms: float) -> dict[str, Any]:
+  """What the constraint did: every row's text in both loops, the fraction that
+  satisfies the constraint (`structured.satisfies`: a checker other than the
+  automaton; a text cut off by the budget fails), and the mask's cost per step
+  against the step (`bench.masking.mask_cost`)."""
+  constraint = structured.parse(config.constraint)
+  texts, valid = {}, []
+  for name, (tokens, n) in host.items():
+    rows = [structured.text_ids(tokens[b, : n[b]], inputs.eos) for b in range(len(n))]
+    texts[name] = [inputs.tokenizer.decode(ids) for ids, _ in rows]
+    valid += [
+      ended and structured.satisfies(constraint, t) for (_, ended), t in zip(rows, texts[name])
+    ]
+  with jax.set_mesh(inputs.mesh):
+    cost = masking.mask_cost(
+      inputs.target,
+      drafter,
+      inputs.prompts,
+      inputs.lengths,
+      inputs.rules,
+      gamma=config.gamma,
+      max_new_tokens=config.max_new_tokens,
+      sampling=inputs.sampling,
+      verifier=config.verifier,
+      eos_id=tuple(inputs.eos),
+      ar_step_ms=ar_ms,
+      num_runs=max(config.num_runs, 5),
+    )
+  return {
+    "constraint": config.constraint,
+    "constraint_states": inputs.constraint_states,
+    "constraint_checker": structured.checker(constraint),
+    "ar_texts": texts["ar"],
+    "spec_texts": texts["spec"],
+    # Both loops' rows together.
+    "valid_fraction": sum(valid) / len(valid),
+    **cost,
+  }
 
 
 def _settings_fields(config, inputs: _Inputs, drafter) -> dict[str, Any]:

@@ -73,6 +73,7 @@ COLUMNS = (
   ("batch", "{batch_size}"),
   ("γ", "{gamma}"),
   ("verifier", "{verifier}"),
+  ("constraint", lambda r: r.get("constraint") or ""),
   ("AR ms/tok", "{ar_ms_per_token:.1f}"),
   ("AR / floor", _optional("ar_over_floor", ".2f")),
   ("verify cost", _optional("verify_cost", ".2f")),
@@ -84,6 +85,9 @@ COLUMNS = (
   ("after prefill", _optional("decode_speedup", ".2f")),
   ("predicted", _optional("predicted_speedup", ".2f")),
   ("measured / predicted", _measured_over_predicted),
+  ("valid", _optional("valid_fraction", ".2f")),  # outputs that satisfy the constraint
+  ("mask ms/iter", _optional("mask_ms_per_iteration", ".3f")),
+  ("mask / iter", _optional("mask_fraction", ".3f")),
   ("greedy identical", lambda r: "" if "texts_identical" not in r else str(r["texts_identical"])),
   ("HF ms/tok", _optional("hf_ms_per_token", ".1f")),
   ("HF assisted ms/tok", _optional("hf_assisted_ms_per_token", ".1f")),
