@@ -22,6 +22,10 @@ class ByteTokenizer:
   def decode(self, ids) -> str:
     return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
+  def token_bytes(self) -> list[bytes]:
+    """Each id's byte (`specjax.vocab_map.token_bytes`)."""
+    return [bytes([i]) for i in range(256)]
+
 
 # The tiny random target of smoke tests (and of the serving tests).
 TINY_CONFIG = dict(

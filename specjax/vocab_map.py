@@ -62,7 +62,10 @@ def _decoder_types(spec: dict | None) -> list[dict]:
 
 
 def token_bytes(tokenizer: Any) -> list[bytes | None]:
-  """The bytes each id of `tokenizer` stands for; None for special tokens."""
+  """The bytes each id of `tokenizer` stands for; None for special tokens. A
+  tokenizer with no `tokenizers` backend may say so itself (`token_bytes()`)."""
+  if hasattr(tokenizer, "token_bytes"):
+    return tokenizer.token_bytes()
 
   backend = backend_of(tokenizer)
   spec = json.loads(backend.to_str())

@@ -165,6 +165,7 @@ def engine_config(
     widths=tuple(config.widths) or None,
     seed=config.seed,
     logprobs=config.get("logprobs", 0),  # the server's; the load test records none
+    constraint_states=config.get("constraint_states", 0),
   )
 
 

@@ -51,6 +51,10 @@ class EngineConfig:
       step count and the request count; seeded requests use their own keys).
     logprobs: the most alternatives a request may ask for with its token
       log-probabilities (0: none are recorded, nothing computed).
+    constraint_states: the states of the constraint table every step masks by
+      (`specjax.serving.constraint_table`): the live requests' automata share
+      it, one unconstrained state included. 0: no constraints (requests with
+      one are refused, and steps mask nothing).
   """
 
   slots: int = 16
@@ -62,9 +66,11 @@ class EngineConfig:
   widths: tuple[int, ...] | None = None
   seed: int = 0
   logprobs: int = 0
+  constraint_states: int = 0
 
   def __post_init__(self):
     check_int("logprobs", self.logprobs, 0, 20)
+    check_int("constraint_states", self.constraint_states, 0)
     check_positive_int("slots", self.slots)
     check_positive_int("gamma", self.gamma)
     if self.max_new_tokens is not None:

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import constraints
 from specjax.drafting import Drafter, as_drafter, check_drafter
 from specjax.generation.state import SpecConfig
 from specjax.generation.validation import check_sampling
@@ -49,6 +50,7 @@ from specjax.sampling import GREEDY, RowSampling
 from specjax.serving import slots
 from specjax.serving.calibration import WidthTimes, calibrate_width
 from specjax.serving.config import EngineConfig, fit_config
+from specjax.serving.constraint_table import ConstraintPlacement
 from specjax.serving.metrics import engine_metrics
 from specjax.serving.policy import SpeculationPolicy
 from specjax.serving.request import Completion, Event, Request
@@ -139,6 +141,9 @@ class Engine:
       max_prompt_len=config.max_prompt_len,
       logprobs=config.logprobs,
     )
+    self._constraints = None
+    if config.constraint_states:
+      self._constraints = ConstraintPlacement(self.vocab_size, config.constraint_states)
     self.policy = SpeculationPolicy(config.policy, config.draft_lengths)
     self._key, self._admit_key = jax.random.split(jax.random.key(config.seed))
     self._state = self._blank()
@@ -185,6 +190,29 @@ class Engine:
       check_int("seed", request.seed, -(2**63), 2**64 - 1)
     if request.max_draft_tokens is not None:
       check_int("max_draft_tokens", request.max_draft_tokens, 0)
+    if request.constraint is not None:
+      self._check_constraint(request.constraint)
+
+  def _check_constraint(self, automaton) -> None:
+    if self._constraints is None:
+      raise ValueError(
+        "constraint: this engine has no constraint table (EngineConfig.constraint_states = 0)."
+      )
+    if not isinstance(automaton, constraints.Automaton):
+      raise ValueError(
+        "constraint must be a specjax.constraints.Automaton (compile_constraint), got "
+        f"{type(automaton).__name__}."
+      )
+    if automaton.vocab_size != self.vocab_size:
+      raise ValueError(
+        f"constraint covers {automaton.vocab_size} ids; the model's vocabulary has "
+        f"{self.vocab_size}."
+      )
+    if not self._constraints.fits(automaton):
+      raise ValueError(
+        f"constraint has {automaton.num_states} states; this engine's table holds at most "
+        f"{self.config.constraint_states - 1} (EngineConfig.constraint_states)."
+      )
 
   def submit(self, request: Request) -> int:
     """Queues `request`; returns its id. Raises a ValueError naming the field for
@@ -215,6 +243,13 @@ class Engine:
         self._pending.append(self._finish(live, reason))
         return
 
+  def _table(self):
+    return None if self._constraints is None else self._constraints.table
+
+  def _free_start(self, n: int):
+    """Start states of `n` unconstrained rows (None: the engine has no table)."""
+    return None if self._constraints is None else jnp.full((n,), constraints.FREE, jnp.int32)
+
   def _blank(self) -> slots.SlotState:
     """A batch of free slots (every row done)."""
     b = self.config.slots
@@ -227,6 +262,8 @@ class Engine:
       jnp.full((b,), -1, jnp.int32),
       RowSampling.of(GREEDY, b),
       self._key,
+      table=self._table(),
+      start=self._free_start(b),
       config=self._slot_config,
     )
 
@@ -314,6 +351,7 @@ class Engine:
       self._state,
       key,
       jnp.asarray(self._asked()),
+      self._table(),
       gamma=gamma,
       width=width,
       config=self._slot_config,
@@ -344,13 +382,17 @@ class Engine:
     target_only = self._drafter_stale and self.drafter is not None
     drafter = None if target_only else self.drafter
     while self._queue and None in self._slot_requests:
-      live = self._queue.popleft()
+      live = self._queue[0]
+      start = self._place(live.request.constraint)
+      if start is False:  # its automaton waits for room in the table
+        break
+      self._queue.popleft()
       del self._queued[live.request_id]
       slot = self._slot_requests.index(None)
       key = jax.random.fold_in(self._admit_key, self._admitted)
       self._admitted += 1
       try:
-        self._admit_one(slot, live.request, drafter, key)
+        self._admit_one(slot, live.request, drafter, key, start)
       except Exception as error:  # one request's failure is its own
         events.append(self._finish(live, "error", f"{type(error).__name__}: {error}"))
         continue
@@ -365,9 +407,32 @@ class Engine:
       events += self._stream(tokens, num_generated, done, stats, logprobs, only=admitted)
     return events
 
-  def _admit_one(self, slot: int, request: Request, drafter, key: jax.Array) -> None:
+  def _place(self, automaton):
+    """The start state of a request's constraint, placed in the table (None:
+    no table; `FREE` for no constraint; False: it does not fit beside the live
+    rows' automata yet). Live rows whose automata moved are shifted."""
+    if self._constraints is None:
+      return None
+    if automaton is None:
+      return constraints.FREE
+    live = [s.request.constraint for s in self._slot_requests if s is not None]
+    placed = self._constraints.place(automaton, [a for a in live if a is not None])
+    if placed is None:
+      return False
+    start, shifts = placed
+    if shifts:
+      shift = np.zeros(self.config.slots, np.int32)
+      for slot, s in enumerate(self._slot_requests):
+        if s is not None and s.request.constraint is not None:
+          shift[slot] = shifts.get(id(s.request.constraint), 0)
+      self._state = slots.shift_constraints(self._state, jnp.asarray(shift))
+    self.counters["constraint_table_packs"] = self._constraints.packs
+    return start
+
+  def _admit_one(self, slot: int, request: Request, drafter, key: jax.Array, start=None) -> None:
     """Prefills `request` into `slot` (padded to the smallest prompt bucket
-    that holds it); without a drafter, the target only."""
+    that holds it); without a drafter, the target only. `start`: its
+    constraint's start state (None: the engine has no table)."""
     prompt = np.asarray(request.prompt, np.int32)
     width = next(p for p in self.config.prompt_buckets if p >= prompt.size)
     row_key = jnp.zeros((1, 2), jnp.uint32)  # unseeded (greedy rows: a seed changes nothing)
@@ -390,6 +455,8 @@ class Engine:
         [self.config.gamma if request.max_draft_tokens is None else request.max_draft_tokens],
         jnp.int32,
       ),
+      self._table(),
+      None if start is None else jnp.asarray([start], jnp.int32),
       config=self._slot_config,
     )
 
@@ -524,6 +591,9 @@ class Engine:
         self._warm_admit(0, width, 1, drafter=None)  # admission while plain steps run
     self._state = slots.move(self._state, jnp.int32(0), jnp.int32(0))
     self._state = slots.release(self._state, jnp.zeros((self.config.slots,), bool))
+    if self._constraints is not None:  # packing the table shifts live rows' states
+      zero = jnp.zeros((self.config.slots,), jnp.int32)
+      self._state = slots.shift_constraints(self._state, zero)
     for slot in range(self.config.slots):
       self._warm_admit(slot, self.config.prompt_buckets[0], self.config.max_new_tokens)
     return jax.block_until_ready(self._state)
@@ -544,6 +614,8 @@ class Engine:
       jnp.zeros((1, 2), jnp.uint32),
       jnp.asarray(False),
       jnp.asarray([self.config.gamma], jnp.int32),
+      self._table(),
+      self._free_start(1),
       config=self._slot_config,
     )
 

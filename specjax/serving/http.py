@@ -18,12 +18,21 @@ the engine's own (`Engine.check`'s messages, with its field names changed).
 Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the
 engine, freeing its slot.
+
+Structured output, in both endpoints: `response_format` ({"type": "json_object"}
+or {"type": "json_schema", "json_schema": {"name", "schema"}}) and the
+extensions `guided_regex` and `guided_choice` (vLLM's names). Each is compiled
+once against the tokenizer (`specjax.constraints`, cached) and every token of
+the request, drafted or sampled, is drawn among what it allows; the engine needs
+a constraint table (`EngineConfig.constraint_states`) and EOS ids.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -33,6 +42,9 @@ import uuid
 from typing import Any
 
 import numpy as np
+
+from specjax import constraints
+from specjax.vocab_map import token_bytes
 
 try:
   import fastapi
@@ -93,6 +105,29 @@ class Speculation(pydantic.BaseModel):
     return 0 if not self.enabled else self.max_draft_tokens
 
 
+class JsonSchemaFormat(pydantic.BaseModel):
+  """`response_format.json_schema`: OpenAI's named schema."""
+
+  model_config = pydantic.ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+  name: str
+  description: str | None = None
+  schema_: dict[str, Any] | None = pydantic.Field(default=None, alias="schema")
+  strict: bool | None = None
+
+
+class ResponseFormat(pydantic.BaseModel):
+  """`response_format`: "text" (no constraint), "json_object" or "json_schema"."""
+
+  model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+  type: str
+  json_schema: JsonSchemaFormat | None = None
+
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# What "json_object" stands for: any JSON object (outlines-core bounds its nesting).
+JSON_OBJECT = {"type": "object"}
+
+
 class _Body(pydantic.BaseModel):
   """The fields both endpoints accept (ranges are checked by the engine)."""
 
@@ -110,6 +145,9 @@ class _Body(pydantic.BaseModel):
   seed: int | None = None
   n: int = 1
   speculation: Speculation | None = None
+  response_format: ResponseFormat | None = None
+  guided_regex: str | None = None
+  guided_choice: list[str] | None = None
 
 
 class CompletionBody(_Body):
@@ -160,6 +198,7 @@ _UNIONS = {
 }
 STOP_STRINGS = 4  # at most, as OpenAI's API
 MAX_CHOICES = 16  # n at most
+AUTOMATA_CACHED = 32  # compiled constraints kept
 
 
 def parse_body(raw: bytes, kind: type[_Body] = CompletionBody) -> _Body:
@@ -179,8 +218,8 @@ def parse_body(raw: bytes, kind: type[_Body] = CompletionBody) -> _Body:
     if param in _UNIONS and error["type"] != "missing":
       message = f"{param} must be {_UNIONS[param]}, got {_short(data[param])}."
     elif error["type"] == "extra_forbidden":
-      model = StreamOptions if error["loc"][0] == "stream_options" else kind
-      allowed = ", ".join(model.model_fields)
+      model = _NESTED.get(tuple(error["loc"][:-1]), kind)
+      allowed = ", ".join(f.alias or name for name, f in model.model_fields.items())
       message = f"{field} is not a supported field; the supported fields are {allowed}."
     elif error["type"] == "missing":
       message = f"{field} is required."
@@ -195,7 +234,48 @@ def parse_body(raw: bytes, kind: type[_Body] = CompletionBody) -> _Body:
   body.stop = stop
   if not 1 <= body.n <= MAX_CHOICES:
     raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {body.n}.", "n")
+  constraint_of(body)  # its shape is checked here; compiling it comes later
   return body
+
+
+# Nested models, by their field's location (for the names of their fields).
+_NESTED = {
+  ("stream_options",): StreamOptions,
+  ("speculation",): Speculation,
+  ("response_format",): ResponseFormat,
+  ("response_format", "json_schema"): JsonSchemaFormat,
+}
+
+
+def constraint_of(body: _Body) -> tuple[str, constraints.Regex | constraints.JsonSchema |
+                                        constraints.Choice] | None:  # fmt: skip
+  """`(param, constraint)` that `body` asks for (None: free text); APIError (400)
+  naming the field for a malformed or second one."""
+  asked = []
+  fmt = body.response_format
+  if fmt is not None and fmt.type != "text":
+    if fmt.type == "json_object":
+      asked.append(("response_format", constraints.JsonSchema(JSON_OBJECT)))
+    elif fmt.type == "json_schema":
+      if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        where = "response_format.json_schema" + ("" if fmt.json_schema is None else ".schema")
+        raise APIError(400, f"{where} is required for type json_schema.", where)
+      asked.append(("response_format.json_schema.schema", constraints.JsonSchema(
+        fmt.json_schema.schema_)))  # fmt: skip
+    else:
+      raise APIError(
+        400,
+        f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}, got {fmt.type!r}.",
+        "response_format.type",
+      )
+  if body.guided_regex is not None:
+    asked.append(("guided_regex", constraints.Regex(body.guided_regex)))
+  if body.guided_choice is not None:
+    asked.append(("guided_choice", constraints.Choice(tuple(body.guided_choice))))
+  if len(asked) > 1:
+    names = " and ".join(p.split(".")[0] for p, _ in asked)
+    raise APIError(400, f"one constraint per request: got {names}.", asked[1][0].split(".")[0])
+  return asked[0] if asked else None
 
 
 def _short(value, limit: int = 100) -> str:
@@ -340,6 +420,43 @@ class _Completions:
       "logprobs": config.logprobs,
     }
     self.prometheus = Prometheus()
+    # Compiled constraints by what they say, most recent last (compiling a JSON
+    # schema takes from milliseconds to seconds; requests repeat them).
+    self._automata: collections.OrderedDict = collections.OrderedDict()
+    self._pieces = None  # the tokenizer's bytes per id, read at the first constraint
+
+  def _compile(self, param: str, constraint) -> constraints.Automaton:
+    """`constraint` compiled against the tokenizer with the engine's EOS ids (cached)."""
+    key = (type(constraint).__name__, json.dumps(dataclasses.asdict(constraint), sort_keys=True))
+    if key in self._automata:
+      self._automata.move_to_end(key)
+      return self._automata[key]
+    engine = self.background.engine
+    if engine.eos_ids is None:
+      raise APIError(400, f"{param}: this server has no EOS ids to end a constrained text.", param)
+    if self._pieces is None:
+      self._pieces = token_bytes(self.tokenizer)
+    try:
+      eos = np.atleast_1d(engine.eos_ids).tolist()
+      automaton = constraints.compile_constraint(constraint, self._pieces, eos, engine.vocab_size)
+    except ValueError as e:
+      raise APIError(400, f"{param}: {e}", param) from None
+    self._automata[key] = automaton
+    if len(self._automata) > AUTOMATA_CACHED:
+      self._automata.popitem(last=False)
+    return automaton
+
+  async def _constraint(self, body: _Body):
+    """`(param, automaton)` of `body`'s constraint (compiled off the event loop), or None."""
+    asked = constraint_of(body)
+    if asked is None:
+      return None
+    param = asked[0]
+    if not self.background.engine.config.constraint_states:
+      raise APIError(
+        400, f"{param}: this server takes no constraints (its constraint_states is 0).", param
+      )
+    return param, await asyncio.to_thread(self._compile, *asked)
 
   async def health(self):
     closed = self.background.closed
@@ -402,8 +519,9 @@ class _Completions:
     top = (body.top_logprobs or 0) if body.logprobs else None
     return await self._serve(http_request, body, ids, top)
 
-  def _requests(self, body: _Body, prompt, logprobs: int | None) -> list[Request]:
-    """The engine requests (one per choice) `body` asks for; APIError naming the field it cannot."""
+  def _requests(self, body: _Body, prompt, logprobs: int | None, constraint=None) -> list[Request]:
+    """The engine requests (one per choice) `body` asks for, with its compiled
+    `constraint` `(param, automaton)`; APIError naming the field it cannot."""
     if body.model is not None and body.model != self.model_name:
       raise APIError(
         404, f"model {body.model!r} is not served here; use {self.model_name!r}.", "model"
@@ -413,12 +531,18 @@ class _Completions:
     try:
       sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
       cap = None if body.speculation is None else body.speculation.cap()
+      automaton = None if constraint is None else constraint[1]
       requests = [
-        Request(prompt, body.max_tokens, sampling, body.stop_token_id, body.seed, i, logprobs, cap)
+        Request(
+          prompt, body.max_tokens, sampling, body.stop_token_id, body.seed, i, logprobs, cap,
+          automaton,
+        )
         for i in range(body.n)
-      ]
+      ]  # fmt: skip
       self.background.engine.check(requests[0])  # pure: safe from this thread
     except ValueError as e:
+      if constraint is not None and str(e).startswith("constraint"):  # its own field's name
+        raise APIError(400, f"{constraint[0]}: {e}", constraint[0]) from None
       error = engine_error(e)
       if isinstance(body, ChatBody) and error.param == "logprobs":
         error.param = "top_logprobs"
@@ -427,8 +551,9 @@ class _Completions:
 
   async def _serve(self, http_request, body: _Body, prompt, logprobs: int | None):
     """Runs `body`'s choices and answers, streamed or whole."""
+    requests = self._requests(body, prompt, logprobs, await self._constraint(body))
     run = _Run(self.background, http_request, body.stop, self.tokenizer, self.prometheus)
-    await run.start(self._requests(body, prompt, logprobs))
+    await run.start(requests)
     chat = isinstance(body, ChatBody)
     form = _Form(self.tokenizer, chat, logprobs is not None)
     head = {

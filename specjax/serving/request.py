@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from specjax.constraints import Automaton
 from specjax.sampling import GREEDY, SamplingParams
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -39,6 +40,10 @@ class Request:
     max_draft_tokens: None (the engine's policy decides), or an integer >= 0:
       no step drafts more than this many tokens for this request (0: it is
       decoded without speculation, in the same batch as the others).
+    constraint: None, or the token automaton its text must follow
+      (`specjax.constraints.compile_constraint` over the target's tokenizer,
+      with the engine's EOS ids): every token, drafted or sampled, is drawn
+      among what it allows, and the text ends only where it accepts.
   """
 
   prompt: Sequence[int]
@@ -49,6 +54,7 @@ class Request:
   choice: int = 0
   logprobs: int | None = None
   max_draft_tokens: int | None = None
+  constraint: Automaton | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,10 @@ depend on the batch, the draft length or the drafter. A row's `draft_limit` is
 its request's cap on the draft length (0: it takes no drafted tokens).
 With `SlotConfig.logprobs` = K > 0 committed tokens can record their
 log-probabilities and K alternatives, from the logits that verified them.
+With a constraint table (`specjax.constraints.ConstraintTable`, passed to each
+program; `specjax.serving.constraint_table` places the requests' automata in
+it) every row follows its own automaton (state `FREE`: unconstrained), in plain
+and speculative steps alike.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import coupling
+from specjax import constraints, coupling
 from specjax.coupling import Coupling
 from specjax.drafting import Commit, Drafter
 from specjax.generation.common import prefill, zero_padding
@@ -65,6 +69,7 @@ ROW_FIELDS = (
   "budget",
   "stop",
   "sampling",
+  "constraint_state",
 )
 ROW_STATS = ("proposed", "accepted", "evaluated", "row_iterations", "generated")
 
@@ -178,6 +183,8 @@ def fresh_rows(
   config: SlotConfig,
   row_keys: jax.Array | None = None,
   record=False,
+  table: constraints.ConstraintTable | None = None,
+  start: jax.Array | None = None,
 ) -> SlotState:
   """Rows for new requests: prompts `[n, P]` prefilled into caches of the engine's
   capacity, their first tokens sampled with their own settings.
@@ -188,10 +195,13 @@ def fresh_rows(
     row_keys: `[n, 2]` (default: unseeded); a seeded row draws its first token
       from its own key.
     record: (traced) bool, record the first tokens' log-probabilities.
+    table, start: None, or the engine's constraint table and the rows' start
+      states `[n]` (`FREE`: unconstrained): the first token among what they allow.
   """
   n, width = prompts.shape
   prompts = zero_padding(prompts, prompt_lengths)
   row_keys = jnp.zeros((n, 2), jnp.uint32) if row_keys is None else row_keys
+  rules = None if table is None else constraints.RowConstraints(table, start)
   spec = prefill_state(
     target,
     drafter,
@@ -205,6 +215,7 @@ def fresh_rows(
     keys=jax.random.split(key, (1, 2)),  # the engine gives each step its keys
     rows=sampling,
     **_coupled_rows(row_keys),  # a seeded row's first token: its draw at index 0
+    rules=rules,
   ).replace(row_keys=None, coupled_rows=None)  # they live in SlotState.row_keys
   padded = jnp.pad(prompts, ((0, 0), (0, config.max_prompt_len - width)))
   state = SlotState(spec, padded, prompt_lengths, row_keys)
@@ -217,10 +228,15 @@ def fresh_rows(
   state = state.replace(
     logprobs=(jnp.zeros(shape[:2]), jnp.zeros(shape, jnp.int32), jnp.zeros(shape))
   )
+
+  def first_logits():  # under the row's constraint, as the first token was drawn
+    logits = score(target, last, cache)[0]
+    return logits if table is None else constraints.mask_logits(logits, table, start[:, None])
+
   return _record(
     state,
     spec,
-    lambda: score(target, last, cache)[0],
+    first_logits,
     spec.tokens[:, :1],
     jnp.zeros_like(prompt_lengths),
     config.logprobs,
@@ -229,17 +245,20 @@ def fresh_rows(
 
 
 def plain_step(
-  target: Transformer, state: SpecState, config: SpecConfig, row_keys=None
+  target: Transformer, state: SpecState, config: SpecConfig, row_keys=None, table=None
 ) -> tuple[SpecState, jax.Array, jax.Array]:
   """One autoregressive step on a `SpecState`: the target scores s[-1], each active
   row commits one token drawn from its warped law (a seeded row by Gumbel-max with
   its own key `row_keys [B, 2]`'s noise at its generated index). The drafter's state
   is left as it was (behind by one token per step; `resync` catches it up).
+  With a constraint `table`, each row draws among what its state allows.
 
   Returns:
     `(state, logits [B, 1, V], emitted [B, 1])`.
   """
   logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
+  if table is not None:
+    logits = constraints.mask_logits(logits, table, state.constraint_state[:, None])
   probs = warp_probs(logits[:, 0], step_sampling(state, config))
   key = state.keys[0, 1]
   if row_keys is not None:  # seeded rows: the coupled draw at their generated index
@@ -252,6 +271,9 @@ def plain_step(
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
   goes_on = ~done
   old_length = state.target_cache.lengths + 1
+  if table is not None:
+    after = constraints.advance(table, state.constraint_state, token)
+    state = state.replace(constraint_state=jnp.where(state.done, state.constraint_state, after))
   state = state.replace(
     target_cache=commit_cache(cache, Commit(emitted, old_length, old_length + 1, goes_on)),
     recent=next_recent(state.recent, emitted, n, goes_on),
@@ -282,6 +304,7 @@ def _step(
   state: SlotState,
   key: jax.Array,
   record: jax.Array | bool = False,
+  table: constraints.ConstraintTable | None = None,
   *,
   gamma: int,
   width: int,
@@ -292,15 +315,15 @@ def _step(
   before = part.spec.stats
   spec_config = dataclasses.replace(config.spec, gamma=gamma)
   if gamma == 0:
-    spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys)
+    spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys, table)
   else:
     coupled = part.spec.replace(**_coupled_rows(part.row_keys))
     if config.logprobs:
       spec, logits, emitted = speculative_step(
-        target, drafter, coupled, spec_config, with_logits=True
+        target, drafter, coupled, spec_config, with_logits=True, table=table
       )
     else:
-      spec = logits = emitted = speculative_step(target, drafter, coupled, spec_config)
+      spec = logits = emitted = speculative_step(target, drafter, coupled, spec_config, table=table)
     spec = spec.replace(row_keys=None, coupled_rows=None)
   at = part.spec.num_generated
   part = _record(part, spec, lambda: logits, emitted, at, config.logprobs, record)
@@ -360,12 +383,15 @@ def _admit(
   row_key: jax.Array,
   record: jax.Array,
   draft_cap: jax.Array,
+  table: constraints.ConstraintTable | None = None,
+  start: jax.Array | None = None,
   *,
   config: SlotConfig,
 ) -> SlotState:
   """One request (prompt `[1, P]`, its `row_key [1, 2]`, `record` its logprobs,
-  `draft_cap [1]` the most tokens it lets a step draft for it, 0: none)
-  prefilled into slot `slot` (a traced index).
+  `draft_cap [1]` the most tokens it lets a step draft for it, 0: none, `start
+  [1]` its constraint's start state in `table`) prefilled into slot `slot` (a
+  traced index).
 
   `drafter` None into a batch that has a drafter state prefills the target
   only and leaves the slot's drafter state as it was: the engine does so
@@ -384,6 +410,8 @@ def _admit(
     config,
     row_key,
     record,
+    table,
+    start,
   )
   # The row's own cap on its draft length, whatever length a step drafts.
   limit = jnp.minimum(row.spec.draft_limit, draft_cap)
@@ -398,6 +426,14 @@ def _move(state: SlotState, source: jax.Array, dest: jax.Array) -> SlotState:
   return map_rows(lambda x: x.at[dest].set(x[source]), state)
 
 
+def _shift_constraints(state: SlotState, shift: jax.Array) -> SlotState:
+  """Each constrained row's state moved by `shift [B]` (its automaton moved in
+  the table: `specjax.serving.constraint_table`); unconstrained rows stay FREE."""
+  states = state.spec.constraint_state
+  moved = jnp.where(states > constraints.FREE, states + shift, states)
+  return state.replace(spec=state.spec.replace(constraint_state=moved))
+
+
 def _release(state: SlotState, slots: jax.Array) -> SlotState:
   """Slots `slots [B]` (bool) stop: marked done, they commit nothing more."""
   return state.replace(spec=state.spec.replace(done=state.spec.done | slots))
@@ -409,6 +445,7 @@ resync = jax.jit(_resync, static_argnames=("width", "config"), donate_argnames=(
 admit = jax.jit(_admit, static_argnames=("config",), donate_argnames=("state",))
 move = jax.jit(_move, donate_argnames=("state",))
 release = jax.jit(_release, donate_argnames=("state",))
+shift_constraints = jax.jit(_shift_constraints, donate_argnames=("state",))
 blank = jax.jit(fresh_rows, static_argnames=("config",))
 
 

@@ -1,0 +1,304 @@
+"""Structured output in the server: constrained requests with speculation on.
+
+* The engine: regex, choice, JSON-schema and free requests share steps (plain
+  and speculative); each greedy request's text is constrained greedy decoding
+  alone, each seeded one plain coupled decoding with its key, and every text
+  is in its language. New constraints recompile nothing; a full table packs
+  the live automata (shifting their rows' states) or makes a request wait.
+* Over HTTP with the official openai client: `response_format` (json_schema,
+  json_object) and the `guided_regex` / `guided_choice` extensions, in
+  completions and chat, streamed or not; bad ones get a 400 naming the field.
+
+One engine (random tiny models, byte tokenizer, EOS = byte 0) serves the module;
+its engine-level tests run before the HTTP server takes it over.
+"""
+
+import json
+import re
+
+import httpx
+import jax.numpy as jnp
+import jsonschema
+import numpy as np
+import pytest
+from test_serving_openai import TEMPLATE, openai_client, serve
+
+import specjax
+from helpers import traces
+from specjax import constraints as C
+from specjax.data.chat import ChatTemplate
+from specjax.serving import Engine, EngineConfig, Request, request_key
+from specjax.testing import tiny_setup
+
+EOS = 0
+PIECES = [None] + [bytes([i]) for i in range(1, 256)]  # the byte tokenizer's, EOS special
+CONFIG = EngineConfig(
+  slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=64, widths=(4,), constraint_states=2048
+)
+SCHEMA = {
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "args": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+  },
+  "required": ["name", "args"],
+}
+REGEX = "[a-e]{2,5}(xy|z)"
+CHOICES = ("yes", "no", "maybe")
+
+
+class Schedule:
+  """Cycles through draft lengths: plain and speculative steps mix."""
+
+  kind = "schedule"
+
+  def __init__(self, gammas):
+    self.gammas, self.i = gammas, 0
+
+  def choose(self, width):
+    self.i += 1
+    return self.gammas[self.i % len(self.gammas)]
+
+  def observe(self, *args, **kwargs):
+    pass
+
+
+@pytest.fixture(scope="module")
+def setup():
+  target, draft, tokenizer = tiny_setup(0)
+  engine = Engine(target, draft, CONFIG, eos_ids=EOS)
+  engine.warmup(timed_runs=0)
+  automata = {
+    "schema": C.compile_constraint(C.JsonSchema(SCHEMA), PIECES, [EOS], 256),
+    "regex": C.compile_constraint(C.Regex(REGEX), PIECES, [EOS], 256),
+    "choice": C.compile_constraint(C.Choice(CHOICES), PIECES, [EOS], 256),
+  }
+  return engine, target, tokenizer, automata
+
+
+def alone(target, batch: list[Request]) -> list[list[int]]:
+  """Each request decoded without the engine (constrained, greedy or coupled with
+  its request key), cut at EOS, its stop id and its budget."""
+  expected = []
+  for r in batch:
+    padded = jnp.asarray([list(r.prompt) + [0] * (32 - len(r.prompt))], jnp.int32)
+    seeded = r.seed is not None and not r.sampling.greedy
+    out = specjax.autoregressive_generate(
+      target,
+      padded,
+      jnp.asarray([len(r.prompt)]),
+      max_new_tokens=CONFIG.max_new_tokens,
+      sampling=specjax.RowSampling.of([r.sampling]),
+      key=request_key(r.seed, r.choice)[None] if seeded else None,
+      eos_id=EOS,
+      constraints=None if r.constraint is None else C.row_constraints([r.constraint], 256),
+    )
+    row = np.asarray(out.tokens)[0, : r.max_new_tokens].tolist()
+    ends = [i for i, t in enumerate(row) if t in (EOS, r.stop_id)]
+    expected.append(row[: ends[0] + 1] if ends else row)
+  return expected
+
+
+def check_text(kind: str, tokens: list[int]) -> None:
+  assert tokens[-1] == EOS, "a constrained text ends where its language accepts"
+  text = bytes(tokens[:-1]).decode()
+  if kind == "schema":
+    jsonschema.validate(json.loads(text), SCHEMA)
+  elif kind == "regex":
+    assert re.fullmatch(REGEX, text)
+  else:
+    assert text in CHOICES
+
+
+@pytest.mark.parametrize("gammas", [(3,), (3, 0, 3)], ids=["speculative", "mixed"])
+def test_constrained_requests_equal_constrained_decoding_alone(setup, gammas):
+  engine, target, _, automata = setup
+  engine.policy = Schedule(gammas)
+  rng = np.random.default_rng(len(gammas))
+  kinds = ["schema", "regex", None, "choice", "schema", "regex", "choice", None]
+  batch = []
+  for i, kind in enumerate(kinds):
+    sampled = i % 2 == 1
+    batch.append(
+      Request(
+        prompt=rng.integers(1, 256, int(rng.integers(2, 12))).tolist(),
+        max_new_tokens=CONFIG.max_new_tokens,
+        sampling=specjax.SamplingParams(temperature=0.9) if sampled else specjax.GREEDY,
+        seed=100 + i if sampled else None,
+        constraint=None if kind is None else automata[kind],
+      )
+    )
+  completions = engine.run(batch)
+  assert [c.tokens for c in completions] == alone(target, batch)
+  for kind, c in zip(kinds, completions):
+    if kind is not None:
+      check_text(kind, c.tokens)
+      assert c.finish_reason == "stop"
+  assert engine.counters["steps_gamma_3"] > 0
+
+
+def test_new_constraints_recompile_nothing_and_a_full_table_packs_or_waits(setup):
+  """Distinct regexes of 400-800 states: the 2,048-state table fills, a request
+  whose automaton fits only beside fewer live ones waits (a slot stays free),
+  and once the first (short) request ends the table is packed, moving the live
+  rows' automata and shifting their states mid-text. Texts stay those decoded
+  alone."""
+  engine, target, _, _ = setup
+  engine.policy = Schedule((3, 0))
+  batch = [
+    Request(
+      prompt=[10 + i, 20, 30],
+      max_new_tokens=budget,
+      constraint=C.compile_constraint(C.Regex(f"[a-c]{{{n}}}z"), PIECES, [EOS], 256),
+    )
+    for i, (n, budget) in enumerate([(400, 3), (700, 64), (500, 40), (800, 64), (450, 5), (600, 9)])
+  ]
+  moved = []
+  original = type(engine)._place
+
+  def spy(self, automaton):
+    live = sum(s is not None for s in self._slot_requests)
+    start = original(self, automaton)
+    moved.append((start is False, live))
+    return start
+
+  type(engine)._place = spy
+  packs = engine.counters["constraint_table_packs"]
+  try:
+    with traces() as traced:
+      completions = engine.run(batch)
+  finally:
+    type(engine)._place = original
+  # No program of the engine's is traced again; only the host-to-device
+  # conversions of a new table's arrays (of a new length) are.
+  assert set(traced) <= {"convert_element_type", "stage"}, traced
+  assert engine.counters["constraint_table_packs"] > packs
+  assert any(waited and live < CONFIG.slots for waited, live in moved), "a request waited"
+  # Budgets end them early: the constraint still held for every token committed.
+  expected = alone(target, batch)
+  assert [c.tokens for c in completions] == expected
+  for c in completions:
+    assert all(t in b"abc" for t in c.tokens)
+
+
+def test_engine_refuses_constraints_it_cannot_hold(setup):
+  engine, target, _, automata = setup
+  big = C.compile_constraint(C.Regex("[a-c]{2100}"), PIECES, [EOS], 256)
+  wide = C.compile_constraint(C.Regex("ab"), PIECES + [b"x"], [EOS], 257)
+  for constraint, message in [
+    (big, r"constraint has 2101 states; this engine's table holds at most 2047"),
+    (wide, "constraint covers 257 ids; the model's vocabulary has 256"),
+    (C.Regex("ab"), "constraint must be a specjax.constraints.Automaton"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      engine.check(Request([1, 2], 4, constraint=constraint))
+  plain = Engine(target, None, EngineConfig(**{**CONFIG.__dict__, "constraint_states": 0,
+                                               "policy": "never"}))  # fmt: skip
+  with pytest.raises(ValueError, match="constraint: this engine has no constraint table"):
+    plain.check(Request([1, 2], 4, constraint=automata["regex"]))
+
+
+# ------------------------------------------------------------------- over HTTP
+
+
+@pytest.fixture(scope="module")
+def served(setup):
+  engine, target, tokenizer, _ = setup
+  engine.policy = specjax.serving.SpeculationPolicy("always", (3,))  # speculation on
+  url, _, stop = serve(engine, tokenizer, ChatTemplate(TEMPLATE, {"bos_token": "^"}))
+  yield openai_client(url), url, target, tokenizer
+  stop()
+
+
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "sig", "schema": SCHEMA}}
+# The legacy completions endpoint has no response_format in the client: the body's.
+FORMATS = {
+  "schema": dict(extra_body={"response_format": JSON_SCHEMA}),
+  "regex": dict(extra_body={"guided_regex": REGEX}),
+  "choice": dict(extra_body={"guided_choice": list(CHOICES)}),
+}
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_follow_their_constraint(served, setup, kind, stream):
+  """Greedy, speculation on: the text is constrained greedy decoding's, and in
+  its language."""
+  client, _, target, tokenizer = served
+  automaton = setup[3][kind]
+  prompt = "def f(x):\n"
+  out = client.completions.create(
+    model="tiny", prompt=prompt, max_tokens=64, temperature=0, stream=stream, **FORMATS[kind]
+  )
+  text = "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+  ids = tokenizer.encode(prompt)
+  (expected,) = alone(target, [Request(ids, 64, constraint=automaton)])
+  assert text == tokenizer.decode(expected)  # the byte tokenizer decodes EOS as "\x00"
+  check_text(kind, tokenizer.encode(text))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_json_object_and_schema(served, stream):
+  """Sampled chat choices: a json_object text that ends is a JSON object (one
+  that runs out of tokens is cut: finish_reason "length"); a schema's texts
+  (bounded: they fit the budget) validate."""
+  client = served[0]
+  messages = [{"role": "user", "content": "Return a JSON object."}]
+  for fmt in ({"type": "json_object"}, JSON_SCHEMA):
+    out = client.chat.completions.create(
+      model="tiny", messages=messages, max_tokens=64, temperature=0.8, seed=3, n=3,
+      stream=stream, response_format=fmt,
+    )  # fmt: skip
+    texts, reasons = [""] * 3, [None] * 3
+    for chunk in out if stream else [out]:
+      for c in chunk.choices:
+        texts[c.index] += (c.delta.content if stream else c.message.content) or ""
+        reasons[c.index] = c.finish_reason or reasons[c.index]
+    assert "stop" in reasons
+    for text, reason in zip(texts, reasons):
+      assert text.startswith("{")
+      if reason == "stop":
+        value = json.loads(text.removesuffix("\x00"))  # the byte tokenizer's EOS
+        assert isinstance(value, dict)
+        if fmt is JSON_SCHEMA:
+          jsonschema.validate(value, SCHEMA)
+      else:
+        assert fmt is not JSON_SCHEMA and reason == "length"
+
+
+@pytest.mark.parametrize(
+  "body, param, message",
+  [
+    (
+      {
+        "response_format": {
+          "type": "json_schema",
+          "json_schema": {"name": "x", "schema": {"type": "nope"}},
+        }
+      },
+      "response_format.json_schema.schema",
+      "not a schema outlines-core can compile",
+    ),  # fmt: skip
+    (
+      {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+      "response_format.json_schema.schema",
+      "is required",
+    ),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "must be one of text"),
+    ({"response_format": {"type": "text", "grammar": 1}}, "response_format", "grammar is not"),
+    ({"guided_regex": ""}, "guided_regex", "regex must be a non-empty string"),
+    ({"guided_choice": []}, "guided_choice", "choice must be a non-empty list"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "one constraint per request"),
+    ({"guided_regex": "a{3000}"}, "guided_regex", "constraint has 3001 states"),
+  ],
+)
+def test_bad_constraints_get_a_400_naming_the_field(served, body, param, message):
+  url = served[1]
+  for path, base in (
+    ("/v1/completions", {"prompt": "x"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+  ):
+    response = httpx.post(url + path, json={**base, "max_tokens": 4, **body}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and message in error["message"], error
