@@ -155,6 +155,32 @@ def test_tli_with_a_disguised_target_accepts_everything(
   assert float(out.stats.acceptance_rate) > 0.95
 
 
+def test_tli_under_a_constraint_masks_q_over_the_targets_ids(target, drafter, tokenizers, prompts):
+  """TLI's draft law is over the target's ids, so a constraint masks it as it
+  masks p: greedy output is constrained greedy decoding, coupled output plain
+  coupled decoding, and the disguised target (q = p once masked alike) has
+  its drafts accepted (unmasked: 0.40)."""
+  from specjax import constraints
+
+  pieces = token_bytes(tokenizers[1])
+  eos = [i for i, piece in enumerate(pieces) if piece is None]
+  regex = constraints.compile_constraint(constraints.Regex("[a-z ]{4,40}\\."), pieces, eos, 512)
+  rules = constraints.row_constraints([regex] * prompts[0].shape[0], 512)
+  keys = jax.random.split(jax.random.key(6), prompts[0].shape[0])
+  for sampling, key in ((specjax.GREEDY, None), (specjax.SamplingParams(0.7), keys)):
+    run = dict(max_new_tokens=16, sampling=sampling, key=key, eos_id=eos, constraints=rules)
+    plain = specjax.autoregressive_generate(target, *prompts, **run)
+    out = specjax.speculative_generate(target, drafter, *prompts, gamma=4, **run)
+    np.testing.assert_array_equal(out.tokens, plain.tokens)
+  draft, renamed = disguised(target, tokenizers[1])
+  run = dict(max_new_tokens=16, sampling=specjax.GREEDY, eos_id=eos, constraints=rules)
+  out = specjax.speculative_generate(
+    target, CrossTokenizerDrafter(draft, renamed, tokenizers[1]), *prompts, gamma=4, **run
+  )
+  # Only the target's EOS, a special no draft can spell, is ever rejected.
+  assert float(out.stats.acceptance_rate) > 0.95
+
+
 def test_draft_cache_holds_the_committed_text_in_draft_ids(target, drafter, prompts):
   """After a few iterations the draft's cache equals a fresh prefill of D(s[:-2]):
   rollback and the expansion of the verifier's tokens are pure bookkeeping."""
