@@ -69,6 +69,9 @@ class Choice:
   options: tuple[str, ...]
 
 
+Constraint = Regex | JsonSchema | Choice  # what a request may ask for
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Automaton:
   """A token automaton on the host, stored by token class (see the module doc).

@@ -13,6 +13,7 @@ One engine (random tiny models, byte tokenizer, EOS = byte 0) serves the module;
 its engine-level tests run before the HTTP server takes it over.
 """
 
+import dataclasses
 import json
 import re
 
@@ -192,8 +193,7 @@ def test_engine_refuses_constraints_it_cannot_hold(setup):
   ]:
     with pytest.raises(ValueError, match=message):
       engine.check(Request([1, 2], 4, constraint=constraint))
-  plain = Engine(target, None, EngineConfig(**{**CONFIG.__dict__, "constraint_states": 0,
-                                               "policy": "never"}))  # fmt: skip
+  plain = Engine(target, None, dataclasses.replace(CONFIG, constraint_states=0, policy="never"))
   with pytest.raises(ValueError, match="constraint: this engine has no constraint table"):
     plain.check(Request([1, 2], 4, constraint=automata["regex"]))
 

@@ -53,7 +53,7 @@ BUNDLED = {"signature": SIGNATURE_SCHEMA}
 PROMPT_SETS = ("held_out", "signature")
 FORMS = "'' (none), signature, json:<schema file or inline JSON>, regex:<pattern>, choice:a|b|c"
 
-Constraint = constraints.Regex | constraints.JsonSchema | constraints.Choice
+Constraint = constraints.Constraint
 
 
 def parse(value: str) -> Constraint | None:

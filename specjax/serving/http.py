@@ -37,6 +37,7 @@ import functools
 import json
 import math
 import re
+import threading
 import time
 import uuid
 from typing import Any
@@ -247,8 +248,7 @@ _NESTED = {
 }
 
 
-def constraint_of(body: _Body) -> tuple[str, constraints.Regex | constraints.JsonSchema |
-                                        constraints.Choice] | None:  # fmt: skip
+def constraint_of(body: _Body) -> tuple[str, constraints.Constraint] | None:
   """`(param, constraint)` that `body` asks for (None: free text); APIError (400)
   naming the field for a malformed or second one."""
   asked = []
@@ -260,8 +260,8 @@ def constraint_of(body: _Body) -> tuple[str, constraints.Regex | constraints.Jso
       if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         where = "response_format.json_schema" + ("" if fmt.json_schema is None else ".schema")
         raise APIError(400, f"{where} is required for type json_schema.", where)
-      asked.append(("response_format.json_schema.schema", constraints.JsonSchema(
-        fmt.json_schema.schema_)))  # fmt: skip
+      schema = constraints.JsonSchema(fmt.json_schema.schema_)
+      asked.append(("response_format.json_schema.schema", schema))
     else:
       raise APIError(
         400,
@@ -423,14 +423,16 @@ class _Completions:
     # Compiled constraints by what they say, most recent last (compiling a JSON
     # schema takes from milliseconds to seconds; requests repeat them).
     self._automata: collections.OrderedDict = collections.OrderedDict()
+    self._automata_lock = threading.Lock()  # compiled in worker threads
     self._pieces = None  # the tokenizer's bytes per id, read at the first constraint
 
   def _compile(self, param: str, constraint) -> constraints.Automaton:
     """`constraint` compiled against the tokenizer with the engine's EOS ids (cached)."""
     key = (type(constraint).__name__, json.dumps(dataclasses.asdict(constraint), sort_keys=True))
-    if key in self._automata:
-      self._automata.move_to_end(key)
-      return self._automata[key]
+    with self._automata_lock:
+      if key in self._automata:
+        self._automata.move_to_end(key)
+        return self._automata[key]
     engine = self.background.engine
     if engine.eos_ids is None:
       raise APIError(400, f"{param}: this server has no EOS ids to end a constrained text.", param)
@@ -441,9 +443,10 @@ class _Completions:
       automaton = constraints.compile_constraint(constraint, self._pieces, eos, engine.vocab_size)
     except ValueError as e:
       raise APIError(400, f"{param}: {e}", param) from None
-    self._automata[key] = automaton
-    if len(self._automata) > AUTOMATA_CACHED:
-      self._automata.popitem(last=False)
+    with self._automata_lock:
+      self._automata[key] = automaton
+      if len(self._automata) > AUTOMATA_CACHED:
+        self._automata.popitem(last=False)
     return automaton
 
   async def _constraint(self, body: _Body):
@@ -532,13 +535,8 @@ class _Completions:
       sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
       cap = None if body.speculation is None else body.speculation.cap()
       automaton = None if constraint is None else constraint[1]
-      requests = [
-        Request(
-          prompt, body.max_tokens, sampling, body.stop_token_id, body.seed, i, logprobs, cap,
-          automaton,
-        )
-        for i in range(body.n)
-      ]  # fmt: skip
+      fields = (body.max_tokens, sampling, body.stop_token_id, body.seed)
+      requests = [Request(prompt, *fields, i, logprobs, cap, automaton) for i in range(body.n)]
       self.background.engine.check(requests[0])  # pure: safe from this thread
     except ValueError as e:
       if constraint is not None and str(e).startswith("constraint"):  # its own field's name
