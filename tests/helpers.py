@@ -234,3 +234,20 @@ def hub_cache(root, repo: str, source, commit: str = COMMIT, ref: str = "main") 
   (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
   (repo_dir / "refs" / ref).write_text(commit)
   return str(root)
+
+
+class Schedule:
+  """A serving engine's policy that cycles through draft lengths: plain and
+  speculative steps mix, so the drafter is re-synced after plain runs."""
+
+  kind = "schedule"
+
+  def __init__(self, gammas):
+    self.gammas, self.i = gammas, 0
+
+  def choose(self, width):
+    self.i += 1
+    return self.gammas[self.i % len(self.gammas)]
+
+  def observe(self, *args, **kwargs):
+    pass

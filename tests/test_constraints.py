@@ -215,15 +215,19 @@ def test_constrained_trees_equal_plain_decoding(target, draft, kind):
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
 
 
-def test_a_new_constraint_in_the_same_bucket_does_not_recompile(target, draft):
+@pytest.mark.parametrize("layout", ["dense", "sparse"])
+def test_a_new_constraint_in_the_same_bucket_does_not_recompile(target, draft, layout):
   tb = [bytes([97 + i % 26]) * (1 + i // 26) for i in range(511)] + [None]
   first = C.compile_constraint(C.Regex("[a-e]{2,6}z"), tb, [511], 512)
   second = C.compile_constraint(C.Choice(("abc", "de")), tb, [511], 512)
   prompts, lengths = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32), jnp.asarray([3, 3])
   run = dict(gamma=2, max_new_tokens=8, sampling=specjax.SamplingParams(0.7), eos_id=511)
-  a = C.row_constraints([first, None], 512, num_states=64)
-  b = C.row_constraints([second, second], 512, num_states=64)
-  assert a.table.num_states == b.table.num_states == 64
+  fixed = dict(num_states=64, num_classes=64, layout=layout)  # the buckets fixed
+  a = C.row_constraints([first, None], 512, **fixed)
+  b = C.row_constraints([second, second], 512, **fixed)
+  assert (
+    a.table.next_state.shape == b.table.next_state.shape == (64, 512 if layout == "dense" else 64)
+  )
   specjax.speculative_generate(target, draft, prompts, lengths, key=jax.random.key(0),
                                constraints=a, **run)  # fmt: skip
   with traces() as traced:

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import SERVING_ENGINE, traces
+from helpers import SERVING_ENGINE, Schedule, traces
 from specjax.serving import (
   Engine,
   EngineConfig,
@@ -30,23 +30,6 @@ CONFIG = EngineConfig(**SERVING_ENGINE)  # gammas (0, 3): plain and drafting ste
 def pair():
   target, draft, _ = tiny_setup(0)  # the draft: a noisy copy, agreeing often, not always
   return target, draft
-
-
-class Schedule:
-  """A policy that cycles through draft lengths: plain and speculative steps mix,
-  so the drafter is re-synced after plain runs."""
-
-  kind = "schedule"
-
-  def __init__(self, gammas):
-    self.gammas, self.i = gammas, 0
-
-  def choose(self, width):
-    self.i += 1
-    return self.gammas[self.i % len(self.gammas)]
-
-  def observe(self, *args, **kwargs):
-    pass
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 from test_serving_openai import TEMPLATE, openai_client, serve
 
 import specjax
-from helpers import traces
+from helpers import Schedule, traces
 from specjax import constraints as C
 from specjax.data.chat import ChatTemplate
 from specjax.serving import Engine, EngineConfig, Request, request_key
@@ -46,22 +46,6 @@ SCHEMA = {
 }
 REGEX = "[a-e]{2,5}(xy|z)"
 CHOICES = ("yes", "no", "maybe")
-
-
-class Schedule:
-  """Cycles through draft lengths: plain and speculative steps mix."""
-
-  kind = "schedule"
-
-  def __init__(self, gammas):
-    self.gammas, self.i = gammas, 0
-
-  def choose(self, width):
-    self.i += 1
-    return self.gammas[self.i % len(self.gammas)]
-
-  def observe(self, *args, **kwargs):
-    pass
 
 
 @pytest.fixture(scope="module")
