@@ -46,8 +46,9 @@ def source_files(spec: str, name: str = "config.data.files") -> list[str]:
   return paths
 
 
-def _rows(path: str) -> Iterator[tuple[str, Any]]:
-  """(where, record) for each document of `path`: where is "path:line" or "path row i"."""
+def records(path: str) -> Iterator[tuple[str, Any]]:
+  """(where, record) for each document of `path`: where is "path:line" or "path row i"
+  (`specjax.data.prompts.read_prompt_file` reads .jsonl prompts with it too)."""
   if path.endswith(".txt"):
     with open(path, "rb") as f:
       yield path, {"text": f.read().decode("utf-8", errors="replace")}
@@ -84,7 +85,7 @@ def read_documents(
   With `prompt`, a chat is cut after its last user turn and rendered with the
   generation prompt (what `experiments.generate_data` answers).
   """
-  for where, row in _rows(path):
+  for where, row in records(path):
     if isinstance(row, dict) and isinstance(row.get("text"), str):
       yield where, row["text"], None
       continue
