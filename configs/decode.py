@@ -28,6 +28,11 @@ split (`specjax.data.prompts.held_out_prompts`), or with `constraint=signature`
   python -m experiments.decode --config.constraint=signature
   python -m experiments.decode --config.constraint='regex:[0-9]{1,4}' --config.prompt="x = "
 
+A prompt file decodes every prompt it holds and reports each category too
+(`specjax/data/sample_prompts.jsonl` is in Spec-Bench's question.jsonl layout):
+
+  python -m experiments.decode --config.prompt_file=specjax/data/sample_prompts.jsonl
+
 `compare_transformers=True` also times transformers' `generate`, plain and with
 `assistant_model=draft` (batch 1); it needs torch and transformers (see
 experiments/make_hf_checkpoint.py).
@@ -57,6 +62,14 @@ def get_config() -> ml_collections.ConfigDict:
   # The prompts when config.prompt is empty: "" (the constraint's task: the
   # signature prompts for constraint=signature, else held_out) | held_out | signature
   config.prompt_set = ""
+  # A prompt file (specjax.data.prompts.read_prompt_file: .txt paragraphs, or .jsonl
+  # rows with text / prompt / Spec-Bench's turns and an optional category): every
+  # prompt is decoded, each category's in batches of batch_size rows (the last one
+  # filled by repeating a prompt; only real rows count), all at one prompt width.
+  # The result adds per_category (prompts, acceptance, tokens per iteration,
+  # ms/token both ways, speedup); its overall figures are over every prompt (the
+  # floor report, config.report_floor, is the first batch's).
+  config.prompt_file = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
   # (specjax.jobs.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
   # drafter (DRAFTER_GAMMA: early exit drafts 1).

@@ -144,6 +144,29 @@ def test_decode_rejects_a_bad_constraint_before_loading(changes, message, monkey
     decode.run(config)
 
 
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (dict(prompt_file="/no/such.jsonl"), r"^config.prompt_file: /no/such.jsonl: no such file"),
+    (dict(prompt="def f():"), r"config.prompt_file takes no config.prompt \("),
+    (dict(constraint="signature"), r"config.prompt_file takes no config.constraint"),
+    (dict(compare_transformers=True), r"config.prompt_file takes no config.compare_transformers"),
+    (dict(rows='{"text": "a"}\n{"turns": "a"}\n'), r"^config.prompt_file: .*p.jsonl:2: expected"),
+  ],
+)
+def test_decode_rejects_a_bad_prompt_file_before_loading(changes, message, tmp_path, monkeypatch):
+  """A missing or malformed config.prompt_file, or one with settings it cannot go
+  with, is named before any model loads."""
+  monkeypatch.setattr(decode, "_inputs", lambda config: pytest.fail("loaded before the check"))
+  path = tmp_path / "p.jsonl"
+  path.write_text(changes.pop("rows", '{"text": "a"}\n'))
+  config = decode_config.get_config()
+  config.prompt_file = str(path)
+  config.update(changes)
+  with pytest.raises(ValueError, match=message):
+    decode.run(config)
+
+
 def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
   """An unusable --output_json fails at once, not after the whole decode."""
   blocker = tmp_path / "blocker"

@@ -253,6 +253,42 @@ def _check_constrained_decode(tmp: str, output: str) -> None:
   assert result["iteration_ms_masked"] > 0 and result["ar_mask_fraction"] < 1
 
 
+# A prompt file in Spec-Bench's layout (question.jsonl): two categories, one of
+# them over two batches of 2 rows (the last filled by repeating a prompt), and a
+# row with no category.
+_PROMPT_ROWS = (
+  {"question_id": 1, "category": "code", "turns": ["def add(a, b):\n"]},
+  {"question_id": 2, "category": "comment", "turns": ["# Return the sum\n"]},
+  {"question_id": 3, "category": "code", "turns": ["import os\n"]},
+  {"question_id": 4, "category": "code", "turns": ["class Point:\n"]},
+  {"text": "def main():\n"},
+)
+
+
+def _prompt_file(tmp: str) -> None:
+  with open(os.path.join(tmp, "prompts.jsonl"), "w") as f:
+    f.writelines(json.dumps(row) + "\n" for row in _PROMPT_ROWS)
+
+
+def _check_prompt_file_decode(tmp: str, output: str) -> None:
+  """`--config.prompt_file`: every prompt decoded, counted once per category (the
+  filling row left out), the overall figures over all of them."""
+  with open(os.path.join(tmp, "decode_prompt_file.json")) as f:
+    result = json.load(f)
+  per = result["per_category"]
+  assert list(per) == ["code", "comment", "default"]
+  assert [per[c]["prompts"] for c in per] == [3, 1, 1]
+  assert result["num_prompts"] == sum(f["prompts"] for f in per.values()) == len(_PROMPT_ROWS)
+  assert result["texts_identical"] is True and result["prompt"] == "def add(a, b):\n"
+  for figures in [result, *per.values()]:
+    assert 0 <= figures["acceptance_rate"] <= 1 and figures["tokens_per_iteration"] >= 1
+    assert figures["speedup"] == figures["ar_ms_per_token"] / figures["spec_ms_per_token"]
+  # The overall rate is the categories' counts pooled: between their rates.
+  rates = [f["acceptance_rate"] for f in per.values()]
+  assert min(rates) <= result["acceptance_rate"] <= max(rates)
+  assert "  code: 3 prompts" in output
+
+
 def _check_table(tmp: str) -> None:
   """The decode table has its header, the separator and one line per default row."""
   with open(os.path.join(tmp, "table.md")) as f:
@@ -351,6 +387,16 @@ STEPS = (
     ("--config.constraint=signature", "--config.report_floor=False")
     + ("--output_json={tmp}/decode_constrained.json",),
     check=_check_constrained_decode,
+  ),
+  # A prompt file with categories (issue 46), two rows per batch.
+  Step(
+    "decode_prompt_file",
+    "decode",
+    ("--config.prompt_file={tmp}/prompts.jsonl", "--config.batch_size=2")
+    + ("--config.max_new_tokens=8", "--config.report_floor=False")
+    + ("--output_json={tmp}/decode_prompt_file.json",),
+    check=_check_prompt_file_decode,
+    prepare=_prompt_file,
   ),
   # A head in a hub layout by path (specjax.hf.load_head): EAGLE-1 as the EAGLE repo saves it.
   Step(

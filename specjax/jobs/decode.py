@@ -15,6 +15,7 @@ import tempfile
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -22,7 +23,7 @@ import specjax
 import specjax.hf
 from specjax import bench, constraints, dtypes, pretrained
 from specjax.bench import masking
-from specjax.data.prompts import encode_prompts, held_out_prompts
+from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
 from specjax.drafting import CrossTokenizerDrafter
@@ -88,17 +89,51 @@ def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
   )
 
 
+class _FileBatch(NamedTuple):
+  """`config.batch_size` rows of one category of `config.prompt_file`: `prompts
+  [B, P]` (P the file's widest prompt, so every batch runs the same programs),
+  `lengths [B]`; the first `rows` are the category's prompts, the rest repeat
+  the last of them."""
+
+  category: str
+  prompts: jax.Array
+  lengths: jax.Array
+  rows: int
+
+
+def _file_batches(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
+  """(texts of the first batch, `_FileBatch`es of `config.prompt_file`, each category's
+  prompts in file order, categories in order of first appearance)."""
+  prompts = read_prompt_file(config.prompt_file, "config.prompt_file")
+  tokens, lengths = map(
+    np.asarray, encode_prompts(tokenizer, [p.text for p in prompts], name="config.prompt_file")
+  )
+  batches, b, groups = [], config.batch_size, by_category(prompts)
+  for category, indices in groups.items():
+    for start in range(0, len(indices), b):
+      rows = indices[start : start + b]
+      rows_filled = rows + [rows[-1]] * (b - len(rows))  # the loop's shape; not counted
+      batch = (jnp.asarray(tokens[rows_filled]), jnp.asarray(lengths[rows_filled]))
+      batches.append(_FileBatch(category, *batch, len(rows)))
+  first = [prompts[i].text for i in groups[prompts[0].category][:b]]
+  return first + [first[-1]] * (b - len(first)), batches
+
+
 def _prompt_batch(config: ml_collections.ConfigDict, tokenizer: Tokenizer):
-  """(texts, tokens [B, P], lengths [B]): `config.prompt` on every row, or when it
-  is empty, `config.prompt_set`'s (`structured.prompts`; by default row i holds
-  the i-th held-out test-split prompt)."""
+  """(texts, tokens [B, P], lengths [B], file batches): `config.prompt` on every
+  row, or when it is empty, `config.prompt_set`'s (`structured.prompts`; by
+  default row i holds the i-th held-out test-split prompt), file batches None;
+  with `config.prompt_file`, its first batch and every `_FileBatch`."""
+  if config.prompt_file:
+    texts, batches = _file_batches(config, tokenizer)
+    return texts, batches[0].prompts, batches[0].lengths, batches
   texts = (
     [config.prompt] * config.batch_size
     if config.prompt
     else structured.prompts(config.prompt_set, config.constraint, config.batch_size)
     or held_out_prompts(config.batch_size)
   )
-  return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"))
+  return (texts, *encode_prompts(tokenizer, texts, name="config.prompt"), None)
 
 
 def _drafter(
@@ -286,6 +321,25 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       "and no cross-tokenizer drafter."
     )
   _check_constraint(config)
+  _check_prompt_file(config)
+
+
+def _check_prompt_file(config: ml_collections.ConfigDict) -> None:
+  """`config.prompt_file` (read here, so a bad file fails before any model loads)
+  and the settings it cannot go with."""
+  if not config.prompt_file:
+    return
+  for field, why in (
+    ("prompt", "the prompts are the file's"),
+    ("prompt_set", "the prompts are the file's"),
+    ("constraint", "its outputs are checked on one batch"),
+    ("compare_transformers", "transformers is timed on one prompt"),
+  ):
+    if config[field]:
+      raise ValueError(
+        f"config.prompt_file takes no config.{field} ({why}); got {config[field]!r}."
+      )
+  read_prompt_file(config.prompt_file, "config.prompt_file")
 
 
 def _check_constraint(config: ml_collections.ConfigDict) -> None:
@@ -330,6 +384,7 @@ class _Inputs(NamedTuple):
   lengths: jax.Array
   rules: constraints.RowConstraints | None
   constraint_states: int
+  batches: list[_FileBatch] | None = None  # config.prompt_file's; `prompts` is the first
 
 
 def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
@@ -351,7 +406,7 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
     sampling = specjax.SamplingParams(
       temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
     )
-  texts, prompts, lengths = _prompt_batch(config, models.tokenizer)
+  texts, prompts, lengths, batches = _prompt_batch(config, models.tokenizer)
   ids = np.asarray(prompts[0, : lengths[0]]).tolist()
   eos = (list(settings.eos_ids) or None) if config.stop_at_eos else None
   rules, states = None, 0
@@ -379,6 +434,7 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
     shard_batch(lengths, mesh),
     rules,
     states,
+    batches,
   )
 
 
@@ -473,7 +529,86 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     result["texts_identical"] = bool(np.array_equal(host["ar"][0], host["spec"][0]))
   if config.compare_transformers:
     result.update(_transformers_fields(config, inputs, ms, host["spec"][0]))
+  if inputs.batches:  # every prompt of the file; the floor report is the first batch's
+    result.update(_file_fields(config, inputs, drafter, timings, outputs))
   return result
+
+
+def _file_fields(config, inputs: _Inputs, drafter, timings, outputs) -> dict[str, Any]:
+  """`config.prompt_file`'s figures: each batch decoded and timed as `run` times
+  one (the first is `timings` and `outputs`), summed per category and overall.
+
+  A category's ms/token is its batches' median times over their decode lengths
+  (a batch runs until its longest row is done, as `run` counts); acceptance and
+  tokens per iteration sum the counts of its real rows only.
+  """
+  sums: dict[str, dict[str, float]] = {}
+  identical = True
+  for i, batch in enumerate(inputs.batches):
+    if i:
+      rows = inputs._replace(
+        prompts=shard_batch(batch.prompts, inputs.mesh),
+        lengths=shard_batch(batch.lengths, inputs.mesh),
+      )
+      with jax.set_mesh(inputs.mesh):
+        timings, outputs = bench.time_calls(_calls(config, rows, drafter), config.num_runs)
+    (ar, ar_n), (spec, spec_n) = (
+      (_to_host(outputs[k].tokens), _to_host(outputs[k].num_generated)) for k in ("ar", "spec")
+    )
+    identical &= bool(np.array_equal(ar[: batch.rows], spec[: batch.rows]))
+    stats = outputs["spec"].stats
+    counts = {
+      field: float(_to_host(getattr(stats, field))[: batch.rows].sum())
+      for field in ("accepted", "evaluated", "generated", "row_iterations")
+    }
+    total = sums.setdefault(batch.category, dict.fromkeys(_FILE_SUMS, 0.0))
+    for key, value in (
+      ("prompts", batch.rows),
+      ("ar_s", timings["ar"].median_s),
+      ("spec_s", timings["spec"].median_s),
+      ("ar_tokens", int(ar_n.max())),
+      ("spec_tokens", int(spec_n.max())),
+      *counts.items(),
+    ):
+      total[key] += value
+  overall = {key: sum(total[key] for total in sums.values()) for key in _FILE_SUMS}
+  out = {
+    **_file_figures(overall),
+    "prompt_file": config.prompt_file,
+    "num_prompts": int(overall["prompts"]),
+    "per_category": {category: _file_figures(total) for category, total in sums.items()},
+  }
+  out.pop("prompts")
+  if inputs.sampling.greedy:
+    out["texts_identical"] = identical
+  return out
+
+
+_FILE_SUMS = (
+  "prompts",
+  "ar_s",
+  "spec_s",
+  "ar_tokens",
+  "spec_tokens",
+  "accepted",
+  "evaluated",
+  "generated",
+  "row_iterations",
+)
+
+
+def _file_figures(total: dict[str, float]) -> dict[str, Any]:
+  """The result's figures from `_file_fields`' sums over some batches."""
+  ar_ms = total["ar_s"] * 1e3 / max(total["ar_tokens"], 1)
+  spec_ms = total["spec_s"] * 1e3 / max(total["spec_tokens"], 1)
+  return {
+    "prompts": int(total["prompts"]),
+    "ar_ms_per_token": ar_ms,
+    "spec_ms_per_token": spec_ms,
+    "speedup": ar_ms / spec_ms,
+    "acceptance_rate": total["accepted"] / max(total["evaluated"], 1),
+    "tokens_per_iteration": total["generated"] / max(total["row_iterations"], 1),
+  }
 
 
 def _constraint_fields(config, inputs: _Inputs, drafter, host, ar_ms: float) -> dict[str, Any]:
@@ -598,6 +733,12 @@ def decode_and_report(
     f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"
     f"  temperature {result['temperature']}"
   )
+  for category, f in result.get("per_category", {}).items():  # config.prompt_file
+    print(
+      f"  {category}: {f['prompts']} prompts  ms/token ar {f['ar_ms_per_token']:.3f}"
+      f"  spec {f['spec_ms_per_token']:.3f}  speedup {f['speedup']:.2f}"
+      f"  acceptance {f['acceptance_rate']:.3f}  tokens/iter {f['tokens_per_iteration']:.2f}"
+    )
   print(json.dumps(result, indent=2))
   write_json(output_json, result)
   return result
