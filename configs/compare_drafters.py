@@ -48,6 +48,11 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.gamma = 4  # fixed draft length of the drafter x verifier grid
   c.max_new_tokens = 64
   c.num_prompts = 4  # held-out test-split prompts, decoded one by one (batch 1)
+  # Or every prompt of a file (specjax.data.prompts.read_prompt_file: .txt, or .jsonl
+  # with text / prompt / Spec-Bench's turns and category), num_prompts unused; each
+  # row adds per_category (α, tokens per iteration, ms/token, speedup) and the
+  # markdown a table by category.
+  c.prompt_file = ""
   c.num_runs = 3  # timed runs per variant (median), after a warm-up
   c.temperatures = (0.0, 1.0)
   # Verifiers of the drafter grid (greedy applies at temperature 0 only); the

@@ -101,6 +101,38 @@ def test_drafter_comparison_runs_on_the_bundled_pair():
   assert "| 0 | draft model | greedy | 4 | fixed |" in compare_drafters.markdown(rows)
 
 
+def test_drafter_comparison_reports_each_category_of_a_prompt_file(tmp_path, monkeypatch):
+  """`config.prompt_file` (issue 46): a bad file is named before the pair loads; a
+  good one gives each row its categories' figures, pooled in the row's own."""
+  from configs import compare_drafters as compare_config
+  from specjax.jobs import compare_drafters
+
+  config = compare_config.get_config("smoke")
+  config.update(ngram=0, max_new_tokens=8, prompt_file=str(tmp_path / "missing.jsonl"))
+  with monkeypatch.context() as m:
+    m.setattr(pretrained, "load_pair", lambda *a, **k: pytest.fail("loaded before the check"))
+    with pytest.raises(ValueError, match=r"^config.prompt_file: .*missing.jsonl: no such file"):
+      compare_drafters.run(config)
+  rows = [
+    {"category": "code", "turns": ["def add(a, b):\n"]},
+    {"category": "comment", "text": "# Return the sum\n"},
+    {"category": "code", "prompt": "import os\n"},
+  ]
+  (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  config.prompt_file = str(tmp_path / "p.jsonl")
+  (row,) = compare_drafters.run(config)  # the draft model, greedy
+  per = row["per_category"]
+  assert {c: f["prompts"] for c, f in per.items()} == {"code": 2, "comment": 1}
+  for key in ("acceptance_rate", "tokens_per_iteration"):  # counts pooled over both
+    values = [f[key] for f in per.values()]
+    assert min(values) <= row[key] <= max(values), key
+  for f in per.values():
+    assert f["speedup"] == f["ar_ms_per_token"] / f["ms_per_token"] and f["ms_per_token"] > 0
+  table = compare_drafters.markdown([row])
+  assert "| 0 | draft model | greedy | 4 | fixed | code | 2 |" in table
+  assert "| 0 | draft model | greedy | 4 | fixed | comment | 1 |" in table
+
+
 def test_block_verification_accepts_more_on_the_bundled_pair(pair):
   """On real drafted blocks (draft sampled at temperature 1 after test-split
   contexts), the closed-form expected accepted tokens of block verification

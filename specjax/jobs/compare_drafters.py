@@ -4,7 +4,8 @@
 For each temperature: autoregressive decoding (the baseline), every drafter x
 every verifier that applies at gamma = config.gamma, the draft model at each
 gamma of `gamma_sweep` and adaptively, then token trees (`config.trees`,
-`specjax.trees.best`). Each variant decodes held-out prompts at batch 1; times
+`specjax.trees.best`). Each variant decodes held-out prompts (or every prompt of
+`config.prompt_file`, each row then adding `per_category`) at batch 1; times
 are medians of `num_runs` runs, each paired with a baseline run. Each variant's
 programs are freed before the next (the baseline is compiled ahead once per
 temperature). `run` returns one JSON-ready row per variant; `COLUMNS` is the
@@ -26,7 +27,7 @@ import numpy as np
 import specjax
 from specjax import bench, dtypes, pretrained, trees
 from specjax.data import Tokenizer
-from specjax.data.prompts import encode_prompts, held_out_prompts
+from specjax.data.prompts import encode_prompts, held_out_prompts, read_prompt_file
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table
@@ -43,6 +44,20 @@ COLUMNS = (
   ("tokens/iter", "{tokens_per_iteration:.2f}"),
   ("c", "{c:.3f}"),
   ("predicted", "{predicted_speedup:.2f}"),
+  ("ms/token", "{ms_per_token:.3f}"),
+  ("speedup", "{speedup:.2f}"),
+)
+# With config.prompt_file: one line per variant and category.
+CATEGORY_COLUMNS = (
+  ("T", "{temperature:g}"),
+  ("drafter", "{drafter}"),
+  ("verifier", "{verifier}"),
+  ("γ", "{gamma}"),
+  ("draft length", "{adaptive}"),
+  ("category", "{category}"),
+  ("prompts", "{prompts}"),
+  ("α", "{acceptance_rate:.3f}"),
+  ("tokens/iter", "{tokens_per_iteration:.2f}"),
   ("ms/token", "{ms_per_token:.3f}"),
   ("speedup", "{speedup:.2f}"),
 )
@@ -212,6 +227,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       f"config.trees.max_depth must be an int >= 0 (0: config.gamma), "
       f"got {config.trees.max_depth!r}."
     )
+  if config.prompt_file:  # read here, before any model loads
+    read_prompt_file(config.prompt_file, "config.prompt_file")
 
 
 def _target_costs(config, target, prompt, gammas) -> tuple[float, dict[int, float]]:
@@ -263,6 +280,44 @@ def _generate(config, target, variant: Variant, prompts: list, key) -> Callable[
 
 def _tokens(outs) -> int:
   return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
+
+
+def _category_rows(timings, outputs, groups: dict[str, list]) -> dict[str, dict[str, Any]]:
+  """category -> its prompts' figures: α, tokens per iteration, ms/token both ways
+  and speedup, from the calls `ar/<category>` and `variant/<category>`."""
+
+  def s(outs, field):
+    return sum(float(np.asarray(getattr(o.stats, field)).sum()) for o in outs)
+
+  out = {}
+  for category, prompts in groups.items():
+    ar, outs = outputs[f"ar/{category}"], outputs[f"variant/{category}"]
+    ar_ms = timings[f"ar/{category}"].median_s * 1e3 / _tokens(ar)
+    ms = timings[f"variant/{category}"].median_s * 1e3 / _tokens(outs)
+    out[category] = {
+      "prompts": len(prompts),
+      "acceptance_rate": s(outs, "accepted") / max(s(outs, "evaluated"), 1),
+      "tokens_per_iteration": s(outs, "generated") / max(s(outs, "row_iterations"), 1),
+      "ms_per_token": ms,
+      "ar_ms_per_token": ar_ms,
+      "speedup": ar_ms / ms,
+    }
+  return out
+
+
+def _pooled(timings, outputs, groups: dict[str, list]):
+  """(timings, outputs) of "ar" and "variant" over every category: each timed
+  round's times summed over the categories (the rounds interleave them), the
+  outputs in category order."""
+  pooled_timings, pooled_outputs = {}, {}
+  for name in ("ar", "variant"):
+    parts = [timings[f"{name}/{c}"] for c in groups]
+    pooled_timings[name] = bench.Timing(
+      first_s=sum(t.first_s for t in parts),
+      runs_s=tuple(map(sum, zip(*(t.runs_s for t in parts)))),
+    )
+    pooled_outputs[name] = [o for c in groups for o in outputs[f"{name}/{c}"]]
+  return pooled_timings, pooled_outputs
 
 
 def _row(v: Variant, timings, outputs, step_s: float, verify_s: dict, drafting_s) -> dict:
@@ -324,6 +379,7 @@ def sweep(
   lengths,
   *,
   progress: Callable[[str], None] | None = None,
+  categories: Sequence[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
   """Times each variant of `plan` in turn (batch 1, a warm-up, then
   `config.num_runs` runs paired with the baseline's), freeing its compiled
@@ -335,6 +391,10 @@ def sweep(
     prompts: `[N, P]` int32 prompts; lengths `[N]`.
     progress: a `print`-like function, called with a variant's label as it
       starts (end=" ") and with the rest of its line as it ends; None: quiet.
+    categories: `[N]` each prompt's category (`config.prompt_file`'s): each
+      category's prompts are then timed as calls of their own (paired with the
+      baseline's on the same prompts) and each row adds `per_category`
+      (`_category_rows`); the row's own figures pool the categories.
 
   Yields:
     One JSON-ready row per variant, in `plan`'s order, its programs freed; its
@@ -343,6 +403,11 @@ def sweep(
   """
   say = progress or (lambda *args, **kwargs: None)
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
+  groups = None  # category -> its prompts, in order of first appearance
+  if categories is not None:
+    groups = {}
+    for prompt, category in zip(one, categories, strict=True):
+      groups.setdefault(category, []).append(prompt)
   clock = _Progress(say, len(plan))
   say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted({v.gamma for v in plan})}")
   step_s, verify_s = _target_costs(config, target, one[0], {v.gamma for v in plan})
@@ -359,11 +424,24 @@ def sweep(
     drafting_s = {}  # (name, gamma) -> seconds per iteration at this temperature
     for v in [v for v in plan if v.temperature == temperature]:
       clock.start(v)
-      calls = {"ar": ar, "variant": _generate(config, target, v, one, key)}
+      if groups is None:
+        calls = {"ar": functools.partial(ar, one)}
+        calls["variant"] = _generate(config, target, v, one, key)
+      else:
+        calls = {}
+        for c, group in groups.items():
+          calls[f"ar/{c}"] = functools.partial(ar, group)
+          calls[f"variant/{c}"] = _generate(config, target, v, group, key)
       timings, outputs = bench.time_calls(calls, config.num_runs)
+      per_category = None
+      if groups is not None:
+        per_category = _category_rows(timings, outputs, groups)
+        timings, outputs = _pooled(timings, outputs, groups)
       if v.name != SLEM and (v.name, v.gamma) not in drafting_s:
         drafting_s[v.name, v.gamma] = _drafting_seconds(config, target, v, one[0], sampling)
       row = _row(v, timings, outputs, step_s, verify_s, drafting_s.get((v.name, v.gamma)))
+      if per_category is not None:
+        row["per_category"] = per_category
       # The loops both ways (string-level exact match: its baseline's; its own is a host loop).
       row["loop"] = config.loop
       row["loop_chunk"] = config.loop_chunk if config.loop == "chunked" else None
@@ -378,9 +456,10 @@ def sweep(
     bench.free_compiled_programs()
 
 
-def _baseline(config, target, prompts: list, sampling, key) -> Callable[[], list]:
-  """Autoregressive decoding of each of `prompts` (`(tokens [1, P], lengths [1])`),
-  compiled ahead (`bench.compile_ahead`)."""
+def _baseline(config, target, prompts: list, sampling, key) -> Callable[[list], list]:
+  """Autoregressive decoding of each of the prompts it is given (`(tokens [1, P],
+  lengths [1])`, of `prompts`' width), compiled ahead (`bench.compile_ahead`) on
+  `prompts[0]`."""
 
   program = bench.compile_ahead(
     functools.partial(
@@ -394,7 +473,7 @@ def _baseline(config, target, prompts: list, sampling, key) -> Callable[[], list
     *prompts[0],
     key=key,
   )
-  return lambda: [program(target, *prompt, key=key) for prompt in prompts]
+  return lambda some: [program(target, *prompt, key=key) for prompt in some]
 
 
 def _drafting_seconds(config, target, v: Variant, prompt, sampling) -> float:
@@ -445,19 +524,32 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = False) -> list[di
     scale=config.scale or None,
     draft_dtype=draft_dtype,
   )
-  prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
+  categories = None
+  if config.prompt_file:
+    file_prompts = read_prompt_file(config.prompt_file, "config.prompt_file")
+    texts, categories = [p.text for p in file_prompts], [p.category for p in file_prompts]
+    prompts, lengths = encode_prompts(tokenizer, texts, name="config.prompt_file")
+  else:
+    prompts, lengths = encode_prompts(tokenizer, held_out_prompts(config.num_prompts))
   plan = [v for t in config.temperatures for v in variants(config, target, draft, float(t))]
   say = functools.partial(print, file=sys.stderr, flush=True) if progress else None
   if say:
     grown = f" grown to {config.scale}" if config.scale else ""
     say(
       f"{len(plan)} variants on the bundled pair{grown} ({config.dtype}), "
-      f"each {config.num_prompts} prompts x "
+      f"each {len(lengths)} prompts x "
       f"{config.max_new_tokens} tokens, batch 1, {config.num_runs} timed runs"
     )
-  return list(sweep(config, target, plan, prompts, lengths, progress=say))
+  return list(sweep(config, target, plan, prompts, lengths, progress=say, categories=categories))
 
 
 def markdown(rows: list[dict]) -> str:
-  """The rows as the README's markdown table."""
-  return markdown_table(rows, COLUMNS)
+  """The rows as the README's markdown table; with `per_category` (a prompt
+  file), a second table below it: one line per variant and category."""
+  table = markdown_table(rows, COLUMNS)
+  lines = [
+    {**row, **figures, "category": category}
+    for row in rows
+    for category, figures in row.get("per_category", {}).items()
+  ]
+  return table + ("\n\n" + markdown_table(lines, CATEGORY_COLUMNS) if lines else "")
