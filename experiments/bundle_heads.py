@@ -19,9 +19,9 @@ from absl import app, flags, logging
 
 from experiments import common
 from experiments.bundle_pair import run_record
+from specjax import heads as head_kinds
 from specjax import pretrained
-from specjax.models.heads import HEAD_KINDS
-from specjax.training.checkpoint import HEAD_CONFIG_FILE, check_run, load_trained_head
+from specjax.training.checkpoint import check_run, load_trained_head
 from specjax.training.heads import num_params, target_config
 from specjax.validation import read_json_object
 
@@ -59,17 +59,17 @@ def bundle(runs: dict[str, str], out: str) -> dict:
     directory = os.path.join(out, kind)
     os.makedirs(directory, exist_ok=True)
     tensors = {k: v.astype("bfloat16") for k, v in pretrained.head_tensors(head).items()}
-    save_file(tensors, os.path.join(directory, "model.safetensors"))
-    os.chmod(os.path.join(directory, "model.safetensors"), 0o644)  # safetensors writes 0600
-    with open(os.path.join(run, HEAD_CONFIG_FILE)) as f:
+    save_file(tensors, os.path.join(directory, head_kinds.WEIGHTS_FILE))
+    os.chmod(os.path.join(directory, head_kinds.WEIGHTS_FILE), 0o644)  # safetensors writes 0600
+    with open(os.path.join(run, head_kinds.CONFIG_FILE)) as f:
       head_config = json.load(f)
-    with open(os.path.join(directory, HEAD_CONFIG_FILE), "w") as f:
+    with open(os.path.join(directory, head_kinds.CONFIG_FILE), "w") as f:
       json.dump(head_config, f, indent=2)
     heads[kind] = _portable({"params": num_params(head), "run": run, **run_record(run)})
   # The target weights the heads were trained on, as the pair's card records them.
   target_sum = pretrained.model_card().get("sha256", {}).get("target/model.safetensors")
   card = {"target": {"dir": "../target", "model.safetensors sha256": target_sum}, "heads": heads}
-  card["sha256"] = pretrained.head_file_sums(out, [k for k in HEAD_KINDS if k in heads])
+  card["sha256"] = pretrained.head_file_sums(out, [k for k in head_kinds.NAMES if k in heads])
   with open(card_path, "w") as f:
     json.dump(card, f, indent=2)
   return card
@@ -80,9 +80,9 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
   f = flags.FLAGS
-  runs = {kind: f[kind].value for kind in HEAD_KINDS if f[kind].value}
+  runs = {kind: f[kind].value for kind in head_kinds.NAMES if f[kind].value}
   if not runs:
-    raise app.UsageError(f"give at least one of --{', --'.join(HEAD_KINDS)}")
+    raise app.UsageError(f"give at least one of --{', --'.join(head_kinds.NAMES)}")
   card = bundle(runs, f.out)
   summary = {
     kind: {k: card["heads"][kind][k] for k in ("params", "steps", "final_eval", "wall_seconds")}
@@ -93,7 +93,7 @@ def main(argv):
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
-  for kind in HEAD_KINDS:
+  for kind in head_kinds.NAMES:
     flags.DEFINE_string(kind, None, f"Run directory of a {kind} head (experiments.train).")
   flags.DEFINE_string("out", pretrained.HEADS_DIR, "Output directory.")
 

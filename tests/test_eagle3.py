@@ -26,6 +26,7 @@ from helpers import TINY, copy_corpus, tiny_token_data
 from specjax import pretrained
 from specjax.data import TokenDataset
 from specjax.drafting import EagleDrafter
+from specjax.hf import eagle3 as hub_eagle3
 from specjax.hf.export import save_model
 from specjax.models import eagle3
 from specjax.models.heads import HeadConfig, make_head
@@ -178,7 +179,7 @@ def test_warm_start_reads_the_targets_norm_and_head(target3):
 
 def test_hub_layout_round_trips_and_refuses_misfits(target3):
   head = _head(target3)
-  config, tensors = eagle3.hub_config(head), eagle3.hub_tensors(head)
+  config, tensors = hub_eagle3.hub_config(head), hub_eagle3.hub_tensors(head)
   assert config["architectures"] == ["LlamaForCausalLMEagle3"]
   assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
   assert config["draft_vocab_size"] == 256 and not config["tie_word_embeddings"]
@@ -189,22 +190,23 @@ def test_hub_layout_round_trips_and_refuses_misfits(target3):
   assert tensors["lm_head.weight"].shape == (256, d)
   assert tensors["d2t"].dtype == np.int64 and tensors["t2d"].dtype == bool
   np.testing.assert_array_equal(np.arange(256) + tensors["d2t"], IDS)
-  back = eagle3.from_hub(config, tensors, target3, jnp.float32)
+  back = hub_eagle3.from_hub(config, tensors, target3, jnp.float32)
   assert back.cfg == head.cfg
   for x, y in zip(jax.tree.leaves(nnx.state(head)), jax.tree.leaves(nnx.state(back))):
     np.testing.assert_array_equal(x, y)
   with pytest.raises(ValueError, match="config hidden_size is 32; the target needs 64"):
-    eagle3.from_hub({**config, "hidden_size": 32}, tensors, target3, jnp.float32)
+    hub_eagle3.from_hub({**config, "hidden_size": 32}, tensors, target3, jnp.float32)
   with pytest.raises(ValueError, match="config norm_before_residual is True"):
-    eagle3.from_hub({**config, "norm_before_residual": True}, tensors, target3, jnp.float32)
+    hub_eagle3.from_hub({**config, "norm_before_residual": True}, tensors, target3, jnp.float32)
   with pytest.raises(ValueError, match="tensor midlayer.hidden_norm.weight is missing"):
-    eagle3.from_hub(
+    hub_eagle3.from_hub(
       config, {k: v for k, v in tensors.items() if "hidden_norm" not in k}, target3, jnp.float32
     )
   with pytest.raises(ValueError, match=r"tensors \['extra'\] are not part"):
-    eagle3.from_hub(config, {**tensors, "extra": np.zeros(1)}, target3, jnp.float32)
+    hub_eagle3.from_hub(config, {**tensors, "extra": np.zeros(1)}, target3, jnp.float32)
   with pytest.raises(ValueError, match="tensor fc.weight has shape"):
-    eagle3.from_hub(config, {**tensors, "fc.weight": np.zeros((d, 2 * d))}, target3, jnp.float32)
+    bad = {**tensors, "fc.weight": np.zeros((d, 2 * d))}
+    hub_eagle3.from_hub(config, bad, target3, jnp.float32)
 
 
 def test_training_records_the_draft_vocabulary_and_decodes(tmp_path_factory):

@@ -267,7 +267,7 @@ def test_export_then_import_gives_identical_tensors_and_drafts(target, prompts, 
 
 
 def test_eagle3_exports_as_engines_load_it_and_imports_identically(prompts, tmp_path):
-  """EAGLE-3 reads three layers: a 3-layer target (`eagle3.hub_config`/`hub_tensors`/
+  """EAGLE-3 reads three layers: a 3-layer target (`specjax.hf.eagle3`: `hub_config`/`hub_tensors`/
   `from_hub` do the layout; this checks the files, the round trip and decoding)."""
   target = specjax.Transformer(specjax.ModelConfig(**{**TINY, "n_layers": 3}), rngs=nnx.Rngs(6))
   cfg = HeadConfig("eagle3", target.cfg, feature_layers=(1, 2, 3), d_ff=D_FF)

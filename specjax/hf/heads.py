@@ -18,10 +18,9 @@ import numpy as np
 from flax import nnx
 
 from specjax.dtypes import dtype_name
-from specjax.hf import weights
+from specjax.hf import eagle3, weights
 from specjax.hf.hub import resolve_checkpoint
-from specjax.models import eagle3
-from specjax.models.heads import HeadConfig, make_head
+from specjax.models.heads import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, HeadConfig, make_head
 from specjax.validation import read_json_object
 
 # Weight files per layout, in the order the reference loaders try them.
@@ -32,10 +31,10 @@ _MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 def load_head(path: str, target, dtype=jnp.float32):
   """The drafter (`EagleDrafter`, `MedusaDrafter`, `EarlyExitDrafter`) of the head
   at `path` for `target`: see `load_head_module`."""
-  from specjax.pretrained import HEAD_DRAFTERS
+  # Imported here: `specjax.heads` sits above `hf` until the hub layouts leave `models`.
+  from specjax.pretrained import heads
 
-  head = load_head_module(path, target, dtype)
-  return HEAD_DRAFTERS.get(head.cfg.kind, HEAD_DRAFTERS["eagle"])(target, head)
+  return heads.drafter(target, load_head_module(path, target, dtype))
 
 
 def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
@@ -43,14 +42,14 @@ def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
   never downloaded) in `dtype`, for `target`: ValueError names the field that differs."""
   directory = resolve_checkpoint(path, flag="path")
   name = dtype_name(dtype)
-  own = os.path.join(directory, "head_config.json")
+  own = os.path.join(directory, HEAD_CONFIG_FILE)
   if os.path.exists(own):
     try:
       cfg = HeadConfig.from_dict(read_json_object(own))
     except (TypeError, KeyError) as e:
       raise ValueError(f"{own} is not a head config: {type(e).__name__}: {e}") from e
     cfg.check_target(target.cfg)
-    file = os.path.join(directory, "model.safetensors")
+    file = os.path.join(directory, HEAD_WEIGHTS_FILE)
     if os.path.exists(file):
       from specjax.pretrained import _read_head_params
 
@@ -63,7 +62,7 @@ def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
     return nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(dtype), state))
   config_file = os.path.join(directory, "config.json")
   if not os.path.exists(config_file):
-    raise FileNotFoundError(f"{directory} holds neither head_config.json nor config.json.")
+    raise FileNotFoundError(f"{directory} holds neither {HEAD_CONFIG_FILE} nor config.json.")
   config = read_json_object(config_file)
   medusa = "medusa_num_heads" in config or _first(directory, _MEDUSA_FILES)
   file, tensors = _read(directory, _MEDUSA_FILES if medusa else _LLAMA_FILES)
@@ -236,7 +235,7 @@ def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
   if layout == "specjax":
     from specjax.pretrained import head_tensors
 
-    config, file, tensors = cfg.to_dict(), "head_config.json", head_tensors(head)
+    config, file, tensors = cfg.to_dict(), HEAD_CONFIG_FILE, head_tensors(head)
   elif layout != "hub":
     raise ValueError(f"layout must be 'hub' or 'specjax', got {layout!r}.")
   elif cfg.kind == "eagle3":
@@ -267,6 +266,6 @@ def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
       tensors[hub] = value.T if f is weights._transpose else value
   os.makedirs(path, exist_ok=True)
   tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  save_file(tensors, os.path.join(path, HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
   with open(os.path.join(path, file), "w") as f:
     json.dump(config, f, indent=2)

@@ -26,6 +26,7 @@ import numpy as np
 
 import specjax
 from specjax import bench, dtypes, pretrained, trees
+from specjax import heads as head_kinds
 from specjax.data import Tokenizer
 from specjax.data.prompts import encode_prompts, held_out_prompts, read_prompt_file
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
@@ -61,7 +62,7 @@ CATEGORY_COLUMNS = (
   ("ms/token", "{ms_per_token:.3f}"),
   ("speedup", "{speedup:.2f}"),
 )
-HEAD_NAMES = {"eagle": "EAGLE head", "medusa": "Medusa heads", "early_exit": "early exit"}
+HEAD_NAMES = {name: head_kinds.kind(name).title for name in head_kinds.BUNDLED}
 # Rows of the bundled draft with its own tokenizer (pretrained.load_cross_draft).
 TLI, SLEM = "cross-tokenizer draft, TLI", "cross-tokenizer draft, SLEM"
 
@@ -190,16 +191,15 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     dtypes.to_dtype(config.draft_dtype, "config.draft_dtype")
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
-  unknown_heads = set(config.heads) - set(pretrained.HEAD_DRAFTERS)
+  unknown_heads = set(config.heads) - set(head_kinds.BUNDLED)
   if unknown_heads:
     raise ValueError(
-      f"config.heads must be a subset of {tuple(pretrained.HEAD_DRAFTERS)}, got {config.heads!r}."
+      f"config.heads must be a subset of {head_kinds.BUNDLED}, got {config.heads!r}."
     )
-  unknown_heads = set(config.head_gammas) - set(pretrained.HEAD_DRAFTERS)
+  unknown_heads = set(config.head_gammas) - set(head_kinds.BUNDLED)
   if unknown_heads:
     raise ValueError(
-      f"config.head_gammas keys must be among {tuple(pretrained.HEAD_DRAFTERS)}, "
-      f"got {sorted(unknown_heads)}."
+      f"config.head_gammas keys must be among {head_kinds.BUNDLED}, got {sorted(unknown_heads)}."
     )
   for kind, gammas in config.head_gammas.items():
     for g in gammas:

@@ -21,7 +21,7 @@ import numpy as np
 
 import specjax
 import specjax.hf
-from specjax import bench, constraints, dtypes, pretrained
+from specjax import bench, constraints, dtypes, heads, pretrained
 from specjax.bench import masking
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.data.tokenizer import Tokenizer
@@ -41,7 +41,7 @@ from specjax.vocab_map import build_vocab_map
 DECODE_DTYPES = ("float32", "bfloat16")
 
 
-HEAD_KINDS = tuple(pretrained.HEAD_DRAFTERS)
+HEAD_KINDS = heads.BUNDLED  # the drafters of draft heads (an EAGLE-3 head drafts as eagle)
 # A draft with a tokenizer of its own: token-level intersection inside the jitted
 # loop, or string-level exact match around it (`specjax.vocab_map`).
 CROSS_DRAFTERS = ("cross_tokenizer", "string_level")
@@ -167,7 +167,7 @@ def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[
   head_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.dtype")
   if config.head:  # a training run, an exported head or a hub layout (specjax.hf.load_head)
     head = specjax.hf.load_head_module(config.head, target, head_dtype)
-    kind = "eagle" if head.cfg.kind == "eagle3" else head.cfg.kind  # EAGLE-3 drafts as eagle
+    kind = heads.kind(head.cfg.kind).drafts_as
     if kind != config.drafter:
       raise ValueError(f"--config.head holds a {kind} head; --config.drafter is {config.drafter}.")
   elif config.target:

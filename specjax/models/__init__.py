@@ -1,7 +1,7 @@
 """Models: the configuration, the transformer and its KV cache; function-preserving
 expansion to larger shapes (`expand`, `specjax/models/expand.py`)."""
 
-from specjax.models import eagle3  # registers the eagle3 head kind
+from specjax.models import eagle3
 from specjax.models.config import ModelConfig
 from specjax.models.expand import (
   check_expansion,

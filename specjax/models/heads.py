@@ -10,6 +10,12 @@ parameters train.
                     2024): head k predicts the token k + 1 positions ahead
   ExitAdapter       one decoder layer after the target's first k layers
                     (early exit, Kangaroo: Liu et al. 2024)
+  Eagle3Head        EAGLE-3 (Li et al. 2025): fused low/middle/high features, a
+                    2D-input layer, its own head over a draft vocabulary (its hub
+                    layout and warm start: `specjax.models.eagle3`)
+
+Each kind's record (module, drafter, objective, files) is `specjax.heads.kind(name)`;
+this file holds the modules, `HEAD_MODULES` the one table of kind -> module class.
 
 `HeadConfig` records the kind, its settings and the target shape the head was
 trained for; a head is refused for a target of another shape.
@@ -26,10 +32,14 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Block, Linear, Norm, Transformer, run_blocks
+from specjax.models.transformer import MLP, Attention, Block, Linear, Norm, Transformer, run_blocks
 from specjax.validation import is_int
 
-HEAD_KINDS = ("eagle", "medusa", "early_exit", "eagle3")
+# A head's files in a specjax run or export (its `HeadConfig`, its parameters): the one
+# spelling of each name (`specjax.heads.CONFIG_FILE`, `WEIGHTS_FILE` re-export them).
+HEAD_CONFIG_FILE = "head_config.json"
+HEAD_WEIGHTS_FILE = "model.safetensors"
+_NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm")  # EAGLE-3's layer
 # The target fields a head depends on: a head trained for one target works with
 # another only when all of them agree.
 TARGET_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
@@ -375,10 +385,82 @@ class HubMedusaHeads(MedusaHeads):
     return _own_logits(jnp.stack(out, axis=-2), vocab_subset)
 
 
-HEAD_MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "early_exit": ExitAdapter}
+class Eagle3Layer(nnx.Module):
+  """`[embed; h]` `[B, T, 2D]` -> h' `[B, T, D]`, called as a `Block` by `run_blocks`."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    d, h = cfg.d_model, cfg.resolved_head_dim
+    for name in _NORMS:
+      setattr(self, name, Norm(cfg))
+    self.attn = Attention(cfg.replace(d_model=2 * d, head_dim=h), rngs=rngs)
+    self.attn.o_proj = _linear(cfg, cfg.n_heads * h, d, rngs=rngs)  # back to D wide
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, masks, layer_cache, starts, inv_freq=None, contiguous=True):
+    emb, h = jnp.split(x, 2, axis=-1)
+    x = jnp.concatenate([self.input_layernorm(emb), self.hidden_norm(h)], axis=-1)
+    out, layer_cache = self.attn(x, positions, masks, layer_cache, starts, inv_freq, contiguous)
+    h = h + out
+    return h + self.mlp(self.post_attention_layernorm(h)), layer_cache
+
+
+class Eagle3Head(nnx.Module):
+  """EAGLE-3, for `EagleDrafter` as `EagleHead` is, with its own `logits`."""
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    if cfg.kind != "eagle3":
+      raise ValueError(f"Eagle3Head needs kind='eagle3', got {cfg.kind!r}.")
+    if len(cfg.draft_ids or range(cfg.target.vocab_size)) != cfg.draft_vocab:
+      raise ValueError(f"cfg.draft_ids must hold {cfg.draft_vocab} ids (draft_vocab_ids).")
+    self.cfg = cfg
+    c = cfg.block_config
+    self.fc = _linear(c, 3 * c.d_model, c.d_model, rngs=rngs)
+    self.midlayer = Eagle3Layer(c, rngs=rngs)
+    self.norm = Norm(c)
+    self.lm_head = _linear(c, c.d_model, cfg.draft_vocab, rngs=rngs)
+
+  init_cache = EagleHead.init_cache
+
+  def feature_space(self, target_features: jax.Array) -> jax.Array:
+    """The target's three features `[..., 3D]` -> h `[..., D]`."""
+    return self.fc(target_features)
+
+  def layer_input(self, target: Transformer, h: jax.Array, next_tokens: jax.Array):
+    """`[embed(next_tokens); h]` `[B, T, 2D]`, the layer's input."""
+    return jnp.concatenate([target.embed(next_tokens).astype(h.dtype), h], axis=-1)
+
+  def forward_cached(self, target, features, next_tokens, cache: KVCache, tree=None):
+    """h `[B, T, D]` and tokens `[B, T]` after each row's cached prefix (`tree`:
+    nodes of a token tree, `run_blocks`) -> `(h' [B, T, D], cache)`."""
+    x = self.layer_input(target, features, next_tokens)
+    x, cache, _ = run_blocks([self.midlayer], x, cache, tree=tree)
+    return x, cache
+
+  def draft_logits(self, h: jax.Array) -> jax.Array:
+    """h' `[..., D]` -> float32 logits `[..., K]` over the draft ids."""
+    return self.lm_head(self.norm(h)).astype(jnp.float32)
+
+  def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
+    """h' `[..., D]` -> float32 logits `[..., V]`: -inf off the draft ids (and off
+    `vocab_subset` when given), so q is 0 there and verification stays exact."""
+    x = self.draft_logits(h)
+    if self.cfg.draft_ids:
+      full = jnp.full((*x.shape[:-1], self.cfg.target.vocab_size), -jnp.inf, x.dtype)
+      x = full.at[..., jnp.asarray(self.cfg.draft_ids)].set(x)
+    return _own_logits(x, vocab_subset)
+
+
+# The module of each head kind: the one table the model layer dispatches on.
+HEAD_MODULES = {
+  "eagle": EagleHead,
+  "medusa": MedusaHeads,
+  "early_exit": ExitAdapter,
+  "eagle3": Eagle3Head,
+}
 HUB_MODULES = {"eagle": HubEagleHead, "medusa": HubMedusaHeads}
+HEAD_KINDS = tuple(HEAD_MODULES)  # the kinds' names, in `HEAD_MODULES`' order
 
 
 def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-  """A fresh head of `cfg.kind` (eagle3 registers itself: `specjax.models` imports it)."""
+  """A fresh head of `cfg.kind` (`HubEagleHead`, `HubMedusaHeads` with `normed_features`)."""
   return (HUB_MODULES if cfg.normed_features else HEAD_MODULES)[cfg.kind](cfg, rngs=rngs)

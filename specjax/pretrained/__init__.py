@@ -35,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import heads
 from specjax.data.tokenizer import Tokenizer
-from specjax.drafting import EagleDrafter, EarlyExitDrafter, MedusaDrafter, NGramDrafter, layer_skip
+from specjax.drafting import NGramDrafter, layer_skip
 from specjax.dtypes import dtype_name
 from specjax.hf.config import model_config
 from specjax.hf.hub import resolve_checkpoint
@@ -45,7 +46,7 @@ from specjax.hf.pairs import check_pair
 from specjax.models.config import ModelConfig
 from specjax.models.expand import check_expansion, expand_head
 from specjax.models.fused import fused_parts, unfuse
-from specjax.models.heads import HeadConfig, make_head
+from specjax.models.heads import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.pretrained.scales import SCALES, Scale, get_scale, scale_pair, scaled_configs
 from specjax.validation import file_sha256, is_int, read_json_object
@@ -67,7 +68,7 @@ _REBUILD = "reinstall specjax, or rebuild it with experiments/bundle_pair.py"
 HEADS_DIR = os.path.join(PAIR_DIR, "heads")
 HEADS_CARD_FILE = os.path.join(HEADS_DIR, "card.json")
 # The files of each bundled head, relative to its directory heads/<kind>/.
-HEAD_FILES = ("head_config.json", "model.safetensors")
+HEAD_FILES = (HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE)
 _REBUILD_HEADS = "reinstall specjax, or rebuild it with experiments/bundle_heads.py"
 # A draft with a tokenizer of its own (1024-id BPE), for cross-tokenizer drafting.
 CROSS_DRAFT_DIR = os.path.join(PAIR_DIR, "cross_draft")
@@ -75,9 +76,9 @@ CROSS_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 _REBUILD_CROSS = "reinstall specjax, or rebuild it with experiments/bundle_cross_draft.py"
 
 
-# The drafter class of each draft head kind (`load_drafter`).
-HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
-BUNDLED_HEADS = tuple(HEAD_DRAFTERS)  # no EAGLE-3 head is bundled
+# The drafter class of each bundled head kind (`load_drafter`), from `specjax.heads`.
+BUNDLED_HEADS = heads.BUNDLED  # no EAGLE-3 head is bundled
+HEAD_DRAFTERS = {name: heads.kind(name).drafter for name in BUNDLED_HEADS}
 # What `load_drafter` builds: the heads, prompt lookup, the target's first layers.
 DRAFTER_KINDS = (*HEAD_DRAFTERS, "ngram", "layer_skip")
 
@@ -329,7 +330,7 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       )
   files = [f"{kind}/{f}" for f in HEAD_FILES]
   _verify_sums(heads_card().get("sha256"), HEADS_DIR, files, HEADS_CARD_FILE, _REBUILD_HEADS)
-  config_file = os.path.join(directory, "head_config.json")
+  config_file = os.path.join(directory, HEAD_CONFIG_FILE)
   try:
     cfg = HeadConfig.from_dict(read_json_object(config_file))
   except (TypeError, KeyError) as e:
@@ -347,7 +348,7 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
   cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
   params = _read_head_params(
-    os.path.join(directory, "model.safetensors"), abstract, dtype, cfg.block_config
+    os.path.join(directory, HEAD_WEIGHTS_FILE), abstract, dtype, cfg.block_config
   )
   head = nnx.merge(graphdef, params)
   return head if grown is None else expand_head(head, grown)

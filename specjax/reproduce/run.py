@@ -17,15 +17,12 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from specjax import pretrained
+from specjax import heads, pretrained
 from specjax.data import Tokenizer
 from specjax.data.corpus import copy_subset, corpus_files, read_source
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import (
   CrossTokenizerDrafter,
-  EagleDrafter,
-  EarlyExitDrafter,
-  MedusaDrafter,
   NGramDrafter,
   count_drafter,
   layer_skip,
@@ -59,11 +56,7 @@ SECTIONS = (
   "worked_examples",
   "daliri",
 )
-_HEADS = {
-  "EAGLE head": ("eagle", EagleDrafter),
-  "Medusa heads": ("medusa", MedusaDrafter),
-  "early exit": ("early_exit", EarlyExitDrafter),
-}
+_HEADS = {k.title: (k.name, k.drafter) for k in heads.KINDS if k.bundled}
 
 
 def apply_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -22,11 +22,10 @@ from flax import nnx
 
 from specjax.dtypes import to_dtype
 from specjax.models.config import ModelConfig, RopeScaling
-from specjax.models.heads import HeadConfig, make_head
+from specjax.models.heads import HEAD_CONFIG_FILE, HeadConfig, make_head
 from specjax.models.transformer import Transformer
 
 MODEL_CONFIG_FILE = "model_config.json"
-HEAD_CONFIG_FILE = "head_config.json"
 CHECKPOINT_DIR = "checkpoints"
 
 

@@ -51,8 +51,9 @@ import ml_collections
 import optax
 from flax import nnx
 
+from specjax import heads as head_kinds
 from specjax.models.config import ModelConfig
-from specjax.models.heads import HEAD_KINDS, HeadConfig
+from specjax.models.heads import HeadConfig
 from specjax.models.transformer import Transformer
 from specjax.training import losses
 from specjax.validation import is_int, is_real
@@ -89,8 +90,10 @@ def head_kind(config: ml_collections.ConfigDict) -> str:
 def check_config(config: ml_collections.ConfigDict) -> None:
   """The checks of a head run that need no target: ValueError naming the field."""
   head = config.head
-  if head.kind not in HEAD_KINDS:
-    raise ValueError(f"config.head.kind must be '' or one of {HEAD_KINDS}, got {head.kind!r}.")
+  if head.kind not in head_kinds.NAMES:
+    raise ValueError(
+      f"config.head.kind must be '' or one of {head_kinds.NAMES}, got {head.kind!r}."
+    )
   if config.loss not in losses.DISTILL_LOSSES:
     raise ValueError(
       f"config.loss must be one of {losses.DISTILL_LOSSES} when training a head "

@@ -1,0 +1,105 @@
+"""Draft heads, one record per kind: what each kind is and which code serves it.
+
+  from specjax import heads
+  heads.kind("medusa").drafter        # MedusaDrafter
+  [k.name for k in heads.KINDS]       # eagle, medusa, early_exit, eagle3
+  heads.drafter(target, head)         # the drafter of any head module
+
+`KINDS` is the one list of kinds; launchers, the bundled loaders (`specjax.pretrained`),
+the path loaders (`specjax.hf.heads`), training's config checks and the reproduction look
+kinds up here instead of branching on their names. The record refers to code that lives
+below this package (modules and their config checks in `specjax.models.heads`, drafters
+in `specjax.drafting`), so the imports point down: `models` and `drafting` never import
+this package. A head's files in a specjax run or export are `CONFIG_FILE` and
+`WEIGHTS_FILE`; its hub layouts are read and written by `specjax.hf.heads`, its
+objective is `specjax.training.heads.OBJECTIVES[name]` (both above this package).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specjax.drafting.eagle import EagleDrafter
+from specjax.drafting.early_exit import EarlyExitDrafter
+from specjax.drafting.medusa import MedusaDrafter
+from specjax.models.heads import (
+  HEAD_CONFIG_FILE,
+  HEAD_MODULES,
+  HEAD_WEIGHTS_FILE,
+  HUB_MODULES,
+  HeadConfig,
+  make_head,
+)
+
+CONFIG_FILE = HEAD_CONFIG_FILE  # the `HeadConfig` of a run or an export
+WEIGHTS_FILE = HEAD_WEIGHTS_FILE  # its parameters (safetensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadKind:
+  """One kind of draft head.
+
+  Attributes:
+    name: the kind's name (`HeadConfig.kind`, config and flag values).
+    title: how tables and reports name it ("EAGLE head").
+    module: the head's module class (`make_head` builds it from a `HeadConfig`,
+      whose `__post_init__` checks the kind's settings).
+    hub_module: the module with the published layout's own norm and lm_head
+      (`HeadConfig.normed_features`), or None where the kind has none.
+    drafter: the drafter class, called as `drafter(target, head)`.
+    drafts_as: the launchers' `config.drafter` value that drafts with it.
+    bundled: whether `specjax/pretrained/stdlib_pair/heads/<name>/` holds one.
+  """
+
+  name: str
+  title: str
+  module: type
+  hub_module: type | None
+  drafter: type
+  drafts_as: str
+  bundled: bool
+
+
+def _kind(name: str, title: str, drafter: type, *, drafts_as: str = "", bundled: bool = True):
+  module, hub = HEAD_MODULES[name], HUB_MODULES.get(name)
+  return HeadKind(name, title, module, hub, drafter, drafts_as or name, bundled)
+
+
+KINDS: tuple[HeadKind, ...] = (
+  _kind("eagle", "EAGLE head", EagleDrafter),
+  _kind("medusa", "Medusa heads", MedusaDrafter),
+  _kind("early_exit", "early exit", EarlyExitDrafter),
+  # EAGLE-3 drafts through `EagleDrafter` (its own `logits`); none is bundled.
+  _kind("eagle3", "EAGLE-3 head", EagleDrafter, drafts_as="eagle", bundled=False),
+)
+NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
+BUNDLED: tuple[str, ...] = tuple(k.name for k in KINDS if k.bundled)
+_BY_NAME = {k.name: k for k in KINDS}
+if tuple(HEAD_MODULES) != NAMES:  # the modules' table and this list name the same kinds
+  raise ImportError(f"specjax.heads.KINDS {NAMES} and HEAD_MODULES {tuple(HEAD_MODULES)} differ.")
+
+
+def kind(name: str) -> HeadKind:
+  """The record of head kind `name`; ValueError naming the kinds for another."""
+  if name not in _BY_NAME:
+    raise ValueError(f"head kind must be one of {NAMES}, got {name!r}.")
+  return _BY_NAME[name]
+
+
+def drafter(target, head):
+  """The drafter of head module `head` (its `cfg.kind`'s) drafting for `target`."""
+  return kind(head.cfg.kind).drafter(target, head)
+
+
+__all__ = [
+  "BUNDLED",
+  "CONFIG_FILE",
+  "KINDS",
+  "NAMES",
+  "WEIGHTS_FILE",
+  "HeadConfig",
+  "HeadKind",
+  "drafter",
+  "kind",
+  "make_head",
+]

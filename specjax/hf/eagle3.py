@@ -1,0 +1,122 @@
+"""EAGLE-3's hub layout, `LlamaForCausalLMEagle3` as vLLM and SGLang load it
+(`llama_eagle3.py`): `hub_config`, `hub_tensors` write it, `from_hub` reads it. The
+module is `specjax.models.heads.Eagle3Head`.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.hf.export import hf_config  # refuses what a Llama config cannot say
+from specjax.models.fused import gate_up_parts, qkv_parts
+from specjax.models.heads import _NORMS, Eagle3Head, HeadConfig
+from specjax.models.transformer import Transformer
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def _hub_params(head: Eagle3Head):
+  """(hub name, parameter, fused part or None) for every tensor of the layout."""
+  m, a = head.midlayer, "midlayer.self_attn."
+  out = [("fc.weight", head.fc.kernel), ("norm.weight", head.norm.scale)]
+  out += [("lm_head.weight", head.lm_head.kernel), (a + "o_proj.weight", m.attn.o_proj.kernel)]
+  out += [("midlayer.mlp.down_proj.weight", m.mlp.down_proj.kernel)]
+  out += [(f"midlayer.{n}.weight", getattr(m, n).scale) for n in _NORMS]
+  out = [(*x, None) for x in out]
+  out += [(f"{a}{p.name}.weight", m.attn.qkv_proj.kernel, p) for p in qkv_parts(m.attn.cfg)]
+  mlp = m.mlp.gate_up_proj.kernel
+  return out + [(f"midlayer.mlp.{p.name}.weight", mlp, p) for p in gate_up_parts(m.mlp.d_ff)]
+
+
+def hub_config(head: Eagle3Head) -> dict:
+  """The head's `config.json` in the `LlamaForCausalLMEagle3` layout. The aux layer
+  ids are layer counts as vLLM reads them (SGLang adds 1 to explicit ids)."""
+  c = head.cfg.block_config
+  out = hf_config(SimpleNamespace(cfg=c), str(jnp.dtype(c.param_dtype)))
+  out.update(
+    architectures=[ARCHITECTURE],
+    head_dim=c.resolved_head_dim,
+    num_hidden_layers=1,
+    tie_word_embeddings=False,
+    draft_vocab_size=head.cfg.draft_vocab,
+    target_hidden_size=c.d_model,
+    eagle_config={
+      "eagle_aux_hidden_state_layer_ids": list(head.cfg.feature_layers),
+      "use_aux_hidden_state": True,
+    },
+  )
+  return out
+
+
+def hub_tensors(head: Eagle3Head) -> dict[str, np.ndarray]:
+  """The head's tensors by published name, torch `[out, in]` layouts; `d2t`
+  int64 `[K]` (target id = d + d2t[d]) and `t2d` bool `[V]`."""
+  out = {}
+  for name, param, part in _hub_params(head):
+    w = np.asarray(param[...])
+    w = w if part is None else part.take(w)
+    out[name] = w if w.ndim == 1 else np.ascontiguousarray(w.T)
+  ids = np.asarray(head.cfg.draft_ids or range(head.cfg.draft_vocab), np.int64)
+  out["d2t"] = ids - np.arange(ids.size)
+  out["t2d"] = np.zeros(head.cfg.target.vocab_size, bool)
+  out["t2d"][ids] = True
+  return out
+
+
+def from_hub(
+  config: dict, tensors: dict[str, np.ndarray], target: Transformer, dtype
+) -> Eagle3Head:
+  """An `Eagle3Head` for `target` from a `LlamaForCausalLMEagle3` config and its
+  tensors (`hub_config`, `hub_tensors`); ValueError naming the field or tensor
+  that does not fit `target`. `embed_tokens.weight` is ignored (the target's is used)."""
+  t, name = target.cfg, str(jnp.dtype(dtype))
+  if ARCHITECTURE not in config.get("architectures", []):
+    raise ValueError(
+      f"config architectures must include {ARCHITECTURE}, got {config.get('architectures')!r}."
+    )
+  want = dict(hidden_size=t.d_model, target_hidden_size=t.d_model, rms_norm_eps=t.norm_eps)
+  want.update(rope_theta=t.rope_theta, num_hidden_layers=1, vocab_size=t.vocab_size)
+  want.update(num_attention_heads=t.n_heads, num_key_value_heads=t.n_kv_heads)
+  want.update(norm_before_residual=False)
+  for key, value in {**want, "head_dim": t.resolved_head_dim}.items():
+    if config.get(key, value) not in (value, None):
+      raise ValueError(f"config {key} is {config[key]!r}; the target needs {value}.")
+  layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ()
+  tensors = {k: v for k, v in tensors.items() if k != "embed_tokens.weight"}
+  d2t = np.asarray(tensors.pop("d2t", np.zeros(config.get("draft_vocab_size") or t.vocab_size)))
+  ids = np.arange(d2t.size) + d2t
+  t2d, ff = tensors.pop("t2d", None), int(config.get("intermediate_size", t.d_ff))
+  if t2d is not None and not np.array_equal(np.flatnonzero(t2d), ids):
+    raise ValueError("tensor t2d does not mark the ids d2t maps to.")
+  cfg = HeadConfig(
+    "eagle3",
+    t.replace(dtype=name, param_dtype=name),
+    feature_layers=tuple(int(i) for i in layers),
+    d_ff=ff * (ff != t.d_ff),  # 0: the target's
+    draft_vocab_size=int(d2t.size),
+    draft_ids=() if d2t.size == t.vocab_size and not d2t.any() else tuple(int(i) for i in ids),
+  )
+  head = Eagle3Head(cfg, rngs=nnx.Rngs(0))
+  fused = {}
+  for key, param, part in _hub_params(head):
+    if key not in tensors:
+      raise ValueError(f"tensor {key} is missing.")
+    w = np.asarray(tensors.pop(key), np.float32)
+    shape = param[...].shape if part is None else (*param[...].shape[:-1], part.width)
+    w = w if w.ndim == 1 else w.T
+    if w.shape != shape:
+      raise ValueError(f"tensor {key} has shape {w.T.shape}; this target needs {shape[::-1]}.")
+    if part is None:
+      param[...] = jnp.asarray(w, dtype)
+    else:
+      buf = fused.setdefault(id(param), (param, np.zeros(param[...].shape, np.float32)))[1]
+      part.put(buf, w)
+  for param, buf in fused.values():
+    param[...] = jnp.asarray(buf, dtype)
+  if tensors:
+    raise ValueError(f"tensors {sorted(tensors)} are not part of the EAGLE-3 layout.")
+  return head
