@@ -24,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.target = ""
   config.draft = ""
   # A draft head in place of config.draft: a head's training run, an export or a
-  # hub layout (EAGLE-1/2, EAGLE-3, Medusa), as `specjax.hf.load_head` reads them.
+  # hub layout (EAGLE-1/2, EAGLE-3, Medusa), as `specjax.hf.load_drafter` reads them.
   config.head = ""
   config.dtype = "float32"  # float32 | bfloat16
   config.model_name = ""  # what clients see ("": from the model)

@@ -1,4 +1,4 @@
-"""Draft heads in the hub's layouts (`specjax.hf.load_head` / `save_head`).
+"""Draft heads in the hub's layouts (`specjax.hf.load_head`, `load_drafter`, `save_head`).
 
 Fixtures are written here in each layout from its loader's key names and shapes
 (random weights, no network): the EAGLE repository's EAGLE-1 head (cnets1.py:
@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 import specjax
 from helpers import TINY, hub_cache
 from specjax import GREEDY
-from specjax.hf import load_head, load_head_module, save_head
+from specjax.hf import load_drafter, load_head, save_head
 from specjax.models.heads import HeadConfig, make_head
 
 MAX_NEW = 16
@@ -200,7 +200,7 @@ def test_eagle1_computes_the_published_forward_and_decodes_exactly(
   config, tensors = eagle1_layout(target.cfg, bias=bias)
   tensors["embed_tokens.weight"] = np.asarray(target.embed.embedding[...])  # as some files hold
   path = write(tmp_path / "eagle", config, tensors, file)
-  drafter = load_head(path, target)
+  drafter = load_drafter(path, target)
   head = drafter.head
   assert head.cfg.normed_features and head.cfg.embed_first and not head.cfg.input_norm
   features, tokens = _features(target), np.arange(7) * 31 % target.cfg.vocab_size
@@ -221,7 +221,7 @@ def test_medusa_computes_the_published_heads_and_decodes_exactly(
 ):
   config, tensors = medusa_layout(target.cfg, heads=3, layers=layers, vllm=vllm)
   path = write(tmp_path / "medusa", config, tensors, file or "model.safetensors")
-  drafter = load_head(path, target)
+  drafter = load_drafter(path, target)
   heads = drafter.heads
   assert (heads.cfg.num_heads, heads.cfg.medusa_layers) == (3, layers)
   features = _features(target)
@@ -233,7 +233,7 @@ def test_medusa_computes_the_published_heads_and_decodes_exactly(
 
 def _roundtrip(head, target, tmp_path, layout="hub"):
   save_head(head, str(tmp_path / "exported"), layout=layout)
-  again = load_head_module(str(tmp_path / "exported"), target)
+  again = load_head(str(tmp_path / "exported"), target)
   mine, theirs = _params(head), _params(again)
   assert mine.keys() == theirs.keys()
   for key in mine:
@@ -261,7 +261,7 @@ def test_export_then_import_gives_identical_tensors_and_drafts(target, prompts, 
     path = write(tmp_path / "hub", *eagle1_layout(target.cfg))
   else:
     path = write(tmp_path / "hub", *medusa_layout(target.cfg), "medusa_lm_head.safetensors")
-  head = load_head_module(path, target)
+  head = load_head(path, target)
   again = _roundtrip(head, target, tmp_path)
   np.testing.assert_array_equal(_draft(target, head, prompts), _draft(target, again, prompts))
 
@@ -279,7 +279,9 @@ def test_eagle3_exports_as_engines_load_it_and_imports_identically(prompts, tmp_
   reference = specjax.autoregressive_generate(
     target, *prompts, max_new_tokens=MAX_NEW, sampling=GREEDY
   )
-  _assert_decodes_exactly(target, load_head(str(tmp_path / "exported"), target), prompts, reference)
+  _assert_decodes_exactly(
+    target, load_drafter(str(tmp_path / "exported"), target), prompts, reference
+  )
 
 
 def test_specjax_heads_save_in_their_own_layout_and_refuse_the_hub_one(target, tmp_path):
@@ -292,14 +294,76 @@ def test_specjax_heads_save_in_their_own_layout_and_refuse_the_hub_one(target, t
     save_head(head, str(tmp_path / "x"), layout="vllm")
 
 
+def _perturbed(head, seed, biases=True):
+  """`head` with every parameter moved off its initial value (biases too unless
+  `biases` is False), so a saver that skipped one would be caught."""
+  graphdef, state = nnx.split(head)
+  flat = nnx.to_flat_state(state)
+  keys = jax.random.split(jax.random.key(seed), len(flat))
+  moved = []
+  for k, (path, v) in zip(keys, flat):
+    x = v.get_value()
+    if jnp.issubdtype(x.dtype, jnp.floating) and (biases or path[-1] != "bias"):
+      x = x + 0.05 * jax.random.normal(k, x.shape, x.dtype)
+    moved.append((path, v.replace(x)))
+  return nnx.merge(graphdef, nnx.from_flat_state(moved))
+
+
+@pytest.mark.parametrize(
+  "kind, layout",
+  [
+    ("eagle", "specjax"),
+    ("medusa", "specjax"),
+    ("early_exit", "specjax"),
+    ("eagle3", "hub"),
+    ("eagle", "hub"),
+    ("medusa", "hub"),
+  ],
+)
+def test_save_head_takes_what_either_loader_returns(prompts, tmp_path, kind, layout):
+  """`save_head` takes `load_head`'s module or `load_drafter`'s drafter: both write the
+  same bytes, and what they wrote drafts the same tokens as the head saved first."""
+  from specjax import heads
+
+  target = specjax.Transformer(specjax.ModelConfig(**{**TINY, "n_layers": 3}), rngs=nnx.Rngs(6))
+  hub = dict(normed_features=True, embed_first=True, input_norm=False)
+  hub = {} if layout == "specjax" or kind == "eagle3" else hub
+  hub = {k: v for k, v in hub.items() if kind == "eagle" or k == "normed_features"}
+  fields = dict(feature_layers=(1, 2, 3), d_ff=D_FF) if kind == "eagle3" else {}
+  cfg = HeadConfig(kind, target.cfg, **fields, **hub)
+  head = _perturbed(make_head(cfg, rngs=nnx.Rngs(4)), 7, biases=layout == "specjax")
+  if hub:  # a hub head's copies of the target's final norm and head are the target's
+    head = load_head(_saved(head, tmp_path / "first", layout), target)
+  first = _saved(head, tmp_path / "first", layout)
+  module, drafter = load_head(first, target), load_drafter(first, target)
+  assert heads.module_of(drafter) is not None and not hasattr(module, "target")
+  from_module = _saved(module, tmp_path / "module", layout)
+  from_drafter = _saved(drafter, tmp_path / "drafter", layout)
+  for name in sorted(os.listdir(from_module)):
+    with (
+      open(os.path.join(from_module, name), "rb") as a,
+      open(os.path.join(from_drafter, name), "rb") as b,
+    ):
+      assert a.read() == b.read(), name
+  again = heads.module_of(load_drafter(from_drafter, target))
+  np.testing.assert_array_equal(_draft(target, head, prompts), _draft(target, again, prompts))
+  with pytest.raises(TypeError, match="a head module or a head's drafter, got Transformer"):
+    save_head(target, str(tmp_path / "x"))
+
+
+def _saved(head, directory, layout) -> str:
+  save_head(head, str(directory), layout=layout)
+  return str(directory)
+
+
 def test_a_cached_repo_id_loads_offline(target, tmp_path, monkeypatch):
   from huggingface_hub import constants
 
   source = write(tmp_path / "eagle", *eagle1_layout(target.cfg))
   monkeypatch.setattr(constants, "HF_HUB_CACHE", hub_cache(tmp_path / "hub", "org/eagle", source))
   mine, local = (
-    _params(load_head_module("org/eagle", target)),
-    _params(load_head_module(source, target)),
+    _params(load_head("org/eagle", target)),
+    _params(load_head(source, target)),
   )
   assert all(np.array_equal(mine[k], local[k]) for k in local)
 
@@ -348,30 +412,30 @@ def test_bad_eagle1_layouts_are_refused_naming_the_file_and_tensor_or_field(
 ):
   path = write(tmp_path / "bad", *_bad_eagle(target.cfg, change))
   with pytest.raises(ValueError, match=rf"{tmp_path}/bad \(model.safetensors\): {message}"):
-    load_head(path, target)
+    load_drafter(path, target)
 
 
 def test_bad_medusa_layouts_and_other_targets_are_refused(target, tmp_path):
   config, tensors = medusa_layout(target.cfg, vllm=True)
   with pytest.raises(ValueError, match=r"truncated_vocab_size is 100; the target needs 512"):
-    load_head(write(tmp_path / "trunc", config | {"truncated_vocab_size": 100}, tensors), target)
+    load_drafter(write(tmp_path / "trunc", config | {"truncated_vocab_size": 100}, tensors), target)
   config, tensors = medusa_layout(target.cfg, layers=1)
   tensors["0.1.weight"] = tensors["0.1.weight"][:100]
   with pytest.raises(
     ValueError, match=r"medusa_lm_head.safetensors\): tensor 0.1.weight has shape"
   ):
-    load_head(write(tmp_path / "short", config, tensors, "medusa_lm_head.safetensors"), target)
+    load_drafter(write(tmp_path / "short", config, tensors, "medusa_lm_head.safetensors"), target)
   # A specjax head for another target shape: the field that differs is named.
   other = specjax.ModelConfig(**{**TINY, "d_ff": 64})
   head = make_head(HeadConfig("medusa", other), rngs=nnx.Rngs(0))
   save_head(head, str(tmp_path / "other"), layout="specjax")
   with pytest.raises(ValueError, match=r"d_ff 128 \(head trained for 64\)"):
-    load_head(str(tmp_path / "other"), target)
+    load_drafter(str(tmp_path / "other"), target)
   write(tmp_path / "none", {"model_type": "llama"}, {"x.weight": np.ones(2, np.float32)})
   with pytest.raises(ValueError, match=r"not a head layout specjax reads"):
-    load_head(str(tmp_path / "none"), target)
+    load_drafter(str(tmp_path / "none"), target)
   with pytest.raises(FileNotFoundError, match="neither head_config.json"):
-    load_head(str(tmp_path), target)
+    load_drafter(str(tmp_path), target)
 
 
 def test_a_training_run_and_its_export_load_by_path(target, prompts, tmp_path):
@@ -386,10 +450,10 @@ def test_a_training_run_and_its_export_load_by_path(target, prompts, tmp_path):
   saver.save(2, params, {"count": jnp.zeros(())}, {"step": 2})
   saver.close()
   head = nnx.merge(graphdef, params)
-  loaded = load_head(run, target)
+  loaded = load_drafter(run, target)
   assert _params(loaded.heads).keys() == _params(head).keys()
   assert all(np.array_equal(_params(loaded.heads)[k], v) for k, v in _params(head).items())
   exported = _roundtrip(loaded.heads, target, tmp_path, layout="specjax")
   np.testing.assert_array_equal(_draft(target, head, prompts), _draft(target, exported, prompts))
-  bf16 = load_head_module(run, target, jnp.bfloat16)
+  bf16 = load_head(run, target, jnp.bfloat16)
   assert all(v.dtype == jnp.bfloat16 for v in _params(bf16).values())

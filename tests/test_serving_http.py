@@ -376,7 +376,7 @@ test_serve_exits_cleanly_on_sigterm.start_in_background = start_server
 
 
 def test_serve_drafts_with_a_head_by_path(tmp_path):
-  """--config.head: the server drafts with any head `specjax.hf.load_head` reads
+  """--config.head: the server drafts with any head `specjax.hf.load_drafter` reads
   (here a specjax export for the tiny target); greedy output is the target's own."""
   from flax import nnx
 

@@ -4,6 +4,7 @@
   heads.kind("medusa").drafter        # MedusaDrafter
   [k.name for k in heads.KINDS]       # eagle, medusa, early_exit, eagle3
   heads.drafter(target, head)         # the drafter of any head module
+  heads.module_of(drafter)            # and back: the head module it drafts with
 
 `KINDS` is the one list of kinds; launchers, the bundled loaders (`specjax.pretrained`),
 the path loaders (`specjax.hf.heads`), training's config checks and the reproduction look
@@ -47,6 +48,7 @@ class HeadKind:
     hub_module: the module with the published layout's own norm and lm_head
       (`HeadConfig.normed_features`), or None where the kind has none.
     drafter: the drafter class, called as `drafter(target, head)`.
+    holds: the drafter's attribute that holds the module (`module_of`).
     drafts_as: the launchers' `config.drafter` value that drafts with it.
     bundled: whether `specjax/pretrained/stdlib_pair/heads/<name>/` holds one.
   """
@@ -56,21 +58,22 @@ class HeadKind:
   module: type
   hub_module: type | None
   drafter: type
+  holds: str
   drafts_as: str
   bundled: bool
 
 
-def _kind(name: str, title: str, drafter: type, *, drafts_as: str = "", bundled: bool = True):
+def _kind(name, title, drafter, holds, *, drafts_as: str = "", bundled: bool = True) -> HeadKind:
   module, hub = HEAD_MODULES[name], HUB_MODULES.get(name)
-  return HeadKind(name, title, module, hub, drafter, drafts_as or name, bundled)
+  return HeadKind(name, title, module, hub, drafter, holds, drafts_as or name, bundled)
 
 
 KINDS: tuple[HeadKind, ...] = (
-  _kind("eagle", "EAGLE head", EagleDrafter),
-  _kind("medusa", "Medusa heads", MedusaDrafter),
-  _kind("early_exit", "early exit", EarlyExitDrafter),
+  _kind("eagle", "EAGLE head", EagleDrafter, "head"),
+  _kind("medusa", "Medusa heads", MedusaDrafter, "heads"),
+  _kind("early_exit", "early exit", EarlyExitDrafter, "adapter"),
   # EAGLE-3 drafts through `EagleDrafter` (its own `logits`); none is bundled.
-  _kind("eagle3", "EAGLE-3 head", EagleDrafter, drafts_as="eagle", bundled=False),
+  _kind("eagle3", "EAGLE-3 head", EagleDrafter, "head", drafts_as="eagle", bundled=False),
 )
 NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
 BUNDLED: tuple[str, ...] = tuple(k.name for k in KINDS if k.bundled)
@@ -91,6 +94,21 @@ def drafter(target, head):
   return kind(head.cfg.kind).drafter(target, head)
 
 
+def module_of(head_or_drafter):
+  """The head module of `head_or_drafter`: a head module itself, or a head's drafter
+  (what `specjax.hf.load_drafter` and `specjax.pretrained.load_drafter` return), so
+  savers accept what either kind of loader gives. TypeError for anything else."""
+  cfg = getattr(head_or_drafter, "cfg", None)
+  if isinstance(cfg, HeadConfig):
+    return head_or_drafter
+  for k in KINDS:
+    if isinstance(head_or_drafter, k.drafter):
+      return getattr(head_or_drafter, k.holds)
+  raise TypeError(
+    f"expected a head module or a head's drafter, got {type(head_or_drafter).__name__}."
+  )
+
+
 __all__ = [
   "BUNDLED",
   "CONFIG_FILE",
@@ -102,4 +120,5 @@ __all__ = [
   "drafter",
   "kind",
   "make_head",
+  "module_of",
 ]

@@ -4,8 +4,9 @@ directory or the local Hugging Face cache.
   model, tokenizer = specjax.hf.load_model("/path/to/dir", dtype=jnp.bfloat16)
   model, tokenizer = specjax.hf.load_model("Qwen/Qwen2.5-0.5B")   # cached repo id
   settings = specjax.hf.generation_settings("Qwen/Qwen2.5-0.5B")  # EOS ids, sampling
-  drafter = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # a hub head
-  specjax.hf.save_head(head, "out")  # EAGLE-3 as vLLM / SGLang load it (`specjax.hf.heads`)
+  head = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # a hub head's module
+  drafter = specjax.hf.load_drafter("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # its drafter
+  specjax.hf.save_head(drafter, "out")  # EAGLE-3 as vLLM / SGLang load it (`specjax.hf.heads`)
 
 No network access unless asked for (`allow_download`): the directory or cached
 snapshot must hold config.json and safetensors weights.
@@ -13,7 +14,7 @@ snapshot must hold config.json and safetensors weights.
 
 from specjax.hf.config import SUPPORTED, UnsupportedConfigError, model_config
 from specjax.hf.generation import GenerationSettings, generation_settings, sampling_from_checkpoint
-from specjax.hf.heads import load_head, load_head_module, save_head
+from specjax.hf.heads import load_drafter, load_head, save_head
 from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.loader import check_same_tokenizer, load_model, load_tokenizer, read_config
 from specjax.hf.pairs import PairReport, check_pair
@@ -26,8 +27,8 @@ __all__ = [
   "check_pair",
   "check_same_tokenizer",
   "generation_settings",
+  "load_drafter",
   "load_head",
-  "load_head_module",
   "load_model",
   "load_tokenizer",
   "model_config",

@@ -1,8 +1,12 @@
 """Draft heads by path: specjax's runs and exports, and the hub's layouts in and out
 (EAGLE-1/2, EAGLE-3, Medusa; files, key names and their sources: docs/hf_checkpoints.md).
 
-  drafter = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # cached, offline
-  specjax.hf.save_head(head, "out")  # e.g. EAGLE-3 as vLLM and SGLang load it
+  head = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # cached, offline
+  drafter = specjax.hf.load_drafter("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # its drafter
+  specjax.hf.save_head(head, "out")  # e.g. EAGLE-3 as vLLM and SGLang load it (or a drafter)
+
+`load_head` returns the head module, as `specjax.pretrained.load_head` does for a bundled
+kind; `load_drafter` returns its drafter, as `specjax.pretrained.load_drafter` does.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import heads as head_kinds
 from specjax.dtypes import dtype_name
 from specjax.hf import eagle3, weights
 from specjax.hf.hub import resolve_checkpoint
@@ -28,16 +33,13 @@ _LLAMA_FILES = ("model.safetensors", "pytorch_model.bin")  # heads are never sha
 _MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 
-def load_head(path: str, target, dtype=jnp.float32):
+def load_drafter(path: str, target, dtype=jnp.float32):
   """The drafter (`EagleDrafter`, `MedusaDrafter`, `EarlyExitDrafter`) of the head
-  at `path` for `target`: see `load_head_module`."""
-  # Imported here: `specjax.heads` sits above `hf` until the hub layouts leave `models`.
-  from specjax.pretrained import heads
-
-  return heads.drafter(target, load_head_module(path, target, dtype))
+  at `path` for `target`: `load_head`'s module, drafting for `target`."""
+  return head_kinds.drafter(target, load_head(path, target, dtype))
 
 
-def load_head_module(path: str, target, dtype=jnp.float32) -> nnx.Module:
+def load_head(path: str, target, dtype=jnp.float32) -> nnx.Module:
   """The head at `path` (a directory or a repo id in the local Hugging Face cache,
   never downloaded) in `dtype`, for `target`: ValueError names the field that differs."""
   directory = resolve_checkpoint(path, flag="path")
@@ -222,13 +224,15 @@ def _medusa(config: dict, tensors: dict, target, name: str) -> nnx.Module:
   return _build(cfg, name, _medusa_names(cfg, vllm, shared), tensors, copies)
 
 
-def save_head(head: nnx.Module, path: str, layout: str = "hub") -> None:
-  """Writes `head` to directory `path`: config.json + model.safetensors in its hub layout
-  (EAGLE-3; a hub EAGLE-1 head as the EAGLE repository's, a hub Medusa head as vLLM's;
-  ValueError for a head no hub layout computes exactly), or head_config.json +
-  model.safetensors with `layout="specjax"`."""
+def save_head(head, path: str, layout: str = "hub") -> None:
+  """Writes `head` (a head module, or a drafter holding one: what `load_head` and
+  `load_drafter` return) to directory `path`: config.json + model.safetensors in its
+  hub layout (EAGLE-3; a hub EAGLE-1 head as the EAGLE repository's, a hub Medusa head
+  as vLLM's; ValueError for a head no hub layout computes exactly), or
+  head_config.json + model.safetensors with `layout="specjax"`."""
   from safetensors.numpy import save_file
 
+  head = head_kinds.module_of(head)
   cfg = head.cfg
   params = {tuple(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
   dtype = str(jnp.dtype(cfg.target.param_dtype))

@@ -166,7 +166,7 @@ def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[
   the bundled head."""
   head_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.dtype")
   if config.head:  # a training run, an exported head or a hub layout (specjax.hf.load_head)
-    head = specjax.hf.load_head_module(config.head, target, head_dtype)
+    head = specjax.hf.load_head(config.head, target, head_dtype)
     kind = heads.kind(head.cfg.kind).drafts_as
     if kind != config.drafter:
       raise ValueError(f"--config.head holds a {kind} head; --config.drafter is {config.drafter}.")

@@ -261,7 +261,9 @@ def warm_engine(config: ml_collections.ConfigDict):
   if config.get("head"):
     import specjax.hf
 
-    draft = specjax.hf.load_head(config.head, target, dtypes.to_dtype(config.dtype, "config.dtype"))
+    draft = specjax.hf.load_drafter(
+      config.head, target, dtypes.to_dtype(config.dtype, "config.dtype")
+    )
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config), target, draft, names=FIT_FLAGS)
