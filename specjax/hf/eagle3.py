@@ -1,6 +1,13 @@
 """EAGLE-3's hub layout, `LlamaForCausalLMEagle3` as vLLM and SGLang load it
 (`llama_eagle3.py`): `hub_config`, `hub_tensors` write it, `from_hub` reads it. The
 module is `specjax.models.heads.Eagle3Head`.
+
+The layout's biases are the midlayer's: q/k/v/o together (`attention_bias`) and the
+MLP's (`mlp_bias`), as the engines' `LlamaAttention` and `LlamaMLP` read them; `fc` and
+`lm_head` have none there. `hub_tensors` writes the midlayer's biases (zeros for a
+target whose q/k/v have none when `o_proj`'s is not zero) and refuses a head whose
+`fc` or `lm_head` bias is not zero, naming it, so that export then import computes
+the same function or fails.
 """
 
 from __future__ import annotations
@@ -20,22 +27,47 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
 def _hub_params(head: Eagle3Head):
-  """(hub name, parameter, fused part or None) for every tensor of the layout."""
-  m, a = head.midlayer, "midlayer.self_attn."
+  """(hub name, parameter, fused part or None) for every tensor of the layout the
+  head has: the weights, and the midlayer's biases where its modules carry them
+  (`o_proj` always; q/k/v and the MLP's with the target's `qkv_bias`, `mlp_bias`)."""
+  m, a, mlp = head.midlayer, "midlayer.self_attn.", "midlayer.mlp."
   out = [("fc.weight", head.fc.kernel), ("norm.weight", head.norm.scale)]
   out += [("lm_head.weight", head.lm_head.kernel), (a + "o_proj.weight", m.attn.o_proj.kernel)]
-  out += [("midlayer.mlp.down_proj.weight", m.mlp.down_proj.kernel)]
+  out += [(mlp + "down_proj.weight", m.mlp.down_proj.kernel)]
   out += [(f"midlayer.{n}.weight", getattr(m, n).scale) for n in _NORMS]
+  out += [(a + "o_proj.bias", m.attn.o_proj.bias)]
+  if m.mlp.down_proj.bias is not None:
+    out += [(mlp + "down_proj.bias", m.mlp.down_proj.bias)]
   out = [(*x, None) for x in out]
-  out += [(f"{a}{p.name}.weight", m.attn.qkv_proj.kernel, p) for p in qkv_parts(m.attn.cfg)]
-  mlp = m.mlp.gate_up_proj.kernel
-  return out + [(f"midlayer.mlp.{p.name}.weight", mlp, p) for p in gate_up_parts(m.mlp.d_ff)]
+  for kind, qkv in (("weight", m.attn.qkv_proj.kernel), ("bias", m.attn.qkv_proj.bias)):
+    out += [(f"{a}{p.name}.{kind}", qkv, p) for p in qkv_parts(m.attn.cfg) if qkv is not None]
+  for kind, gate_up in (("weight", m.mlp.gate_up_proj.kernel), ("bias", m.mlp.gate_up_proj.bias)):
+    parts = gate_up_parts(m.mlp.d_ff) if gate_up is not None else ()
+    out += [(f"{mlp}{p.name}.{kind}", gate_up, p) for p in parts]
+  return out
+
+
+def _attention_bias(head: Eagle3Head) -> bool:
+  """Whether the layout's `attention_bias` (q/k/v/o together) must be true."""
+  attn = head.midlayer.attn
+  return attn.qkv_proj.bias is not None or bool(np.any(np.asarray(attn.o_proj.bias[...])))
+
+
+def _check_exportable(head: Eagle3Head) -> None:
+  """ValueError naming a bias of the head that the layout cannot hold (not zero)."""
+  for name, module in (("fc", head.fc), ("lm_head", head.lm_head)):
+    if np.any(np.asarray(module.bias[...])):
+      raise ValueError(
+        f"{name}.bias: the EAGLE-3 hub layout has no bias for {name} (vLLM's and SGLang's "
+        f"{ARCHITECTURE} have none); this head's is not zero, so no hub file computes it."
+      )
 
 
 def hub_config(head: Eagle3Head) -> dict:
   """The head's `config.json` in the `LlamaForCausalLMEagle3` layout. The aux layer
   ids are layer counts as vLLM reads them (SGLang adds 1 to explicit ids)."""
-  c = head.cfg.block_config
+  bias = _attention_bias(head)  # the layout says q/k/v/o biases in one flag
+  c = head.cfg.block_config.replace(qkv_bias=bias, out_bias=bias)
   out = hf_config(SimpleNamespace(cfg=c), str(jnp.dtype(c.param_dtype)))
   out.update(
     architectures=[ARCHITECTURE],
@@ -54,12 +86,21 @@ def hub_config(head: Eagle3Head) -> dict:
 
 def hub_tensors(head: Eagle3Head) -> dict[str, np.ndarray]:
   """The head's tensors by published name, torch `[out, in]` layouts; `d2t`
-  int64 `[K]` (target id = d + d2t[d]) and `t2d` bool `[V]`."""
-  out = {}
+  int64 `[K]` (target id = d + d2t[d]) and `t2d` bool `[V]`. ValueError naming a
+  bias the layout cannot hold (`fc.bias`, `lm_head.bias` not zero)."""
+  _check_exportable(head)
+  out, bias = {}, _attention_bias(head)
   for name, param, part in _hub_params(head):
+    if name.endswith("o_proj.bias") and not bias:
+      continue  # zero, and the layout's attention_bias is false
     w = np.asarray(param[...])
     w = w if part is None else part.take(w)
     out[name] = w if w.ndim == 1 else np.ascontiguousarray(w.T)
+  attn = head.midlayer.attn
+  if bias and attn.qkv_proj.bias is None:  # the engines read q/k/v biases with o's: zeros
+    dtype = np.asarray(attn.o_proj.bias[...]).dtype
+    for p in qkv_parts(attn.cfg):
+      out[f"midlayer.self_attn.{p.name}.bias"] = np.zeros(p.width, dtype)
   ids = np.asarray(head.cfg.draft_ids or range(head.cfg.draft_vocab), np.int64)
   out["d2t"] = ids - np.arange(ids.size)
   out["t2d"] = np.zeros(head.cfg.target.vocab_size, bool)
@@ -72,7 +113,8 @@ def from_hub(
 ) -> Eagle3Head:
   """An `Eagle3Head` for `target` from a `LlamaForCausalLMEagle3` config and its
   tensors (`hub_config`, `hub_tensors`); ValueError naming the field or tensor
-  that does not fit `target`. `embed_tokens.weight` is ignored (the target's is used)."""
+  that does not fit `target`. `embed_tokens.weight` is ignored (the target's is used);
+  an absent bias is zero, and a bias this target's modules lack must be zero."""
   t, name = target.cfg, str(jnp.dtype(dtype))
   if ARCHITECTURE not in config.get("architectures", []):
     raise ValueError(
@@ -103,6 +145,8 @@ def from_hub(
   head = Eagle3Head(cfg, rngs=nnx.Rngs(0))
   fused = {}
   for key, param, part in _hub_params(head):
+    if key not in tensors and key.endswith(".bias"):
+      tensors[key] = np.zeros(param[...].shape[-1] if part is None else part.width, np.float32)
     if key not in tensors:
       raise ValueError(f"tensor {key} is missing.")
     w = np.asarray(tensors.pop(key), np.float32)
@@ -117,6 +161,9 @@ def from_hub(
       part.put(buf, w)
   for param, buf in fused.values():
     param[...] = jnp.asarray(buf, dtype)
+  # Biases of zeros the head has no parameter for compute nothing (q/k/v's, written
+  # beside a target's o_proj bias); any other leftover would be dropped: refused.
+  tensors = {k: v for k, v in tensors.items() if not (k.endswith(".bias") and not np.any(v))}
   if tensors:
     raise ValueError(f"tensors {sorted(tensors)} are not part of the EAGLE-3 layout.")
   return head

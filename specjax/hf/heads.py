@@ -232,7 +232,7 @@ def save_head(head, path: str, layout: str = "hub") -> None:
   head_config.json + model.safetensors with `layout="specjax"`."""
   from safetensors.numpy import save_file
 
-  head = head_kinds.module_of(head)
+  given, head = head, head_kinds.module_of(head)
   cfg = head.cfg
   params = {tuple(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
   dtype = str(jnp.dtype(cfg.target.param_dtype))
@@ -266,10 +266,35 @@ def save_head(head, path: str, layout: str = "hub") -> None:
   if file == "config.json" and cfg.kind != "eagle3":  # the inverse of reading `names`
     tensors = {}
     for hub, [(p, f, part), *_] in names.items():
+      if p not in params and hub.endswith(".bias"):
+        continue  # a bias the head's module does not carry (the reader reads zeros)
       value = params[p] if part is None else part.take(params[p])
       tensors[hub] = value.T if f is weights._transpose else value
+    written = {t[0] for targets in names.values() for t in targets}
+    _check_nothing_dropped(cfg.kind, params, written, getattr(given, "target", None))
   os.makedirs(path, exist_ok=True)
   tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
   save_file(tensors, os.path.join(path, HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
   with open(os.path.join(path, file), "w") as f:
     json.dump(config, f, indent=2)
+
+
+def _check_nothing_dropped(kind: str, params: dict, written: set, target) -> None:
+  """ValueError naming a parameter of a hub head that its file would not hold: one
+  outside the layout that is not zero, or (given the drafter's `target`) a copy of the
+  target's final norm or head that the reader would take from the target but differs."""
+  copies = _target_copies(target) if target is not None else {}
+  for path, value in params.items():
+    name = ".".join(map(str, path))
+    if path in (("feature_norm", "scale"), ("lm_head", "kernel")):
+      want = copies.get(path)  # read back from the target, not from the file
+      if want is not None and not np.array_equal(value, want.astype(value.dtype)):
+        raise ValueError(
+          f"{name}: the {kind} hub layout takes it from the target, and this head's "
+          "differs from its target's; write it with layout='specjax'."
+        )
+    elif path not in written and np.any(value):
+      raise ValueError(
+        f"{name}: the {kind} hub layout has no tensor for it and it is not zero; "
+        "write the head with layout='specjax'."
+      )
