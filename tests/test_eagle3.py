@@ -222,7 +222,7 @@ def test_training_records_the_draft_vocabulary_and_decodes(tmp_path_factory):
   config.head.update(kind="eagle3", target=target_dir, d_ff=64)
   config.head.ttt_steps = 3
   config.head.draft_vocab_size = 128
-  config.update(num_steps=12, learning_rate=2e-2, eval_every=12, checkpoint_every=4, log_every=12)
+  config.update(num_steps=12, learning_rate=1e-2, eval_every=12, checkpoint_every=4, log_every=12)
   run = str(tmp_path_factory.mktemp("run"))
   history = train(config, run, echo=lambda _: None)
   assert all(np.isfinite([r["loss"] for r in history]))

@@ -4,10 +4,9 @@ module is `specjax.models.heads.Eagle3Head`.
 
 The layout's biases are the midlayer's: q/k/v/o together (`attention_bias`) and the
 MLP's (`mlp_bias`), as the engines' `LlamaAttention` and `LlamaMLP` read them; `fc` and
-`lm_head` have none there. `hub_tensors` writes the midlayer's biases (zeros for a
-target whose q/k/v have none when `o_proj`'s is not zero) and refuses a head whose
-`fc` or `lm_head` bias is not zero, naming it, so that export then import computes
-the same function or fails.
+`lm_head` have none there, nor in `Eagle3Head`. `hub_tensors` writes the midlayer's
+biases where the target's blocks have them (zeros for the rest of q/k/v/o when one
+of them has one), so that export then import computes the same function.
 """
 
 from __future__ import annotations
@@ -29,13 +28,14 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 def _hub_params(head: Eagle3Head):
   """(hub name, parameter, fused part or None) for every tensor of the layout the
   head has: the weights, and the midlayer's biases where its modules carry them
-  (`o_proj` always; q/k/v and the MLP's with the target's `qkv_bias`, `mlp_bias`)."""
+  (with the target's `qkv_bias`, `out_bias`, `mlp_bias`)."""
   m, a, mlp = head.midlayer, "midlayer.self_attn.", "midlayer.mlp."
   out = [("fc.weight", head.fc.kernel), ("norm.weight", head.norm.scale)]
   out += [("lm_head.weight", head.lm_head.kernel), (a + "o_proj.weight", m.attn.o_proj.kernel)]
   out += [(mlp + "down_proj.weight", m.mlp.down_proj.kernel)]
   out += [(f"midlayer.{n}.weight", getattr(m, n).scale) for n in _NORMS]
-  out += [(a + "o_proj.bias", m.attn.o_proj.bias)]
+  if m.attn.o_proj.bias is not None:
+    out += [(a + "o_proj.bias", m.attn.o_proj.bias)]
   if m.mlp.down_proj.bias is not None:
     out += [(mlp + "down_proj.bias", m.mlp.down_proj.bias)]
   out = [(*x, None) for x in out]
@@ -50,17 +50,7 @@ def _hub_params(head: Eagle3Head):
 def _attention_bias(head: Eagle3Head) -> bool:
   """Whether the layout's `attention_bias` (q/k/v/o together) must be true."""
   attn = head.midlayer.attn
-  return attn.qkv_proj.bias is not None or bool(np.any(np.asarray(attn.o_proj.bias[...])))
-
-
-def _check_exportable(head: Eagle3Head) -> None:
-  """ValueError naming a bias of the head that the layout cannot hold (not zero)."""
-  for name, module in (("fc", head.fc), ("lm_head", head.lm_head)):
-    if np.any(np.asarray(module.bias[...])):
-      raise ValueError(
-        f"{name}.bias: the EAGLE-3 hub layout has no bias for {name} (vLLM's and SGLang's "
-        f"{ARCHITECTURE} have none); this head's is not zero, so no hub file computes it."
-      )
+  return attn.qkv_proj.bias is not None or attn.o_proj.bias is not None
 
 
 def hub_config(head: Eagle3Head) -> dict:
@@ -86,21 +76,19 @@ def hub_config(head: Eagle3Head) -> dict:
 
 def hub_tensors(head: Eagle3Head) -> dict[str, np.ndarray]:
   """The head's tensors by published name, torch `[out, in]` layouts; `d2t`
-  int64 `[K]` (target id = d + d2t[d]) and `t2d` bool `[V]`. ValueError naming a
-  bias the layout cannot hold (`fc.bias`, `lm_head.bias` not zero)."""
-  _check_exportable(head)
+  int64 `[K]` (target id = d + d2t[d]) and `t2d` bool `[V]`: every parameter of the
+  head (its `fc` and `lm_head` have no bias, as in the layout)."""
   out, bias = {}, _attention_bias(head)
   for name, param, part in _hub_params(head):
-    if name.endswith("o_proj.bias") and not bias:
-      continue  # zero, and the layout's attention_bias is false
     w = np.asarray(param[...])
     w = w if part is None else part.take(w)
     out[name] = w if w.ndim == 1 else np.ascontiguousarray(w.T)
-  attn = head.midlayer.attn
-  if bias and attn.qkv_proj.bias is None:  # the engines read q/k/v biases with o's: zeros
-    dtype = np.asarray(attn.o_proj.bias[...]).dtype
-    for p in qkv_parts(attn.cfg):
-      out[f"midlayer.self_attn.{p.name}.bias"] = np.zeros(p.width, dtype)
+  attn, a = head.midlayer.attn, "midlayer.self_attn."
+  if bias:  # the engines read q/k/v/o biases together: zeros for those the head lacks
+    widths = [(f"{a}{p.name}.bias", p.width) for p in qkv_parts(attn.cfg)]
+    widths += [(f"{a}o_proj.bias", head.cfg.target.d_model)]
+    dtype = np.asarray(head.fc.kernel[...]).dtype
+    out.update({k: np.zeros(w, dtype) for k, w in widths if k not in out})
   ids = np.asarray(head.cfg.draft_ids or range(head.cfg.draft_vocab), np.int64)
   out["d2t"] = ids - np.arange(ids.size)
   out["t2d"] = np.zeros(head.cfg.target.vocab_size, bool)

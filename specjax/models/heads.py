@@ -393,7 +393,9 @@ class Eagle3Layer(nnx.Module):
     for name in _NORMS:
       setattr(self, name, Norm(cfg))
     self.attn = Attention(cfg.replace(d_model=2 * d, head_dim=h), rngs=rngs)
-    self.attn.o_proj = _linear(cfg, cfg.n_heads * h, d, rngs=rngs)  # back to D wide
+    # Back to D wide; a bias only where the target's blocks have one (the hub layout's
+    # attention_bias), as vLLM's and SGLang's LlamaForCausalLMEagle3 build it.
+    self.attn.o_proj = _linear(cfg, cfg.n_heads * h, d, rngs=rngs, bias=cfg.out_bias)
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x, positions, masks, layer_cache, starts, inv_freq=None, contiguous=True):
@@ -414,10 +416,12 @@ class Eagle3Head(nnx.Module):
       raise ValueError(f"cfg.draft_ids must hold {cfg.draft_vocab} ids (draft_vocab_ids).")
     self.cfg = cfg
     c = cfg.block_config
-    self.fc = _linear(c, 3 * c.d_model, c.d_model, rngs=rngs)
+    # No fc or lm_head bias: the published layout has none, so a trained head
+    # exports whole (specjax.hf.eagle3).
+    self.fc = _linear(c, 3 * c.d_model, c.d_model, rngs=rngs, bias=False)
     self.midlayer = Eagle3Layer(c, rngs=rngs)
     self.norm = Norm(c)
-    self.lm_head = _linear(c, c.d_model, cfg.draft_vocab, rngs=rngs)
+    self.lm_head = _linear(c, c.d_model, cfg.draft_vocab, rngs=rngs, bias=False)
 
   init_cache = EagleHead.init_cache
 
