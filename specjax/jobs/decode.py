@@ -413,8 +413,7 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
   constraint = structured.parse(config.constraint)
   if constraint is not None:  # compiled on the host, before any program compiles
     # A constrained text ends with an id the automaton cannot spell: the specials too.
-    eos = structured.eos_ids(models.tokenizer, eos)
-    rules, states = structured.compile_rows(
+    rules, states, eos = structured.compile_rows(
       constraint, models.tokenizer, eos, models.target.cfg.vocab_size, config.batch_size
     )
     rules = rules.replace(start=shard_batch(rules.start, mesh))

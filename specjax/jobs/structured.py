@@ -101,24 +101,25 @@ def _schema(body: str) -> dict:
   return schema
 
 
-def eos_ids(tokenizer: Tokenizer, eos: Sequence[int] | None) -> list[int]:
-  """The ids that end a constrained text: the tokenizer's specials (ids with no
-  bytes, which the automaton can never spell) and the checkpoint's EOS ids."""
-  pieces = token_bytes(tokenizer)
-  return sorted({i for i, piece in enumerate(pieces) if piece is None} | set(eos or ()))
-
-
 def compile_rows(
-  constraint: Constraint, tokenizer: Tokenizer, eos: Sequence[int], vocab_size: int, batch: int
-) -> tuple[constraints.RowConstraints, int]:
-  """`(rules, states)`: the same automaton on each of `batch` rows, and its number
-  of states (host compilation; a ValueError naming config.constraint when no
-  text this vocabulary spells matches)."""
+  constraint: Constraint,
+  tokenizer: Tokenizer,
+  eos: Sequence[int] | None,
+  vocab_size: int,
+  batch: int,
+) -> tuple[constraints.RowConstraints, int, list[int]]:
+  """`(rules, states, eos)`: the same automaton on each of `batch` rows, its number
+  of states, and the ids that end a constrained text: the tokenizer's specials
+  (ids with no bytes, which the automaton can never spell) and the checkpoint's
+  `eos` (host compilation; a ValueError naming config.constraint when no text
+  this vocabulary spells matches)."""
+  pieces = token_bytes(tokenizer)
+  eos = sorted({i for i, piece in enumerate(pieces) if piece is None} | set(eos or ()))
   try:
-    automaton = constraints.compile_constraint(constraint, token_bytes(tokenizer), eos, vocab_size)
+    automaton = constraints.compile_constraint(constraint, pieces, eos, vocab_size)
   except ValueError as e:
     raise ValueError(f"config.constraint: {e}") from None
-  return constraints.row_constraints([automaton] * batch, vocab_size), automaton.num_states
+  return constraints.row_constraints([automaton] * batch, vocab_size), automaton.num_states, eos
 
 
 def prompts(prompt_set: str, constraint_value: str, batch: int) -> list[str] | None:
