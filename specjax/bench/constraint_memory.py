@@ -28,7 +28,8 @@ import numpy as np
 from specjax import constraints
 from specjax.results import markdown_table
 
-# A tool call's signature (the usage guide's example) and a user record with
+# A tool call's signature (the usage guide's example and the decode job's
+# `signature` task, `specjax.jobs.structured`) and a user record with
 # the usual field kinds: integers, numbers, booleans, bounded and patterned
 # strings, an enum, a nested object and an array.
 SCHEMAS = {

@@ -23,20 +23,14 @@ import re
 from collections.abc import Sequence
 
 from specjax import constraints
+from specjax.bench import constraint_memory
 from specjax.data.tokenizer import Tokenizer
 from specjax.vocab_map import token_bytes
 
-# Small bounds keep every text inside the job's token budget: at most about 70
-# characters, so a 64-token run ends at EOS (an output cut off by the budget
-# would not parse).
-SIGNATURE_SCHEMA = {
-  "type": "object",
-  "required": ["name", "args"],
-  "properties": {
-    "name": {"type": "string", "maxLength": 12},
-    "args": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 8}},
-  },
-}
+# The memory table's signature schema: its small bounds keep every text inside
+# the job's token budget (at most about 70 characters, so a 64-token run ends at
+# EOS; an output cut off by the budget would not parse).
+SIGNATURE_SCHEMA = constraint_memory.SCHEMAS["signature"]
 
 # The bundled pair knows Python, not instructions: one worked example in a
 # comment after a def, then the def to describe. Row i takes def i (cycling).
