@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -152,9 +153,10 @@ def _row_text(row: dict) -> str | None:
   return None
 
 
-def by_category(prompts: list[Prompt]) -> dict[str, list[int]]:
-  """category -> the indices of its prompts, categories in order of first appearance."""
+def by_category(prompts: Sequence[Prompt | str]) -> dict[str, list[int]]:
+  """category -> the indices of its prompts (`Prompt`s, or their categories),
+  categories in order of first appearance."""
   groups: dict[str, list[int]] = {}
   for i, prompt in enumerate(prompts):
-    groups.setdefault(prompt.category, []).append(i)
+    groups.setdefault(getattr(prompt, "category", prompt), []).append(i)
   return groups

@@ -28,7 +28,7 @@ import specjax
 from specjax import bench, dtypes, pretrained, trees
 from specjax import heads as head_kinds
 from specjax.data import Tokenizer
-from specjax.data.prompts import encode_prompts, held_out_prompts, read_prompt_file
+from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table
@@ -405,9 +405,7 @@ def sweep(
   one = [(prompts[i : i + 1], lengths[i : i + 1]) for i in range(len(lengths))]
   groups = None  # category -> its prompts, in order of first appearance
   if categories is not None:
-    groups = {}
-    for prompt, category in zip(one, categories, strict=True):
-      groups.setdefault(category, []).append(prompt)
+    groups = {c: [one[i] for i in rows] for c, rows in by_category(categories).items()}
   clock = _Progress(say, len(plan))
   say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted({v.gamma for v in plan})}")
   step_s, verify_s = _target_costs(config, target, one[0], {v.gamma for v in plan})
