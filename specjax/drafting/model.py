@@ -36,10 +36,6 @@ from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
 
-def _after(rule: DraftConstraint | None, token: jax.Array) -> DraftConstraint | None:
-  return None if rule is None else rule.after(token)
-
-
 class CachedDrafting(ConfidenceLength):
   """`init`/`propose`/`commit` of any drafter that samples one token per cached call.
 
@@ -86,12 +82,14 @@ class CachedDrafting(ConfidenceLength):
       logits = logits[:, 0] if rule is None else rule.logits(logits[:, 0])
       if greedy:  # a one-hot q: its top probability is 1, above any threshold
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return token, tokens.at[:, i].set(token), probs, active, _after(rule, token)
-      q = warp_probs(logits, sampling)
-      token = draw_token(i, q)
-      if self.confidence > 0:
-        active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      return token, tokens.at[:, i].set(token), probs.at[:, i].set(q), active, _after(rule, token)
+      else:
+        q = warp_probs(logits, sampling)
+        token = draw_token(i, q)
+        probs = probs.at[:, i].set(q)
+        if self.confidence > 0:
+          active = active & (jnp.max(q, axis=-1) >= self.confidence)
+      rule = None if rule is None else rule.after(token)
+      return token, tokens.at[:, i].set(token), probs, active, rule
 
     vocab = logits.shape[-1]
     tokens = jnp.zeros((b, g), jnp.int32)
