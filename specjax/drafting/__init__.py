@@ -10,6 +10,8 @@
   CrossTokenizerDrafter(draft, draft_tok, target_tok)
                                 a draft model of another tokenizer, drafting the
                                 tokens both vocabularies share (TLI)
+  DFlashDrafter(target, head)   a block drafter (DFlash): one head call drafts a
+                                whole block from the target's fused features
   TreeDrafter(model, tree)      a draft model drafting a token tree (`specjax.trees`);
                                 EagleDrafter and MedusaDrafter take `tree=` too
 
@@ -34,6 +36,7 @@ from specjax.drafting.base import (
 )
 from specjax.drafting.counts import CountDrafter, count_drafter
 from specjax.drafting.cross_tokenizer import CrossTokenizerDrafter
+from specjax.drafting.dflash import DFlashDrafter
 from specjax.drafting.eagle import EagleDrafter
 from specjax.drafting.early_exit import EarlyExitDrafter
 from specjax.drafting.medusa import MedusaDrafter
@@ -45,6 +48,7 @@ __all__ = [
   "Commit",
   "CountDrafter",
   "CrossTokenizerDrafter",
+  "DFlashDrafter",
   "DraftConstraint",
   "Drafter",
   "DrafterBase",

@@ -2,7 +2,7 @@
 
   from specjax import heads
   heads.kind("medusa").drafter        # MedusaDrafter
-  [k.name for k in heads.KINDS]       # eagle, medusa, early_exit, eagle3
+  [k.name for k in heads.KINDS]       # eagle, medusa, early_exit, eagle3, dflash
   heads.drafter(target, head)         # the drafter of any head module
   heads.module_of(drafter)            # and back: the head module it drafts with
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from specjax.drafting.dflash import DFlashDrafter
 from specjax.drafting.eagle import EagleDrafter
 from specjax.drafting.early_exit import EarlyExitDrafter
 from specjax.drafting.medusa import MedusaDrafter
@@ -74,6 +75,7 @@ KINDS: tuple[HeadKind, ...] = (
   _kind("early_exit", "early exit", EarlyExitDrafter, "adapter"),
   # EAGLE-3 drafts through `EagleDrafter` (its own `logits`); none is bundled.
   _kind("eagle3", "EAGLE-3 head", EagleDrafter, "head", drafts_as="eagle", bundled=False),
+  _kind("dflash", "block drafter", DFlashDrafter, "head", bundled=False),
 )
 NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
 BUNDLED: tuple[str, ...] = tuple(k.name for k in KINDS if k.bundled)

@@ -13,6 +13,9 @@ parameters train.
   Eagle3Head        EAGLE-3 (Li et al. 2025): fused low/middle/high features, a
                     2D-input layer, its own head over a draft vocabulary (its hub
                     layout and warm start: `specjax.models.eagle3`)
+  DFlashHead        a block drafter (DFlash, arXiv 2602.06036): a few layers
+                    that denoise a block [s[-1], mask, ..., mask] in one call,
+                    reading the target's fused features as keys and values
 
 Each kind's record (module, drafter, objective, files) is `specjax.heads.kind(name)`;
 this file holds the modules, `HEAD_MODULES` the one table of kind -> module class.
@@ -31,8 +34,19 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import MLP, Attention, Block, Linear, Norm, Transformer, run_blocks
+from specjax.models.kv_cache import KVCache, write_layer
+from specjax.models.transformer import (
+  MLP,
+  Attention,
+  Block,
+  Linear,
+  Norm,
+  Transformer,
+  apply_rope,
+  attend,
+  rope_inv_freq,
+  run_blocks,
+)
 from specjax.validation import is_int
 
 # A head's files in a specjax run or export (its `HeadConfig`, its parameters): the one
@@ -71,8 +85,16 @@ class HeadConfig:
     input_norm: EAGLE's layer normalises its input (the EAGLE repo's does not).
     medusa_layers: residual layers per Medusa head, in [1, 8].
 
+  Block drafter (DFlash) settings:
+    block_size: B in [2, 64]: one call drafts the B - 1 tokens after s[-1].
+    draft_layers: the drafter's decoder layers, in [1, 16].
+    mask_token_id: the id whose embedding fills the block's B - 1 slots, in
+      [0, V) (a tokenizer's spare id, as the hub checkpoints use), or -1: a
+      learned embedding of the drafter's own (a tokenizer with no spare id).
+
   EAGLE-3 reads exactly three `feature_layers`; `()` picks vLLM's (2, L//2, L-3)
-  when those are three increasing counts (L >= 7), else (1, (L+1)//2, L).
+  when those are three increasing counts (L >= 7), else (1, (L+1)//2, L). A
+  block drafter's `()` picks `dflash_feature_layers(L, draft_layers)`.
   """
 
   kind: str
@@ -87,6 +109,9 @@ class HeadConfig:
   embed_first: bool = False
   input_norm: bool = True
   medusa_layers: int = 1
+  block_size: int = 16
+  draft_layers: int = 1
+  mask_token_id: int = -1
 
   def __post_init__(self):
     if self.kind not in HEAD_KINDS:
@@ -103,6 +128,8 @@ class HeadConfig:
     layers = tuple(self.feature_layers)
     if self.kind == "eagle3":
       layers = _check_eagle3(self, layers, n)
+    if self.kind == "dflash":
+      layers = _check_dflash(self, layers, n)
     if any(not is_int(i) or not 1 <= i <= n for i in layers) or len(set(layers)) != len(layers):
       raise ValueError(
         f"feature_layers must be distinct layer counts in [1, {n}], got {self.feature_layers!r}."
@@ -133,7 +160,7 @@ class HeadConfig:
   @property
   def target_features(self) -> bool | tuple[int, ...]:
     """What the head reads from the target's calls (`forward_cached`'s `return_hidden`)."""
-    if self.kind in ("eagle", "eagle3") and self.feature_layers:
+    if self.kind in ("eagle", "eagle3", "dflash") and self.feature_layers:
       return self.feature_layers
     return self.kind != "early_exit"  # early exit runs the target's layers itself
 
@@ -188,6 +215,35 @@ def _check_eagle3(cfg: HeadConfig, layers: tuple, n: int) -> tuple[int, ...]:
   if len(layers) != 3:
     raise ValueError(f"feature_layers must be 3 layer counts for eagle3, got {layers!r}.")
   return layers
+
+
+def dflash_feature_layers(n_layers: int, draft_layers: int) -> tuple[int, ...]:
+  """The layer counts a block drafter of `draft_layers` layers reads on a target of
+  `n_layers` (DFlash's rule, as counts: layer id i is count i + 1): one layer reads
+  the middle; several read ids spread evenly from 1 to L - 3, rounded. On targets
+  too shallow for that (L < 5), counts spread evenly over [1, L], distinct."""
+  n, k = n_layers, draft_layers
+  if k == 1:
+    return (n // 2 + 1,)
+  if n >= 5:
+    ids = [int(round(1 + i * (n - 4) / (k - 1))) for i in range(k)]
+    return tuple(sorted({i + 1 for i in ids}))
+  return tuple(sorted({int(round(1 + i * (n - 1) / (k - 1))) for i in range(k)}))
+
+
+def _check_dflash(cfg: HeadConfig, layers: tuple, n: int) -> tuple[int, ...]:
+  """A block drafter's settings checked; its feature layers (defaulted)."""
+  v = cfg.target.vocab_size
+  if not is_int(cfg.block_size) or not 2 <= cfg.block_size <= 64:
+    raise ValueError(f"block_size must be an int in [2, 64], got {cfg.block_size!r}.")
+  if not is_int(cfg.draft_layers) or not 1 <= cfg.draft_layers <= 16:
+    raise ValueError(f"draft_layers must be an int in [1, 16], got {cfg.draft_layers!r}.")
+  if not is_int(cfg.mask_token_id) or not -1 <= cfg.mask_token_id < v:
+    raise ValueError(
+      f"mask_token_id must be an int in [0, {v}) or -1 (a learned mask embedding), "
+      f"got {cfg.mask_token_id!r}."
+    )
+  return layers or dflash_feature_layers(n, cfg.draft_layers)
 
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero=False, bias=True):
@@ -454,12 +510,194 @@ class Eagle3Head(nnx.Module):
     return _own_logits(x, vocab_subset)
 
 
+class DFlashLayer(nnx.Module):
+  """One block-drafter layer: the block's queries read the context's keys and values
+  (the fused target features, projected by this layer) and the whole block's own,
+  bidirectionally; pre-norm attention with per-head q/k norms, then an MLP.
+
+  Context and block keys go through the same `k_proj` and `k_norm` and RoPE at
+  their own positions, so a cache of the context's keys (`context_kv`) serves
+  every later block (`DFlashHead`)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, h = cfg.d_model, cfg.resolved_head_dim
+    self.input_layernorm = Norm(cfg)
+    self.q_proj = _linear(cfg, d, cfg.n_heads * h, rngs=rngs, bias=cfg.qkv_bias)
+    self.k_proj = _linear(cfg, d, cfg.n_kv_heads * h, rngs=rngs, bias=cfg.qkv_bias)
+    self.v_proj = _linear(cfg, d, cfg.n_kv_heads * h, rngs=rngs, bias=cfg.qkv_bias)
+    self.o_proj = _linear(cfg, cfg.n_heads * h, d, rngs=rngs, bias=cfg.out_bias)
+    self.q_norm = Norm(cfg, h, "head_dim")
+    self.k_norm = Norm(cfg, h, "head_dim")
+    self.post_attention_layernorm = Norm(cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def context_kv(self, x: jax.Array, positions: jax.Array, inv_freq: jax.Array):
+    """Keys and values `[B, K, T, H]` of inputs `x [B, T, D]` at `positions [B, T]`."""
+    (b, t, _), c = x.shape, self.cfg
+    k = self.k_norm(self.k_proj(x).reshape(b, t, c.n_kv_heads, c.resolved_head_dim))
+    k = apply_rope(k, positions, inv_freq)
+    v = self.v_proj(x).reshape(b, t, c.n_kv_heads, c.resolved_head_dim)
+    return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+
+  def __call__(self, x, positions, context_k, context_v, mask, inv_freq):
+    """Block `x [B, N, D]` at `positions [B, N]` -> `[B, N, D]`; it reads the context's
+    `context_k, context_v [B, K, S, H]` and its own N keys, as `mask [B, N, S + N]`
+    allows."""
+    (b, n, _), c = x.shape, self.cfg
+    normed = self.input_layernorm(x)
+    q = self.q_norm(self.q_proj(normed).reshape(b, n, c.n_heads, c.resolved_head_dim))
+    q = apply_rope(q, positions, inv_freq)
+    k, v = self.context_kv(normed, positions, inv_freq)
+    keys = jnp.concatenate([context_k.astype(k.dtype), k], axis=2)
+    values = jnp.concatenate([context_v.astype(v.dtype), v], axis=2)
+    out = attend(q, keys, values, mask, c.attn_scale)
+    x = x + self.o_proj(out.reshape(b, n, c.n_heads * c.resolved_head_dim))
+    return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashHead(nnx.Module):
+  """A block drafter (DFlash): drafts the B - 1 tokens after s[-1] in one call.
+
+  The target's features after `cfg.feature_layers` layers, concatenated `[.., F]`,
+  become the context `hidden_norm(fc(f))` `[.., D]`; each layer keeps its own keys
+  and values of the context (a `KVCache`, slot p: position p). The block is
+  `[s[-1], m, ..., m]` at positions len(s) - 1 .. len(s) + B - 2 (m: the mask
+  token's embedding); after the layers, `norm` and the target's own head give
+  the law of the token at each of the B - 1 mask positions. Embeddings and head
+  are the target's (shared, frozen); only this module trains.
+  """
+
+  def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
+    if cfg.kind != "dflash":
+      raise ValueError(f"DFlashHead needs kind='dflash', got {cfg.kind!r}.")
+    self.cfg = cfg
+    c = self.layer_config
+    d = c.d_model
+    self.fc = _linear(c, cfg.num_features * d, d, rngs=rngs, bias=False)
+    self.hidden_norm = Norm(c)
+    self.layers = nnx.List([DFlashLayer(c, rngs=rngs) for _ in range(cfg.draft_layers)])
+    self.norm = Norm(c)
+    if cfg.mask_token_id < 0:  # no spare id in the target's vocabulary: a learned one
+      init = nnx.initializers.normal(c.init_std)
+      self.mask_embedding = nnx.Param(init(rngs.params(), (d,), c.weight_dtype))
+
+  @property
+  def layer_config(self) -> ModelConfig:
+    """The layers' config: the target's widths, `cfg.d_ff`, RoPE at the target's
+    base (for any target: the block's order comes from RoPE), global attention."""
+    t = self.cfg.target
+    local = None if t.local_layers is None else ()
+    return t.replace(
+      n_layers=self.cfg.draft_layers, d_ff=self.cfg.d_ff or t.d_ff, local_layers=local
+    )
+
+  def _inv_freq(self) -> jax.Array:
+    c = self.layer_config
+    return rope_inv_freq(c.resolved_head_dim, c.rope_theta, c.rope_scaling)
+
+  def init_cache(self, batch: int, capacity: int) -> KVCache:
+    """An empty context cache: one layer of keys and values per drafter layer."""
+    c = self.layer_config
+    return KVCache.zeros(
+      n_layers=self.cfg.draft_layers,
+      batch=batch,
+      capacity=capacity,
+      n_kv_heads=c.n_kv_heads,
+      head_dim=c.resolved_head_dim,
+      dtype=c.compute_dtype,
+    )
+
+  def context(self, features: jax.Array) -> jax.Array:
+    """The target's features `[..., F]` -> the context `[..., D]`."""
+    return self.hidden_norm(self.fc(features.astype(self.fc.kernel.dtype)))
+
+  def write_context(self, features: jax.Array, cache: KVCache, starts: jax.Array) -> KVCache:
+    """`cache` with the context of `features [B, T, F]` (positions starts..starts+T-1)
+    written at slots `starts [B]` of every layer; lengths unchanged (the caller's)."""
+    x, t = self.context(features), features.shape[1]
+    positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    inv_freq, new_k, new_v = self._inv_freq(), [], []
+    for layer, k, v in zip(self.layers, cache.k, cache.v):
+      ck, cv = layer.context_kv(x, positions, inv_freq)
+      k, v, _ = write_layer((k, v), ck, cv, starts)
+      new_k.append(k)
+      new_v.append(v)
+    return cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+  def block_inputs(self, target: Transformer, last: jax.Array, num_blocks: int = 1):
+    """`[B, num_blocks * B_size, D]`: each block `[embed(last[:, j]), m, ..., m]`
+    for `last [B, num_blocks]` (or `[B]`)."""
+    last = last.reshape(last.shape[0], -1)
+    b, a = last.shape
+    first = target.embed(last)  # [B, A, D]
+    if self.cfg.mask_token_id >= 0:
+      mask = target.embed(jnp.asarray(self.cfg.mask_token_id, jnp.int32))
+    else:
+      mask = self.mask_embedding[...]
+    n, d = self.cfg.block_size, first.shape[-1]
+    mask = jnp.broadcast_to(mask.astype(first.dtype), (b, a, n - 1, d))
+    return jnp.concatenate([first[:, :, None], mask], axis=2).reshape(b, a * n, d)
+
+  def run(self, x, positions, context_kv, mask) -> jax.Array:
+    """The layers on blocks `x [B, N, D]` at `positions [B, N]` reading each layer's
+    `context_kv` pair as `mask [B, N, S + N]` allows -> normed `[B, N, D]`."""
+    inv_freq = self._inv_freq()
+    for layer, (k, v) in zip(self.layers, context_kv):
+      x = layer(x, positions, k, v, mask, inv_freq)
+    return self.norm(x)
+
+  def logits(self, target: Transformer, h: jax.Array) -> jax.Array:
+    """Normed outputs `[..., D]` -> float32 logits `[..., V]` by the target's head."""
+    return target._head(h)
+
+  def draft_logits(self, target: Transformer, cache: KVCache, last: jax.Array) -> jax.Array:
+    """Drafting: the block after each row's cached context (`cache.lengths` =
+    len(s) - 1) and `last [B]` = s[-1] -> logits `[B, B_size - 1, V]` of the
+    tokens at positions len(s) .. len(s) + B_size - 2."""
+    b, n = last.shape[0], self.cfg.block_size
+    positions = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
+    slots = jnp.arange(cache.capacity, dtype=jnp.int32)
+    context = slots[None, None, :] < cache.lengths[:, None, None]
+    context = jnp.broadcast_to(context, (b, n, slots.size))
+    mask = jnp.concatenate([context, jnp.ones((b, n, n), bool)], axis=2)
+    h = self.run(self.block_inputs(target, last), positions, zip(cache.k, cache.v), mask)
+    return self.logits(target, h[:, 1:])
+
+  def __call__(self, target: Transformer, features, tokens, anchors) -> jax.Array:
+    """Training form: A blocks per row in one call, each exactly as drafting sees it.
+
+    Args:
+      features: `[B, T, F]` the target's features at positions 0..T-1.
+      tokens: `[B, T]` the tokens at those positions.
+      anchors: `[B, A]` int32 in [1, T): block j starts with `tokens[:, a_j]` at
+        position a_j and reads the context at positions < a_j.
+
+    Returns:
+      `[B, A, B_size - 1, V]` logits of the tokens at a_j + 1 .. a_j + B_size - 1.
+    """
+    (b, t), a, n = tokens.shape, anchors.shape[1], self.cfg.block_size
+    x = self.context(features)
+    inv_freq = self._inv_freq()
+    ctx_positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    context_kv = [layer.context_kv(x, ctx_positions, inv_freq) for layer in self.layers]
+    last = jnp.take_along_axis(tokens, anchors, axis=1)
+    positions = (anchors[:, :, None] + jnp.arange(n, dtype=jnp.int32)).reshape(b, a * n)
+    block_of = jnp.repeat(jnp.arange(a), n)
+    reads_context = jnp.arange(t)[None, None, :] < jnp.repeat(anchors, n, axis=1)[:, :, None]
+    same_block = jnp.broadcast_to(block_of[:, None] == block_of[None, :], (b, a * n, a * n))
+    mask = jnp.concatenate([reads_context, same_block], axis=2)
+    h = self.run(self.block_inputs(target, last, a), positions, context_kv, mask)
+    return self.logits(target, h.reshape(b, a, n, -1)[:, :, 1:])
+
+
 # The module of each head kind: the one table the model layer dispatches on.
 HEAD_MODULES = {
   "eagle": EagleHead,
   "medusa": MedusaHeads,
   "early_exit": ExitAdapter,
   "eagle3": Eagle3Head,
+  "dflash": DFlashHead,
 }
 HUB_MODULES = {"eagle": HubEagleHead, "medusa": HubMedusaHeads}
 HEAD_KINDS = tuple(HEAD_MODULES)  # the kinds' names, in `HEAD_MODULES`' order

@@ -1,0 +1,139 @@
+"""Block drafting (DFlash, arXiv 2602.06036): a whole block of drafts in one call.
+
+The head (`models.heads.DFlashHead`) keeps the context (the target's fused
+features at every committed position but the last) as keys and values in its
+own static cache, one layer per drafter layer; `cache.lengths` is len(s) - 1.
+
+  propose: one head call on the block [s[-1], m, ..., m] gives the laws of the
+    next B - 1 tokens at once; the first gamma are drafted, each drawn from its
+    own position's law (`draft="sample"`: q the warped law) or its argmax
+    (`draft="argmax"`, the reference's behaviour: q one-hot). The block's own
+    keys are never cached.
+  commit:  the verification call's features at s[-1] and the accepted drafts
+    (the kept positions) are appended to the context: projections only, no
+    attention. Rolling back is bookkeeping, as for every cache.
+
+Each q_i is a law that ignores the drafts before it, which is still a law for
+token i given them: token and block verification stay exact at any temperature,
+and at temperature 0 (argmax drafts) the output equals the target's greedy
+decoding. Under a constraint each position's law is masked by the state its
+drafted prefix reaches, as other drafters do.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.coupling import chain_draws
+from specjax.drafting.base import Commit, DraftConstraint, DrafterBase, Proposal
+from specjax.models.heads import DFlashHead
+from specjax.models.kv_cache import KVCache, check_capacity
+from specjax.models.transformer import Transformer
+from specjax.sampling import RowSampling, SamplingParams, warp_probs
+from specjax.vocab import fit_ids
+
+DRAFT_MODES = ("sample", "argmax")
+
+
+@struct.dataclass
+class DFlashState:
+  """The head's context cache: keys and values of s[:-1] (lengths len(s) - 1)."""
+
+  cache: KVCache
+
+
+@struct.dataclass
+class DFlashDrafter(DrafterBase):
+  """Drafts a block of up to B - 1 tokens per iteration with one `DFlashHead` call.
+
+  Attributes:
+    target: the target (its embedding and head are shared).
+    head: the trained `DFlashHead` for this target's shape.
+    draft: "sample" (each token drawn from its position's warped law, q that law)
+      or "argmax" (each position's most likely token, q one-hot). At temperature
+      0 both draft the argmax.
+  """
+
+  target: Transformer
+  head: DFlashHead
+  draft: str = struct.field(pytree_node=False, default="sample")
+
+  prefill_calls = 1
+  constrained_drafts = True
+
+  def __post_init__(self):
+    self.head.cfg.check_target(self.target.cfg)
+    if self.draft not in DRAFT_MODES:
+      raise ValueError(f"draft must be one of {DRAFT_MODES}, got {self.draft!r}.")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target.cfg.vocab_size
+
+  @property
+  def target_features(self) -> tuple[int, ...]:
+    return self.head.cfg.target_features
+
+  @property
+  def block_size(self) -> int:
+    return self.head.cfg.block_size
+
+  def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    if not 1 <= gamma <= self.block_size - 1:
+      raise ValueError(
+        f"gamma must be in [1, {self.block_size - 1}] for a block drafter of block_size "
+        f"{self.block_size} (one call drafts block_size - 1 tokens), got {gamma}."
+      )
+    check_capacity("dflash head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
+
+  def init(self, prompts, prompt_lengths, first, capacity, hidden=None) -> DFlashState:
+    del first  # s[-1] enters each block; the context is s[:-1] = the prompt
+    if hidden is None:
+      raise ValueError("DFlashDrafter.init needs the target's features at the prompt (hidden).")
+    b = prompts.shape[0]
+    cache = self.head.init_cache(b, capacity)
+    cache = self.head.write_context(hidden, cache, jnp.zeros((b,), jnp.int32))
+    return DFlashState(cache.with_lengths(prompt_lengths))
+
+  def propose(
+    self,
+    state: DFlashState,
+    recent: jax.Array,
+    key: jax.Array,
+    limit: jax.Array,
+    *,
+    gamma: int,
+    sampling: SamplingParams | RowSampling,
+    constraint: DraftConstraint | None = None,
+  ) -> tuple[Proposal, DFlashState]:
+    last = fit_ids(recent[:, -1], self.vocab_size)
+    logits = self.head.draft_logits(self.target, state.cache, last)[:, :gamma]  # [B, g, V]
+    b = logits.shape[0]
+    argmax = sampling.greedy or self.draft == "argmax"
+    draw = None if argmax else chain_draws(key, gamma, b)
+    tokens, probs, rule = [], [], constraint
+    for i in range(gamma):  # a static loop over positions: the masks advance in order
+      law = logits[:, i] if rule is None else rule.logits(logits[:, i])
+      if argmax:
+        token = jnp.argmax(law, axis=-1).astype(jnp.int32)
+      else:
+        q = warp_probs(law, sampling)
+        token = draw(i, q)
+        probs.append(q)
+      tokens.append(token)
+      rule = None if rule is None else rule.after(token)
+    proposal = Proposal(
+      jnp.stack(tokens, axis=1),
+      jnp.stack(probs, axis=1) if probs else None,
+      jnp.minimum(limit, gamma).astype(jnp.int32),
+      jnp.int32(1),
+    )
+    return proposal, state
+
+  def commit(self, state: DFlashState, commit: Commit) -> DFlashState:
+    start = commit.old_length - 1  # the slot of s[-1], the first scored position
+    cache = self.head.write_context(commit.hidden, state.cache, start)
+    kept = commit.new_length - commit.old_length
+    return DFlashState(cache.with_lengths(jnp.where(commit.goes_on, start + kept, start)))
