@@ -14,14 +14,8 @@ from flax import nnx
 from scipy import stats
 
 import specjax
-from specjax.drafting import (
-  EagleDrafter,
-  EarlyExitDrafter,
-  MedusaDrafter,
-  NGramDrafter,
-  count_drafter,
-  layer_skip,
-)
+from specjax import heads
+from specjax.drafting import NGramDrafter, count_drafter, layer_skip
 from specjax.models.heads import HeadConfig, make_head
 
 # Compiler options for the sampling simulations that run 10^6 iterations in one
@@ -119,13 +113,10 @@ def forward_cached(model, tokens, cache, **options):
   return _forward_cached(model, tokens, cache, tuple(sorted(options.items())))
 
 
-HEAD_DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "early_exit": EarlyExitDrafter}
-
-
 def head_drafter(kind: str, target, seed: int = 7, **settings):
   """A drafter of `kind` with a fresh (untrained) head for `target`."""
   head = make_head(HeadConfig(kind, target.cfg, **settings), rngs=nnx.Rngs(seed))
-  return HEAD_DRAFTERS[kind](target, head)
+  return heads.drafter(target, head)
 
 
 def _corpus(vocab_size: int) -> list[np.ndarray]:
@@ -137,7 +128,7 @@ def _corpus(vocab_size: int) -> list[np.ndarray]:
 
 def make_drafter(name: str, target, draft, max_ngram: int = 3):
   """The drafter called `name` ("model", "ngram", "layer_skip", "eagle",
-  "medusa", "early_exit", "unigram" or "bigram"; heads fresh) for `target`."""
+  "medusa", "early_exit", "dflash", "unigram" or "bigram"; heads fresh) for `target`."""
   return {
     "model": lambda: draft,
     "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
@@ -145,6 +136,7 @@ def make_drafter(name: str, target, draft, max_ngram: int = 3):
     "eagle": lambda: head_drafter("eagle", target),
     "medusa": lambda: head_drafter("medusa", target),
     "early_exit": lambda: head_drafter("early_exit", target, exit_layer=1),
+    "dflash": lambda: head_drafter("dflash", target, block_size=4, draft_layers=2),
     # Count drafters of a random corpus (documents of 40 ids).
     "unigram": lambda: count_drafter(_corpus(target.cfg.vocab_size), target.cfg.vocab_size, 1),
     "bigram": lambda: count_drafter(_corpus(target.cfg.vocab_size), target.cfg.vocab_size, 2),

@@ -1,6 +1,6 @@
 """The same mask on q as on p: drafters draw only what the constraint allows.
 
-* Every drafter with `constrained_drafts` (draft model, layer skip, EAGLE,
+* Every drafter with `constrained_drafts` (draft model, layer skip, EAGLE, DFlash,
   Medusa, early exit, a bigram, a static tree, a Medusa tree, EAGLE-2), asked
   for a proposal under a regex, proposes only tokens the state along its own
   path allows, greedy and sampled; unmasked, the same drafters propose
@@ -33,6 +33,7 @@ DRAFTERS = {
   "eagle": lambda t, d: (make_drafter("eagle", t, d), 3),
   "medusa": lambda t, d: (make_drafter("medusa", t, d), 3),
   "early_exit": lambda t, d: (make_drafter("early_exit", t, d), 3),
+  "dflash": lambda t, d: (make_drafter("dflash", t, d), 3),
   "bigram": lambda t, d: (make_drafter("bigram", t, d), 3),
   "static_tree": lambda t, d: (TreeDrafter(d, TREE), len(TREE)),
   "medusa_tree": lambda t, d: (head_drafter("medusa", t).replace(tree=TREE), len(TREE)),

@@ -279,6 +279,7 @@ DRAFTERS = {
   "eagle": lambda t, d: (make_drafter("eagle", t, d), 3),
   "medusa": lambda t, d: (make_drafter("medusa", t, d), 3),
   "early_exit": lambda t, d: (make_drafter("early_exit", t, d), 3),
+  "dflash": lambda t, d: (make_drafter("dflash", t, d), 3),
   "ngram": lambda t, d: (make_drafter("ngram", t, d), 3),
   "layer_skip": lambda t, d: (make_drafter("layer_skip", t, d), 3),
   "bigram": lambda t, d: (make_drafter("bigram", t, d), 3),
