@@ -191,6 +191,8 @@ HEAD_CASES = {
   "eagle_own_d_ff": ("eagle", dict(d_ff=48)),
   "medusa": ("medusa", dict(num_heads=3)),
   "early_exit": ("early_exit", dict(exit_layer=1, d_ff=48)),
+  # one feature and a learned mask: fc's rows are nf * D, not EAGLE's 2D
+  "dflash": ("dflash", dict(block_size=4, draft_layers=1, d_ff=48)),
 }
 
 
@@ -209,6 +211,8 @@ def _head_logits(target, head, tokens):
   )
   if cfg.kind == "medusa":
     return target.features_to_logits(head(features))
+  if cfg.kind == "dflash":  # blocks at positions 2 and 5
+    return head(target, features, tokens, jnp.broadcast_to(jnp.array([2, 5]), (b, 2)))
   next_tokens = jnp.roll(tokens, -1, axis=1)
   return target.features_to_logits(head(target, head.feature_space(features), next_tokens))
 

@@ -271,6 +271,32 @@ _HEAD_AXES = {
   ("heads", "kernel"): "DD",  # Medusa head k's path is ("heads", k, ...): k dropped
   ("heads", "bias"): "D",
 }
+# ... in a block drafter (DFlash) besides its layers: fc reads its nf * D features.
+_DFLASH_AXES = {
+  ("fc", "kernel"): "XD",
+  ("hidden_norm", "scale"): "D",
+  ("hidden_norm", "bias"): "D",
+  ("norm", "scale"): "D",
+  ("norm", "bias"): "D",
+  ("mask_embedding",): "D",
+}
+# ... in a block drafter's layer (`DFlashLayer`: separate projections, query heads
+# grouped by kv head as the fused ones are), by its path inside the layer.
+_DFLASH_LAYER_AXES = {
+  ("q_proj", "kernel"): "DKGH",
+  ("q_proj", "bias"): "KGH",
+  ("k_proj", "kernel"): "DKH",
+  ("k_proj", "bias"): "KH",
+  ("v_proj", "kernel"): "DKH",
+  ("v_proj", "bias"): "KH",
+  ("o_proj", "kernel"): "KGHD",
+  ("o_proj", "bias"): "D",
+  ("q_norm", "scale"): "H",
+  ("k_norm", "scale"): "H",
+  **{k: v for k, v in _BLOCK_AXES.items() if k[0] == "mlp"},
+}
+for _norm in ("input_layernorm", "post_attention_layernorm"):
+  _DFLASH_LAYER_AXES[(_norm, "scale")] = _DFLASH_LAYER_AXES[(_norm, "bias")] = "D"
 
 
 @functools.partial(jax.jit, static_argnames=("old_view", "new_view", "segments", "shape", "dtype"))
@@ -399,7 +425,7 @@ def expanded_head_config(head_cfg: HeadConfig, target: ModelConfig) -> HeadConfi
 
 
 def expand_head(head: nnx.Module, new: HeadConfig | ModelConfig) -> nnx.Module:
-  """A draft head (`EagleHead`, `MedusaHeads`, `ExitAdapter`) for the expanded
+  """A draft head (`EagleHead`, `MedusaHeads`, `ExitAdapter`, `DFlashHead`) for the expanded
   target, predicting through it what `head` predicts through the old one.
 
   Args:
@@ -431,6 +457,14 @@ def expand_head(head: nnx.Module, new: HeadConfig | ModelConfig) -> nnx.Module:
   def value(path, shape, dtype):
     if path[0] == "block":
       return _block_param(block_plan, path[1:], old[path], shape, dtype)
+    if old_cfg.kind == "dflash":  # its layers' paths are ("layers", i, ...)
+      axes = _DFLASH_LAYER_AXES.get(path[2:]) if path[0] == "layers" else _DFLASH_AXES.get(path)
+      if axes is None:
+        raise NotImplementedError(f"no expansion rule for parameter {'.'.join(map(str, path))}.")
+      return _grow(
+        block_plan if path[0] == "layers" else plan, axes, old[path], shape, dtype,
+        path[-1] == "scale",
+      )  # fmt: skip
     key = (path[0], path[-1])  # drops Medusa's head index
     if key not in _HEAD_AXES:
       raise NotImplementedError(f"no expansion rule for head parameter {'.'.join(map(str, path))}.")
