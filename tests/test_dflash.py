@@ -104,3 +104,17 @@ def test_sampled_verification_keeps_the_target_law(verifier, draft, sampling):
   accepted = np.asarray(spec.stats.accepted_at_position)
   assert 0 < accepted[0] < ROWS, accepted  # verification really decides
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
+
+
+def test_fr_spec_drafts_among_the_subset_and_keeps_greedy_output(target, prompts, greedy_reference):
+  drafter = _drafter(target).with_vocab_subset(np.arange(0, 512, 2))
+  state_key = jax.random.key(0)
+  out = specjax.speculative_generate(
+    target, drafter, *prompts, gamma=3, max_new_tokens=16, sampling=specjax.GREEDY, key=state_key
+  )
+  np.testing.assert_array_equal(out.tokens, greedy_reference.tokens)
+  logits = drafter.head.draft_logits(
+    target, drafter.head.init_cache(1, 8), jnp.array([3]), drafter.vocab_subset
+  )
+  assert np.isneginf(np.asarray(logits)[..., 1::2]).all()
+  assert np.isfinite(np.asarray(logits)[..., ::2]).all()

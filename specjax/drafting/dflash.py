@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.coupling import chain_draws
-from specjax.drafting.base import Commit, DraftConstraint, DrafterBase, Proposal
+from specjax.drafting.base import Commit, DraftConstraint, DrafterBase, Proposal, VocabSubset
 from specjax.models.heads import DFlashHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -45,7 +45,7 @@ class DFlashState:
 
 
 @struct.dataclass
-class DFlashDrafter(DrafterBase):
+class DFlashDrafter(DrafterBase, VocabSubset):
   """Drafts a block of up to B - 1 tokens per iteration with one `DFlashHead` call.
 
   Attributes:
@@ -54,11 +54,13 @@ class DFlashDrafter(DrafterBase):
     draft: "sample" (each token drawn from its position's warped law, q that law)
       or "argmax" (each position's most likely token, q one-hot). At temperature
       0 both draft the argmax.
+    vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
   """
 
   target: Transformer
   head: DFlashHead
   draft: str = struct.field(pytree_node=False, default="sample")
+  vocab_subset: jax.Array | None = None
 
   prefill_calls = 1
   constrained_drafts = True
@@ -109,7 +111,7 @@ class DFlashDrafter(DrafterBase):
     constraint: DraftConstraint | None = None,
   ) -> tuple[Proposal, DFlashState]:
     last = fit_ids(recent[:, -1], self.vocab_size)
-    logits = self.head.draft_logits(self.target, state.cache, last)[:, :gamma]  # [B, g, V]
+    logits = self.head.draft_logits(self.target, state.cache, last, self.vocab_subset, gamma)
     b = logits.shape[0]
     argmax = sampling.greedy or self.draft == "argmax"
     draw = None if argmax else chain_draws(key, gamma, b)

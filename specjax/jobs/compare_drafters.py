@@ -29,7 +29,7 @@ from specjax import bench, dtypes, pretrained, trees
 from specjax import heads as head_kinds
 from specjax.data import Tokenizer
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
-from specjax.drafting import CrossTokenizerDrafter, TreeDrafter
+from specjax.drafting import CrossTokenizerDrafter, TreeDrafter, as_drafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table
 from specjax.validation import check_loop, check_positive_int
@@ -43,6 +43,7 @@ COLUMNS = (
   ("draft length", "{adaptive}"),
   ("α", "{acceptance_rate:.3f}"),
   ("tokens/iter", "{tokens_per_iteration:.2f}"),
+  ("draft calls/iter", "{draft_calls_per_iteration:.2f}"),
   ("c", "{c:.3f}"),
   ("predicted", "{predicted_speedup:.2f}"),
   ("ms/token", "{ms_per_token:.3f}"),
@@ -332,6 +333,10 @@ def _row(v: Variant, timings, outputs, step_s: float, verify_s: dict, drafting_s
   ms = timings["variant"].median_s * 1e3 / _tokens(outs)
   alpha = s("accepted") / max(s("evaluated"), 1)
   per_iteration = s("generated") / max(s("row_iterations"), 1)
+  # Model calls of the drafter per iteration, its prefill's left out (SLEM: a host
+  # loop whose stats count its own calls).
+  prefill = 0 if v.name == SLEM else len(outs) * as_drafter(v.drafter).prefill_calls
+  calls_per_iteration = (s("draft_calls") - prefill) / max(s("iterations"), 1)
   costs = dict(gamma=v.gamma, target_step_s=step_s, verify_s=verify_s[v.gamma])
   extra = {}
   if v.name == SLEM:
@@ -364,6 +369,7 @@ def _row(v: Variant, timings, outputs, step_s: float, verify_s: dict, drafting_s
     **prediction,  # c, verify_cost, predicted_speedup
     "tokens_per_iteration": per_iteration,
     "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
+    "draft_calls_per_iteration": calls_per_iteration,
     "ms_per_token": ms,
     "ar_ms_per_token": ar_ms,
     "speedup": ar_ms / ms,

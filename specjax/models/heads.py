@@ -647,14 +647,18 @@ class DFlashHead(nnx.Module):
       x = layer(x, positions, k, v, mask, inv_freq)
     return self.norm(x)
 
-  def logits(self, target: Transformer, h: jax.Array) -> jax.Array:
-    """Normed outputs `[..., D]` -> float32 logits `[..., V]` by the target's head."""
-    return target._head(h)
+  def logits(self, target: Transformer, h: jax.Array, vocab_subset=None) -> jax.Array:
+    """Normed outputs `[..., D]` -> float32 logits `[..., V]` by the target's head
+    (-inf off `vocab_subset [K]` when given: FR-Spec)."""
+    return target.head_logits(h, vocab_subset)
 
-  def draft_logits(self, target: Transformer, cache: KVCache, last: jax.Array) -> jax.Array:
+  def draft_logits(
+    self, target: Transformer, cache: KVCache, last: jax.Array, vocab_subset=None, count=None
+  ) -> jax.Array:
     """Drafting: the block after each row's cached context (`cache.lengths` =
-    len(s) - 1) and `last [B]` = s[-1] -> logits `[B, B_size - 1, V]` of the
-    tokens at positions len(s) .. len(s) + B_size - 2."""
+    len(s) - 1) and `last [B]` = s[-1] -> logits `[B, count, V]` of the tokens at
+    positions len(s) .. len(s) + count - 1 (static `count`, default B_size - 1:
+    the head projects only those)."""
     b, n = last.shape[0], self.cfg.block_size
     positions = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
     slots = jnp.arange(cache.capacity, dtype=jnp.int32)
@@ -662,7 +666,7 @@ class DFlashHead(nnx.Module):
     context = jnp.broadcast_to(context, (b, n, slots.size))
     mask = jnp.concatenate([context, jnp.ones((b, n, n), bool)], axis=2)
     h = self.run(self.block_inputs(target, last), positions, zip(cache.k, cache.v), mask)
-    return self.logits(target, h[:, 1:])
+    return self.logits(target, h[:, 1 : 1 + (count or n - 1)], vocab_subset)
 
   def __call__(self, target: Transformer, features, tokens, anchors) -> jax.Array:
     """Training form: A blocks per row in one call, each exactly as drafting sees it.

@@ -521,7 +521,12 @@ class Transformer(nnx.Module):
     the head are multiplied; every other id gets logit -inf (probability 0).
     """
 
-    x = self.final_norm(features)
+    return self.head_logits(self.final_norm(features), vocab_subset)
+
+  def head_logits(self, x: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
+    """Normed hidden states `[..., D]` -> float32 logits `[..., V]` by the model's
+    head alone (a block drafter's own norm comes first); `vocab_subset` as in
+    `features_to_logits`."""
     if vocab_subset is None:
       return self._head(x)
     if self.cfg.tie_embeddings:
