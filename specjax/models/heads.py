@@ -117,19 +117,9 @@ class HeadConfig:
     if self.kind not in HEAD_KINDS:
       raise ValueError(f"kind must be one of {HEAD_KINDS}, got {self.kind!r}.")
     n = self.target.n_layers
-    # Each kind's own settings are checked; the others keep their defaults.
-    if self.kind == "medusa" and (not is_int(self.num_heads) or not 1 <= self.num_heads <= 16):
-      raise ValueError(f"num_heads must be an int in [1, 16], got {self.num_heads!r}.")
-    if self.kind == "early_exit" and (not is_int(self.exit_layer) or not 1 <= self.exit_layer < n):
-      raise ValueError(
-        f"exit_layer must be an int in [1, {n - 1}] (the target has {n} layers), "
-        f"got {self.exit_layer!r}."
-      )
-    layers = tuple(self.feature_layers)
-    if self.kind == "eagle3":
-      layers = _check_eagle3(self, layers, n)
-    if self.kind == "dflash":
-      layers = _check_dflash(self, layers, n)
+    # Each kind's module checks its own settings (the others keep their defaults)
+    # and gives its feature layers, defaulted.
+    layers = HEAD_MODULES[self.kind].check_settings(self, tuple(self.feature_layers))
     if any(not is_int(i) or not 1 <= i <= n for i in layers) or len(set(layers)) != len(layers):
       raise ValueError(
         f"feature_layers must be distinct layer counts in [1, {n}], got {self.feature_layers!r}."
@@ -270,6 +260,12 @@ class EagleHead(nnx.Module):
   `fuse` first maps the target's concatenated features to D.
   """
 
+  @staticmethod
+  def check_settings(cfg: HeadConfig, layers: tuple) -> tuple:
+    """The kind's own settings of `cfg` checked (ValueError naming the field); its
+    feature layers, defaulted (`HeadConfig.__post_init__` calls this)."""
+    return layers
+
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     if cfg.kind != "eagle":
       raise ValueError(f"EagleHead needs kind='eagle', got {cfg.kind!r}.")
@@ -342,6 +338,12 @@ class MedusaHeads(nnx.Module):
   final norm and head.
   """
 
+  @staticmethod
+  def check_settings(cfg: HeadConfig, layers: tuple) -> tuple:
+    if not is_int(cfg.num_heads) or not 1 <= cfg.num_heads <= 16:
+      raise ValueError(f"num_heads must be an int in [1, 16], got {cfg.num_heads!r}.")
+    return layers
+
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     if cfg.kind != "medusa":
       raise ValueError(f"MedusaHeads needs kind='medusa', got {cfg.kind!r}.")
@@ -368,6 +370,16 @@ class MedusaHeads(nnx.Module):
 class ExitAdapter(nnx.Module):
   """Early exit: one decoder layer maps the residual stream after the target's
   first `exit_layer` layers to an estimate of its last-layer features."""
+
+  @staticmethod
+  def check_settings(cfg: HeadConfig, layers: tuple) -> tuple:
+    n = cfg.target.n_layers
+    if not is_int(cfg.exit_layer) or not 1 <= cfg.exit_layer < n:
+      raise ValueError(
+        f"exit_layer must be an int in [1, {n - 1}] (the target has {n} layers), "
+        f"got {cfg.exit_layer!r}."
+      )
+    return layers
 
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     if cfg.kind != "early_exit":
@@ -464,6 +476,10 @@ class Eagle3Layer(nnx.Module):
 
 class Eagle3Head(nnx.Module):
   """EAGLE-3, for `EagleDrafter` as `EagleHead` is, with its own `logits`."""
+
+  @staticmethod
+  def check_settings(cfg: HeadConfig, layers: tuple) -> tuple:
+    return _check_eagle3(cfg, layers, cfg.target.n_layers)
 
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     if cfg.kind != "eagle3":
@@ -567,6 +583,10 @@ class DFlashHead(nnx.Module):
   the law of the token at each of the B - 1 mask positions. Embeddings and head
   are the target's (shared, frozen); only this module trains.
   """
+
+  @staticmethod
+  def check_settings(cfg: HeadConfig, layers: tuple) -> tuple:
+    return _check_dflash(cfg, layers, cfg.target.n_layers)
 
   def __init__(self, cfg: HeadConfig, *, rngs: nnx.Rngs):
     if cfg.kind != "dflash":
