@@ -4,6 +4,7 @@
   python -m experiments.serve --config.port=8000 --config.policy=always
   python -m experiments.serve --config.target=/path/hf_target --config.draft=/path/hf_draft
   python -m experiments.serve --config.model=tiny              # random tiny models (smoke tests)
+  python -m experiments.serve --config.drafter=dflash          # a draft head (or config.head)
 
 `model` is "bundled" (the pair in `specjax/pretrained`), "hf" (`target` and
 `draft`: local Hugging Face checkpoint directories or hub repo ids found
@@ -23,14 +24,21 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = "bundled"  # bundled | hf | tiny
   config.target = ""
   config.draft = ""
+  # What drafts: "model" (config.draft, or the bundled pair's draft) or a draft head's
+  # kind, eagle | medusa | early_exit | dflash (the block drafter): the bundled head of
+  # that kind, or config.head's (needed for a target other than the bundled one).
+  config.drafter = "model"
   # A draft head in place of config.draft: a head's training run, an export or a
-  # hub layout (EAGLE-1/2, EAGLE-3, Medusa), as `specjax.hf.load_drafter` reads them.
+  # hub layout (EAGLE-1/2, EAGLE-3, Medusa), as `specjax.hf.load_drafter` reads them;
+  # of config.drafter's kind (with drafter "model": any kind).
   config.head = ""
   config.dtype = "float32"  # float32 | bfloat16
   config.model_name = ""  # what clients see ("": from the model)
   # The engine (specjax.serving.EngineConfig).
   config.slots = 8
-  config.gamma = 4
+  # The largest draft length; 0: the drafter's default, 4, or for the block drafter
+  # (dflash) block_size - 1, what its one call drafts (it takes at most that).
+  config.gamma = 0
   config.policy = "adaptive"  # never (plain decoding, no draft) | always | adaptive
   # Prompt widths compiled (the largest is the prompt limit) and the most tokens a
   # request may ask for; () and 0: fitted to the model's context (logged at start-up;

@@ -375,31 +375,52 @@ def test_serve_exits_cleanly_on_sigterm(background):
 test_serve_exits_cleanly_on_sigterm.start_in_background = start_server
 
 
-def test_serve_drafts_with_a_head_by_path(tmp_path):
+@pytest.mark.parametrize(
+  "kind, drafter, gamma", [("eagle", "model", 3), ("dflash", "dflash", 0)], ids=["eagle", "dflash"]
+)
+def test_serve_drafts_with_a_head_by_path(tmp_path, kind, drafter, gamma):
   """--config.head: the server drafts with any head `specjax.hf.load_drafter` reads
-  (here a specjax export for the tiny target); greedy output is the target's own."""
+  (here a specjax export for the tiny target; --config.drafter "model" takes any
+  kind, a head's kind only its own); greedy output is the target's own. The block
+  drafter (dflash) drafts block_size - 1 tokens unless --config.gamma says fewer,
+  and refuses more naming the flag."""
   from flax import nnx
 
   import specjax.hf
   from configs import serve as serve_config
-  from specjax.drafting import EagleDrafter
+  from specjax import heads
   from specjax.jobs import serve
   from specjax.models.heads import HeadConfig, make_head
 
   target, _, _ = tiny_setup(0)
-  head = make_head(HeadConfig("eagle", target.cfg, d_ff=64), rngs=nnx.Rngs(1))
+  settings = dict(d_ff=64) if kind == "eagle" else dict(block_size=4, draft_layers=2)
+  head = make_head(HeadConfig(kind, target.cfg, **settings), rngs=nnx.Rngs(1))
   specjax.hf.save_head(head, str(tmp_path / "head"), layout="specjax")
   config = serve_config.get_config()
   config.update(dict(SERVING_ENGINE, model="tiny", head=str(tmp_path / "head"), policy="always"))
-  config.widths = (4,)
+  config.update(dict(drafter=drafter, gamma=gamma, widths=(4,)))
   engine, _, _ = serve.warm_engine(config)
-  assert isinstance(engine.drafter, EagleDrafter)
+  assert isinstance(engine.drafter, heads.kind(kind).drafter) and engine.config.gamma == 3
   prompt = [5, 17, 33, 2, 99]
   done = engine.run([Request(prompt=prompt, max_new_tokens=12)])[0]
   plain = autoregressive_generate(
     target, jnp.asarray([prompt]), jnp.asarray([5]), max_new_tokens=12, sampling=GREEDY
   )
   assert done.tokens == plain.tokens[0].tolist() and done.proposed > 0
+  if kind == "dflash":
+    config.gamma = 4
+    with pytest.raises(ValueError, match=r"config.gamma must be in \[1, 3\] for a block drafter"):
+      serve.warm_engine(config)
+    config.gamma, config.drafter = 0, "eagle"
+    with pytest.raises(ValueError, match="config.head holds a dflash head; config.drafter is"):
+      serve.warm_engine(config)
+    config.drafter, config.head = "dflash", ""
+    with pytest.raises(ValueError, match="config.model='tiny' needs config.head"):
+      serve.check_config(config)  # before any model loads
+    config.drafter = "dflash3"
+    with pytest.raises(ValueError, match="config.drafter must be one of model, eagle, medusa"):
+      serve.check_config(config)
+    return
   config.draft = "runs/draft"
   with pytest.raises(ValueError, match="config.head drafts in place of config.draft"):
     serve.check_config(config)
