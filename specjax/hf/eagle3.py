@@ -1,6 +1,6 @@
 """EAGLE-3's hub layout, `LlamaForCausalLMEagle3` as vLLM and SGLang load it
-(`llama_eagle3.py`): `hub_config`, `hub_tensors` write it, `from_hub` reads it. The
-module is `specjax.models.heads.Eagle3Head`.
+(`llama_eagle3.py`): `write` (`hub_config`, `hub_tensors`) writes it, `from_hub` reads
+it and `recognises` tells it apart. The module is `specjax.models.heads.Eagle3Head`.
 
 The layout's biases are the midlayer's: q/k/v/o together (`attention_bias`) and the
 MLP's (`mlp_bias`), as the engines' `LlamaAttention` and `LlamaMLP` read them; `fc` and
@@ -11,6 +11,7 @@ of them has one), so that export then import computes the same function.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from types import SimpleNamespace
 
 import jax.numpy as jnp
@@ -23,6 +24,19 @@ from specjax.models.heads import _NORMS, Eagle3Head, HeadConfig
 from specjax.models.transformer import Transformer
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
+  """Whether a head directory's config.json and tensor names are this layout's."""
+  del file
+  return "draft_vocab_size" in config or any(k.startswith("midlayer.") for k in keys)
+
+
+def write(head: Eagle3Head, target: Transformer | None = None) -> tuple[dict, dict]:
+  """`(config.json, {name: tensor})` of the head in this layout (`hub_config`,
+  `hub_tensors`: every parameter of the head); `target` is unused."""
+  del target
+  return hub_config(head), hub_tensors(head)
 
 
 def _hub_params(head: Eagle3Head):

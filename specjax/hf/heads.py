@@ -7,6 +7,8 @@
 
 `load_head` returns the head module, as `specjax.pretrained.load_head` does for a bundled
 kind; `load_drafter` returns its drafter, as `specjax.pretrained.load_drafter` does.
+`HUB_LAYOUTS` is the one table of each kind's hub layout (its reader and writer),
+keyed by `specjax.heads.NAMES`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Callable, Collection
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +28,8 @@ from specjax import heads as head_kinds
 from specjax.dtypes import dtype_name
 from specjax.hf import eagle3, weights
 from specjax.hf.hub import resolve_checkpoint
-from specjax.models.heads import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, HeadConfig, make_head
+from specjax.hf.hub_names import abstract_head, build_head, flat_params, named_tensors
+from specjax.models.heads import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, HeadConfig
 from specjax.validation import read_json_object
 
 # Weight files per layout, in the order the reference loaders try them.
@@ -34,8 +38,8 @@ _MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 
 def load_drafter(path: str, target, dtype=jnp.float32):
-  """The drafter (`EagleDrafter`, `MedusaDrafter`, `EarlyExitDrafter`) of the head
-  at `path` for `target`: `load_head`'s module, drafting for `target`."""
+  """The drafter (`EagleDrafter`, `MedusaDrafter`, `EarlyExitDrafter`, `DFlashDrafter`)
+  of the head at `path` for `target`: `load_head`'s module, drafting for `target`."""
   return head_kinds.drafter(target, load_head(path, target, dtype))
 
 
@@ -55,29 +59,34 @@ def load_head(path: str, target, dtype=jnp.float32) -> nnx.Module:
     if os.path.exists(file):
       from specjax.pretrained import _read_head_params
 
-      graphdef, abstract = _abstract(cfg, name)
+      graphdef, abstract = abstract_head(cfg, name)
       return nnx.merge(graphdef, _read_head_params(file, abstract, dtype, cfg.block_config))
     from specjax.training import load_trained_head
 
-    graphdef, _ = _abstract(cfg, name)
+    graphdef, _ = abstract_head(cfg, name)
     state = nnx.state(load_trained_head(directory)[0])
     return nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(dtype), state))
   config_file = os.path.join(directory, "config.json")
   if not os.path.exists(config_file):
     raise FileNotFoundError(f"{directory} holds neither {HEAD_CONFIG_FILE} nor config.json.")
   config = read_json_object(config_file)
-  medusa = "medusa_num_heads" in config or _first(directory, _MEDUSA_FILES)
-  file, tensors = _read(directory, _MEDUSA_FILES if medusa else _LLAMA_FILES)
-  keys = list(tensors)
-  try:
-    if medusa or "num_heads" in config and any(k.startswith(("blocks.", "medusa_")) for k in keys):
-      return _medusa(config, tensors, target, name)
-    if "draft_vocab_size" in config or any(k.startswith("midlayer.") for k in keys):
-      return eagle3.from_hub(config, tensors, target, dtype)
-    if "fc.weight" in tensors:
-      return _eagle1(config, tensors, target, name)
-  except ValueError as e:  # the file and the field or tensor
-    raise ValueError(f"{directory} ({os.path.basename(file)}): {e}") from e
+  read, file, keys = {}, None, ()
+  for kind in _READ_ORDER:  # the most specific layout first
+    layout = HUB_LAYOUTS[kind]
+    file = _first(directory, layout.files)
+    if file is None:
+      continue
+    if file not in read:  # each file is read once, whichever layouts look at it
+      read[file] = _read(file)
+    keys = read[file].keys()
+    if layout.recognises(config, os.path.basename(file), keys):
+      try:
+        return layout.read(config, dict(read[file]), target, dtype)
+      except ValueError as e:  # the file and the field or tensor
+        raise ValueError(f"{directory} ({os.path.basename(file)}): {e}") from e
+  if not read:
+    names = sorted({n for layout in HUB_LAYOUTS.values() if layout for n in layout.files})
+    raise FileNotFoundError(f"{directory} holds none of {names}.")
   raise ValueError(f"{file}: not a head layout specjax reads; it holds {sorted(keys)[:6]}.")
 
 
@@ -86,53 +95,16 @@ def _first(directory: str, names) -> str | None:
   return next((p for p in paths if os.path.exists(p)), None)
 
 
-def _read(directory: str, names) -> tuple[str, dict[str, np.ndarray]]:
-  """`(file, {name: array})` of the first of `names` in `directory`."""
-  f = _first(directory, names)
-  if f is None:
-    raise FileNotFoundError(f"{directory} holds none of {list(names)}.")
+def _read(f: str) -> dict[str, np.ndarray]:
+  """`{name: array}` of the weight file `f` (safetensors, or a torch pickle)."""
   if f.endswith(".safetensors"):
-    return f, {n: a for _, n, a in weights.read_tensors([f])}
+    return {n: a for _, n, a in weights.read_tensors([f])}
   try:
     import torch
   except ImportError as e:
     raise ImportError(f"reading the torch pickle {f} needs torch.") from e
   state = torch.load(f, map_location="cpu", weights_only=True)
-  return f, {n: (t.float() if t.is_floating_point() else t).numpy() for n, t in state.items()}
-
-
-def _abstract(cfg: HeadConfig, name: str = "float32"):
-  cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
-  return nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
-
-
-def _build(cfg: HeadConfig, name: str, names: dict, tensors: dict, copies: dict) -> nnx.Module:
-  """The head of `cfg` in dtype `name` from hub `tensors` by `names` (hub name ->
-  [(path, transform, part)]) and `copies` (path -> array): every tensor used, its
-  shape checked (errors name it); absent biases are zeros."""
-  graphdef, abstract = _abstract(cfg, name)
-  flat = [(tuple(p), v) for p, v in nnx.to_flat_state(abstract)]
-  values = {p: np.zeros(v.get_value().shape, np.float32) for p, v in flat} | copies
-  for hub, targets in names.items():
-    if hub not in tensors:
-      if hub.endswith(".bias"):
-        continue
-      raise ValueError(f"tensor {hub} is missing.")
-    tensor = np.asarray(tensors.pop(hub), np.float32)
-    for path, f, part in targets:
-      value, buffer = f(tensor), values[path]
-      want = buffer.shape if part is None else (*buffer.shape[:-1], part.width)
-      if value.shape != want:
-        want = f(np.empty(want)).shape
-        raise ValueError(f"tensor {hub} has shape {tensor.shape}; this target needs {want}.")
-      if part is None:
-        buffer[...] = value
-      else:
-        part.put(buffer, value)
-  if tensors:
-    raise ValueError(f"tensors {sorted(tensors)[:6]} are not part of the layout.")
-  cast = {p: jax.device_put(values[p].astype(jnp.dtype(name))) for p, _ in flat}
-  return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(cast[p])) for p, v in flat]))
+  return {n: (t.float() if t.is_floating_point() else t).numpy() for n, t in state.items()}
 
 
 def _target_copies(target) -> dict:
@@ -168,8 +140,13 @@ def _eagle_names(cfg: HeadConfig) -> dict:
   return names
 
 
-def _eagle1(config: dict, tensors: dict, target, name: str) -> nnx.Module:
-  t = target.cfg
+def _is_eagle1(config: dict, file: str, keys: Collection[str]) -> bool:
+  del config, file  # a Llama config: any head layout with an fc that no other claims
+  return "fc.weight" in keys
+
+
+def _eagle1(config: dict, tensors: dict, target, dtype) -> nnx.Module:
+  t, name = target.cfg, dtype_name(dtype)
   _check_llama(t)
   kv = (t.n_kv_heads, config.get("num_attention_heads"))
   want = dict(hidden_size=t.d_model, vocab_size=t.vocab_size, num_attention_heads=t.n_heads)
@@ -185,7 +162,7 @@ def _eagle1(config: dict, tensors: dict, target, name: str) -> nnx.Module:
     raise ValueError("tensor embed_tokens.weight is not the target's embedding (shared here).")
   hub = dict(normed_features=True, embed_first=True, input_norm=False)
   cfg = HeadConfig("eagle", t, d_ff=int(config.get("intermediate_size", t.d_ff)), **hub)
-  return _build(cfg, name, _eagle_names(cfg), tensors, _target_copies(target))
+  return build_head(cfg, name, _eagle_names(cfg), tensors, _target_copies(target))
 
 
 def _medusa_names(cfg: HeadConfig, vllm: bool, shared: str | None = None) -> dict:
@@ -203,8 +180,14 @@ def _medusa_names(cfg: HeadConfig, vllm: bool, shared: str | None = None) -> dic
   return names
 
 
-def _medusa(config: dict, tensors: dict, target, name: str) -> nnx.Module:
-  t, vllm = target.cfg, "medusa_num_heads" not in config
+def _is_medusa(config: dict, file: str, keys: Collection[str]) -> bool:
+  if file in _MEDUSA_FILES or "medusa_num_heads" in config:  # the Medusa repository's
+    return True
+  return "num_heads" in config and any(k.startswith(("blocks.", "medusa_")) for k in keys)
+
+
+def _medusa(config: dict, tensors: dict, target, dtype) -> nnx.Module:
+  t, vllm, name = target.cfg, "medusa_num_heads" not in config, dtype_name(dtype)
   tensors = {k.removeprefix("medusa_heads."): v for k, v in tensors.items()}
   if vllm:
     v = (t.vocab_size, t.vocab_size)
@@ -221,57 +204,123 @@ def _medusa(config: dict, tensors: dict, target, name: str) -> nnx.Module:
     shared = "lm_heads.0.weight" if "lm_heads.0.weight" in tensors else "lm_head.weight"
   copies = _target_copies(target)
   copies.pop(("lm_head", "kernel"))
-  return _build(cfg, name, _medusa_names(cfg, vllm, shared), tensors, copies)
+  return build_head(cfg, name, _medusa_names(cfg, vllm, shared), tensors, copies)
+
+
+def _write_eagle1(head, target) -> tuple[dict, dict]:
+  """A hub EAGLE-1 head as the EAGLE repository's (a Llama config, fc with a bias)."""
+  from types import SimpleNamespace
+
+  from specjax.hf.export import hf_config
+
+  cfg = head.cfg
+  if not (cfg.normed_features and cfg.embed_first and not cfg.input_norm):
+    raise ValueError(_NO_LAYOUT.format(kind=cfg.kind))  # specjax's reads pre-norm features
+  c, dtype = cfg.block_config, str(jnp.dtype(cfg.target.param_dtype))
+  config = hf_config(SimpleNamespace(cfg=c), dtype)
+  config |= {"num_hidden_layers": 1, "bias": True, "qkv_bias": c.qkv_bias}
+  return config, _write_names(head, _eagle_names(cfg), target)
+
+
+def _write_medusa(head, target) -> tuple[dict, dict]:
+  """A hub Medusa head as vLLM's (`MedusaModel`)."""
+  cfg = head.cfg
+  if not cfg.normed_features:
+    raise ValueError(_NO_LAYOUT.format(kind=cfg.kind))  # specjax's reads pre-norm features
+  t, dtype = cfg.target, str(jnp.dtype(cfg.target.param_dtype))
+  config = dict(architectures=["MedusaModel"], model_type="medusa", hidden_size=t.d_model)
+  config |= dict(vocab_size=t.vocab_size, truncated_vocab_size=t.vocab_size, torch_dtype=dtype)
+  config |= dict(num_heads=cfg.num_heads, num_hidden_layers=cfg.medusa_layers, medusa_fc_bias=True)
+  return config, _write_names(head, _medusa_names(cfg, vllm=True), target)
+
+
+def _write_names(head, names: dict, target) -> dict:
+  """The head's tensors by `names`, after `_check_nothing_dropped`."""
+  params = flat_params(head)
+  tensors, written = named_tensors(params, names)
+  _check_nothing_dropped(head.cfg.kind, params, written, target)
+  return tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class HubLayout:
+  """A head kind's published layout: what `load_head` reads and `save_head` writes.
+
+  Attributes:
+    title: the layout, as messages name it.
+    files: its weight files, in the order its reference loaders try them (the first
+      present is read; config.json is beside it).
+    recognises: `(config, file, tensor names) -> bool`: whether a directory's
+      config.json, weight file's name and tensors are this layout.
+    read: `(config, tensors, target, dtype) -> head module`; ValueError naming the
+      field or tensor that does not fit the target.
+    write: `(head, target or None) -> (config, tensors)`: the head's config.json and
+      tensors; ValueError naming what the layout cannot hold (nothing is dropped).
+      `target` is a drafter's (to check copies of it the head keeps), or None.
+  """
+
+  title: str
+  files: tuple[str, ...]
+  recognises: Callable[[dict, str, Collection[str]], bool]
+  read: Callable
+  write: Callable
+
+
+_NO_LAYOUT = "no hub layout computes this {kind} head exactly; use layout='specjax'."
+# Each kind's hub layout, None where there is none: the one table `load_head` and
+# `save_head` dispatch on (its keys are `specjax.heads.NAMES`, checked below).
+HUB_LAYOUTS: dict[str, HubLayout | None] = {
+  "eagle": HubLayout(
+    "EAGLE-1/2 (the EAGLE repository's)", _LLAMA_FILES, _is_eagle1, _eagle1, _write_eagle1
+  ),
+  "medusa": HubLayout(
+    "Medusa (the Medusa repository's; vLLM's MedusaModel)",
+    _MEDUSA_FILES + _LLAMA_FILES,
+    _is_medusa,
+    _medusa,
+    _write_medusa,
+  ),
+  "early_exit": None,
+  "eagle3": HubLayout(
+    f"{eagle3.ARCHITECTURE} (vLLM, SGLang)",
+    _LLAMA_FILES,
+    eagle3.recognises,
+    eagle3.from_hub,
+    eagle3.write,
+  ),
+  "dflash": None,
+}
+if tuple(HUB_LAYOUTS) != head_kinds.NAMES:  # one entry per kind, in the kinds' order
+  raise ImportError(f"HUB_LAYOUTS {tuple(HUB_LAYOUTS)} and specjax.heads.NAMES differ.")
+# The order `load_head` tries them: the most specific first; EAGLE-1's is any head file
+# with an `fc.weight`.
+_READ_ORDER = ("medusa", "eagle3", "eagle")
+if set(_READ_ORDER) != {k for k, layout in HUB_LAYOUTS.items() if layout}:
+  raise ImportError(f"_READ_ORDER {_READ_ORDER} must name every kind with a hub layout.")
 
 
 def save_head(head, path: str, layout: str = "hub") -> None:
   """Writes `head` (a head module, or a drafter holding one: what `load_head` and
   `load_drafter` return) to directory `path`: config.json + model.safetensors in its
-  hub layout (EAGLE-3; a hub EAGLE-1 head as the EAGLE repository's, a hub Medusa head
-  as vLLM's; ValueError for a head no hub layout computes exactly), or
+  kind's hub layout (`HUB_LAYOUTS`: EAGLE-3 as vLLM and SGLang load it, a hub EAGLE-1
+  head as the EAGLE repository's, a hub Medusa head as vLLM's; ValueError, before
+  anything is written, for a head no hub layout computes exactly), or
   head_config.json + model.safetensors with `layout="specjax"`."""
   from safetensors.numpy import save_file
 
   given, head = head, head_kinds.module_of(head)
   cfg = head.cfg
-  params = {tuple(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
-  dtype = str(jnp.dtype(cfg.target.param_dtype))
   if layout == "specjax":
     from specjax.pretrained import head_tensors
 
     config, file, tensors = cfg.to_dict(), HEAD_CONFIG_FILE, head_tensors(head)
   elif layout != "hub":
     raise ValueError(f"layout must be 'hub' or 'specjax', got {layout!r}.")
-  elif cfg.kind == "eagle3":
-    config, file, tensors = eagle3.hub_config(head), "config.json", eagle3.hub_tensors(head)
-  elif cfg.kind == "eagle" and cfg.normed_features and cfg.embed_first and not cfg.input_norm:
-    from types import SimpleNamespace
-
-    from specjax.hf.export import hf_config
-
-    c, file, names = cfg.block_config, "config.json", _eagle_names(cfg)
-    config = hf_config(SimpleNamespace(cfg=c), dtype)
-    config |= {"num_hidden_layers": 1, "bias": True, "qkv_bias": c.qkv_bias}
-  elif cfg.kind == "medusa" and cfg.normed_features:
-    t, file, names = cfg.target, "config.json", _medusa_names(cfg, vllm=True)
-    config = dict(architectures=["MedusaModel"], model_type="medusa", hidden_size=t.d_model)
-    config |= dict(vocab_size=t.vocab_size, truncated_vocab_size=t.vocab_size, torch_dtype=dtype)
-    config |= dict(
-      num_heads=cfg.num_heads, num_hidden_layers=cfg.medusa_layers, medusa_fc_bias=True
-    )
+  elif HUB_LAYOUTS[cfg.kind] is None:
+    raise ValueError(_NO_LAYOUT.format(kind=cfg.kind))
   else:
-    raise ValueError(  # specjax's EAGLE-1 and Medusa heads read the pre-norm features
-      f"no hub layout computes this {cfg.kind} head exactly; use layout='specjax'."
-    )
-  if file == "config.json" and cfg.kind != "eagle3":  # the inverse of reading `names`
-    tensors = {}
-    for hub, [(p, f, part), *_] in names.items():
-      if p not in params and hub.endswith(".bias"):
-        continue  # a bias the head's module does not carry (the reader reads zeros)
-      value = params[p] if part is None else part.take(params[p])
-      tensors[hub] = value.T if f is weights._transpose else value
-    written = {t[0] for targets in names.values() for t in targets}
-    _check_nothing_dropped(cfg.kind, params, written, getattr(given, "target", None))
+    file = "config.json"
+    config, tensors = HUB_LAYOUTS[cfg.kind].write(head, getattr(given, "target", None))
   os.makedirs(path, exist_ok=True)
   tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
   save_file(tensors, os.path.join(path, HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
