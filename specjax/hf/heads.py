@@ -1,5 +1,6 @@
 """Draft heads by path: specjax's runs and exports, and the hub's layouts in and out
-(EAGLE-1/2, EAGLE-3, Medusa; files, key names and their sources: docs/hf_checkpoints.md).
+(EAGLE-1/2, EAGLE-3, Medusa, DFlash; files, key names and their sources:
+docs/hf_checkpoints.md).
 
   head = specjax.hf.load_head("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # cached, offline
   drafter = specjax.hf.load_drafter("yuhuili/EAGLE-Vicuna-7B-v1.3", target)  # its drafter
@@ -26,7 +27,7 @@ from flax import nnx
 
 from specjax import heads as head_kinds
 from specjax.dtypes import dtype_name
-from specjax.hf import eagle3, weights
+from specjax.hf import dflash, eagle3, weights
 from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.hub_names import abstract_head, build_head, flat_params, named_tensors
 from specjax.models.heads import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, HeadConfig
@@ -288,13 +289,19 @@ HUB_LAYOUTS: dict[str, HubLayout | None] = {
     eagle3.from_hub,
     eagle3.write,
   ),
-  "dflash": None,
+  "dflash": HubLayout(
+    f"{dflash.ARCHITECTURE} (z-lab/dflash)",
+    _LLAMA_FILES,
+    dflash.recognises,
+    dflash.from_hub,
+    dflash.write,
+  ),
 }
 if tuple(HUB_LAYOUTS) != head_kinds.NAMES:  # one entry per kind, in the kinds' order
   raise ImportError(f"HUB_LAYOUTS {tuple(HUB_LAYOUTS)} and specjax.heads.NAMES differ.")
 # The order `load_head` tries them: the most specific first; EAGLE-1's is any head file
-# with an `fc.weight`.
-_READ_ORDER = ("medusa", "eagle3", "eagle")
+# with an `fc.weight` (DFlash's has one too).
+_READ_ORDER = ("medusa", "eagle3", "dflash", "eagle")
 if set(_READ_ORDER) != {k for k, layout in HUB_LAYOUTS.items() if layout}:
   raise ImportError(f"_READ_ORDER {_READ_ORDER} must name every kind with a hub layout.")
 
@@ -303,9 +310,10 @@ def save_head(head, path: str, layout: str = "hub") -> None:
   """Writes `head` (a head module, or a drafter holding one: what `load_head` and
   `load_drafter` return) to directory `path`: config.json + model.safetensors in its
   kind's hub layout (`HUB_LAYOUTS`: EAGLE-3 as vLLM and SGLang load it, a hub EAGLE-1
-  head as the EAGLE repository's, a hub Medusa head as vLLM's; ValueError, before
-  anything is written, for a head no hub layout computes exactly), or
-  head_config.json + model.safetensors with `layout="specjax"`."""
+  head as the EAGLE repository's, a hub Medusa head as vLLM's, a block drafter as
+  z-lab/dflash's `DFlashDraftModel`; ValueError, before anything is written, for a
+  head no hub layout computes exactly), or head_config.json + model.safetensors with
+  `layout="specjax"`."""
   from safetensors.numpy import save_file
 
   given, head = head, head_kinds.module_of(head)
