@@ -124,7 +124,9 @@ class HeadConfig:
       raise ValueError(
         f"feature_layers must be distinct layer counts in [1, {n}], got {self.feature_layers!r}."
       )
-    object.__setattr__(self, "feature_layers", layers)
+    # Ascending: `forward_cached` returns the layers' features in depth order, whatever
+    # order they are asked in, so the config (and every layout written from it) says so.
+    object.__setattr__(self, "feature_layers", tuple(sorted(layers)))
     if not is_int(self.d_ff) or self.d_ff < 0:
       raise ValueError(f"d_ff must be an int >= 0 (0: the target's), got {self.d_ff!r}.")
     switches = (self.normed_features, self.embed_first, self.input_norm)
