@@ -30,6 +30,15 @@ target's own final norm and head (`Transformer.features_to_logits`):
   early_exit  the adapter on the features after `exit_layer` layers against the
               full target's law at every position, plus feature_weight *
               smooth-L1 toward the last-layer features.
+  dflash      the block drafter (DFlash's recipe): up to `num_anchors` anchors
+              a per window, distinct, drawn from the key in [1, T - 1] (evenly
+              spaced without a key: evaluation); block a reads the context
+              before a and its output k (k = 1..B-1) is scored by its
+              cross-entropy on the corpus token at a + k, weighted by
+              exp(-(k - 1) / loss_decay) and normalised by the weights of the
+              positions inside the window (a + k <= T). On target-generated
+              data (experiments.generate_data) the corpus tokens are the
+              target's own draws, as in the reference.
 
 The divergence is `config.loss` ("kl" = forward KL(p_target || q_head), "tv",
 "kl+tv"), plus `config.ce_weight` times the head's cross-entropy on the corpus.
@@ -37,6 +46,13 @@ Metrics: `distill`, `ce` (the head's next-token cross-entropy on the corpus),
 `alpha_t0` (argmax agreement) and `alpha_t1` (1 - TV) as `losses.agreement`
 computes them, `feature` (the smooth-L1 term, where there is one), and for
 Medusa the alphas of each head (`alpha_t0_head0`, ...) besides their mean.
+The block drafter trains on its decayed cross-entropy (`block_ce`) plus
+`config.head.distill_weight` (0: the reference's loss) times `distill`,
+`config.loss`'s divergence from the target's law decayed alike; `ce` is the
+plain mean cross-entropy, the alphas are over every scored position and per
+block position (`alpha_t0_pos1`, ..., powers of two and B - 1), and
+`block_accept` is the mean leading run of positions whose argmax is the
+target's (the drafts a greedy block keeps on the target's greedy text).
 """
 
 from __future__ import annotations
@@ -69,16 +85,32 @@ class HeadLoss:
     feature_noise: standard deviation of the Gaussian noise added to EAGLE's
       input features in training (EAGLE's robustness to its own errors);
       never added without a key (evaluation).
+    ttt_steps: EAGLE-3's training-time test steps.
+    num_anchors: the block drafter's anchors per window (at most T - 1 are drawn
+      from the key); 0 for the other kinds (they draw no anchors).
+    loss_decay: gamma of the block drafter's position weights exp(-(k - 1) / gamma).
+    distill_weight: weight of the block drafter's decayed divergence from the
+      target's law, added to its decayed cross-entropy (0: the reference's loss).
   """
 
   feature_weight: float = 0.0
   feature_noise: float = 0.0
   ttt_steps: int = 7
+  num_anchors: int = 0
+  loss_decay: float = 7.0
+  distill_weight: float = 0.0
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> HeadLoss:
     head = config.head
-    return cls(float(head.feature_weight), float(head.feature_noise), head.get("ttt_steps", 7))
+    return cls(
+      float(head.feature_weight),
+      float(head.feature_noise),
+      head.get("ttt_steps", 7),
+      int(head.get("num_anchors", BLOCK_FIELDS["num_anchors"][0])) if head.kind == "dflash" else 0,
+      float(head.get("loss_decay", 7.0)),
+      float(head.get("distill_weight", 0.0)),
+    )
 
 
 def head_kind(config: ml_collections.ConfigDict) -> str:
@@ -132,6 +164,40 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   if config.seq_len < 2:
     raise ValueError(f"config.seq_len must be >= 2 to train a head, got {config.seq_len}.")
+  if head.kind == "dflash":
+    _check_block_drafter(config)
+
+
+# The block drafter's settings, {field: (default, low, high)} (inclusive; the mask id's
+# upper bound is the target's vocabulary, checked in `head_config`).
+BLOCK_FIELDS = {
+  "block_size": (16, 2, 64),
+  "draft_layers": (1, 1, 16),
+  "mask_token_id": (-1, -1, None),
+  "num_anchors": (32, 1, 1024),
+}
+
+
+def _check_block_drafter(config: ml_collections.ConfigDict) -> None:
+  """The block drafter's fields: ValueError naming the field and its range."""
+  head = config.head
+  for name, (default, low, high) in BLOCK_FIELDS.items():
+    value = head.get(name, default)
+    if not is_int(value) or value < low or (high is not None and value > high):
+      allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
+      raise ValueError(f"config.head.{name} must be an int {allowed}, got {value!r}.")
+  block = head.get("block_size", 16)
+  if not config.seq_len > block:
+    raise ValueError(
+      f"config.seq_len must be > config.head.block_size={block} (a block needs its context "
+      f"and targets in the window), got {config.seq_len}."
+    )
+  decay = head.get("loss_decay", 7.0)
+  if not is_real(decay) or not 0 < decay < float("inf"):
+    raise ValueError(f"config.head.loss_decay must be a finite number > 0, got {decay!r}.")
+  weight = head.get("distill_weight", 0.0)
+  if not is_real(weight) or not 0 <= weight < float("inf"):
+    raise ValueError(f"config.head.distill_weight must be a finite number >= 0, got {weight!r}.")
 
 
 def target_dir(config: ml_collections.ConfigDict) -> str:
@@ -218,6 +284,12 @@ def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadC
       f"config.head.feature_layers must be layer counts in [1, {n}] (the target has {n} "
       f"layers), got {head.feature_layers!r}."
     )
+  mask_id = head.get("mask_token_id", -1)
+  if head.kind == "dflash" and not mask_id < target.vocab_size:
+    raise ValueError(
+      f"config.head.mask_token_id must be -1 (a learned mask embedding) or an id in "
+      f"[0, {target.vocab_size}) (the target's vocabulary), got {mask_id!r}."
+    )
   if config.seq_len > target.max_seq_len:
     raise ValueError(
       f"config.seq_len must be <= the target's max_seq_len={target.max_seq_len}, "
@@ -231,7 +303,16 @@ def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadC
     feature_layers=tuple(int(i) for i in head.feature_layers),
     d_ff=int(head.d_ff),
     draft_vocab_size=head.get("draft_vocab_size", 0) if head.kind == "eagle3" else 0,
+    **(_block_settings(head) if head.kind == "dflash" else {}),
   )
+
+
+def _block_settings(head: ml_collections.ConfigDict) -> dict[str, int]:
+  """The block drafter's `HeadConfig` fields from `config.head`."""
+  return {name: int(head.get(name, BLOCK_FIELDS[name][0])) for name in BLOCK_HEAD_FIELDS}
+
+
+BLOCK_HEAD_FIELDS = ("block_size", "draft_layers", "mask_token_id")  # the module's; the rest: loss
 
 
 def with_draft_ids(cfg: HeadConfig, workdir: str, tokens=None) -> HeadConfig:
@@ -387,11 +468,85 @@ def eagle3_objective(head, target, batch, key, *, loss, settings):
   return value, metrics
 
 
+def block_anchors(key: jax.Array | None, batch: int, t: int, num: int) -> jax.Array:
+  """int32 `[B, A]` distinct anchors in [1, T - 1] per row, A = min(num, T - 1): drawn
+  uniformly from `key`, or evenly spaced without one (evaluation: the same every call)."""
+  a = min(num, t - 1)
+  if key is None:
+    row = jnp.round(jnp.linspace(1, t - 1, a)).astype(jnp.int32)
+    return jnp.broadcast_to(row, (batch, a))
+  # The first A of a random permutation per row: A distinct positions.
+  order = jnp.argsort(jax.random.uniform(key, (batch, t - 1)), axis=1)
+  return (order[:, :a] + 1).astype(jnp.int32)
+
+
+def _leading_run(ok: jax.Array) -> jax.Array:
+  """`[..., K]` bools -> the length of each leading run of True `[...]`."""
+  return jnp.cumprod(ok.astype(jnp.int32), axis=-1).sum(-1)
+
+
+def dflash_objective(head, target, batch, key, *, loss, settings):
+  """The block drafter: decayed cross-entropy of each block; see the module docstring."""
+  inputs = batch[:, :-1]
+  (b, t), n = inputs.shape, head.cfg.block_size
+  if settings.num_anchors < 1:
+    raise ValueError(f"a block drafter needs num_anchors >= 1, got {settings.num_anchors}.")
+  p_logits, features = _target_outputs(target, inputs, head.cfg.target_features)
+  anchors = block_anchors(key, b, t, settings.num_anchors)  # [B, A]
+  q_logits = head(target, features, inputs, anchors)  # [B, A, n - 1, V]
+  a = anchors.shape[1]
+  k = jnp.arange(1, n, dtype=jnp.int32)
+  where = anchors[:, :, None] + k  # [B, A, n - 1]: the drafted token's index in batch
+  valid = where <= t
+  flat = jnp.minimum(where, t).reshape(b, a * (n - 1))
+  labels = jnp.take_along_axis(batch, flat, axis=1).reshape(b, a, n - 1)
+  # The target's law of the token at index i is its output at i - 1.
+  p_logits = jnp.take_along_axis(p_logits, (flat - 1)[..., None], axis=1)
+  p_logits = p_logits.reshape(b, a, n - 1, -1)
+  weights = jnp.exp(-(k - 1) / settings.loss_decay) * valid  # [B, A, n - 1]
+  total, count = jnp.maximum(weights.sum(), 1e-9), jnp.maximum(valid.sum(), 1)
+
+  def decayed(x):  # the weighted mean over scored positions
+    return jnp.sum(x * weights) / total
+
+  def mean(x):  # the plain mean over scored positions
+    return jnp.sum(x * valid) / count
+
+  log_q = jax.nn.log_softmax(q_logits)
+  log_p = jax.nn.log_softmax(p_logits)
+  p, q = jnp.exp(log_p), jnp.exp(log_q)
+  nll = -jnp.take_along_axis(log_q, labels[..., None], axis=-1)[..., 0]
+  tv = 0.5 * jnp.abs(p - q).sum(-1)
+  div = 0.0
+  if "kl" in loss:
+    div = div + (p * (log_p - log_q)).sum(-1)
+  if "tv" in loss:
+    div = div + tv
+  same = q_logits.argmax(-1) == p_logits.argmax(-1)  # [B, A, n - 1]
+  whole = valid.all(-1)  # blocks whose every output is scored
+  metrics = {
+    "block_ce": decayed(nll),
+    "distill": decayed(div),
+    "ce": mean(nll),
+    "alpha_t0": mean(same),
+    "alpha_t1": mean(1.0 - tv),
+    "block_accept": jnp.sum(_leading_run(same) * whole) / jnp.maximum(whole.sum(), 1),
+  }
+  for i in sorted({*(2**j for j in range(7) if 2**j < n), n - 1}):
+    ok = valid[..., i - 1]
+    metrics[f"alpha_t0_pos{i}"] = jnp.sum(same[..., i - 1] * ok) / jnp.maximum(ok.sum(), 1)
+  value = metrics["block_ce"]
+  if settings.distill_weight:
+    value = value + settings.distill_weight * metrics["distill"]
+  return value, metrics
+
+
 OBJECTIVES: dict[str, Callable] = {
   "eagle": eagle_objective,
   "medusa": medusa_objective,
   "early_exit": early_exit_objective,
   "eagle3": eagle3_objective,
+  "dflash": dflash_objective,
 }
 
 
@@ -412,7 +567,8 @@ def objective(
     params: the head's `nnx.Param` state.
     batch: int32 `[B, T + 1]` windows: inputs `[:, :-1]`.
     target: the frozen target the head reads (never differentiated).
-    key: PRNG key of EAGLE's feature noise; None adds none (evaluation).
+    key: PRNG key of EAGLE's feature noise and of the block drafter's anchors;
+      None adds no noise and spaces anchors evenly (evaluation).
     graphdef: the head's graph definition (`nnx.split(head, nnx.Param)[0]`).
     loss: the divergence, one of `losses.DISTILL_LOSSES`.
     ce_weight: weight of the head's cross-entropy on the corpus.

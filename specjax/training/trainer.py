@@ -788,15 +788,16 @@ def _update(
     jax.process_index(),
     jax.process_count(),
   )
-  # A head's noise key is a pure function of (seed, step), like its batches, so a
-  # resumed run draws the same noise as an uninterrupted one.
-  noisy = head_loss is not None and head_loss.feature_noise > 0
+  # A head's key (EAGLE's feature noise, the block drafter's anchors) is a pure
+  # function of (seed, step), like its batches, so a resumed run draws the same
+  # noise and anchors as an uninterrupted one.
+  keyed = head_loss is not None and (head_loss.feature_noise > 0 or head_loss.num_anchors > 0)
   params, opt_state, metrics = train_step(
     params,
     opt_state,
     shard_process_batch(rows, mesh),
     teacher,
-    jax.random.fold_in(jax.random.key(config.seed), step) if noisy else None,
+    jax.random.fold_in(jax.random.key(config.seed), step) if keyed else None,
     graphdef=graphdef,
     optimizer=optimizer,
     loss=config.loss,

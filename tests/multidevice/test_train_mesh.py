@@ -1,6 +1,7 @@
-"""One command for your own target and data (issue 32): an EAGLE head trained on a
-mesh of 8 devices (data 4 x model 2: the frozen target sharded by the logical-axis
-rules, the batch split over data) follows the one-device run's loss curve."""
+"""One command for your own target and data (issue 32): an EAGLE head, and a block
+drafter (DFlash: random anchors from the step's key), trained on a mesh of 8
+devices (data 4 x model 2: the frozen target sharded by the logical-axis rules, the
+batch split over data) follow the one-device run's loss curve."""
 
 import numpy as np
 import pytest
@@ -23,19 +24,26 @@ def user(tmp_path_factory):
   return user_checkpoint(f"{root}/target", corpus), user_chats(root, corpus)
 
 
-def _run(target, chats, workdir, mesh_shape, devices):
+HEADS = {
+  "eagle": dict(kind="eagle", d_ff=64, feature_noise=0.1),
+  "dflash": dict(kind="dflash", d_ff=64, block_size=4, draft_layers=2, num_anchors=8),
+}
+
+
+def _run(target, chats, workdir, mesh_shape, devices, kind="eagle"):
   config = train_tiny.get_config()  # batch 4 x 32 tokens
   config.update(loss="kl", num_steps=4, batch_size=8, eval_every=4, checkpoint_every=4)
   config.update(mesh_shape=mesh_shape, mesh_devices=devices)
   config.data.update(files=chats, validation_every=6)
-  config.head.update(kind="eagle", target=target, d_ff=64, feature_noise=0.1)
+  config.head.update(target=target, **HEADS[kind])
   return train(config, workdir, echo=lambda _: None)
 
 
-def test_head_on_a_mesh_of_8_follows_one_device(tmp_path, user):
+@pytest.mark.parametrize("kind", HEADS)
+def test_head_on_a_mesh_of_8_follows_one_device(tmp_path, user, kind):
   target, chats = user
-  one = _run(target, chats, str(tmp_path / "one"), (1, 1), 1)
-  mesh = _run(target, chats, str(tmp_path / "mesh"), (4, 2), 8)
+  one = _run(target, chats, str(tmp_path / "one"), (1, 1), 1, kind)
+  mesh = _run(target, chats, str(tmp_path / "mesh"), (4, 2), 8, kind)
   for key in ("loss", "alpha_t1", "grad_norm"):
     np.testing.assert_allclose([r[key] for r in mesh], [r[key] for r in one], rtol=RTOL)
   assert one[-1]["loss"] < one[0]["loss"]  # it learns, on both
