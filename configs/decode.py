@@ -72,13 +72,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.prompt_file = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
   # (specjax.jobs.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
-  # drafter (DRAFTER_GAMMA: early exit drafts 1).
+  # drafter (DRAFTER_GAMMA: early exit drafts 1; a block drafter its block_size - 1
+  # while the batch drafts 4).
   config.gamma = 0
   # auto (greedy at T=0, else token) | token | block | greedy | coupled (Gumbel-max:
   # each row's text a function of its key, the same with every drafter)
   config.verifier = "auto"
   # model (the draft) | ngram | layer_skip (target's first layers) | eagle | medusa
-  # | early_exit (draft heads on the target; the bundled ones, or config.head)
+  # | early_exit | dflash (draft heads on the target; the bundled ones, or config.head;
+  # dflash: the block drafter)
   # | cross_tokenizer | string_level: a draft with a tokenizer of its own (the
   # bundled 1024-id cross draft, or config.draft's tokenizer.json), token-level
   # intersection in the jitted loop or string-level exact match around it

@@ -179,6 +179,7 @@ def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
 def test_default_gamma_falls_with_the_batch():
   assert [decode.default_gamma(b) for b in (1, 2, 7, 8, 16, 64)] == [4, 4, 4, 1, 1, 1]
   assert [decode.default_gamma(b, "early_exit") for b in (1, 8)] == [1, 1]
+  assert [decode.default_gamma(b, "dflash", 8) for b in (1, 7, 8)] == [7, 7, 1]
 
 
 def test_the_result_describes_the_drafter_that_decoded():

@@ -59,9 +59,15 @@ DEFAULT_GAMMA = {1: 4, 8: 1}
 DRAFTER_GAMMA = {"early_exit": 1}
 
 
-def default_gamma(batch_size: int, drafter: str = "model") -> int:
-  """The draft length `config.gamma = 0` means for `batch_size` rows and `drafter`."""
+def default_gamma(batch_size: int, drafter: str = "model", block_size: int = 0) -> int:
+  """The draft length `config.gamma = 0` means for `batch_size` rows and `drafter`.
+
+  A block drafter (`block_size` B > 0) drafts its whole block in one call whatever
+  gamma is, so while scoring costs about one step (the batches of gamma 4) it
+  drafts all B - 1 tokens; larger batches keep their shorter gamma."""
   by_batch = DEFAULT_GAMMA[max(b for b in DEFAULT_GAMMA if b <= batch_size)]
+  if block_size:
+    return block_size - 1 if by_batch == DEFAULT_GAMMA[1] else min(by_batch, block_size - 1)
   return min(by_batch, DRAFTER_GAMMA.get(drafter, by_batch))
 
 
@@ -481,7 +487,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   auto_gamma = config.gamma == 0
   if auto_gamma:
     config = config.copy_and_resolve_references()
-    config.gamma = default_gamma(config.batch_size, config.drafter)
+    block = getattr(drafter, "block_size", 0)  # a block drafter's B (DFlashDrafter)
+    config.gamma = default_gamma(config.batch_size, config.drafter, block)
   with jax.set_mesh(inputs.mesh):
     timings, outputs = bench.time_calls(_calls(config, inputs, drafter), config.num_runs)
   host = {
