@@ -5,7 +5,8 @@
 
 Writes `<kind>/head_config.json` and `<kind>/model.safetensors` (bfloat16) for
 each run given, and `card.json`: each run's train config, steps, tokens seen,
-final validation metrics and wall time, plus the sha256 of every bundled head
+final validation metrics, wall time and training data (its train split's record,
+when the data directory is there), plus the sha256 of every bundled head
 file, which `specjax.pretrained.load_head` verifies. Kinds not given keep
 their files and card entries. Each head must fit the bundled target.
 """
@@ -65,7 +66,10 @@ def bundle(runs: dict[str, str], out: str) -> dict:
       head_config = json.load(f)
     with open(os.path.join(directory, head_kinds.CONFIG_FILE), "w") as f:
       json.dump(head_config, f, indent=2)
-    heads[kind] = _portable({"params": num_params(head), "run": run, **run_record(run)})
+    record = run_record(run)
+    heads[kind] = _portable(
+      {"params": num_params(head), "run": run, **record, **_data_record(record["config"])}
+    )
   # The target weights the heads were trained on, as the pair's card records them.
   target_sum = pretrained.model_card().get("sha256", {}).get("target/model.safetensors")
   card = {"target": {"dir": "../target", "model.safetensors sha256": target_sum}, "heads": heads}
@@ -73,6 +77,17 @@ def bundle(runs: dict[str, str], out: str) -> dict:
   with open(card_path, "w") as f:
     json.dump(card, f, indent=2)
   return card
+
+
+def _data_record(config: dict) -> dict:
+  """{"data": the train split's record} (`specjax.data.dataset.read_meta`: for the
+  target's continuations their samples, tokens and generation settings), when the
+  run's data directory is still there; else {}."""
+  from specjax.data.dataset import read_meta
+
+  directory = config.get("data", {}).get("dir")
+  meta = read_meta(os.path.join(directory, "train.bin")) if directory else None
+  return {"data": meta} if meta else {}
 
 
 def main(argv):

@@ -43,11 +43,12 @@ def run_record(run: str) -> dict:
   with open(os.path.join(run, CHECKPOINT_DIR, str(last_step), "meta", "metadata")) as f:
     meta = json.load(f)
   # The run's config file (model_config.json, or head_config.json for a head) is
-  # written when a run starts, the last checkpoint when it ends.
+  # written when a run starts (again at each resume: a resumed run's first logged
+  # step is earlier), the last checkpoint when it ends.
   config_file = os.path.join(run, MODEL_CONFIG_FILE)
   if not os.path.exists(config_file):
     config_file = os.path.join(run, HEAD_CONFIG_FILE)
-  started = os.path.getmtime(config_file)
+  started = min([os.path.getmtime(config_file), *(r["time"] for r in records if "time" in r)])
   ended = os.path.getmtime(os.path.join(run, CHECKPOINT_DIR, str(last_step)))
   return {
     "steps": last_step,
