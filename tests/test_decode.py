@@ -218,7 +218,7 @@ def test_the_result_describes_the_drafter_that_decoded():
   }
   for kind in decode.CROSS_DRAFTERS:
     assert seen[kind] == {"draft": pretrained.CROSS_DRAFT_DIR, "draft_params": cross.num_params}
-  assert len({f["draft_params"] for f in seen.values()}) == 6  # 0, draft, 3 heads, cross
+  assert len({f["draft_params"] for f in seen.values()}) == 7  # 0, draft, 4 heads, cross
 
 
 def test_decode_reports_the_ngram_drafter(pair):

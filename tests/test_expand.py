@@ -403,5 +403,9 @@ def test_bundled_heads_load_for_a_scaled_target():
   exit_layer = pretrained.load_drafter("early_exit", grown).adapter.cfg.exit_layer
   assert exit_layer == expanded_layer_count(2, 6, 8) == 2  # layer_map(6, 8)[1] == 1
   assert pretrained.load_drafter("medusa", grown).heads.cfg.target == grown.cfg
+  block = pretrained.load_drafter("dflash", grown).head.cfg
+  assert block.target == grown.cfg and block.feature_layers == tuple(
+    expanded_layer_count(c, 6, 8) for c in (2, 4)
+  )
   with pytest.raises(ValueError, match="this eagle head was trained for another target"):
     pretrained.load_head("eagle", _model())

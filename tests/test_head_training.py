@@ -22,7 +22,14 @@ from helpers import TINY, copy_corpus, tiny_token_data
 from specjax import ModelConfig, Transformer, pretrained
 from specjax.data import TokenDataset
 from specjax.hf.export import save_model
-from specjax.models.heads import EagleHead, ExitAdapter, HeadConfig, MedusaHeads, make_head
+from specjax.models.heads import (
+  DFlashHead,
+  EagleHead,
+  ExitAdapter,
+  HeadConfig,
+  MedusaHeads,
+  make_head,
+)
 from specjax.training import (
   Checkpointer,
   check_config,
@@ -276,12 +283,13 @@ def test_bundled_heads_load_and_are_checked(tmp_path, monkeypatch):
 
   target, _ = load_model(pretrained.TARGET_DIR, dtype=jnp.float32)
   card = pretrained.heads_card()
-  for kind, cls in zip(KINDS, (EagleHead, MedusaHeads, ExitAdapter)):
+  for kind, cls in zip((*KINDS, "dflash"), (EagleHead, MedusaHeads, ExitAdapter, DFlashHead)):
     head = pretrained.load_head(kind, target)
     assert isinstance(head, cls) and head.cfg.kind == kind
     assert {x.dtype for x in jax.tree.leaves(nnx.state(head, nnx.Param))} == {jnp.dtype("float32")}
     assert card["heads"][kind]["params"] == head_training.num_params(head)
-  with pytest.raises(ValueError, match=r"kind must be one of \('eagle', 'medusa', 'early_exit'\)"):
+  match = r"kind must be one of \('eagle', 'medusa', 'early_exit', 'dflash'\)"
+  with pytest.raises(ValueError, match=match):
     pretrained.load_head("hydra", target)
   tiny = Transformer(ModelConfig(**TINY), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="trained for another target: vocab_size 512"):

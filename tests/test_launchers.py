@@ -335,6 +335,27 @@ STEPS = (
     + ("--config.report_floor=False",),
     needs=("train_eagle3",),
   ),
+  # The block drafter (DFlash): blocks of 4, 4 anchors per window, then decoding with it.
+  Step(
+    "train_dflash",
+    "train",
+    ("--config=configs/train_dflash.py", "--workdir={tmp}/dflash")
+    + ("--config.data.root={tmp}/corpus", "--config.data.dir={tmp}/data_bundled")
+    + ("--config.data.corpus_dir={tmp}/data_bundled", "--config.head.block_size=4")
+    + ("--config.head.num_anchors=4",)
+    + _TINY_HEAD_RUN,
+  ),
+  Step(
+    "decode_dflash",
+    "decode",
+    ("--config.drafter=dflash", "--config.head={tmp}/dflash", "--config.max_new_tokens=8")
+    + ("--config.report_floor=False",),
+    needs=("train_dflash",),
+  ),
+  # The bundled block drafter with decode's defaults (gamma: its block_size - 1).
+  Step(
+    "decode_bundled_dflash", "decode", ("--config.drafter=dflash", "--config.max_new_tokens=16")
+  ),
   Step(
     "generate_data",
     "generate_data",

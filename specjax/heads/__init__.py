@@ -75,7 +75,7 @@ KINDS: tuple[HeadKind, ...] = (
   _kind("early_exit", "early exit", EarlyExitDrafter, "adapter"),
   # EAGLE-3 drafts through `EagleDrafter` (its own `logits`); none is bundled.
   _kind("eagle3", "EAGLE-3 head", EagleDrafter, "head", drafts_as="eagle", bundled=False),
-  _kind("dflash", "block drafter", DFlashDrafter, "head", bundled=False),
+  _kind("dflash", "block drafter", DFlashDrafter, "head"),
 )
 NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
 BUNDLED: tuple[str, ...] = tuple(k.name for k in KINDS if k.bundled)

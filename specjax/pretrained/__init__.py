@@ -2,7 +2,7 @@
 
   target, draft, tokenizer = specjax.pretrained.load_pair()
   target, draft, tokenizer = specjax.pretrained.load_pair(jnp.bfloat16, scale="1b")  # grown
-  head = specjax.pretrained.load_head("eagle", target)   # or "medusa", "early_exit"
+  head = specjax.pretrained.load_head("eagle", target)   # or "medusa", "early_exit", "dflash"
   drafter = specjax.pretrained.load_drafter("eagle", target)  # the head, as a drafter
   models = specjax.pretrained.load_checkpoints()  # the bundled pair, or HF checkpoints
 
@@ -13,8 +13,8 @@ toward the target. The files are ordinary Hugging Face Llama checkpoints
 so `specjax.hf.load_model` and transformers read them too.
 
 Draft heads trained on the frozen target (configs/train_eagle.py,
-train_medusa.py, train_early_exit.py; `experiments/bundle_heads.py` writes
-them) live in `stdlib_pair/heads/<kind>/`: `head_config.json` (a `HeadConfig`)
+train_medusa.py, train_early_exit.py, train_dflash.py; `experiments/bundle_heads.py`
+writes them) live in `stdlib_pair/heads/<kind>/`: `head_config.json` (a `HeadConfig`)
 and bfloat16 `model.safetensors`, their sha256 and training record in
 `stdlib_pair/heads/card.json`.
 
@@ -300,8 +300,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
   """The bundled draft head of `kind` for `target` (the bundled pair's target).
 
   Args:
-    kind: "eagle" (`EagleHead`), "medusa" (`MedusaHeads`) or "early_exit"
-      (`ExitAdapter`).
+    kind: "eagle" (`EagleHead`), "medusa" (`MedusaHeads`), "early_exit"
+      (`ExitAdapter`) or "dflash" (`DFlashHead`, the block drafter).
     target: the target the head will read, e.g. `load_pair().target`: of the
       shape the head was trained for, or an expansion of it (e.g.
       `load_pair(scale="1b").target`), for which the head is expanded alike
@@ -311,7 +311,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
 
   Returns:
     The head module, for `specjax.drafting.eagle.EagleDrafter(target, head)`,
-    `medusa.MedusaDrafter(target, head)` or `early_exit.EarlyExitDrafter(target, head)`.
+    `medusa.MedusaDrafter(target, head)`, `early_exit.EarlyExitDrafter(target, head)`
+    or `dflash.DFlashDrafter(target, head)`.
 
   Raises:
     ValueError: an unknown `kind` or bad `dtype`, a target of another shape
@@ -367,8 +368,8 @@ def load_drafter(
   """A drafter of `kind` for `target`, e.g. `load_drafter("eagle", load_pair().target)`.
 
   Args:
-    kind: one of `DRAFTER_KINDS`: "eagle", "medusa", "early_exit" (a draft
-      head's drafter), "ngram" (prompt lookup of n-grams up to `max_ngram`) or
+    kind: one of `DRAFTER_KINDS`: "eagle", "medusa", "early_exit", "dflash" (a
+      draft head's drafter), "ngram" (prompt lookup of n-grams up to `max_ngram`) or
       "layer_skip" (the target's first `num_layers` layers).
     target: the target `Transformer` the drafter drafts for.
     head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`);
