@@ -22,6 +22,7 @@ from experiments import common
 from experiments.bundle_pair import run_record
 from specjax import heads as head_kinds
 from specjax import pretrained
+from specjax.heads.files import head_tensors
 from specjax.training.checkpoint import check_run, load_trained_head
 from specjax.training.heads import num_params, target_config
 from specjax.validation import read_json_object
@@ -59,7 +60,7 @@ def bundle(runs: dict[str, str], out: str) -> dict:
     head = loaded[kind]
     directory = os.path.join(out, kind)
     os.makedirs(directory, exist_ok=True)
-    tensors = {k: v.astype("bfloat16") for k, v in pretrained.head_tensors(head).items()}
+    tensors = {k: v.astype("bfloat16") for k, v in head_tensors(head).items()}
     save_file(tensors, os.path.join(directory, head_kinds.WEIGHTS_FILE))
     os.chmod(os.path.join(directory, head_kinds.WEIGHTS_FILE), 0o644)  # safetensors writes 0600
     with open(os.path.join(run, head_kinds.CONFIG_FILE)) as f:

@@ -290,13 +290,14 @@ def test_bundled_heads_load_fused_and_split_back_into_their_files(pair):
   """Loading fuses a head block's q/k/v and gate/up tensors; `head_tensors` (what
   experiments/bundle_heads.py writes) splits them back into the files' names and
   values, so the files and their card's sums stay as they are."""
+  from specjax.heads.files import head_tensors
   from specjax.hf.weights import read_tensors
 
   for kind in pretrained.HEAD_DRAFTERS:
     head = pretrained.load_head(kind, pair.target, jnp.bfloat16)  # the files' dtype
     file = os.path.join(pretrained.HEADS_DIR, kind, "model.safetensors")
     stored = {name: value for _, name, value in read_tensors([file])}
-    written = pretrained.head_tensors(head)
+    written = head_tensors(head)
     assert sorted(written) == sorted(stored)
     for name, value in stored.items():
       np.testing.assert_array_equal(np.asarray(written[name]), value, err_msg=name)

@@ -11,9 +11,10 @@ the path loaders (`specjax.hf.heads`), training's config checks and the reproduc
 kinds up here instead of branching on their names. The record refers to code that lives
 below this package (modules and their config checks in `specjax.models.heads`, drafters
 in `specjax.drafting`), so the imports point down: `models` and `drafting` never import
-this package. A head's files in a specjax run or export are `CONFIG_FILE` and
-`WEIGHTS_FILE`; its hub layouts are read and written by `specjax.hf.heads`, its
-objective is `specjax.training.heads.OBJECTIVES[name]` (both above this package).
+this package. A head's files in specjax's layout are `CONFIG_FILE` and `WEIGHTS_FILE`,
+written and read by `specjax.heads.files` for every kind; its hub layout is
+`specjax.hf.heads.HUB_LAYOUTS[name]`, its objective `specjax.training.heads.OBJECTIVES[name]`
+(both above this package, tables whose keys are checked against `NAMES`).
 """
 
 from __future__ import annotations
@@ -24,17 +25,8 @@ from specjax.drafting.dflash import DFlashDrafter
 from specjax.drafting.eagle import EagleDrafter
 from specjax.drafting.early_exit import EarlyExitDrafter
 from specjax.drafting.medusa import MedusaDrafter
-from specjax.models.heads import (
-  HEAD_CONFIG_FILE,
-  HEAD_MODULES,
-  HEAD_WEIGHTS_FILE,
-  HUB_MODULES,
-  HeadConfig,
-  make_head,
-)
-
-CONFIG_FILE = HEAD_CONFIG_FILE  # the `HeadConfig` of a run or an export
-WEIGHTS_FILE = HEAD_WEIGHTS_FILE  # its parameters (safetensors)
+from specjax.heads.files import CONFIG_FILE, WEIGHTS_FILE
+from specjax.models.heads import HEAD_MODULES, HUB_MODULES, HeadConfig, make_head
 
 
 @dataclasses.dataclass(frozen=True)

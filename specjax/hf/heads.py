@@ -27,6 +27,7 @@ from flax import nnx
 
 from specjax import heads as head_kinds
 from specjax.dtypes import dtype_name
+from specjax.heads.files import head_tensors, read_head_params
 from specjax.hf import dflash, eagle3, weights
 from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.hub_names import abstract_head, build_head, flat_params, named_tensors
@@ -58,10 +59,8 @@ def load_head(path: str, target, dtype=jnp.float32) -> nnx.Module:
     cfg.check_target(target.cfg)
     file = os.path.join(directory, HEAD_WEIGHTS_FILE)
     if os.path.exists(file):
-      from specjax.pretrained import _read_head_params
-
       graphdef, abstract = abstract_head(cfg, name)
-      return nnx.merge(graphdef, _read_head_params(file, abstract, dtype, cfg.block_config))
+      return nnx.merge(graphdef, read_head_params(file, abstract, dtype, cfg.block_config))
     from specjax.training import load_trained_head
 
     graphdef, _ = abstract_head(cfg, name)
@@ -319,8 +318,6 @@ def save_head(head, path: str, layout: str = "hub") -> None:
   given, head = head, head_kinds.module_of(head)
   cfg = head.cfg
   if layout == "specjax":
-    from specjax.pretrained import head_tensors
-
     config, file, tensors = cfg.to_dict(), HEAD_CONFIG_FILE, head_tensors(head)
   elif layout != "hub":
     raise ValueError(f"layout must be 'hub' or 'specjax', got {layout!r}.")

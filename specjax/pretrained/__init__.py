@@ -30,7 +30,6 @@ import logging
 import os
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -39,14 +38,16 @@ from specjax import heads
 from specjax.data.tokenizer import Tokenizer
 from specjax.drafting import NGramDrafter, layer_skip
 from specjax.dtypes import dtype_name
+from specjax.heads.files import CONFIG_FILE as HEAD_CONFIG_FILE
+from specjax.heads.files import WEIGHTS_FILE as HEAD_WEIGHTS_FILE
+from specjax.heads.files import read_head_params
 from specjax.hf.config import model_config
 from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.loader import check_same_tokenizer, load_model, read_config
 from specjax.hf.pairs import check_pair
 from specjax.models.config import ModelConfig
 from specjax.models.expand import check_expansion, expand_head
-from specjax.models.fused import fused_parts, unfuse
-from specjax.models.heads import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, HeadConfig, make_head
+from specjax.models.heads import HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.pretrained.scales import SCALES, Scale, get_scale, scale_pair, scaled_configs
 from specjax.validation import file_sha256, is_int, read_json_object
@@ -199,21 +200,6 @@ def load_cross_draft(dtype=jnp.float32) -> tuple[Transformer, Tokenizer]:
   return draft, Tokenizer.from_file(os.path.join(CROSS_DRAFT_DIR, "tokenizer.json"))
 
 
-def head_tensors(head: nnx.Module) -> dict[str, jax.Array]:
-  """A head's parameters by safetensors name: the module path joined by dots
-  (`block.attn.q_proj.kernel`, `heads.0.bias`), as bundled heads store them: the
-  block's fused projections split into their parts (`specjax.models.fused.unfuse`)."""
-  flat = {
-    tuple(path): variable.get_value()
-    for path, variable in nnx.to_flat_state(nnx.state(head, nnx.Param))
-  }
-  return {_tensor_name(path): value for path, value in unfuse(flat, head.cfg.block_config).items()}
-
-
-def _tensor_name(path: tuple) -> str:
-  return ".".join(str(part) for part in path)
-
-
 def head_file_sums(directory: str, kinds=BUNDLED_HEADS) -> dict[str, str]:
   """{"<kind>/<file>": sha256} of the bundled files of `kinds` under `directory`."""
   return {
@@ -250,50 +236,6 @@ def heads_card() -> dict:
       f"the bundled heads are missing: {HEADS_CARD_FILE} does not exist ({_REBUILD_HEADS})"
     )
   return read_json_object(HEADS_CARD_FILE)
-
-
-def _read_head_params(path: str, abstract: nnx.State, dtype, block_cfg: ModelConfig) -> nnx.State:
-  """The parameters in safetensors file `path`, in `abstract`'s tree, cast to `dtype`.
-
-  The files store the block's projections separately (`q_proj`, `k_proj`, ...);
-  each fused parameter of `abstract` is assembled from its parts
-  (`specjax.models.fused`, `block_cfg` the head's block config).
-
-  Raises ValueError naming the file and tensor for a missing, extra or
-  misshapen tensor.
-  """
-  from specjax.hf.weights import read_tensors
-
-  tensors = {name: value for _, name, value in read_tensors([path])}
-  fused = fused_parts(block_cfg)
-
-  def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
-    if name not in tensors:
-      raise ValueError(f"{path} lacks the tensor {name!r} ({_REBUILD_HEADS}).")
-    value = tensors.pop(name)
-    if value.shape != shape:
-      raise ValueError(
-        f"{path}: tensor {name!r} has shape {value.shape}, the head needs "
-        f"{shape} ({_REBUILD_HEADS})."
-      )
-    return value
-
-  flat = []
-  for param_path, variable in nnx.to_flat_state(abstract):
-    param_path = tuple(param_path)
-    shape = variable.get_value().shape
-    parts = fused.get(param_path[-2]) if len(param_path) >= 2 else None
-    if parts is None:
-      value = tensor(_tensor_name(param_path), shape).astype(dtype)
-    else:
-      value = np.empty(shape, dtype)
-      for part in parts:
-        name = _tensor_name((*param_path[:-2], part.name, param_path[-1]))
-        part.put(value, tensor(name, (*shape[:-1], part.width)))
-    flat.append((param_path, variable.replace(jax.device_put(value))))
-  if tensors:
-    raise ValueError(f"{path} holds tensors this head does not have: {sorted(tensors)}.")
-  return nnx.from_flat_state(flat)
 
 
 def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
@@ -348,8 +290,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
   # The compute dtype is read from the config when the head is built.
   cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
-  params = _read_head_params(
-    os.path.join(directory, HEAD_WEIGHTS_FILE), abstract, dtype, cfg.block_config
+  params = read_head_params(
+    os.path.join(directory, HEAD_WEIGHTS_FILE), abstract, dtype, cfg.block_config, _REBUILD_HEADS
   )
   head = nnx.merge(graphdef, params)
   return head if grown is None else expand_head(head, grown)
@@ -499,7 +441,6 @@ __all__ = [
   "file_sha256",
   "file_sums",
   "head_file_sums",
-  "head_tensors",
   "heads_card",
   "frequent_token_ids",
   "load_checkpoints",

@@ -548,6 +548,8 @@ OBJECTIVES: dict[str, Callable] = {
   "eagle3": eagle3_objective,
   "dflash": dflash_objective,
 }
+if tuple(OBJECTIVES) != head_kinds.NAMES:  # one objective per kind of the one list
+  raise ImportError(f"OBJECTIVES {tuple(OBJECTIVES)} and specjax.heads.NAMES differ.")
 
 
 def objective(
