@@ -60,9 +60,12 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.verifiers = ("greedy", "token", "block")
   c.ngram = 3  # longest n-gram the prompt-lookup drafter matches (0: no prompt lookup)
   c.layer_skip = (1, 2, 3, 4, 5)  # target layers kept by the self-speculation drafter
-  c.heads = ("eagle", "medusa", "early_exit")  # the bundled draft heads on the target
+  c.heads = ("eagle", "medusa", "early_exit", "dflash")  # the bundled draft heads on the target
   # Further draft lengths per head (first verifier only), e.g. early exit at small gamma.
-  c.head_gammas = ml_collections.ConfigDict(dict(eagle=(), medusa=(), early_exit=(1, 2)))
+  # The block drafter (DFlash) also at its whole block, B - 1 = 7.
+  c.head_gammas = ml_collections.ConfigDict(
+    dict(eagle=(), medusa=(), early_exit=(1, 2), dflash=(7,))
+  )
   c.fr_spec = 1024  # also each head drafting among the K most frequent ids (0: not)
   c.gamma_sweep = (1, 2, 3, 4, 6, 8)  # fixed gammas the adaptive lengths are compared with
   c.gamma_max = 8  # adaptive draft lengths choose within this
