@@ -141,7 +141,7 @@ def test_head_config_passes_the_block_settings_and_checks_the_mask_id():
   assert (cfg.block_size, cfg.draft_layers, cfg.mask_token_id) == (6, 3, 7)
   assert cfg.feature_layers == (1, 2)  # dflash_feature_layers(2, 3) on the 2-layer target
   settings = HeadLoss.from_config(config)
-  assert (settings.num_anchors, settings.loss_decay) == (32, 4.0)
+  assert (settings.num_anchors, settings.loss_decay, settings.distill_weight) == (64, 4.0, 1.0)
   with pytest.raises(ValueError, match=r"config.head.mask_token_id must be -1 .* \[0, 512\)"):
     head_training.head_config(_base_config(mask_token_id=512), CFG)
 
