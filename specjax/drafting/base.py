@@ -24,7 +24,7 @@ from flax import struct
 
 from specjax import constraints
 from specjax.models.transformer import Transformer
-from specjax.sampling import RowSampling, SamplingParams
+from specjax.sampling import RowSampling, SamplingParams, warp_probs
 from specjax.trees import DynamicTree, Tree
 from specjax.validation import is_real
 from specjax.vocab import pad_vocab
@@ -228,6 +228,23 @@ class DraftConstraint:
   def at(self, state: jax.Array) -> DraftConstraint:
     """The same table at other states."""
     return self.replace(state=state)
+
+
+def draw_chain_token(
+  i, logits: jax.Array, rule: DraftConstraint | None, sampling, draw_token: Callable | None
+) -> tuple[jax.Array, jax.Array | None, DraftConstraint | None]:
+  """A chain drafter's token i from its `logits [B, V]`: masked by `rule` (None: no
+  constraint), the argmax when `draw_token` is None (greedy), else drawn by
+  `draw_token(i, q)` (`coupling.chain_draws`) from q, the warped law. Returns `(token
+  [B], q [B, V] or None, the rule after the token)`."""
+  if rule is not None:
+    logits = rule.logits(logits)
+  if draw_token is None:
+    token, q = jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  else:
+    q = warp_probs(logits, sampling)
+    token = draw_token(i, q)
+  return token, q, None if rule is None else rule.after(token)
 
 
 def check_confidence(confidence) -> None:

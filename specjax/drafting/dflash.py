@@ -27,11 +27,18 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.coupling import chain_draws
-from specjax.drafting.base import Commit, DraftConstraint, DrafterBase, Proposal, VocabSubset
+from specjax.drafting.base import (
+  Commit,
+  DraftConstraint,
+  DrafterBase,
+  Proposal,
+  VocabSubset,
+  draw_chain_token,
+)
 from specjax.models.heads import DFlashHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import RowSampling, SamplingParams, warp_probs
+from specjax.sampling import RowSampling, SamplingParams
 from specjax.vocab import fit_ids
 
 DRAFT_MODES = ("sample", "argmax")
@@ -117,15 +124,10 @@ class DFlashDrafter(DrafterBase, VocabSubset):
     draw = None if argmax else chain_draws(key, gamma, b)
     tokens, probs, rule = [], [], constraint
     for i in range(gamma):  # a static loop over positions: the masks advance in order
-      law = logits[:, i] if rule is None else rule.logits(logits[:, i])
-      if argmax:
-        token = jnp.argmax(law, axis=-1).astype(jnp.int32)
-      else:
-        q = warp_probs(law, sampling)
-        token = draw(i, q)
-        probs.append(q)
+      token, q, rule = draw_chain_token(i, logits[:, i], rule, sampling, draw)
       tokens.append(token)
-      rule = None if rule is None else rule.after(token)
+      if q is not None:
+        probs.append(q)
     proposal = Proposal(
       jnp.stack(tokens, axis=1),
       jnp.stack(probs, axis=1) if probs else None,

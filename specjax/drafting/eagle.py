@@ -54,6 +54,7 @@ from specjax.drafting.base import (
   VocabSubset,
   check_confidence,
   draft_loop,
+  draw_chain_token,
 )
 from specjax.drafting.tree import (
   check_tree_gamma,
@@ -65,7 +66,7 @@ from specjax.drafting.tree import (
 from specjax.models.heads import EagleHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import RowSampling, SamplingParams, warp_probs
+from specjax.sampling import RowSampling, SamplingParams
 from specjax.vocab import fit_ids
 
 
@@ -241,19 +242,12 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
     draw_token = None if greedy else chain_draws(key, g, b)
 
     def draw(i, feature, tokens, probs, active, rule):
-      logits = self._logits(feature)
-      if rule is not None:
-        logits = rule.logits(logits)
       active = active & (i < limit)
-      if greedy:
-        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-      else:
-        q = warp_probs(logits, sampling)
-        token = draw_token(i, q)
+      token, q, rule = draw_chain_token(i, self._logits(feature), rule, sampling, draw_token)
+      if q is not None:
         probs = probs.at[:, i].set(q)
         if self.confidence > 0:
           active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      rule = None if rule is None else rule.after(token)
       return token, tokens.at[:, i].set(token), probs, active, rule
 
     tokens = jnp.zeros((b, g), jnp.int32)

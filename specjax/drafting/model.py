@@ -28,10 +28,11 @@ from specjax.drafting.base import (
   Proposal,
   check_confidence,
   draft_loop,
+  draw_chain_token,
 )
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, warp_probs
+from specjax.sampling import SamplingParams
 from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
@@ -79,16 +80,11 @@ class CachedDrafting(ConfidenceLength):
 
     def draw(i, logits, tokens, probs, active, rule):
       active = active & (i < limit)
-      logits = logits[:, 0] if rule is None else rule.logits(logits[:, 0])
-      if greedy:  # a one-hot q: its top probability is 1, above any threshold
-        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-      else:
-        q = warp_probs(logits, sampling)
-        token = draw_token(i, q)
+      token, q, rule = draw_chain_token(i, logits[:, 0], rule, sampling, draw_token)
+      if q is not None:  # greedy: a one-hot q, its top probability 1, above any threshold
         probs = probs.at[:, i].set(q)
         if self.confidence > 0:
           active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      rule = None if rule is None else rule.after(token)
       return token, tokens.at[:, i].set(token), probs, active, rule
 
     vocab = logits.shape[-1]
