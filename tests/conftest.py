@@ -115,8 +115,9 @@ def pytest_configure(config):
   )
   config.addinivalue_line(
     "markers",
-    "front_door: runs launchers, docs blocks or subprocesses; with "
-    "tests/test_front_door.py selected, they run in its background process instead of this one",
+    "front_door: runs launchers, docs blocks or subprocesses, or balances the two processes; "
+    "with tests/test_front_door.py selected, they run in its background process instead of "
+    "this one",
   )
 
 

@@ -23,6 +23,10 @@ from specjax import trees
 from specjax.drafting import DraftConstraint, TreeDrafter, as_drafter
 from specjax.generation.speculative import constrained_path, init_state
 
+# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
+# processes' time on 2 cores).
+pytestmark = pytest.mark.front_door
+
 TOKENS = [bytes([97 + i % 26]) * (1 + i // 26) for i in range(511)] + [None]  # id 511: EOS
 EOS = 511
 TREE = trees.from_paths([(0,), (1,), (1, 0), (1, 1), (1, 0, 0)])
@@ -61,6 +65,8 @@ def _proposal(target, drafter, gamma, rules, sampling, masked: bool):
   return proposal, np.asarray(path)
 
 
+# Layer skip and early exit: CachedDrafting as "model", with another model (the slow tier).
+@pytest.mark.sample(*(name for name in DRAFTERS if name not in ("layer_skip", "early_exit")))
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_every_masking_drafter_proposes_only_allowed_tokens(target, draft, regex, name):
   drafter, gamma = DRAFTERS[name](target, draft)
@@ -92,6 +98,8 @@ def _drawn_in(path: np.ndarray, tree) -> np.ndarray:
   return np.take_along_axis(path, parents + 1, axis=1)
 
 
+# Layer skip and early exit: CachedDrafting as "model", with another model (the slow tier).
+@pytest.mark.sample(*(name for name in DRAFTERS if name not in ("layer_skip", "early_exit")))
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_masked_drafters_keep_greedy_constrained_output(target, draft, regex, name):
   drafter, gamma = DRAFTERS[name](target, draft)

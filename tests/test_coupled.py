@@ -41,6 +41,10 @@ from specjax.coupling import Coupling
 from specjax.drafting import TreeDrafter
 from specjax.verify import coupled_tree_verify, coupled_verify
 
+# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
+# processes' time on 2 cores).
+pytestmark = pytest.mark.front_door
+
 V = 3
 NOISE_DRAWS = 64
 
@@ -289,6 +293,8 @@ DRAFTERS = {
 }
 
 
+# Layer skip and early exit: CachedDrafting as "model", with another model (the slow tier).
+@pytest.mark.sample(*(name for name in DRAFTERS if name not in ("layer_skip", "early_exit")))
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_every_drafter_gives_the_plain_coupled_text(target, draft, prompts, reference, name):
   drafter, gamma = DRAFTERS[name](target, draft)
@@ -298,6 +304,8 @@ def test_every_drafter_gives_the_plain_coupled_text(target, draft, prompts, refe
   np.testing.assert_array_equal(out.tokens, reference)
 
 
+# Gammas 2, 5 and 6 and the schedule in the while loop: the slow tier.
+@pytest.mark.sample("1-chain", "4-chain", "3-confidence-0.3", "3-chunked-3", "3-schedule-chunked")
 @pytest.mark.parametrize(
   "gamma, settings",
   [(1, {}), (2, {}), (4, {}), (5, {}), (6, {})]

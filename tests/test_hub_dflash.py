@@ -202,6 +202,7 @@ def _torch_target(torch, target, tokens):
   return hidden, torch.from_numpy(np.array(embed)), torch.from_numpy(np.array(head, np.float32))
 
 
+@pytest.mark.sample("plain", "biased", "tied", "llama3_rope", "three_layers")
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_torch_reading_of_the_export_computes_the_heads_logits(tmp_path, shape):
   torch = pytest.importorskip("torch")
