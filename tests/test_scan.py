@@ -97,6 +97,8 @@ def test_cache_written_in_place_per_layer(pair):
   np.testing.assert_array_equal(new.lengths, [5, 9])
 
 
+# Layer skip: the draft model's CachedDrafting with another model (the slow tier).
+@pytest.mark.sample("model", "eagle", "tree")
 @pytest.mark.parametrize("drafter", ["model", "layer_skip", "eagle", "tree"])
 def test_speculative_tokens_match_unrolled(pair, drafter):
   """Same tokens, greedy and sampled (same key), scanned against unrolled: for a
