@@ -38,9 +38,10 @@ FILES += ("tests/test_benchmark.py",)
 # And, to balance the two processes (each compiles on one core), four library
 # files: from an empty cache on a 2-core Xeon, 2026-12-06, the main process took
 # 1,110-1,208 s and this child alone 523 s; these four took 232 s of the main's.
-# With them here the whole suite took 1,014-1,022 s: the two processes now
-# finish close together, each slowed by about a quarter by the other's compiles,
-# so moving more files only moves the wait; shorter tests are what is left.
+# With them here the whole suite took 1,014-1,022 s, less of a gain than the
+# time moved: the child (about 755 s alone now) is slowed by the main process's
+# compiles as the main is by its own, so moving more files would likely only
+# move the wait; shorter tests are what is left.
 FILES += ("tests/test_coupled.py", "tests/test_constrained_drafts.py")
 FILES += ("tests/test_constraints.py", "tests/test_constraint_layouts.py")
 
