@@ -6,7 +6,7 @@ The front door: every launcher with its defaults (tests/test_launchers.py,
 subprocesses one after another; each compiles on one core. The child also takes
 the other tests marked `front_door` in `FILES` (the decode launcher end to end,
 the launchers' user errors, the two-process run, the benchmark launcher's
-in-process run, and four library files moved there to balance the processes). So when this test is
+in-process run, and library files moved there to balance the processes). So when this test is
 collected with the rest of the suite, tests/conftest.py starts those tests in a
 child pytest process right away (`start_in_background`) and deselects them in
 this one: they run on the core the main process leaves idle while it compiles,
@@ -38,12 +38,15 @@ FILES += ("tests/test_benchmark.py",)
 # And, to balance the two processes (each compiles on one core), four library
 # files: from an empty cache on a 2-core Xeon, 2026-12-06, the main process took
 # 1,110-1,208 s and this child alone 523 s; these four took 232 s of the main's.
-# With them here the whole suite took 1,014-1,022 s, less of a gain than the
-# time moved: the child (about 755 s alone now) is slowed by the main process's
-# compiles as the main is by its own, so moving more files would likely only
-# move the wait; shorter tests are what is left.
+# With them here the whole suite took 1,014-1,022 s, and the main process was
+# still the longer one.
 FILES += ("tests/test_coupled.py", "tests/test_constrained_drafts.py")
 FILES += ("tests/test_constraints.py", "tests/test_constraint_layouts.py")
+# With those four here (a fresh run with -rA on a loaded machine, 2026-12-06) the
+# child finished at 778 s and the main process at 1,364 s: four more files (about
+# 210 s of the main's time alone) follow.
+FILES += ("tests/test_generation.py", "tests/test_eagle3.py", "tests/test_scan.py")
+FILES += ("tests/test_inplace.py",)
 
 
 def start_front_door() -> subprocess.Popen:
