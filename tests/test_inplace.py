@@ -32,10 +32,6 @@ from specjax.generation import SpecConfig, string_level
 from specjax.sampling import GREEDY, RowSampling
 from specjax.serving import slots
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 BATCH, WIDTH, NEW = 2, 8, 120  # rows, prompt width, new tokens
 ATTENTION = dict(n_heads=2, n_kv_heads=2, head_dim=64)
 SAMPLED = specjax.SamplingParams(temperature=1.0)
