@@ -101,8 +101,22 @@ class _SampleIdsCheck:
         raise pytest.UsageError(f"{item.nodeid}: sample names no case {sorted(wanted - found)}")
 
 
+class _Balance:
+  """Marks every test of the files tests/test_front_door.py moves whole into its
+  process (`BALANCE`) `front_door`; runs before -m selects by it."""
+
+  @pytest.hookimpl(tryfirst=True)
+  def pytest_collection_modifyitems(self, config, items):
+    from test_front_door import BALANCE
+
+    for item in items:
+      if os.path.relpath(item.path, config.rootpath) in BALANCE:
+        item.add_marker(pytest.mark.front_door)
+
+
 def pytest_configure(config):
   config.pluginmanager.register(_SampleIdsCheck())
+  config.pluginmanager.register(_Balance())
   config.addinivalue_line(
     "markers",
     "slow: the slow tier only (SPECJAX_SLOW_TESTS=1): a further case of a property the "

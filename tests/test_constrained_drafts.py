@@ -23,10 +23,6 @@ from specjax import trees
 from specjax.drafting import DraftConstraint, TreeDrafter, as_drafter
 from specjax.generation.speculative import constrained_path, init_state
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 TOKENS = [bytes([97 + i % 26]) * (1 + i // 26) for i in range(511)] + [None]  # id 511: EOS
 EOS = 511
 TREE = trees.from_paths([(0,), (1,), (1, 0), (1, 1), (1, 0, 0)])

@@ -20,10 +20,6 @@ import pytest
 import specjax
 from specjax import constraints as C
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 V = 512
 PIECES = [bytes([97 + i % 26]) * (1 + i // 26) for i in range(V - 1)] + [None]  # id 511: EOS
 EOS = [V - 1]

@@ -33,10 +33,6 @@ from specjax import pretrained, trees
 from specjax.drafting import TreeDrafter, as_drafter
 from specjax.vocab_map import token_bytes
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 V = 8
 LETTERS = [b"a", b"b", b"c", b"d", b"ab", b"ba", b"x", None]  # id 7: EOS
 EOS = [7]

@@ -41,10 +41,6 @@ from specjax.coupling import Coupling
 from specjax.drafting import TreeDrafter
 from specjax.verify import coupled_tree_verify, coupled_verify
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 V = 3
 NOISE_DRAWS = 64
 

@@ -35,10 +35,6 @@ from specjax.training import load_head_config, load_trained_head, train
 from specjax.training.heads import HeadLoss
 from specjax.training.trainer import eval_step
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 CFG3 = specjax.ModelConfig(**{**TINY, "n_layers": 3})
 IDS = tuple(range(0, 512, 2))  # a draft vocabulary of the 256 even ids
 

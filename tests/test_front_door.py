@@ -35,18 +35,18 @@ TIMEOUT_S = 3600
 FILES = ("tests/test_launchers.py", "tests/test_docs.py")
 FILES += ("tests/test_decode.py", "tests/test_launcher_errors.py", "tests/test_multiprocess.py")
 FILES += ("tests/test_benchmark.py",)
-# And, to balance the two processes (each compiles on one core), four library
-# files: from an empty cache on a 2-core Xeon, 2026-12-06, the main process took
-# 1,110-1,208 s and this child alone 523 s; these four took 232 s of the main's.
-# With them here the whole suite took 1,014-1,022 s, and the main process was
-# still the longer one.
-FILES += ("tests/test_coupled.py", "tests/test_constrained_drafts.py")
-FILES += ("tests/test_constraints.py", "tests/test_constraint_layouts.py")
-# With those four here (a fresh run with -rA on a loaded machine, 2026-12-06) the
-# child finished at 778 s and the main process at 1,364 s: four more files (about
-# 210 s of the main's time alone) followed; with them the main process waited
-# 154 s for the child (warm cache), so test_inplace.py (about 50 s) went back.
-FILES += ("tests/test_generation.py", "tests/test_eagle3.py", "tests/test_scan.py")
+# And, to balance the two processes (each compiles on one core), whole library
+# files: tests/conftest.py marks every test of these `front_door`. From an empty
+# cache on a 2-core Xeon, 2026-12-06, the main process took 1,110-1,208 s and
+# this child alone 523 s; the first four took 232 s of the main's. With them here
+# the whole suite took 1,014-1,022 s and the main process was still the longer
+# one (a fresh run with -rA on a loaded machine: child 778 s, main 1,364 s), so
+# three more followed (test_inplace.py, about 50 s, went back when the main
+# process then waited 154 s for the child).
+BALANCE = ("tests/test_coupled.py", "tests/test_constrained_drafts.py")
+BALANCE += ("tests/test_constraints.py", "tests/test_constraint_layouts.py")
+BALANCE += ("tests/test_generation.py", "tests/test_eagle3.py", "tests/test_scan.py")
+FILES += BALANCE
 
 
 def start_front_door() -> subprocess.Popen:

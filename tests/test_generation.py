@@ -12,10 +12,6 @@ from helpers import full_logits, head_drafter, traces
 from specjax import GREEDY, trees
 from specjax.drafting import TreeDrafter
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 SAMPLED = specjax.SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
 MAX_NEW = 16
 

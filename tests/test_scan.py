@@ -13,10 +13,6 @@ from specjax.models.config import ModelConfig, default_scan_layers
 from specjax.models.scan import ScannedBlocks, scan_model, unscan_model
 from specjax.trees import full
 
-# Runs in tests/test_front_door.py's process when the whole suite runs (it balances the two
-# processes' time on 2 cores).
-pytestmark = pytest.mark.front_door
-
 PROMPTS = jnp.array([[5, 9, 2, 7, 1, 3, 8, 4], [6, 2, 9, 0, 0, 0, 0, 0]], jnp.int32)
 LENGTHS = jnp.array([8, 3], jnp.int32)
 GREEDY = specjax.SamplingParams(temperature=0.0)
