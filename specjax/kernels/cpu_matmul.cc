@@ -186,6 +186,19 @@ constexpr int64_t kKb = 16;
 // shapes 1.1-1.3x less; bfloat16 moved within the noise. The k-blocks only
 // park float32 sums in memory, so no bit changes.
 constexpr int64_t kKbOneRow = 4;
+// Reading w straight from memory into the register tiles, the hardware
+// prefetchers fall behind once a tile computes more per byte than one float32
+// row: each row's lines kAheadBytes on are prefetched by hand. On the 2-core
+// Xeon (AMX; 2026-12-06), the benchmark's six 1B-shaped layers, before ->
+// after: float32 5 rows 56 -> 46 ms, 8 rows 67 -> 55, 16 rows 92 -> 81-85;
+// bfloat16 (vdpbf16ps) 1 row 27 -> 22, 5 rows 41 -> 32; the avx2 and avx512
+// builds alike. A float32 row alone measured 3% slower with it (its
+// prefetchers keep up), so not there. Farther ahead measured slower (bfloat16,
+// 5 rows: 32 ms at 256 bytes, 36 at 512, 44 at 1024, and no better into L2
+// only). No bit changes.
+constexpr int kAheadBytes = 256;
+template <int MT, typename W>
+constexpr bool kAhead = MT > 1 || sizeof(W) == 2;
 // The packed block of w shared by several row groups (16 KiB in float32).
 constexpr int64_t kPackRows = 32, kBlockCols = 128;
 // Up to kStreamMaxRows rows (more than one register tile): the first row
@@ -205,7 +218,9 @@ constexpr int64_t kAlign = 128;
 
 // y[0:MT, 0:NV VW] (row stride ys) = (first ? 0 : y) + x[0:MT, k0:k1] @ w[k0:k1, 0:NV VW].
 // kStore: w's vectors are also stored (as float32) to pk[(k - k0) * pks + ...].
-template <int MT, int NV, bool kStore, typename W>
+// kMem: w is read from memory (not a packed block in L1), so each row's lines
+// kAheadBytes on are prefetched where that pays (kAhead).
+template <int MT, int NV, bool kStore, bool kMem, typename W>
 inline void ColumnTile(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
                        int64_t k0, int64_t k1, bool first, float* pk, int64_t pks) {
   Vec acc[MT][NV];
@@ -216,6 +231,9 @@ inline void ColumnTile(const float* x, int64_t K, const W* w, int64_t N, float* 
     const W* row = w + k * N;
     Vec wv[NV];
     for (int j = 0; j < NV; ++j) wv[j] = Load(row + j * VW);
+    if constexpr (kMem && kAhead<MT, W>)
+      for (int b = 0; b < NV * VW * int(sizeof(W)); b += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(row) + kAheadBytes + b);
     if constexpr (kStore)
       for (int j = 0; j < NV; ++j) Store(pk + (k - k0) * pks + j * VW, wv[j]);
     for (int m = 0; m < MT; ++m) {
@@ -228,43 +246,43 @@ inline void ColumnTile(const float* x, int64_t K, const W* w, int64_t N, float* 
 }
 
 // The last r < NV vectors of a strip, as one tile of r vectors.
-template <int MT, int NV, bool kStore, typename W>
+template <int MT, int NV, bool kStore, bool kMem, typename W>
 inline void ColumnRest(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
                        int64_t k0, int64_t k1, int64_t r, bool first, float* pk, int64_t pks) {
   if constexpr (NV >= 1) {
-    if (r == NV) ColumnTile<MT, NV, kStore>(x, K, w, N, y, ys, k0, k1, first, pk, pks);
-    else ColumnRest<MT, NV - 1, kStore>(x, K, w, N, y, ys, k0, k1, r, first, pk, pks);
+    if (r == NV) ColumnTile<MT, NV, kStore, kMem>(x, K, w, N, y, ys, k0, k1, first, pk, pks);
+    else ColumnRest<MT, NV - 1, kStore, kMem>(x, K, w, N, y, ys, k0, k1, r, first, pk, pks);
   }
 }
 
-template <int MT, bool kStore, typename W>
+template <int MT, bool kStore, bool kMem, typename W>
 inline void ColumnStripS(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
                          int64_t k0, int64_t k1, int64_t nvec, bool first, float* pk,
                          int64_t pks) {
   constexpr int NV = kColNv[MT - 1];
   int64_t v = 0;
   for (; v + NV <= nvec; v += NV)
-    ColumnTile<MT, NV, kStore>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, first, kStore ? pk + v * VW : nullptr,
-                               pks);
-  ColumnRest<MT, NV - 1, kStore>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, nvec - v, first,
-                                 kStore ? pk + v * VW : nullptr, pks);
+    ColumnTile<MT, NV, kStore, kMem>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, first,
+                                     kStore ? pk + v * VW : nullptr, pks);
+  ColumnRest<MT, NV - 1, kStore, kMem>(x, K, w + v * VW, N, y + v * VW, ys, k0, k1, nvec - v,
+                                       first, kStore ? pk + v * VW : nullptr, pks);
 }
 
 // One row group of MT rows over `nvec` vectors of columns, for rows k0:k1 of w;
 // with `pk`, w's rows k0:k1 are also packed there (pks floats apart).
-template <int MT, typename W>
+template <int MT, bool kMem, typename W>
 void ColumnStrip(const float* x, int64_t K, const W* w, int64_t N, float* y, int64_t ys,
                  int64_t k0, int64_t k1, int64_t nvec, bool first, float* pk, int64_t pks) {
-  if (pk) ColumnStripS<MT, true>(x, K, w, N, y, ys, k0, k1, nvec, first, pk, pks);
-  else ColumnStripS<MT, false>(x, K, w, N, y, ys, k0, k1, nvec, first, pk, pks);
+  if (pk) ColumnStripS<MT, true, kMem>(x, K, w, N, y, ys, k0, k1, nvec, first, pk, pks);
+  else ColumnStripS<MT, false, kMem>(x, K, w, N, y, ys, k0, k1, nvec, first, pk, pks);
 }
 
 template <typename W>
 using ColumnFn = void (*)(const float*, int64_t, const W*, int64_t, float*, int64_t, int64_t,
                           int64_t, int64_t, bool, float*, int64_t);
-template <typename W, int... I>
+template <typename W, bool kMem, int... I>
 constexpr std::array<ColumnFn<W>, sizeof...(I)> ColumnTable(std::integer_sequence<int, I...>) {
-  return {{&ColumnStrip<I + 1, W>...}};
+  return {{&ColumnStrip<I + 1, kMem, W>...}};
 }
 constexpr int kColMt = sizeof(kColNv) / sizeof(int);
 
@@ -296,8 +314,9 @@ inline void Prefetch(const W* p, int64_t count) {
 // `pack`: kPackFloats floats of this chunk's own.
 template <typename W>
 void ColumnChunk(const Job& j, const W* w, int64_t n0, int64_t n1, float* pack) {
-  static constexpr auto table = ColumnTable<W>(std::make_integer_sequence<int, kColMt>());
-  static constexpr auto packed = ColumnTable<float>(std::make_integer_sequence<int, kColMt>());
+  static constexpr auto table = ColumnTable<W, true>(std::make_integer_sequence<int, kColMt>());
+  static constexpr auto packed =
+      ColumnTable<float, false>(std::make_integer_sequence<int, kColMt>());
   const int64_t M = j.M, K = j.K, N = j.N, ys = j.ys;
   const int64_t nv = N / VW * VW;  // columns past nv: the scalar tail, decided by N alone
   const int64_t vend = std::min(n1, nv);
@@ -390,6 +409,10 @@ inline void PairTile(const uint32_t* xp, int64_t K2, const uint16_t* w, int64_t 
       for (int g = 0; g < NG; ++g)
         Interleave(w + 2 * p * N + 32 * g, N, has_second, kMode == kMasked ? mask : ~0u,
                    pairs + 2 * g);
+      if constexpr (kMode == kDirect)  // bfloat16 w: always kAhead
+        for (int g = 0; g < NG; ++g)
+          for (const uint16_t* r : {w + 2 * p * N, w + (2 * p + 1) * N})
+            __builtin_prefetch(reinterpret_cast<const char*>(r + 32 * g) + kAheadBytes);
     }
     for (int m = 0; m < MT; ++m) {
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(xp[m * K2 + p]);
