@@ -183,8 +183,10 @@ constexpr int64_t kKb = 16;
 // One row (a decode step at batch 1) streams fewer rows of w at a time: on the
 // Zen 4, a 2048 x 11264 float32 product took 2.7-4.0 ms with 4 streams against
 // 3.6-4.8 with 16 (XLA's GEMV: 3.2-3.6) and the 1B layer's other float32
-// shapes 1.1-1.3x less; bfloat16 moved within the noise. The k-blocks only
-// park float32 sums in memory, so no bit changes.
+// shapes 1.1-1.3x less. Not for bfloat16 w (rows half as long): with the
+// prefetch below, the avx2 and avx512 builds' six 1B layers at one row took
+// 26 ms with 4 streams against 22-23 with 16 (2-core Xeon, 2026-12-06). The
+// k-blocks only park float32 sums in memory, so no bit changes.
 constexpr int64_t kKbOneRow = 4;
 // Reading w straight from memory into the register tiles, the hardware
 // prefetchers fall behind once a tile computes more per byte than one float32
@@ -321,7 +323,7 @@ void ColumnChunk(const Job& j, const W* w, int64_t n0, int64_t n1, float* pack) 
   const int64_t nv = N / VW * VW;  // columns past nv: the scalar tail, decided by N alone
   const int64_t vend = std::min(n1, nv);
   if (M <= kColMt) {
-    const int64_t kb = M == 1 ? kKbOneRow : kKb;
+    const int64_t kb = M == 1 && sizeof(W) == 4 ? kKbOneRow : kKb;
     for (int64_t k0 = 0; k0 < K && vend > n0; k0 += kb)
       table[M - 1](j.xf, j.xs, w + n0, N, j.acc + n0, ys, k0, std::min(k0 + kb, K),
                    (vend - n0) / VW, k0 == 0, nullptr, 0);
