@@ -101,37 +101,41 @@ def library() -> build.Library | None:
   return None
 
 
-# Where the CPU's widest build is an AVX-512 one, the AVX2 build is timed
-# beside it (its 256-bit tiles can win where AVX-512 runs at half width, as on
-# Zen 4), on products large enough for the difference to matter.
-_ALTERNATE = {"avx512_bf16": "avx2", "avx512": "avx2"}
+# Where the CPU's widest build is an AVX-512 one, the narrower builds are timed
+# beside it, on products large enough for the difference to matter: AVX2's
+# 256-bit tiles can win where AVX-512 runs at half width (Zen 4), and the plain
+# AVX-512 build's float32 FMAs beat AVX512-BF16's vdpbf16ps on bfloat16
+# products where that instruction is slow (2-core Xeon with AMX, 2026-12-06:
+# six 1B layers at 5 rows 28 ms against 32, at 8 rows 37 against 45).
+_ALTERNATE = {"avx512_bf16": ("avx512", "avx2"), "avx512": ("avx2",)}
 _ALTERNATE_MIN_WEIGHTS = 1 << 20
 
 
 def candidates() -> list[build.Library]:
   """The kernel builds calibration chooses among, first the one for this CPU's
   widest vectors (`library()`), then, unless SPECJAX_CPU_KERNEL_VARIANT names
-  one build, the AVX2 build on an AVX-512 CPU. A candidate that cannot be built
-  is left out with one warning naming the cause. Empty in mode 0 or when the
-  first cannot be built; only the first in mode 1, which times nothing (and
-  there a first that cannot be built is an error).
+  one build, the narrower builds beside an AVX-512 one (`_ALTERNATE`). A
+  candidate that cannot be built is left out with one warning naming the cause.
+  Empty in mode 0 or when the first cannot be built; only the first in mode 1,
+  which times nothing (and there a first that cannot be built is an error).
   """
   first = library()
   if first is None:
     return []
-  other = _ALTERNATE.get(first.variant)
   pinned = os.environ.get("SPECJAX_CPU_KERNEL_VARIANT", "auto") != "auto"
-  if mode() == "1" or pinned or other is None:
+  if mode() == "1" or pinned:
     return [first]
-  if other not in cpu.supported_variants():
-    return [first]
-  loaded = _load(other)
-  if isinstance(loaded, build.Library):
-    return [first, loaded]
-  if loaded not in _warned:
-    _warned.add(loaded)
-    logging.warning("specjax CPU matmul kernel: the %s build is unavailable: %s", other, loaded)
-  return [first]
+  found = [first]
+  for other in _ALTERNATE.get(first.variant, ()):
+    if other not in cpu.supported_variants():
+      continue
+    loaded = _load(other)
+    if isinstance(loaded, build.Library):
+      found.append(loaded)
+    elif loaded not in _warned:
+      _warned.add(loaded)
+      logging.warning("specjax CPU matmul kernel: the %s build is unavailable: %s", other, loaded)
+  return found
 
 
 def uses_kernel(rows: int, dtype, w_dtype, k: int, n: int, *, transposed: bool = False) -> bool:
