@@ -27,9 +27,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 F32, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
-# The builds tested here: this CPU's own, AVX2 (what an AVX2-only CPU such as
-# Zen 3 runs) and the portable one (ARM's code).
-VARIANTS = list(dict.fromkeys([cpu.supported_variants()[0], "avx2", "generic"]))
+# The builds tested here: this CPU's own and those calibration may choose beside
+# it (plain AVX-512, AVX2: what an AVX2-only CPU such as Zen 3 runs), and the
+# portable one (ARM's code).
+VARIANTS = list(dict.fromkeys([cpu.supported_variants()[0], "avx512", "avx2", "generic"]))
 VARIANTS = [v for v in VARIANTS if v in cpu.supported_variants()]
 MIXES = [(x, w, y) for x in (F32, BF16) for w in (F32, BF16) for y in (F32, BF16)]
 
