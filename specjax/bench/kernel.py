@@ -85,9 +85,10 @@ def kernel_table(
     `{"machine", "read_bandwidth_gbs", "read_bandwidth_2_threads_gbs",
     "variants", "cases": [{"dtype", "rows", "weight_bytes", "xla_ms",
     "xla_gbs", "<variant>_ms", "<variant>_gbs", "<variant>_over_xla"}],
-    "goals", "chosen_paths"}`: the variants include "chosen", the products as
-    a model runs them (`cpu_matmul.matmul`: per shape, the build or XLA that
-    calibration chose, `chosen_paths`); `goals` per variant checks one row >=
+    "goals", "chosen_paths", "chosen_candidates"}`: the variants include
+    "chosen", the products as a model runs them (`cpu_matmul.matmul`: per
+    shape, the build or XLA that calibration chose, `chosen_paths`, among XLA
+    and the builds `chosen_candidates`); `goals` per variant checks one row >=
     0.8 x the 2-thread read bandwidth, 5 rows <= 1.3 x one row, and never
     slower than XLA.
   """
@@ -154,9 +155,9 @@ def kernel_table(
       result["cases"].append(case)
     del layers
   result["goals"] = {name: _goals(result, name) for name in (*libraries, CHOSEN)}
-  result["chosen_paths"] = {
-    key: decision["path"] for key, decision in cpu_matmul.kernel_status()["decisions"].items()
-  }
+  status = cpu_matmul.kernel_status()
+  result["chosen_paths"] = {key: decision["path"] for key, decision in status["decisions"].items()}
+  result["chosen_candidates"] = status["candidates"]
   return result
 
 
