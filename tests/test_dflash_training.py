@@ -22,6 +22,7 @@ from configs import train_dflash
 from helpers import TINY, copy_corpus, tiny_token_data
 from specjax.data import TokenDataset
 from specjax.drafting import DFlashDrafter
+from specjax.drafting.base import Commit
 from specjax.hf.export import save_model
 from specjax.models.heads import DFlashHead, HeadConfig, make_head
 from specjax.training import heads as head_training
@@ -78,6 +79,34 @@ def test_drafting_reads_what_training_read(target, mask_token_id):
     np.testing.assert_allclose(proposal.probs, jax.nn.softmax(trained[:, j]), atol=1e-5)
     logits = head.draft_logits(target, state.cache, last[:, 0])
     np.testing.assert_allclose(logits, trained[:, j], atol=1e-4, rtol=1e-5)
+
+
+def test_drafting_after_a_commit_reads_what_training_read(target):
+  """After one iteration commits (rows keeping 1, 3 and all BLOCK tokens, a row
+  that stopped), the next draft's logits equal the training form's at the new
+  s[-1]: `commit` writes the kept tokens' features at the right slots and moves
+  each row's context length exactly (a misaligned commit would only lower the
+  acceptance, which the exactness tests cannot see)."""
+  head = _head()
+  b, t, p, g = 4, 24, 10, BLOCK - 1
+  tokens = jax.random.randint(jax.random.key(8), (b, t), 0, CFG.vocab_size, dtype=jnp.int32)
+  features = target.forward_cached(
+    tokens, target.init_cache(b, t), return_hidden=head.cfg.target_features
+  )[2]
+  drafter = DFlashDrafter(target, head)
+  state = drafter.init(tokens[:, :p], jnp.full((b,), p), tokens[:, p], 32, hidden=features[:, :p])
+  old = jnp.full((b,), p + 1)  # len(s); s[-1] = tokens[p]
+  kept = jnp.array([1, 3, BLOCK, 2])
+  goes_on = jnp.array([True, True, True, False])
+  emitted, hidden = tokens[:, p + 1 : p + 2 + g], features[:, p : p + g + 1]
+  state = drafter.commit(state, Commit(emitted, old, old + kept, goes_on, hidden))
+  anchors = jnp.where(goes_on, p + kept, p)  # the index of the new s[-1]
+  np.testing.assert_array_equal(state.cache.lengths, anchors)
+  last = jnp.take_along_axis(tokens, anchors[:, None], axis=1)[:, 0]
+  want = head(target, features, tokens, anchors[:, None])[:, 0]  # [B, BLOCK - 1, V]
+  np.testing.assert_allclose(
+    head.draft_logits(target, state.cache, last), want, atol=1e-4, rtol=1e-5
+  )
 
 
 def test_one_update_lowers_the_decayed_cross_entropy(target):
