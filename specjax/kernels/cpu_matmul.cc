@@ -313,7 +313,12 @@ struct Job {
 // Packing reads w from memory in short runs and the row groups then compute
 // without touching memory, so the hardware prefetchers fall behind: each row's
 // next block (`count` elements from p, past the chunk's end: harmless) is
-// fetched by hand while the row groups work on this one.
+// fetched by hand while the row groups work on this one. Reading w and
+// computing still take turns: at 47 float32 rows, packing alone took 4.3 ms of
+// a 2048 x 11264 product, the FMAs alone 6.8 and both 12-14. Spreading these
+// prefetches over the FMA loops (a few lines per step) measured slower, not
+// overlapped: six 1B layers 141 -> 161 ms into L2, 185 into L1 (2-core Xeon,
+// 2026-12-06).
 template <typename W>
 inline void Prefetch(const W* p, int64_t count) {
   for (int64_t i = 0; i < count; i += 64 / sizeof(W)) __builtin_prefetch(p + i);
