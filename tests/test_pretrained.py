@@ -190,6 +190,7 @@ def test_iteration_profile_runs():
     "draft_propose_ms",
     "verify_ms",
     "ar_ms_per_token",
+    "prefill_ms",
     "spec_ms_per_iteration",
   ):
     assert result[key] > 0, key
