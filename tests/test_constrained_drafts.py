@@ -37,6 +37,7 @@ DRAFTERS = {
   "bigram": lambda t, d: (make_drafter("bigram", t, d), 3),
   "static_tree": lambda t, d: (TreeDrafter(d, TREE), len(TREE)),
   "medusa_tree": lambda t, d: (head_drafter("medusa", t).replace(tree=TREE), len(TREE)),
+  "dflash_tree": lambda t, d: (make_drafter("dflash", t, d).replace(tree=TREE), len(TREE)),
   "eagle2": lambda t, d: (head_drafter("eagle", t).replace(tree=trees.DynamicTree(5, 3, 3, 2)), 5),
 }
 
@@ -75,14 +76,26 @@ def test_every_masking_drafter_proposes_only_allowed_tokens(target, draft, regex
     lengths = np.asarray(proposal.lengths)
     proposed = np.arange(gamma)[None, :] < lengths[:, None]
     assert proposed.any()
-    assert (path[:, 1:][proposed] >= 0).all(), "a drafted token the constraint forbids"
+    allowed = np.asarray(C.allowed(rules.table, jnp.asarray(_drawn_in(path, proposal.tree))))
+    live = proposed & ~_past_support(allowed, proposal.tree)
+    assert (path[:, 1:][live] >= 0).all(), "a drafted token the constraint forbids"
     if proposal.probs is not None:  # q itself is masked: no mass on forbidden tokens
-      allowed = np.asarray(C.allowed(rules.table, jnp.asarray(_drawn_in(path, proposal.tree))))
       q = np.asarray(proposal.probs)[..., :512]
       assert (q[proposed] * ~allowed[proposed]).max() == 0
     proposal, path = _proposal(target, drafter, gamma, rules, sampling, masked=False)
     forbidden_unmasked += int((path[:, 1:] < 0).sum())
   assert forbidden_unmasked > 0, "unmasked, the drafter should propose forbidden tokens"
+
+
+def _past_support(allowed: np.ndarray, tree) -> np.ndarray:
+  """`[B, g]` tree nodes whose sibling rank is past the tokens their parent's state
+  allows (`allowed [B, g, V]`): dead children (q = 0, never accepted), drawn once
+  the allowed ones run out."""
+  if tree is None:
+    return np.zeros(allowed.shape[:2], bool)
+  parents = np.asarray(tree.parents)  # [1, N] static, or [B, N] per row (EAGLE-2)
+  ranks = np.asarray([trees.sibling_ranks(tuple(int(u) for u in row)) for row in parents])
+  return ranks >= allowed.sum(axis=-1)
 
 
 def _drawn_in(path: np.ndarray, tree) -> np.ndarray:

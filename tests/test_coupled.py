@@ -285,6 +285,7 @@ DRAFTERS = {
   "bigram": lambda t, d: (make_drafter("bigram", t, d), 3),
   "static_tree": lambda t, d: (TreeDrafter(d, TREE), len(TREE)),
   "medusa_tree": lambda t, d: (head_drafter("medusa", t, num_heads=3).replace(tree=TREE), 5),
+  "dflash_tree": lambda t, d: (make_drafter("dflash", t, d).replace(tree=TREE), len(TREE)),
   "eagle2": lambda t, d: (head_drafter("eagle", t).replace(tree=trees.DynamicTree(5, 3, 3, 2)), 5),
 }
 

@@ -81,6 +81,33 @@ def test_drafting_reads_what_training_read(target, mask_token_id):
     np.testing.assert_allclose(logits, trained[:, j], atol=1e-4, rtol=1e-5)
 
 
+def test_a_tree_draws_each_depth_from_its_block_position(target):
+  """With a tree, one call drafts every depth: a node at depth d was drawn from the
+  training form's law at block position d (q its parent's row), and at temperature
+  0 the children of every depth-d node are that position's top-k."""
+  head = _head()
+  b, t, p = 2, 24, 9
+  tokens = jax.random.randint(jax.random.key(6), (b, t), 0, CFG.vocab_size, dtype=jnp.int32)
+  features = target.forward_cached(
+    tokens, target.init_cache(b, t), return_hidden=head.cfg.target_features
+  )[2]
+  want = head(target, features, tokens, jnp.full((b, 1), p))[:, 0]  # [B, BLOCK - 1, V]
+  tree = specjax.trees.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1)])
+  drafter = DFlashDrafter(target, head, tree=tree)
+  state = drafter.init(tokens, jnp.full((b,), p), tokens[:, p], 32, hidden=features)
+  propose = lambda sampling: drafter.propose(
+    state, tokens[:, p : p + 1], jax.random.key(2), jnp.full((b,), 7), gamma=7, sampling=sampling
+  )[0]
+  depth = np.asarray(specjax.trees.tree_depths(tree)) - 1
+  sampled = propose(specjax.SamplingParams(temperature=1.0))
+  assert sampled.calls == 1 and sampled.tree is not None
+  np.testing.assert_allclose(sampled.probs, jax.nn.softmax(want[:, depth]), atol=1e-5)
+  greedy = np.asarray(propose(specjax.GREEDY).tokens)
+  top = np.argsort(-np.asarray(want), axis=-1)  # [B, BLOCK - 1, V]
+  rank = np.asarray(specjax.trees.sibling_ranks(tree))
+  np.testing.assert_array_equal(greedy, top[:, depth, rank])
+
+
 def test_drafting_after_a_commit_reads_what_training_read(target):
   """After one iteration commits (rows keeping 1, 3 and all BLOCK tokens, a row
   that stopped), the next draft's logits equal the training form's at the new

@@ -271,7 +271,7 @@ def test_head_drafters_are_exact_with_top_k_and_top_p(pair, name, verifier):
 TREE = specjax.trees.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
 
 
-@pytest.mark.sample("eagle2_wor_top_p")
+@pytest.mark.sample("eagle2_wor_top_p", "dflash_wor_top_k")
 @pytest.mark.parametrize(
   "name, mode, sampling",
   [
@@ -279,13 +279,22 @@ TREE = specjax.trees.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
     ("model", "without_replacement", specjax.SamplingParams(temperature=0.8, top_k=2)),
     ("medusa", "iid", specjax.SamplingParams(temperature=1.0)),
     ("eagle2", "without_replacement", specjax.SamplingParams(temperature=1.0, top_p=0.9)),
+    ("dflash", "without_replacement", specjax.SamplingParams(temperature=0.9, top_k=4)),
+    ("dflash", "iid", specjax.SamplingParams(temperature=1.0)),
   ],
-  ids=["model_iid", "model_wor_top_k", "medusa_iid", "eagle2_wor_top_p"],
+  ids=[
+    "model_iid",
+    "model_wor_top_k",
+    "medusa_iid",
+    "eagle2_wor_top_p",
+    "dflash_wor_top_k",
+    "dflash_iid",
+  ],
 )
 def test_tree_drafting_matches_target_law(pair, name, mode, sampling):
-  """Token trees (the draft model, Medusa heads; EAGLE-2's trees, which differ per
-  row) drafted and verified in both sibling modes keep the target's law of the
-  first three tokens."""
+  """Token trees (the draft model, Medusa heads, the block drafter; EAGLE-2's trees,
+  which differ per row) drafted and verified in both sibling modes keep the
+  target's law of the first three tokens."""
   target, draft = pair
   tree = TREE
   if name == "model":

@@ -141,7 +141,7 @@ def test_commit_leaves_caches_as_a_recompute_would(target, draft, prompts):
         np.testing.assert_allclose(got[row, :, :n], want[row, :, :n], atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["model", "medusa", "eagle", "eagle2"])
+@pytest.mark.parametrize("name", ["model", "medusa", "eagle", "eagle2", "dflash"])
 def test_greedy_tree_decoding_is_the_targets_greedy_output(
   target, noisy_target, prompts, greedy_reference, name
 ):
@@ -151,6 +151,8 @@ def test_greedy_tree_decoding_is_the_targets_greedy_output(
     "eagle": lambda: head_drafter("eagle", target).replace(tree=TREE),
     # EAGLE-2: 5 of 3 + 2 x 2 x 3 candidates, a tree per row
     "eagle2": lambda: head_drafter("eagle", target).replace(tree=trees.DynamicTree(5, 3, 3, 2)),
+    # the block drafter: depth d's children from block position d + 1, one call
+    "dflash": lambda: head_drafter("dflash", target, block_size=4).replace(tree=TREE),
   }[name]()
   out = specjax.speculative_generate(
     target, drafter, *prompts, gamma=len(TREE), max_new_tokens=16, sampling=specjax.GREEDY
@@ -177,6 +179,8 @@ def test_tree_drafters_refuse_what_does_not_apply(target, draft, prompts):
     run(adaptive="schedule")
   with pytest.raises(ValueError, match="depth <= 2"):
     head_drafter("medusa", target, num_heads=2).replace(tree=TREE)
+  with pytest.raises(ValueError, match=r"depth <= 2 \(block_size - 1"):
+    head_drafter("dflash", target, block_size=3).replace(tree=TREE)
   with pytest.raises(ValueError, match="DynamicTree.branch must be an int >= 1, got 0"):
     trees.DynamicTree(8, 3, branch=0)
   with pytest.raises(ValueError, match="size <= branch"):

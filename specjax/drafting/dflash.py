@@ -18,6 +18,13 @@ token i given them: token and block verification stay exact at any temperature,
 and at temperature 0 (argmax drafts) the output equals the target's greedy
 decoding. Under a constraint each position's law is masked by the state its
 drafted prefix reaches, as other drafters do.
+
+With a `tree` (a static breadth-first token tree, `specjax.trees`) the same one
+call gives every depth's law: a node at depth d has its children drawn from
+position d + 1's law, the same whatever the node, as Medusa's heads do (the top-k
+at temperature 0, Gumbel-top-k or i.i.d. draws otherwise); `tree_verify` then
+accepts the longest path the target agrees with. The commit receives the
+accepted path's features in chain order, so it is the chain's.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import trees
 from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   Commit,
@@ -35,6 +43,7 @@ from specjax.drafting.base import (
   VocabSubset,
   draw_chain_token,
 )
+from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_tree
 from specjax.models.heads import DFlashHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -62,12 +71,18 @@ class DFlashDrafter(DrafterBase, VocabSubset):
       or "argmax" (each position's most likely token, q one-hot). At temperature
       0 both draft the argmax.
     vocab_subset: None, or `[K]` ids to draft among (FR-Spec; `with_vocab_subset`).
+    tree: None (a chain of gamma tokens), or a static breadth-first token tree
+      of depth <= block_size - 1 (`specjax.trees`); then gamma is its number of
+      nodes and `draft` does not apply (siblings follow `tree_mode`).
+    tree_mode: how a tree's siblings are drawn, "without_replacement" or "iid".
   """
 
   target: Transformer
   head: DFlashHead
   draft: str = struct.field(pytree_node=False, default="sample")
   vocab_subset: jax.Array | None = None
+  tree: tuple[int, ...] | None = struct.field(pytree_node=False, default=None)
+  tree_mode: str = struct.field(pytree_node=False, default="without_replacement")
 
   prefill_calls = 1
   constrained_drafts = True
@@ -76,6 +91,15 @@ class DFlashDrafter(DrafterBase, VocabSubset):
     self.head.cfg.check_target(self.target.cfg)
     if self.draft not in DRAFT_MODES:
       raise ValueError(f"draft must be one of {DRAFT_MODES}, got {self.draft!r}.")
+    check_tree_mode(self.tree_mode)
+    if self.tree is not None:
+      object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))
+      depth, most = len(trees.levels(self.tree)), self.block_size - 1
+      if depth > most:
+        raise ValueError(
+          f"tree must have depth <= {most} (block_size - 1: one block position per "
+          f"depth), got {depth}."
+        )
 
   @property
   def vocab_size(self) -> int:
@@ -90,7 +114,9 @@ class DFlashDrafter(DrafterBase, VocabSubset):
     return self.head.cfg.block_size
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
-    if not 1 <= gamma <= self.block_size - 1:
+    if self.tree is not None:
+      check_tree_gamma(self.tree, gamma)
+    elif not 1 <= gamma <= self.block_size - 1:
       raise ValueError(
         f"gamma must be in [1, {self.block_size - 1}] for a block drafter of block_size "
         f"{self.block_size} (one call drafts block_size - 1 tokens), got {gamma}."
@@ -118,6 +144,8 @@ class DFlashDrafter(DrafterBase, VocabSubset):
     constraint: DraftConstraint | None = None,
   ) -> tuple[Proposal, DFlashState]:
     last = fit_ids(recent[:, -1], self.vocab_size)
+    if self.tree is not None:
+      return self._propose_tree(state, last, key, sampling, constraint), state
     logits = self.head.draft_logits(self.target, state.cache, last, self.vocab_subset, gamma)
     b = logits.shape[0]
     argmax = sampling.greedy or self.draft == "argmax"
@@ -135,6 +163,22 @@ class DFlashDrafter(DrafterBase, VocabSubset):
       jnp.int32(1),
     )
     return proposal, state
+
+  def _propose_tree(self, state, last, key, sampling, constraint) -> Proposal:
+    depths = trees.tree_depths(self.tree)
+    logits = self.head.draft_logits(
+      self.target, state.cache, last, self.vocab_subset, max(depths)
+    )  # [B, depth, V]: position d + 1's law gives the children of every depth-d node
+
+    def read(start, stop, tokens):
+      d = depths[start]
+      return jnp.broadcast_to(logits[:, d : d + 1], (*tokens.shape, logits.shape[-1]))
+
+    tokens, probs = draft_tree(
+      self.tree, self.tree_mode, sampling, key, logits[:, 0], read, constraint
+    )
+    lengths = jnp.full((last.shape[0],), len(self.tree), jnp.int32)
+    return Proposal(tokens, probs, lengths, jnp.int32(1), trees.Tree.static(self.tree))
 
   def commit(self, state: DFlashState, commit: Commit) -> DFlashState:
     start = commit.old_length - 1  # the slot of s[-1], the first scored position

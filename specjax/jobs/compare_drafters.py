@@ -161,8 +161,10 @@ def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
       continue
     drafter = tree_drafters[name]
     max_depth = config.trees.max_depth or config.gamma
-    if name == HEAD_NAMES["medusa"]:
+    if name == HEAD_NAMES["medusa"]:  # one head per depth
       max_depth = min(max_depth, drafter.heads.cfg.num_heads)
+    if name == HEAD_NAMES["dflash"]:  # one block position per depth
+      max_depth = min(max_depth, drafter.block_size - 1)
     for size in config.trees.sizes:
       tree = trees.best(rates, size, max_depth)
       label = f"{name}, tree N={size} depth {max(trees.tree_depths(tree))}"
