@@ -1,6 +1,7 @@
 """The block drafter (DFlash) side by side with the draft model, the EAGLE chain,
-EAGLE-2 trees and self-speculation (early exit, layer skip), at T = 0 (greedy
-verification) and T = 1 (token verification), batch 1, in one run:
+EAGLE-2 trees, static trees (the block drafter's and the EAGLE head's) and
+self-speculation (early exit, layer skip), at T = 0 (greedy verification) and
+T = 1 (token verification), batch 1, in one run:
 
   python -m experiments.compare_drafters --config=configs/compare_block.py \
       --output_json=runs/block.json --output_md=runs/block.md
@@ -39,8 +40,15 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.fr_spec = 0
   c.gamma_sweep = ()
   c.adaptive = ()
-  c.trees.sizes = ()
   c.trees.eagle2 = ((8, 4, 2, 2),)  # EAGLE-2: 8 nodes, depth 4 (the chain's 4 + 1 rows, wider)
+  # Static trees as deep as the block (B - 1 = 7): the block drafter's depth-d
+  # children come from its block position d + 1, all from its one call; the EAGLE
+  # head's static trees of the same sizes (one head call per depth) beside them.
+  c.trees.sizes = (16, 64)
+  c.trees.max_depth = 7
+  c.trees.rank_acceptance = ml_collections.ConfigDict(
+    {"EAGLE head": (0.9, 0.05, 0.02), "block drafter": (0.7, 0.15, 0.08, 0.04)}
+  )
   c.cross_tokenizer = False
   if preset == "1b":
     c.scale, c.dtype, c.draft_dtype = "1b", "float32", "bfloat16"
@@ -49,10 +57,12 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.num_runs = 3
     # A grown layer count: the 2 kept layers sit at 0 and 4 of 22 (models.expand.layer_map).
     c.layer_skip = (5,)
+    c.trees.sizes = (8, 16)  # a tree's N + 1 rows are verified in one call: keep N small
   if preset == "smoke":
     compare_drafters.smoke(c)
     c.heads = ("dflash",)
     c.layer_skip = ()
     c.head_gammas = ml_collections.ConfigDict(dict(dflash=()))
     c.trees.eagle2 = ()
+    c.trees.sizes = ()
   return c
