@@ -43,7 +43,7 @@ from specjax.drafting.base import (
   VocabSubset,
   draw_chain_token,
 )
-from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_tree
+from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_depth_tree
 from specjax.models.heads import DFlashHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -165,20 +165,10 @@ class DFlashDrafter(DrafterBase, VocabSubset):
     return proposal, state
 
   def _propose_tree(self, state, last, key, sampling, constraint) -> Proposal:
-    depths = trees.tree_depths(self.tree)
-    logits = self.head.draft_logits(
-      self.target, state.cache, last, self.vocab_subset, max(depths)
-    )  # [B, depth, V]: position d + 1's law gives the children of every depth-d node
-
-    def read(start, stop, tokens):
-      d = depths[start]
-      return jnp.broadcast_to(logits[:, d : d + 1], (*tokens.shape, logits.shape[-1]))
-
-    tokens, probs = draft_tree(
-      self.tree, self.tree_mode, sampling, key, logits[:, 0], read, constraint
-    )
-    lengths = jnp.full((last.shape[0],), len(self.tree), jnp.int32)
-    return Proposal(tokens, probs, lengths, jnp.int32(1), trees.Tree.static(self.tree))
+    depth = len(trees.levels(self.tree))
+    # [B, depth, V]: block position d + 1's law gives every depth-d node's children
+    logits = self.head.draft_logits(self.target, state.cache, last, self.vocab_subset, depth)
+    return draft_depth_tree(self.tree, self.tree_mode, sampling, key, logits, constraint)
 
   def commit(self, state: DFlashState, commit: Commit) -> DFlashState:
     start = commit.old_length - 1  # the slot of s[-1], the first scored position

@@ -30,7 +30,7 @@ from specjax.drafting.base import (
   VocabSubset,
   check_confidence,
 )
-from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_tree
+from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_depth_tree
 from specjax.models.heads import MedusaHeads
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
@@ -163,17 +163,8 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
     constraint: DraftConstraint | None = None,
   ):
     depth = len(trees.levels(self.tree))
-    logits = self._logits(self.heads(feature, num_heads=depth))  # [B, depth, V]
-
-    def read(start, stop, tokens):  # a node at depth d: its children follow head d
-      d = trees.tree_depths(self.tree)[start]
-      return jnp.broadcast_to(logits[:, d : d + 1], (*tokens.shape, logits.shape[-1]))
-
-    tokens, probs = draft_tree(
-      self.tree, self.tree_mode, sampling, key, logits[:, 0], read, constraint
-    )
-    lengths = jnp.full((feature.shape[0],), len(self.tree), jnp.int32)
-    return Proposal(tokens, probs, lengths, jnp.int32(1), trees.Tree.static(self.tree))
+    logits = self._logits(self.heads(feature, num_heads=depth))  # [B, depth, V]: head d
+    return draft_depth_tree(self.tree, self.tree_mode, sampling, key, logits, constraint)
 
   def commit(self, feature: jax.Array, commit: Commit) -> jax.Array:
     kept = commit.new_length - commit.old_length  # n + 1; hidden[n] predicted s'[-1]

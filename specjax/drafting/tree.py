@@ -148,6 +148,29 @@ def draft_tree(
   return jnp.stack(tokens, axis=1), None if sampling.greedy else jnp.stack(probs, axis=1)
 
 
+def draft_depth_tree(
+  parents: tuple[int, ...],
+  mode: str,
+  sampling: SamplingParams,
+  key: jax.Array,
+  logits: jax.Array,
+  constraint: DraftConstraint | None = None,
+) -> Proposal:
+  """A static tree from one call's per-depth laws (Medusa's heads, the block
+  drafter's positions): every node at depth d draws its children from
+  `logits[:, d]` (`[B, depth, V]`), whatever the node; `draft_tree`'s siblings.
+  Returns the whole tree's `Proposal` (lengths N, one call)."""
+  depths = trees.tree_depths(parents)
+
+  def read(start, stop, tokens):  # the nodes of one depth: their children's law
+    d = depths[start]
+    return jnp.broadcast_to(logits[:, d : d + 1], (*tokens.shape, logits.shape[-1]))
+
+  tokens, probs = draft_tree(parents, mode, sampling, key, logits[:, 0], read, constraint)
+  lengths = jnp.full((logits.shape[0],), len(parents), jnp.int32)
+  return Proposal(tokens, probs, lengths, jnp.int32(1), trees.Tree.static(parents))
+
+
 @struct.dataclass
 class TreeDrafter(CachedDrafting):
   """Drafts a static token tree with a `Transformer` (optionally its first layers).
