@@ -76,8 +76,9 @@ def test_every_masking_drafter_proposes_only_allowed_tokens(target, draft, regex
     lengths = np.asarray(proposal.lengths)
     proposed = np.arange(gamma)[None, :] < lengths[:, None]
     assert proposed.any()
-    allowed = np.asarray(C.allowed(rules.table, jnp.asarray(_drawn_in(path, proposal.tree))))
-    live = proposed & ~_past_support(allowed, proposal.tree)
+    drawn_in = _drawn_in(path, proposal.tree)
+    allowed = np.asarray(C.allowed(rules.table, jnp.asarray(drawn_in)))
+    live = proposed & ~_past_support(allowed, drawn_in, proposal.tree)
     assert (path[:, 1:][live] >= 0).all(), "a drafted token the constraint forbids"
     if proposal.probs is not None:  # q itself is masked: no mass on forbidden tokens
       q = np.asarray(proposal.probs)[..., :512]
@@ -87,15 +88,15 @@ def test_every_masking_drafter_proposes_only_allowed_tokens(target, draft, regex
   assert forbidden_unmasked > 0, "unmasked, the drafter should propose forbidden tokens"
 
 
-def _past_support(allowed: np.ndarray, tree) -> np.ndarray:
-  """`[B, g]` tree nodes whose sibling rank is past the tokens their parent's state
-  allows (`allowed [B, g, V]`): dead children (q = 0, never accepted), drawn once
-  the allowed ones run out."""
+def _past_support(allowed: np.ndarray, drawn_in: np.ndarray, tree) -> np.ndarray:
+  """`[B, g]` dead tree nodes (q = 0, never accepted): a sibling rank past the
+  tokens its parent's state allows (`allowed [B, g, V]`, drawn once the allowed
+  ones run out), or a dead parent (`drawn_in` < 0)."""
   if tree is None:
     return np.zeros(allowed.shape[:2], bool)
   parents = np.asarray(tree.parents)  # [1, N] static, or [B, N] per row (EAGLE-2)
   ranks = np.asarray([trees.sibling_ranks(tuple(int(u) for u in row)) for row in parents])
-  return ranks >= allowed.sum(axis=-1)
+  return (ranks >= allowed.sum(axis=-1)) | (drawn_in < 0)
 
 
 def _drawn_in(path: np.ndarray, tree) -> np.ndarray:
