@@ -43,7 +43,12 @@ from specjax.drafting.base import (
   VocabSubset,
   draw_chain_token,
 )
-from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_depth_tree
+from specjax.drafting.tree import (
+  check_tree_depth,
+  check_tree_gamma,
+  check_tree_mode,
+  draft_depth_tree,
+)
 from specjax.models.heads import DFlashHead
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
@@ -94,12 +99,7 @@ class DFlashDrafter(DrafterBase, VocabSubset):
     check_tree_mode(self.tree_mode)
     if self.tree is not None:
       object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))
-      depth, most = len(trees.levels(self.tree)), self.block_size - 1
-      if depth > most:
-        raise ValueError(
-          f"tree must have depth <= {most} (block_size - 1: one block position per "
-          f"depth), got {depth}."
-        )
+      check_tree_depth(self.tree, self.max_tree_depth, "block_size - 1: one block position")
 
   @property
   def vocab_size(self) -> int:
@@ -112,6 +112,11 @@ class DFlashDrafter(DrafterBase, VocabSubset):
   @property
   def block_size(self) -> int:
     return self.head.cfg.block_size
+
+  @property
+  def max_tree_depth(self) -> int:
+    """The deepest tree it drafts: one block position per depth."""
+    return self.block_size - 1
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     if self.tree is not None:

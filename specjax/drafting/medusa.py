@@ -30,7 +30,12 @@ from specjax.drafting.base import (
   VocabSubset,
   check_confidence,
 )
-from specjax.drafting.tree import check_tree_gamma, check_tree_mode, draft_depth_tree
+from specjax.drafting.tree import (
+  check_tree_depth,
+  check_tree_gamma,
+  check_tree_mode,
+  draft_depth_tree,
+)
 from specjax.models.heads import MedusaHeads
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
@@ -68,15 +73,18 @@ class MedusaDrafter(ConfidenceLength, VocabSubset):
     check_tree_mode(self.tree_mode)
     if self.tree is not None:
       object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))
-      k, depth = self.heads.cfg.num_heads, len(trees.levels(self.tree))
-      if depth > k:
-        raise ValueError(f"tree must have depth <= {k} (one Medusa head per depth), got {depth}.")
+      check_tree_depth(self.tree, self.max_tree_depth, "one Medusa head")
       if self.confidence > 0:
         raise ValueError("confidence must be 0 with a tree (a tree is drafted whole).")
 
   @property
   def vocab_size(self) -> int:
     return self.target.cfg.vocab_size
+
+  @property
+  def max_tree_depth(self) -> int:
+    """The deepest tree it drafts: one head per depth."""
+    return self.heads.cfg.num_heads
 
   def _logits(self, features: jax.Array) -> jax.Array:
     if hasattr(self.heads, "logits"):  # hub heads draft through their own lm_heads

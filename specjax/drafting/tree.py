@@ -41,6 +41,14 @@ def check_tree_mode(mode) -> str:
   return mode
 
 
+def check_tree_depth(tree: tuple[int, ...], most: int, per_depth: str) -> None:
+  """ValueError unless `tree` is at most `most` deep: drafters whose one call gives
+  a fixed number of per-depth laws (`per_depth`: what each depth reads)."""
+  depth = len(trees.levels(tree))
+  if depth > most:
+    raise ValueError(f"tree must have depth <= {most} ({per_depth} per depth), got {depth}.")
+
+
 def check_tree_gamma(tree: tuple[int, ...], gamma: int) -> None:
   """A tree drafter proposes exactly its N nodes: gamma must be N."""
   if gamma != len(tree):

@@ -161,10 +161,9 @@ def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
       continue
     drafter = tree_drafters[name]
     max_depth = config.trees.max_depth or config.gamma
-    if name == HEAD_NAMES["medusa"]:  # one head per depth
-      max_depth = min(max_depth, drafter.heads.cfg.num_heads)
-    if name == HEAD_NAMES["dflash"]:  # one block position per depth
-      max_depth = min(max_depth, drafter.block_size - 1)
+    # Drafters whose one call gives a fixed number of per-depth laws (Medusa's
+    # heads, the block drafter's positions) draft trees no deeper than that.
+    max_depth = min(max_depth, getattr(drafter, "max_tree_depth", max_depth))
     for size in config.trees.sizes:
       tree = trees.best(rates, size, max_depth)
       label = f"{name}, tree N={size} depth {max(trees.tree_depths(tree))}"
