@@ -71,9 +71,9 @@ def get_config() -> ml_collections.ConfigDict:
   # floor report, config.report_floor, is the first batch's).
   config.prompt_file = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
-  # (specjax.jobs.decode.DEFAULT_GAMMA: 4 at batch 1, 1 from batch 8 on) and the
-  # drafter (DRAFTER_GAMMA: early exit drafts 1; a block drafter its block_size - 1
-  # while the batch drafts 4).
+  # (specjax.jobs.drafters.GAMMA_BY_BATCH: 4 at batch 1, 1 from batch 8 on) and the
+  # drafter (its `preferred_gamma`: early exit drafts 1; a block drafter its
+  # block_size - 1 while the batch drafts 4).
   config.gamma = 0
   # auto (greedy at T=0, else token) | token | block | greedy | coupled (Gumbel-max:
   # each row's text a function of its key, the same with every drafter)

@@ -1,5 +1,5 @@
 """A block drafter (DFlash, arXiv 2602.06036) on the bundled target, trained with the
-published recipe (specjax.models.heads.DFlashHead, specjax.training.heads):
+published recipe (specjax.heads.dflash, specjax.training.heads):
 
   python -m experiments.train --config=configs/train_dflash.py --workdir=runs/dflash \
       --config.data.dir=runs/data_gen

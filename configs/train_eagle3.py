@@ -1,5 +1,5 @@
 """An EAGLE-3 head (Li et al. 2025) on the bundled target, trained with the
-training-time test (specjax.models.eagle3, specjax.training.heads):
+training-time test (specjax.heads.eagle3, specjax.training.heads):
 
   python -m experiments.train --config=configs/train_eagle3.py --workdir=runs/eagle3 \
       --config.data.dir=runs/data

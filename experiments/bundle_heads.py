@@ -63,10 +63,7 @@ def bundle(runs: dict[str, str], out: str) -> dict:
     tensors = {k: v.astype("bfloat16") for k, v in head_tensors(head).items()}
     save_file(tensors, os.path.join(directory, head_kinds.WEIGHTS_FILE))
     os.chmod(os.path.join(directory, head_kinds.WEIGHTS_FILE), 0o644)  # safetensors writes 0600
-    with open(os.path.join(run, head_kinds.CONFIG_FILE)) as f:
-      head_config = json.load(f)
-    with open(os.path.join(directory, head_kinds.CONFIG_FILE), "w") as f:
-      json.dump(head_config, f, indent=2)
+    head_kinds.write_config(directory, head.cfg)
     record = run_record(run)
     heads[kind] = _portable(
       {"params": num_params(head), "run": run, **record, **_data_record(record["config"])}
@@ -74,7 +71,7 @@ def bundle(runs: dict[str, str], out: str) -> dict:
   # The target weights the heads were trained on, as the pair's card records them.
   target_sum = pretrained.model_card().get("sha256", {}).get("target/model.safetensors")
   card = {"target": {"dir": "../target", "model.safetensors sha256": target_sum}, "heads": heads}
-  card["sha256"] = pretrained.head_file_sums(out, [k for k in head_kinds.NAMES if k in heads])
+  card["sha256"] = pretrained.head_file_sums(out, [k for k in head_kinds.names() if k in heads])
   with open(card_path, "w") as f:
     json.dump(card, f, indent=2)
   return card
@@ -96,9 +93,9 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
   f = flags.FLAGS
-  runs = {kind: f[kind].value for kind in head_kinds.NAMES if f[kind].value}
+  runs = {kind: f[kind].value for kind in head_kinds.names() if f[kind].value}
   if not runs:
-    raise app.UsageError(f"give at least one of --{', --'.join(head_kinds.NAMES)}")
+    raise app.UsageError(f"give at least one of --{', --'.join(head_kinds.names())}")
   card = bundle(runs, f.out)
   summary = {
     kind: {k: card["heads"][kind][k] for k in ("params", "steps", "final_eval", "wall_seconds")}
@@ -109,7 +106,7 @@ def main(argv):
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
-  for kind in head_kinds.NAMES:
+  for kind in head_kinds.names():
     flags.DEFINE_string(kind, None, f"Run directory of a {kind} head (experiments.train).")
   flags.DEFINE_string("out", pretrained.HEADS_DIR, "Output directory.")
 

@@ -58,10 +58,8 @@ import specjax
 from configs import compare_trees
 from configs import decode_table as decode_table_config
 from experiments import common
-from specjax import bench, trees
-from specjax.drafting import EagleDrafter
+from specjax import bench, heads, trees
 from specjax.jobs import compare_drafters, decode_table
-from specjax.models.heads import EagleHead, HeadConfig
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table, write_json
 from specjax.validation import check_output_path
@@ -367,7 +365,8 @@ def decode_rows(target, draft, sizes: dict, result: dict) -> list[dict]:
     f"{target.num_params / 1e6:.0f}M params, floor {floor_ms:.3f} ms/step"
   )
   vocab = sizes["target"]["vocab_size"]
-  eagle = EagleDrafter(target, EagleHead(HeadConfig("eagle", target.cfg), rngs=nnx.Rngs(2)))
+  head = heads.make_head(heads.config("eagle", target.cfg), rngs=nnx.Rngs(2))
+  eagle = heads.drafter(target, head)
   drafts = {"68m": draft, "self": target, "eagle": eagle}
   rows = []
   for batch, which in CASES:

@@ -6,6 +6,7 @@ Public surface:
   verify.token_verify, verify.block_verify, verify.greedy_verify
                                               -- verification rules (specjax.verify)
   drafting.NGramDrafter, drafting.layer_skip  -- drafters besides a draft model
+  heads.config, heads.make_head, heads.drafter -- draft heads, one file per kind (specjax.heads)
   trees, drafting.TreeDrafter, verify.tree_verify -- token trees
   drafting.CrossTokenizerDrafter, string_level_generate, vocab_map
                                               -- drafts with another tokenizer
@@ -17,7 +18,7 @@ Public surface:
   theory                                      -- Leviathan et al. formulas
 """
 
-from specjax import distributed, drafting, theory, trees, verify, vocab_map
+from specjax import distributed, drafting, heads, theory, trees, verify, vocab_map
 from specjax.generation import (
   GenerateOutput,
   SpecConfig,
@@ -54,5 +55,6 @@ __all__ = [
   "warp_probs",
   "distributed",
   "drafting",
+  "heads",
   "vocab_map",
 ]

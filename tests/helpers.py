@@ -16,7 +16,8 @@ from scipy import stats
 import specjax
 from specjax import heads
 from specjax.drafting import NGramDrafter, count_drafter, layer_skip
-from specjax.models.heads import HeadConfig, make_head
+from specjax.heads import config as head_config
+from specjax.heads import make_head
 
 # Compiler options for the sampling simulations that run 10^6 iterations in one
 # program (tests/test_verify_exactness.py, tests/test_tree_verify.py). The suite
@@ -115,7 +116,7 @@ def forward_cached(model, tokens, cache, **options):
 
 def head_drafter(kind: str, target, seed: int = 7, **settings):
   """A drafter of `kind` with a fresh (untrained) head for `target`."""
-  head = make_head(HeadConfig(kind, target.cfg, **settings), rngs=nnx.Rngs(seed))
+  head = make_head(head_config(kind, target.cfg, **settings), rngs=nnx.Rngs(seed))
   return heads.drafter(target, head)
 
 

@@ -9,7 +9,7 @@ import pytest
 from configs import decode as decode_config
 from experiments.make_hf_checkpoint import make_checkpoint
 from helpers import COMMIT, hub_cache
-from specjax.jobs import decode
+from specjax.jobs import decode, drafters
 
 # Runs in tests/test_front_door.py's process when the whole suite runs.
 pytestmark = pytest.mark.front_door
@@ -177,9 +177,21 @@ def test_decode_checks_output_json_before_decoding(tmp_path, monkeypatch):
 
 
 def test_default_gamma_falls_with_the_batch():
-  assert [decode.default_gamma(b) for b in (1, 2, 7, 8, 16, 64)] == [4, 4, 4, 1, 1, 1]
-  assert [decode.default_gamma(b, "early_exit") for b in (1, 8)] == [1, 1]
-  assert [decode.default_gamma(b, "dflash", 8) for b in (1, 7, 8)] == [7, 7, 1]
+  """One rule for every job (`specjax.jobs.drafters`), read from the drafter itself."""
+  from helpers import head_drafter, tiny_pair
+  from specjax.drafting import NGramDrafter
+  from specjax.jobs.drafters import default_gamma, resolve_gamma
+
+  target, draft = tiny_pair()
+  assert [default_gamma(draft, b) for b in (1, 2, 7, 8, 16, 64)] == [4, 4, 4, 1, 1, 1]
+  assert [default_gamma(NGramDrafter(64, 3), b) for b in (1, 8)] == [4, 1]
+  early_exit = head_drafter("early_exit", target, exit_layer=1)
+  assert [default_gamma(early_exit, b) for b in (1, 8)] == [1, 1]
+  block = head_drafter("dflash", target, block_size=8)
+  assert [default_gamma(block, b) for b in (1, 7, 8)] == [7, 7, 1]
+  assert resolve_gamma(3, block) == 3
+  with pytest.raises(ValueError, match=r"config.gamma must be in \[1, 7\] for a block drafter"):
+    resolve_gamma(8, block)
 
 
 def test_the_result_describes_the_drafter_that_decoded():
@@ -192,7 +204,7 @@ def test_the_result_describes_the_drafter_that_decoded():
   target, draft, tokenizer = pretrained.load_pair()
   cross, cross_tokenizer = pretrained.load_cross_draft()
   seen = {}
-  for kind in decode.DRAFTERS:
+  for kind in decode.drafter_names():
     config = decode_config.get_config()
     config.drafter = kind
     if kind in decode.CROSS_DRAFTERS:
@@ -201,7 +213,7 @@ def test_the_result_describes_the_drafter_that_decoded():
       args = (draft, tokenizer, tokenizer, pretrained.DRAFT_DIR)
     drafter, fields = decode._drafter(config, target, args[0], *args[1:])
     seen[kind] = fields
-    if kind in decode.HEAD_KINDS:
+    if kind in drafters.head_drafters():
       head = pretrained.load_head(kind, target)
       assert fields == {
         "draft": f"{kind}: {os.path.join(pretrained.HEADS_DIR, kind)}",

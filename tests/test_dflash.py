@@ -15,14 +15,15 @@ from test_distribution import NEW, PROMPT, ROWS, chi_square_pvalue, exact_joint
 
 import specjax
 from helpers import TINY
-from specjax.drafting import DFlashDrafter
-from specjax.models.heads import HeadConfig, dflash_feature_layers, make_head
+from specjax.heads import HeadConfig, make_head
+from specjax.heads import config as head_config
+from specjax.heads.dflash import DFlashDrafter, dflash_feature_layers
 
 CFG = specjax.ModelConfig(**TINY).replace(init_std=0.1)
 
 
 def _drafter(target, seed=1, draft="sample", **settings):
-  cfg = HeadConfig("dflash", target.cfg, **{"block_size": 4, "draft_layers": 2, **settings})
+  cfg = head_config("dflash", target.cfg, **{"block_size": 4, "draft_layers": 2, **settings})
   return DFlashDrafter(target, make_head(cfg, rngs=nnx.Rngs(seed)), draft=draft)
 
 
@@ -30,8 +31,8 @@ def test_settings_defaults_and_refusals():
   assert dflash_feature_layers(36, 5) == (2, 10, 18, 26, 34)  # ids 1, 9, 17, 25, 33 (Qwen3-8B)
   assert dflash_feature_layers(6, 2) == (2, 4)
   assert dflash_feature_layers(6, 1) == (4,)
-  assert HeadConfig("dflash", CFG, draft_layers=2).feature_layers == (1, 2)  # L = 2: both
-  cfg = HeadConfig("dflash", CFG, block_size=8, draft_layers=2, mask_token_id=7)
+  assert head_config("dflash", CFG, draft_layers=2).feature_layers == (1, 2)  # L = 2: both
+  cfg = head_config("dflash", CFG, block_size=8, draft_layers=2, mask_token_id=7)
   assert HeadConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
   assert cfg.target_features == (1, 2)
   for field, bad, message in [
@@ -41,8 +42,8 @@ def test_settings_defaults_and_refusals():
     ("feature_layers", (3,), r"feature_layers must be distinct layer counts in \[1, 2\]"),
   ]:
     with pytest.raises(ValueError, match=message):
-      HeadConfig("dflash", CFG, **{field: bad})
-  head = make_head(HeadConfig("dflash", CFG, mask_token_id=7), rngs=nnx.Rngs(0))
+      head_config("dflash", CFG, **{field: bad})
+  head = make_head(head_config("dflash", CFG, mask_token_id=7), rngs=nnx.Rngs(0))
   assert not hasattr(head, "mask_embedding")  # a vocabulary id: the target's embedding
   with pytest.raises(ValueError, match="draft must be one of"):
     DFlashDrafter(specjax.Transformer(CFG, rngs=nnx.Rngs(0)), head, draft="beam")

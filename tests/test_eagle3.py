@@ -25,11 +25,10 @@ from configs import train_tiny
 from helpers import TINY, copy_corpus, tiny_token_data
 from specjax import pretrained
 from specjax.data import TokenDataset
-from specjax.drafting import EagleDrafter
-from specjax.hf import eagle3 as hub_eagle3
+from specjax.heads import HeadConfig, eagle3, make_head
+from specjax.heads import config as head_config
+from specjax.heads.eagle import EagleDrafter
 from specjax.hf.export import save_model
-from specjax.models import eagle3
-from specjax.models.heads import HeadConfig, make_head
 from specjax.training import heads as head_training
 from specjax.training import load_head_config, load_trained_head, train
 from specjax.training.heads import HeadLoss
@@ -40,7 +39,7 @@ IDS = tuple(range(0, 512, 2))  # a draft vocabulary of the 256 even ids
 
 
 def _head(target, seed=3, k=256, ids=IDS, **settings):
-  cfg = HeadConfig("eagle3", target.cfg, draft_vocab_size=k, draft_ids=ids, **settings)
+  cfg = head_config("eagle3", target.cfg, draft_vocab_size=k, draft_ids=ids, **settings)
   return make_head(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -56,22 +55,22 @@ def prompts3():
 
 
 def test_config_defaults_and_refusals():
-  assert HeadConfig("eagle3", CFG3).feature_layers == (1, 2, 3)
-  assert HeadConfig("eagle3", CFG3.replace(n_layers=6)).feature_layers == (1, 3, 6)
-  assert HeadConfig("eagle3", CFG3.replace(n_layers=32)).feature_layers == (2, 16, 29)  # vLLM's
-  cfg = HeadConfig("eagle3", CFG3, draft_vocab_size=4, draft_ids=(1, 5, 9, 12))
+  assert head_config("eagle3", CFG3).feature_layers == (1, 2, 3)
+  assert head_config("eagle3", CFG3.replace(n_layers=6)).feature_layers == (1, 3, 6)
+  assert head_config("eagle3", CFG3.replace(n_layers=32)).feature_layers == (2, 16, 29)  # vLLM's
+  cfg = head_config("eagle3", CFG3, draft_vocab_size=4, draft_ids=(1, 5, 9, 12))
   assert HeadConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-  assert HeadConfig("eagle3", CFG3, draft_ids=tuple(range(512))).draft_ids == ()  # identity
+  assert head_config("eagle3", CFG3, draft_ids=tuple(range(512))).draft_ids == ()  # identity
   with pytest.raises(ValueError, match=r"feature_layers must be distinct layer counts in \[1, 2\]"):
-    HeadConfig("eagle3", CFG3.replace(n_layers=2))
+    head_config("eagle3", CFG3.replace(n_layers=2))
   with pytest.raises(ValueError, match="feature_layers must be 3 layer counts"):
-    HeadConfig("eagle3", CFG3, feature_layers=(1, 2))
+    head_config("eagle3", CFG3, feature_layers=(1, 2))
   with pytest.raises(ValueError, match=r"draft_vocab_size must be an int in \[0, 512\]"):
-    HeadConfig("eagle3", CFG3, draft_vocab_size=513)
+    head_config("eagle3", CFG3, draft_vocab_size=513)
   with pytest.raises(ValueError, match="draft_ids must be draft_vocab_size=3 ascending"):
-    HeadConfig("eagle3", CFG3, draft_vocab_size=3, draft_ids=(4, 2, 9))
+    head_config("eagle3", CFG3, draft_vocab_size=3, draft_ids=(4, 2, 9))
   with pytest.raises(ValueError, match="cfg.draft_ids must hold 3 ids"):
-    make_head(HeadConfig("eagle3", CFG3, draft_vocab_size=3), rngs=nnx.Rngs(0))
+    make_head(head_config("eagle3", CFG3, draft_vocab_size=3), rngs=nnx.Rngs(0))
 
 
 def test_draft_vocab_ids_are_the_most_frequent_ascending():
@@ -152,7 +151,7 @@ def test_training_time_test_step_j_is_drafting_j_tokens(target3):
   _, _, feats = target3.forward_cached(
     tokens, target3.init_cache(2, 12), return_hidden=head.cfg.target_features
   )
-  steps = head_training.ttt_unroll(head, target3, tokens, feats, 3)
+  steps = eagle3.ttt_unroll(head, target3, tokens, feats, 3)
   assert [s.shape[1] for s in steps] == [11, 10, 9]
   f = head.feature_space(feats)
   for r in (0, 4, 8):
@@ -179,7 +178,7 @@ def test_warm_start_reads_the_targets_norm_and_head(target3):
 
 def test_hub_layout_round_trips_and_refuses_misfits(target3):
   head = _head(target3)
-  config, tensors = hub_eagle3.hub_config(head), hub_eagle3.hub_tensors(head)
+  config, tensors = eagle3.hub_config(head), eagle3.hub_tensors(head)
   assert config["architectures"] == ["LlamaForCausalLMEagle3"]
   assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
   assert config["draft_vocab_size"] == 256 and not config["tie_word_embeddings"]
@@ -190,23 +189,23 @@ def test_hub_layout_round_trips_and_refuses_misfits(target3):
   assert tensors["lm_head.weight"].shape == (256, d)
   assert tensors["d2t"].dtype == np.int64 and tensors["t2d"].dtype == bool
   np.testing.assert_array_equal(np.arange(256) + tensors["d2t"], IDS)
-  back = hub_eagle3.from_hub(config, tensors, target3, jnp.float32)
+  back = eagle3.from_hub(config, tensors, target3, jnp.float32)
   assert back.cfg == head.cfg
   for x, y in zip(jax.tree.leaves(nnx.state(head)), jax.tree.leaves(nnx.state(back))):
     np.testing.assert_array_equal(x, y)
   with pytest.raises(ValueError, match="config hidden_size is 32; the target needs 64"):
-    hub_eagle3.from_hub({**config, "hidden_size": 32}, tensors, target3, jnp.float32)
+    eagle3.from_hub({**config, "hidden_size": 32}, tensors, target3, jnp.float32)
   with pytest.raises(ValueError, match="config norm_before_residual is True"):
-    hub_eagle3.from_hub({**config, "norm_before_residual": True}, tensors, target3, jnp.float32)
+    eagle3.from_hub({**config, "norm_before_residual": True}, tensors, target3, jnp.float32)
   with pytest.raises(ValueError, match="tensor midlayer.hidden_norm.weight is missing"):
-    hub_eagle3.from_hub(
+    eagle3.from_hub(
       config, {k: v for k, v in tensors.items() if "hidden_norm" not in k}, target3, jnp.float32
     )
   with pytest.raises(ValueError, match=r"tensors \['extra'\] are not part"):
-    hub_eagle3.from_hub(config, {**tensors, "extra": np.zeros(1)}, target3, jnp.float32)
+    eagle3.from_hub(config, {**tensors, "extra": np.zeros(1)}, target3, jnp.float32)
   with pytest.raises(ValueError, match="tensor fc.weight has shape"):
     bad = {**tensors, "fc.weight": np.zeros((d, 2 * d))}
-    hub_eagle3.from_hub(config, bad, target3, jnp.float32)
+    eagle3.from_hub(config, bad, target3, jnp.float32)
 
 
 def test_training_records_the_draft_vocabulary_and_decodes(tmp_path_factory):

@@ -20,17 +20,17 @@ from flax import nnx
 import specjax
 from helpers import GEMMA_STYLE, TINY
 from specjax import pretrained
+from specjax.heads import config as head_config
+from specjax.heads import expand_head, make_head
 from specjax.models import (
   check_expansion,
   expand,
-  expand_head,
   expanded_config,
   expanded_layer_count,
   layer_map,
 )
 from specjax.models.config import RopeScaling
 from specjax.models.fused import qkv_parts
-from specjax.models.heads import HeadConfig, make_head
 from specjax.pretrained.scales import SCALES, Scale, scale_pair, scaled_configs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -224,7 +224,7 @@ _jit_head_logits = jax.jit(_head_logits)
 def test_expanded_heads_predict_the_same(expanded, name):
   old_target, new_target = expanded("all_tied")
   kind, settings = HEAD_CASES[name]
-  head = make_head(HeadConfig(kind, old_target.cfg, **settings), rngs=nnx.Rngs(4))
+  head = make_head(head_config(kind, old_target.cfg, **settings), rngs=nnx.Rngs(4))
   head = _randomize(head, 4, std=0.2)
   new_head = expand_head(head, new_target.cfg)
   assert new_head.cfg.target == new_target.cfg
@@ -243,8 +243,8 @@ def test_expanded_heads_predict_the_same(expanded, name):
 
 def test_expand_head_refuses_a_head_config_with_other_layer_counts(expanded):
   old_target, new_target = expanded("all_tied")
-  head = make_head(HeadConfig("early_exit", old_target.cfg, exit_layer=1), rngs=nnx.Rngs(0))
-  wrong = HeadConfig("early_exit", new_target.cfg, exit_layer=3)
+  head = make_head(head_config("early_exit", old_target.cfg, exit_layer=1), rngs=nnx.Rngs(0))
+  wrong = head_config("early_exit", new_target.cfg, exit_layer=3)
   with pytest.raises(ValueError, match=r"HeadConfig.exit_layer: the expanded head needs 1, got 3"):
     expand_head(head, wrong)
 

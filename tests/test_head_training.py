@@ -21,15 +21,13 @@ from configs import train_tiny
 from helpers import TINY, copy_corpus, tiny_token_data
 from specjax import ModelConfig, Transformer, pretrained
 from specjax.data import TokenDataset
+from specjax.heads import config as head_config
+from specjax.heads import make_head
+from specjax.heads.dflash import DFlashHead
+from specjax.heads.eagle import EagleHead
+from specjax.heads.early_exit import ExitAdapter
+from specjax.heads.medusa import MedusaHeads
 from specjax.hf.export import save_model
-from specjax.models.heads import (
-  DFlashHead,
-  EagleHead,
-  ExitAdapter,
-  HeadConfig,
-  MedusaHeads,
-  make_head,
-)
 from specjax.training import (
   Checkpointer,
   check_config,
@@ -136,7 +134,8 @@ def test_training_a_head_lowers_its_loss_and_raises_alpha(
   # The run directory records the head, not a model.
   assert not os.path.exists(os.path.join(run, "model_config.json"))
   target_cfg = head_training.target_config(target_dir)
-  cfg = HeadConfig(kind=kind, target=target_cfg, num_heads=3, exit_layer=1, d_ff=64)
+  own = {"medusa": dict(num_heads=3), "early_exit": dict(exit_layer=1)}.get(kind, {})
+  cfg = head_config(kind, target_cfg, d_ff=64, **own)
   assert load_head_config(run) == cfg
   trained, step = load_trained_head(run)
   assert step == 16 and type(trained) is type(make_head(cfg, rngs=nnx.Rngs(0)))
@@ -152,7 +151,7 @@ def test_training_a_head_lowers_its_loss_and_raises_alpha(
 
 
 def test_checkpoint_restores_a_head_bit_exactly(tmp_path, target_dir):
-  cfg = HeadConfig(kind="eagle", target=head_training.target_config(target_dir), d_ff=64)
+  cfg = head_config(kind="eagle", target=head_training.target_config(target_dir), d_ff=64)
   head = make_head(cfg, rngs=nnx.Rngs(4))
   graphdef, params = nnx.split(head, nnx.Param)
   keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(params))))
@@ -209,7 +208,7 @@ def test_resume_continues_with_identical_losses(tmp_path, corpus_root, data_dir,
 def test_head_for_another_target_is_refused_before_compiling(target_dir):
   target_cfg = head_training.target_config(target_dir)
   small = target_cfg.replace(d_model=32, n_heads=2, n_kv_heads=1)
-  head = make_head(HeadConfig(kind="medusa", target=small, num_heads=2), rngs=nnx.Rngs(0))
+  head = make_head(head_config(kind="medusa", target=small, num_heads=2), rngs=nnx.Rngs(0))
   target = Transformer(target_cfg, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(head, nnx.Param)
   optimizer = make_optimizer(train_tiny.get_config())
@@ -232,7 +231,7 @@ def test_head_for_another_target_is_refused_before_compiling(target_dir):
     (dict(kind="lookahead"), r"config.head.kind must be '' or one of \('eagle', 'medusa'"),
     (dict(num_heads=0), r"config.head.num_heads must be an int in \[1, 16\]"),
     (dict(num_heads=32), r"config.head.num_heads must be an int in \[1, 16\]"),
-    (dict(exit_layer=0), "config.head.exit_layer must be an int >= 1"),
+    (dict(kind="early_exit", exit_layer=0), "config.head.exit_layer must be an int >= 1"),
     (dict(feature_layers=(1, 1)), "config.head.feature_layers must be distinct"),
     (dict(d_ff=-1), "config.head.d_ff must be an int >= 0"),
     (dict(feature_weight=-0.5), "config.head.feature_weight must be a finite number >= 0"),
@@ -255,7 +254,7 @@ def test_bad_head_config(changes, message):
 @pytest.mark.parametrize(
   "kind, changes, message",
   [
-    ("early_exit", dict(exit_layer=2), r"config.head.exit_layer must be in \[1, 1\] .*2 layers"),
+    ("early_exit", dict(exit_layer=2), r"config.head.exit_layer must be an int in \[1, 1\] .*2"),
     ("eagle", dict(feature_layers=(1, 3)), r"config.head.feature_layers .* in \[1, 2\]"),
     ("eagle", dict(seq_len=200), "config.seq_len must be <= the target's max_seq_len=128"),
   ],

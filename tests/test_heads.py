@@ -19,7 +19,7 @@ import specjax
 from helpers import forward_cached, head_drafter
 from specjax import GREEDY
 from specjax.drafting import Commit
-from specjax.models.heads import HeadConfig
+from specjax.heads import config as head_config
 
 MAX_NEW = 16
 
@@ -191,7 +191,7 @@ def test_bad_heads_and_arguments_are_refused(target, prompts):
   other = target.cfg.replace(d_model=32, n_heads=2, n_kv_heads=1)
   wrong = head_drafter("eagle", specjax.Transformer(other, rngs=nnx.Rngs(0)))
   with pytest.raises(ValueError, match=r"trained for another target: d_model 64 \(head trained"):
-    specjax.drafting.EagleDrafter(target, wrong.head)
+    specjax.heads.drafter(target, wrong.head)
   medusa = head_drafter("medusa", target, num_heads=2)
   with pytest.raises(ValueError, match=r"gamma must be in \[1, 2\] for 2 Medusa heads"):
     specjax.speculative_generate(
@@ -202,8 +202,8 @@ def test_bad_heads_and_arguments_are_refused(target, prompts):
     with pytest.raises(ValueError, match=r"vocab_subset must be a non-empty 1-D array of distinct"):
       eagle.with_vocab_subset(ids)
   with pytest.raises(ValueError, match=r"exit_layer must be an int in \[1, 1\]"):
-    HeadConfig("early_exit", target.cfg, exit_layer=2)
+    head_config("early_exit", target.cfg, exit_layer=2)
   with pytest.raises(ValueError, match="kind must be one of"):
-    HeadConfig("hydra", target.cfg)
+    head_config("hydra", target.cfg)
   with pytest.raises(ValueError, match=r"feature_layers must be distinct layer counts in \[1, 2\]"):
-    HeadConfig("eagle", target.cfg, feature_layers=(0, 2))
+    head_config("eagle", target.cfg, feature_layers=(0, 2))

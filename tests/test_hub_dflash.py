@@ -1,4 +1,4 @@
-"""The block drafter's hub layout (`specjax.hf.dflash`: z-lab/dflash's `DFlashDraftModel`).
+"""The block drafter's hub layout (`specjax.heads.dflash`: z-lab/dflash's `DFlashDraftModel`).
 
 An exported head, read back by a small torch implementation of the published forward
 pass written from its description (the file's names and `[out, in]` weights, Qwen3's
@@ -23,10 +23,11 @@ from safetensors.numpy import load_file, save_file
 import specjax
 from helpers import TINY
 from specjax import heads
-from specjax.drafting import DFlashDrafter
+from specjax.heads import HeadConfig, make_head
+from specjax.heads import config as head_config
+from specjax.heads.dflash import DFlashDrafter, DFlashHead
 from specjax.hf import load_drafter, load_head, save_head
 from specjax.models.config import RopeScaling
-from specjax.models.heads import DFlashHead, HeadConfig, make_head
 
 MASK = 500  # a "spare" id of the tiny vocabulary
 BLOCK = 4
@@ -75,7 +76,7 @@ def _perturbed(head, seed=7):
 
 def _head(target, seed=7, **fields) -> DFlashHead:
   settings = dict(block_size=BLOCK, draft_layers=2, mask_token_id=MASK, d_ff=96) | fields
-  head = make_head(HeadConfig("dflash", target.cfg, **settings), rngs=nnx.Rngs(4))
+  head = make_head(head_config("dflash", target.cfg, **settings), rngs=nnx.Rngs(4))
   return _perturbed(head, seed)
 
 
@@ -340,7 +341,7 @@ def test_what_the_layout_cannot_hold_is_refused_naming_it(tmp_path):
   # MLP biases: Qwen3's MLP has none. Zeros compute nothing and export; others are named.
   biased = _target(mlp_bias=True)
   zeros = make_head(
-    HeadConfig("dflash", biased.cfg, block_size=BLOCK, mask_token_id=MASK), rngs=nnx.Rngs(0)
+    head_config("dflash", biased.cfg, block_size=BLOCK, mask_token_id=MASK), rngs=nnx.Rngs(0)
   )
   save_head(zeros, str(tmp_path / "zeros"))
   again = load_head(str(tmp_path / "zeros"), biased)

@@ -25,8 +25,9 @@ from safetensors.numpy import save_file
 import specjax
 from helpers import TINY, hub_cache
 from specjax import GREEDY
+from specjax.heads import config as head_config
+from specjax.heads import make_head
 from specjax.hf import load_drafter, load_head, save_head
-from specjax.models.heads import HeadConfig, make_head
 
 MAX_NEW = 16
 D_FF = 96  # the heads' own MLP width (not the target's)
@@ -243,10 +244,10 @@ def _roundtrip(head, target, tmp_path, layout="hub"):
 
 def _draft(target, head, prompts):
   """One draft from the prompts' state: the proposed tokens `[B, gamma]`."""
-  from specjax.pretrained import HEAD_DRAFTERS
+  from specjax import heads
 
   config = specjax.SpecConfig(gamma=3, max_new_tokens=MAX_NEW, sampling=GREEDY)
-  drafter = HEAD_DRAFTERS.get(head.cfg.kind, HEAD_DRAFTERS["eagle"])(target, head)
+  drafter = heads.drafter(target, head)
   state = specjax.generation.init_state(target, drafter, *prompts, jax.random.key(0), config)
   limit = jnp.full((prompts[0].shape[0],), 3, jnp.int32)
   proposal, _ = drafter.propose(
@@ -267,10 +268,11 @@ def test_export_then_import_gives_identical_tensors_and_drafts(target, prompts, 
 
 
 def test_eagle3_exports_as_engines_load_it_and_imports_identically(prompts, tmp_path):
-  """EAGLE-3 reads three layers: a 3-layer target (`specjax.hf.eagle3`: `hub_config`/`hub_tensors`/
-  `from_hub` do the layout; this checks the files, the round trip and decoding)."""
+  """EAGLE-3 reads three layers: a 3-layer target (`specjax.heads.eagle3`: `hub_config`,
+  `hub_tensors` and `from_hub` do the layout; this checks the files, the round trip and
+  decoding)."""
   target = specjax.Transformer(specjax.ModelConfig(**{**TINY, "n_layers": 3}), rngs=nnx.Rngs(6))
-  cfg = HeadConfig("eagle3", target.cfg, feature_layers=(1, 2, 3), d_ff=D_FF)
+  cfg = head_config("eagle3", target.cfg, feature_layers=(1, 2, 3), d_ff=D_FF)
   head = make_head(cfg, rngs=nnx.Rngs(4))
   again = _roundtrip(head, target, tmp_path)
   np.testing.assert_array_equal(_draft(target, head, prompts), _draft(target, again, prompts))
@@ -285,7 +287,7 @@ def test_eagle3_exports_as_engines_load_it_and_imports_identically(prompts, tmp_
 
 
 def test_specjax_heads_save_in_their_own_layout_and_refuse_the_hub_one(target, tmp_path):
-  head = make_head(HeadConfig("eagle", target.cfg), rngs=nnx.Rngs(0))
+  head = make_head(head_config("eagle", target.cfg), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="no hub layout computes this eagle head exactly"):
     save_head(head, str(tmp_path / "hub"))
   assert not os.path.exists(tmp_path / "hub")
@@ -330,7 +332,7 @@ def test_save_head_takes_what_either_loader_returns(prompts, tmp_path, kind, lay
   hub = {} if layout == "specjax" or kind == "eagle3" else hub
   hub = {k: v for k, v in hub.items() if kind == "eagle" or k == "normed_features"}
   fields = dict(feature_layers=(1, 2, 3), d_ff=D_FF) if kind == "eagle3" else {}
-  cfg = HeadConfig(kind, target.cfg, **fields, **hub)
+  cfg = head_config(kind, target.cfg, **fields, **hub)
   head = _perturbed(make_head(cfg, rngs=nnx.Rngs(4)), 7, biases=layout == "specjax")
   if hub:  # a hub head's copies of the target's final norm and head are the target's
     head = load_head(_saved(head, tmp_path / "first", layout), target)
@@ -387,7 +389,7 @@ def test_export_then_import_computes_the_same_or_names_the_tensor(
   hub = {"eagle": dict(normed_features=True, embed_first=True, input_norm=False)}
   hub = hub.get(kind, dict(normed_features=True)) if layout == "hub" and kind != "eagle3" else {}
   fields = dict(feature_layers=(1, 2, 3), d_ff=D_FF) if kind == "eagle3" else {}
-  head = _perturbed(make_head(HeadConfig(kind, target.cfg, **fields, **hub), rngs=nnx.Rngs(4)), 8)
+  head = _perturbed(make_head(head_config(kind, target.cfg, **fields, **hub), rngs=nnx.Rngs(4)), 8)
   if hub:  # as read from the hub: its copies of the target's final norm and head
     head = load_head(_saved(head, tmp_path / "read", layout), target)
   again = _roundtrip(head, target, tmp_path, layout)
@@ -469,7 +471,7 @@ def test_bad_medusa_layouts_and_other_targets_are_refused(target, tmp_path):
     load_drafter(write(tmp_path / "short", config, tensors, "medusa_lm_head.safetensors"), target)
   # A specjax head for another target shape: the field that differs is named.
   other = specjax.ModelConfig(**{**TINY, "d_ff": 64})
-  head = make_head(HeadConfig("medusa", other), rngs=nnx.Rngs(0))
+  head = make_head(head_config("medusa", other), rngs=nnx.Rngs(0))
   save_head(head, str(tmp_path / "other"), layout="specjax")
   with pytest.raises(ValueError, match=r"d_ff 128 \(head trained for 64\)"):
     load_drafter(str(tmp_path / "other"), target)
@@ -483,7 +485,7 @@ def test_bad_medusa_layouts_and_other_targets_are_refused(target, tmp_path):
 def test_a_training_run_and_its_export_load_by_path(target, prompts, tmp_path):
   from specjax.training.checkpoint import Checkpointer, save_head_config
 
-  cfg = HeadConfig("medusa", target.cfg, num_heads=3)
+  cfg = head_config("medusa", target.cfg, num_heads=3)
   graphdef, params = nnx.split(make_head(cfg, rngs=nnx.Rngs(2)), nnx.Param)
   params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(9), x.shape), params)
   run = str(tmp_path / "run")

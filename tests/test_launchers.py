@@ -82,14 +82,15 @@ def _hub_eagle_head(tmp: str) -> None:
   from flax import nnx
 
   from specjax import pretrained
+  from specjax.heads import HeadConfig, make_head
+  from specjax.heads import config as head_config
   from specjax.hf import save_head
-  from specjax.models.heads import HeadConfig, make_head
   from specjax.validation import read_json_object
 
   bundled = read_json_object(os.path.join(pretrained.HEADS_DIR, "eagle", "head_config.json"))
   target = HeadConfig.from_dict(bundled).target
   hub = dict(normed_features=True, embed_first=True, input_norm=False)
-  save_head(make_head(HeadConfig("eagle", target, **hub), rngs=nnx.Rngs(0)), f"{tmp}/hub_eagle")
+  save_head(make_head(head_config("eagle", target, **hub), rngs=nnx.Rngs(0)), f"{tmp}/hub_eagle")
 
 
 def _check_kernel_benchmark(tmp: str) -> None:

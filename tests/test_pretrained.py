@@ -15,7 +15,7 @@ import pytest
 import specjax
 from specjax import pretrained
 from specjax.data.prompts import encode_prompts, held_out_prompts
-from specjax.drafting import EagleDrafter
+from specjax.heads.eagle import EagleDrafter
 
 
 @pytest.fixture(scope="module")
@@ -272,8 +272,10 @@ def test_load_pair_names_a_card_without_sums(monkeypatch, tmp_path):
 def test_load_drafter_builds_every_kind(pair):
   """One registry of drafters for the launchers: the bundled heads (optionally
   among the K most frequent ids), prompt lookup and layer skip."""
-  for kind, cls in pretrained.HEAD_DRAFTERS.items():
-    assert type(pretrained.load_drafter(kind, pair.target)) is cls
+  from specjax import heads
+
+  for kind in heads.bundled():
+    assert type(pretrained.load_drafter(kind, pair.target)) is heads.kind(kind).drafter
   head = pretrained.load_head("medusa", pair.target)
   assert pretrained.load_drafter("medusa", pair.target, head=head).heads is head
   subset = pretrained.load_drafter("eagle", pair.target, vocab_subset=64)
@@ -291,10 +293,11 @@ def test_bundled_heads_load_fused_and_split_back_into_their_files(pair):
   """Loading fuses a head block's q/k/v and gate/up tensors; `head_tensors` (what
   experiments/bundle_heads.py writes) splits them back into the files' names and
   values, so the files and their card's sums stay as they are."""
+  from specjax import heads
   from specjax.heads.files import head_tensors
   from specjax.hf.weights import read_tensors
 
-  for kind in pretrained.HEAD_DRAFTERS:
+  for kind in heads.bundled():
     head = pretrained.load_head(kind, pair.target, jnp.bfloat16)  # the files' dtype
     file = os.path.join(pretrained.HEADS_DIR, kind, "model.safetensors")
     stored = {name: value for _, name, value in read_tensors([file])}

@@ -23,6 +23,7 @@ import uvicorn
 
 from helpers import SERVING_ENGINE
 from specjax import GREEDY, autoregressive_generate
+from specjax.heads import config as head_config
 from specjax.serving import Engine, EngineConfig, Request, fit_config, summarize
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import _Decoder, make_app
@@ -389,12 +390,12 @@ def test_serve_drafts_with_a_head_by_path(tmp_path, kind, drafter, gamma):
   import specjax.hf
   from configs import serve as serve_config
   from specjax import heads
+  from specjax.heads import make_head
   from specjax.jobs import serve
-  from specjax.models.heads import HeadConfig, make_head
 
   target, _, _ = tiny_setup(0)
   settings = dict(d_ff=64) if kind == "eagle" else dict(block_size=4, draft_layers=2)
-  head = make_head(HeadConfig(kind, target.cfg, **settings), rngs=nnx.Rngs(1))
+  head = make_head(head_config(kind, target.cfg, **settings), rngs=nnx.Rngs(1))
   specjax.hf.save_head(head, str(tmp_path / "head"), layout="specjax")
   config = serve_config.get_config()
   config.update(dict(SERVING_ENGINE, model="tiny", head=str(tmp_path / "head"), policy="always"))

@@ -4,16 +4,13 @@
   layer_skip(target, k)         the target's first k layers + its head (self-speculation)
   NGramDrafter(vocab_size, n)   prompt lookup: copy what followed the last n-gram
   count_drafter(docs, V, order) a unigram or bigram model of a corpus (CountDrafter)
-  EagleDrafter(target, head)    EAGLE: a head autoregressing over the target's features
-  MedusaDrafter(target, heads)  Medusa: K heads on the last feature, one call per draft
-  EarlyExitDrafter(target, a)   the target's first layers + a trained adapter + its head
   CrossTokenizerDrafter(draft, draft_tok, target_tok)
                                 a draft model of another tokenizer, drafting the
                                 tokens both vocabularies share (TLI)
-  DFlashDrafter(target, head)   a block drafter (DFlash): one head call drafts a
-                                whole block from the target's fused features
-  TreeDrafter(model, tree)      a draft model drafting a token tree (`specjax.trees`);
-                                EagleDrafter and MedusaDrafter take `tree=` too
+  TreeDrafter(model, tree)      a draft model drafting a token tree (`specjax.trees`)
+
+The drafters of draft heads (EAGLE, Medusa, early exit, the block drafter, ...) live
+with their heads, one file per kind in `specjax.heads` (`heads.drafter(target, head)`).
 
 Under a constraint (`specjax.constraints`) drafters with `constrained_drafts`
 draw among the tokens the constraint allows (`DraftConstraint`): q is masked
@@ -36,10 +33,6 @@ from specjax.drafting.base import (
 )
 from specjax.drafting.counts import CountDrafter, count_drafter
 from specjax.drafting.cross_tokenizer import CrossTokenizerDrafter
-from specjax.drafting.dflash import DFlashDrafter
-from specjax.drafting.eagle import EagleDrafter
-from specjax.drafting.early_exit import EarlyExitDrafter
-from specjax.drafting.medusa import MedusaDrafter
 from specjax.drafting.model import ModelDrafter, as_drafter, check_drafter, layer_skip
 from specjax.drafting.ngram import NGramDrafter, lookup
 from specjax.drafting.tree import TreeDrafter
@@ -48,13 +41,9 @@ __all__ = [
   "Commit",
   "CountDrafter",
   "CrossTokenizerDrafter",
-  "DFlashDrafter",
   "DraftConstraint",
   "Drafter",
   "DrafterBase",
-  "EagleDrafter",
-  "EarlyExitDrafter",
-  "MedusaDrafter",
   "ModelDrafter",
   "NGramDrafter",
   "Proposal",

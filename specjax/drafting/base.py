@@ -110,6 +110,17 @@ class Drafter(Protocol):
   state its own path reaches allows, so q is masked like p. Default False: the
   drafter drafts as if unconstrained (still exact: verification masks p, and a
   forbidden draft is rejected)."""
+  block_size: int
+  """Static: B > 0 for a block drafter, whose one call drafts up to B - 1 tokens (gamma
+  must be at most B - 1); 0 for the others. Default 0."""
+  takes_tree: bool
+  """Static: whether `replace(tree=...)` gives the same drafter drafting token trees.
+  Default False."""
+  max_tree_depth: int | None
+  """Static: the deepest token tree it drafts (None: no bound). Default None."""
+  preferred_gamma: int
+  """Static: the draft length it pays off at (batch 1) when the user names none, or
+  0: the library's default by batch size (`default_gamma`). Default 0."""
 
   def init(
     self,
@@ -183,6 +194,10 @@ class DrafterBase:
   constrained_drafts = False
   tree = None
   tree_mode = "iid"
+  block_size = 0
+  takes_tree = False
+  max_tree_depth = None
+  preferred_gamma = 0
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     del prompt_width, max_new_tokens, gamma

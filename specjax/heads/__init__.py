@@ -1,101 +1,86 @@
-"""Draft heads, one record per kind: what each kind is and which code serves it.
+"""Draft heads: one file per kind, one registry record per kind.
 
   from specjax import heads
-  heads.kind("medusa").drafter        # MedusaDrafter
-  [k.name for k in heads.KINDS]       # eagle, medusa, early_exit, eagle3, dflash
-  heads.drafter(target, head)         # the drafter of any head module
-  heads.module_of(drafter)            # and back: the head module it drafts with
+  cfg = heads.config("medusa", target.cfg, num_heads=3)   # a MedusaConfig
+  head = heads.make_head(cfg, rngs=nnx.Rngs(0))          # its module
+  drafter = heads.drafter(target, head)                   # its drafter
+  heads.kind("dflash").defaults.gamma                     # anything else a kind is
+  heads.module_of(drafter)                                # and back to the module
 
-`KINDS` is the one list of kinds; launchers, the bundled loaders (`specjax.pretrained`),
-the path loaders (`specjax.hf.heads`), training's config checks and the reproduction look
-kinds up here instead of branching on their names. The record refers to code that lives
-below this package (modules and their config checks in `specjax.models.heads`, drafters
-in `specjax.drafting`), so the imports point down: `models` and `drafting` never import
-this package. A head's files in specjax's layout are `CONFIG_FILE` and `WEIGHTS_FILE`,
-written and read by `specjax.heads.files` for every kind; its hub layout is
-`specjax.hf.heads.HUB_LAYOUTS[name]`, its objective `specjax.training.heads.OBJECTIVES[name]`
-(both above this package, tables whose keys are checked against `NAMES`).
+A kind lives in one file of this package, `specjax/heads/<kind>.py`: its settings (a
+`HeadConfig` subclass with its own checks), module, drafter, hub layout, training
+objective, growth rule and defaults, and one `HeadKind` record, `KIND`, registered
+below. Nothing outside this package names a kind: `models`, `drafting`, `hf`,
+`training`, `pretrained` and the jobs ask the record (`kind(name)`, `of(cfg)`). To add
+a kind, write its file and register its record (docs/heads.md, "Adding a kind").
+
+The machinery the kinds share stays kind-free: `base` (the settings' base, the record,
+the registry), `files` (specjax's `head_config.json` and weights, for every kind) and
+`hub` (what a hub layout is, and hub names <-> parameters).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from specjax.drafting.dflash import DFlashDrafter
-from specjax.drafting.eagle import EagleDrafter
-from specjax.drafting.early_exit import EarlyExitDrafter
-from specjax.drafting.medusa import MedusaDrafter
-from specjax.heads.files import CONFIG_FILE, WEIGHTS_FILE
-from specjax.models.heads import HEAD_MODULES, HUB_MODULES, HeadConfig, make_head
-
-
-@dataclasses.dataclass(frozen=True)
-class HeadKind:
-  """One kind of draft head.
-
-  Attributes:
-    name: the kind's name (`HeadConfig.kind`, config and flag values).
-    title: how tables and reports name it ("EAGLE head").
-    module: the head's module class (`make_head` builds it from a `HeadConfig`,
-      whose `__post_init__` checks the kind's settings).
-    hub_module: the module with the published layout's own norm and lm_head
-      (`HeadConfig.normed_features`), or None where the kind has none.
-    drafter: the drafter class, called as `drafter(target, head)`.
-    holds: the drafter's attribute that holds the module (`module_of`).
-    drafts_as: the launchers' `config.drafter` value that drafts with it.
-    bundled: whether `specjax/pretrained/stdlib_pair/heads/<name>/` holds one.
-  """
-
-  name: str
-  title: str
-  module: type
-  hub_module: type | None
-  drafter: type
-  holds: str
-  drafts_as: str
-  bundled: bool
-
-
-def _kind(name, title, drafter, holds, *, drafts_as: str = "", bundled: bool = True) -> HeadKind:
-  module, hub = HEAD_MODULES[name], HUB_MODULES.get(name)
-  return HeadKind(name, title, module, hub, drafter, holds, drafts_as or name, bundled)
-
-
-KINDS: tuple[HeadKind, ...] = (
-  _kind("eagle", "EAGLE head", EagleDrafter, "head"),
-  _kind("medusa", "Medusa heads", MedusaDrafter, "heads"),
-  _kind("early_exit", "early exit", EarlyExitDrafter, "adapter"),
-  # EAGLE-3 drafts through `EagleDrafter` (its own `logits`); none is bundled.
-  _kind("eagle3", "EAGLE-3 head", EagleDrafter, "head", drafts_as="eagle", bundled=False),
-  _kind("dflash", "block drafter", DFlashDrafter, "head"),
+from specjax.heads import dflash, eagle, eagle3, early_exit, medusa
+from specjax.heads.base import (
+  HeadConfig,
+  HeadConfigError,
+  HeadKind,
+  TrainingRules,
+  kind,
+  kinds,
+  make_head,
+  of,
+  register,
+  unregister,
 )
-NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
-BUNDLED: tuple[str, ...] = tuple(k.name for k in KINDS if k.bundled)
-_BY_NAME = {k.name: k for k in KINDS}
-if tuple(HEAD_MODULES) != NAMES:  # the modules' table and this list name the same kinds
-  raise ImportError(f"specjax.heads.KINDS {NAMES} and HEAD_MODULES {tuple(HEAD_MODULES)} differ.")
+from specjax.heads.base import kind as _kind
+from specjax.heads.files import CONFIG_FILE, WEIGHTS_FILE, read_config, write_config
+from specjax.models.config import ModelConfig
+
+# The built-in kinds, in the order tables and reports list them.
+register(eagle.KIND)
+register(medusa.KIND)
+register(early_exit.KIND)
+register(eagle3.KIND)
+register(dflash.KIND)
 
 
-def kind(name: str) -> HeadKind:
-  """The record of head kind `name`; ValueError naming the kinds for another."""
-  if name not in _BY_NAME:
-    raise ValueError(f"head kind must be one of {NAMES}, got {name!r}.")
-  return _BY_NAME[name]
+def names() -> tuple[str, ...]:
+  """The registered kinds' names."""
+  return tuple(k.name for k in kinds())
+
+
+def bundled() -> tuple[str, ...]:
+  """The kinds of which `specjax/pretrained` bundles a trained head."""
+  return tuple(k.name for k in kinds() if k.bundled)
+
+
+def config(kind: str, target: ModelConfig, **settings) -> HeadConfig:
+  """The settings of a head of `kind` on `target` (its `HeadConfig` subclass);
+  HeadConfigError naming a setting the kind lacks or a value out of its range."""
+  cls = _kind(kind).config
+  own = {f.name for f in dataclasses.fields(cls)}
+  extra = sorted(set(settings) - own)
+  if extra:
+    raise HeadConfigError(f"a {kind} head has no settings {extra}; its settings: {sorted(own)}.")
+  return cls(target=target, **settings)
 
 
 def drafter(target, head):
-  """The drafter of head module `head` (its `cfg.kind`'s) drafting for `target`."""
-  return kind(head.cfg.kind).drafter(target, head)
+  """The drafter of head module `head` (its kind's) drafting for `target`."""
+  return of(head.cfg).drafter(target, head)
 
 
 def module_of(head_or_drafter):
   """The head module of `head_or_drafter`: a head module itself, or a head's drafter
   (what `specjax.hf.load_drafter` and `specjax.pretrained.load_drafter` return), so
   savers accept what either kind of loader gives. TypeError for anything else."""
-  cfg = getattr(head_or_drafter, "cfg", None)
-  if isinstance(cfg, HeadConfig):
+  if isinstance(getattr(head_or_drafter, "cfg", None), HeadConfig):
     return head_or_drafter
-  for k in KINDS:
+  for k in kinds():
     if isinstance(head_or_drafter, k.drafter):
       return getattr(head_or_drafter, k.holds)
   raise TypeError(
@@ -103,16 +88,66 @@ def module_of(head_or_drafter):
   )
 
 
+def expand_head(head, new: HeadConfig | ModelConfig):
+  """A draft head for an expanded target (`specjax.models.expand`), predicting through
+  it what `head` predicts through the old one.
+
+  Args:
+    new: the expanded target's `ModelConfig` (the head's layer counts move with their
+      layers: `HeadConfig.moved_to`), or the head's config for it (its block may grow
+      further: a larger `d_ff`).
+
+  Raises:
+    ValueError: no exact expansion (the field named), or a config that changes the
+      kind or a setting other than `d_ff`.
+  """
+  from specjax.models.expand import check_expansion, expanded_layer_count
+  from specjax.models.expand import expand_head as grow
+
+  old = head.cfg
+  n_old = old.target.n_layers
+  if isinstance(new, ModelConfig):
+    check_expansion(old.target, new)
+    move = lambda c: expanded_layer_count(c, n_old, new.n_layers)
+    new = old.moved_to(new, move)
+  elif not isinstance(new, HeadConfig):
+    raise ValueError(f"new must be a HeadConfig or a ModelConfig, got {type(new).__name__}.")
+  if new.kind != old.kind:
+    raise ValueError(f"HeadConfig.kind: the expanded head needs {old.kind!r}, got {new.kind!r}.")
+  check_expansion(old.target, new.target)
+  n_new = new.target.n_layers
+  moved = old.moved_to(new.target, lambda c: expanded_layer_count(c, n_old, n_new))
+  for field in dataclasses.fields(moved):
+    if field.name not in ("target", "d_ff") and getattr(new, field.name) != getattr(
+      moved, field.name
+    ):
+      raise ValueError(
+        f"HeadConfig.{field.name}: the expanded head needs {getattr(moved, field.name)!r}, "
+        f"got {getattr(new, field.name)!r}."
+      )
+  record = of(old)
+  return grow(head, new, record.make, record.expansion_axes)
+
+
 __all__ = [
-  "BUNDLED",
   "CONFIG_FILE",
-  "KINDS",
-  "NAMES",
   "WEIGHTS_FILE",
   "HeadConfig",
+  "HeadConfigError",
   "HeadKind",
+  "TrainingRules",
+  "bundled",
+  "config",
   "drafter",
+  "expand_head",
   "kind",
+  "kinds",
   "make_head",
   "module_of",
+  "names",
+  "of",
+  "read_config",
+  "register",
+  "unregister",
+  "write_config",
 ]

@@ -1,23 +1,60 @@
-"""A head's files in specjax's own layout (a bundled head, `save_head(layout="specjax")`):
-`CONFIG_FILE` holds its `HeadConfig`, `WEIGHTS_FILE` its parameters by module path
-(`block.attn.q_proj.kernel`, `heads.0.bias`), a fused projection's parts stored apart
-as checkpoints store them (`specjax.models.fused`). Every kind is written and read by
-these two functions; the hub's layouts are `specjax.hf.heads`'s (`HUB_LAYOUTS`).
+"""A head's files in specjax's own layout (a training run, a bundled head,
+`save_head(layout="specjax")`): `CONFIG_FILE` holds its `HeadConfig`, `WEIGHTS_FILE` its
+parameters by module path (`block.attn.q_proj.kernel`, `heads.0.bias`), a fused
+projection's parts stored apart as checkpoints store them (`specjax.models.fused`).
+
+`write_config` and `read_config` are the one writer and reader of `CONFIG_FILE` (errors:
+`HeadConfigError`, naming the file); `head_tensors` and `read_head_params` the weights'.
+Every kind is written and read by these; a kind's hub layout is its record's `hub`.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import jax
 import numpy as np
 from flax import nnx
 
+from specjax.heads.base import HeadConfig, HeadConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.fused import fused_parts, unfuse
-from specjax.models.heads import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
 from specjax.tensor_files import read_tensors
 
-CONFIG_FILE = HEAD_CONFIG_FILE  # the `HeadConfig` of a run or an export
-WEIGHTS_FILE = HEAD_WEIGHTS_FILE  # its parameters (safetensors)
+CONFIG_FILE = "head_config.json"  # the `HeadConfig` of a run or an export
+WEIGHTS_FILE = "model.safetensors"  # its parameters (safetensors)
+
+
+def write_config(directory: str, cfg: HeadConfig) -> str:
+  """Writes `cfg` as `directory/CONFIG_FILE` atomically (a kill leaves the old file,
+  never half of it); returns the path."""
+  path = os.path.join(directory, CONFIG_FILE)
+  os.makedirs(directory or ".", exist_ok=True)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(cfg.to_dict(), f, indent=2)
+  os.replace(tmp, path)
+  return path
+
+
+def read_config(path: str, fix: str = "") -> HeadConfig:
+  """The `HeadConfig` in `path` (a `CONFIG_FILE`, or a directory holding one).
+  FileNotFoundError when there is none; HeadConfigError naming the file for one that
+  is no head config; `fix` (e.g. "reinstall specjax") is added to each message."""
+  if os.path.isdir(path):
+    path = os.path.join(path, CONFIG_FILE)
+  hint = f" ({fix})" if fix else ""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no head config {path}{hint}")
+  try:
+    with open(path, encoding="utf-8") as f:
+      fields = json.load(f)
+    return HeadConfig.from_dict(fields)
+  except HeadConfigError as e:
+    raise HeadConfigError(f"{path} is not a head config: {e}{hint}") from e
+  except (OSError, ValueError, TypeError, KeyError) as e:  # ValueError: JSON, UTF-8, target
+    raise HeadConfigError(f"{path} is not a head config: {type(e).__name__}: {e}{hint}") from e
 
 
 def tensor_name(path: tuple) -> str:

@@ -14,10 +14,20 @@ snapshot must hold config.json and safetensors weights.
 
 from specjax.hf.config import SUPPORTED, UnsupportedConfigError, model_config
 from specjax.hf.generation import GenerationSettings, generation_settings, sampling_from_checkpoint
-from specjax.hf.heads import load_drafter, load_head, save_head
 from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.loader import check_same_tokenizer, load_model, load_tokenizer, read_config
 from specjax.hf.pairs import PairReport, check_pair
+
+
+def __getattr__(name: str):
+  # The head loaders sit above `specjax.heads` (whose kinds read hub weights through
+  # this package): imported on first use, so `specjax.heads` can import `specjax.hf`.
+  if name in ("load_drafter", "load_head", "save_head"):
+    from specjax.hf import heads
+
+    return getattr(heads, name)
+  raise AttributeError(f"module 'specjax.hf' has no attribute {name!r}")
+
 
 __all__ = [
   "GenerationSettings",

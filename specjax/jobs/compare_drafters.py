@@ -30,6 +30,7 @@ from specjax import heads as head_kinds
 from specjax.data import Tokenizer
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter, as_drafter
+from specjax.jobs.drafters import build_drafter
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import markdown_table
 from specjax.validation import check_loop, check_positive_int
@@ -63,7 +64,13 @@ CATEGORY_COLUMNS = (
   ("ms/token", "{ms_per_token:.3f}"),
   ("speedup", "{speedup:.2f}"),
 )
-HEAD_NAMES = {name: head_kinds.kind(name).title for name in head_kinds.BUNDLED}
+
+
+def _title(kind: str) -> str:
+  """How the table names the bundled head of `kind`."""
+  return head_kinds.kind(kind).title
+
+
 # Rows of the bundled draft with its own tokenizer (pretrained.load_cross_draft).
 TLI, SLEM = "cross-tokenizer draft, TLI", "cross-tokenizer draft, SLEM"
 
@@ -104,12 +111,12 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
   applicable = ("greedy", "token", "block") if temperature == 0 else ("token", "block")
   verifiers = [v for v in applicable if v in config.verifiers]
   head_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.draft_dtype")
-  heads = {kind: pretrained.load_drafter(kind, target, dtype=head_dtype) for kind in config.heads}
+  heads = {kind: build_drafter(kind, target, dtype=head_dtype) for kind in config.heads}
   drafters = _chain_drafters(config, target, draft, heads)
   out = [(name, d, v, config.gamma, None) for name, d in drafters for v in verifiers]
   default = verifiers[0]
   for kind in heads:  # the heads' own draft lengths, e.g. early exit pays off at small gamma
-    twins = [(n, d) for n, d in drafters if n.startswith(HEAD_NAMES[kind])]
+    twins = [(n, d) for n, d in drafters if n.startswith(_title(kind))]
     out += [
       (name, d, default, g, None)
       for g in config.head_gammas.get(kind, ())
@@ -127,18 +134,17 @@ def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[
 
   drafters = [("draft model", draft)]
   if config.ngram:
-    lookup = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
+    lookup = build_drafter("ngram", target, ngram=config.ngram)
     drafters.append((f"prompt lookup (n<={config.ngram})", lookup))
   drafters += [
-    (f"layer skip k={k}", pretrained.load_drafter("layer_skip", target, num_layers=k))
+    (f"layer skip k={k}", build_drafter("layer_skip", target, layer_skip=k))
     for k in config.layer_skip
   ]
-  drafters += [(HEAD_NAMES[kind], d) for kind, d in heads.items()]
+  drafters += [(_title(kind), d) for kind, d in heads.items()]
   if config.fr_spec:  # the same heads drafting among the K most frequent ids
     ids = pretrained.frequent_token_ids(config.fr_spec)
     drafters += [
-      (f"{HEAD_NAMES[kind]}, K={config.fr_spec}", d.with_vocab_subset(ids))
-      for kind, d in heads.items()
+      (f"{_title(kind)}, K={config.fr_spec}", d.with_vocab_subset(ids)) for kind, d in heads.items()
     ]
   if config.cross_tokenizer:  # SLEM is a host loop, not a drafter: marked by its name
     cross, cross_tokenizer = pretrained.load_cross_draft()
@@ -151,8 +157,8 @@ def _chain_drafters(config, target, draft, heads: dict[str, Any]) -> list[tuple[
 def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
   """The token-tree variants' fields: static trees (`config.trees`), then EAGLE-2's."""
 
-  tree_drafters = {"draft model": draft, **{HEAD_NAMES[k]: d for k, d in heads.items()}}
-  names = ("draft model", *HEAD_NAMES.values())
+  tree_drafters = {"draft model": draft, **{_title(k): d for k, d in heads.items()}}
+  names = ("draft model", *(_title(k) for k in head_kinds.bundled()))
   out = []
   for name, rates in config.trees.rank_acceptance.items():
     if name not in names:
@@ -163,7 +169,8 @@ def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
     max_depth = config.trees.max_depth or config.gamma
     # Drafters whose one call gives a fixed number of per-depth laws (Medusa's
     # heads, the block drafter's positions) draft trees no deeper than that.
-    max_depth = min(max_depth, getattr(drafter, "max_tree_depth", max_depth))
+    bound = as_drafter(drafter).max_tree_depth
+    max_depth = max_depth if bound is None else min(max_depth, bound)
     for size in config.trees.sizes:
       tree = trees.best(rates, size, max_depth)
       label = f"{name}, tree N={size} depth {max(trees.tree_depths(tree))}"
@@ -172,11 +179,12 @@ def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
       else:
         tree_drafter = drafter.replace(tree=tree, tree_mode=config.trees.mode)
       out.append((label, tree_drafter, "tree", size, None))
-  if "eagle" in heads:  # EAGLE-2: a tree per row, chosen by the head's confidence
-    for size, depth, branch, expand in config.trees.eagle2:
+  for kind, head in heads.items():  # dynamic trees: a tree per row (EAGLE-2's)
+    title = head_kinds.kind(kind).dynamic_trees
+    for size, depth, branch, expand in config.trees.eagle2 if title else ():
       spec = trees.DynamicTree(size, depth, branch, expand)
-      label = f"EAGLE-2, N={size} depth {depth} k={branch} m={expand}"
-      drafter = heads["eagle"].replace(tree=spec, tree_mode=config.trees.mode)
+      label = f"{title}, N={size} depth {depth} k={branch} m={expand}"
+      drafter = head.replace(tree=spec, tree_mode=config.trees.mode)
       out.append((label, drafter, "tree", size, None))
   return out
 
@@ -193,15 +201,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     dtypes.to_dtype(config.draft_dtype, "config.draft_dtype")
   for name in ("gamma", "max_new_tokens", "num_prompts", "gamma_max"):
     check_positive_int(f"config.{name}", config[name])
-  unknown_heads = set(config.heads) - set(head_kinds.BUNDLED)
+  bundled = head_kinds.bundled()
+  if set(config.heads) - set(bundled):
+    raise ValueError(f"config.heads must be a subset of {bundled}, got {config.heads!r}.")
+  unknown_heads = set(config.head_gammas) - set(bundled)
   if unknown_heads:
     raise ValueError(
-      f"config.heads must be a subset of {head_kinds.BUNDLED}, got {config.heads!r}."
-    )
-  unknown_heads = set(config.head_gammas) - set(head_kinds.BUNDLED)
-  if unknown_heads:
-    raise ValueError(
-      f"config.head_gammas keys must be among {head_kinds.BUNDLED}, got {sorted(unknown_heads)}."
+      f"config.head_gammas keys must be among {bundled}, got {sorted(unknown_heads)}."
     )
   for kind, gammas in config.head_gammas.items():
     for g in gammas:

@@ -28,7 +28,7 @@ from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
 from specjax.drafting import CrossTokenizerDrafter
 from specjax.hf.optional import import_torch_transformers
-from specjax.jobs import structured
+from specjax.jobs import drafters, structured
 from specjax.models.kv_cache import cache_capacity
 from specjax.results import write_json
 from specjax.training import heads as head_training
@@ -41,34 +41,15 @@ from specjax.vocab_map import build_vocab_map
 DECODE_DTYPES = ("float32", "bfloat16")
 
 
-HEAD_KINDS = heads.BUNDLED  # the drafters of draft heads (an EAGLE-3 head drafts as eagle)
 # A draft with a tokenizer of its own: token-level intersection inside the jitted
 # loop, or string-level exact match around it (`specjax.vocab_map`).
 CROSS_DRAFTERS = ("cross_tokenizer", "string_level")
-DRAFTERS = ("model", "ngram", "layer_skip", *HEAD_KINDS, *CROSS_DRAFTERS)
-
-# Default draft length by batch size (the largest key <= the batch). Scoring
-# gamma + 1 tokens per row costs about one step while the target is memory-bound
-# (batch 1), but nearly gamma + 1 steps once the batch makes it compute-bound, so
-# a large batch drafts less (the measurements: docs/performance.md). Batches in
-# between were not measured and keep 4.
-DEFAULT_GAMMA = {1: 4, 8: 1}
-# Drafters whose draft step costs a large share of a target step draft fewer
-# tokens: early exit (2 of 6 target layers + the adapter + the head) pays off at
-# gamma 1, not 4 (the comparison in docs/heads.md).
-DRAFTER_GAMMA = {"early_exit": 1}
 
 
-def default_gamma(batch_size: int, drafter: str = "model", block_size: int = 0) -> int:
-  """The draft length `config.gamma = 0` means for `batch_size` rows and `drafter`.
-
-  A block drafter (`block_size` B > 0) drafts its whole block in one call whatever
-  gamma is, so while scoring costs about one step (the batches of gamma 4) it
-  drafts all B - 1 tokens; larger batches keep their shorter gamma."""
-  by_batch = DEFAULT_GAMMA[max(b for b in DEFAULT_GAMMA if b <= batch_size)]
-  if block_size:
-    return block_size - 1 if by_batch == DEFAULT_GAMMA[1] else min(by_batch, block_size - 1)
-  return min(by_batch, DRAFTER_GAMMA.get(drafter, by_batch))
+def drafter_names() -> tuple[str, ...]:
+  """What `config.drafter` may name: `specjax.jobs.drafters`' drafters (the draft
+  model, prompt lookup, layer skip, every head kind's) and the cross-tokenizer ones."""
+  return (*drafters.OTHER_DRAFTERS, *drafters.head_drafters(), *CROSS_DRAFTERS)
 
 
 def _load(config: ml_collections.ConfigDict, dtype) -> pretrained.Checkpoints:
@@ -152,47 +133,27 @@ def _drafter(
     return drafter, drafter_fields(config.drafter, draft_path, draft)
   if config.drafter == "string_level":
     return None, drafter_fields(config.drafter, draft_path, draft)
-  if config.drafter in HEAD_KINDS:
-    return _head_drafter(config, target)
-  if config.drafter == "ngram":
-    drafter = pretrained.load_drafter("ngram", target, max_ngram=config.ngram)
-    return drafter, drafter_fields(
-      config.drafter, f"prompt lookup of n-grams up to n = {config.ngram}"
-    )
-  if config.drafter == "layer_skip":
-    drafter = pretrained.load_drafter("layer_skip", target, num_layers=config.layer_skip)
-    return drafter, drafter_fields(
-      config.drafter, f"the target's first {config.layer_skip} of {target.cfg.n_layers} layers"
-    )
-  return draft, drafter_fields(config.drafter, draft_path, draft)
-
-
-def _head_drafter(config: ml_collections.ConfigDict, target) -> tuple[Any, dict[str, Any]]:
-  """`_drafter` for a draft head: `config.head`'s (a run, an export or a hub layout), or
-  the bundled head."""
-  head_dtype = dtypes.to_dtype(config.draft_dtype or config.dtype, "config.dtype")
-  if config.head:  # a training run, an exported head or a hub layout (specjax.hf.load_head)
-    head = specjax.hf.load_head(config.head, target, head_dtype)
-    kind = heads.kind(head.cfg.kind).drafts_as
-    if kind != config.drafter:
-      raise ValueError(f"--config.head holds a {kind} head; --config.drafter is {config.drafter}.")
-  elif config.target:
-    raise ValueError(
-      f"config.drafter={config.drafter!r} with your own config.target needs "
-      "config.head, the run directory of a head trained for it (the bundled "
-      "heads read the bundled target)."
-    )
-  else:
-    head = pretrained.load_head(config.drafter, target, head_dtype)
-  if config.vocab_subset and config.target:
-    raise ValueError(
-      "config.vocab_subset ranks the bundled tokenizer's ids; it needs the bundled target."
-    )
-  drafter = pretrained.load_drafter(
-    config.drafter, target, head=head, vocab_subset=config.vocab_subset
+  drafter = drafters.build_drafter(
+    config.drafter,
+    target,
+    draft=draft,
+    head=config.head,
+    own_target="your own config.target" if config.target else "",
+    dtype=dtypes.to_dtype(config.draft_dtype or config.dtype, "config.dtype"),
+    vocab_subset=config.vocab_subset,
+    ngram=config.ngram,
+    layer_skip=config.layer_skip,
   )
-  where = config.head or os.path.join(pretrained.HEADS_DIR, config.drafter)
-  return drafter, drafter_fields(config.drafter, where, head)
+  if config.drafter == "ngram":
+    what, module = f"prompt lookup of n-grams up to n = {config.ngram}", None
+  elif config.drafter == "layer_skip":
+    what = f"the target's first {config.layer_skip} of {target.cfg.n_layers} layers"
+    module = None
+  elif config.drafter == "model":
+    what, module = draft_path, draft
+  else:
+    what, module = drafters.head_dir(config.drafter, config.head), heads.module_of(drafter)
+  return drafter, drafter_fields(config.drafter, what, module)
 
 
 def drafter_fields(kind: str, what: str, module=None) -> dict[str, Any]:
@@ -287,11 +248,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.gamma != 0:
     check_positive_int("config.gamma (0: by batch size)", config.gamma)
   check_int("config.vocab_subset (0: all ids)", config.vocab_subset, minimum=0)
-  if config.drafter not in DRAFTERS:
+  if config.vocab_subset and config.drafter not in drafters.head_drafters():
     raise ValueError(
-      f"config.drafter must be one of {', '.join(DRAFTERS)} (EAGLE-3 heads: eagle); "
-      f"got {config.drafter!r}."
+      f"config.vocab_subset applies to a draft head's drafter (FR-Spec), not to "
+      f"config.drafter={config.drafter!r}; leave it 0."
     )
+  drafters.check_drafter_name(config.drafter, allowed=drafter_names())
   if config.drafter == "string_level" and config.adaptive:
     raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
   check_loop(config.loop, config.loop_chunk, "config.")
@@ -476,7 +438,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   check_config(config)
   if config.compare_transformers:  # before any model loads: one line on how to install them
     import_torch_transformers("--config.compare_transformers")
-  if config.head and config.drafter in HEAD_KINDS:  # before any model loads
+  if config.head and config.drafter in drafters.head_drafters():  # before any model loads
     head_dir = specjax.hf.resolve_checkpoint(config.head, flag="--config.head")
     if not {"config.json", "model.safetensors"} & set(os.listdir(head_dir)):  # a training run
       check_run(head_dir, "--config.head", kind="head")
@@ -487,8 +449,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   auto_gamma = config.gamma == 0
   if auto_gamma:
     config = config.copy_and_resolve_references()
-    block = getattr(drafter, "block_size", 0)  # a block drafter's B (DFlashDrafter)
-    config.gamma = default_gamma(config.batch_size, config.drafter, block)
+    config.gamma = drafters.default_gamma(drafter or inputs.draft, config.batch_size)
   with jax.set_mesh(inputs.mesh):
     timings, outputs = bench.time_calls(_calls(config, inputs, drafter), config.num_runs)
   host = {
@@ -510,7 +471,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "spec_text": texts["spec"],
     "gamma": config.gamma,
     "gamma_policy": "by batch size" if auto_gamma else "fixed",
-    **_settings_fields(config, inputs, drafter),
+    **_settings_fields(config, inputs),
     "ar_ms_per_token": ms["ar"],
     "spec_ms_per_token": ms["spec"],
     "speedup": ms["ar"] / ms["spec"],
@@ -657,15 +618,14 @@ def _constraint_fields(config, inputs: _Inputs, drafter, host, ar_ms: float) -> 
   }
 
 
-def _settings_fields(config, inputs: _Inputs, drafter) -> dict[str, Any]:
+def _settings_fields(config, inputs: _Inputs) -> dict[str, Any]:
   """The result's decoding settings: temperature, EOS ids, drafter, verifier, ..."""
-  subset = getattr(drafter, "vocab_subset", None)
   return {
     "temperature": float(inputs.sampling.temperature),
     "eos_ids": inputs.eos,
     "drafter": config.drafter,
     # FR-Spec: the head drafts among this many frequent ids (None: all)
-    "vocab_subset": None if subset is None else int(subset.shape[0]),
+    "vocab_subset": config.vocab_subset or None,
     "verifier": config.verifier,
     "adaptive": config.adaptive or "fixed",
     "loop": config.loop,

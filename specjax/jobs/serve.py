@@ -14,19 +14,13 @@ import time
 import ml_collections
 from absl import logging
 
-from specjax import dtypes, heads
+from specjax import dtypes
+from specjax.jobs import drafters
 from specjax.serving.load import MODES
 from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
 
 MODEL_KINDS = ("bundled", "hf", "tiny")
-# What `config.drafter` names: the draft model, or the drafter of a draft head's kind
-# (eagle, medusa, early_exit, dflash; EAGLE-3 heads draft as eagle): the bundled head
-# of that kind, or config.head's.
-HEAD_DRAFTERS = tuple(dict.fromkeys(k.drafts_as for k in heads.KINDS))
-DRAFTERS = ("model", *HEAD_DRAFTERS)
-# The largest draft length `config.gamma = 0` means (a block drafter: block_size - 1).
-DEFAULT_GAMMA = 4
 FIELDS = ("config.model", "config.target", "config.draft")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # How messages about fitting the engine to the model's context name its fields.
@@ -157,8 +151,8 @@ def engine_config(
       context" (None: `specjax.serving.fit_config` derives them, the server's
       defaults); False passes them on as given (the load test's
       max_new_tokens is every request's budget, and must be >= 1).
-    gamma: the largest draft length (`draft_gamma`'s, for the drafter served);
-      None: `config.gamma`, 0 meaning `DEFAULT_GAMMA`.
+    gamma: the largest draft length (`drafters.resolve_gamma`'s, for the drafter
+      served); None: `config.gamma`, 0 meaning the default at batch 1.
   """
   from specjax.serving import EngineConfig
 
@@ -170,7 +164,7 @@ def engine_config(
       )
     buckets, budget = buckets or None, budget or None
   if gamma is None:
-    gamma = config.gamma if config.gamma != 0 else DEFAULT_GAMMA
+    gamma = config.gamma or drafters.GAMMA_BY_BATCH[1]
   return EngineConfig(
     slots=config.slots,
     gamma=gamma,
@@ -195,11 +189,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"config.log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}."
     )
-  if config.drafter not in DRAFTERS:
-    raise ValueError(
-      f"config.drafter must be one of {', '.join(DRAFTERS)} (EAGLE-3 heads: eagle), "
-      f"got {config.drafter!r}."
-    )
+  # The draft model, or the drafter of a head kind: the bundled head of that kind, or
+  # config.head's.
+  drafters.check_drafter_name(config.drafter, allowed=("model", *drafters.head_drafters()))
   check_int("config.gamma (0: the drafter's default)", config.gamma, 0)
   head = config.get("head") or config.drafter != "model"
   if head and (config.draft or config.policy == "never"):
@@ -268,62 +260,16 @@ class _Shutdown:
       raise SystemExit(0)
 
 
-def head_drafter(config: ml_collections.ConfigDict, target):
-  """The drafter of a draft head for `target`: `config.head`'s (a training run, an
-  export or a hub layout, as `specjax.hf.load_drafter` reads them; of the kind
-  `config.drafter` names unless that is "model"), or the bundled head of kind
-  `config.drafter`."""
-  from specjax import pretrained
-
-  dtype = dtypes.to_dtype(config.dtype, "config.dtype")
-  if config.get("head"):
-    import specjax.hf
-
-    drafter = specjax.hf.load_drafter(config.head, target, dtype)
-    kind = heads.kind(heads.module_of(drafter).cfg.kind).drafts_as
-    if config.drafter not in ("model", kind):
-      raise ValueError(f"config.head holds a {kind} head; config.drafter is {config.drafter!r}.")
-    return drafter
-  _check_bundled_head(config)
-  return pretrained.load_drafter(config.drafter, target, dtype=dtype)
-
-
 def _check_bundled_head(config: ml_collections.ConfigDict) -> None:
   """Raises unless the bundled head of kind `config.drafter` can draft for the
   target `config` names (before any model loads)."""
-  if _model_kind(config.model, config.target, config.draft, FIELDS) != "bundled":
-    raise ValueError(
-      f"config.drafter={config.drafter!r} with config.model={config.model!r} needs config.head, "
-      "a head trained for that target (the bundled heads read the bundled target)."
-    )
-  if not heads.kind(config.drafter).bundled:
-    from specjax import pretrained
-
-    raise ValueError(
-      f"config.drafter={config.drafter!r}: no {config.drafter} head is bundled "
-      f"({pretrained.HEADS_DIR}); set config.head to a trained one (a run, an export or a "
-      "hub layout)."
-    )
+  drafters.check_bundled_head(config.drafter, _own_target(config))
 
 
-def draft_gamma(gamma: int, drafter) -> int:
-  """The engine's largest draft length for `config.gamma` = `gamma` and `drafter`
-  (None: plain decoding). 0 means the drafter's default: a block drafter's
-  block_size - 1 (what its one call drafts), else `DEFAULT_GAMMA`. A block
-  drafter refuses a gamma past block_size - 1, naming `config.gamma`."""
-  from specjax.drafting import DFlashDrafter
-
-  if not isinstance(drafter, DFlashDrafter):
-    return gamma or DEFAULT_GAMMA
-  most = drafter.block_size - 1
-  if gamma == 0:
-    return most
-  if not 1 <= gamma <= most:
-    raise ValueError(
-      f"config.gamma must be in [1, {most}] for a block drafter of block_size "
-      f"{drafter.block_size} (one call drafts block_size - 1 tokens; 0: {most}), got {gamma}."
-    )
-  return gamma
+def _own_target(config: ml_collections.ConfigDict) -> str:
+  """ "" for the bundled pair's target, else how messages name the user's."""
+  bundled = _model_kind(config.model, config.target, config.draft, FIELDS) == "bundled"
+  return "" if bundled else f"config.model={config.model!r}"
 
 
 def warm_engine(config: ml_collections.ConfigDict):
@@ -343,8 +289,15 @@ def warm_engine(config: ml_collections.ConfigDict):
     need_draft=not (plain or heads_draft),
   )
   if heads_draft:
-    draft = head_drafter(config, target)
-  gamma = draft_gamma(config.gamma, draft)
+    draft = drafters.build_drafter(
+      config.drafter,
+      target,
+      head=config.get("head", ""),
+      own_target=_own_target(config),
+      dtype=dtypes.to_dtype(config.dtype, "config.dtype"),
+    )
+  # The engine's largest draft length (its policy drafts less under load).
+  gamma = None if draft is None else drafters.resolve_gamma(config.gamma, draft)
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config, gamma=gamma), target, draft, names=FIT_FLAGS)

@@ -2,7 +2,7 @@
 
   cfg = expanded_config(model.cfg, d_model=2048, n_layers=22, n_kv_heads=8, ...)
   big = expand(model, cfg)          # big(tokens) == model(tokens) up to float rounding
-  big_head = expand_head(head, cfg)  # a draft head of `model`, for `big`
+  big_head = specjax.heads.expand_head(head, cfg)  # a draft head of `model`, for `big`
 
 Used to measure speculative decoding at a real model's shape with a small
 trained pair's acceptance (`pretrained.load_pair(scale=...)`). How each size
@@ -20,7 +20,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.models.config import ModelConfig
-from specjax.models.heads import HeadConfig, make_head
 from specjax.models.scan import unscan_model, with_layout
 from specjax.models.transformer import Transformer
 from specjax.validation import is_int
@@ -239,7 +238,7 @@ class _Plan:
 
 # Each parameter's axes, by its path inside a decoder block (the fused
 # projections' columns as `specjax.models.fused` lays them out).
-_BLOCK_AXES = {
+BLOCK_AXES = {
   ("attn", "qkv_proj", "kernel"): "DKJH",
   ("attn", "qkv_proj", "bias"): "KJH",
   ("attn", "o_proj", "kernel"): "KGHD",
@@ -254,7 +253,7 @@ _BLOCK_AXES = {
   ("mlp", "down_proj", "bias"): "D",
 }
 for _norm in ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"):
-  _BLOCK_AXES[(_norm, "scale")] = _BLOCK_AXES[(_norm, "bias")] = "D"
+  BLOCK_AXES[(_norm, "scale")] = BLOCK_AXES[(_norm, "bias")] = "D"
 # ... in a Transformer, outside its blocks, and in a draft head (besides its block).
 _MODEL_AXES = {
   ("embed", "embedding"): "VD",
@@ -263,40 +262,14 @@ _MODEL_AXES = {
   ("final_norm", "scale"): "D",
   ("final_norm", "bias"): "D",
 }
-_HEAD_AXES = {
+HEAD_AXES = {
   ("fc", "kernel"): "ED",
   ("fc", "bias"): "D",
   ("fuse", "kernel"): "XD",
   ("fuse", "bias"): "D",
-  ("heads", "kernel"): "DD",  # Medusa head k's path is ("heads", k, ...): k dropped
+  ("heads", "kernel"): "DD",  # residual head k's path is ("heads", k, ...): k dropped
   ("heads", "bias"): "D",
 }
-# ... in a block drafter (DFlash) besides its layers: fc reads its nf * D features.
-_DFLASH_AXES = {
-  ("fc", "kernel"): "XD",
-  ("hidden_norm", "scale"): "D",
-  ("hidden_norm", "bias"): "D",
-  ("norm", "scale"): "D",
-  ("norm", "bias"): "D",
-  ("mask_embedding",): "D",
-}
-# ... in a block drafter's layer (`DFlashLayer`: separate projections, query heads
-# grouped by kv head as the fused ones are), by its path inside the layer.
-_DFLASH_LAYER_AXES = {
-  ("q_proj", "kernel"): "DKGH",
-  ("q_proj", "bias"): "KGH",
-  ("k_proj", "kernel"): "DKH",
-  ("k_proj", "bias"): "KH",
-  ("v_proj", "kernel"): "DKH",
-  ("v_proj", "bias"): "KH",
-  ("o_proj", "kernel"): "KGHD",
-  ("o_proj", "bias"): "D",
-  ("q_norm", "scale"): "H",
-  ("k_norm", "scale"): "H",
-  **{k: v for k, v in _BLOCK_AXES.items() if k[0] == "mlp"},
-}
-for _norm in ("input_layernorm", "post_attention_layernorm"):
-  _DFLASH_LAYER_AXES[(_norm, "scale")] = _DFLASH_LAYER_AXES[(_norm, "bias")] = "D"
 
 
 @functools.partial(jax.jit, static_argnames=("old_view", "new_view", "segments", "shape", "dtype"))
@@ -372,9 +345,9 @@ def _old_params(module: nnx.Module) -> dict[tuple, jax.Array]:
 
 def _block_param(plan: _Plan, rest: tuple, old: jax.Array, shape, dtype) -> jax.Array:
   """Parameter `rest` (its path inside a decoder block) grown from `old`."""
-  if rest not in _BLOCK_AXES:
+  if rest not in BLOCK_AXES:
     raise NotImplementedError(f"no expansion rule for block parameter {'.'.join(rest)}.")
-  return _grow(plan, _BLOCK_AXES[rest], old, shape, dtype, rest[-1] == "scale")
+  return _grow(plan, BLOCK_AXES[rest], old, shape, dtype, rest[-1] == "scale")
 
 
 def expand(model: Transformer, cfg: ModelConfig) -> Transformer:
@@ -409,65 +382,42 @@ def expand(model: Transformer, cfg: ModelConfig) -> Transformer:
 # -- draft heads
 
 
-def expanded_head_config(head_cfg: HeadConfig, target: ModelConfig) -> HeadConfig:
-  """`head_cfg` for the expanded `target`: feature_layers and (early exit)
-  exit_layer moved with their layers (`expanded_layer_count`); d_ff kept (0:
-  the head's block follows the target's d_ff, which may grow)."""
-  n_old, n_new = head_cfg.target.n_layers, target.n_layers
-  check_expansion(head_cfg.target, target)
-  moved = dict(
-    target=target,
-    feature_layers=tuple(expanded_layer_count(c, n_old, n_new) for c in head_cfg.feature_layers),
-  )
-  if head_cfg.kind == "early_exit":
-    moved["exit_layer"] = expanded_layer_count(head_cfg.exit_layer, n_old, n_new)
-  return dataclasses.replace(head_cfg, **moved)
-
-
-def expand_head(head: nnx.Module, new: HeadConfig | ModelConfig) -> nnx.Module:
-  """A draft head (`EagleHead`, `MedusaHeads`, `ExitAdapter`, `DFlashHead`) for the expanded
-  target, predicting through it what `head` predicts through the old one.
+def expand_head(head: nnx.Module, new_cfg, make, axes_of=None) -> nnx.Module:
+  """A draft head's parameters grown to `new_cfg` (its config for the expanded target;
+  `specjax.heads.expand_head` moves the layer counts and checks the kind's settings).
 
   Args:
-    new: the expanded target's `ModelConfig` (via `expanded_head_config`), or
-      a `HeadConfig` with the moved layer counts (its block may grow further).
+    head: the head; `head.cfg` its config (`target`, `block_config`, `num_features`).
+    new_cfg: the config of the expanded head.
+    make: `(cfg, rngs) -> module`, the kind's constructor.
+    axes_of: `path -> (plan, letters) | None`: how a parameter outside the head's
+      `block` grows: plan "target" (the target's widths) or "block" (the head's own
+      layer widths); None: `HEAD_AXES`' rules (fc, fuse and residual heads).
 
   Raises:
-    ValueError: no exact expansion (the field named), or a HeadConfig that
-      changes the kind, the number of Medusa heads or a layer count.
+    ValueError: no exact expansion of the head's block.
+    NotImplementedError: a parameter with no expansion rule.
   """
-
-  old_cfg: HeadConfig = head.cfg
-  if isinstance(new, ModelConfig):
-    new = expanded_head_config(old_cfg, new)
-  elif not isinstance(new, HeadConfig):
-    raise ValueError(f"new must be a HeadConfig or a ModelConfig, got {type(new).__name__}.")
-  moved = expanded_head_config(old_cfg, new.target)
-  for field in ("kind", "num_heads", "feature_layers", "exit_layer"):
-    if getattr(new, field) != getattr(moved, field):
-      raise ValueError(
-        f"HeadConfig.{field}: the expanded head needs {getattr(moved, field)!r}, "
-        f"got {getattr(new, field)!r}."
-      )
-  check_expansion(old_cfg.block_config, new.block_config)
-  plan = _Plan(old_cfg.target, new.target, old_cfg.num_features)
-  block_plan = _Plan(old_cfg.block_config, new.block_config)
+  old_cfg = head.cfg
+  check_expansion(old_cfg.block_config, new_cfg.block_config)
+  plans = {
+    "target": _Plan(old_cfg.target, new_cfg.target, old_cfg.num_features),
+    "block": _Plan(old_cfg.block_config, new_cfg.block_config),
+  }
   old = _old_params(head)
 
   def value(path, shape, dtype):
     if path[0] == "block":
-      return _block_param(block_plan, path[1:], old[path], shape, dtype)
-    if old_cfg.kind == "dflash":  # its layers' paths are ("layers", i, ...)
-      axes = _DFLASH_LAYER_AXES.get(path[2:]) if path[0] == "layers" else _DFLASH_AXES.get(path)
-      if axes is None:
-        raise NotImplementedError(f"no expansion rule for parameter {'.'.join(map(str, path))}.")
-      return _grow(
-        block_plan if path[0] == "layers" else plan, axes, old[path], shape, dtype,
-        path[-1] == "scale",
-      )  # fmt: skip
-    key = (path[0], path[-1])  # drops Medusa's head index
-    if key not in _HEAD_AXES:
+      return _block_param(plans["block"], path[1:], old[path], shape, dtype)
+    rule = axes_of(path) if axes_of is not None else _default_head_axes(path)
+    if rule is None:
       raise NotImplementedError(f"no expansion rule for head parameter {'.'.join(map(str, path))}.")
-    return _grow(plan, _HEAD_AXES[key], old[path], shape, dtype, is_scale=False)
+    plan, letters = rule
+    return _grow(plans[plan], letters, old[path], shape, dtype, path[-1] == "scale")
 
-  return _fill(nnx.eval_shape(lambda: make_head(new, rngs=nnx.Rngs(0))), value)
+  return _fill(nnx.eval_shape(lambda: make(new_cfg, rngs=nnx.Rngs(0))), value)
+
+
+def _default_head_axes(path: tuple) -> tuple[str, str] | None:
+  axes = HEAD_AXES.get((path[0], path[-1]))  # drops a residual head's index
+  return None if axes is None else ("target", axes)

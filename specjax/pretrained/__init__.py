@@ -2,7 +2,7 @@
 
   target, draft, tokenizer = specjax.pretrained.load_pair()
   target, draft, tokenizer = specjax.pretrained.load_pair(jnp.bfloat16, scale="1b")  # grown
-  head = specjax.pretrained.load_head("eagle", target)   # or "medusa", "early_exit", "dflash"
+  head = specjax.pretrained.load_head("eagle", target)   # any of specjax.heads.bundled()
   drafter = specjax.pretrained.load_drafter("eagle", target)  # the head, as a drafter
   models = specjax.pretrained.load_checkpoints()  # the bundled pair, or HF checkpoints
 
@@ -38,16 +38,13 @@ from specjax import heads
 from specjax.data.tokenizer import Tokenizer
 from specjax.drafting import NGramDrafter, layer_skip
 from specjax.dtypes import dtype_name
-from specjax.heads.files import CONFIG_FILE as HEAD_CONFIG_FILE
-from specjax.heads.files import WEIGHTS_FILE as HEAD_WEIGHTS_FILE
-from specjax.heads.files import read_head_params
+from specjax.heads import files as head_files
 from specjax.hf.config import model_config
 from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.loader import check_same_tokenizer, load_model, read_config
 from specjax.hf.pairs import check_pair
 from specjax.models.config import ModelConfig
-from specjax.models.expand import check_expansion, expand_head
-from specjax.models.heads import HeadConfig, make_head
+from specjax.models.expand import check_expansion
 from specjax.models.transformer import Transformer
 from specjax.pretrained.scales import SCALES, Scale, get_scale, scale_pair, scaled_configs
 from specjax.validation import file_sha256, is_int, read_json_object
@@ -69,7 +66,7 @@ _REBUILD = "reinstall specjax, or rebuild it with experiments/bundle_pair.py"
 HEADS_DIR = os.path.join(PAIR_DIR, "heads")
 HEADS_CARD_FILE = os.path.join(HEADS_DIR, "card.json")
 # The files of each bundled head, relative to its directory heads/<kind>/.
-HEAD_FILES = (HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE)
+HEAD_FILES = (head_files.CONFIG_FILE, head_files.WEIGHTS_FILE)
 _REBUILD_HEADS = "reinstall specjax, or rebuild it with experiments/bundle_heads.py"
 # A draft with a tokenizer of its own (1024-id BPE), for cross-tokenizer drafting.
 CROSS_DRAFT_DIR = os.path.join(PAIR_DIR, "cross_draft")
@@ -77,11 +74,14 @@ CROSS_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 _REBUILD_CROSS = "reinstall specjax, or rebuild it with experiments/bundle_cross_draft.py"
 
 
-# The drafter class of each bundled head kind (`load_drafter`), from `specjax.heads`.
-BUNDLED_HEADS = heads.BUNDLED  # no EAGLE-3 head is bundled
-HEAD_DRAFTERS = {name: heads.kind(name).drafter for name in BUNDLED_HEADS}
-# What `load_drafter` builds: the heads, prompt lookup, the target's first layers.
-DRAFTER_KINDS = (*HEAD_DRAFTERS, "ngram", "layer_skip")
+# What `load_drafter` builds besides the bundled heads' drafters (`specjax.heads.bundled()`).
+OTHER_DRAFTERS = ("ngram", "layer_skip")
+
+
+def drafter_kinds() -> tuple[str, ...]:
+  """What `load_drafter` builds: the bundled heads' drafters, prompt lookup, the
+  target's first layers."""
+  return (*heads.bundled(), *OTHER_DRAFTERS)
 
 
 class Pair(NamedTuple):
@@ -200,8 +200,10 @@ def load_cross_draft(dtype=jnp.float32) -> tuple[Transformer, Tokenizer]:
   return draft, Tokenizer.from_file(os.path.join(CROSS_DRAFT_DIR, "tokenizer.json"))
 
 
-def head_file_sums(directory: str, kinds=BUNDLED_HEADS) -> dict[str, str]:
-  """{"<kind>/<file>": sha256} of the bundled files of `kinds` under `directory`."""
+def head_file_sums(directory: str, kinds=None) -> dict[str, str]:
+  """{"<kind>/<file>": sha256} of the bundled files of `kinds` (None: every bundled
+  kind) under `directory`."""
+  kinds = heads.bundled() if kinds is None else kinds
   return {
     f"{kind}/{name}": file_sha256(os.path.join(directory, kind, name))
     for kind in kinds
@@ -242,19 +244,16 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
   """The bundled draft head of `kind` for `target` (the bundled pair's target).
 
   Args:
-    kind: "eagle" (`EagleHead`), "medusa" (`MedusaHeads`), "early_exit"
-      (`ExitAdapter`) or "dflash" (`DFlashHead`, the block drafter).
+    kind: one of `specjax.heads.bundled()` (e.g. "eagle", the `EagleHead`).
     target: the target the head will read, e.g. `load_pair().target`: of the
       shape the head was trained for, or an expansion of it (e.g.
       `load_pair(scale="1b").target`), for which the head is expanded alike
-      (`specjax.models.expand.expand_head`) and predicts what it predicts for
+      (`specjax.heads.expand_head`) and predicts what it predicts for
       the bundled target.
     dtype: compute and parameter dtype of the head (the files hold bfloat16).
 
   Returns:
-    The head module, for `specjax.drafting.eagle.EagleDrafter(target, head)`,
-    `medusa.MedusaDrafter(target, head)`, `early_exit.EarlyExitDrafter(target, head)`
-    or `dflash.DFlashDrafter(target, head)`.
+    The head module, for its kind's drafter (`specjax.heads.drafter(target, head)`).
 
   Raises:
     ValueError: an unknown `kind` or bad `dtype`, a target of another shape
@@ -262,8 +261,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       from `heads/card.json`'s.
     FileNotFoundError: a bundled file is missing.
   """
-  if kind not in BUNDLED_HEADS:
-    raise ValueError(f"kind must be one of {BUNDLED_HEADS}, got {kind!r}.")
+  if kind not in heads.bundled():
+    raise ValueError(f"kind must be one of {heads.bundled()}, got {kind!r}.")
   name = dtype_name(dtype)
   directory = os.path.join(HEADS_DIR, kind)
   for file in (*(os.path.join(directory, f) for f in HEAD_FILES), HEADS_CARD_FILE):
@@ -273,11 +272,7 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       )
   files = [f"{kind}/{f}" for f in HEAD_FILES]
   _verify_sums(heads_card().get("sha256"), HEADS_DIR, files, HEADS_CARD_FILE, _REBUILD_HEADS)
-  config_file = os.path.join(directory, HEAD_CONFIG_FILE)
-  try:
-    cfg = HeadConfig.from_dict(read_json_object(config_file))
-  except (TypeError, KeyError) as e:
-    raise ValueError(f"{config_file} is not a head config: {type(e).__name__}: {e}") from e
+  cfg = head_files.read_config(directory, _REBUILD_HEADS)
   grown = None  # the expanded target's config, when target is one
   try:
     cfg.check_target(target.cfg)
@@ -289,12 +284,16 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
     grown = target.cfg.replace(dtype=name, param_dtype=name)
   # The compute dtype is read from the config when the head is built.
   cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
-  params = read_head_params(
-    os.path.join(directory, HEAD_WEIGHTS_FILE), abstract, dtype, cfg.block_config, _REBUILD_HEADS
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: heads.make_head(cfg, rngs=nnx.Rngs(0))))
+  params = head_files.read_head_params(
+    os.path.join(directory, head_files.WEIGHTS_FILE),
+    abstract,
+    dtype,
+    cfg.block_config,
+    _REBUILD_HEADS,
   )
   head = nnx.merge(graphdef, params)
-  return head if grown is None else expand_head(head, grown)
+  return head if grown is None else heads.expand_head(head, grown)
 
 
 def load_drafter(
@@ -310,9 +309,9 @@ def load_drafter(
   """A drafter of `kind` for `target`, e.g. `load_drafter("eagle", load_pair().target)`.
 
   Args:
-    kind: one of `DRAFTER_KINDS`: "eagle", "medusa", "early_exit", "dflash" (a
-      draft head's drafter), "ngram" (prompt lookup of n-grams up to `max_ngram`) or
-      "layer_skip" (the target's first `num_layers` layers).
+    kind: one of `drafter_kinds()`: a bundled head's kind (its drafter), "ngram"
+      (prompt lookup of n-grams up to `max_ngram`) or "layer_skip" (the target's
+      first `num_layers` layers).
     target: the target `Transformer` the drafter drafts for.
     head: a head's module (e.g. `specjax.training.load_trained_head(run)[0]`);
       None: the bundled head of `kind` (`load_head`, in `dtype`), which reads
@@ -323,15 +322,15 @@ def load_drafter(
   Raises:
     ValueError: an unknown `kind`, or a setting out of range.
   """
-  if kind not in DRAFTER_KINDS:
-    raise ValueError(f"kind must be one of {', '.join(DRAFTER_KINDS)}; got {kind!r}.")
+  if kind not in drafter_kinds():
+    raise ValueError(f"kind must be one of {', '.join(drafter_kinds())}; got {kind!r}.")
   if kind == "ngram":
     return NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram)
   if kind == "layer_skip":
     return layer_skip(target, num_layers)
   if not is_int(vocab_subset) or vocab_subset < 0:
     raise ValueError(f"vocab_subset must be an int >= 0 (0: all ids), got {vocab_subset!r}.")
-  drafter = HEAD_DRAFTERS[kind](target, load_head(kind, target, dtype) if head is None else head)
+  drafter = heads.drafter(target, load_head(kind, target, dtype) if head is None else head)
   if vocab_subset:
     drafter = drafter.with_vocab_subset(frequent_token_ids(vocab_subset))
   return drafter
@@ -425,19 +424,19 @@ __all__ = [
   "CARD_FILE",
   "CROSS_DRAFT_DIR",
   "Checkpoints",
-  "DRAFTER_KINDS",
   "DRAFT_DIR",
   "HEADS_CARD_FILE",
   "HEADS_DIR",
-  "HEAD_DRAFTERS",
   "HEAD_FILES",
   "PAIR_DIR",
   "Pair",
   "SCALES",
   "Scale",
   "TARGET_DIR",
+  "OTHER_DRAFTERS",
   "TOKENIZER_FILE",
   "bundled_configs",
+  "drafter_kinds",
   "file_sha256",
   "file_sums",
   "head_file_sums",

@@ -23,10 +23,9 @@ from specjax.data.corpus import copy_subset, corpus_files, read_source
 from specjax.data.prompts import encode_prompts, held_out_prompts
 from specjax.drafting import (
   CrossTokenizerDrafter,
-  NGramDrafter,
   count_drafter,
-  layer_skip,
 )
+from specjax.jobs.drafters import build_drafter
 from specjax.reproduce import examples, figures, papers, report
 from specjax.reproduce.coupling import coupling_study
 from specjax.reproduce.measure import Variant, measure
@@ -56,7 +55,11 @@ SECTIONS = (
   "worked_examples",
   "daliri",
 )
-_HEADS = {k.title: (k.name, k.drafter) for k in heads.KINDS if k.bundled}
+
+
+def _bundled_head(title: str) -> str | None:
+  """The bundled head kind a drafter title (`HeadKind.title`) names, or None."""
+  return next((k.name for k in heads.kinds() if k.bundled and k.title == title), None)
 
 
 def apply_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -152,12 +155,11 @@ def _drafters(config, target, draft, tokenizer, output_dir, progress) -> tuple[d
     elif name == DISTILLED:
       out[name] = draft
     elif name == "prompt lookup":
-      out[name] = NGramDrafter(v, 3)
+      out[name] = build_drafter("ngram", target, ngram=3)
     elif name == "layer skip":
-      out[name] = layer_skip(target, config.layer_skip)
-    elif name in _HEADS:
-      kind, cls = _HEADS[name]
-      out[name] = cls(target, pretrained.load_head(kind, target))
+      out[name] = build_drafter("layer_skip", target, layer_skip=config.layer_skip)
+    elif _bundled_head(name):
+      out[name] = build_drafter(_bundled_head(name), target)
     elif name.startswith("cross-tokenizer"):
       cross, cross_tokenizer = pretrained.load_cross_draft()
       target_tokenizer = Tokenizer.from_file(pretrained.TOKENIZER_FILE)

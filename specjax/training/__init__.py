@@ -1,30 +1,32 @@
 """Training and distillation: optax AdamW, a jitted step, orbax checkpoints.
 
-Draft heads (EAGLE, Medusa, early exit) train in the same loop on a frozen
+Draft heads of any registered kind (`specjax.heads`) train in the same loop on a frozen
 target (`config.head`, see `specjax.training.heads`).
 """
 
-from specjax.training.checkpoint import (
-  Checkpointer,
-  CheckpointError,
-  load_head_config,
-  load_model_config,
-  load_trained_head,
-  load_trained_model,
-)
-from specjax.training.heads import HeadLoss
-from specjax.training.trainer import LOSSES, check_config, prepare_data, train
+import importlib
 
-__all__ = [
-  "CheckpointError",
-  "Checkpointer",
-  "HeadLoss",
-  "LOSSES",
-  "check_config",
-  "load_head_config",
-  "load_model_config",
-  "load_trained_head",
-  "load_trained_model",
-  "prepare_data",
-  "train",
-]
+# name -> the submodule that defines it. Imported on first use: the head kinds
+# (`specjax.heads`) use `specjax.training.losses`, and the trainer uses the kinds.
+_EXPORTS = {
+  "CheckpointError": "checkpoint",
+  "Checkpointer": "checkpoint",
+  "load_head_config": "checkpoint",
+  "load_model_config": "checkpoint",
+  "load_trained_head": "checkpoint",
+  "load_trained_model": "checkpoint",
+  "HeadLoss": "heads",
+  "LOSSES": "trainer",
+  "check_config": "trainer",
+  "prepare_data": "trainer",
+  "train": "trainer",
+}
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(f"specjax.training.{_EXPORTS[name]}"), name)
+  raise AttributeError(f"module 'specjax.training' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -21,11 +21,13 @@ import jax
 from flax import nnx
 
 from specjax.dtypes import to_dtype
+from specjax.heads import files as head_files
+from specjax.heads.base import HeadConfig, make_head
 from specjax.models.config import ModelConfig, RopeScaling
-from specjax.models.heads import HEAD_CONFIG_FILE, HeadConfig, make_head
 from specjax.models.transformer import Transformer
 
 MODEL_CONFIG_FILE = "model_config.json"
+HEAD_CONFIG_FILE = head_files.CONFIG_FILE
 CHECKPOINT_DIR = "checkpoints"
 
 
@@ -56,7 +58,7 @@ def _layout_fixed(cfg: ModelConfig) -> ModelConfig:
 
 def save_head_config(workdir: str, cfg: HeadConfig) -> None:
   """Writes `cfg` as `workdir/head_config.json` (atomically: never half-written)."""
-  _write_json(os.path.join(workdir, HEAD_CONFIG_FILE), cfg.to_dict())
+  head_files.write_config(workdir, cfg)
 
 
 def save_run_config(workdir: str, cfg: ModelConfig | HeadConfig) -> None:
@@ -85,15 +87,12 @@ def load_model_config(workdir: str) -> ModelConfig:
 
 
 def load_head_config(workdir: str) -> HeadConfig:
-  """The `HeadConfig` a head-training run in `workdir` trained."""
+  """The `HeadConfig` a head-training run in `workdir` trained (`specjax.heads.files`'
+  reader: FileNotFoundError when absent, HeadConfigError naming the file)."""
   path = os.path.join(workdir, HEAD_CONFIG_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"no {HEAD_CONFIG_FILE} in run directory {workdir} (looked for {path})")
-  try:
-    with open(path) as f:
-      return HeadConfig.from_dict(json.load(f))
-  except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
-    raise CheckpointError(f"cannot read head config {path}: {type(e).__name__}: {e}") from e
+  return head_files.read_config(path)
 
 
 def _flat_fields(cfg: ModelConfig | HeadConfig) -> dict[str, Any]:
@@ -344,7 +343,7 @@ def abstract_head(cfg: HeadConfig):
 def load_trained_head(workdir: str, step: int | None = None) -> tuple[nnx.Module, int]:
   """The draft head a head-training run saved: `(head, step)` at `step` (default latest).
 
-  The head (`EagleHead`, `MedusaHeads` or `ExitAdapter`, per `head_config.json`)
+  The head (its kind's module, per `head_config.json`)
   holds exactly the checkpoint's parameters, in the dtype it was trained in.
   """
   cfg = load_head_config(workdir)

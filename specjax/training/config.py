@@ -69,7 +69,7 @@ def base_config() -> ml_collections.ConfigDict:
   # config.model is then unused: the head's shape follows the target's.
   c.head = ml_collections.ConfigDict(
     dict(
-      kind="",  # "eagle", "medusa" or "early_exit"; "" trains config.model
+      kind="",  # a head kind (specjax.heads.names()); "" trains config.model
       # The frozen target: a Hugging Face checkpoint directory or a specjax run
       # directory; "" -> the bundled pair's target (specjax.pretrained.TARGET_DIR).
       target="",

@@ -57,3 +57,31 @@ def agreement(target_logits: jax.Array, draft_logits: jax.Array) -> dict[str, ja
     "alpha_t1": 1.0 - total_variation(target_logits, draft_logits),
     "alpha_t0": same.mean(dtype=jnp.float32),
   }
+
+
+# -- what draft-head objectives share (each kind's objective: `specjax.heads.<kind>`)
+
+
+def smooth_l1(pred: jax.Array, target: jax.Array) -> jax.Array:
+  """Mean smooth-L1 (Huber with delta 1) over all elements, as EAGLE's feature loss."""
+  return optax.huber_loss(pred.astype(jnp.float32), target.astype(jnp.float32), delta=1.0).mean()
+
+
+def target_outputs(target, inputs: jax.Array, return_hidden):
+  """The frozen target on `inputs [B, T]`: (logits `[B, T, V]`, features `[B, T, F]`),
+  never differentiated."""
+  b, t = inputs.shape
+  logits, _, features = target.forward_cached(
+    inputs, target.init_cache(b, t), return_hidden=return_hidden
+  )
+  return jax.lax.stop_gradient(logits), jax.lax.stop_gradient(features)
+
+
+def law_metrics(loss: str, p_logits, q_logits, labels) -> dict[str, jax.Array]:
+  """Divergence `loss` of q from p, the head's cross-entropy on `labels` and the
+  agreement of p and q."""
+  return {
+    "distill": distill_loss(loss, p_logits, q_logits),
+    "ce": cross_entropy(q_logits, labels),
+    **agreement(p_logits, q_logits),
+  }

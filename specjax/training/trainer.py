@@ -16,8 +16,8 @@ arguments, so they run without a config or run directory. `train` checks the
 config, the run directory and the data before it writes a checkpoint, metrics
 or model_config.json.
 
-With `config.head.kind` set, the trained module is a draft head (EAGLE, Medusa,
-early exit) on the frozen target `config.head.target`, which takes the
+With `config.head.kind` set, the trained module is a draft head (any registered
+kind, `specjax.heads`) on the frozen target `config.head.target`, which takes the
 teacher's place; the objectives are `specjax.training.heads`' and the run
 directory records head_config.json instead of model_config.json.
 """
@@ -38,12 +38,13 @@ import ml_collections
 import optax
 from flax import nnx
 
+from specjax import heads
 from specjax.data import TokenDataset, Tokenizer, corpus_files, prepare_splits, train_tokenizer
 from specjax.data.dataset import missing_splits
 from specjax.distributed import make_mesh, shard_batch, shard_model, shard_process_batch
 from specjax.dtypes import to_dtype
+from specjax.heads import HeadConfig, make_head
 from specjax.models.config import ModelConfig
-from specjax.models.heads import HeadConfig, make_head
 from specjax.models.transformer import Transformer
 from specjax.training import checkpoint as ckpt
 from specjax.training import heads as head_training
@@ -534,8 +535,8 @@ def train(
   train_data, val_data = _open_splits(config, paths)
   if config.data.get("files"):
     check_data_fingerprint(workdir, paths["train"], config.data.files)
-  if head_dir is not None:  # EAGLE-3's draft vocabulary: the training split's frequent ids
-    cfg = head_training.with_draft_ids(cfg, workdir, train_data.tokens)
+  if head_dir is not None:  # what the data decides (EAGLE-3's draft vocabulary)
+    cfg = head_training.prepare(cfg, workdir, train_data.tokens)
   model, teacher, head_loss = _models(config, cfg, head_dir, tokenizer, mesh, echo)
   with jax.set_mesh(mesh):
     return _fit(
@@ -571,7 +572,7 @@ def _run_config(
   if head_training.head_kind(config):
     head_dir = head_training.target_dir(config)
     target_cfg = head_training.target_config(head_dir)
-    cfg = head_training.with_draft_ids(head_training.head_config(config, target_cfg), workdir)
+    cfg = head_training.prepare(head_training.head_config(config, target_cfg), workdir)
     vocab = (f"the target's vocab_size ({head_dir})", target_cfg.vocab_size)
   else:
     cfg = ModelConfig(**config.model.to_dict())
@@ -623,10 +624,8 @@ def _target_and_head(
   target = head_training.load_target(path)
   echo(f"target (frozen): {path}, {target.num_params:,} params")
   head = make_head(cfg, rngs=nnx.Rngs(config.seed))
-  if cfg.kind == "eagle3" and config.head.get("warm_start"):
-    from specjax.models.eagle3 import warm_start
-
-    head = warm_start(head, target)
+  if config.head.get("warm_start"):  # `head_training.check_config`: the kind has one
+    head = heads.of(cfg).training.warm_start(head, target)
   return target, head
 
 

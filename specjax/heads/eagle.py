@@ -1,5 +1,9 @@
-"""EAGLE drafting (Li et al. 2024, arXiv 2401.15077): a head that autoregresses
-over the target's features.
+"""The EAGLE head (Li et al. 2024, arXiv 2401.15077), everything it is: its settings
+(`EagleConfig`), its module (`EagleHead`; `HubEagleHead`, the published EAGLE-1/2
+layout's), its drafter (`EagleDrafter`, which EAGLE-3's head drafts through too), the
+EAGLE repository's hub layout in and out, its training objective and its record.
+
+Drafting: a head that autoregresses over the target's features.
 
 The head keeps its own one-layer KV cache (static capacity, per-row lengths).
 Its cache slot p holds the pair (feature at position p, token p + 1), and
@@ -38,11 +42,14 @@ draw from q, and sampled verification would be biased.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import struct
+import numpy as np
+from flax import nnx, struct
 
 from specjax import trees
 from specjax.coupling import chain_draws
@@ -63,11 +70,150 @@ from specjax.drafting.tree import (
   depth_keys,
   draft_tree,
 )
-from specjax.models.heads import EagleHead
+from specjax.dtypes import dtype_name
+from specjax.heads import hub
+from specjax.heads.base import (
+  HeadConfig,
+  HeadKind,
+  Identity,
+  TrainingRules,
+  linear,
+  own_logits,
+)
+from specjax.hf import weights
 from specjax.models.kv_cache import KVCache, check_capacity
-from specjax.models.transformer import Transformer
+from specjax.models.transformer import Block, Norm, Transformer, run_blocks
 from specjax.sampling import RowSampling, SamplingParams
+from specjax.training import losses
 from specjax.vocab import fit_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig(HeadConfig):
+  """An EAGLE head's settings (besides `HeadConfig`'s).
+
+  `feature_layers`: EAGLE reads the residual stream after these target layer counts;
+  `()` means the last layer only (EAGLE-1). Several layers fuse lower-level features
+  as in EAGLE-3. `d_ff`: the MLP width of its decoder layer (0: the target's).
+
+  Switches for the EAGLE repository's published layout (defaults: specjax's head):
+    normed_features: read the target's features after its final norm and draft
+      through its own lm_head with no norm (published EAGLE-1).
+    embed_first: the fc reads `[embed; feature]`, not `[feature; embed]`.
+    input_norm: the layer normalises its input (the EAGLE repo's does not).
+  """
+
+  kind = "eagle"
+
+  normed_features: bool = False
+  embed_first: bool = False
+  input_norm: bool = True
+
+  def check_settings(self, layers):
+    self._check_bools("normed_features", "embed_first", "input_norm")
+    return layers
+
+
+class EagleHead(nnx.Module):
+  """EAGLE's draft head: autoregression over the target's features.
+
+  Position t reads `fc([f_t; embed(x_{t+1})])` (the embedding is the target's
+  own) and one decoder layer predicts the feature f_{t+1}, which the target's
+  final norm and head turn into q(x_{t+2}). f lives in the target's last-layer
+  feature space (D wide): the target's own features there, or the head's
+  predictions while drafting. With several `feature_layers` (EAGLE-3 fusion),
+  `fuse` first maps the target's concatenated features to D.
+  """
+
+  def __init__(self, cfg: EagleConfig, *, rngs: nnx.Rngs):
+    if not isinstance(cfg, EagleConfig):
+      raise ValueError(f"EagleHead needs an EagleConfig, got {type(cfg).__name__}.")
+    self.cfg = cfg
+    d = cfg.target.d_model
+    if cfg.num_features > 1:
+      self.fuse = linear(cfg.target, cfg.num_features * d, d, rngs=rngs)
+    self.fc = linear(cfg.target, 2 * d, d, rngs=rngs)
+    self.block = Block(cfg.block_config, rngs=rngs)
+    if not cfg.input_norm:  # the EAGLE repository's layer 0 has no input_layernorm
+      self.block.attn_norm = Identity()
+
+  def feature_space(self, target_features: jax.Array) -> jax.Array:
+    """The target's features `[..., F]` (from `forward_cached(return_hidden=...)`)
+    as head inputs `[..., D]`: unchanged for one layer, fused for several."""
+    if self.cfg.num_features > 1:
+      return self.fuse(target_features)
+    return target_features
+
+  def init_cache(self, batch: int, capacity: int) -> KVCache:
+    c = self.cfg.block_config
+    return KVCache.zeros(
+      n_layers=1,
+      batch=batch,
+      capacity=capacity,
+      n_kv_heads=c.n_kv_heads,
+      head_dim=c.resolved_head_dim,
+      dtype=c.compute_dtype,
+    )
+
+  def _inputs(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
+    emb = target.embed(next_tokens).astype(features.dtype)
+    pair = [emb, features] if self.cfg.embed_first else [features, emb]
+    return self.fc(jnp.concatenate(pair, axis=-1))
+
+  def __call__(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
+    """Training form, causal over T without a cache.
+
+    Args:
+      features: `[B, T, D]` features at positions 0..T-1 (`feature_space`).
+      next_tokens: `[B, T]` int32, the token at position t + 1.
+
+    Returns:
+      `[B, T, D]` predicted features at positions 1..T.
+    """
+    b, t = next_tokens.shape
+    cache = self.init_cache(b, t)
+    return self.forward_cached(target, features, next_tokens, cache)[0]
+
+  def forward_cached(
+    self,
+    target: Transformer,
+    features: jax.Array,
+    next_tokens: jax.Array,
+    cache: KVCache,
+    tree: tuple[tuple[int, ...], int] | None = None,
+  ) -> tuple[jax.Array, KVCache]:
+    """As `__call__`, after each row's cached prefix: `([B, T, D], cache)`; with
+    `tree`, the T pairs are nodes of a token tree (`run_blocks`)."""
+    x = self._inputs(target, features, next_tokens)
+    x, cache, _ = run_blocks([self.block], x, cache, tree=tree)
+    return x, cache
+
+
+class HubEagleHead(EagleHead):
+  """`EagleHead` with `normed_features` (EAGLE-1/2 as published): it reads
+  `feature_norm(f)` and drafts through `lm_head` with no norm (copies of the
+  target's final norm and head)."""
+
+  def __init__(self, cfg: EagleConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
+    t = cfg.target
+    self.feature_norm = Norm(t)
+    self.lm_head = linear(t, t.d_model, t.vocab_size, rngs=rngs, bias=False)
+
+  def feature_space(self, target_features: jax.Array) -> jax.Array:
+    return self.feature_norm(super().feature_space(target_features))
+
+  def logits(self, h: jax.Array, vocab_subset: jax.Array | None = None) -> jax.Array:
+    """Predicted features `[..., D]` -> float32 logits `[..., V]`."""
+    return own_logits(self.lm_head(h), vocab_subset)
+
+
+def make_head(cfg: EagleConfig, *, rngs: nnx.Rngs) -> EagleHead:
+  """A fresh EAGLE head (`HubEagleHead` with `normed_features`)."""
+  return (HubEagleHead if cfg.normed_features else EagleHead)(cfg, rngs=rngs)
+
+
+# -- drafting
 
 
 @struct.dataclass
@@ -150,7 +296,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
   """
 
   target: Transformer
-  head: EagleHead
+  head: nnx.Module  # an EagleHead, or EAGLE-3's head
   confidence: float = struct.field(pytree_node=False, default=0.0)
   vocab_subset: jax.Array | None = None
   tree: tuple[int, ...] | trees.DynamicTree | None = struct.field(pytree_node=False, default=None)
@@ -158,6 +304,7 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
 
   prefill_calls = 1
   constrained_drafts = True
+  takes_tree = True  # static trees, and EAGLE-2's dynamic ones (`trees.DynamicTree`)
 
   def __post_init__(self):
     self.head.cfg.check_target(self.target.cfg)
@@ -394,3 +541,101 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
       cache.with_lengths(jnp.where(commit.goes_on, start + kept, start)),
       jnp.where(commit.goes_on[:, None], feature, state.next_feature),
     )
+
+
+# -- the EAGLE repository's hub layout
+
+
+def _eagle_names(cfg: EagleConfig) -> dict:
+  """EAGLE-1 hub names -> targets: fc, and the Llama layer 0 as `block`."""
+  names = {"fc.weight": [(("fc", "kernel"), weights._transpose, None)]}
+  names["fc.bias"] = [(("fc", "bias"), weights._same, None)]
+  for name, targets in weights._llama_names(cfg.block_config).items():
+    if name.startswith("model.layers.0.") and (cfg.input_norm or "input_layernorm" not in name):
+      names[name[len("model.") :]] = [(("block", *p[2:]), f, part) for p, f, part in targets]
+  return names
+
+
+def _is_eagle1(config: dict, file: str, keys: Collection[str]) -> bool:
+  del config, file  # a Llama config: any head layout with an fc that no other claims
+  return "fc.weight" in keys
+
+
+def _eagle1(config: dict, tensors: dict, target, dtype) -> nnx.Module:
+  t, name = target.cfg, dtype_name(dtype)
+  hub.check_llama(t)
+  kv = (t.n_kv_heads, config.get("num_attention_heads"))
+  want = dict(hidden_size=t.d_model, vocab_size=t.vocab_size, num_attention_heads=t.n_heads)
+  want = {k: (v, None) for k, v in want.items()} | dict(num_key_value_heads=kv)
+  want |= dict(num_hidden_layers=(1, None), rms_norm_eps=(t.norm_eps, 1e-6))
+  want |= dict(rope_theta=(t.rope_theta, 1e4), rope_scaling=(None, None))
+  hub.check_fields(config, want | dict(hidden_act=("silu", "silu"), add_para_norm=(False, False)))
+  if t.d_model // t.n_heads != t.resolved_head_dim:
+    raise ValueError(f"the target's head_dim {t.resolved_head_dim} is not hidden_size / heads.")
+  embed = tensors.pop("embed_tokens.weight", None)
+  own = np.asarray(target.embed.embedding[...], np.float32)
+  if embed is not None and not (embed.shape == own.shape and np.allclose(embed, own, 1e-2, 1e-3)):
+    raise ValueError("tensor embed_tokens.weight is not the target's embedding (shared here).")
+  published = dict(normed_features=True, embed_first=True, input_norm=False)
+  cfg = EagleConfig(t, d_ff=int(config.get("intermediate_size", t.d_ff)), **published)
+  return hub.build_head(cfg, name, _eagle_names(cfg), tensors, hub.target_copies(target))
+
+
+def _write_eagle1(head, target) -> tuple[dict, dict]:
+  """A hub EAGLE-1 head as the EAGLE repository's (a Llama config, fc with a bias)."""
+  from types import SimpleNamespace
+
+  from specjax.hf.export import hf_config
+
+  cfg = head.cfg
+  if not (cfg.normed_features and cfg.embed_first and not cfg.input_norm):
+    raise ValueError(hub.NO_LAYOUT.format(kind=cfg.kind))  # specjax's reads pre-norm features
+  c, dtype = cfg.block_config, str(jnp.dtype(cfg.target.param_dtype))
+  config = hf_config(SimpleNamespace(cfg=c), dtype)
+  config |= {"num_hidden_layers": 1, "bias": True, "qkv_bias": c.qkv_bias}
+  return config, hub.write_names(head, _eagle_names(cfg), target)
+
+
+# -- training
+
+
+def eagle_objective(head, target, batch, key, *, loss, settings):
+  """EAGLE: f = feature_space(features) (+ N(0, feature_noise^2) in training); the head
+  reads (f_t, x_{t+1}) and predicts the feature at t + 1, whose law is compared with the
+  target's at t + 1 (t = 0..T-2), plus feature_weight * smooth-L1 toward the target's
+  last-layer feature there (one feature layer only: fused features have no regression
+  target)."""
+  inputs = batch[:, :-1]
+  p_logits, features = losses.target_outputs(target, inputs, head.cfg.target_features)
+  f = head.feature_space(features)
+  if key is not None and settings.feature_noise > 0:
+    f = f + settings.feature_noise * jax.random.normal(key, f.shape, f.dtype)
+  pred = head(target, f[:, :-1], inputs[:, 1:])  # [B, T - 1, D]: positions 1..T-1
+  metrics = losses.law_metrics(loss, p_logits[:, 1:], target.features_to_logits(pred), batch[:, 2:])
+  value = metrics["distill"]
+  if head.cfg.num_features == 1:  # fused features have no regression target
+    metrics["feature"] = losses.smooth_l1(pred, features[:, 1:])
+    value = value + settings.feature_weight * metrics["feature"]
+  return value, metrics
+
+
+def _loss_settings(head) -> dict:
+  return dict(feature_weight=float(head.feature_weight), feature_noise=float(head.feature_noise))
+
+
+KIND = HeadKind(
+  name="eagle",
+  title="EAGLE head",
+  config=EagleConfig,
+  make=make_head,
+  drafter=EagleDrafter,
+  holds="head",
+  objective=eagle_objective,
+  hub=hub.HubLayout(
+    "EAGLE-1/2 (the EAGLE repository's)", hub.LLAMA_FILES, _is_eagle1, _eagle1, _write_eagle1
+  ),
+  # EAGLE-1's layout is any head file with an `fc.weight` (DFlash's has one too): last.
+  read_priority=3,
+  dynamic_trees="EAGLE-2",
+  training=TrainingRules(fields=("feature_layers", "d_ff"), loss=_loss_settings),
+)
