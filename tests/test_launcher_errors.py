@@ -1,17 +1,22 @@
 """User errors of the launchers (issue 28): a missing checkpoint, run or data
-directory is one line naming the flag, raised before any work starts.
+directory is one line naming the flag, raised before any work starts. A config
+field that does not exist (issue 62) is one line too, naming the nearest fields.
 
-One subprocess checks the format a user sees (`error: ...` on stderr, exit
+A few subprocesses check the format a user sees (`error: ...` on stderr, exit
 status 2, no traceback); the others call the launchers' functions directly.
 """
 
+import ast
+import glob
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
+from experiments import common
 from specjax import pretrained
 from specjax.training.checkpoint import HEAD_CONFIG_FILE, MODEL_CONFIG_FILE, check_run
 
@@ -60,6 +65,86 @@ def test_a_bad_config_preset_is_one_line_not_the_config_files_traceback():
     "['medium', 'self', 'tiny'], got 'fast'.",
     "Pass --helpshort or --helpfull to see help on flags.",
   ]
+
+
+@pytest.mark.parametrize(
+  "args, line",
+  [
+    # The launcher's default config (ml_collections parses it while the flag is defined).
+    (
+      ["experiments.decode", "--config.gama=4"],
+      "error: --config.gama: configs/decode.py has no field gama (nearest: --config.gamma)",
+    ),
+    # A config given, a nested field, a value that would not parse (absl parses it later).
+    (
+      [
+        "experiments.compare_drafters",
+        "--config=configs/compare_trees.py",
+        "--config.trees.max_dpeth=[3,",
+      ],
+      "error: --config.trees.max_dpeth: configs/compare_trees.py has no field "
+      "trees.max_dpeth (nearest: --config.trees.max_depth)",
+    ),
+  ],
+)
+def test_a_config_field_that_does_not_exist_is_one_line(args, line):
+  done = subprocess.run(
+    [sys.executable, "-m", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    env={k: v for k, v in os.environ.items() if k != "SPECJAX_TRACEBACK"},
+    timeout=120,
+  )
+  assert "Traceback" not in done.stderr, done.stderr
+  assert (done.returncode, done.stderr, done.stdout) == (2, line + "\n", "")
+
+
+def test_config_field_error_reads_every_way_of_naming_a_field(tmp_path):
+  decode = os.path.join(common.CONFIG_DIR, "decode.py")
+  near = "configs/decode.py has no field gama (nearest: --config.gamma)"
+  for argv in (
+    ["--config.gama=4"],
+    ["--config.gama", "4"],
+    ["--noconfig.gama"],
+    ["-config.gama=4"],
+    ["--config.gamma=2", "--config.gama=[1,"],
+  ):
+    assert common.config_field_error(["x", *argv], decode) == f"--config.gama: {near}"
+  flagfile = tmp_path / "flags"
+  flagfile.write_text("--config=configs/benchmark.py:tiny\n--config.target.nlayers=2\n")
+  assert common.config_field_error(["x", f"--flagfile={flagfile}"], None) == (
+    "--config.target.nlayers: configs/benchmark.py:tiny has no field target.nlayers "
+    "(nearest: --config.target.n_layers)"
+  )
+  assert common.config_field_error(["x", "--config", decode, "--config.gamma.x=1"], None) == (
+    "--config.gamma.x: gamma in configs/decode.py is a value (int), not a group of fields"
+  )
+  from configs import decode as decode_config  # nothing near: every field of the group
+
+  fields = ", ".join(f"--config.{name}" for name in sorted(decode_config.get_config()))
+  assert common.config_field_error(["x", "--config.zzz=1"], decode) == (
+    f"--config.zzz: configs/decode.py has no field zzz (fields: {fields})"
+  )
+  # Fields that exist, a preset that does not (absl's parsing reports it), no field named.
+  for argv, default in (
+    (["--config.gamma=2", "--config.prompt=x"], decode),
+    (["--config=configs/compare_trees.py", "--config.trees.max_depth=3"], None),
+    (["--config=configs/benchmark.py:fast", "--config.gama=2"], None),
+    (["--config=configs/benchmark.py:tiny"], None),
+  ):
+    assert common.config_field_error(["x", *argv], default) is None
+
+
+def test_every_config_flag_is_defined_by_common():
+  """The check above runs in `common.define_config_flag`: a launcher defining
+  its --config another way would answer a mistyped field with a traceback."""
+  defines = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py"))):
+    for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
+      if isinstance(node, ast.Attribute) and node.attr.startswith("DEFINE_config"):
+        defines.setdefault(os.path.basename(path), set()).add(node.attr)
+  assert defines == {"common.py": {"DEFINE_config_file"}}
 
 
 def test_check_run_names_the_flag_and_what_the_directory_is(tmp_path):

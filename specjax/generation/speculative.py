@@ -55,33 +55,18 @@ def speculative_step(
   *,
   with_logits: bool = False,
   table: constraints_lib.ConstraintTable | None = None,
-) -> SpecState:
+) -> SpecState | tuple[SpecState, jax.Array, jax.Array]:
   """One pure speculative iteration for every row: draft, score, verify, commit.
   Done rows run along but commit nothing; a row that proposed k < gamma tokens
-  is verified as a block of k (q = 0 past them). `with_logits` (static): also the
-  target's logits `[B, g+1, V]` and the emitted tokens `[B, g+1]` (serving's logprobs).
-  `table`: the rows' constraints (`state.constraint_state`): the target's logits at
-  each scored position are masked by the state the drafted tokens before it reach,
-  so verification is exact for the constrained law (chains and trees); drafters
-  with `constrained_drafts` mask their q the same way while they draft."""
+  is verified as a block of k (q = 0 past them). `with_logits` (static): returns
+  `(state, logits [B, g+1, V], emitted [B, g+1])` (serving's logprobs). `table`:
+  the rows' constraints (`state.constraint_state`); the output then follows the
+  constrained law exactly (`_draft_constraint`, `_constraint_mask`)."""
   drafter = as_drafter(drafter)
-  draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
-  if config.coupled:  # the rows' noise at this block's generated indices, drawn once
-    draft_key = Coupling.of(
-      state.row_keys,
-      state.num_generated,
-      noise_positions(drafter, config.gamma),
-      target.cfg.vocab_size,
-      draft_key,
-      state.coupled_rows,
-    )
-    verify_key = draft_key.replace(key=verify_key)
+  draft_key, verify_key = _iteration_keys(state, drafter, target.cfg.vocab_size, config)
   sampling = step_sampling(state, config)
   # 1. Draft up to gamma tokens per row (a chain or a tree), with the laws q they were drawn
   # from; under a constraint, q masked like p where the drafter can (`constrained_drafts`).
-  masked = {}
-  if table is not None and drafter.constrained_drafts:
-    masked = {"constraint": DraftConstraint(table, state.constraint_state)}
   proposal, drafter_state = drafter.propose(
     state.drafter_state,
     state.recent,
@@ -89,36 +74,95 @@ def speculative_step(
     state.draft_limit,
     gamma=config.gamma,
     sampling=sampling,
-    **masked,
+    **_draft_constraint(drafter, table, state),
   )
-  # 2. Score s[-1] and the drafted tokens in one target call: logits at g + 1 positions.
+  # 2. Score s[-1] and the drafted tokens in one target call: logits at g + 1 positions,
+  # masked by the constraint's state before each.
   block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
   logits, cache, hidden = score(
     target, block, state.target_cache, drafter.target_features, proposal.tree
   )
-  path_states = None
-  if table is not None:  # the constraint's state before each scored position
-    path_states = constrained_path(table, state.constraint_state, proposal.tokens, proposal.tree)
-    logits = constraints_lib.mask_logits(logits, table, path_states)
+  logits, path_states = _constraint_mask(table, state, proposal, logits)
   # 3. Verify: keep n drafted tokens (a tree: the nodes of one path), then the verifier's token.
   vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
   verified = verify_block(
     verify_key, proposal, logits, cache, hidden, sampling, vocab, drafter.tree_mode, config
   )
-  # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics.
+  # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics,
+  # and the constraint's state after the kept tokens.
   new = commit_step(state, drafter, drafter_state, proposal, verified, config)
-  if table is not None:  # the state after the kept tokens and the verifier's token
-    # The block row of the last kept token: a chain's row n, a tree's deepest
-    # accepted node (`path_rows`; the root's row 0 when none was kept).
-    row = verified.n[:, None]
-    if verified.path is not None:
-      row = jnp.take_along_axis(path_rows(verified.path), row, axis=1)
-    kept = jnp.take_along_axis(path_states, row, axis=1)[:, 0]
-    after = constraints_lib.advance(table, kept, verified.next_token)
-    new = new.replace(constraint_state=jnp.where(state.done, state.constraint_state, after))
+  new = new.replace(constraint_state=_constraint_after(table, state, path_states, verified))
   if with_logits:
     return new, logits, emitted_tokens(verified.drafted, verified.n, verified.next_token)
   return new
+
+
+def _iteration_keys(
+  state: SpecState, drafter: Drafter, vocab_size: int, config: SpecConfig
+) -> tuple[jax.Array | Coupling, jax.Array | Coupling]:
+  """`(draft_key, verify_key)` of this iteration: its pair of typed keys, or with
+  `config.coupled` two `Coupling`s of the same noise, the rows' Gumbel noise
+  `[B, S, V]` (V = `vocab_size`) at this block's generated indices num_generated
+  ... + S - 1 (S = `noise_positions`), drawn once so that the drafter and the
+  verifier read the same; each keeps its own key for the rows not coupled."""
+  draft_key, verify_key = state.keys[jnp.minimum(state.stats.iterations, len(state.keys) - 1)]
+  if not config.coupled:
+    return draft_key, verify_key
+  positions = noise_positions(drafter, config.gamma)
+  coupling = Coupling.of(
+    state.row_keys, state.num_generated, positions, vocab_size, draft_key, state.coupled_rows
+  )
+  return coupling, coupling.replace(key=verify_key)
+
+
+def _draft_constraint(
+  drafter: Drafter, table: constraints_lib.ConstraintTable | None, state: SpecState
+) -> dict[str, DraftConstraint]:
+  """The `constraint` argument of `drafter.propose`: the table and the rows' states
+  after s[-1] (`[B]` int32) when there is a constraint and the drafter masks its q
+  (`constrained_drafts`); else nothing (drafters without the mask take no such
+  argument)."""
+  if table is None or not drafter.constrained_drafts:
+    return {}
+  return {"constraint": DraftConstraint(table, state.constraint_state)}
+
+
+def _constraint_mask(
+  table: constraints_lib.ConstraintTable | None,
+  state: SpecState,
+  proposal: Proposal,
+  logits: jax.Array,
+) -> tuple[jax.Array, jax.Array | None]:
+  """`(logits [B, g+1, V], path_states [B, g+1] or None)`: without a constraint the
+  target's logits as they are; with one, the constraint's state before each scored
+  row (`constrained_path`: the state the drafted tokens before it reach, a tree's
+  along the node's own path) and the logits with the tokens it forbids there at
+  -inf, so that verification is exact for the constrained law."""
+  if table is None:
+    return logits, None
+  path_states = constrained_path(table, state.constraint_state, proposal.tokens, proposal.tree)
+  return constraints_lib.mask_logits(logits, table, path_states), path_states
+
+
+def _constraint_after(
+  table: constraints_lib.ConstraintTable | None,
+  state: SpecState,
+  path_states: jax.Array | None,
+  verified: Verified,
+) -> jax.Array | None:
+  """`[B]` int32, the constraint's state after the kept tokens and the verifier's
+  token (`path_states [B, g+1]` from `_constraint_mask`); done rows keep theirs.
+  Without a constraint, `state.constraint_state` (None)."""
+  if table is None:
+    return state.constraint_state
+  # The block row of the last kept token: a chain's row n, a tree's deepest
+  # accepted node (`path_rows`; the root's row 0 when none was kept).
+  row = verified.n[:, None]
+  if verified.path is not None:
+    row = jnp.take_along_axis(path_rows(verified.path), row, axis=1)
+  kept = jnp.take_along_axis(path_states, row, axis=1)[:, 0]
+  after = constraints_lib.advance(table, kept, verified.next_token)
+  return jnp.where(state.done, state.constraint_state, after)
 
 
 class Verified(NamedTuple):
