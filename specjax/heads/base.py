@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.models.config import ModelConfig, RopeScaling
+from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Linear
 from specjax.validation import is_int
 
@@ -273,6 +274,19 @@ def linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero=Fals
     dtype=cfg.compute_dtype,
     param_dtype=cfg.weight_dtype,
     rngs=rngs,
+  )
+
+
+def one_layer_cache(cfg: HeadConfig, batch: int, capacity: int) -> KVCache:
+  """An empty KV cache `[B, K, S, H]` for a head's one decoder layer (`cfg.block_config`)."""
+  c = cfg.block_config
+  return KVCache.zeros(
+    n_layers=1,
+    batch=batch,
+    capacity=capacity,
+    n_kv_heads=c.n_kv_heads,
+    head_dim=c.resolved_head_dim,
+    dtype=c.compute_dtype,
   )
 
 

@@ -78,6 +78,7 @@ from specjax.heads.base import (
   Identity,
   TrainingRules,
   linear,
+  one_layer_cache,
   own_logits,
 )
 from specjax.hf import weights
@@ -145,15 +146,8 @@ class EagleHead(nnx.Module):
     return target_features
 
   def init_cache(self, batch: int, capacity: int) -> KVCache:
-    c = self.cfg.block_config
-    return KVCache.zeros(
-      n_layers=1,
-      batch=batch,
-      capacity=capacity,
-      n_kv_heads=c.n_kv_heads,
-      head_dim=c.resolved_head_dim,
-      dtype=c.compute_dtype,
-    )
+    """An empty cache of its one decoder layer."""
+    return one_layer_cache(self.cfg, batch, capacity)
 
   def _inputs(self, target: Transformer, features: jax.Array, next_tokens: jax.Array):
     emb = target.embed(next_tokens).astype(features.dtype)

@@ -36,6 +36,7 @@ from specjax.heads.base import (
   HeadKind,
   TrainingRules,
   linear,
+  one_layer_cache,
   own_logits,
 )
 from specjax.heads.eagle import EagleDrafter
@@ -131,16 +132,8 @@ class Eagle3Head(nnx.Module):
     self.lm_head = linear(c, c.d_model, cfg.draft_vocab, rngs=rngs, bias=False)
 
   def init_cache(self, batch: int, capacity: int) -> KVCache:
-    """An empty cache of its one layer."""
-    c = self.cfg.block_config
-    return KVCache.zeros(
-      n_layers=1,
-      batch=batch,
-      capacity=capacity,
-      n_kv_heads=c.n_kv_heads,
-      head_dim=c.resolved_head_dim,
-      dtype=c.compute_dtype,
-    )
+    """An empty cache of its one decoder layer."""
+    return one_layer_cache(self.cfg, batch, capacity)
 
   def feature_space(self, target_features: jax.Array) -> jax.Array:
     """The target's three features `[..., 3D]` -> h `[..., D]`."""

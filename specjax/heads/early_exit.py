@@ -17,7 +17,7 @@ from flax import nnx, struct
 
 from specjax.drafting.base import VocabSubset, check_confidence
 from specjax.drafting.model import CachedDrafting
-from specjax.heads.base import HeadConfig, HeadConfigError, HeadKind, TrainingRules
+from specjax.heads.base import HeadConfig, HeadConfigError, HeadKind, TrainingRules, one_layer_cache
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Block, Transformer, run_blocks
 from specjax.training import losses
@@ -67,16 +67,8 @@ class ExitAdapter(nnx.Module):
     self.block = Block(cfg.block_config, rngs=rngs)
 
   def init_cache(self, batch: int, capacity: int) -> KVCache:
-    """An empty cache of the adapter's one layer."""
-    c = self.cfg.block_config
-    return KVCache.zeros(
-      n_layers=1,
-      batch=batch,
-      capacity=capacity,
-      n_kv_heads=c.n_kv_heads,
-      head_dim=c.resolved_head_dim,
-      dtype=c.compute_dtype,
-    )
+    """An empty cache of its one decoder layer."""
+    return one_layer_cache(self.cfg, batch, capacity)
 
   def __call__(self, features: jax.Array) -> jax.Array:
     """Training form: `[B, T, D]` layer-k features -> `[B, T, D]`, causal, no cache."""
