@@ -18,6 +18,8 @@ from specjax.bench.floor import (
   matmul_floor_seconds,
   matmul_gflops,
   model_floor,
+  nominal_bandwidth_gbs,
+  read_bandwidth,
   read_bandwidth_gbs,
   weight_bytes,
 )
@@ -59,6 +61,8 @@ __all__ = [
   "machine_floor",
   "matmul_floor_seconds",
   "matmul_gflops",
+  "nominal_bandwidth_gbs",
+  "read_bandwidth",
   "read_bandwidth_gbs",
   "memory_map_count",
   "model_floor",
