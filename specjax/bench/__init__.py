@@ -26,8 +26,10 @@ from specjax.bench.floor import (
 from specjax.bench.generation import benchmark_generation
 from specjax.bench.hlo import (
   cache_copies,
+  command_buffers,
   hlo_ops,
   kernel_counts,
+  launches,
   loop_kernels,
   trip_counts,
   while_bodies,
@@ -48,6 +50,7 @@ __all__ = [
   "benchmark_generation",
   "cache_copies",
   "call_seconds",
+  "command_buffers",
   "compile_ahead",
   "draft_cost",
   "drafting_seconds",
@@ -56,6 +59,7 @@ __all__ = [
   "free_compiled_programs",
   "hlo_ops",
   "kernel_counts",
+  "launches",
   "long_prompt_prefill",
   "loop_kernels",
   "machine_floor",
