@@ -98,7 +98,8 @@ def speculative_program(
     loop_chunk=loop_chunk,
   )
   args = (target, drafter, prompts, lengths, jax.random.key(0))
-  return _speculative_program, args, {"config": config}
+  # The jax.jit function itself (what jax.export takes), with this backend's options.
+  return _speculative_program.jitted(), args, {"config": config}
 
 
 def lower_speculative(
