@@ -13,7 +13,9 @@ trace shows what really runs), nothing on any other platform. The switch:
 `command_buffers(False)` (a context) or `SPECJAX_COMMAND_BUFFERS=0` turns them
 off, which on a GPU means none at all (not even XLA's default fusions), so
 `experiments/gpu_check.py` measures both ways. XLA itself drops `WHILE` and
-`CONDITIONAL` where the CUDA driver is older than 12.3.
+`CONDITIONAL` where the CUDA driver is older than 12.3. An XLA that does not
+know an option (an older or newer jaxlib) gets one logged warning and the
+programs without specjax's options, never an error.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 from typing import Any
 
 import jax
+from absl import logging
 
 # What XLA records in command buffers when they are on: its own default set
 # (2026: fusions, cuBLAS / cuBLASLt / cuDNN and custom calls, dynamic-slice
@@ -40,7 +43,9 @@ COMMAND_BUFFER_TYPES = (
 )
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 ENV = "SPECJAX_COMMAND_BUFFERS"
-_state = {"enabled": None}  # None: the environment's (default on)
+_state = {"enabled": None, "refused": None}  # enabled None: the environment's (default on)
+# XLA's words when it refuses a compile option (an unknown name, a bad value).
+_REFUSALS = ("No such compile option", "While setting option")
 
 
 def command_buffers_enabled() -> bool:
@@ -80,9 +85,14 @@ def compiler_options(platform: str | None = None) -> dict[str, Any]:
   """The options specjax compiles its programs with on `platform` (default: the
   default backend's): the command-buffer options on GPU, none elsewhere."""
   platform = jax.default_backend() if platform is None else platform
-  if platform not in GPU_PLATFORMS:
+  if platform not in GPU_PLATFORMS or _state["refused"]:
     return {}
   return command_buffer_options(command_buffers_enabled())
+
+
+def refused() -> str | None:
+  """XLA's refusal of specjax's options in this process (then none are passed), or None."""
+  return _state["refused"]
 
 
 class Program:
@@ -106,10 +116,28 @@ class Program:
     return self._jitted[key]
 
   def __call__(self, *args, **kwargs):
-    return self.jitted()(*args, **kwargs)
+    return self._fallback(lambda f: f(*args, **kwargs))
 
   def lower(self, *args, **kwargs):
+    # Options are checked at compile: `Lowered.compile` raises if XLA refuses them.
     return self.jitted().lower(*args, **kwargs)
+
+  def _fallback(self, run):
+    """`run(self.jitted())`; if XLA refuses specjax's options, one warning, then
+    without them for the rest of the process."""
+    try:
+      return run(self.jitted())
+    except Exception as e:  # XLA's own error type varies across jaxlib versions
+      options = compiler_options()
+      if not options or not any(words in str(e) for words in _REFUSALS):
+        raise
+      _state["refused"] = str(e).splitlines()[0]
+      logging.warning(
+        "XLA refused specjax's compile options %s (%s); compiling without them",
+        options,
+        _state["refused"],
+      )
+      return run(self.jitted())
 
   def trace(self, *args, **kwargs):
     return self.jitted().trace(*args, **kwargs)

@@ -224,3 +224,21 @@ def test_trace_summary_reads_a_device_timeline():
   assert [k["name"] for k in top] == ["gemm_fusion", "input_reduce_fusion", "loop_fusion"]
   assert top[0]["calls"] == 1 and top[0]["share"] == pytest.approx(4 / 9)
   assert top[2]["calls"] == 2 and top[2]["total_ms"] == pytest.approx(2e-3)
+
+
+def test_options_xla_refuses_fall_back_to_none(monkeypatch):
+  """A jaxlib whose XLA does not know an option (or a value) still runs the
+  programs, without specjax's options, after one warning."""
+  monkeypatch.setattr(compiler_options.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setitem(compiler_options._state, "refused", None)
+  bad = {"xla_gpu_enable_command_buffer": "FUSION,NOT_A_COMMAND"}
+  monkeypatch.setattr(compiler_options, "command_buffer_options", lambda enabled: bad)
+  program = compiler_options.jit(lambda x: x + 1)
+  x = jnp.arange(3.0)
+  np.testing.assert_array_equal(program(x), x + 1)
+  assert "not a valid enum value" in compiler_options.refused()
+  assert compiler_options.compiler_options("gpu") == {}
+  assert set(program._jitted) == {tuple(bad.items()), ()}
+  # Any other error is the caller's.
+  with pytest.raises(TypeError):
+    program("not an array")

@@ -127,6 +127,7 @@ def _check_gpu_check(tmp: str) -> None:
   assert 0 < row["spec_kernels_per_layer"] < row["spec_kernels_per_iteration"]
   assert row["ar_over_floor"] > 0 and row["timeline"] == "host"
   assert row["floor_holds"] == (row["ar_over_floor"] >= 0.97)
+  assert row["options_refused"] is None
   floor = result["step_detail"]["floor"]
   assert floor["read_methods"][floor["read_method"]] == floor["read_bandwidth_gbs"]
   assert {"numpy", "xla_reduce"} <= set(floor["read_methods"])
