@@ -18,8 +18,9 @@ step, scaled):
      nominal one; a `jax.profiler` trace of one generation, kept beside the
      JSON (`<output>_traces/`), read back for the device's busy time against
      the wall time and the ten costliest kernels (`specjax.bench.trace`; on a
-     CPU there is no device timeline and the summary says so). Smoke: the
-     bundled shapes;
+     CPU there is no device timeline and the summary says so). The JSON is
+     written after each row; `--step_shapes=1b` narrows the shapes. Smoke:
+     tiny shapes, one row (no command buffers off a GPU);
   scaled: the bundled pair grown to the Llama-2-7B shape (`load_pair(scale="7b")`,
      bfloat16, real acceptance) decoded by the main job at T = 0 and 1 and with
      the grown EAGLE head (`specjax.jobs.decode_table`; smoke: the bundled pair);
@@ -229,7 +230,13 @@ def scaled_config(scale: str):
   return config
 
 
-def step_rows(scale: str, sizes: dict, trace_dir: str) -> tuple[list[dict], dict]:
+def step_rows(
+  scale: str,
+  sizes: dict,
+  trace_dir: str,
+  progress=lambda rows, detail: None,
+  shapes: tuple[str, ...] | None = None,
+) -> tuple[list[dict], dict]:
   """The decode step at the scaled shapes (random bfloat16 weights, the
   platform's default layer layout), with command buffers on and off
   (`specjax.compiler_options`; the same programs off a GPU): from the compiled
@@ -238,7 +245,9 @@ def step_rows(scale: str, sizes: dict, trace_dir: str) -> tuple[list[dict], dict
   and the nominal memory floor, and a `jax.profiler` trace of one generation
   (`specjax.bench.trace`: busy against wall time, the ten costliest kernels),
   kept under `trace_dir`. Returns `(rows, detail)`: the table's rows and, per
-  row, the counts, command buffers and trace summary in full."""
+  row, the counts, command buffers and trace summary in full; `progress(rows,
+  detail)` is called after each row (the JSON is written then, so a run cut
+  short keeps its rows)."""
   from specjax import compiler_options
   from specjax.bench import compile as compile_bench
   from specjax.bench import trace as trace_bench
@@ -250,7 +259,7 @@ def step_rows(scale: str, sizes: dict, trace_dir: str) -> tuple[list[dict], dict
   rows, detail = [], {"floor": floor, "cases": []}
   base = bundled_configs("bfloat16")
   tokens = sizes["max_new_tokens"]
-  for shape in STEP_SCALES[scale]:
+  for shape in STEP_SCALES[scale] if shapes is None else shapes:
     if shape:
       cfg, draft_cfg = scaled_configs(shape, *base, "bfloat16")
     else:
@@ -318,6 +327,7 @@ def step_rows(scale: str, sizes: dict, trace_dir: str) -> tuple[list[dict], dict
       detail["cases"].append(
         dict(shape=row["shape"], command_buffers=label, **counts, profile=profile)
       )
+      progress(rows, detail)
     del model, run
     bench.free_compiled_programs()
   return rows, detail
@@ -353,7 +363,13 @@ def main(argv):
     if section not in sections:
       continue
     if section == "step":
-      rows, result["step_detail"] = step_rows(scale, sizes, traces)
+
+      def partial(rows, detail):
+        result.update(step=rows, step_detail=detail)
+        write_json(output_json, result)
+
+      shapes = tuple(flags.FLAGS.step_shapes) if flags.FLAGS.step_shapes else None
+      rows, result["step_detail"] = step_rows(scale, sizes, traces, partial, shapes)
       save("step", rows, STEP_COLUMNS)
     elif section == "scaled":
       rows = decode_table.run(scaled_config(scale), progress=True)
@@ -434,6 +450,11 @@ def define_flags() -> None:
     "sections",
     list(DEFAULT_SECTIONS),
     f"Sections to run, in this order: {SECTIONS} (default {DEFAULT_SECTIONS}).",
+  )
+  flags.DEFINE_list(
+    "step_shapes",
+    None,
+    f"The step section's scaled shapes (default: {STEP_SCALES['full']} at --scale=full).",
   )
   common.define_output_flags()
 
