@@ -6,16 +6,21 @@
 Run once on a lent GPU at --scale=full (the cases are chosen to fit one
 device-time budget); sections run in order, most wanted first, and the JSON is
 rewritten after each, so a run cut short keeps what it measured (default:
-step, command_buffer, scaled; about 8 minutes):
+step, scaled):
   step: the decode step at the scaled `1b` and `7b` target shapes (random
-     bfloat16 weights): kernels per layer and per step (compiled HLO,
-     `specjax.bench.compile`), autoregressive ms/token against the HBM floor
-     with loop="while" and loop="chunked", compile times of the autoregressive
-     and speculative programs; unrolled and scanned layers at `1b`, the
-     platform's default layout at `7b` (smoke: the bundled shapes);
-  command_buffer: the step rows again in a fresh process with
-     `--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL` (while loops and
-     conditionals recorded in CUDA graphs);
+     bfloat16 weights, the platform's default layer layout), each with XLA:GPU
+     command buffers on and off (`specjax.compiler_options`: on, a generation
+     loop is one CUDA graph): from the compiled HLO after fusion, the kernels
+     and host launches of a plain decode step and of a speculative iteration
+     (the scaled draft, gamma 4), per layer and in total, and whether the loop
+     is recorded in a command buffer (`specjax.bench.compile.step_launches`);
+     autoregressive ms/token against the measured read floor and the device's
+     nominal one; a `jax.profiler` trace of one generation, kept beside the
+     JSON (`<output>_traces/`), read back for the device's busy time against
+     the wall time and the ten costliest kernels (`specjax.bench.trace`; on a
+     CPU there is no device timeline and the summary says so). The JSON is
+     written after each row; `--step_shapes=1b` narrows the shapes. Smoke:
+     tiny shapes, one row (no command buffers off a GPU);
   scaled: the bundled pair grown to the Llama-2-7B shape (`load_pair(scale="7b")`,
      bfloat16, real acceptance) decoded by the main job at T = 0 and 1 and with
      the grown EAGLE head (`specjax.jobs.decode_table`; smoke: the bundled pair);
@@ -87,25 +92,32 @@ GAMMA = 4
 # untrained EAGLE head on the target (its cost c matters here; its alpha comes
 # from the bundled pair, not from random weights).
 CASES = ((1, "68m"), (1, "self"), (8, "68m"), (1, "eagle"))
-SECTIONS = ("step", "command_buffer", "scaled", "coupling", "scoring", "trees", "decode")
-# What one lent GPU runs by default (about 8 minutes): the step at the scaled
-# shapes, then with while loops in command buffers, then the 7b pair's speedups.
-DEFAULT_SECTIONS = ("step", "command_buffer", "scaled")
-# The step section's shapes (the scaled presets' target, random bfloat16 weights),
-# and XLA's flag that records while loops and conditionals in CUDA graphs.
+SECTIONS = ("step", "scaled", "coupling", "scoring", "trees", "decode")
+# What one lent GPU runs by default (a few minutes): the step at the scaled
+# shapes with command buffers on and off, then the 7b pair's speedups.
+DEFAULT_SECTIONS = ("step", "scaled")
+# The step section's shapes: the scaled presets' target and draft (random
+# bfloat16 weights); smoke: SIZES["smoke"]'s.
 STEP_SCALES = {"full": ("1b", "7b"), "smoke": ("",)}
-COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+FLOOR_TOLERANCE = 0.97  # the least ar_over_floor a floor allows (timing noise)
 STEP_COLUMNS = (
   ("shape", "{shape}"),
   ("layers", "{layout}"),
-  ("loop", "{loop}"),
-  ("command buffers", "{command_buffer}"),
+  ("command buffers", "{command_buffers}"),
+  ("loop recorded", "{loop_in_command_buffer}"),
   ("kernels / layer", "{kernels_per_layer}"),
   ("kernels / step", "{kernels_per_step}"),
+  ("launches / step", "{launches_per_step}"),
+  ("spec kernels / layer", "{spec_kernels_per_layer}"),
+  ("spec kernels / iteration", "{spec_kernels_per_iteration}"),
   ("AR ms/token", "{ar_ms_per_token:.3f}"),
-  ("AR / HBM floor", "{ar_over_floor:.2f}"),
-  ("compile AR s", lambda r: f"{r['ar_compile_s']:.1f}" if "ar_compile_s" in r else "-"),
-  ("compile spec s", lambda r: f"{r['spec_compile_s']:.1f}" if "spec_compile_s" in r else "-"),
+  ("AR / floor", "{ar_over_floor:.2f}"),
+  (
+    "AR / nominal",
+    lambda r: "-" if r["ar_over_nominal_floor"] is None else f"{r['ar_over_nominal_floor']:.2f}",
+  ),
+  ("busy / wall", lambda r: "-" if r["busy_fraction"] is None else f"{r['busy_fraction']:.2f}"),
+  ("timeline", "{timeline}"),
 )
 # Positions scored in one call (scoring section): 1 is the decode step; trees
 # (tree attention) at some of them. Each is a compile of the 1.1B shape.
@@ -216,84 +228,107 @@ def scaled_config(scale: str):
   return config
 
 
-def step_rows(scale: str, sizes: dict, command_buffer: bool = False) -> list[dict]:
-  """The decode step at the scaled shapes (random bfloat16 weights): kernels per
-  layer and per step, autoregressive ms/token against the memory floor in both
-  loop modes, and compile times, unrolled and scanned at the first shape (the
-  platform's default layout at the others)."""
+def step_rows(
+  scale: str,
+  sizes: dict,
+  trace_dir: str,
+  progress=lambda rows, detail: None,
+  shapes: tuple[str, ...] | None = None,
+) -> tuple[list[dict], dict]:
+  """The decode step at the scaled shapes (random bfloat16 weights, the
+  platform's default layer layout), with command buffers on and off
+  (`specjax.compiler_options`; the same programs off a GPU): from the compiled
+  HLO the kernels and launches of a plain step and of a speculative iteration
+  (`compile_bench.step_launches`), autoregressive ms/token against the measured
+  and the nominal memory floor, and a `jax.profiler` trace of one generation
+  (`specjax.bench.trace`: busy against wall time, the ten costliest kernels),
+  kept under `trace_dir`. Returns `(rows, detail)`: the table's rows and, per
+  row, the counts, command buffers and trace summary in full; `progress(rows,
+  detail)` is called after each row (the JSON is written then, so a run cut
+  short keeps its rows)."""
+  from specjax import compiler_options
   from specjax.bench import compile as compile_bench
+  from specjax.bench import trace as trace_bench
   from specjax.pretrained import bundled_configs
   from specjax.pretrained.scales import scaled_configs
 
-  bandwidth = 1e9 * bench.read_bandwidth_gbs(
-    megabytes=sizes["read_bytes"] >> 20, num_runs=sizes["num_runs"]
-  )
-  rows = []
+  floor = bench.read_bandwidth(megabytes=sizes["read_bytes"] >> 20, num_runs=sizes["num_runs"])
+  bandwidth, nominal = floor["read_bandwidth_gbs"] * 1e9, floor["nominal_bandwidth_gbs"]
+  rows, detail = [], {"floor": floor, "cases": []}
   base = bundled_configs("bfloat16")
-  for i, shape in enumerate(STEP_SCALES[scale]):
-    target_cfg, draft_cfg = scaled_configs(shape, *base, "bfloat16") if shape else base
-    default = target_cfg.scanned
-    for scanned in (default, not default) if i == 0 else (default,):
-      cfg, dcfg = (c.replace(scan_layers=scanned) for c in (target_cfg, draft_cfg))
-      common_fields = dict(
-        shape=shape or "bundled",
-        layout="scanned" if scanned else "unrolled",
-        command_buffer="+WHILE" if command_buffer else "default",
-        **compile_bench.decode_kernels(cfg),
-      )
-      if not command_buffer:
-        common_fields.update(compile_bench.compile_seconds(cfg, dcfg if i == 0 else None))
-      common_fields.pop("top_layer_ops")
-      model = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
-      floor_ms = bench.weight_bytes(model) / bandwidth * 1e3
-      prompts, lengths = bench.random_prompts(
-        jax.random.key(0), 1, sizes["prompt_len"], cfg.vocab_size
-      )
-      runs = {
-        loop: functools.partial(
-          specjax.autoregressive_generate,
-          model,
-          prompts,
-          lengths,
-          max_new_tokens=sizes["max_new_tokens"],
-          sampling=specjax.GREEDY,
-          loop=loop,
+  tokens = sizes["max_new_tokens"]
+  for shape in STEP_SCALES[scale] if shapes is None else shapes:
+    if shape:
+      cfg, draft_cfg = scaled_configs(shape, *base, "bfloat16")
+    else:
+      cfg, draft_cfg = (
+        specjax.ModelConfig(
+          max_seq_len=base[0].max_seq_len, dtype="bfloat16", param_dtype="bfloat16", **fields
         )
-        for loop in ("while", "chunked")
-      }
-      timings, _ = bench.time_calls(runs, num_runs=sizes["num_runs"])
-      for loop, timing in timings.items():
-        ms = timing.median_s * 1e3 / sizes["max_new_tokens"]
-        rows.append(
-          dict(
-            common_fields,
-            loop=loop,
-            ar_ms_per_token=ms,
-            floor_ms_per_step=floor_ms,
-            ar_over_floor=ms / floor_ms,
-          )
-        )
-      del model
-      bench.free_compiled_programs()
-  return rows
-
-
-def command_buffer_rows(scale: str, output_json: str | None) -> list[dict]:
-  """`step_rows` again in a fresh process with XLA's while loops and conditionals
-  recorded in command buffers (`COMMAND_BUFFER_FLAG`: XLA flags are read at start)."""
-  import subprocess
-  import sys
-  import tempfile
-
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, "step.json")
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAG}")
-    env.pop("OUT", None)
-    command = [sys.executable, "-m", "experiments.gpu_check", f"--scale={scale}"]
-    command += ["--sections=step", "--command_buffer", f"--output_json={path}"]
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-    with open(path) as f:
-      return json.load(f)["step"]
+        for fields in (sizes["target"], sizes["draft"])
+      )
+    model = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
+    weights = bench.weight_bytes(model)
+    floor_ms = weights / bandwidth * 1e3
+    prompts, lengths = bench.random_prompts(
+      jax.random.key(0), 1, sizes["prompt_len"], cfg.vocab_size
+    )
+    run = functools.partial(
+      specjax.autoregressive_generate,
+      model,
+      prompts,
+      lengths,
+      max_new_tokens=tokens,
+      sampling=specjax.GREEDY,
+      loop="while",
+    )
+    # Off a GPU the options change nothing: one row, its command buffers "none".
+    on_gpu = jax.default_backend() in compiler_options.GPU_PLATFORMS
+    for on in (True, False) if on_gpu else (False,):
+      label = ("on" if on else "off") if on_gpu else "none"
+      with compiler_options.command_buffers(on):
+        # The generation first: where XLA refuses the options, it falls back
+        # (one warning) and the counts below are of the programs that ran.
+        timings, _ = bench.time_calls({"ar": run}, num_runs=sizes["num_runs"])
+        counts = compile_bench.step_launches(cfg, draft_cfg, gamma=GAMMA)
+        name = f"{shape or 'smoke'}_command_buffers_{label}"
+        profile = trace_bench.trace_call(run, os.path.join(trace_dir, name))
+      ms = timings["ar"].median_s * 1e3 / tokens
+      ar, spec = counts["ar"], counts["spec"]
+      row = dict(
+        shape=shape or "smoke",
+        layout="scanned" if cfg.scanned else "unrolled",
+        command_buffers=label,
+        kernels_per_layer=ar["kernels_per_layer"],
+        kernels_per_step=ar["kernels_per_step"],
+        launches_per_step=ar["launches_per_step"],
+        loop_in_command_buffer=ar["command_buffers"]["loop_in_command_buffer"],
+        spec_kernels_per_layer=spec["kernels_per_layer"],
+        spec_kernels_per_iteration=spec["kernels_per_step"],
+        spec_launches_per_iteration=spec["launches_per_step"],
+        ar_ms_per_token=ms,
+        ar_compile_s=timings["ar"].compile_s,
+        floor_ms_per_step=floor_ms,
+        ar_over_floor=ms / floor_ms,
+        # A floor the step beats is no floor (issue 67: >= 0.97 everywhere).
+        floor_holds=ms / floor_ms >= FLOOR_TOLERANCE,
+        nominal_floor_ms_per_step=None if nominal is None else weights / (nominal * 1e9) * 1e3,
+        ar_over_nominal_floor=None if nominal is None else ms / (weights / (nominal * 1e9) * 1e3),
+        busy_fraction=profile.get("busy_fraction"),
+        timeline=profile["timeline"],
+        graph_launches=profile["graph_launches"],
+        options_refused=compiler_options.refused(),
+      )
+      rows.append(row)
+      if not row["floor_holds"]:
+        print(f"WARNING: the step reads faster than the floor: ar_over_floor {ms / floor_ms:.2f}")
+      detail["cases"].append(
+        dict(shape=row["shape"], command_buffers=label, **counts, profile=profile)
+      )
+      progress(rows, detail)
+    del model, run
+    bench.free_compiled_programs()
+  return rows, detail
 
 
 def main(argv):
@@ -301,6 +336,8 @@ def main(argv):
   # On the lent machine, files under $OUT are what comes back.
   default = os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None
   output_json = check_output_path("--output_json", flags.FLAGS.output_json or default)
+  # jax.profiler traces (step section) beside the JSON.
+  traces = os.path.splitext(output_json or "gpu_check.json")[0] + "_traces"
   sections = [x for x in flags.FLAGS.sections if x]
   if not sections or set(sections) - set(SECTIONS):
     raise ValueError(f"--sections must be a non-empty subset of {SECTIONS}, got {sections}.")
@@ -324,9 +361,14 @@ def main(argv):
     if section not in sections:
       continue
     if section == "step":
-      save("step", step_rows(scale, sizes, flags.FLAGS.command_buffer), STEP_COLUMNS)
-    elif section == "command_buffer":
-      save("command_buffer", command_buffer_rows(scale, output_json), STEP_COLUMNS)
+
+      def partial(rows, detail):
+        result.update(step=rows, step_detail=detail)
+        write_json(output_json, result)
+
+      shapes = tuple(flags.FLAGS.step_shapes) if flags.FLAGS.step_shapes else None
+      rows, result["step_detail"] = step_rows(scale, sizes, traces, partial, shapes)
+      save("step", rows, STEP_COLUMNS)
     elif section == "scaled":
       rows = decode_table.run(scaled_config(scale), progress=True)
       save("scaled", rows, decode_table.COLUMNS)
@@ -408,10 +450,10 @@ def define_flags() -> None:
     list(DEFAULT_SECTIONS),
     f"Sections to run, in this order: {SECTIONS} (default {DEFAULT_SECTIONS}).",
   )
-  flags.DEFINE_bool(
-    "command_buffer",
-    False,
-    "Label the step rows as run with COMMAND_BUFFER_FLAG (set by the command_buffer section).",
+  flags.DEFINE_list(
+    "step_shapes",
+    None,
+    f"The step section's scaled shapes (default: {STEP_SCALES['full']} at --scale=full).",
   )
   common.define_output_flags()
 

@@ -115,6 +115,31 @@ def _check_kernel_benchmark(tmp: str) -> None:
   assert set(result["chosen_paths"].values()) <= {"xla", *result["chosen_candidates"]}
 
 
+def _check_gpu_check(tmp: str) -> None:
+  """The step section on a CPU: the kernels of a plain step and a speculative
+  iteration from compiled HLO (no command buffers here), the floor's readers,
+  and a profiler trace kept beside the JSON, summarised without a device
+  timeline."""
+  with open(os.path.join(tmp, "gpu_check.json")) as f:
+    result = json.load(f)
+  (row,) = result["step"]
+  assert row["command_buffers"] == "none" and row["loop_in_command_buffer"] is False
+  assert 0 < row["kernels_per_layer"] < row["kernels_per_step"] == row["launches_per_step"]
+  assert 0 < row["spec_kernels_per_layer"] < row["spec_kernels_per_iteration"]
+  assert row["ar_over_floor"] > 0 and row["timeline"] == "host"
+  assert row["floor_holds"] == (row["ar_over_floor"] >= 0.97)
+  assert row["options_refused"] is None
+  floor = result["step_detail"]["floor"]
+  assert floor["read_methods"][floor["read_method"]] == floor["read_bandwidth_gbs"]
+  assert {"numpy", "xla_reduce"} <= set(floor["read_methods"])
+  (case,) = result["step_detail"]["cases"]
+  profile = case["profile"]
+  assert profile["trace"].startswith(os.path.join(tmp, "gpu_check_traces"))
+  assert os.path.exists(profile["trace"]) and profile["top_kernels"]
+  assert "no device timeline" in profile["note"]
+  assert case["spec"]["command_buffers"]["command_buffers"] == 0
+
+
 def _check_hub_head_decode(tmp: str, output: str) -> None:
   with open(os.path.join(tmp, "decode_hub.json")) as f:
     result = json.load(f)
@@ -482,6 +507,7 @@ STEPS = (
     "gpu_check",
     "gpu_check",
     ("--scale=smoke", "--sections=step,scaled,scoring", "--output_json={tmp}/gpu_check.json"),
+    check=lambda tmp, _: _check_gpu_check(tmp),
   ),
   Step(
     "gpu_check_decode",

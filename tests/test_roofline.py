@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import pytest
 from flax import nnx
 
 import specjax
@@ -34,6 +35,50 @@ def test_floor_measurements_are_positive():
   # decode step of test_launchers.py, test_benchmark.py), which check its fields.
   assert bench.read_bandwidth_gbs(megabytes=8, num_runs=1) > 0
   assert bench.matmul_gflops(n=128, num_runs=1) > 0
+
+
+def test_nominal_bandwidth_by_device_kind():
+  assert floor.nominal_bandwidth_gbs("NVIDIA H100 80GB HBM3") == 3350
+  assert floor.nominal_bandwidth_gbs("NVIDIA H100 PCIe") == 2000
+  assert floor.nominal_bandwidth_gbs("NVIDIA H200") == 4800
+  assert floor.nominal_bandwidth_gbs("NVIDIA GH200 480GB") == 4000
+  assert floor.nominal_bandwidth_gbs("NVIDIA A100-SXM4-80GB") == 2039
+  assert floor.nominal_bandwidth_gbs("NVIDIA A100-SXM4-40GB") == 1555
+  assert floor.nominal_bandwidth_gbs("TPU v5 lite") == 819
+  assert floor.nominal_bandwidth_gbs("cpu") is None
+  assert floor.nominal_bandwidth_gbs() is None  # this CPU
+
+
+def test_read_bandwidth_is_the_best_of_its_readers():
+  read = bench.read_bandwidth(megabytes=16, num_runs=1)
+  methods = read["read_methods"]
+  assert {"numpy", "xla_reduce"} <= set(methods)
+  from specjax.kernels import cpu_matmul
+
+  for lib in cpu_matmul.candidates():  # the kernel's own streaming read, each build
+    assert methods[f"kernel_{lib.variant}_float32"] > 0, read["read_method_errors"]
+    assert methods[f"kernel_{lib.variant}_bfloat16"] > 0, read["read_method_errors"]
+  measured = {k: v for k, v in methods.items() if v is not None}
+  assert read["read_bandwidth_gbs"] == max(measured.values()) == methods[read["read_method"]]
+  assert read["nominal_bandwidth_gbs"] is None and read["device_kind"] == "cpu"
+
+
+def test_a_reader_faster_than_the_nominal_bandwidth_is_dropped(monkeypatch):
+  monkeypatch.setattr(floor, "nominal_bandwidth_gbs", lambda kind=None: 1e-6)
+  with pytest.raises(RuntimeError, match="past the nominal"):
+    bench.read_bandwidth(megabytes=4, num_runs=1)
+
+
+def test_the_accelerator_readers_run_and_count_their_bytes():
+  """The GPU's readers (a copy, row sums, one sum), run here on the CPU: each
+  moves the bytes it claims."""
+  nbytes = 4 * 8192 * 16
+  readers = dict(floor._device_readers(nbytes))
+  assert set(readers) == {"copy", "reduce_rows", "reduce"}
+  for name, make in readers.items():
+    fn, moved = make()
+    jax.block_until_ready(fn())
+    assert moved == (2 if name == "copy" else 1) * nbytes, name
 
 
 def test_kernel_counts_see_loop_bodies_and_skip_free_ops():
@@ -76,15 +121,17 @@ def test_greedy_iteration_draws_no_random_bits(target, draft):
 
 def test_no_decode_step_reads_faster_than_the_floor():
   """The floor is a floor: the matrix products of one decode step (a subset of
-  its work) of a model whose 270 MB of weights dwarf the caches take at least
-  the weights' bytes over the read bandwidth, within the timing noise. (The
-  copy-loop floor measured before read at about half this bandwidth, so steps
-  came out at 0.7 of it.)"""
+  its work, through the same kernel) of a model whose 270 MB of weights dwarf
+  the caches take at least the weights' bytes over the read bandwidth, within
+  3% (issue 67's bar, `ar_over_floor` >= 0.97). Twice the floor failed it: a
+  copy loop read at about half this bandwidth (steps at 0.7 of it), and numpy's
+  and XLA's sums alone read slower than the kernel's own stream on an AVX2 Zen 3
+  (steps at 0.85); `read_bandwidth` now takes the best of them and the kernel."""
   cfg = specjax.ModelConfig(
     vocab_size=512, d_model=1024, n_layers=4, n_heads=8, n_kv_heads=8, d_ff=4096, max_seq_len=64
   )
   model = specjax.Transformer(cfg, rngs=nnx.Rngs(0))
-  bandwidth = bench.read_bandwidth_gbs(megabytes=512, num_runs=3) * 1e9
+  read = bench.read_bandwidth(megabytes=512, num_runs=3)
   step_s = bench.matmul_floor_seconds(model, batch=1, num_steps=8, num_runs=3)
-  ratio = step_s / (bench.weight_bytes(model) / bandwidth)
-  assert ratio >= 0.85, ratio  # 15%: the spread of back-to-back measurements here
+  ratio = step_s / (bench.weight_bytes(model) / (read["read_bandwidth_gbs"] * 1e9))
+  assert ratio >= 0.97, (ratio, read["read_methods"])

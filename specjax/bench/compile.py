@@ -98,7 +98,8 @@ def speculative_program(
     loop_chunk=loop_chunk,
   )
   args = (target, drafter, prompts, lengths, jax.random.key(0))
-  return _speculative_program, args, {"config": config}
+  # The jax.jit function itself (what jax.export takes), with this backend's options.
+  return _speculative_program.jitted(), args, {"config": config}
 
 
 def lower_speculative(
@@ -248,4 +249,67 @@ def compile_seconds(
       lambda: lower_speculative(target, draft, batch, prompt_len, max_new_tokens, gamma)
     )
     out.update(spec_lower_s=lower_s, spec_compile_s=compile_s)
+  return out
+
+
+def _outer_loop(text: str) -> str:
+  """The decode loop's body: the while body whose one trip launches the most
+  kernels, nested loops included (the generation loop holds the others)."""
+  return max(hlo.while_bodies(text), key=lambda b: hlo.launches(text, b)["kernels"])
+
+
+def step_launches(
+  target_cfg: ModelConfig,
+  draft_cfg: ModelConfig | None = None,
+  *,
+  batch: int = 1,
+  prompt_len: int = 16,
+  max_new_tokens: int = 16,
+  gamma: int = 4,
+) -> dict:
+  """What a plain decode step and (with `draft_cfg`) a speculative iteration
+  launch, from the default backend's compiled HLO (after fusion, with
+  specjax's compiler options: `specjax.compiler_options`), abstract models.
+
+  Per program, from the target at 1 and 2 layers (the draft as given): one trip
+  of the generation loop, nested loops (scanned layers, the draft's calls)
+  counted per trip (`hlo.launches`), so `per_layer` is the difference and
+  `per_step` the 1-layer count plus `per_layer` for each further layer.
+
+  Returns:
+    `{"ar": {...}, "spec": {...}}`, each with `kernels_per_layer`,
+    `kernels_per_step` (kernels, wherever they run), `launches_per_layer`,
+    `launches_per_step` (what the host launches: a command buffer counts once,
+    and a loop recorded in one counts 0 per trip), `unknown_trips` (nested
+    loops counted once, their trip count unknown to XLA), and the 2-layer
+    program's `command_buffers` (`hlo.command_buffers`: how many, how many
+    kernels they hold, whether the loop is one).
+  """
+  n = target_cfg.n_layers
+  out = {}
+  for name in ("ar", "spec") if draft_cfg is not None else ("ar",):
+    counts = {}
+    for depth in (1, 2):
+      target = abstract_model(target_cfg.replace(n_layers=depth, local_layers=None))
+      if name == "ar":
+        lowered = lower_autoregressive(target, batch, prompt_len, max_new_tokens)
+      else:
+        draft = abstract_model(draft_cfg)
+        lowered = lower_speculative(target, draft, batch, prompt_len, max_new_tokens, gamma)
+      text = lowered.compile().as_text()
+      body = _outer_loop(text)
+      buffers = hlo.command_buffers(text, body)
+      counts[depth] = (hlo.launches(text, body), buffers)
+    (one, _), (two, buffers) = counts[1], counts[2]
+    per_layer = two["kernels"] - one["kernels"]
+    launches_one = counts[1][1]["body_launches"]
+    launches_per_layer = buffers["body_launches"] - launches_one
+    out[name] = dict(
+      kernels_per_layer=per_layer,
+      kernels_per_step=one["kernels"] + per_layer * (n - 1),
+      launches_per_layer=launches_per_layer,
+      launches_per_step=launches_one + launches_per_layer * (n - 1),
+      unknown_trips=two["unknown_trips"],
+      command_buffers=buffers,
+    )
   return out

@@ -260,3 +260,115 @@ def cache_copies(compiled_text: str, min_bytes: int, entry: bool = False) -> lis
     for op in hlo_ops(compiled_text)
     if op.effective in WHOLE_BUFFER_OPS and op.bytes >= min_bytes
   ]
+
+
+_CONDITION = re.compile(r"condition=%?([\w.\-]+)")
+# XLA:GPU outlines what it records in a command buffer (a CUDA graph) into a
+# computation of this name, called once where the sequence stood.
+COMMAND_BUFFER = "command_buffer"
+
+
+def _callees(line: str) -> list[str]:
+  """The computations a while, conditional or call instruction runs."""
+  called = []
+  for group in _RUNS.findall(line):
+    called.extend(n.strip().lstrip("%") for n in group.strip("{}").split(",") if n.strip())
+  return called
+
+
+def launches(hlo_text: str, computation: str | None = None, graphs_as_one: bool = False) -> dict:
+  """Kernels one run of `computation` (default: the entry) launches, nested
+  control flow included: its own launching instructions, the computations its
+  calls run, a conditional's costliest branch, and each while loop's body and
+  condition once per trip (its known trip count; once where XLA does not know
+  it, counted in `unknown_trips`). `graphs_as_one`: a call of a command buffer
+  counts as one launch (what the host issues) instead of its kernels.
+
+  Returns:
+    `{"kernels": int, "unknown_trips": int}`.
+  """
+  comps = computations(hlo_text)
+  name = computation or _ENTRY.search(hlo_text).group(1)
+  memo: dict[str, tuple[int, int]] = {}
+
+  def count(comp: str) -> tuple[int, int]:
+    if comp in memo:
+      return memo[comp]
+    memo[comp] = (0, 0)  # no recursion in HLO; guards a malformed text
+    kernels = unknown = 0
+    for line in comps.get(comp, []):
+      op = _OPCODE.search(line)
+      if not op or op.group(1) in _FREE:
+        continue
+      opcode = op.group(1)
+      if opcode == "while":
+        known = _TRIPS.search(line)
+        trips = int(known.group(1)) if known else 1
+        unknown += 0 if known else 1
+        body_k, body_u = count(_BODY.search(line).group(1))
+        cond_k, cond_u = count(_CONDITION.search(line).group(1))
+        kernels += trips * body_k + (trips + 1) * cond_k
+        unknown += body_u + cond_u
+      elif opcode == "call":
+        callee = _callees(line)[0]
+        if graphs_as_one and callee.startswith(COMMAND_BUFFER):
+          kernels += 1
+        else:
+          k, u = count(callee)
+          kernels, unknown = kernels + k, unknown + u
+      elif opcode == "conditional":
+        branches = [count(c) for c in _callees(line)]
+        k, u = max(branches, default=(0, 0))
+        kernels, unknown = kernels + 1 + k, unknown + u
+      else:
+        kernels += 1
+    memo[comp] = (kernels, unknown)
+    return memo[comp]
+
+  kernels, unknown = count(name)
+  return {"kernels": kernels, "unknown_trips": unknown}
+
+
+def command_buffers(hlo_text: str, body: str | None = None) -> dict:
+  """What of a compiled program XLA:GPU records in command buffers (CUDA graphs;
+  none on other backends, nor where XLA forms them from thunks rather than in
+  the HLO).
+
+  Returns:
+    `command_buffers` (calls of command-buffer computations), `kernels_in_command_buffers`
+    (one run of each, summed), `command_buffer_ops` (their five most frequent
+    opcodes), and with `body` (a while loop's body): `loop_in_command_buffer`
+    (the loop itself is recorded: one graph launch for all its trips) and
+    `body_launches` (what the host launches per trip: 0 when the loop is
+    recorded, else its kernels with each command buffer counted once).
+  """
+  comps = computations(hlo_text)
+  ops: collections.Counter = collections.Counter()
+  calls = kernels = 0
+  holder = None
+  for comp, lines in comps.items():
+    for line in lines:
+      op = _OPCODE.search(line)
+      if not op:
+        continue
+      if op.group(1) == "call" and _callees(line)[0].startswith(COMMAND_BUFFER):
+        callee = _callees(line)[0]
+        calls += 1
+        kernels += launches(hlo_text, callee)["kernels"]
+        for inner in comps.get(callee, []):
+          inner_op = _OPCODE.search(inner)
+          if inner_op and inner_op.group(1) not in _FREE:
+            ops[inner_op.group(1)] += 1
+      if body is not None and op.group(1) == "while" and _BODY.search(line).group(1) == body:
+        holder = comp
+  out = {
+    "command_buffers": calls,
+    "kernels_in_command_buffers": kernels,
+    "command_buffer_ops": dict(ops.most_common(5)),
+  }
+  if body is not None:
+    recorded = holder is not None and holder.startswith(COMMAND_BUFFER)
+    out["loop_in_command_buffer"] = recorded
+    per_trip = 0 if recorded else launches(hlo_text, body, graphs_as_one=True)["kernels"]
+    out["body_launches"] = per_trip
+  return out

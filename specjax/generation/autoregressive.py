@@ -11,8 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from specjax import compiler_options, coupling
 from specjax import constraints as constraints_lib
-from specjax import coupling
 from specjax.coupling import Coupling
 from specjax.generation import validation
 from specjax.generation.common import (
@@ -82,9 +82,10 @@ def autoregressive_step(
 
 # Models go into jit as pytrees (Flax NNX modules are pytrees): flattening them
 # costs far less per call than nnx.split, and the module structure and config
-# become part of the cache key.
+# become part of the cache key. `compiler_options.jit`: jax.jit with the
+# platform's options (on GPU, the loop as one command buffer).
 @functools.partial(
-  jax.jit,
+  compiler_options.jit,
   static_argnames=(
     "sampling",
     "max_new_tokens",

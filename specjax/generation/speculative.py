@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax import compiler_options
 from specjax import constraints as constraints_lib
 from specjax import coupling as coupling_lib
 from specjax import verify as verify_lib
@@ -541,7 +542,7 @@ def prefill_state(
   )
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(compiler_options.jit, static_argnames=("config",))
 def _speculative_program(
   target, drafter, prompts, prompt_lengths, key, rows=None, rules=None, *, config: SpecConfig
 ) -> GenerateOutput:
