@@ -319,6 +319,7 @@ def worker_main(argv: Sequence[str]) -> None:
   import sys
 
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its workers itself
+  os.nice(10)  # a compile yields the CPU to serving (the event loop, the engine's steps)
   limit = int(argv[0]) if argv else 0
   if limit > 0:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
