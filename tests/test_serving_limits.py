@@ -532,3 +532,36 @@ def test_fuzz_no_5xx_and_the_server_holds(served):
     time.sleep(0.05)
   ok = _post(url, json={"prompt": "ab", "max_tokens": 4})
   assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_short_soak_under_hostility(served):
+  """The soak of `experiments.load_test` (config.soak_s), short: normal requests
+  with and without the hostile mix; no 5xx, /health always answers, every slot
+  and the queue empty at the end, the server's memory read throughout."""
+  import os
+
+  from specjax.serving.soak import HOSTILE, soak, soak_table
+
+  url, *_ = served
+  prompts = ["def f(x):\n", "import os\n", "class A:\n", "for i in x:\n"]
+  runs = {
+    name: soak(
+      url,
+      prompts,
+      duration_s=3.0,
+      rate=5.0,
+      hostile=share,
+      max_new_tokens=8,
+      seed=1,
+      pid=os.getpid(),
+    )  # fmt: skip
+    for name, share in (("calm", 0.0), ("hostile", 0.6))
+  }
+  for run in runs.values():
+    assert run["server_5xx"] == 0 and run["health_failures"] == 0, run["statuses"]
+    assert run["live_at_end"] == 0 and run["queued_at_end"] == 0
+    assert run["normal_requests"] > 0 and run["rss_last_mb"] > 0
+    assert run["health_max_ms"] < 1000
+  assert set(runs["hostile"]["hostile_statuses"]) <= set(HOSTILE)
+  assert sum(sum(c.values()) for c in runs["hostile"]["hostile_statuses"].values()) > 0
+  assert "p99 TTFT, hostile / calm" in soak_table(runs["calm"], runs["hostile"])
