@@ -56,10 +56,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.prompt_buckets = (32, 64, 128)  # the largest is the prompt limit (longer: cut)
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
   # The soak under hostility (a server URL as target; docs/serving.md): for soak_s
-  # seconds at the first rate, a calm run, then one where a soak_hostile share of the
-  # arrivals are hostile (specjax.serving.soak.HOSTILE). 0: no soak (the sweep).
+  # seconds, normal requests at the first rate, once calm, once with soak_hostile
+  # hostile requests per second on top (specjax.serving.soak.HOSTILE). 0: no soak.
   config.soak_s = 0.0
-  config.soak_hostile = 0.5
+  config.soak_hostile = 1.0
   config.server_pid = 0  # the server's process id on this machine, for its memory (0: none)
   config.api_key = ""  # sent as a Bearer token ("": $SPECJAX_API_KEY, if set)
   return config

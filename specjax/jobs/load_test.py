@@ -73,8 +73,10 @@ def soak(config: ml_collections.ConfigDict, output_dir: str, progress=print) -> 
 
   if not config.target.startswith(("http://", "https://")):
     raise ValueError(f"config.soak_s needs a server URL as config.target, got {config.target!r}.")
-  if not is_real(config.soak_hostile) or not 0 < config.soak_hostile <= 1:
-    raise ValueError(f"config.soak_hostile must be in (0, 1], got {config.soak_hostile!r}.")
+  if not is_real(config.soak_hostile) or not config.soak_hostile > 0:
+    raise ValueError(
+      f"config.soak_hostile must be > 0 (hostile requests/s), got {config.soak_hostile!r}."
+    )
   check_int("config.server_pid", config.server_pid, 0)
   # Cut to the server's prompt limit in characters (at least one each, in code).
   limit = int(load.http_server_info(config.target)["max_prompt_len"])

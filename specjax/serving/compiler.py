@@ -80,13 +80,14 @@ class _Worker:
     return self.process.poll() is None
 
   def kill(self) -> None:
+    """Kills the process without waiting for it: a worker that grew to gigabytes
+    takes the kernel a while to tear down, and the event loop must not wait."""
     if self.process.poll() is None:
       self.process.kill()
     for pipe in (self.process.stdin, self.process.stdout):
       with contextlib.suppress(OSError):
         pipe.close()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-      self.process.wait(5)
+    threading.Thread(target=self.process.wait, name="specjax-compile-reaper", daemon=True).start()
 
 
 def automaton_bytes(automaton: Automaton) -> int:
