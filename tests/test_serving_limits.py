@@ -566,3 +566,25 @@ def test_a_short_soak_under_hostility(served):
   assert set(runs["hostile"]["hostile_statuses"]) <= set(HOSTILE)
   assert sum(sum(c.values()) for c in runs["hostile"]["hostile_statuses"].values()) > 0
   assert "p99 TTFT, hostile / calm" in soak_table(runs["calm"], runs["hostile"])
+
+
+def test_the_server_config_draws_a_seed_and_reads_its_key(monkeypatch):
+  from configs import serve as serve_config
+  from specjax.jobs import serve
+
+  config = serve_config.get_config()
+  seeds = {serve.engine_config(config).seed for _ in range(3)}
+  assert len(seeds) == 3, "unseeded requests draw from a fresh seed at each start"
+  config.sampling_seed = 7
+  assert serve.engine_config(config).seed == 7
+  monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
+  assert serve.api_key(config) is None
+  monkeypatch.setenv(serve.API_KEY_ENV, "from-env")
+  assert serve.api_key(config) == "from-env"
+  config.api_key = "from-flag"
+  assert serve.api_key(config) == "from-flag"
+  config.allowed_hosts = "127.0.0.1, localhost"
+  assert serve.allowed_hosts(config) == ("127.0.0.1", "localhost")
+  config.compile_timeout_s = 0
+  with pytest.raises(ValueError, match=r"config.compile_timeout_s must be > 0"):
+    serve.check_config(config)
