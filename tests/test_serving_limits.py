@@ -588,3 +588,33 @@ def test_the_server_config_draws_a_seed_and_reads_its_key(monkeypatch):
   config.compile_timeout_s = 0
   with pytest.raises(ValueError, match=r"config.compile_timeout_s must be > 0"):
     serve.check_config(config)
+
+
+def test_requests_past_max_requests_get_429_and_health_still_answers(served):
+  _, _, background, _ = served
+  app = make_app(background, tiny_setup(0)[2], "tiny", limits=ServerLimits(max_requests=1))
+  url, server, thread = _serve_app(app)
+  engine = background.engine
+  step = type(engine).step.__get__(engine)
+
+  def slow():
+    time.sleep(0.05)
+    return step()
+
+  engine.step = slow
+  try:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      held = pool.submit(_post, url, json={"prompt": "a", "max_tokens": 16})
+      deadline = time.monotonic() + 10
+      while background.call(lambda e: e.live_requests()) == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+      busy = _post(url, json={"prompt": "a", "max_tokens": 1})
+      _error(busy, 429, None, "max_requests")
+      assert busy.headers["retry-after"] == "1"
+      assert httpx.get(url + "/health").status_code == 200  # never counted, never refused
+      assert held.result().status_code == 200
+  finally:
+    del engine.step
+    server.should_exit = True
+    thread.join(10)
