@@ -14,6 +14,11 @@ is refused rather than ignored. Every invalid request gets status 400 (404 for
 another model) and `{"error": {"message", "type": "invalid_request_error",
 "param"}}`, the message naming the field and its allowed range; the ranges are
 the engine's own (`Engine.check`'s messages, with its field names changed).
+The server's own bounds (`specjax.serving.limits.ServerLimits`) answer in the
+same shape: 413 for a body too large, 415 for a Content-Type other than JSON,
+429 (with Retry-After) past a queue or concurrency cap, 401 without the API
+key when one is set (`make_app(api_key=...)`); docs/serving.md, "Limits and
+security".
 
 Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the
@@ -22,9 +27,10 @@ engine, freeing its slot.
 Structured output, in both endpoints: `response_format` ({"type": "json_object"}
 or {"type": "json_schema", "json_schema": {"name", "schema"}}) and the
 extensions `guided_regex` and `guided_choice` (vLLM's names). Each is compiled
-once against the tokenizer (`specjax.constraints`, cached) and every token of
-the request, drafted or sampled, is drawn among what it allows; the engine needs
-a constraint table (`EngineConfig.constraint_states`) and EOS ids.
+once against the tokenizer, in a worker process the server can stop
+(`specjax.serving.compiler`; cached), after the request's cheap checks, and
+every token of the request, drafted or sampled, is drawn among what it allows;
+the engine needs a constraint table (`EngineConfig.constraint_states`) and EOS ids.
 """
 
 from __future__ import annotations
