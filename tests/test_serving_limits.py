@@ -535,37 +535,30 @@ def test_fuzz_no_5xx_and_the_server_holds(served):
   assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
 
 
-def test_a_short_soak_under_hostility(served):
-  """The soak of `experiments.load_test` (config.soak_s), short: normal requests
-  with and without the hostile mix; no 5xx, /health always answers, every slot
+def test_a_short_soak_under_hostility(served, tmp_path):
+  """`experiments.load_test`'s soak (config.soak_s), short: normal requests with
+  and without hostile ones on top; no 5xx, /health always answers, every slot
   and the queue empty at the end, the server's memory read throughout."""
   import os
 
-  from specjax.serving.soak import HOSTILE, soak, soak_table
+  from configs import load_test as load_test_config
+  from specjax.jobs import load_test
+  from specjax.serving.soak import HOSTILE
 
   url, *_ = served
-  prompts = ["def f(x):\n", "import os\n", "class A:\n", "for i in x:\n"]
-  runs = {
-    name: soak(
-      url,
-      prompts,
-      duration_s=3.0,
-      rate=5.0,
-      hostile=share,
-      max_new_tokens=8,
-      seed=1,
-      pid=os.getpid(),
-    )  # fmt: skip
-    for name, share in (("calm", 0.0), ("hostile", 4.0))
-  }
+  config = load_test_config.get_config()
+  config.update(target=url, soak_s=3.0, soak_hostile=4.0, rates=(5.0,), max_new_tokens=8)
+  config.update(num_requests=4, server_pid=os.getpid())
+  runs = load_test.run(config, str(tmp_path), progress=lambda line: None)["runs"]
   for run in runs.values():
     assert run["server_5xx"] == 0 and run["health_failures"] == 0, run["statuses"]
     assert run["live_at_end"] == 0 and run["queued_at_end"] == 0
     assert run["normal_requests"] > 0 and run["rss_last_mb"] > 0
     assert run["health_max_ms"] < 1000
+  assert runs["hostile"]["arrivals"] > runs["calm"]["arrivals"]  # the same normal ones, and more
   assert set(runs["hostile"]["hostile_statuses"]) <= set(HOSTILE)
   assert sum(sum(c.values()) for c in runs["hostile"]["hostile_statuses"].values()) > 0
-  assert "p99 TTFT, hostile / calm" in soak_table(runs["calm"], runs["hostile"])
+  assert "p99 TTFT, hostile / calm" in (tmp_path / load_test.SOAK_TABLE).read_text()
 
 
 def test_the_server_config_draws_a_seed_and_reads_its_key(monkeypatch):
