@@ -611,3 +611,40 @@ def test_requests_past_max_requests_get_429_and_health_still_answers(served):
     del engine.step
     server.should_exit = True
     thread.join(10)
+
+
+def test_a_panic_in_outlines_core_is_a_refusal(monkeypatch):
+  """outlines-core's PanicException derives from BaseException: in process and
+  in the worker's function it becomes a refusal naming the problem, not a crash."""
+  import outlines_core
+
+  from specjax import grammar
+
+  class PanicException(BaseException):  # pyo3's, as outlines-core raises it
+    pass
+
+  def panic(*args):
+    raise PanicException("called `Option::unwrap()` on a `None` value")
+
+  monkeypatch.setattr(outlines_core, "Index", panic)
+  with pytest.raises(ValueError, match="cannot be compiled over this vocabulary: called"):
+    C.compile_constraint(C.Regex("ab"), PIECES, [EOS], 256)
+  vocabulary = outlines_core.Vocabulary(EOS, grammar.vocabulary_pieces(PIECES, [EOS], 256))
+  answer = grammar.compile_message(vocabulary, [EOS], 256, ("regex", "ab", 100, 1024))
+  assert answer[0] == "error" and "Option::unwrap()" in answer[1]
+
+
+@pytest.mark.parametrize(
+  "pattern, copies",
+  [
+    ("a{300000}", 300000), ("(a{2}){3}", 6), ("a*b+c?", 1), ("[a-z ]{0,3000}", 3000),
+    ("(.{0,40}){0,25}x", 1000), ("a{2,}", 2), ("\\{3}", 1), ("[{]{4}", 4), ("x{1}|y{9}", 9),
+    ("(?i)(ab){3}", 3), ("\\p{Greek}{5}", 5), ("a{9999999999}", 10**9), ("(a{3}", 3), ("{", 1),
+    ("((a{2}){2}){2}", 8), ("(?:a|b{7}){2}c", 14),
+  ],
+)  # fmt: skip
+def test_regex_repeat_measures_the_copies_a_pattern_makes(pattern, copies):
+  from specjax import grammar
+
+  assert grammar.regex_repeat(pattern) == copies
+  assert grammar.json_depth([[{"a": [1]}]], 10) == 4 and grammar.json_depth(1, 10) == 0
