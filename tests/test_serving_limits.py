@@ -648,3 +648,27 @@ def test_regex_repeat_measures_the_copies_a_pattern_makes(pattern, copies):
 
   assert grammar.regex_repeat(pattern) == copies
   assert grammar.json_depth([[{"a": [1]}]], 10) == 4 and grammar.json_depth(1, 10) == 0
+
+
+def test_request_timeout_ends_a_request_with_its_text_so_far(served):
+  _, _, background, _ = served
+  limits = ServerLimits(request_timeout_s=0.5)
+  url, server, thread = _serve_app(make_app(background, tiny_setup(0)[2], "tiny", limits=limits))
+  engine = background.engine
+  step = type(engine).step.__get__(engine)
+
+  def slow():
+    time.sleep(0.1)  # 16 tokens take at least 0.4 s, more with the prefill: past 0.5 s
+    return step()
+
+  engine.step = slow
+  try:
+    response = _post(url, json={"prompt": "a", "max_tokens": 16, "speculation": {"enabled": False}})
+  finally:
+    del engine.step
+    server.should_exit = True
+    thread.join(10)
+  assert response.status_code == 200, response.text
+  out = response.json()
+  assert out["choices"][0]["finish_reason"] == "length"
+  assert 0 < out["usage"]["completion_tokens"] < 16
