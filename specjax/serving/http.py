@@ -631,7 +631,7 @@ class _Guard:
           "Content-Type",
         )
       length = headers.get(b"content-length", b"0")
-      if length.isdigit() and int(length) > self.limits.max_body_bytes:
+      if length.isdigit() and (len(length) > 18 or int(length) > self.limits.max_body_bytes):
         return _too_large(self.limits)
     if path not in OPEN_PATHS and self.in_flight >= self.limits.max_requests:
       return APIError(
