@@ -23,10 +23,12 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -34,6 +36,7 @@ from specjax import grammar
 from specjax.constraints import Automaton
 from specjax.serving.limits import ServerLimits
 
+logger = logging.getLogger(__name__)
 # How often a waiting compile checks that its client is still there.
 _POLL_S = 0.25
 
@@ -52,14 +55,27 @@ class _Worker:
 
   def __init__(self, hello: bytes, memory_bytes: int):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    # Its stderr goes to a file (a pipe nobody reads could fill and stall it): why
+    # a worker died, e.g. it could not import outlines-core.
+    self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - the worker's lifetime; kill() closes it
     self.process = subprocess.Popen(
       [sys.executable, "-I", grammar.__file__, str(memory_bytes)],
       stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
-      stderr=subprocess.DEVNULL,  # a Rust panic's message also comes back as the answer
+      stderr=self.errors,
       env=env,
     )
     self.hello = hello  # the vocabulary, sent before the first compile
+
+  def last_error(self) -> str:
+    """The last line its stderr holds (a dead worker's traceback ends with why)."""
+    try:
+      self.errors.seek(0, os.SEEK_END)
+      self.errors.seek(max(0, self.errors.tell() - 2000))
+      lines = self.errors.read().decode("utf-8", "replace").strip().splitlines()
+    except (OSError, ValueError):
+      return ""
+    return lines[-1] if lines else ""
 
   def call(self, message: tuple) -> tuple | None:
     """The worker's answer to `message`, or None if it died (killed, out of memory)."""
@@ -84,7 +100,7 @@ class _Worker:
     takes the kernel a while to tear down, and the event loop must not wait."""
     if self.process.poll() is None:
       self.process.kill()
-    for pipe in (self.process.stdin, self.process.stdout):
+    for pipe in (self.process.stdin, self.process.stdout, self.errors):
       with contextlib.suppress(OSError):
         pipe.close()
     threading.Thread(target=self.process.wait, name="specjax-compile-reaper", daemon=True).start()
@@ -194,6 +210,9 @@ class CompilePool:
         if self._closed:
           raise CompileRefused(503, "the server is shutting down.")
         self.counters["crashed"] += 1
+        why = worker.last_error()
+        if why:
+          logger.warning("a constraint compile worker died: %s", why)
         raise CompileRefused(
           400,
           "compiling it ran out of memory or crashed "
