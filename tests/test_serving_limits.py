@@ -672,3 +672,24 @@ def test_request_timeout_ends_a_request_with_its_text_so_far(served):
   out = response.json()
   assert out["choices"][0]["finish_reason"] == "length"
   assert 0 < out["usage"]["completion_tokens"] < 16
+
+
+def test_a_client_sets_its_own_deadline(served):
+  url, _, background, _ = served
+  _error(_post(url, json={"prompt": "a", "timeout": 0}), 400, "timeout", "timeout must be None")
+  engine = background.engine
+  step = type(engine).step.__get__(engine)
+
+  def slow():
+    time.sleep(0.1)
+    return step()
+
+  engine.step = slow
+  try:
+    body = {"prompt": "a", "max_tokens": 16, "timeout": 0.5, "speculation": {"enabled": False}}
+    response = _post(url, json=body)
+  finally:
+    del engine.step
+  assert response.status_code == 200, response.text
+  assert response.json()["choices"][0]["finish_reason"] == "length"
+  assert 0 < response.json()["usage"]["completion_tokens"] < 16

@@ -86,6 +86,7 @@ ENGINE_FIELDS = {
   "seed": "seed",
   "logprobs": "logprobs",
   "max_draft_tokens": "speculation.max_draft_tokens",
+  "timeout_s": "timeout",
   # SamplingParams' own messages name the bare fields.
   "temperature": "temperature",
   "top_k": "top_k",
@@ -160,6 +161,7 @@ class _Body(pydantic.BaseModel):
   response_format: ResponseFormat | None = None
   guided_regex: str | None = None
   guided_choice: list[str] | None = None
+  timeout: float | None = None  # seconds (an extension): the request's deadline
 
 
 class CompletionBody(_Body):
@@ -836,6 +838,8 @@ class _Completions:
       automaton = None if constraint is None else constraint[1]
       fields = (body.max_tokens, sampling, body.stop_token_id, body.seed)
       timeout = self.limits.request_timeout_s or None
+      if body.timeout is not None:  # the client's own deadline, within the server's
+        timeout = body.timeout if timeout is None else min(body.timeout, timeout)
       requests = [
         Request(prompt, *fields, i, logprobs, cap, automaton, timeout) for i in range(body.n)
       ]
