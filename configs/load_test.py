@@ -4,6 +4,8 @@
   python -m experiments.load_test --output_dir=DIR --config.rates="(1, 2, 4, 8)" \\
       --config.modes="('plain', 'adaptive')" --config.num_requests=64
   python -m experiments.load_test --output_dir=DIR --config.target=http://127.0.0.1:8000
+  python -m experiments.load_test --output_dir=DIR --config.target=http://127.0.0.1:8000 \\
+      --config.soak_s=120 --config.rates="(2.0,)" --config.server_pid=PID   # the soak
 
 `target` is "inprocess" (one engine per mode, built here from `model`,
 `hf_target`, `hf_draft` and the engine fields) or the URL of a running
@@ -53,4 +55,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.gamma = 4
   config.prompt_buckets = (32, 64, 128)  # the largest is the prompt limit (longer: cut)
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
+  # The soak under hostility (a server URL as target; docs/serving.md): for soak_s
+  # seconds, normal requests at the first rate, once calm, once with soak_hostile
+  # hostile requests per second on top (specjax.serving.soak.HOSTILE). 0: no soak.
+  config.soak_s = 0.0
+  config.soak_hostile = 1.0
+  config.server_pid = 0  # the server's process id on this machine, for its memory (0: none)
+  config.api_key = ""  # sent as a Bearer token ("": $SPECJAX_API_KEY, if set)
   return config

@@ -47,7 +47,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.prompt_buckets = ()
   config.max_new_tokens = 0
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
-  config.seed = 0
+  config.seed = 0  # the tiny models' weights
+  # The engine's seed, which unseeded sampled requests draw from: -1 a fresh random
+  # one at each start (their texts differ across restarts), >= 0 fixed.
+  config.sampling_seed = -1
   # Log-probabilities: the most alternatives a request may ask for (completions'
   # `logprobs`, chat's `top_logprobs`); 0 records none (and computes nothing).
   config.logprobs = 5
@@ -61,6 +64,30 @@ def get_config() -> ml_collections.ConfigDict:
   config.port = 8000
   config.log_level = "info"  # uvicorn's: critical | error | warning | info | debug
   # On SIGINT / SIGTERM: how long running requests may take to finish before
-  # they are cancelled.
-  config.shutdown_timeout_s = 10.0
+  # they are cancelled (constraint compiles are stopped at once).
+  config.shutdown_timeout_s = 3.0
+  # Access: the key every endpoint but /health requires (Authorization: Bearer <key>);
+  # "" reads the SPECJAX_API_KEY environment variable (unset: no key). Host names
+  # accepted (any port), comma-separated; "": any (set it behind a proxy, or against
+  # DNS rebinding: "127.0.0.1,localhost").
+  config.api_key = ""
+  config.allowed_hosts = ""
+  # Limits (specjax.serving.limits.ServerLimits; docs/serving.md "Limits and security").
+  config.max_queue = 256  # requests waiting for a slot; past it, 429
+  config.max_body_bytes = 1 << 20
+  config.max_json_depth = 64
+  config.max_requests = 256  # HTTP requests in flight (/health aside); past it, 429
+  config.max_stop_chars = 256
+  config.max_regex_chars = 4096
+  config.max_regex_repeat = 1024
+  config.max_schema_bytes = 16 << 10
+  config.max_schema_depth = 32
+  config.max_choices = 256
+  config.max_choice_chars = 16 << 10
+  config.compile_workers = 2  # constraint compiles at once, each in a worker process
+  config.compile_queue = 8  # compiles waiting for a worker; past it, 429
+  config.compile_timeout_s = 30.0
+  config.compile_memory_mb = 4096  # a compile worker's address space (0: no limit)
+  config.compile_cache_mb = 256
+  config.request_timeout_s = 0.0  # a request's seconds at most (0: none)
   return config

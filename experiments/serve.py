@@ -5,9 +5,11 @@
   python -m experiments.serve --config.target=Qwen/Qwen2.5-1.5B --config.draft=Qwen/Qwen2.5-0.5B
   python -m experiments.serve --config.model=tiny   # random tiny models: a smoke test
 
-  curl localhost:8000/v1/completions -d '{"prompt": "def add(a, b):\\n", "max_tokens": 32}'
-  curl -N localhost:8000/v1/completions -d '{"prompt": "import os\\n", "stream": true}'
-  curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'
+  J='Content-Type: application/json'    # the JSON endpoints take no other (415)
+  curl -H "$J" localhost:8000/v1/completions -d '{"prompt": "def f(a, b):\\n", "max_tokens": 32}'
+  curl -H "$J" -N localhost:8000/v1/completions -d '{"prompt": "import os\\n", "stream": true}'
+  curl -H "$J" localhost:8000/v1/chat/completions \\
+    -d '{"messages": [{"role": "user", "content": "hi"}]}'
   curl localhost:8000/v1/models; curl localhost:8000/health
   curl localhost:8000/metrics          # Prometheus text format (/metrics.json: the JSON)
 

@@ -30,14 +30,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from specjax import grammar
+
+# What a request asks for, and its regex: host-only code, shared with the server's
+# compile worker (specjax.grammar imports no JAX).
+from specjax.grammar import Choice, Constraint, JsonSchema, Regex, to_regex  # noqa: F401
 
 FREE = 0  # the state of an unconstrained row: every token allowed, stays FREE
 
@@ -46,30 +50,6 @@ FREE = 0  # the state of an unconstrained row: every token allowed, stays FREE
 # JSON schema over a 128k vocabulary is hundreds of MB dense) the class layout,
 # at the cost of one more V-wide gather per masked position.
 DENSE_LIMIT_BYTES = 64 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Regex:
-  """Text matching `pattern` (outlines-core's regex syntax), then EOS."""
-
-  pattern: str
-
-
-@dataclasses.dataclass(frozen=True)
-class JsonSchema:
-  """JSON text valid under `schema` (a dict or its JSON string), then EOS."""
-
-  schema: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-  """Exactly one of `options` (non-empty strings), then EOS."""
-
-  options: tuple[str, ...]
-
-
-Constraint = Regex | JsonSchema | Choice  # what a request may ask for
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -99,7 +79,7 @@ class Automaton:
   ) -> Automaton:
     """The automaton whose state s allows exactly `transitions[s] = (ids [n], next
     states [n])` (distinct ids below `vocab_size`), grouped into token classes."""
-    token_class, class_next = _token_classes(transitions, vocab_size)
+    token_class, class_next = grammar.token_classes(transitions, vocab_size)
     return cls(class_next, token_class, int(start), np.asarray(accepting, bool))
 
   @property
@@ -126,69 +106,6 @@ class Automaton:
     return int(((self.class_next >= 0) * sizes).sum())
 
 
-def _token_classes(
-  transitions: Sequence[tuple[np.ndarray, np.ndarray]], v: int
-) -> tuple[np.ndarray, np.ndarray]:
-  """`(token_class [V], class_next [S, C])`: the coarsest classes such that every
-  state sends all ids of a class to one next state (or forbids them all).
-
-  Partition refinement, state by state: the ids a state allows leave their class
-  for a fresh one per (old class, next state); the ids it does not mention stay,
-  so they part from those that moved. Cost O(transitions log), never [S, V].
-  """
-  label, fresh = np.zeros(v, np.int64), 1
-  for ids, nxt in transitions:
-    if len(ids):
-      # label < fresh <= transitions + 1, next < S: the key fits in int64.
-      _, split = np.unique(label[ids] * len(transitions) + nxt, return_inverse=True)
-      label[ids] = fresh + split
-      fresh += int(split.max()) + 1
-  _, token_class = np.unique(label, return_inverse=True)
-  class_next = np.full((len(transitions), int(token_class.max()) + 1), -1, np.int32)
-  for s, (ids, nxt) in enumerate(transitions):
-    class_next[s, token_class[ids]] = nxt
-  return token_class.astype(np.int32), class_next
-
-
-def _outlines():
-  try:
-    import outlines_core
-    from outlines_core.json_schema import build_regex_from_schema
-  except ImportError as e:  # pragma: no cover - the test extra installs it
-    raise ImportError("constraints need outlines-core: pip install 'specjax[structured]'") from e
-  return outlines_core, build_regex_from_schema
-
-
-def to_regex(constraint: Regex | JsonSchema | Choice) -> str:
-  """The regular expression a constraint stands for (ValueError naming the field
-  when it is malformed)."""
-  _, build_regex_from_schema = _outlines()
-  if isinstance(constraint, Regex):
-    if not isinstance(constraint.pattern, str) or not constraint.pattern:
-      raise ValueError(f"regex must be a non-empty string, got {constraint.pattern!r}.")
-    return constraint.pattern
-  if isinstance(constraint, Choice):
-    options = tuple(constraint.options)
-    if not options or not all(isinstance(o, str) and o for o in options):
-      raise ValueError(f"choice must be a non-empty list of non-empty strings, got {options!r}.")
-    return "|".join(_escape(o) for o in options)
-  if isinstance(constraint, JsonSchema):
-    schema = constraint.schema
-    text = schema if isinstance(schema, str) else json.dumps(schema)
-    try:
-      json.loads(text)
-      return build_regex_from_schema(text)
-    except Exception as e:  # outlines-core raises its own types
-      raise ValueError(f"json_schema is not a schema outlines-core can compile: {e}") from None
-  raise ValueError(
-    f"constraint must be a Regex, JsonSchema or Choice, got {type(constraint).__name__}."
-  )
-
-
-def _escape(text: str) -> str:
-  return "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in text)
-
-
 def compile_constraint(
   constraint: Regex | JsonSchema | Choice,
   token_bytes: Sequence[bytes | None],
@@ -198,52 +115,24 @@ def compile_constraint(
   """Compiles `constraint` over a vocabulary (`specjax.vocab_map.token_bytes(tok)`:
   each id's bytes, None for specials) into an `Automaton` of `vocab_size` ids
   (default: the tokenizer's; a model's may be larger: those ids are never allowed).
+  In process (`specjax.grammar`'s arrays); a server compiles in a worker process
+  it can stop (`specjax.serving.compiler`).
 
   Raises:
     ValueError naming the field: a malformed constraint, no EOS id, or a
     language no token sequence can spell.
   """
-  outlines_core, _ = _outlines()
+  outlines_core, _ = grammar._outlines()
   eos_ids = [int(i) for i in eos_ids]
   if not eos_ids:
     raise ValueError("eos_ids must name at least one id (a constrained text ends with EOS).")
   v = len(token_bytes) if vocab_size is None else int(vocab_size)
-  pieces: dict[bytes, list[int]] = {}
-  for i, piece in enumerate(token_bytes[:v]):
-    if piece and i not in eos_ids:
-      pieces.setdefault(piece, []).append(i)
   regex = to_regex(constraint)
-  try:
-    index = outlines_core.Index(regex, outlines_core.Vocabulary(eos_ids[0], pieces))
-  except Exception as e:
-    raise ValueError(f"constraint cannot be compiled over this vocabulary: {e}") from None
-  transitions = index.get_transitions()
-  finals = set(index.get_final_states())
-  start = index.get_initial_state()
-  # Reachable states only, numbered breadth-first from the start.
-  order, seen = [start], {start}
-  for state in order:
-    for nxt in dict.fromkeys(transitions.get(state, {}).values()):  # distinct, in order
-      if nxt not in seen:
-        seen.add(nxt)
-        order.append(nxt)
-  number = np.zeros(max(order) + 1, np.int64)  # outlines' state ids -> ours
-  number[order] = np.arange(len(order))
-  accepting = np.array([s in finals for s in order])
-  if not accepting.any():
-    raise ValueError("constraint accepts no text this vocabulary can spell.")
-  eos_kept = np.array(sorted({e for e in eos_ids if e < v}), np.int64)
-  rows = []
-  for k, s in enumerate(order):
-    out = transitions.get(s, {})
-    ids = np.fromiter(out.keys(), np.int64, len(out))
-    nxt = number[np.fromiter(out.values(), np.int64, len(out))]
-    keep = (ids < v) & ~np.isin(ids, eos_ids)
-    ids, nxt = ids[keep], nxt[keep]
-    if accepting[k]:  # EOS ends a complete text and keeps the row where it is
-      ids, nxt = np.concatenate([ids, eos_kept]), np.concatenate([nxt, np.full_like(eos_kept, k)])
-    rows.append((ids, nxt))
-  return Automaton.from_transitions(rows, v, 0, accepting)
+  vocabulary = outlines_core.Vocabulary(
+    eos_ids[0], grammar.vocabulary_pieces(token_bytes, eos_ids, v)
+  )
+  class_next, token_class, start, accepting = grammar.compile_arrays(regex, vocabulary, eos_ids, v)
+  return Automaton(class_next, token_class, start, accepting)
 
 
 @struct.dataclass

@@ -195,6 +195,10 @@ def served(setup):
 
 
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "sig", "schema": SCHEMA}}
+DEEP = {"type": "object", "properties": {}}
+for _ in range(19):
+  DEEP = {"type": "object", "properties": {"a": DEEP}}  # two levels a step
+BIG = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}}
 # The legacy completions endpoint has no response_format in the client: the body's.
 FORMATS = {
   "schema": dict(extra_body={"response_format": JSON_SCHEMA}),
@@ -273,7 +277,34 @@ def test_chat_json_object_and_schema(served, stream):
     ({"guided_regex": ""}, "guided_regex", "regex must be a non-empty string"),
     ({"guided_choice": []}, "guided_choice", "choice must be a non-empty list"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "one constraint per request"),
-    ({"guided_regex": "a{3000}"}, "guided_regex", "constraint has 3001 states"),
+    # Never fits the table (2047 states besides FREE): refused after compiling, not cached.
+    ({"guided_regex": "a{1000}b{1000}c{100}"}, "guided_regex", "constraint has 2101 states"),
+    # Past a limit: refused before compiling.
+    ({"guided_regex": "a{3000}"}, "guided_regex", "makes 3000 copies of one piece"),
+    ({"guided_regex": "(a{40}){40}"}, "guided_regex", "makes 1600 copies"),
+    ({"guided_regex": "a" * 5000}, "guided_regex", "5000 characters"),
+    ({"guided_choice": ["x"] * 300}, "guided_choice", "300 options"),
+    ({"guided_choice": ["x" * 9000] * 2}, "guided_choice", "18000 characters together"),
+    (
+      {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}}},
+      "response_format.json_schema.schema",
+      "nests more than 32 levels deep",
+    ),
+    (
+      {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BIG}}},
+      "response_format.json_schema.schema",
+      "bytes (as JSON)",
+    ),
+    (
+      {
+        "response_format": {
+          "type": "json_schema",
+          "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": 100000}},
+        }
+      },
+      "response_format.json_schema.schema",
+      "repeats a piece",
+    ),
   ],
 )
 def test_bad_constraints_get_a_400_naming_the_field(served, body, param, message):

@@ -155,7 +155,9 @@ def test_health_and_metrics(client):
       "max_tokens must be an integer in [1, 16], got 17",
     ),
     ({"prompt": "x", "max_tokens": "4"}, "max_tokens", "max_tokens"),
-    ({"prompt": "a" * 40}, "prompt", "prompt has 40 tokens; the engine takes at most "),
+    # More bytes than max_prompt_len tokens can spell: refused before tokenizing.
+    ({"prompt": "a" * 40}, "prompt", "prompt has 40 bytes: more than the 32 tokens"),
+    ({"prompt": list(range(40))}, "prompt", "prompt has 40 tokens; the engine takes at most "),
     ({"prompt": ""}, "prompt", "prompt must be a non-empty list"),
     ({"prompt": [1, 256]}, "prompt", "vocab_size=256"),
     ({"prompt": [1, -1]}, "prompt", "vocab_size=256"),
@@ -170,7 +172,9 @@ def test_health_and_metrics(client):
 )
 def test_bad_requests_name_the_field(client, body, param, message):
   if isinstance(body, bytes):
-    response = client.post("/v1/completions", content=body)
+    response = client.post(
+      "/v1/completions", content=body, headers={"Content-Type": "application/json"}
+    )
   else:
     response = client.post("/v1/completions", json=body)
   assert response.status_code == 400, response.text

@@ -29,6 +29,7 @@ from specjax.sampling import SamplingParams, warp_probs
 from specjax.serving import Engine, EngineConfig, Request
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import make_app
+from specjax.serving.limits import ServerLimits
 from specjax.testing import tiny_setup
 
 ENGINE = dict(slots=4, gamma=3, prompt_buckets=(32,), max_new_tokens=16, widths=(4,), logprobs=3)
@@ -51,7 +52,11 @@ def serve(engine, tokenizer, template):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  app = make_app(background, tokenizer, "tiny", template)
+  # Correctness here, not the limits (tests/test_serving_limits.py): json_object's
+  # compile takes seconds, more on a busy machine, so a generous time limit.
+  app = make_app(
+    background, tokenizer, "tiny", template, limits=ServerLimits(compile_timeout_s=300)
+  )
   config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", log_config=None)
   server = uvicorn.Server(config)
   thread = threading.Thread(target=server.run, daemon=True)

@@ -61,6 +61,51 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.{e}") from None
 
 
+SOAK_JSON, SOAK_TABLE = "soak.json", "soak.md"
+
+
+def soak(config: ml_collections.ConfigDict, output_dir: str, progress=print) -> dict[str, Any]:
+  """The soak under hostility (`specjax.serving.soak`) against `config.target`: a
+  calm run, then the hostile mix, each `config.soak_s` seconds at the first rate;
+  writes DIR/soak.json and DIR/soak.md (the table, also printed)."""
+  from specjax.jobs.serve import API_KEY_ENV
+  from specjax.serving import soak as soaking
+
+  if not config.target.startswith(("http://", "https://")):
+    raise ValueError(f"config.soak_s needs a server URL as config.target, got {config.target!r}.")
+  if not is_real(config.soak_hostile) or not config.soak_hostile > 0:
+    raise ValueError(
+      f"config.soak_hostile must be > 0 (hostile requests/s), got {config.soak_hostile!r}."
+    )
+  check_int("config.server_pid", config.server_pid, 0)
+  # Cut to the server's prompt limit in characters (at least one each, in code).
+  limit = int(load.http_server_info(config.target)["max_prompt_len"])
+  prompts = [p[-limit:] for p in load.held_out_texts(config.num_requests)]
+  key = config.api_key or os.environ.get(API_KEY_ENV) or None
+  runs = {}
+  for name, hostile in (("calm", 0.0), ("hostile", float(config.soak_hostile))):
+    progress(f"soak: {name} run, {config.soak_s:g} s at {config.rates[0]:g} requests/s")
+    runs[name] = soaking.soak(
+      config.target,
+      prompts,
+      duration_s=float(config.soak_s),
+      rate=float(config.rates[0]),
+      hostile=hostile,
+      max_new_tokens=config.max_new_tokens,
+      seed=config.seed,
+      pid=config.server_pid or None,
+      api_key=key,
+    )
+  result = {"config": config.to_dict(), "runs": runs, "environment": _environment()}
+  with open(os.path.join(output_dir, SOAK_JSON), "w") as f:
+    json.dump(result, f, indent=2)
+  table = soaking.soak_table(runs["calm"], runs["hostile"])
+  with open(os.path.join(output_dir, SOAK_TABLE), "w") as f:
+    f.write(table + "\n")
+  progress(table)
+  return result
+
+
 def _in_process_engines(config, progress):
   """`(tokenizer, {mode: warmed-up engine}, {mode: warm-up seconds})`. Every
   mode's engine stays alive: the modes take turns within each round
@@ -99,6 +144,8 @@ def run(
   """Runs the load test `config` describes; writes and returns the report."""
   check_config(config)
   os.makedirs(output_dir, exist_ok=True)
+  if config.get("soak_s", 0):
+    return soak(config, output_dir, progress)
   rates = [float(r) for r in config.rates]
   slos = dict(slo_ttft_s=config.slo_ttft_s or None, slo_tpot_s=config.slo_tpot_s or None)
   result: dict[str, Any] = {"config": config.to_dict(), "target": config.target, "warmup_s": {}}

@@ -8,6 +8,7 @@ test (`specjax.jobs.load_test`).
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import time
 
@@ -16,6 +17,7 @@ from absl import logging
 
 from specjax import dtypes
 from specjax.jobs import drafters
+from specjax.serving import limits
 from specjax.serving.load import MODES
 from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
@@ -165,6 +167,9 @@ def engine_config(
     buckets, budget = buckets or None, budget or None
   if gamma is None:
     gamma = config.gamma or drafters.GAMMA_BY_BATCH[1]
+  seed = config.get("sampling_seed", config.seed)
+  if seed < 0:  # unseeded requests draw differently at each start
+    seed = secrets.randbits(63)
   return EngineConfig(
     slots=config.slots,
     gamma=gamma,
@@ -172,9 +177,10 @@ def engine_config(
     prompt_buckets=buckets,
     max_new_tokens=budget,
     widths=tuple(config.widths) or None,
-    seed=config.seed,
+    seed=seed,
     logprobs=config.get("logprobs", 0),  # the server's; the load test records none
     constraint_states=config.get("constraint_states", 0),
+    max_queue=config.get("max_queue", 0),
   )
 
 
@@ -210,6 +216,22 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     engine_config(config)
   except ValueError as e:  # EngineConfig's messages start with the field's name
     raise ValueError(f"config.{e}") from None
+  check_int("config.sampling_seed (-1: random at each start)", config.sampling_seed, -1)
+  limits.from_config(config)
+  if not isinstance(config.api_key, str) or not isinstance(config.allowed_hosts, str):
+    raise ValueError("config.api_key and config.allowed_hosts must be strings.")
+
+
+API_KEY_ENV = "SPECJAX_API_KEY"
+
+
+def api_key(config: ml_collections.ConfigDict) -> str | None:
+  """The key the server requires: `config.api_key`, else $SPECJAX_API_KEY, else None."""
+  return config.get("api_key") or os.environ.get(API_KEY_ENV) or None
+
+
+def allowed_hosts(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  return tuple(h.strip() for h in config.get("allowed_hosts", "").split(",") if h.strip())
 
 
 def serve(config: ml_collections.ConfigDict) -> None:
@@ -227,10 +249,20 @@ def serve(config: ml_collections.ConfigDict) -> None:
   engine, tokenizer, name = warm_engine(config)
   background = BackgroundEngine(engine)
   signals.serving = True
+  key = api_key(config)
+  app = make_app(
+    background,
+    tokenizer,
+    name,
+    chat_template(config),
+    limits=limits.from_config(config),
+    api_key=key,
+    allowed_hosts=allowed_hosts(config),
+  )
   try:
-    server = uvicorn.Server(
+    server = make_server(
       uvicorn.Config(
-        make_app(background, tokenizer, name, chat_template(config)),
+        app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
@@ -238,11 +270,40 @@ def serve(config: ml_collections.ConfigDict) -> None:
         timeout_graceful_shutdown=config.shutdown_timeout_s,
       )
     )
-    logging.info("serving %s on http://%s:%d", name, config.host, config.port)
+    logging.info(
+      "serving %s on http://%s:%d (%s)",
+      name,
+      config.host,
+      config.port,
+      "API key required" if key else "no API key: anyone who can reach the port may use it",
+    )
     server.run()
   finally:
+    app.state.close()
     background.close()
   logging.info("stopped")
+
+
+def _server_class():
+  import uvicorn
+
+  class _Server(uvicorn.Server):
+    """uvicorn's server, which on SIGINT / SIGTERM also stops the constraint
+    compiles at once (their requests answer 503): a compile in Rust would
+    otherwise hold the shutdown for as long as it runs."""
+
+    def handle_exit(self, sig, frame) -> None:
+      close = getattr(self.config.app.state, "close", None)
+      if close is not None:
+        close()
+      super().handle_exit(sig, frame)
+
+  return _Server
+
+
+def make_server(config):
+  """A `uvicorn.Server` for `config` that stops compiles on SIGINT / SIGTERM."""
+  return _server_class()(config)
 
 
 class _Shutdown:

@@ -55,6 +55,8 @@ class EngineConfig:
       (`specjax.serving.constraint_table`): the live requests' automata share
       it, one unconstrained state included. 0: no constraints (requests with
       one are refused, and steps mask nothing).
+    max_queue: the most requests waiting for a slot; `submit` past it raises
+      `QueueFull` (a server answers 429). 0: no bound.
   """
 
   slots: int = 16
@@ -67,8 +69,10 @@ class EngineConfig:
   seed: int = 0
   logprobs: int = 0
   constraint_states: int = 0
+  max_queue: int = 0
 
   def __post_init__(self):
+    check_int("max_queue", self.max_queue, 0)
     check_int("logprobs", self.logprobs, 0, 20)
     check_int("constraint_states", self.constraint_states, 0)
     check_positive_int("slots", self.slots)

@@ -53,12 +53,19 @@ class ConstraintPlacement:
   def _used(self) -> int:
     return 1 + sum(a.num_states for a in self.placed)
 
-  def _build(self) -> constraints.ConstraintTable:
+  def holds(self, automaton: Automaton) -> bool:
+    """Whether `automaton` is in the table now."""
+    return id(automaton) in self.offsets
+
+  def _build(self, placed: list[Automaton] | None = None) -> constraints.ConstraintTable:
+    """The table of `placed` (default: `self.placed`); sets `offsets` only once
+    it is built, so a failed build leaves the placement as it was."""
+    placed = self.placed if placed is None else placed
     rules = constraints.row_constraints(
-      self.placed, self.vocab_size, self.num_states, num_classes=CLASSES, layout=self.layout
+      placed, self.vocab_size, self.num_states, num_classes=CLASSES, layout=self.layout
     )
     starts = np.asarray(rules.start)
-    self.offsets = {id(a): int(s) - a.start for a, s in zip(self.placed, starts)}
+    self.offsets = {id(a): int(s) - a.start for a, s in zip(placed, starts)}
     return rules.table
 
   def place(
@@ -78,13 +85,16 @@ class ConstraintPlacement:
     if id(automaton) in self.offsets:
       return self.offsets[id(automaton)] + automaton.start, {}
     before = dict(self.offsets)
+    placed, packed = self.placed, False
     if self._used() + automaton.num_states > self.num_states:  # pack the live ones first
-      kept = list({id(a): a for a in live if id(a) in self.offsets}.values())
-      if 1 + sum(a.num_states for a in kept) + automaton.num_states > self.num_states:
+      placed = list({id(a): a for a in live if id(a) in self.offsets}.values())
+      if 1 + sum(a.num_states for a in placed) + automaton.num_states > self.num_states:
         return None
-      self.placed = kept
-      self.packs += 1
-    self.placed.append(automaton)
-    self.table = self._build()
+      packed = True
+    # Built first, committed after: a build that raises leaves placed, offsets and
+    # the table as they were (no automaton the table does not hold).
+    table = self._build([*placed, automaton])
+    self.placed, self.table = [*placed, automaton], table
+    self.packs += packed
     shifts = {k: self.offsets[k] - v for k, v in before.items() if self.offsets.get(k, v) != v}
     return self.offsets[id(automaton)] + automaton.start, shifts

@@ -68,6 +68,10 @@ _SAME = object()  # `_warm_admit`'s default: the engine's own drafter
 _DEFAULT_CONFIG = EngineConfig()
 
 
+class QueueFull(Exception):
+  """`Engine.submit` past `EngineConfig.max_queue` waiting requests (try again later)."""
+
+
 @dataclasses.dataclass
 class _Live:
   """Host bookkeeping of a request that holds a slot (or waits for one)."""
@@ -78,6 +82,11 @@ class _Live:
   emitted: int = 0  # tokens streamed so far
   tokens: list[int] = dataclasses.field(default_factory=list)
   first_token_time: float | None = None
+
+  @property
+  def deadline(self) -> float | None:
+    timeout = self.request.timeout_s
+    return None if timeout is None else self.arrival_time + timeout
 
 
 class Engine:
@@ -192,6 +201,11 @@ class Engine:
       check_int("max_draft_tokens", request.max_draft_tokens, 0)
     if request.constraint is not None:
       self._check_constraint(request.constraint)
+    timeout = request.timeout_s
+    if timeout is not None and (
+      isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+    ):
+      raise ValueError(f"timeout_s must be None or a number > 0, got {timeout!r}.")
 
   def _check_constraint(self, automaton) -> None:
     if self._constraints is None:
@@ -216,8 +230,14 @@ class Engine:
 
   def submit(self, request: Request) -> int:
     """Queues `request`; returns its id. Raises a ValueError naming the field for
-    a request the engine cannot serve (nothing is queued then)."""
+    a request the engine cannot serve, `QueueFull` past `config.max_queue`
+    waiting requests (nothing is queued then)."""
     self.check(request)
+    if self.config.max_queue and len(self._queue) >= self.config.max_queue:
+      self.counters["refused_queue_full"] += 1
+      raise QueueFull(
+        f"{len(self._queue)} requests wait for a slot (max_queue); try again shortly."
+      )
     request_id = next(self._ids)
     live = _Live(request_id, request, time.perf_counter())
     self._queue.append(live)
@@ -291,6 +311,7 @@ class Engine:
 
   def step(self) -> list[Event]:
     """Admits, runs one iteration for the live slots, streams what they committed."""
+    self._expire()
     events, self._pending = self._pending, []
     events += self._admit()
     if not self.live_requests():
@@ -373,21 +394,49 @@ class Engine:
     s = self._state.spec.stats
     return s.proposed, s.accepted, s.evaluated, s.row_iterations
 
+  def _expire(self) -> None:
+    """Stops the requests past their deadline (`Request.timeout_s`): "timeout"."""
+    now = time.perf_counter()
+    late = [
+      live.request_id
+      for live in (*self._queue, *(s for s in self._slot_requests if s is not None))
+      if live.deadline is not None and now >= live.deadline
+    ]
+    for request_id in late:
+      self.cancel(request_id, "timeout")
+
   def _admit(self) -> list[Event]:
-    """Prefills queued requests into the lowest free slots; streams first tokens."""
+    """Prefills queued requests into the lowest free slots, in arrival order;
+    streams first tokens.
+
+    A constrained request whose automaton does not fit beside the live ones
+    waits, and does not hold back the unconstrained requests behind it (they
+    need no table room); constrained ones behind it wait too, so the live
+    automata drain and it is not starved. A request that fails to be placed or
+    prefilled fails alone."""
     admitted = []
     events = []
     # After plain steps the drafter is re-synced from every row before it
     # drafts again: prefilling it now would be work thrown away.
     target_only = self._drafter_stale and self.drafter is not None
     drafter = None if target_only else self.drafter
-    while self._queue and None in self._slot_requests:
-      live = self._queue[0]
-      start = self._place(live.request.constraint)
-      if start is False:  # its automaton waits for room in the table
+    blocked = False  # a constrained request waits for table room
+    for live in list(self._queue):
+      if None not in self._slot_requests:
         break
-      self._queue.popleft()
-      del self._queued[live.request_id]
+      if blocked and live.request.constraint is not None:
+        continue
+      try:
+        start = self._place(live.request.constraint)
+      except Exception as error:  # its automaton could not be placed: the table is unchanged
+        self._dequeue(live)
+        events.append(self._finish(live, "error", f"{type(error).__name__}: {error}"))
+        continue
+      if start is False:  # its automaton waits for room in the table
+        blocked = True
+        self.counters["constraint_waits"] += 1
+        continue
+      self._dequeue(live)
       slot = self._slot_requests.index(None)
       key = jax.random.fold_in(self._admit_key, self._admitted)
       self._admitted += 1
@@ -395,6 +444,9 @@ class Engine:
         self._admit_one(slot, live.request, drafter, key, start)
       except Exception as error:  # one request's failure is its own
         events.append(self._finish(live, "error", f"{type(error).__name__}: {error}"))
+        if _deleted(self._state):  # it failed after the batch was donated: the batch is gone
+          events += self._fail_live(f"admission failed: {type(error).__name__}: {error}")
+          admitted = []
         continue
       self._slot_requests[slot] = live
       admitted.append(slot)
@@ -406,6 +458,10 @@ class Engine:
       )
       events += self._stream(tokens, num_generated, done, stats, logprobs, only=admitted)
     return events
+
+  def _dequeue(self, live: _Live) -> None:
+    self._queue.remove(live)
+    del self._queued[live.request_id]
 
   def _place(self, automaton):
     """The start state of a request's constraint, placed in the table (None:
@@ -654,6 +710,11 @@ def request_key(seed: int, choice: int = 0) -> jax.Array:
   seed %= 2**64
   data = jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], jnp.uint32)
   return jax.random.fold_in(jax.random.wrap_key_data(data), choice)
+
+
+def _deleted(state) -> bool:
+  """Whether a donated batch's buffers are gone (a program failed after taking them)."""
+  return any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
 
 
 def _seeded(request: Request) -> bool:

@@ -14,6 +14,11 @@ is refused rather than ignored. Every invalid request gets status 400 (404 for
 another model) and `{"error": {"message", "type": "invalid_request_error",
 "param"}}`, the message naming the field and its allowed range; the ranges are
 the engine's own (`Engine.check`'s messages, with its field names changed).
+The server's own bounds (`specjax.serving.limits.ServerLimits`) answer in the
+same shape: 413 for a body too large, 415 for a Content-Type other than JSON,
+429 (with Retry-After) past a queue or concurrency cap, 401 without the API
+key when one is set (`make_app(api_key=...)`); docs/serving.md, "Limits and
+security".
 
 Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the
@@ -22,29 +27,30 @@ engine, freeing its slot.
 Structured output, in both endpoints: `response_format` ({"type": "json_object"}
 or {"type": "json_schema", "json_schema": {"name", "schema"}}) and the
 extensions `guided_regex` and `guided_choice` (vLLM's names). Each is compiled
-once against the tokenizer (`specjax.constraints`, cached) and every token of
-the request, drafted or sampled, is drawn among what it allows; the engine needs
-a constraint table (`EngineConfig.constraint_states`) and EOS ids.
+once against the tokenizer, in a worker process the server can stop
+(`specjax.serving.compiler`; cached), after the request's cheap checks, and
+every token of the request, drafted or sampled, is drawn among what it allows;
+the engine needs a constraint table (`EngineConfig.constraint_states`) and EOS ids.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import functools
+import hmac
 import json
+import logging
 import math
 import re
-import threading
 import time
 import uuid
 from typing import Any
 
 import numpy as np
 
-from specjax import constraints
+from specjax import constraints, grammar
 from specjax.vocab_map import token_bytes
 
 try:
@@ -62,7 +68,12 @@ except ImportError as e:
 from specjax.data.chat import check_messages
 from specjax.sampling import SamplingParams
 from specjax.serving.background import BackgroundEngine
+from specjax.serving.compiler import CompilePool, CompileRefused
+from specjax.serving.engine import QueueFull
+from specjax.serving.limits import ServerLimits
 from specjax.serving.request import Event, Request
+
+logger = logging.getLogger(__name__)
 
 # The engine's field names (in its ValueError messages) -> this API's names.
 ENGINE_FIELDS = {
@@ -75,6 +86,7 @@ ENGINE_FIELDS = {
   "seed": "seed",
   "logprobs": "logprobs",
   "max_draft_tokens": "speculation.max_draft_tokens",
+  "timeout_s": "timeout",
   # SamplingParams' own messages name the bare fields.
   "temperature": "temperature",
   "top_k": "top_k",
@@ -149,6 +161,7 @@ class _Body(pydantic.BaseModel):
   response_format: ResponseFormat | None = None
   guided_regex: str | None = None
   guided_choice: list[str] | None = None
+  timeout: float | None = None  # seconds (an extension): the request's deadline
 
 
 class CompletionBody(_Body):
@@ -168,15 +181,29 @@ class ChatBody(_Body):
 
 
 class APIError(Exception):
-  """An error answered as `{"error": {"message", "type", "param"}}`."""
+  """An error answered as `{"error": {"message", "type", "param"}}`; `retry_after`
+  (seconds) adds a Retry-After header (429, 503)."""
 
-  def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None):
+  def __init__(
+    self,
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str | None = None,
+    retry_after: float | None = None,
+  ):
     super().__init__(message)
     self.status, self.message, self.param = status, message, param
     self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    self.retry_after = retry_after
 
   def response(self) -> JSONResponse:
-    return JSONResponse(self.body(), status_code=self.status)
+    headers = None
+    if self.retry_after is not None:
+      headers = {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+    if self.status == 401:
+      headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
   def body(self) -> dict:
     return {"error": {"message": self.message, "type": self.kind, "param": self.param}}
@@ -199,19 +226,46 @@ _UNIONS = {
 }
 STOP_STRINGS = 4  # at most, as OpenAI's API
 MAX_CHOICES = 16  # n at most
-AUTOMATA_CACHED = 32  # compiled constraints kept
+DEFAULT_LIMITS = ServerLimits()
 
 
-def parse_body(raw: bytes, kind: type[_Body] = CompletionBody) -> _Body:
-  """The validated body of a `kind` request; raises APIError (400) naming the offending field."""
+def _no_constant(name: str):
+  raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(
+  raw: bytes, kind: type[_Body] = CompletionBody, limits: ServerLimits = DEFAULT_LIMITS
+) -> _Body:
+  """The validated body of a `kind` request; raises APIError (400) naming the offending
+  field. Cheap checks only (`limits`' bounds on its size and its constraint): no
+  tokenizing, no compiling."""
   try:
-    data = json.loads(raw)
+    data = json.loads(raw, parse_constant=_no_constant)  # no NaN / Infinity
+  except RecursionError:
+    raise APIError(
+      400, f"the request body nests too deeply; at most {limits.max_json_depth} levels."
+    ) from None
   except (ValueError, UnicodeDecodeError) as e:
     raise APIError(400, f"the request body is not valid JSON: {e}") from None
   if not isinstance(data, dict):
     raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}.")
+  depth = grammar.json_depth(data, limits.max_json_depth)
+  if depth > limits.max_json_depth:
+    raise APIError(
+      400,
+      f"the request body nests more than {limits.max_json_depth} levels deep (max_json_depth).",
+    )
+  for key, value in data.items():
+    try:  # a lone surrogate ("\ud800") parses but is no text: no tokenizer takes it
+      (str(key) + json.dumps(value, ensure_ascii=False)).encode("utf-8")
+    except UnicodeEncodeError:
+      raise APIError(
+        400, f"{key} holds a lone surrogate (e.g. \\ud800): not valid Unicode text.", str(key)
+      ) from None
   try:
     body = kind.model_validate(data)
+  except RecursionError:
+    raise APIError(400, "the request body nests too deeply.") from None
   except pydantic.ValidationError as e:
     error = e.errors()[0]
     field = ".".join(str(p) for p in error["loc"]) if error["loc"] else None
@@ -230,12 +284,20 @@ def parse_body(raw: bytes, kind: type[_Body] = CompletionBody) -> _Body:
   stop = [body.stop] if isinstance(body.stop, str) else body.stop or []
   if len(stop) > STOP_STRINGS or not all(stop):
     raise APIError(
-      400, f"stop must be up to {STOP_STRINGS} non-empty strings, got {stop!r}.", "stop"
+      400, f"stop must be up to {STOP_STRINGS} non-empty strings, got {_short(stop)}.", "stop"
+    )
+  longest = max(map(len, stop), default=0)
+  if longest > limits.max_stop_chars:
+    raise APIError(
+      400,
+      f"stop: each stop string has at most {limits.max_stop_chars} characters "
+      f"(max_stop_chars), got one of {longest}.",
+      "stop",
     )
   body.stop = stop
   if not 1 <= body.n <= MAX_CHOICES:
     raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {body.n}.", "n")
-  constraint_of(body)  # its shape is checked here; compiling it comes later
+  constraint_of(body, limits)  # its shape and size are checked here; compiling it comes later
   return body
 
 
@@ -248,9 +310,11 @@ _NESTED = {
 }
 
 
-def constraint_of(body: _Body) -> tuple[str, constraints.Constraint] | None:
+def constraint_of(
+  body: _Body, limits: ServerLimits = DEFAULT_LIMITS
+) -> tuple[str, constraints.Constraint] | None:
   """`(param, constraint)` that `body` asks for (None: free text); APIError (400)
-  naming the field for a malformed or second one."""
+  naming the field for a malformed or second one, or one past `limits`."""
   asked = []
   fmt = body.response_format
   if fmt is not None and fmt.type != "text":
@@ -275,7 +339,43 @@ def constraint_of(body: _Body) -> tuple[str, constraints.Constraint] | None:
   if len(asked) > 1:
     names = " and ".join(p.split(".")[0] for p, _ in asked)
     raise APIError(400, f"one constraint per request: got {names}.", asked[1][0].split(".")[0])
+  if asked:
+    _check_size(*asked[0], limits)
   return asked[0] if asked else None
+
+
+def _check_size(param: str, constraint, limits: ServerLimits) -> None:
+  """APIError (400 naming `param`) for a constraint past `limits`: the cheap
+  measures, before any compile."""
+
+  def refuse(what: str, field: str):
+    most = getattr(limits, field)
+    raise APIError(400, f"{param}: {what}; this server takes at most {most} ({field}).", param)
+
+  if isinstance(constraint, constraints.Regex):
+    pattern = constraint.pattern
+    if len(pattern) > limits.max_regex_chars:
+      refuse(f"the regex has {len(pattern)} characters", "max_regex_chars")
+    repeat = grammar.regex_repeat(pattern)
+    if repeat > limits.max_regex_repeat:
+      refuse(f"a counted repetition makes {repeat} copies of one piece", "max_regex_repeat")
+  elif isinstance(constraint, constraints.Choice):
+    options = constraint.options
+    if len(options) > limits.max_choices:
+      refuse(f"{len(options)} options", "max_choices")
+    chars = sum(len(o) for o in options)
+    if chars > limits.max_choice_chars:
+      refuse(f"the options have {chars} characters together", "max_choice_chars")
+  else:
+    schema = constraint.schema
+    size = len(json.dumps(schema).encode())
+    if size > limits.max_schema_bytes:
+      refuse(f"the schema has {size} bytes (as JSON)", "max_schema_bytes")
+    depth = grammar.json_depth(schema, limits.max_schema_depth)
+    if depth > limits.max_schema_depth:
+      refuse(
+        f"the schema nests more than {limits.max_schema_depth} levels deep", "max_schema_depth"
+      )
 
 
 def _short(value, limit: int = 100) -> str:
@@ -304,6 +404,54 @@ class _Decoder:
     return delta
 
 
+class _StopMatcher:
+  """Where stop strings occur in a growing text, in time linear in the text:
+  one Knuth-Morris-Pratt automaton per stop string, fed each new character once.
+  `held()` is the longest tail of the text that still begins a stop string
+  (what a stream must hold back); no work is proportional to the stop strings'
+  lengths squared, which a long stop string would make block the event loop."""
+
+  def __init__(self, stop: list[str]):
+    self.stop = stop
+    self.fail = [self._failure(s) for s in stop]
+    self.state = [0] * len(stop)  # per stop string: its prefix the text ends with
+    self.length = 0  # characters fed
+
+  @staticmethod
+  def _failure(s: str) -> list[int]:
+    fail, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+      while k and s[i] != s[k]:
+        k = fail[k - 1]
+      if s[i] == s[k]:
+        k += 1
+      fail[i] = k
+    return fail
+
+  def feed(self, text: str) -> int | None:
+    """Feeds `text`; returns the start of the earliest stop string completed
+    within it (in the whole text's positions), or None."""
+    found = None
+    for j, (s, fail) in enumerate(zip(self.stop, self.fail)):
+      k, n = self.state[j], len(s)
+      for i, c in enumerate(text):
+        while k and c != s[k]:
+          k = fail[k - 1]
+        if c == s[k]:
+          k += 1
+        if k == n:
+          start = self.length + i + 1 - n
+          found = start if found is None else min(found, start)
+          k = fail[k - 1]
+          break  # later matches of this string start later
+      self.state[j] = k
+    self.length += len(text)
+    return found
+
+  def held(self) -> int:
+    return max(self.state, default=0)
+
+
 class _Choice:
   """One choice's text as it is released: decoded token by token, cut before
   the first stop string (which is not returned), holding back only a tail that
@@ -312,6 +460,7 @@ class _Choice:
 
   def __init__(self, tokenizer, stop: list[str]):
     self.decoder, self.stop = _Decoder(tokenizer), stop
+    self.matcher = _StopMatcher(stop)
     self.text, self.sent = "", 0
     self.tokens = 0
     self.finish_reason: str | None = None
@@ -323,14 +472,13 @@ class _Choice:
     lps = event.logprobs or (None,) * len(tokens)
     size = 1 if self.stop else max(len(tokens), 1)  # token by token only to find a stop
     for i in range(0, len(tokens), size):
-      self.text += self.decoder.add(
-        tokens[i : i + size], event.finished and i + size >= len(tokens)
-      )
+      new = self.decoder.add(tokens[i : i + size], event.finished and i + size >= len(tokens))
+      self.text += new
       self.tokens += len(tokens[i : i + size])
       counted += zip(tokens[i : i + size], lps[i : i + size])
-      cut = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
-      if cut:
-        self.text, self.finish_reason = self.text[: min(cut)], "stop"
+      cut = self.matcher.feed(new) if self.stop else None
+      if cut is not None:
+        self.text, self.finish_reason = self.text[:cut], "stop"
         break
     if event.finished and self.finish_reason is None:
       self.text += self.decoder.add([], True)
@@ -339,9 +487,7 @@ class _Choice:
       self.first_token_time = time.perf_counter()
     end = len(self.text)
     if self.finish_reason is None:  # hold back a tail that may begin a stop string
-      end -= max(
-        (k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0
-      )
+      end -= self.matcher.held()
     delta, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
     return delta, counted
 
@@ -371,7 +517,16 @@ def _finish_error(event: Event) -> APIError | None:
   return None
 
 
-def make_app(background: BackgroundEngine, tokenizer, model_name: str, chat_template=None):
+def make_app(
+  background: BackgroundEngine,
+  tokenizer,
+  model_name: str,
+  chat_template=None,
+  *,
+  limits: ServerLimits = DEFAULT_LIMITS,
+  api_key: str | None = None,
+  allowed_hosts: tuple[str, ...] = (),
+):
   """The FastAPI app serving `background`'s engine.
 
   Args:
@@ -381,17 +536,29 @@ def make_app(background: BackgroundEngine, tokenizer, model_name: str, chat_temp
     model_name: the name clients see (and may pass as `model`).
     chat_template: the checkpoint's `specjax.data.chat.ChatTemplate`, or None
       (then /v1/chat/completions answers 400).
+    limits: the bounds on requests (`specjax.serving.limits.ServerLimits`).
+    api_key: None, or the key every endpoint but /health requires as
+      `Authorization: Bearer <key>` (401 otherwise).
+    allowed_hosts: the Host names accepted (any port); empty: any.
+
+  `app.state.compiler` is the constraint compile pool (None until the first
+  constraint); `app.state.close()` kills its workers (on shutdown).
   """
-  api = _Completions(background, tokenizer, model_name, chat_template)
+  api = _Completions(background, tokenizer, model_name, chat_template, limits)
   app = fastapi.FastAPI(title="specjax", version="1")
   app.add_exception_handler(APIError, _api_error)
   app.add_exception_handler(HTTPException, _http_error)
+  app.add_exception_handler(Exception, _server_error)
   app.get("/health")(api.health)
   app.get("/metrics")(api.metrics)
   app.get("/metrics.json")(functools.partial(api.metrics, format="json"))
   app.get("/v1/models")(api.models)
   app.post("/v1/completions")(api.completions)
   app.post("/v1/chat/completions")(api.chat)
+  app.add_middleware(_Guard, limits=limits, api_key=api_key, allowed_hosts=allowed_hosts)
+  app.state.api = api
+  app.state.close = api.close
+  app.router.on_shutdown.append(api.close)
   return app
 
 
@@ -403,12 +570,108 @@ async def _http_error(_, error: HTTPException):  # 404 / 405 in the same shape
   return APIError(error.status_code, str(error.detail)).response()
 
 
+async def _server_error(_, error: Exception):  # a bug: still the API's shape, and logged
+  logger.error("request failed", exc_info=error)
+  return APIError(500, f"internal error: {type(error).__name__}").response()
+
+
+# The endpoints whose body is JSON (415 for another Content-Type).
+JSON_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+OPEN_PATHS = ("/health",)  # no key needed, never refused as busy
+
+
+class _Guard:
+  """ASGI middleware in front of every endpoint, cheapest checks first: the Host
+  allowlist (400), the API key (401, constant-time comparison), the Content-Type
+  of JSON endpoints (415: a web page can post text/plain to a local server
+  without a preflight), the declared body size (413) and the requests in
+  flight (429 with Retry-After past `max_requests`; /health always answers)."""
+
+  def __init__(self, app, limits: ServerLimits, api_key: str | None, allowed_hosts):
+    self.app, self.limits = app, limits
+    self.key = None if not api_key else f"Bearer {api_key}".encode()
+    self.hosts = {h.lower() for h in allowed_hosts}
+    self.in_flight = 0
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    error = self._refusal(scope)
+    if error is not None:
+      return await error.response()(scope, receive, send)
+    if scope["path"] in OPEN_PATHS:
+      return await self.app(scope, receive, send)
+    self.in_flight += 1
+    try:
+      await self.app(scope, receive, send)
+    finally:
+      self.in_flight -= 1
+
+  def _refusal(self, scope) -> APIError | None:
+    headers = {k.lower(): v for k, v in scope["headers"]}
+    if self.hosts:
+      host = headers.get(b"host", b"").decode("latin-1").lower()
+      name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+      if name.strip("[]") not in self.hosts and name not in self.hosts:
+        return APIError(400, f"Host {host!r} is not served here (allowed_hosts).", "Host")
+    path = scope["path"]
+    if self.key is not None and path not in OPEN_PATHS:
+      given = headers.get(b"authorization", b"")
+      if not hmac.compare_digest(given, self.key):
+        what = "a wrong key" if given else "no Authorization header"
+        return APIError(
+          401, f"this server needs an API key (Authorization: Bearer <key>); got {what}.",
+          kind="authentication_error",
+        )  # fmt: skip
+    if scope["method"] == "POST" and path in JSON_ENDPOINTS:
+      media = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+      if media != b"application/json":
+        return APIError(
+          415,
+          f"the body must be Content-Type: application/json, got "
+          f"{media.decode('latin-1') or 'none'!r}.",
+          "Content-Type",
+        )
+      length = headers.get(b"content-length", b"0")
+      if length.isdigit() and (len(length) > 18 or int(length) > self.limits.max_body_bytes):
+        return _too_large(self.limits)
+    if path not in OPEN_PATHS and self.in_flight >= self.limits.max_requests:
+      return APIError(
+        429,
+        f"the server has {self.in_flight} requests in flight (max_requests); try again shortly.",
+        retry_after=1,
+      )
+    return None
+
+
+def _too_large(limits: ServerLimits) -> APIError:
+  return APIError(413, f"the request body exceeds {limits.max_body_bytes} bytes (max_body_bytes).")
+
+
+async def _read_body(http_request, limits: ServerLimits) -> bytes:
+  """The body, read up to `max_body_bytes` (413 past it: a chunked body declares no length)."""
+  chunks, size = [], 0
+  async for chunk in http_request.stream():
+    size += len(chunk)
+    if size > limits.max_body_bytes:
+      raise _too_large(limits)
+    chunks.append(chunk)
+  return b"".join(chunks)
+
+
+# A token's text, at most, when the tokenizer's pieces cannot be read (specials'
+# text may be longer than any piece): the prompt's bound before tokenizing.
+_MAX_TOKEN_BYTES = 64
+
+
 class _Completions:
   """The endpoints of one served model."""
 
-  def __init__(self, background: BackgroundEngine, tokenizer, model_name: str, chat_template):
+  def __init__(
+    self, background: BackgroundEngine, tokenizer, model_name: str, chat_template, limits
+  ):
     self.background, self.tokenizer, self.model_name = background, tokenizer, model_name
-    self.chat_template, self.created = chat_template, int(time.time())
+    self.chat_template, self.created, self.limits = chat_template, int(time.time()), limits
     config = background.engine.config
     self.settings = {
       "policy": config.policy,
@@ -420,46 +683,53 @@ class _Completions:
       "logprobs": config.logprobs,
     }
     self.prometheus = Prometheus()
-    # Compiled constraints by what they say, most recent last (compiling a JSON
-    # schema takes from milliseconds to seconds; requests repeat them).
-    self._automata: collections.OrderedDict = collections.OrderedDict()
-    self._automata_lock = threading.Lock()  # compiled in worker threads
-    self._pieces = None  # the tokenizer's bytes per id, read at the first constraint
-
-  def _compile(self, param: str, constraint) -> constraints.Automaton:
-    """`constraint` compiled against the tokenizer with the engine's EOS ids (cached)."""
-    key = (type(constraint).__name__, json.dumps(dataclasses.asdict(constraint), sort_keys=True))
-    with self._automata_lock:
-      if key in self._automata:
-        self._automata.move_to_end(key)
-        return self._automata[key]
-    engine = self.background.engine
-    if engine.eos_ids is None:
-      raise APIError(400, f"{param}: this server has no EOS ids to end a constrained text.", param)
-    if self._pieces is None:
-      self._pieces = token_bytes(self.tokenizer)
     try:
-      eos = np.atleast_1d(engine.eos_ids).tolist()
-      automaton = constraints.compile_constraint(constraint, self._pieces, eos, engine.vocab_size)
-    except ValueError as e:
-      raise APIError(400, f"{param}: {e}", param) from None
-    with self._automata_lock:
-      self._automata[key] = automaton
-      if len(self._automata) > AUTOMATA_CACHED:
-        self._automata.popitem(last=False)
-    return automaton
+      self._pieces = token_bytes(tokenizer)
+      longest = max((len(p) for p in self._pieces if p), default=1)
+    except Exception:  # a tokenizer without readable pieces: no constraints, a loose bound
+      self._pieces, longest = None, _MAX_TOKEN_BYTES
+    # A prompt of more bytes than this has more tokens than the engine takes.
+    self.max_prompt_bytes = config.max_prompt_len * max(longest, 1)
+    self.compiler: CompilePool | None = None  # started at the first constraint
 
-  async def _constraint(self, body: _Body):
-    """`(param, automaton)` of `body`'s constraint (compiled off the event loop), or None."""
-    asked = constraint_of(body)
+  def close(self) -> None:
+    """Kills the compile workers (a compile in flight answers 503)."""
+    if self.compiler is not None:
+      self.compiler.close()
+
+  def _compile_pool(self) -> CompilePool:
+    if self.compiler is None:
+      engine = self.background.engine
+      self.compiler = CompilePool(
+        self._pieces,
+        np.atleast_1d(engine.eos_ids).tolist(),
+        engine.vocab_size,
+        self.limits,
+        max_states=engine.config.constraint_states - 1,  # besides FREE
+      )
+    return self.compiler
+
+  async def _constraint(self, body: _Body, http_request):
+    """`(param, automaton)` of `body`'s constraint (compiled in a worker
+    process), or None; APIError naming the field when it is refused."""
+    asked = constraint_of(body, self.limits)
     if asked is None:
       return None
-    param = asked[0]
-    if not self.background.engine.config.constraint_states:
+    param, constraint = asked
+    engine = self.background.engine
+    if not engine.config.constraint_states:
       raise APIError(
         400, f"{param}: this server takes no constraints (its constraint_states is 0).", param
       )
-    return param, await asyncio.to_thread(self._compile, *asked)
+    if engine.eos_ids is None:
+      raise APIError(400, f"{param}: this server has no EOS ids to end a constrained text.", param)
+    if self._pieces is None:
+      raise APIError(400, f"{param}: this server cannot read its tokenizer's pieces.", param)
+    try:
+      automaton = await self._compile_pool().compile(constraint, http_request.is_disconnected)
+    except CompileRefused as e:
+      raise APIError(e.status, f"{param}: {e.message}", param, retry_after=e.retry_after) from None
+    return param, automaton
 
   async def health(self):
     closed = self.background.closed
@@ -473,14 +743,16 @@ class _Completions:
     )
 
   async def metrics(self, format: str = "prometheus"):
-    """The Prometheus text format; `?format=json` (or /metrics.json): `Engine.metrics()`."""
+    """The Prometheus text format; `?format=json` (or /metrics.json): `Engine.metrics()`
+    and the constraint compiles (`CompilePool.stats`)."""
     try:
       future = self.background.call_future(lambda e: e.metrics())
     except RuntimeError:
       raise APIError(503, "the server is shutting down.") from None
     metrics = _jsonable(await asyncio.wrap_future(future))
     if format == "json":
-      return JSONResponse(metrics)
+      compiles = self.compiler.stats() if self.compiler is not None else {"cached": 0}
+      return JSONResponse({**metrics, "constraint_compiles": compiles})
     return Response(
       self.prometheus.render(metrics), media_type=prometheus_client.CONTENT_TYPE_LATEST
     )
@@ -494,13 +766,36 @@ class _Completions:
     }
     return {"object": "list", "data": [card]}
 
+  async def _encode(self, text: str, param: str, special: bool = True) -> list[int]:
+    """`text`'s ids, tokenized off the event loop; its length is bounded first
+    (a prompt that cannot fit is never tokenized)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > self.max_prompt_bytes:
+      limit = self.background.engine.config.max_prompt_len
+      raise APIError(
+        400,
+        f"{param} has {size} bytes: more than the {limit} tokens this server takes "
+        f"(max_prompt_len) can spell.",
+        param,
+      )
+    batch = getattr(self.tokenizer, "encode_batch", None)
+    try:
+      if not special and batch is not None:
+        return (await asyncio.to_thread(batch, [text], special=False))[0]
+      return await asyncio.to_thread(self.tokenizer.encode, text)
+    except Exception as e:
+      raise APIError(400, f"{param} cannot be tokenized: {type(e).__name__}: {e}", param) from None
+
   async def completions(self, http_request: fastapi.Request):
-    body = parse_body(await http_request.body())
-    prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+    body = parse_body(await _read_body(http_request, self.limits), CompletionBody, self.limits)
+    self._requests(body, [0], body.logprobs)  # the cheap checks, before tokenizing
+    prompt = body.prompt
+    if isinstance(prompt, str):
+      prompt = await self._encode(prompt, "prompt")
     return await self._serve(http_request, body, prompt, body.logprobs)
 
   async def chat(self, http_request: fastapi.Request):
-    body = parse_body(await http_request.body(), ChatBody)
+    body = parse_body(await _read_body(http_request, self.limits), ChatBody, self.limits)
     if self.chat_template is None:
       raise APIError(
         400,
@@ -515,11 +810,17 @@ class _Completions:
     if body.top_logprobs is not None and not body.logprobs:
       raise APIError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
     body.max_tokens = body.max_completion_tokens or body.max_tokens
-    text = self.chat_template.render(messages, add_generation_prompt=True)
-    # As transformers does: no special tokens added (a rendered chat carries its own BOS).
-    batch = getattr(self.tokenizer, "encode_batch", None)
-    ids = batch([text], special=False)[0] if batch else self.tokenizer.encode(text)
     top = (body.top_logprobs or 0) if body.logprobs else None
+    self._requests(body, [0], top)  # the cheap checks, before rendering and tokenizing
+    render = functools.partial(self.chat_template.render, messages, add_generation_prompt=True)
+    try:
+      text = await asyncio.to_thread(render)
+    except Exception as e:  # the template refuses them (raise_exception), or breaks
+      raise APIError(
+        400, f"messages: the chat template refused them: {type(e).__name__}: {e}", "messages"
+      ) from None
+    # As transformers does: no special tokens added (a rendered chat carries its own BOS).
+    ids = await self._encode(text, "messages", special=False)
     return await self._serve(http_request, body, ids, top)
 
   def _requests(self, body: _Body, prompt, logprobs: int | None, constraint=None) -> list[Request]:
@@ -536,7 +837,12 @@ class _Completions:
       cap = None if body.speculation is None else body.speculation.cap()
       automaton = None if constraint is None else constraint[1]
       fields = (body.max_tokens, sampling, body.stop_token_id, body.seed)
-      requests = [Request(prompt, *fields, i, logprobs, cap, automaton) for i in range(body.n)]
+      timeout = self.limits.request_timeout_s or None
+      if body.timeout is not None:  # the client's own deadline, within the server's
+        timeout = body.timeout if timeout is None else min(body.timeout, timeout)
+      requests = [
+        Request(prompt, *fields, i, logprobs, cap, automaton, timeout) for i in range(body.n)
+      ]
       self.background.engine.check(requests[0])  # pure: safe from this thread
     except ValueError as e:
       if constraint is not None and str(e).startswith("constraint"):  # its own field's name
@@ -549,7 +855,8 @@ class _Completions:
 
   async def _serve(self, http_request, body: _Body, prompt, logprobs: int | None):
     """Runs `body`'s choices and answers, streamed or whole."""
-    requests = self._requests(body, prompt, logprobs, await self._constraint(body))
+    self._requests(body, prompt, logprobs)  # the prompt's length, before compiling
+    requests = self._requests(body, prompt, logprobs, await self._constraint(body, http_request))
     run = _Run(self.background, http_request, body.stop, self.tokenizer, self.prometheus)
     await run.start(requests)
     chat = isinstance(body, ChatBody)
@@ -659,6 +966,12 @@ class _Run:
         i, event = item
         if i not in self.ids:
           continue
+        if event.finish_reason == "timeout":  # its text so far is its answer
+          if not self.choices[i].tokens and not event.tokens:
+            raise APIError(
+              429, "the request waited past request_timeout_s for a slot.", retry_after=1
+            )
+          event = dataclasses.replace(event, finish_reason="length")
         error = _finish_error(event) if event.finished else None
         if error is not None:
           raise error
@@ -700,6 +1013,8 @@ async def _submit(background: BackgroundEngine, request: Request, on_event) -> i
     raise APIError(503, "the server is shutting down.") from None
   try:
     return await asyncio.wrap_future(future)
+  except QueueFull as e:
+    raise APIError(429, str(e), retry_after=1) from None
   except ValueError as e:
     raise engine_error(e) from None
   except RuntimeError:

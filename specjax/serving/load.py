@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -213,12 +214,18 @@ async def _http_one(client, url: str, index: int, request: Request, arrival: flo
   )
 
 
+def auth_headers() -> dict[str, str]:
+  """The Bearer token for a server behind a key: $SPECJAX_API_KEY, as the server reads it."""
+  key = os.environ.get("SPECJAX_API_KEY")
+  return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 async def _run_http(url, requests, arrivals, timeout_s) -> list[Completion]:
   import httpx
 
   start = time.perf_counter()
   limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-  async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+  async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=auth_headers()) as client:
 
     async def send(i: int) -> Completion:
       arrival = start + float(arrivals[i])
@@ -257,7 +264,7 @@ def http_metrics(url: str, timeout_s: float = 10.0) -> dict:
   """The server's GET /metrics.json (its counters since it started: acceptance, ...)."""
   import httpx
 
-  response = httpx.get(url.rstrip("/") + "/metrics.json", timeout=timeout_s)
+  response = httpx.get(url.rstrip("/") + "/metrics.json", timeout=timeout_s, headers=auth_headers())
   response.raise_for_status()
   return response.json()
 

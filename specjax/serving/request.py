@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from specjax.constraints import Automaton
 from specjax.sampling import GREEDY, SamplingParams
 
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+FINISH_REASONS = ("stop", "length", "cancelled", "error", "timeout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,9 @@ class Request:
       (`specjax.constraints.compile_constraint` over the target's tokenizer,
       with the engine's EOS ids): every token, drafted or sampled, is drawn
       among what it allows, and the text ends only where it accepts.
+    timeout_s: None, or the seconds from its submission by which it must
+      finish: past them it is stopped with finish_reason "timeout" (waiting
+      in the queue or running).
   """
 
   prompt: Sequence[int]
@@ -55,6 +58,7 @@ class Request:
   logprobs: int | None = None
   max_draft_tokens: int | None = None
   constraint: Automaton | None = None
+  timeout_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +72,7 @@ class Event:
     finished: the request is over; its `Completion` is ready.
     finish_reason: None until finished, then one of `FINISH_REASONS`: "stop"
       (an EOS or its stop id, which is the last token), "length" (its
-      max_new_tokens), "cancelled" or "error".
+      max_new_tokens), "cancelled", "error" or "timeout" (its `timeout_s`).
     error: the message when finish_reason is "error".
     logprobs: None (not asked for), or one `(logprob, ((id, logprob), ...))`
       per token: its log-probability and the most likely alternatives.

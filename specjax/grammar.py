@@ -1,0 +1,348 @@
+"""Constraints compiled to token automata on the host, with no JAX: what a
+request asks for (`Regex`, `JsonSchema`, `Choice`), its regular expression, the
+outlines-core index over a vocabulary as numpy arrays, and the cheap measures a
+server bounds before compiling (`regex_repeat`, `json_depth`).
+
+This module imports only numpy (and outlines-core when it compiles), so that
+the server can run it as a separate process that it may kill (a compile in
+Rust cannot be interrupted from a thread): `python -I grammar.py MEMORY_BYTES`
+reads pickled `(op, payload)` messages on stdin and answers each on stdout
+(`worker_main`). `specjax.constraints` builds its `Automaton` from the same
+arrays, in process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Regex:
+  """Text matching `pattern` (outlines-core's regex syntax), then EOS."""
+
+  pattern: str
+
+
+@dataclasses.dataclass(frozen=True)
+class JsonSchema:
+  """JSON text valid under `schema` (a dict or its JSON string), then EOS."""
+
+  schema: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """Exactly one of `options` (non-empty strings), then EOS."""
+
+  options: tuple[str, ...]
+
+
+Constraint = Regex | JsonSchema | Choice  # what a request may ask for
+
+
+class CompileError(ValueError):
+  """A constraint that cannot be compiled (the message says why)."""
+
+
+def _outlines():
+  try:
+    import outlines_core
+    from outlines_core.json_schema import build_regex_from_schema
+  except ImportError as e:  # pragma: no cover - the test extra installs it
+    raise ImportError("constraints need outlines-core: pip install 'specjax[structured]'") from e
+  return outlines_core, build_regex_from_schema
+
+
+def _uncaught(error: BaseException) -> bool:
+  """Whether `error` must propagate: outlines-core's PanicException derives from
+  BaseException, so a bare `except Exception` misses it; only these are real exits."""
+  return isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+def to_regex(constraint: Constraint) -> str:
+  """The regular expression a constraint stands for (ValueError naming the field
+  when it is malformed)."""
+  _, build_regex_from_schema = _outlines()
+  if isinstance(constraint, Regex):
+    if not isinstance(constraint.pattern, str) or not constraint.pattern:
+      raise ValueError(f"regex must be a non-empty string, got {constraint.pattern!r}.")
+    return constraint.pattern
+  if isinstance(constraint, Choice):
+    options = tuple(constraint.options)
+    if not options or not all(isinstance(o, str) and o for o in options):
+      raise ValueError(f"choice must be a non-empty list of non-empty strings, got {options!r}.")
+    return "|".join(_escape(o) for o in options)
+  if isinstance(constraint, JsonSchema):
+    schema = constraint.schema
+    try:
+      text = schema if isinstance(schema, str) else json.dumps(schema)
+      json.loads(text)
+      return build_regex_from_schema(text)
+    except BaseException as e:  # outlines-core raises its own types, panics included
+      if _uncaught(e):
+        raise
+      raise ValueError(f"json_schema is not a schema outlines-core can compile: {e}") from None
+  raise ValueError(
+    f"constraint must be a Regex, JsonSchema or Choice, got {type(constraint).__name__}."
+  )
+
+
+def _escape(text: str) -> str:
+  return "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in text)
+
+
+_COUNT = re.compile(r"\{(\d+)(,(\d*))?\}")
+_HUGE = 10**9  # a count written with more digits than this is simply "too many"
+
+
+def regex_repeat(pattern: str) -> int:
+  """The largest number of copies a counted repetition makes of one piece of
+  `pattern`, nested counts multiplied: 300000 for `a{300000}`, 6 for
+  `(a{2}){3}`, 1 for `a*b+` (a loop adds no states). An automaton grows with
+  this, so a server bounds it before compiling. Linear in the pattern; a
+  rough parse (Rust regex syntax: escapes, classes, groups), not a validator."""
+  stack = [[1, None]]  # per open group: [largest finished piece, last piece or None]
+
+  def finish() -> None:
+    top = stack[-1]
+    if top[1] is not None:
+      top[0] = max(top[0], top[1])
+      top[1] = None
+
+  i, n = 0, len(pattern)
+  while i < n:
+    c = pattern[i]
+    if c == "\\":
+      finish()
+      i += 2
+      if i <= n and pattern[i - 1] in "pPxu" and i < n and pattern[i] == "{":
+        i = pattern.find("}", i) + 1 or n  # \p{Greek}, \x{10FFFF}
+      stack[-1][1] = 1
+      continue
+    if c == "[":  # a class, possibly nested ([a-z&&[^aeiou]])
+      finish()
+      depth, i = 1, i + 1
+      if i < n and pattern[i] == "^":
+        i += 1
+      if i < n and pattern[i] == "]":
+        i += 1
+      while i < n and depth:
+        if pattern[i] == "\\":
+          i += 1
+        elif pattern[i] == "[":
+          depth += 1
+        elif pattern[i] == "]":
+          depth -= 1
+        i += 1
+      stack[-1][1] = 1
+      continue
+    if c == "(":
+      finish()
+      if pattern.startswith("?", i + 1):
+        flags = re.match(r"\(\?[a-zA-Z-]*\)", pattern[i:])
+        if flags:  # (?i): flags, no group
+          i += flags.end()
+          continue
+      stack.append([1, None])
+    elif c == ")":
+      finish()
+      if len(stack) > 1:
+        value = stack.pop()[0]
+        stack[-1][1] = value
+    elif c == "{":
+      count = _COUNT.match(pattern, i)
+      if count is not None and stack[-1][1] is not None:
+        low, high = count.group(1), count.group(3) or count.group(1)
+        times = max(_HUGE if len(d) > 9 else int(d) for d in (low, high))
+        stack[-1][1] *= max(times, 1)
+        i = count.end()
+        continue
+      finish()
+      stack[-1][1] = 1
+    elif c == "|":
+      finish()
+    elif c not in "*+?":
+      finish()
+      stack[-1][1] = 1
+    i += 1
+  while len(stack) > 1:  # unclosed groups: outlines-core will refuse the pattern
+    finish()
+    value = stack.pop()[0]
+    stack[-1][1] = value
+  finish()
+  return stack[0][0]
+
+
+def json_depth(value: Any, limit: int) -> int:
+  """The nesting depth of a parsed JSON value (0 for a scalar), counted without
+  recursion and only up to `limit + 1` (enough to refuse it)."""
+  deepest, todo = 0, [(value, 0)]
+  while todo:
+    item, depth = todo.pop()
+    if isinstance(item, (dict, list)):
+      depth += 1
+      deepest = max(deepest, depth)
+      if deepest > limit:
+        return deepest
+      todo.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+  return deepest
+
+
+def vocabulary_pieces(
+  token_bytes: Sequence[bytes | None], eos_ids: Sequence[int], vocab_size: int
+) -> dict[bytes, list[int]]:
+  """What outlines-core's `Vocabulary` takes: the ids of each byte string, EOS
+  and special ids (None) left out."""
+  eos = set(eos_ids)
+  pieces: dict[bytes, list[int]] = {}
+  for i, piece in enumerate(token_bytes[:vocab_size]):
+    if piece and i not in eos:
+      pieces.setdefault(piece, []).append(i)
+  return pieces
+
+
+def compile_arrays(
+  regex: str, vocabulary, eos_ids: Sequence[int], vocab_size: int, max_states: int | None = None
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+  """`(class_next [S, C], token_class [V], start, accepting [S])` of `regex`'s
+  token automaton over an outlines-core `vocabulary` (`specjax.constraints.Automaton`'s
+  fields). `max_states`: refuse a larger automaton before building its classes.
+
+  Raises:
+    CompileError: a regex outlines-core refuses (panics included), no text the
+      vocabulary can spell, or more than `max_states` states.
+  """
+  outlines_core, _ = _outlines()
+  try:
+    index = outlines_core.Index(regex, vocabulary)
+  except BaseException as e:
+    if _uncaught(e):
+      raise
+    raise CompileError(f"constraint cannot be compiled over this vocabulary: {e}") from None
+  transitions = index.get_transitions()
+  finals = set(index.get_final_states())
+  start = index.get_initial_state()
+  # Reachable states only, numbered breadth-first from the start.
+  order, seen = [start], {start}
+  for state in order:
+    for nxt in dict.fromkeys(transitions.get(state, {}).values()):  # distinct, in order
+      if nxt not in seen:
+        seen.add(nxt)
+        order.append(nxt)
+  if max_states is not None and len(order) > max_states:
+    raise CompileError(f"constraint has {len(order)} states; the table holds at most {max_states}.")
+  number = np.zeros(max(order) + 1, np.int64)  # outlines' state ids -> ours
+  number[order] = np.arange(len(order))
+  accepting = np.array([s in finals for s in order])
+  if not accepting.any():
+    raise CompileError("constraint accepts no text this vocabulary can spell.")
+  v = int(vocab_size)
+  eos_kept = np.array(sorted({e for e in eos_ids if e < v}), np.int64)
+  rows = []
+  for k, s in enumerate(order):
+    out = transitions.get(s, {})
+    ids = np.fromiter(out.keys(), np.int64, len(out))
+    nxt = number[np.fromiter(out.values(), np.int64, len(out))]
+    keep = (ids < v) & ~np.isin(ids, list(eos_ids))
+    ids, nxt = ids[keep], nxt[keep]
+    if accepting[k]:  # EOS ends a complete text and keeps the row where it is
+      ids, nxt = np.concatenate([ids, eos_kept]), np.concatenate([nxt, np.full_like(eos_kept, k)])
+    rows.append((ids, nxt))
+  token_class, class_next = token_classes(rows, v)
+  return class_next, token_class, 0, accepting
+
+
+def token_classes(
+  transitions: Sequence[tuple[np.ndarray, np.ndarray]], v: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """`(token_class [V], class_next [S, C])`: the coarsest classes such that every
+  state sends all ids of a class to one next state (or forbids them all).
+
+  Partition refinement, state by state: the ids a state allows leave their class
+  for a fresh one per (old class, next state); the ids it does not mention stay,
+  so they part from those that moved. Cost O(transitions log), never [S, V].
+  """
+  label, fresh = np.zeros(v, np.int64), 1
+  for ids, nxt in transitions:
+    if len(ids):
+      # label < fresh <= transitions + 1, next < S: the key fits in int64.
+      _, split = np.unique(label[ids] * len(transitions) + nxt, return_inverse=True)
+      label[ids] = fresh + split
+      fresh += int(split.max()) + 1
+  _, token_class = np.unique(label, return_inverse=True)
+  class_next = np.full((len(transitions), int(token_class.max()) + 1), -1, np.int32)
+  for s, (ids, nxt) in enumerate(transitions):
+    class_next[s, token_class[ids]] = nxt
+  return token_class.astype(np.int32), class_next
+
+
+# ------------------------------------------------------------------ the worker
+
+KINDS = {"regex": Regex, "json_schema": JsonSchema, "choice": Choice}
+
+
+def compile_message(vocabulary, eos_ids, vocab_size, message) -> tuple:
+  """One worker answer: `("ok", arrays...)` or `("error", message)` for
+  `message = (kind, value, max_states, max_repeat)`."""
+  kind, value, max_states, max_repeat = message
+  try:
+    constraint = KINDS[kind](tuple(value) if kind == "choice" else value)
+    regex = to_regex(constraint)
+    if kind == "json_schema" and max_repeat and regex_repeat(regex) > max_repeat:
+      raise CompileError(
+        f"the schema's regular expression repeats a piece {regex_repeat(regex)} times; "
+        f"at most {max_repeat} (a maxLength, maxItems or similar bound is too large)."
+      )
+    return ("ok", *compile_arrays(regex, vocabulary, eos_ids, vocab_size, max_states))
+  except MemoryError:
+    return ("error", "compiling it ran out of memory (the server's compile memory limit).")
+  except BaseException as e:
+    if _uncaught(e):
+      raise
+    return ("error", str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
+
+
+def worker_main(argv: Sequence[str]) -> None:
+  """The compile worker's loop: `("vocabulary", (eos_ids, pieces, vocab_size))`
+  once, then `("compile", message)` answered by `compile_message`, until stdin
+  closes. argv[0]: the address-space limit in bytes (0: none)."""
+  import os
+  import pickle
+  import resource
+  import signal
+  import sys
+
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its workers itself
+  os.nice(10)  # a compile yields the CPU to serving (the event loop, the engine's steps)
+  limit = int(argv[0]) if argv else 0
+  if limit > 0:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+  outlines_core, _ = _outlines()
+  reader, writer = sys.stdin.buffer, os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+  sys.stdout = sys.stderr  # nothing else may write into the answers
+  vocabulary = None
+  while True:
+    try:
+      op, payload = pickle.load(reader)
+    except EOFError:
+      return
+    if op == "vocabulary":
+      eos_ids, pieces, vocab_size = payload
+      vocabulary = outlines_core.Vocabulary(eos_ids[0], pieces)
+      answer: tuple = ("ok",)
+    else:
+      answer = compile_message(vocabulary, eos_ids, vocab_size, payload)
+    pickle.dump(answer, writer, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.flush()
+
+
+if __name__ == "__main__":
+  import sys
+
+  worker_main(sys.argv[1:])
