@@ -166,6 +166,8 @@ def _tree_variants(config, draft, heads: dict[str, Any]) -> list[tuple]:
     if name not in tree_drafters:  # a head config.heads leaves out
       continue
     drafter = tree_drafters[name]
+    if name != "draft model" and not as_drafter(drafter).takes_tree:
+      raise ValueError(f"config.trees.rank_acceptance: the {name} draft no token trees.")
     max_depth = config.trees.max_depth or config.gamma
     # Drafters whose one call gives a fixed number of per-depth laws (Medusa's
     # heads, the block drafter's positions) draft trees no deeper than that.
