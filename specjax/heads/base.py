@@ -152,58 +152,6 @@ LEGACY_FIELDS = frozenset({
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadKind:
-  """One kind of draft head, everything the rest of specjax asks of it.
-
-  Attributes:
-    name: the kind's name (config and flag values, `head_config.json`'s `kind`).
-    title: how tables and reports name it ("EAGLE head").
-    config: its `HeadConfig` subclass.
-    make: `(cfg, rngs) -> module`: a fresh head of `cfg`.
-    drafter: the drafter class, called as `drafter(target, head)`.
-    holds: the drafter's attribute that holds the module (`module_of`).
-    objective: `(head, target, batch, key, *, loss, settings) -> (loss, metrics)`,
-      its training objective (`specjax.training.heads.objective`).
-    hub: its published layout (`specjax.heads.hub.HubLayout`), or None.
-    read_priority: the order `specjax.hf.load_head` tries hub layouts (lower first:
-      the most specific layouts first).
-    training: `TrainingRules` of its config section (`config.head`).
-    expansion_axes: `path -> (on_block, letters) | None`: how each of its
-      parameters grows with the target (`specjax.models.expand`); None: the
-      default rules of fc, fuse and residual heads.
-    dynamic_trees: what its drafter's per-row dynamic trees (`trees.DynamicTree`) are
-      called in tables ("EAGLE-2"), or "" where it drafts none. Its other defaults
-      (draft length, block size, tree depth) are its drafter's (`Drafter`).
-    drafts_as: the launchers' `config.drafter` value that drafts with it.
-    bundled: whether `specjax/pretrained/stdlib_pair/heads/<name>/` holds one.
-  """
-
-  name: str
-  title: str
-  config: type
-  make: Callable
-  drafter: type
-  holds: str
-  objective: Callable
-  hub: Any = None
-  read_priority: int = 0
-  training: Any = None
-  expansion_axes: Callable | None = None
-  dynamic_trees: str = ""
-  drafts_as: str = ""
-  bundled: bool = True
-
-  def __post_init__(self):
-    if self.config.kind != self.name:
-      raise ValueError(f"kind {self.name!r}: its config class says kind {self.config.kind!r}.")
-    object.__setattr__(self, "drafts_as", self.drafts_as or self.name)
-
-  def settings(self, **fields) -> HeadConfig:
-    """The kind's config from its fields (`target` among them)."""
-    return self.config(**fields)
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainingRules:
   """How `config.head` of a head-training run becomes a kind's config and loss.
 
@@ -222,6 +170,55 @@ class TrainingRules:
   loss: Callable | None = None
   prepare: Callable | None = None
   warm_start: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadKind:
+  """One kind of draft head, everything the rest of specjax asks of it.
+
+  Attributes:
+    name: the kind's name (config and flag values, `head_config.json`'s `kind`).
+    title: how tables and reports name it ("EAGLE head").
+    config: its `HeadConfig` subclass.
+    make: `(cfg, rngs) -> module`: a fresh head of `cfg`.
+    drafter: the drafter class, called as `drafter(target, head)`.
+    holds: the drafter's attribute that holds the module (`module_of`).
+    objective: `(head, target, batch, key, *, loss, settings) -> (loss, metrics)`,
+      its training objective (`specjax.training.heads.objective`).
+    hub: its published layout (`specjax.heads.hub.HubLayout`), or None.
+    read_priority: the order `specjax.hf.load_head` tries hub layouts (lower first:
+      the most specific layouts first).
+    training: `TrainingRules` of its config section (`config.head`).
+    expansion_axes: `path -> (plan, letters) | None`: how each of its parameters
+      outside `block` grows with the target (plan "target" or "block": the widths it
+      follows; `specjax.models.expand.expand_head`); None: the default rules of fc,
+      fuse and residual heads.
+    dynamic_trees: what its drafter's per-row dynamic trees (`trees.DynamicTree`) are
+      called in tables ("EAGLE-2"), or "" where it drafts none. Its other defaults
+      (draft length, block size, tree depth) are its drafter's (`Drafter`).
+    drafts_as: the launchers' `config.drafter` value that drafts with it.
+    bundled: whether `specjax/pretrained/stdlib_pair/heads/<name>/` holds one.
+  """
+
+  name: str
+  title: str
+  config: type
+  make: Callable
+  drafter: type
+  holds: str
+  objective: Callable
+  hub: Any = None  # a `specjax.heads.hub.HubLayout`
+  read_priority: int = 0
+  training: TrainingRules = TrainingRules()
+  expansion_axes: Callable | None = None
+  dynamic_trees: str = ""
+  drafts_as: str = ""
+  bundled: bool = True
+
+  def __post_init__(self):
+    if self.config.kind != self.name:
+      raise ValueError(f"kind {self.name!r}: its config class says kind {self.config.kind!r}.")
+    object.__setattr__(self, "drafts_as", self.drafts_as or self.name)
 
 
 _REGISTRY: dict[str, HeadKind] = {}

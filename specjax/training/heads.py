@@ -71,8 +71,8 @@ class HeadLoss:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> HeadLoss:
     """The fields `config.head`'s kind reads (its `TrainingRules.loss`); defaults else."""
-    rules = heads.kind(config.head.kind).training
-    return cls(**(rules.loss(config.head) if rules and rules.loss else {}))
+    loss = heads.kind(config.head.kind).training.loss
+    return cls(**(loss(config.head) if loss else {}))
 
 
 def head_kind(config: ml_collections.ConfigDict) -> str:
@@ -111,9 +111,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.seq_len < 2:
     raise ValueError(f"config.seq_len must be >= 2 to train a head, got {config.seq_len}.")
   rules = heads.kind(head.kind).training
-  if head.get("warm_start") and not (rules and rules.warm_start):
+  if head.get("warm_start") and not rules.warm_start:
     raise ValueError(f"config.head.warm_start must be False: a {head.kind} head has none.")
-  if rules and rules.check:
+  if rules.check:
     rules.check(config)
 
 
@@ -202,10 +202,8 @@ def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadC
       f"config.seq_len must be <= the target's max_seq_len={target.max_seq_len}, "
       f"got {config.seq_len}."
     )
-  record = heads.kind(head.kind)
-  fields = record.training.fields if record.training else ()
   settings = {}
-  for name in fields:
+  for name in heads.kind(head.kind).training.fields:
     if name in head:
       value = head[name]
       settings[name] = tuple(int(i) for i in value) if isinstance(value, tuple | list) else value
@@ -218,8 +216,8 @@ def head_config(config: ml_collections.ConfigDict, target: ModelConfig) -> HeadC
 def prepare(cfg: HeadConfig, workdir: str, tokens=None) -> HeadConfig:
   """`cfg` with what the data decides filled in by its kind (`TrainingRules.prepare`:
   EAGLE-3's draft ids, a resumed run's own or counted on `tokens`); else `cfg`."""
-  rules = heads.of(cfg).training
-  return rules.prepare(cfg, workdir, tokens) if rules and rules.prepare else cfg
+  prepare = heads.of(cfg).training.prepare
+  return prepare(cfg, workdir, tokens) if prepare else cfg
 
 
 def objective(
