@@ -207,3 +207,34 @@ def test_bad_heads_and_arguments_are_refused(target, prompts):
     head_config("hydra", target.cfg)
   with pytest.raises(ValueError, match=r"feature_layers must be distinct layer counts in \[1, 2\]"):
     head_config("eagle", target.cfg, feature_layers=(0, 2))
+
+
+def test_head_config_files_one_reader_and_writer(tmp_path):
+  """Every bundled head_config.json (a release before the per-kind settings wrote
+  every kind's fields in one record) reads into its kind's own config, writes and
+  reads back unchanged; a field no kind has, or an unknown kind, is one
+  HeadConfigError naming the file."""
+  import json
+  import os
+
+  from specjax import heads, pretrained
+
+  for kind in heads.bundled():
+    cfg = heads.read_config(os.path.join(pretrained.HEADS_DIR, kind))
+    assert type(cfg) is heads.kind(kind).config
+    assert heads.read_config(heads.write_config(str(tmp_path / kind), cfg)) == cfg
+  with open(os.path.join(pretrained.HEADS_DIR, "eagle", heads.CONFIG_FILE)) as f:
+    legacy = json.load(f)
+  for bad, match in (
+    ({**legacy, "heads_per_layer": 3}, r"has no settings \['heads_per_layer'\]"),
+    ({**legacy, "kind": "hydra"}, "head kind must be one of"),
+    ({**legacy, "d_ff": -1}, "d_ff must be an int >= 0"),
+  ):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(heads.HeadConfigError, match=rf"{path} is not a head config: .*{match}"):
+      heads.read_config(str(path))
+  target = heads.read_config(os.path.join(pretrained.HEADS_DIR, "eagle")).target
+  match = r"a medusa head has no settings \['exit_layer'\]"
+  with pytest.raises(heads.HeadConfigError, match=match):
+    heads.config("medusa", target, exit_layer=1)
