@@ -111,6 +111,8 @@ def test_decode_takes_hub_ids_and_the_checkpoints_generation_config(pair, tmp_pa
     # A head drafts without a draft checkpoint: the pair check lets it through.
     (dict(drafter="eagle", draft=""), "with your own config.target needs config.head"),
     (dict(drafter="eagle", vocab_subset=-1), r"config.vocab_subset \(0: all ids\)"),
+    (dict(drafter="ngram", vocab_subset=8), "config.vocab_subset applies to a draft head's"),
+    (dict(head="runs/eagle"), "config.head drafts as its kind's drafter: set config.drafter"),
     (dict(compare_transformers=True, drafter="ngram"), "needs config.drafter='model'"),
     (dict(draft_dtype="float16"), r"config.draft_dtype must be '' \(config.dtype\)"),
     (dict(scale="2b"), r"config.scale must be '' \(the bundled pair as trained\) or one of 160m"),

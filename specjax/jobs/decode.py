@@ -254,6 +254,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       f"config.drafter={config.drafter!r}; leave it 0."
     )
   drafters.check_drafter_name(config.drafter, allowed=drafter_names())
+  if config.head and config.drafter not in drafters.head_drafters():
+    raise ValueError(
+      f"config.head drafts as its kind's drafter: set config.drafter to one of "
+      f"{', '.join(drafters.head_drafters())} (got {config.drafter!r})."
+    )
   if config.drafter == "string_level" and config.adaptive:
     raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
   check_loop(config.loop, config.loop_chunk, "config.")
