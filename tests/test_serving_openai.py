@@ -507,3 +507,19 @@ def test_usage_speculation_adds_up_to_the_prometheus_counters(served, greedy):
       name = f"specjax_{kind}_tokens"
       counted = after[name, i + 1] - before[name, i + 1]
       assert sum(f[f"{kind}_at_position"][i] for f in figures) == counted
+
+
+def test_user_is_checked_and_otherwise_ignored(client, greedy):
+  """OpenAI's end-user identifier: a string of at most 256 characters, else a 400
+  naming `user`; it changes nothing in the answer."""
+  _, text = greedy
+  kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+  assert client.completions.create(**kwargs, user="alice-42").choices[0].text == text
+  chat = client.chat.completions.create(
+    model="tiny", messages=MESSAGES, max_tokens=2, temperature=0, user="u" * 256
+  )
+  assert chat.choices[0].finish_reason == "length"
+  for user, message in (("u" * 257, "user has at most 256 characters, got 257"), (5, "user: ")):
+    with pytest.raises(openai.BadRequestError, match=message) as error:
+      client.completions.create(**kwargs, user=user)
+    assert error.value.body["param"] == "user"

@@ -28,6 +28,7 @@ Every `usage` (a stream's last chunk with `stream_options.include_usage`)
 carries `speculation`: the request's drafted and accepted tokens, by draft
 position, and forced ones (with n > 1 also each choice's, under `choices`),
 which summed over requests equal /metrics' counters (docs/serving.md).
+`user` (OpenAI's end-user identifier) is checked and otherwise ignored.
 
 Structured output, in both endpoints: `response_format` ({"type": "json_object"}
 or {"type": "json_schema", "json_schema": {"name", "schema"}}) and the
@@ -167,6 +168,7 @@ class _Body(pydantic.BaseModel):
   guided_regex: str | None = None
   guided_choice: list[str] | None = None
   timeout: float | None = None  # seconds (an extension): the request's deadline
+  user: str | None = None  # OpenAI's end-user identifier: checked, otherwise ignored
 
 
 class CompletionBody(_Body):
@@ -231,6 +233,7 @@ _UNIONS = {
 }
 STOP_STRINGS = 4  # at most, as OpenAI's API
 MAX_CHOICES = 16  # n at most
+MAX_USER_CHARS = 256  # `user`'s characters at most
 DEFAULT_LIMITS = ServerLimits()
 
 
@@ -302,6 +305,10 @@ def parse_body(
   body.stop = stop
   if not 1 <= body.n <= MAX_CHOICES:
     raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {body.n}.", "n")
+  if body.user is not None and len(body.user) > MAX_USER_CHARS:
+    raise APIError(
+      400, f"user has at most {MAX_USER_CHARS} characters, got {len(body.user)}.", "user"
+    )
   constraint_of(body, limits)  # its shape and size are checked here; compiling it comes later
   return body
 
