@@ -566,27 +566,26 @@ class Engine:
     if stats is not None:
       proposed, accepted, evaluated, iterations = (int(x[slot]) for x in stats[:4])
       positions = stats[4][slot]
-    self._completions.add(
-      Completion(
-        request_id=live.request_id,
-        prompt_length=len(live.request.prompt),
-        tokens=list(live.tokens),
-        finish_reason=reason,
-        arrival_time=live.arrival_time,
-        first_token_time=live.first_token_time,
-        finish_time=time.perf_counter(),
-        error=error,
-        proposed=proposed,
-        accepted=accepted,
-        evaluated=evaluated,
-        iterations=iterations,
-        drafted_at_position=tuple(positions[0].tolist()),
-        accepted_at_position=tuple(positions[1].tolist()),
-      )
+    completion = Completion(
+      request_id=live.request_id,
+      prompt_length=len(live.request.prompt),
+      tokens=list(live.tokens),
+      finish_reason=reason,
+      arrival_time=live.arrival_time,
+      first_token_time=live.first_token_time,
+      finish_time=time.perf_counter(),
+      error=error,
+      proposed=proposed,
+      accepted=accepted,
+      evaluated=evaluated,
+      iterations=iterations,
+      drafted_at_position=tuple(positions[0].tolist()),
+      accepted_at_position=tuple(positions[1].tolist()),
     )
+    self._completions.add(completion)
     self.counters[reason] += 1
-    counts = self._completions.get(live.request_id).speculation
-    return Event(live.request_id, tuple(tokens), True, reason, error, logprobs, counts)
+    speculation = completion.speculation
+    return Event(live.request_id, tuple(tokens), True, reason, error, logprobs, speculation)
 
   def _compact(self) -> int:
     """Moves live rows into the lowest slots when that lets the step run at a
