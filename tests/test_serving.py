@@ -19,6 +19,7 @@ from specjax.serving import (
   request_key,
 )
 from specjax.serving import slots as programs
+from specjax.serving.metrics import engine_metrics
 from specjax.testing import tiny_setup
 from specjax.theory import expected_tokens_per_iteration
 
@@ -543,3 +544,47 @@ def test_per_request_draft_caps_are_honoured_row_by_row(pair, engine):
   assert engine.counters["steps_gamma_0"] > plain
   with pytest.raises(ValueError, match=r"max_draft_tokens must be an integer in \[0, inf\]"):
     engine.submit(dataclasses.replace(base[0], max_draft_tokens=-1))
+
+
+def test_per_request_speculation_counts_add_up_to_the_engines(pair, engine):
+  """Each completion's drafted / accepted tokens by position (its row's counters,
+  read when it finished, a cancelled one's too) sum to the engine's counters, and
+  each request's positions to its own totals; a cap of 1 drafts at position 1 only."""
+  engine.policy = Schedule((3, 3, 0, 3))
+  keys = (
+    "drafted",
+    "accepted",
+    *(f"{k}_at_{i}" for k in ("drafted", "accepted") for i in (1, 2, 3)),
+  )
+  before = {k: engine.counters[k] for k in keys}
+  base = requests(8, seed=17, sampled=True)
+  capped = dataclasses.replace(base[2], max_draft_tokens=1, max_new_tokens=CONFIG.max_new_tokens)
+  batch = [capped if i == 2 else r for i, r in enumerate(base)]
+  ids = [engine.submit(r) for r in batch]
+  engine.step()
+  engine.step()
+  engine.cancel(ids[0])  # mid-stream (or finished already: a no-op)
+  while engine.has_work():
+    engine.step()
+  counts = [engine.completion(i).speculation for i in ids]
+  total = sum(counts[1:], counts[0])
+  assert total.drafted == engine.counters["drafted"] - before["drafted"] > 0
+  assert total.accepted == engine.counters["accepted"] - before["accepted"] > 0
+  for i in (1, 2, 3):
+    for kind in ("drafted", "accepted"):
+      key = f"{kind}_at_{i}"
+      assert getattr(total, f"{kind}_at_position")[i - 1] == engine.counters[key] - before[key]
+  for c in counts:
+    assert len(c.drafted_at_position) == len(c.accepted_at_position) == CONFIG.gamma
+    assert sum(c.drafted_at_position) == c.drafted and sum(c.accepted_at_position) == c.accepted
+    assert all(a <= d for a, d in zip(c.accepted_at_position, c.drafted_at_position))
+    assert list(c.accepted_at_position) == sorted(c.accepted_at_position, reverse=True)
+    assert c.forced == 0
+  capped = counts[2]
+  assert capped.drafted_at_position[0] > 0 and capped.drafted_at_position[1:] == (0, 0)
+  policy = SpeculationPolicy("adaptive", CONFIG.draft_lengths)
+  metrics = engine_metrics(
+    engine.counters, [], live=0, queued=0, draft_lengths=(0, 3), policy=policy, positions=3
+  )["speculation"]
+  assert metrics["drafted"] == engine.counters["drafted"]
+  assert metrics["accepted_at_position"] == [engine.counters[f"accepted_at_{i}"] for i in (1, 2, 3)]

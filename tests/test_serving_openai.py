@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import specjax
 from specjax.data.chat import ChatTemplate
 from specjax.sampling import SamplingParams, warp_probs
-from specjax.serving import Engine, EngineConfig, Request
+from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import make_app
 from specjax.serving.limits import ServerLimits
@@ -226,7 +226,11 @@ def test_stop_strings(served, greedy):
     )
   )
   assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
-  assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].usage == out.usage
+  assert chunks[-2].choices[0].finish_reason == "stop"
+  # The token counts agree; usage.speculation counts the steps each row ran, and a row
+  # stopped by a stop string runs until the engine hears of it (timing decides).
+  tokens = ("prompt_tokens", "completion_tokens", "total_tokens")
+  assert [getattr(chunks[-1].usage, k) for k in tokens] == [getattr(out.usage, k) for k in tokens]
   # A stop string whose beginning appears but never all of it: held back, then released.
   partial = text[j] + "\x00\x01"
   chunks = list(client.completions.create(**kwargs, stop=partial, stream=True))
@@ -429,3 +433,93 @@ def test_engine_refusals_name_the_field(served):
   hot.check(Request([1], 4, SamplingParams(1.0), seed=1))  # seeded rows speculate (coupled)
   with pytest.raises(ValueError, match=r"max_draft_tokens must be an integer in \[0, inf\]"):
     hot.check(Request([1], 4, max_draft_tokens=-2))
+
+
+def _speculation_counters(url) -> dict:
+  """/metrics' drafted, accepted and forced token counters (by position: `(name, position)`)."""
+  out = {}
+  for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for s in family.samples:
+      if s.name.endswith("_by_position_total"):
+        out[s.name.removesuffix("_by_position_total"), int(s.labels["position"])] = s.value
+      elif s.name in ("specjax_drafted_tokens_total", "specjax_accepted_tokens_total"):
+        out[s.name.removesuffix("_total")] = s.value
+      elif s.name == "specjax_forced_tokens_total":
+        out["specjax_forced_tokens"] = s.value
+  return out
+
+
+def test_usage_speculation_adds_up_to_the_prometheus_counters(served, greedy):
+  """Completions and chats, streamed (usage in the last chunk) and not, n = 1 and 2,
+  greedy and sampled, one stopped by a stop string: each usage.speculation's
+  figures (per choice with n > 1) sum to the change in /metrics' counters."""
+  client, url, background, *_ = served
+  _, text = greedy
+  stop = next(text[j : j + 2] for j in range(1, len(text) - 1) if text[j : j + 2].isprintable())
+  engine = background.engine
+  adaptive = background.call(lambda e: e.policy)
+  drafting = SpeculationPolicy("always", engine.config.draft_lengths)  # every step drafts
+  background.call(lambda e: setattr(e, "policy", drafting))
+  try:
+    deadline = time.monotonic() + 30
+    while background.call(lambda e: e.has_work()) and time.monotonic() < deadline:
+      time.sleep(0.05)  # earlier tests' rows have all finished
+    before = _speculation_counters(url)
+    usages = []
+    base = dict(model="tiny", max_tokens=12)
+    chat = dict(base, messages=MESSAGES)
+    usages.append(client.completions.create(**base, prompt=PROMPT, temperature=0).usage)
+    usages.append(client.chat.completions.create(**chat, temperature=0.9, n=2).usage)
+    usage = {"include_usage": True}
+    for stream in (
+      client.completions.create(**base, prompt=PROMPT, temperature=0, stop=stop, stream=True,
+                                stream_options=usage),
+      client.chat.completions.create(**chat, temperature=0.7, n=2, stream=True,
+                                     stream_options=usage),
+    ):  # fmt: skip
+      chunks = list(stream)
+      assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
+      usages.append(chunks[-1].usage)
+    after = _speculation_counters(url)
+  finally:
+    background.call(lambda e: setattr(e, "policy", adaptive))
+  figures = [u.model_extra["speculation"] for u in usages]
+  gamma = engine.config.gamma
+  for f in figures:
+    assert len(f["drafted_at_position"]) == len(f["accepted_at_position"]) == gamma
+    assert sum(f["drafted_at_position"]) == f["drafted"] >= f["accepted"]
+    assert sum(f["accepted_at_position"]) == f["accepted"] and f["forced"] == 0
+    per_choice = f.get("choices")
+    if per_choice is None:
+      continue
+    assert [c["index"] for c in per_choice] == [0, 1]
+    for key in ("drafted", "accepted", "forced"):
+      assert sum(c[key] for c in per_choice) == f[key]
+    for key in ("drafted_at_position", "accepted_at_position"):
+      assert np.sum([c[key] for c in per_choice], axis=0).tolist() == f[key]
+  assert ["choices" in f for f in figures] == [False, True, False, True]
+  total = lambda key: sum(f[key] for f in figures)
+  assert total("drafted") == after["specjax_drafted_tokens"] - before["specjax_drafted_tokens"] > 0
+  assert total("accepted") == after["specjax_accepted_tokens"] - before["specjax_accepted_tokens"]
+  assert total("forced") == after["specjax_forced_tokens"] - before["specjax_forced_tokens"] == 0
+  for i in range(gamma):
+    for kind in ("drafted", "accepted"):
+      name = f"specjax_{kind}_tokens"
+      counted = after[name, i + 1] - before[name, i + 1]
+      assert sum(f[f"{kind}_at_position"][i] for f in figures) == counted
+
+
+def test_user_is_checked_and_otherwise_ignored(client, greedy):
+  """OpenAI's end-user identifier: a string of at most 256 characters, else a 400
+  naming `user`; it changes nothing in the answer."""
+  _, text = greedy
+  kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+  assert client.completions.create(**kwargs, user="alice-42").choices[0].text == text
+  chat = client.chat.completions.create(
+    model="tiny", messages=MESSAGES, max_tokens=2, temperature=0, user="u" * 256
+  )
+  assert chat.choices[0].finish_reason == "length"
+  for user, message in (("u" * 257, "user has at most 256 characters, got 257"), (5, "user: ")):
+    with pytest.raises(openai.BadRequestError, match=message) as error:
+      client.completions.create(**kwargs, user=user)
+    assert error.value.body["param"] == "user"

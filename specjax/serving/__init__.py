@@ -4,6 +4,7 @@ with their own settings, an adaptive speculation policy, metrics.
   Engine                      the engine: scheduling (`specjax.serving.engine`)
   EngineConfig, fit_config    its settings, fitted to the models' context (`.config`)
   Request, Event, Completion  what goes in and comes out (`.request`)
+  SpeculationCounts           a request's drafted / accepted tokens, by position
   request_key                 the key a seeded request draws with
   SpeculationPolicy           draft length per step (`.policy`; warm-up timing
                               in `.calibration`)
@@ -21,7 +22,7 @@ from specjax.serving.config import EngineConfig, fit_config
 from specjax.serving.engine import Engine, request_key
 from specjax.serving.metrics import percentiles, summarize
 from specjax.serving.policy import SpeculationPolicy
-from specjax.serving.request import Completion, Event, Request
+from specjax.serving.request import Completion, Event, Request, SpeculationCounts
 
 __all__ = [
   "BackgroundEngine",
@@ -30,6 +31,7 @@ __all__ = [
   "EngineConfig",
   "Event",
   "Request",
+  "SpeculationCounts",
   "SpeculationPolicy",
   "fit_config",
   "percentiles",

@@ -168,6 +168,8 @@ class Engine:
     self._steps = 0
     self._admitted = 0
     self._drafter_stale = False
+    # The rows' counters (`_row_stats`) as last read, for requests stopped between steps.
+    self._last_stats = None
     self.counters = collections.Counter()
 
   # ------------------------------------------------------------------ requests
@@ -260,7 +262,7 @@ class Engine:
         mask[slot] = True
         self._state = slots.release(self._state, jnp.asarray(mask))
         self._slot_requests[slot] = None
-        self._pending.append(self._finish(live, reason))
+        self._pending.append(self._finish(live, reason, slot=slot))
         return
 
   def _table(self):
@@ -337,6 +339,7 @@ class Engine:
       )
     except Exception as error:  # the batch's state is gone (donated): start afresh
       return events + self._fail_live(f"engine step failed: {type(error).__name__}: {error}")
+    self._last_stats = stats
     seconds = time.perf_counter() - start
     self._steps += 1
     self._drafter_stale |= gamma == 0
@@ -344,6 +347,11 @@ class Engine:
     self.counters[f"steps_gamma_{gamma}"] += 1
     self.counters["accepted"] += int(counts[0])
     self.counters["evaluated"] += int(counts[1])
+    self.counters["drafted"] += int(counts[2])
+    by_position = counts[3:].reshape(2, -1)
+    for i, (drafted, accepted) in enumerate(zip(*by_position.tolist())):
+      self.counters[f"drafted_at_{i + 1}"] += drafted
+      self.counters[f"accepted_at_{i + 1}"] += accepted
     return events + self._stream(tokens, num_generated, done, stats, logprobs)
 
   def _capped(self, gamma: int, live: list[int]) -> int:
@@ -363,9 +371,10 @@ class Engine:
     return self._state.logprobs if self._asked() else None
 
   def _run_step(self, gamma: int, width: int, key: jax.Array) -> jax.Array:
-    """Dispatches one step program on the batch; returns its (accepted,
-    evaluated) drafted-token counts. A plain step takes no drafter: its
-    dispatch would flatten the draft model's parameters for nothing."""
+    """Dispatches one step program on the batch; returns its counts over the
+    rows: accepted, evaluated and drafted tokens, then the drafted and the
+    accepted by position (`[2, gamma]` flattened). A plain step takes no
+    drafter: its dispatch would flatten the draft model's parameters for nothing."""
     self._state, counts = slots.step(
       self.target,
       self.drafter if gamma else None,
@@ -388,11 +397,12 @@ class Engine:
         events.append(self._finish(live, "error", message))
     self._state = self._blank()
     self._drafter_stale = False
+    self._last_stats = None
     return events
 
   def _row_stats(self):
     s = self._state.spec.stats
-    return s.proposed, s.accepted, s.evaluated, s.row_iterations
+    return s.proposed, s.accepted, s.evaluated, s.row_iterations, self._state.positions
 
   def _expire(self) -> None:
     """Stops the requests past their deadline (`Request.timeout_s`): "timeout"."""
@@ -456,6 +466,7 @@ class Engine:
       tokens, num_generated, done, stats, logprobs = jax.device_get(
         (spec.tokens, spec.num_generated, spec.done, self._row_stats(), self._lp())
       )
+      self._last_stats = stats
       events += self._stream(tokens, num_generated, done, stats, logprobs, only=admitted)
     return events
 
@@ -548,27 +559,33 @@ class Engine:
   def _finish(
     self, live: _Live, reason: str, error=None, tokens=(), stats=None, slot=None, logprobs=None
   ) -> Event:
+    if stats is None and slot is not None:  # stopped between steps: the last step's counts
+      stats = self._last_stats
     proposed = accepted = evaluated = iterations = 0
+    positions = np.zeros((2, self.config.gamma), np.int64)
     if stats is not None:
-      proposed, accepted, evaluated, iterations = (int(x[slot]) for x in stats)
-    self._completions.add(
-      Completion(
-        request_id=live.request_id,
-        prompt_length=len(live.request.prompt),
-        tokens=list(live.tokens),
-        finish_reason=reason,
-        arrival_time=live.arrival_time,
-        first_token_time=live.first_token_time,
-        finish_time=time.perf_counter(),
-        error=error,
-        proposed=proposed,
-        accepted=accepted,
-        evaluated=evaluated,
-        iterations=iterations,
-      )
+      proposed, accepted, evaluated, iterations = (int(x[slot]) for x in stats[:4])
+      positions = stats[4][slot]
+    completion = Completion(
+      request_id=live.request_id,
+      prompt_length=len(live.request.prompt),
+      tokens=list(live.tokens),
+      finish_reason=reason,
+      arrival_time=live.arrival_time,
+      first_token_time=live.first_token_time,
+      finish_time=time.perf_counter(),
+      error=error,
+      proposed=proposed,
+      accepted=accepted,
+      evaluated=evaluated,
+      iterations=iterations,
+      drafted_at_position=tuple(positions[0].tolist()),
+      accepted_at_position=tuple(positions[1].tolist()),
     )
+    self._completions.add(completion)
     self.counters[reason] += 1
-    return Event(live.request_id, tuple(tokens), True, reason, error, logprobs)
+    speculation = completion.speculation
+    return Event(live.request_id, tuple(tokens), True, reason, error, logprobs, speculation)
 
   def _compact(self) -> int:
     """Moves live rows into the lowest slots when that lets the step run at a
@@ -700,6 +717,7 @@ class Engine:
       queued=len(self._queue),
       draft_lengths=self.config.draft_lengths,
       policy=self.policy,
+      positions=self.config.gamma,
     )
 
 

@@ -24,6 +24,12 @@ Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the
 engine, freeing its slot.
 
+Every `usage` (a stream's last chunk with `stream_options.include_usage`)
+carries `speculation`: the request's drafted and accepted tokens, by draft
+position, and forced ones (with n > 1 also each choice's, under `choices`),
+which summed over requests equal /metrics' counters (docs/serving.md).
+`user` (OpenAI's end-user identifier) is checked and otherwise ignored.
+
 Structured output, in both endpoints: `response_format` ({"type": "json_object"}
 or {"type": "json_schema", "json_schema": {"name", "schema"}}) and the
 extensions `guided_regex` and `guided_choice` (vLLM's names). Each is compiled
@@ -71,7 +77,7 @@ from specjax.serving.background import BackgroundEngine
 from specjax.serving.compiler import CompilePool, CompileRefused
 from specjax.serving.engine import QueueFull
 from specjax.serving.limits import ServerLimits
-from specjax.serving.request import Event, Request
+from specjax.serving.request import Event, Request, SpeculationCounts
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +168,7 @@ class _Body(pydantic.BaseModel):
   guided_regex: str | None = None
   guided_choice: list[str] | None = None
   timeout: float | None = None  # seconds (an extension): the request's deadline
+  user: str | None = None  # OpenAI's end-user identifier: checked, otherwise ignored
 
 
 class CompletionBody(_Body):
@@ -226,6 +233,7 @@ _UNIONS = {
 }
 STOP_STRINGS = 4  # at most, as OpenAI's API
 MAX_CHOICES = 16  # n at most
+MAX_USER_CHARS = 256  # `user`'s characters at most
 DEFAULT_LIMITS = ServerLimits()
 
 
@@ -297,6 +305,10 @@ def parse_body(
   body.stop = stop
   if not 1 <= body.n <= MAX_CHOICES:
     raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {body.n}.", "n")
+  if body.user is not None and len(body.user) > MAX_USER_CHARS:
+    raise APIError(
+      400, f"user has at most {MAX_USER_CHARS} characters, got {len(body.user)}.", "user"
+    )
   constraint_of(body, limits)  # its shape and size are checked here; compiling it comes later
   return body
 
@@ -884,6 +896,7 @@ class _Completions:
       form.choice(i, texts[i], c.finish_reason, counted[i], whole=True)
       for i, c in enumerate(run.choices)
     ]
+    await run.settle()
     return {**head, "choices": choices, "usage": run.usage(len(prompt))}
 
 
@@ -937,10 +950,15 @@ class _Run:
     self.ids: dict[int, int] = {}  # open choice -> engine request id
     self.disconnected, self.watcher = False, None
     self.start_time = time.perf_counter()
+    zeros = (0,) * background.engine.config.gamma  # one entry per draft position
+    self.no_counts = SpeculationCounts(drafted_at_position=zeros, accepted_at_position=zeros)
 
   async def start(self, requests: list[Request]) -> None:
     loop = asyncio.get_running_loop()
     self.choices = [_Choice(self.tokenizer, self.stop) for _ in requests]
+    # Each choice's speculation figures, from its engine request's finished event.
+    self.counts = [self.no_counts] * len(requests)
+    self.running = set(range(len(requests)))  # choices whose engine request has not finished
 
     def on_event(i: int, event: Event) -> None:  # engine thread -> this event loop
       with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
@@ -964,6 +982,8 @@ class _Run:
           self.disconnected = True
           return
         i, event = item
+        if event.finished:
+          self._finished(i, event)
         if i not in self.ids:
           continue
         if event.finish_reason == "timeout":  # its text so far is its answer
@@ -993,9 +1013,40 @@ class _Run:
       self.background.cancel(rid)
     self.ids.clear()
 
+  def _finished(self, i: int, event: Event) -> None:
+    self.running.discard(i)
+    if event.speculation is not None:
+      self.counts[i] = event.speculation
+
+  async def settle(self, timeout_s: float = 10.0) -> None:
+    """Waits for the finished events of the choices answered before their engine
+    request ended (a stop string stops its row at the engine's next step), so that
+    usage counts every step their rows took part in, as the engine's counters do."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while self.running:
+      try:
+        item = await asyncio.wait_for(self.queue.get(), max(deadline - loop.time(), 0))
+      except asyncio.TimeoutError:
+        logger.warning("no finished event for choices %s; their usage counts 0", self.running)
+        return
+      if item is not _DISCONNECTED and item[1].finished:
+        self._finished(*item)
+
   def usage(self, prompt: int) -> dict:
+    """OpenAI's usage, and `speculation`: the choices' drafted and accepted tokens
+    summed (with n > 1 each choice's own under `choices`); docs/serving.md."""
     n = sum(c.tokens for c in self.choices)
-    return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+    total = functools.reduce(lambda a, b: a + b, self.counts)
+    speculation = total.as_dict()
+    if len(self.counts) > 1:
+      speculation["choices"] = [{"index": i, **c.as_dict()} for i, c in enumerate(self.counts)]
+    return {
+      "prompt_tokens": prompt,
+      "completion_tokens": n,
+      "total_tokens": prompt + n,
+      "speculation": speculation,
+    }
 
   async def _watch(self) -> None:
     """Wakes the reader once the client has gone."""
@@ -1052,6 +1103,7 @@ async def _stream(run: _Run, form: _Form, head: dict, prompt_tokens: int | None)
   if run.disconnected:
     return
   if prompt_tokens is not None:
+    await run.settle()
     yield _sse({**head, "choices": [], "usage": run.usage(prompt_tokens)})
   yield "data: [DONE]\n\n"
 
@@ -1095,6 +1147,23 @@ class Prometheus:
       steps.add_metric([gamma], count)
     yield from (requests, steps)
     yield CounterMetricFamily("specjax_generated_tokens", "Tokens generated.", m["tokens"])
+    spec = m["speculation"]  # what the requests' usage.speculation figures add up to
+    for kind, doc in (
+      ("drafted", "Drafted tokens offered to the verifier"),
+      ("accepted", "Drafted tokens accepted"),
+    ):
+      yield CounterMetricFamily(f"specjax_{kind}_tokens", f"{doc}.", spec[kind])
+      by_position = CounterMetricFamily(
+        f"specjax_{kind}_tokens_by_position",
+        f"{doc}, by draft position (1: the first drafted token).",
+        labels=["position"],
+      )
+      for i, count in enumerate(spec[f"{kind}_at_position"]):
+        by_position.add_metric([str(i + 1)], count)
+      yield by_position
+    yield CounterMetricFamily(
+      "specjax_forced_tokens", "Tokens drafted because a constraint forced them.", spec["forced"]
+    )
     for name, doc, value in (
       ("requests_running", "Requests holding a slot.", m["requests"]["live"]),
       ("queue_depth", "Requests waiting for a slot.", m["requests"]["queued"]),

@@ -88,17 +88,24 @@ def engine_metrics(
   queued: int,
   draft_lengths: Sequence[int],
   policy,
+  positions: int = 0,
 ) -> dict:
   """What `Engine.metrics()` reports: its counters since start and the latency
   percentiles of its `recent` completions.
 
   Args:
     counters: the engine's counts (submitted, finish reasons, tokens, steps
-      per draft length, accepted and evaluated drafted tokens).
+      per draft length, drafted, accepted and evaluated drafted tokens, and
+      by position: `drafted_at_{i}`, `accepted_at_{i}`).
     recent: the last completions.
     live, queued: requests holding a slot; waiting for one.
     draft_lengths: the engine's compiled draft lengths.
     policy: its `SpeculationPolicy`.
+    positions: the draft positions counted (the engine's largest draft length).
+
+  `speculation` holds the counters that the requests' own figures
+  (`SpeculationCounts`, their usage) add up to: drafted, accepted and forced
+  tokens, and by position.
   """
   c = counters
   return {
@@ -113,6 +120,13 @@ def engine_metrics(
     "tokens": c["tokens"],
     "steps": {g: c[f"steps_gamma_{g}"] for g in draft_lengths},
     "acceptance_rate": c["accepted"] / c["evaluated"] if c["evaluated"] else None,
+    "speculation": {
+      "drafted": c["drafted"],
+      "accepted": c["accepted"],
+      "drafted_at_position": [c[f"drafted_at_{i + 1}"] for i in range(positions)],
+      "accepted_at_position": [c[f"accepted_at_{i + 1}"] for i in range(positions)],
+      "forced": c["forced"],  # none yet: issue 65, requirement 3
+    },
     "policy": {
       "kind": policy.kind,
       "alpha": policy.alpha,

@@ -5,6 +5,7 @@ Event       what one engine step streams for a request: its new tokens, and
             whether (and why) it finished
 Completion  a finished request: its tokens, finish reason and timings (TTFT,
             TPOT, end-to-end) and its acceptance counters
+SpeculationCounts  a request's speculation figures, as its usage reports them
 """
 
 from __future__ import annotations
@@ -62,6 +63,55 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeculationCounts:
+  """What speculation did for one request (one choice), from its row's counters
+  on the device, read when it finished.
+
+  Attributes:
+    drafted: drafted tokens offered for it (`Completion.proposed`).
+    accepted: those the verifier kept.
+    drafted_at_position: entry i counts the steps that drafted a token at
+      position i + 1 for it (one entry per position up to the engine's largest
+      draft length); they sum to `drafted`.
+    accepted_at_position: entry i counts the steps that accepted its drafted
+      token i + 1 (a chain: and every one before it); they sum to `accepted`.
+    forced: tokens drafted because its constraint allowed only one; none yet
+      (issue 65, requirement 3), so 0.
+  """
+
+  drafted: int = 0
+  accepted: int = 0
+  drafted_at_position: tuple[int, ...] = ()
+  accepted_at_position: tuple[int, ...] = ()
+  forced: int = 0
+
+  def __add__(self, other: SpeculationCounts) -> SpeculationCounts:
+    """The sum of two requests' counts (positions entry by entry)."""
+    n = max(len(self.drafted_at_position), len(other.drafted_at_position))
+
+    def pad(x):
+      return tuple(x) + (0,) * (n - len(x))
+
+    return SpeculationCounts(
+      self.drafted + other.drafted,
+      self.accepted + other.accepted,
+      tuple(map(sum, zip(pad(self.drafted_at_position), pad(other.drafted_at_position)))),
+      tuple(map(sum, zip(pad(self.accepted_at_position), pad(other.accepted_at_position)))),
+      self.forced + other.forced,
+    )
+
+  def as_dict(self) -> dict:
+    """The JSON of `usage.speculation` (docs/serving.md)."""
+    return {
+      "drafted": self.drafted,
+      "accepted": self.accepted,
+      "drafted_at_position": list(self.drafted_at_position),
+      "accepted_at_position": list(self.accepted_at_position),
+      "forced": self.forced,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
 class Event:
   """What one engine step streams for one request.
 
@@ -76,6 +126,7 @@ class Event:
     error: the message when finish_reason is "error".
     logprobs: None (not asked for), or one `(logprob, ((id, logprob), ...))`
       per token: its log-probability and the most likely alternatives.
+    speculation: a finished event's `SpeculationCounts` (None before).
   """
 
   request_id: int
@@ -84,6 +135,7 @@ class Event:
   finish_reason: str | None = None
   error: str | None = None
   logprobs: tuple | None = None
+  speculation: SpeculationCounts | None = None
 
 
 @dataclasses.dataclass
@@ -100,6 +152,8 @@ class Completion:
     proposed, accepted, evaluated, iterations: its row's counters while it
       was decoded (`SpeculativeStats`: accepted / evaluated estimates alpha;
       iterations counts engine steps it took part in).
+    drafted_at_position, accepted_at_position, forced: as in
+      `SpeculationCounts` (`speculation` gathers them with proposed and accepted).
   """
 
   request_id: int
@@ -114,6 +168,20 @@ class Completion:
   accepted: int = 0
   evaluated: int = 0
   iterations: int = 0
+  drafted_at_position: tuple[int, ...] = ()
+  accepted_at_position: tuple[int, ...] = ()
+  forced: int = 0
+
+  @property
+  def speculation(self) -> SpeculationCounts:
+    """Its speculation figures, as its usage reports them."""
+    return SpeculationCounts(
+      self.proposed,
+      self.accepted,
+      self.drafted_at_position,
+      self.accepted_at_position,
+      self.forced,
+    )
 
   @property
   def ttft(self) -> float | None:

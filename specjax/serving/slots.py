@@ -86,6 +86,10 @@ class SlotState:
     row_keys: `[B, 2]` uint32, a seeded row's own key data (zeros: none).
     logprobs: None, or `(logprob [B, L], top_ids [B, L, K], top_logprobs [B, L, K])`
       laid out as `spec.tokens`.
+    positions: `[B, 2, G]` int32 (G = the largest draft length), each row's
+      counts since its admission: `[:, 0, i]` the steps that drafted a token at
+      position i + 1 for it, `[:, 1, i]` those whose drafted token i + 1 was
+      accepted (the request's `drafted_at_position` / `accepted_at_position`).
   """
 
   spec: SpecState
@@ -93,6 +97,7 @@ class SlotState:
   prompt_lengths: jax.Array
   row_keys: jax.Array
   logprobs: tuple | None = None
+  positions: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +138,7 @@ def map_rows(fn, *states: SlotState) -> SlotState:
   )
 
 
-SLOT_FIELDS = ("prompts", "prompt_lengths", "row_keys", "logprobs")
+SLOT_FIELDS = ("prompts", "prompt_lengths", "row_keys", "logprobs", "positions")
 
 
 def _seeded(row_keys: jax.Array) -> jax.Array:
@@ -218,7 +223,8 @@ def fresh_rows(
     rules=rules,
   ).replace(row_keys=None, coupled_rows=None)  # they live in SlotState.row_keys
   padded = jnp.pad(prompts, ((0, 0), (0, config.max_prompt_len - width)))
-  state = SlotState(spec, padded, prompt_lengths, row_keys)
+  positions = jnp.zeros((n, 2, config.spec.gamma), jnp.int32)
+  state = SlotState(spec, padded, prompt_lengths, row_keys, positions=positions)
   if not config.logprobs:
     return state
   # The first token's law: the last prompt position again (`prefill` keeps no logits).
@@ -327,11 +333,25 @@ def _step(
     spec = spec.replace(row_keys=None, coupled_rows=None)
   at = part.spec.num_generated
   part = _record(part, spec, lambda: logits, emitted, at, config.logprobs, record)
-  # This step's accepted and evaluated drafted tokens (the policy's alpha).
-  counts = jnp.stack(
+  # Each row's drafted tokens this step and those accepted (0 for rows that
+  # were done): the steps that drafted / accepted its token at each position.
+  proposed = spec.stats.proposed - before.proposed
+  accepted = spec.stats.accepted - before.accepted
+  at = jnp.arange(config.spec.gamma)[None, None, :]
+  step_positions = (at < jnp.stack([proposed, accepted], axis=1)[..., None]).astype(jnp.int32)
+  part = part.replace(positions=part.positions + step_positions)
+  # This step's counts over the rows: accepted and evaluated drafted tokens (the
+  # policy's alpha), drafted ones, then `[2, G]` by position, flattened.
+  counts = jnp.concatenate(
     [
-      jnp.sum(spec.stats.accepted - before.accepted),
-      jnp.sum(spec.stats.evaluated - before.evaluated),
+      jnp.stack(
+        [
+          jnp.sum(accepted),
+          jnp.sum(spec.stats.evaluated - before.evaluated),
+          jnp.sum(proposed),
+        ]
+      ),
+      jnp.sum(step_positions, axis=0).reshape(-1),
     ]
   )
   return _put_prefix(state, part, width), counts
