@@ -105,26 +105,20 @@ def expand_head(head, new: HeadConfig | ModelConfig):
   from specjax.models.expand import expand_head as grow
 
   old = head.cfg
-  n_old = old.target.n_layers
-  if isinstance(new, ModelConfig):
-    check_expansion(old.target, new)
-    move = lambda c: expanded_layer_count(c, n_old, new.n_layers)
-    new = old.moved_to(new, move)
-  elif not isinstance(new, HeadConfig):
+  if not isinstance(new, ModelConfig | HeadConfig):
     raise ValueError(f"new must be a HeadConfig or a ModelConfig, got {type(new).__name__}.")
+  target = new if isinstance(new, ModelConfig) else new.target
+  check_expansion(old.target, target)
+  n_old, n_new = old.target.n_layers, target.n_layers
+  moved = old.moved_to(target, lambda c: expanded_layer_count(c, n_old, n_new))
+  if isinstance(new, ModelConfig):
+    new = moved
   if new.kind != old.kind:
     raise ValueError(f"HeadConfig.kind: the expanded head needs {old.kind!r}, got {new.kind!r}.")
-  check_expansion(old.target, new.target)
-  n_new = new.target.n_layers
-  moved = old.moved_to(new.target, lambda c: expanded_layer_count(c, n_old, n_new))
   for field in dataclasses.fields(moved):
-    if field.name not in ("target", "d_ff") and getattr(new, field.name) != getattr(
-      moved, field.name
-    ):
-      raise ValueError(
-        f"HeadConfig.{field.name}: the expanded head needs {getattr(moved, field.name)!r}, "
-        f"got {getattr(new, field.name)!r}."
-      )
+    want, got = getattr(moved, field.name), getattr(new, field.name)
+    if field.name not in ("target", "d_ff") and got != want:
+      raise ValueError(f"HeadConfig.{field.name}: the expanded head needs {want!r}, got {got!r}.")
   record = of(old)
   return grow(head, new, record.make, record.expansion_axes)
 
