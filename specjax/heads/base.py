@@ -260,6 +260,13 @@ def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
   return of(cfg).make(cfg, rngs=rngs)
 
 
+def abstract_head(cfg: HeadConfig, name: str = "float32"):
+  """`(graphdef, abstract state)` of the head of `cfg` in dtype `name`, with no
+  parameters made (the readers fill them)."""
+  cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
+  return nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
+
+
 def linear(cfg: ModelConfig, d_in: int, d_out: int, *, rngs: nnx.Rngs, zero=False, bias=True):
   """A head's `Linear` in `cfg`'s dtypes (zero-initialised with `zero`)."""
   init = nnx.initializers.zeros if zero else nnx.initializers.normal(cfg.init_std)

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from specjax.heads.base import HeadConfig, HeadConfigError
+from specjax.dtypes import dtype_name
+from specjax.heads.base import HeadConfig, HeadConfigError, abstract_head
 from specjax.models.config import ModelConfig
 from specjax.models.fused import fused_parts, unfuse
 from specjax.tensor_files import read_tensors
@@ -113,3 +114,11 @@ def read_head_params(
   if tensors:
     raise ValueError(f"{path} holds tensors this head does not have: {sorted(tensors)}.")
   return nnx.from_flat_state(flat)
+
+
+def read_head(directory: str, cfg: HeadConfig, dtype, fix: str = "") -> nnx.Module:
+  """The head of `cfg` in `dtype` from `directory/WEIGHTS_FILE` (specjax's layout:
+  `read_head_params`, whose errors name the file; `fix` is added to each)."""
+  graphdef, abstract = abstract_head(cfg, dtype_name(dtype))
+  path = os.path.join(directory, WEIGHTS_FILE)
+  return nnx.merge(graphdef, read_head_params(path, abstract, dtype, cfg.block_config, fix))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.heads.base import HeadConfig, make_head
+from specjax.heads.base import HeadConfig, abstract_head
 from specjax.hf import weights
 
 # Weight files of a Llama-style head, in the order the reference loaders try them.
@@ -52,13 +52,6 @@ class HubLayout:
   recognises: Callable[[dict, str, Collection[str]], bool]
   read: Callable
   write: Callable
-
-
-def abstract_head(cfg: HeadConfig, name: str = "float32"):
-  """`(graphdef, abstract state)` of the head of `cfg` in dtype `name`, with no
-  parameters made (the readers fill them)."""
-  cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
-  return nnx.split(nnx.eval_shape(lambda: make_head(cfg, rngs=nnx.Rngs(0))))
 
 
 def build_head(cfg: HeadConfig, name: str, names: dict, tensors: dict, copies: dict) -> nnx.Module:

@@ -47,10 +47,8 @@ def load_head(path: str, target, dtype=jnp.float32) -> nnx.Module:
   if os.path.exists(os.path.join(directory, files.CONFIG_FILE)):
     cfg = files.read_config(directory)
     cfg.check_target(target.cfg)
-    file = os.path.join(directory, files.WEIGHTS_FILE)
-    if os.path.exists(file):
-      graphdef, abstract = hub.abstract_head(cfg, name)
-      return nnx.merge(graphdef, files.read_head_params(file, abstract, dtype, cfg.block_config))
+    if os.path.exists(os.path.join(directory, files.WEIGHTS_FILE)):
+      return files.read_head(directory, cfg, dtype)
     from specjax.training import load_trained_head
 
     graphdef, _ = hub.abstract_head(cfg, name)

@@ -25,7 +25,6 @@ function (the presets: `scales.SCALES`; `specjax/models/expand.py`), and
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import NamedTuple
@@ -282,17 +281,7 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
     except ValueError as why:  # neither the trained shape nor grown from it
       raise mismatch from why
     grown = target.cfg.replace(dtype=name, param_dtype=name)
-  # The compute dtype is read from the config when the head is built.
-  cfg = dataclasses.replace(cfg, target=cfg.target.replace(dtype=name, param_dtype=name))
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: heads.make_head(cfg, rngs=nnx.Rngs(0))))
-  params = head_files.read_head_params(
-    os.path.join(directory, head_files.WEIGHTS_FILE),
-    abstract,
-    dtype,
-    cfg.block_config,
-    _REBUILD_HEADS,
-  )
-  head = nnx.merge(graphdef, params)
+  head = head_files.read_head(directory, cfg, dtype, _REBUILD_HEADS)
   return head if grown is None else heads.expand_head(head, grown)
 
 
