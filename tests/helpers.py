@@ -244,3 +244,28 @@ class Schedule:
 
   def observe(self, *args, **kwargs):
     pass
+
+
+def serve_app(app, make_server=None, **config):
+  """Runs the ASGI `app` with uvicorn on a free local port, in a daemon thread, and
+  waits until it has started (at most 30 s); returns `(url, server, thread)`.
+  `make_server` builds the server from its `uvicorn.Config` (default
+  `uvicorn.Server`); `config` adds `uvicorn.Config` fields."""
+  import socket
+  import threading
+  import time
+
+  import uvicorn
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  options = dict(host="127.0.0.1", port=port, log_level="warning", log_config=None)
+  server = (make_server or uvicorn.Server)(uvicorn.Config(app, **options, **config))
+  thread = threading.Thread(target=server.run, daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 30
+  while not server.started and thread.is_alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert server.started
+  return f"http://127.0.0.1:{port}", server, thread

@@ -19,9 +19,8 @@ import time
 import httpx
 import jax.numpy as jnp
 import pytest
-import uvicorn
 
-from helpers import SERVING_ENGINE
+from helpers import SERVING_ENGINE, serve_app
 from specjax import GREEDY, autoregressive_generate
 from specjax.heads import config as head_config
 from specjax.serving import Engine, EngineConfig, Request, fit_config, summarize
@@ -50,19 +49,8 @@ def served():
   engine = Engine(target, draft, EngineConfig(policy="adaptive", **ENGINE))
   engine.warmup(timed_runs=0)
   background = BackgroundEngine(engine)
-  port = _free_port()
-  server = uvicorn.Server(
-    uvicorn.Config(
-      make_app(background, tokenizer, "tiny"), port=port, log_level="warning", log_config=None
-    )
-  )
-  thread = threading.Thread(target=server.run, daemon=True)
-  thread.start()
-  deadline = time.monotonic() + 30
-  while not server.started and thread.is_alive() and time.monotonic() < deadline:
-    time.sleep(0.01)
-  assert server.started
-  yield f"http://127.0.0.1:{port}", background
+  url, server, thread = serve_app(make_app(background, tokenizer, "tiny"))
+  yield url, background
   server.should_exit = True
   thread.join(10)
   background.close()

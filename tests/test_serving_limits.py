@@ -19,21 +19,20 @@ cache) serves the module; its engine-level tests run first.
 """
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import random
-import socket
-import threading
 import time
 
 import httpx
 import numpy as np
 import openai
 import pytest
-import uvicorn
 from test_serving_constraints import CONFIG, EOS, PIECES
 from test_serving_openai import TEMPLATE
 
+from helpers import serve_app
 from specjax import constraints as C
 from specjax.data.chat import ChatTemplate
 from specjax.serving import Engine, Request
@@ -213,22 +212,6 @@ def test_stop_strings_are_matched_in_linear_time():
 # ------------------------------------------------------------------- over HTTP
 
 
-def _serve_app(app):
-  """Runs `app` on a free port in a daemon thread; returns `(url, server, thread)`."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", log_config=None)
-  server = uvicorn.Server(config)
-  thread = threading.Thread(target=server.run, daemon=True)
-  thread.start()
-  deadline = time.monotonic() + 30
-  while not server.started and thread.is_alive() and time.monotonic() < deadline:
-    time.sleep(0.01)
-  assert server.started
-  return f"http://127.0.0.1:{port}", server, thread
-
-
 @pytest.fixture(scope="module")
 def served(engine):
   """`(open url, locked url, background, open app)`: one engine behind two apps,
@@ -243,7 +226,7 @@ def served(engine):
     make_app(background, tokenizer, "tiny", template, limits=LIMITS),
     make_app(background, tokenizer, "tiny", template, api_key=KEY, allowed_hosts=("127.0.0.1",)),
   ]
-  running = [_serve_app(app) for app in apps]
+  running = [serve_app(app) for app in apps]
   yield running[0][0], running[1][0], background, apps[0]
   for _, server, thread in running:
     server.should_exit = True
@@ -251,6 +234,23 @@ def served(engine):
   for app in apps:
     app.state.close()
   background.close()
+
+
+@contextlib.contextmanager
+def _slow_steps(engine, seconds: float):
+  """Every engine step waits `seconds` first (requests stay in flight long enough to
+  be seen); the engine's own step again on exit."""
+  step = type(engine).step.__get__(engine)
+
+  def slow():
+    time.sleep(seconds)
+    return step()
+
+  engine.step = slow
+  try:
+    yield
+  finally:
+    del engine.step
 
 
 def _post(url, path="/v1/completions", timeout=30, **kwargs):
@@ -373,19 +373,11 @@ def test_a_full_queue_answers_429(served):
   engine = background.engine
   saved = engine.config
   background.call(lambda e: setattr(e, "config", dataclasses.replace(saved, max_queue=1)))
-  step = type(engine).step.__get__(engine)
-
-  def slow():
-    time.sleep(0.05)
-    return step()
-
-  engine.step = slow
   try:
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+    with _slow_steps(engine, 0.05), concurrent.futures.ThreadPoolExecutor(12) as pool:
       body = {"prompt": "a", "max_tokens": 16}
       responses = list(pool.map(lambda _: _post(url, json=body), range(12)))
   finally:
-    del engine.step
     background.call(lambda e: setattr(e, "config", saved))
   codes = sorted(r.status_code for r in responses)
   assert set(codes) == {200, 429}, codes  # how many of each depends on arrival times
@@ -398,19 +390,7 @@ def test_shutdown_stops_a_compile_in_flight(served):
 
   _, _, background, _ = served
   app = make_app(background, tiny_setup(0)[2], "tiny", limits=LIMITS)
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  server = make_server(
-    uvicorn.Config(
-      app, port=port, log_level="warning", log_config=None, timeout_graceful_shutdown=1
-    )
-  )
-  thread = threading.Thread(target=server.run, daemon=True)
-  thread.start()
-  while not server.started:
-    time.sleep(0.01)
-  url = f"http://127.0.0.1:{port}"
+  url, server, thread = serve_app(app, make_server, timeout_graceful_shutdown=1)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     slow = pool.submit(_post, url, json={"prompt": "a", "guided_regex": SLOW_REGEX})
     while _stats(url).get("running", 0) == 0:
@@ -586,17 +566,9 @@ def test_the_server_config_draws_a_seed_and_reads_its_key(monkeypatch):
 def test_requests_past_max_requests_get_429_and_health_still_answers(served):
   _, _, background, _ = served
   app = make_app(background, tiny_setup(0)[2], "tiny", limits=ServerLimits(max_requests=1))
-  url, server, thread = _serve_app(app)
-  engine = background.engine
-  step = type(engine).step.__get__(engine)
-
-  def slow():
-    time.sleep(0.05)
-    return step()
-
-  engine.step = slow
+  url, server, thread = serve_app(app)
   try:
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with _slow_steps(background.engine, 0.05), concurrent.futures.ThreadPoolExecutor(1) as pool:
       held = pool.submit(_post, url, json={"prompt": "a", "max_tokens": 16})
       deadline = time.monotonic() + 10
       while background.call(lambda e: e.live_requests()) == 0:
@@ -608,7 +580,6 @@ def test_requests_past_max_requests_get_429_and_health_still_answers(served):
       assert httpx.get(url + "/health").status_code == 200  # never counted, never refused
       assert held.result().status_code == 200
   finally:
-    del engine.step
     server.should_exit = True
     thread.join(10)
 
@@ -653,19 +624,13 @@ def test_regex_repeat_measures_the_copies_a_pattern_makes(pattern, copies):
 def test_request_timeout_ends_a_request_with_its_text_so_far(served):
   _, _, background, _ = served
   limits = ServerLimits(request_timeout_s=0.5)
-  url, server, thread = _serve_app(make_app(background, tiny_setup(0)[2], "tiny", limits=limits))
-  engine = background.engine
-  step = type(engine).step.__get__(engine)
-
-  def slow():
-    time.sleep(0.1)  # 16 tokens take at least 0.4 s, more with the prefill: past 0.5 s
-    return step()
-
-  engine.step = slow
+  url, server, thread = serve_app(make_app(background, tiny_setup(0)[2], "tiny", limits=limits))
+  # 16 tokens take at least 0.4 s, more with the prefill: past 0.5 s.
   try:
-    response = _post(url, json={"prompt": "a", "max_tokens": 16, "speculation": {"enabled": False}})
+    with _slow_steps(background.engine, 0.1):
+      body = {"prompt": "a", "max_tokens": 16, "speculation": {"enabled": False}}
+      response = _post(url, json=body)
   finally:
-    del engine.step
     server.should_exit = True
     thread.join(10)
   assert response.status_code == 200, response.text
@@ -677,19 +642,9 @@ def test_request_timeout_ends_a_request_with_its_text_so_far(served):
 def test_a_client_sets_its_own_deadline(served):
   url, _, background, _ = served
   _error(_post(url, json={"prompt": "a", "timeout": 0}), 400, "timeout", "timeout must be None")
-  engine = background.engine
-  step = type(engine).step.__get__(engine)
-
-  def slow():
-    time.sleep(0.1)
-    return step()
-
-  engine.step = slow
-  try:
+  with _slow_steps(background.engine, 0.1):
     body = {"prompt": "a", "max_tokens": 16, "timeout": 0.5, "speculation": {"enabled": False}}
     response = _post(url, json=body)
-  finally:
-    del engine.step
   assert response.status_code == 200, response.text
   assert response.json()["choices"][0]["finish_reason"] == "length"
   assert 0 < response.json()["usage"]["completion_tokens"] < 16

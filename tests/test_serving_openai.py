@@ -10,7 +10,6 @@ module; it records up to 3 alternatives per token, so its programs are its own.
 
 import concurrent.futures
 import json
-import socket
 import threading
 import time
 
@@ -19,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 import specjax
+from helpers import serve_app
 from specjax.data.chat import ChatTemplate
 from specjax.sampling import SamplingParams, warp_probs
 from specjax.serving import Engine, EngineConfig, Request, SpeculationPolicy
@@ -49,29 +48,19 @@ def serve(engine, tokenizer, template):
   `(url, background, stop)`."""
   engine.warmup(timed_runs=0)
   background = BackgroundEngine(engine)
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
   # Correctness here, not the limits (tests/test_serving_limits.py): json_object's
   # compile takes seconds, more on a busy machine, so a generous time limit.
   app = make_app(
     background, tokenizer, "tiny", template, limits=ServerLimits(compile_timeout_s=300)
   )
-  config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", log_config=None)
-  server = uvicorn.Server(config)
-  thread = threading.Thread(target=server.run, daemon=True)
-  thread.start()
-  deadline = time.monotonic() + 30
-  while not server.started and thread.is_alive() and time.monotonic() < deadline:
-    time.sleep(0.01)
-  assert server.started
+  url, server, thread = serve_app(app)
 
   def stop():
     server.should_exit = True
     thread.join(10)
     background.close()
 
-  return f"http://127.0.0.1:{port}", background, stop
+  return url, background, stop
 
 
 def openai_client(url):
