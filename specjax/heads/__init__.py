@@ -29,6 +29,7 @@ from specjax.heads.base import (
   HeadConfigError,
   HeadKind,
   TrainingRules,
+  config,
   kind,
   kinds,
   make_head,
@@ -36,7 +37,6 @@ from specjax.heads.base import (
   register,
   unregister,
 )
-from specjax.heads.base import kind as _kind
 from specjax.heads.files import CONFIG_FILE, WEIGHTS_FILE, read_config, write_config
 from specjax.models.config import ModelConfig
 
@@ -56,17 +56,6 @@ def names() -> tuple[str, ...]:
 def bundled() -> tuple[str, ...]:
   """The kinds of which `specjax/pretrained` bundles a trained head."""
   return tuple(k.name for k in kinds() if k.bundled)
-
-
-def config(kind: str, target: ModelConfig, **settings) -> HeadConfig:
-  """The settings of a head of `kind` on `target` (its `HeadConfig` subclass);
-  HeadConfigError naming a setting the kind lacks or a value out of its range."""
-  cls = _kind(kind).config
-  own = {f.name for f in dataclasses.fields(cls)}
-  extra = sorted(set(settings) - own)
-  if extra:
-    raise HeadConfigError(f"a {kind} head has no settings {extra}; its settings: {sorted(own)}.")
-  return cls(target=target, **settings)
 
 
 def drafter(target, head):

@@ -132,14 +132,13 @@ class HeadConfig:
     if target.get("rope_scaling"):
       target["rope_scaling"] = RopeScaling(**target["rope_scaling"])
     own = {f.name for f in dataclasses.fields(cls)}
-    extra = sorted(set(fields) - own - LEGACY_FIELDS)
-    if extra:
-      raise HeadConfigError(f"a {cls.kind} head has no settings {extra}.")
-    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in own}
+    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+    settings = {k: v for k, v in settings.items() if k in own or k not in LEGACY_FIELDS}
     try:
-      return cls(target=ModelConfig(**target), **settings)
+      target = ModelConfig(**target)
     except TypeError as e:
       raise HeadConfigError(f"not a {cls.kind} head config: {e}") from e
+    return config(cls.kind, target, **settings)
 
 
 # The fields of the one record every kind shared before the per-kind configs (2026-12):
@@ -250,9 +249,23 @@ def kind(name: str) -> HeadKind:
   return _REGISTRY[name]
 
 
+_record = kind
+
+
 def of(cfg: HeadConfig) -> HeadKind:
   """The record of `cfg`'s kind."""
   return kind(cfg.kind)
+
+
+def config(kind: str, target: ModelConfig, **settings) -> HeadConfig:
+  """The settings of a head of `kind` on `target` (its `HeadConfig` subclass);
+  HeadConfigError naming a setting the kind lacks or a value out of its range."""
+  cls = _record(kind).config  # `kind` names the kind here, not the lookup
+  own = {f.name for f in dataclasses.fields(cls)}
+  extra = sorted(set(settings) - own)
+  if extra:
+    raise HeadConfigError(f"a {kind} head has no settings {extra}; its settings: {sorted(own)}.")
+  return cls(target=target, **settings)
 
 
 def make_head(cfg: HeadConfig, *, rngs: nnx.Rngs) -> nnx.Module:
