@@ -46,6 +46,9 @@ class Proposal(NamedTuple):
       -1: it continues s[-1]; one static tree, or a tree per row); `probs[:, i]`
       is then the law node i was drawn from, its parent's q (all zero for a node
       the drafter could not fill), and `lengths` is g.
+    confidence: None, or `[B, g]` float32 in [0, 1] for a chain: the drafter's
+      estimate that token i is accepted given the tokens before it were (its
+      running product is the survival of token i).
   """
 
   tokens: jax.Array
@@ -53,6 +56,7 @@ class Proposal(NamedTuple):
   lengths: jax.Array
   calls: jax.Array
   tree: Tree | None = None
+  confidence: jax.Array | None = None
 
 
 class Commit(NamedTuple):

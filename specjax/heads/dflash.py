@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -279,6 +280,12 @@ class DFlashHead(nnx.Module):
     len(s) - 1) and `last [B]` = s[-1] -> logits `[B, count, V]` of the tokens at
     positions len(s) .. len(s) + count - 1 (static `count`, default B_size - 1:
     the head projects only those)."""
+    return self.logits(target, self.draft_hidden(target, cache, last, count), vocab_subset)
+
+  def draft_hidden(
+    self, target: Transformer, cache: KVCache, last: jax.Array, count=None
+  ) -> jax.Array:
+    """`draft_logits`' normed outputs `[B, count, D]`, before the target's head."""
     b, n = last.shape[0], self.cfg.block_size
     positions = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
     slots = jnp.arange(cache.capacity, dtype=jnp.int32)
@@ -286,9 +293,14 @@ class DFlashHead(nnx.Module):
     context = jnp.broadcast_to(context, (b, n, slots.size))
     mask = jnp.concatenate([context, jnp.ones((b, n, n), bool)], axis=2)
     h = self.run(self.block_inputs(target, last), positions, zip(cache.k, cache.v), mask)
-    return self.logits(target, h[:, 1 : 1 + (count or n - 1)], vocab_subset)
+    return h[:, 1 : 1 + (count or n - 1)]
 
   def __call__(self, target: Transformer, features, tokens, anchors) -> jax.Array:
+    """Training form: `train_hidden`'s outputs through the target's head, `[B, A,
+    B_size - 1, V]` logits of the tokens at a_j + 1 .. a_j + B_size - 1."""
+    return self.logits(target, self.train_hidden(target, features, tokens, anchors))
+
+  def train_hidden(self, target: Transformer, features, tokens, anchors) -> jax.Array:
     """Training form: A blocks per row in one call, each exactly as drafting sees it.
 
     Args:
@@ -298,7 +310,8 @@ class DFlashHead(nnx.Module):
         position a_j and reads the context at positions < a_j.
 
     Returns:
-      `[B, A, B_size - 1, V]` logits of the tokens at a_j + 1 .. a_j + B_size - 1.
+      `[B, A, B_size - 1, D]` normed outputs at the block's mask positions, those
+      whose laws are of the tokens at a_j + 1 .. a_j + B_size - 1.
     """
     (b, t), a, n = tokens.shape, anchors.shape[1], self.cfg.block_size
     x = self.context(features)
@@ -312,7 +325,7 @@ class DFlashHead(nnx.Module):
     same_block = jnp.broadcast_to(block_of[:, None] == block_of[None, :], (b, a * n, a * n))
     mask = jnp.concatenate([reads_context, same_block], axis=2)
     h = self.run(self.block_inputs(target, last, a), positions, context_kv, mask)
-    return self.logits(target, h.reshape(b, a, n, -1)[:, :, 1:])
+    return h.reshape(b, a, n, -1)[:, :, 1:]
 
 
 # -- drafting
@@ -761,38 +774,59 @@ def _leading_run(ok: jax.Array) -> jax.Array:
   return jnp.cumprod(ok.astype(jnp.int32), axis=-1).sum(-1)
 
 
-def dflash_objective(head, target, batch, key, *, loss, settings):
-  """The block drafter (DFlash's recipe): up to `num_anchors` anchors a per window,
-  distinct, drawn from the key in [1, T - 1] (evenly spaced without a key: evaluation);
-  block a reads the context before a and its output k (k = 1..B-1) is scored by its
-  cross-entropy on the corpus token at a + k, weighted by exp(-(k - 1) / loss_decay)
-  and normalised by the weights of the positions inside the window (a + k <= T). On
-  target-generated data (experiments.generate_data) the corpus tokens are the target's
-  own draws, as in the reference.
+class BlockBatch(NamedTuple):
+  """A training batch laid out as a block drafter's blocks (`block_batch`).
 
-  The loss is that decayed cross-entropy (`block_ce`) plus `distill_weight` (0: the
-  reference's loss) times `distill`, `loss`'s divergence from the target's law decayed
-  alike; `ce` is the plain mean cross-entropy, the alphas are over every scored
-  position and per block position (`alpha_t0_pos1`, ..., powers of two and B - 1), and
-  `block_accept` is the mean leading run of positions whose argmax is the target's
-  (the drafts a greedy block keeps on the target's greedy text)."""
+  Attributes:
+    inputs: `[B, T]` the window's inputs; features `[B, T, F]` the target's at them.
+    anchors: `[B, A]` the blocks' anchors.
+    labels: `[B, A, n - 1]` the corpus token each block position drafts (at a + k).
+    previous: `[B, A, n - 1]` the token before it (at a + k - 1; k = 1: the anchor's).
+    p_logits: `[B, A, n - 1, V]` the target's logits of that token.
+    valid: `[B, A, n - 1]` whether a + k lies in the window.
+    weights: `[B, A, n - 1]` exp(-(k - 1) / loss_decay) where valid, else 0.
+  """
+
+  inputs: jax.Array
+  features: jax.Array
+  anchors: jax.Array
+  labels: jax.Array
+  previous: jax.Array
+  p_logits: jax.Array
+  valid: jax.Array
+  weights: jax.Array
+
+
+def block_batch(head, target, batch, key, settings) -> BlockBatch:
+  """The blocks of windows `batch [B, T + 1]`: up to `num_anchors` distinct anchors a
+  per window drawn from `key` in [1, T - 1] (evenly spaced without a key: evaluation),
+  block position k = 1..B-1 drafting the corpus token at a + k."""
   inputs = batch[:, :-1]
   (b, t), n = inputs.shape, head.cfg.block_size
   if settings.num_anchors < 1:
     raise ValueError(f"a block drafter needs num_anchors >= 1, got {settings.num_anchors}.")
   p_logits, features = losses.target_outputs(target, inputs, head.cfg.target_features)
   anchors = block_anchors(key, b, t, settings.num_anchors)  # [B, A]
-  q_logits = head(target, features, inputs, anchors)  # [B, A, n - 1, V]
   a = anchors.shape[1]
   k = jnp.arange(1, n, dtype=jnp.int32)
   where = anchors[:, :, None] + k  # [B, A, n - 1]: the drafted token's index in batch
   valid = where <= t
   flat = jnp.minimum(where, t).reshape(b, a * (n - 1))
   labels = jnp.take_along_axis(batch, flat, axis=1).reshape(b, a, n - 1)
+  previous = jnp.take_along_axis(batch, flat - 1, axis=1).reshape(b, a, n - 1)
   # The target's law of the token at index i is its output at i - 1.
   p_logits = jnp.take_along_axis(p_logits, (flat - 1)[..., None], axis=1)
   p_logits = p_logits.reshape(b, a, n - 1, -1)
-  weights = jnp.exp(-(k - 1) / settings.loss_decay) * valid  # [B, A, n - 1]
+  weights = jnp.exp(-(k - 1) / settings.loss_decay) * valid
+  return BlockBatch(inputs, features, anchors, labels, previous, p_logits, valid, weights)
+
+
+def block_loss(q_logits, blocks: BlockBatch, loss, settings):
+  """The block drafter's loss and metrics for its logits `q_logits [B, A, n - 1, V]`
+  of `blocks`' tokens: the decayed cross-entropy (`block_ce`) plus `distill_weight`
+  times the decayed divergence (`distill`); see `dflash_objective`."""
+  valid, weights, p_logits, labels = blocks.valid, blocks.weights, blocks.p_logits, blocks.labels
+  n = valid.shape[-1] + 1
   total, count = jnp.maximum(weights.sum(), 1e-9), jnp.maximum(valid.sum(), 1)
 
   def decayed(x):  # the weighted mean over scored positions
@@ -828,6 +862,26 @@ def dflash_objective(head, target, batch, key, *, loss, settings):
   if settings.distill_weight:
     value = value + settings.distill_weight * metrics["distill"]
   return value, metrics
+
+
+def dflash_objective(head, target, batch, key, *, loss, settings):
+  """The block drafter (DFlash's recipe): up to `num_anchors` anchors a per window,
+  distinct, drawn from the key in [1, T - 1] (evenly spaced without a key: evaluation);
+  block a reads the context before a and its output k (k = 1..B-1) is scored by its
+  cross-entropy on the corpus token at a + k, weighted by exp(-(k - 1) / loss_decay)
+  and normalised by the weights of the positions inside the window (a + k <= T). On
+  target-generated data (experiments.generate_data) the corpus tokens are the target's
+  own draws, as in the reference.
+
+  The loss is that decayed cross-entropy (`block_ce`) plus `distill_weight` (0: the
+  reference's loss) times `distill`, `loss`'s divergence from the target's law decayed
+  alike; `ce` is the plain mean cross-entropy, the alphas are over every scored
+  position and per block position (`alpha_t0_pos1`, ..., powers of two and B - 1), and
+  `block_accept` is the mean leading run of positions whose argmax is the target's
+  (the drafts a greedy block keeps on the target's greedy text)."""
+  blocks = block_batch(head, target, batch, key, settings)
+  q_logits = head(target, blocks.features, blocks.inputs, blocks.anchors)  # [B, A, n-1, V]
+  return block_loss(q_logits, blocks, loss, settings)
 
 
 # -- growth with the target (specjax.models.expand)
