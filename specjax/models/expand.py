@@ -299,8 +299,8 @@ def _grow(plan: _Plan, letters: str, old: jax.Array, shape, dtype, is_scale: boo
   new entries included (they only multiply zeros)."""
   # "=": an axis that keeps its size (a head's own rank)
   axes = [
-    (n, n, ((0, n, 0),)) if letter == "=" else plan.axis(letter)
-    for letter, n in zip(letters, old.shape, strict=True)
+    (old.shape[i],) * 2 + (((0, old.shape[i], 0),),) if letter == "=" else plan.axis(letter)
+    for i, letter in enumerate(letters)
   ]
   scale, shift, fill = 1.0, 0.0, 0.0
   if is_scale:
