@@ -461,6 +461,9 @@ class DFlashDrafter(DrafterBase, VocabSubset):
 # DFlash's hub layout, `DFlashDraftModel` as z-lab/dflash publishes it (a Qwen3 config;
 # `model/dflash.py`, `dflash/model.py`): `write` writes it, `from_hub` reads it and
 # `recognises` tells it apart. The module is `DFlashHead` above.
+# DSpark's layout (`specjax.heads.dspark`) is built on this one: it reads the drafter's
+# fields and tensors through `hub_fields` and `read_hub_head` (its own `HubSpelling`:
+# architectures and config objects) and writes them through `hub_tensors`.
 #
 # The file holds the drafter's own layers: `fc.weight`, `hidden_norm.weight`,
 # `layers.{i}.self_attn.{q,k,v,o}_proj.weight` (`.bias` with `attention_bias`),
