@@ -461,6 +461,9 @@ class DFlashDrafter(DrafterBase, VocabSubset):
 # DFlash's hub layout, `DFlashDraftModel` as z-lab/dflash publishes it (a Qwen3 config;
 # `model/dflash.py`, `dflash/model.py`): `write` writes it, `from_hub` reads it and
 # `recognises` tells it apart. The module is `DFlashHead` above.
+# DSpark's layout (`specjax.heads.dspark`) is built on this one: it reads the drafter's
+# fields and tensors through `hub_fields` and `read_hub_head` (its own `HubSpelling`:
+# architectures and config objects) and writes them through `hub_tensors`.
 #
 # The file holds the drafter's own layers: `fc.weight`, `hidden_norm.weight`,
 # `layers.{i}.self_attn.{q,k,v,o}_proj.weight` (`.bias` with `attention_bias`),
@@ -493,11 +496,40 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _QWEN3_DEFAULTS = dict(num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6, hidden_act="silu")
 
 
+@dataclasses.dataclass(frozen=True)
+class HubSpelling:
+  """Where a layout built on `DFlashDraftModel`'s keeps its drafter's names: the
+  `architectures` it reads (the first is written) and the config.json objects its
+  drafter fields (`mask_token_id`, `target_layer_ids`, `block_size`, ...) are looked
+  up in, in order, before the top level (the reference runtimes' lookups)."""
+
+  architectures: tuple[str, ...]
+  sections: tuple[str, ...]
+
+  def lookup(self, config: dict, key: str, default=None) -> tuple:
+    """`(value, where)`: the first section's `key`, else the top level's, else
+    `default`; `where` names it as messages do ("dflash_config.mask_token_id")."""
+    for section in self.sections:
+      if key in (config.get(section) or {}):
+        return config[section][key], f"{section}.{key}"
+    if key in config:
+      return config[key], key
+    return default, f"{self.sections[0]}.{key}"
+
+
+DFLASH_SPELLING = HubSpelling((ARCHITECTURE,), ("dflash_config",))
+
+
 def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   """Whether a head directory's config.json is a DFlash drafter's (any of them:
-  `from_hub` names the architectures it does not read)."""
-  del file, keys  # its tensors are EAGLE-1's names too (fc.weight): the config tells
-  architectures = config.get("architectures") or []
+  `from_hub` names the architectures it does not read), and not a DSpark one
+  (`specjax.heads.dspark`: DFlash's fields and tensors plus a Markov and a confidence
+  head, which a DFlash head would drop)."""
+  from specjax.heads import dspark  # the layout that extends this one
+
+  if dspark.recognises(config, file, keys):
+    return False
+  architectures = config.get("architectures") or []  # tensors: EAGLE-1's names too (fc.weight)
   return "dflash_config" in config or any(str(a).startswith("DFlash") for a in architectures)
 
 
@@ -596,10 +628,20 @@ def write(head: DFlashHead, target: Transformer | None = None) -> tuple[dict, di
   torch `[out, in]` weights; ValueError naming the parameter or setting the layout
   cannot hold (nothing is dropped). `target` is unused: the file copies nothing of it."""
   del target
+  return hub_config(head), hub_tensors(head)
+
+
+def hub_tensors(
+  head: DFlashHead, own: dict | None = None, held: Collection = (), layout: str = ARCHITECTURE
+) -> dict[str, np.ndarray]:
+  """`{name: tensor}` of the drafter's layers in the `DFlashDraftModel` layout, and
+  `own` beside them: the tensors of a `layout` built on it, which hold the
+  parameter paths `held`. ValueError naming the parameter or setting that neither
+  holds (nothing is dropped)."""
   cfg, c = head.cfg, head.layer_config
   if cfg.mask_token_id < 0:
     raise ValueError(
-      "mask_embedding: the DFlashDraftModel layout has no tensor for a learned mask "
+      f"mask_embedding: the {layout} layout has no tensor for a learned mask "
       "embedding (it fills the block with the target's embedding of "
       "dflash_config.mask_token_id); train the head with mask_token_id set to a spare id "
       "of the tokenizer, or write it with layout='specjax'."
@@ -607,7 +649,7 @@ def write(head: DFlashHead, target: Transformer | None = None) -> tuple[dict, di
   beyond = _beyond_qwen3(c)
   if beyond:
     raise ValueError(
-      f"the DFlashDraftModel layout's layers are Qwen3's; this head's target has {beyond}: "
+      f"the {layout} layout's layers are Qwen3's; this head's target has {beyond}: "
       "write it with layout='specjax'."
     )
   params = hub.flat_params(head)
@@ -620,27 +662,24 @@ def write(head: DFlashHead, target: Transformer | None = None) -> tuple[dict, di
       for p in _PROJECTIONS:
         name = f"layers.{i}.self_attn.{p}.bias"
         tensors.setdefault(name, np.zeros(getattr(layer, p).kernel.shape[-1], dtype))
+  written = written | set(held)
   for path, value in params.items():
     if path not in written and np.any(value):
       raise ValueError(
-        f"{'.'.join(map(str, path))}: the DFlashDraftModel layout has no tensor for it "
+        f"{'.'.join(map(str, path))}: the {layout} layout has no tensor for it "
         "(its MLPs have no biases) and it is not zero; write the head with layout='specjax'."
       )
-  return hub_config(head), {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+  tensors |= own or {}
+  return {k: np.ascontiguousarray(v) for k, v in tensors.items()}
 
 
-def _draft_value(config: dict, key: str, default=None):
-  """`dflash_config[key]`, else `config[key]`, else `default` (the reference's lookup)."""
-  return (config.get("dflash_config") or {}).get(key, config.get(key, default))
-
-
-def _check_config(config: dict, t: ModelConfig) -> None:
+def _check_config(config: dict, t: ModelConfig, spelling: HubSpelling = DFLASH_SPELLING) -> None:
   """ValueError naming the first config.json field that does not fit target `t`."""
   architectures = config.get("architectures") or []
-  if ARCHITECTURE not in architectures:
+  if not set(spelling.architectures) & set(map(str, architectures)):
+    names = " or ".join(spelling.architectures)
     raise ValueError(
-      f"config architectures is {architectures!r}; specjax reads {ARCHITECTURE} "
-      "(no other DFlash variant)."
+      f"config architectures is {architectures!r}; specjax reads {names} here (no other variant)."
     )
   required = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads")
   for key in (*required, "intermediate_size"):
@@ -666,9 +705,10 @@ def _check_config(config: dict, t: ModelConfig) -> None:
   if config.get("is_causal"):
     raise ValueError("config is_causal is true; specjax's drafter reads its block both ways.")
   for key in ("input_embedding_scale", "output_multiplier"):
-    if float(_draft_value(config, key, 1.0)) != 1.0:
-      raise ValueError(f"config {key} is {_draft_value(config, key)!r}; specjax reads 1.0 only.")
-  cap = _draft_value(config, "final_logit_softcapping") or None
+    value = spelling.lookup(config, key, 1.0)[0]
+    if float(value) != 1.0:
+      raise ValueError(f"config {key} is {value!r}; specjax reads 1.0 only.")
+  cap = spelling.lookup(config, "final_logit_softcapping")[0] or None
   if cap != t.logit_softcap:
     raise ValueError(
       f"config final_logit_softcapping is {cap!r}; the drafter's logits are its target's "
@@ -682,11 +722,25 @@ def from_hub(
   """A `DFlashHead` for `target` from a `DFlashDraftModel` config and its tensors
   (`write`'s); ValueError naming the field or tensor that does not fit `target`.
   An absent bias is zero; a bias this target's layers lack must be zero."""
-  t, name = target.cfg, str(jnp.dtype(dtype))
-  _check_config(config, t)
+  fields, tensors = hub_fields(config, tensors, target.cfg, dtype)
+  cfg = DFlashConfig(**fields)
+  return read_hub_head(cfg, _names(cfg, cfg.d_ff or target.cfg.d_ff, bias=True), tensors, dtype)
+
+
+def hub_fields(
+  config: dict, tensors: dict, t: ModelConfig, dtype, spelling: HubSpelling = DFLASH_SPELLING
+) -> tuple[dict, dict]:
+  """`(DFlashConfig's fields, tensors)` of a config.json in the `DFlashDraftModel`
+  layout, or a layout built on it (`spelling`: where its drafter fields are), for
+  target `t` in `dtype`: the tensors with `fc`'s input blocks in depth order.
+  ValueError naming the field that does not fit `t`."""
+  name = str(jnp.dtype(dtype))
+  _check_config(config, t, spelling)
   beyond = _beyond_qwen3(t)
   if beyond:
-    raise ValueError(f"this target's layers have {beyond}; {ARCHITECTURE}'s are Qwen3's.")
+    raise ValueError(
+      f"this target's layers have {beyond}; {spelling.architectures[0]}'s are Qwen3's."
+    )
   n, v = t.n_layers, t.vocab_size
   layers = config["num_hidden_layers"]
   low, high = DFlashConfig.RANGES["draft_layers"]
@@ -694,7 +748,7 @@ def from_hub(
     raise ValueError(
       f"config num_hidden_layers is {layers!r}; specjax reads {low} to {high} layers."
     )
-  ids = _draft_value(config, "target_layer_ids")
+  ids, where = spelling.lookup(config, "target_layer_ids")
   if ids is None:  # the first reference's rule (its build_target_layer_ids)
     ids = (
       [n // 2]
@@ -703,7 +757,7 @@ def from_hub(
     )
     if len(set(ids)) != len(ids) or not 0 <= min(ids) <= max(ids) < n:
       raise ValueError(
-        f"config dflash_config.target_layer_ids is absent, and the reference's rule gives "
+        f"config {where} is absent, and the reference's rule gives "
         f"{ids} for {layers} layers on this target's {n}: name distinct ids in [0, {n})."
       )
   if (
@@ -713,18 +767,15 @@ def from_hub(
     or len(set(ids)) != len(ids)
   ):
     raise ValueError(
-      f"config dflash_config.target_layer_ids is {ids!r}; this target needs distinct "
-      f"layer ids in [0, {n})."
+      f"config {where} is {ids!r}; this target needs distinct layer ids in [0, {n})."
     )
-  mask = _draft_value(config, "mask_token_id")
+  mask, where = spelling.lookup(config, "mask_token_id")
   if not is_int(mask) or not 0 <= mask < v:
-    raise ValueError(
-      f"config dflash_config.mask_token_id is {mask!r}; this target needs an id in [0, {v})."
-    )
-  block = _draft_value(config, "block_size", 16)  # the reference's default
+    raise ValueError(f"config {where} is {mask!r}; this target needs an id in [0, {v}).")
+  block, where = spelling.lookup(config, "block_size", 16)  # the reference's default
   low, high = DFlashConfig.RANGES["block_size"]
   if not is_int(block) or not low <= block <= high:
-    raise ValueError(f"config block_size is {block!r}; specjax reads {low} to {high}.")
+    raise ValueError(f"config {where} is {block!r}; specjax reads {low} to {high}.")
   ff = config["intermediate_size"]
   if not is_int(ff) or ff < 1:
     raise ValueError(f"config intermediate_size is {ff!r}; specjax reads a positive int.")
@@ -734,15 +785,22 @@ def from_hub(
     if fc.ndim == 2 and fc.shape[1] == len(ids) * t.d_model:
       blocks = np.split(fc, len(ids), axis=1)
       tensors["fc.weight"] = np.concatenate([blocks[j] for j in np.argsort(ids)], axis=1)
-  cfg = DFlashConfig(
-    t.replace(dtype=name, param_dtype=name),
+  fields = dict(
+    target=t.replace(dtype=name, param_dtype=name),
     feature_layers=tuple(sorted(int(i) + 1 for i in ids)),
     d_ff=ff * (ff != t.d_ff),  # 0: the target's
     block_size=int(block),
     draft_layers=layers,
     mask_token_id=int(mask),
   )
-  names = _names(cfg, ff, bias=True)
+  return fields, tensors
+
+
+def read_hub_head(cfg: DFlashConfig, names: dict, tensors: dict, dtype) -> nnx.Module:
+  """The head of `cfg` (a block drafter's or a kind's built on it) in `dtype` from hub
+  `tensors` by `names` (`hub.build_head`); a bias of `names` that the target's layers
+  lack is read as nothing, and must be zero."""
+  name, t, names = str(jnp.dtype(dtype)), cfg.target, dict(names)
   held = {tuple(p) for p, _ in nnx.to_flat_state(hub.abstract_head(cfg, name)[1])}
   for name_ in [k for k, targets in names.items() if targets[0][0] not in held]:
     del names[name_]  # a bias the target's layers lack: computes nothing only if zero
