@@ -33,7 +33,7 @@ def main(argv):
   from specjax.data.dataset import TokenDataset
   from specjax.heads.dspark import calibration
   from specjax.jobs.drafters import build_drafter
-  from specjax.platform import machine_record
+  from specjax.bench.timing import environment_info
   from specjax.training.trainer import prepare_data
 
   f = flags.FLAGS
@@ -61,7 +61,7 @@ def main(argv):
     "num_anchors": f.num_anchors,
     "seconds": round(time.perf_counter() - start, 1),
   }
-  report["machine"] = machine_record()
+  report["environment"] = environment_info()
   text = json.dumps(report, indent=2)
   print(text)
   if f.out:

@@ -34,7 +34,7 @@ def test_settings_round_trip_and_refusals():
   for field, bad, message in [
     ("markov_rank", -1, r"markov_rank must be an int in \[0, 1024\]"),
     ("block_size", 1, r"block_size must be an int in \[2, 64\]"),
-    ("confidence_head", 1, r"confidence_head, confidence_with_markov must be bools"),
+    ("confidence_head", 1, r"confidence_head, confidence_with_markov, anchor_first must be bools"),
   ]:
     with pytest.raises(ValueError, match=message):
       head_config("dspark", CFG, **{field: bad})
@@ -75,12 +75,16 @@ def _init(drafter, target, prompts):
 
 
 @pytest.mark.parametrize(
-  "draft, gamma, adaptive",
-  [("sample", 3, None), ("argmax", 2, None), ("sample", 3, "confidence")],
-  ids=["sample-3", "argmax-2", "confidence-3"],
+  "draft, gamma, adaptive, anchor_first",
+  [("sample", 3, None, False), ("argmax", 2, None, False), ("sample", 3, "confidence", False)]
+  + [("sample", 4, None, True)],
+  ids=["sample-3", "argmax-2", "confidence-3", "anchor_first-4"],
 )
-def test_greedy_equals_plain_greedy(target, prompts, greedy_reference, draft, gamma, adaptive):
-  drafter = dspark_drafter(target).replace(draft=draft)
+def test_greedy_equals_plain_greedy(
+  target, prompts, greedy_reference, draft, gamma, adaptive, anchor_first
+):
+  """Anchor-first (DeepSpec's alignment): a block of 4 drafts 4 tokens."""
+  drafter = dspark_drafter(target, anchor_first=anchor_first).replace(draft=draft)
   settings = dict(adaptive=adaptive, confidence_threshold=0.3) if adaptive else {}
   out = specjax.speculative_generate(
     target, drafter, *prompts, gamma=gamma, max_new_tokens=16, sampling=specjax.GREEDY, **settings

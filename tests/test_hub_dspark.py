@@ -41,11 +41,13 @@ VARIANTS = {
   "confidence_alone": dict(confidence_with_markov=False),
   "no_markov": dict(markov_rank=0),
   "three_layers": dict(draft_layers=3, feature_layers=(3, 1, 4)),
+  "block_drafter_alignment": dict(anchor_first=False),
 }
 
 
 def _head(target, **fields) -> DSparkHead:
   settings = dict(block_size=BLOCK, draft_layers=2, mask_token_id=MASK, d_ff=96, markov_rank=RANK)
+  settings["anchor_first"] = True  # the published checkpoints' alignment
   cfg = head_config("dspark", target.cfg, **(settings | fields))
   return _perturbed(make_head(cfg, rngs=nnx.Rngs(4)))
 
@@ -55,12 +57,12 @@ def _params(module) -> dict:
 
 
 def _drafts(drafter, target, tokens, last):
-  """Greedy proposal of B - 1 tokens after `last [B]`, the context `tokens [B, T]`:
-  (tokens, confidences) as NumPy arrays."""
+  """Greedy proposal of a whole block after `last [B]` (B - 1 tokens, or B anchor-first),
+  the context `tokens [B, T]`: (tokens, confidences) as NumPy arrays."""
   b, t = tokens.shape
   hidden = _features(target, tokens, drafter.target_features)
-  state = drafter.init(tokens, jnp.full((b,), t, jnp.int32), last, t + BLOCK, hidden=hidden)
-  gamma = BLOCK - 1
+  state = drafter.init(tokens, jnp.full((b,), t, jnp.int32), last, t + BLOCK + 1, hidden=hidden)
+  gamma = drafter.head.drafts_per_call
   proposal, _ = drafter.propose(
     state, last[:, None], jax.random.key(0), jnp.full((b,), gamma), gamma=gamma, sampling=GREEDY
   )
@@ -207,13 +209,14 @@ def _torch_checkpoint(torch, target, ids, layers=2, d_ff=96, seed=0):
 
 
 def torch_dspark_drafts(torch, config, state, hidden, embed, last, start):
-  """Greedy DSpark drafts and confidences `[B, B_size - 1]` after `last [B]`, reading
-  the context at positions 0 .. start - 1: DFlash's block forward, then per position
-  logits + markov_w2(markov_w1[prev]) with prev the anchor, then each argmax before it,
-  and sigmoid(proj(concat(h, markov_w1[prev])))."""
+  """Greedy DSpark drafts and confidences `[B, B_size]` after `last [B]`, reading the
+  context at positions 0 .. start - 1: DFlash's block forward, anchor-first (slot j, the
+  anchor's too, gives the law of the token after it), then per slot logits +
+  markov_w2(markov_w1[prev]) with prev the anchor, then each argmax before it, and
+  sigmoid(proj(concat(h, markov_w1[prev])))."""
   ids = [[int(f)] + [config["mask_token_id"]] * (config["block_size"] - 1) for f in last]
   view = {**config, "dflash_config": {"target_layer_ids": config["target_layer_ids"]}}
-  out = torch_dflash(torch, view, state, hidden, embed[torch.tensor(ids)], start)[:, 1:]
+  out = torch_dflash(torch, view, state, hidden, embed[torch.tensor(ids)], start)
   base = out @ state["lm_head.weight"].T
   w1, w2 = state["markov_head.markov_w1.weight"], state["markov_head.markov_w2.weight"]
   proj, bias = state["confidence_head.proj.weight"], state["confidence_head.proj.bias"]

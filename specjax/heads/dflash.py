@@ -213,6 +213,17 @@ class DFlashHead(nnx.Module):
       n_layers=self.cfg.draft_layers, d_ff=self.cfg.d_ff or t.d_ff, local_layers=local
     )
 
+  @property
+  def first_draft_slot(self) -> int:
+    """The block slot whose output is the first draft's law: 1 (DFlash: slot j >= 1, a
+    mask, gives the law of the token at its own position)."""
+    return 1
+
+  @property
+  def drafts_per_call(self) -> int:
+    """Tokens one block call drafts: the slots from `first_draft_slot` on."""
+    return self.cfg.block_size - self.first_draft_slot
+
   def _inv_freq(self) -> jax.Array:
     c = self.layer_config
     return rope_inv_freq(c.resolved_head_dim, c.rope_theta, c.rope_scaling)
@@ -293,7 +304,8 @@ class DFlashHead(nnx.Module):
     context = jnp.broadcast_to(context, (b, n, slots.size))
     mask = jnp.concatenate([context, jnp.ones((b, n, n), bool)], axis=2)
     h = self.run(self.block_inputs(target, last), positions, zip(cache.k, cache.v), mask)
-    return h[:, 1 : 1 + (count or n - 1)]
+    first = self.first_draft_slot
+    return h[:, first : first + (count or self.drafts_per_call)]
 
   def __call__(self, target: Transformer, features, tokens, anchors) -> jax.Array:
     """Training form: `train_hidden`'s outputs through the target's head, `[B, A,
@@ -325,7 +337,8 @@ class DFlashHead(nnx.Module):
     same_block = jnp.broadcast_to(block_of[:, None] == block_of[None, :], (b, a * n, a * n))
     mask = jnp.concatenate([reads_context, same_block], axis=2)
     h = self.run(self.block_inputs(target, last, a), positions, context_kv, mask)
-    return h.reshape(b, a, n, -1)[:, :, 1:]
+    first = self.first_draft_slot
+    return h.reshape(b, a, n, -1)[:, :, first : first + self.drafts_per_call]
 
 
 # -- drafting
@@ -385,20 +398,23 @@ class DFlashDrafter(DrafterBase, VocabSubset):
 
   @property
   def block_size(self) -> int:
-    return self.head.cfg.block_size
+    """In the `Drafter` protocol's terms (one call drafts block_size - 1 tokens): the
+    head's block size B, or B + 1 for a head whose block of B drafts B (anchor-first)."""
+    return self.head.drafts_per_call + 1
 
   @property
   def max_tree_depth(self) -> int:
     """The deepest tree it drafts: one block position per depth."""
-    return self.block_size - 1
+    return self.head.drafts_per_call
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    most = self.head.drafts_per_call
     if self.tree is not None:
       check_tree_gamma(self.tree, gamma)
-    elif not 1 <= gamma <= self.block_size - 1:
+    elif not 1 <= gamma <= most:
       raise ValueError(
-        f"gamma must be in [1, {self.block_size - 1}] for a block drafter of block_size "
-        f"{self.block_size} (one call drafts block_size - 1 tokens), got {gamma}."
+        f"gamma must be in [1, {most}] for a block drafter of block_size "
+        f"{self.head.cfg.block_size} (one call drafts {most} tokens), got {gamma}."
       )
     check_capacity("dflash head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
 
@@ -838,11 +854,12 @@ class BlockBatch(NamedTuple):
   Attributes:
     inputs: `[B, T]` the window's inputs; features `[B, T, F]` the target's at them.
     anchors: `[B, A]` the blocks' anchors.
-    labels: `[B, A, n - 1]` the corpus token each block position drafts (at a + k).
-    previous: `[B, A, n - 1]` the token before it (at a + k - 1; k = 1: the anchor's).
-    p_logits: `[B, A, n - 1, V]` the target's logits of that token.
-    valid: `[B, A, n - 1]` whether a + k lies in the window.
-    weights: `[B, A, n - 1]` exp(-(k - 1) / loss_decay) where valid, else 0.
+    labels: `[B, A, m]` the corpus token a block's k-th draft drafts (at a + k; m
+      the head's `drafts_per_call`).
+    previous: `[B, A, m]` the token before it (at a + k - 1; k = 1: the anchor's).
+    p_logits: `[B, A, m, V]` the target's logits of that token.
+    valid: `[B, A, m]` whether a + k lies in the window.
+    weights: `[B, A, m]` exp(-(k - 1) / loss_decay) where valid, else 0.
   """
 
   inputs: jax.Array
@@ -858,23 +875,23 @@ class BlockBatch(NamedTuple):
 def block_batch(head, target, batch, key, settings) -> BlockBatch:
   """The blocks of windows `batch [B, T + 1]`: up to `num_anchors` distinct anchors a
   per window drawn from `key` in [1, T - 1] (evenly spaced without a key: evaluation),
-  block position k = 1..B-1 drafting the corpus token at a + k."""
+  the block's k-th draft (k = 1..`head.drafts_per_call`) the corpus token at a + k."""
   inputs = batch[:, :-1]
-  (b, t), n = inputs.shape, head.cfg.block_size
+  (b, t), m = inputs.shape, head.drafts_per_call
   if settings.num_anchors < 1:
     raise ValueError(f"a block drafter needs num_anchors >= 1, got {settings.num_anchors}.")
   p_logits, features = losses.target_outputs(target, inputs, head.cfg.target_features)
   anchors = block_anchors(key, b, t, settings.num_anchors)  # [B, A]
   a = anchors.shape[1]
-  k = jnp.arange(1, n, dtype=jnp.int32)
-  where = anchors[:, :, None] + k  # [B, A, n - 1]: the drafted token's index in batch
+  k = jnp.arange(1, m + 1, dtype=jnp.int32)
+  where = anchors[:, :, None] + k  # [B, A, m]: the drafted token's index in batch
   valid = where <= t
-  flat = jnp.minimum(where, t).reshape(b, a * (n - 1))
-  labels = jnp.take_along_axis(batch, flat, axis=1).reshape(b, a, n - 1)
-  previous = jnp.take_along_axis(batch, flat - 1, axis=1).reshape(b, a, n - 1)
+  flat = jnp.minimum(where, t).reshape(b, a * m)
+  labels = jnp.take_along_axis(batch, flat, axis=1).reshape(b, a, m)
+  previous = jnp.take_along_axis(batch, flat - 1, axis=1).reshape(b, a, m)
   # The target's law of the token at index i is its output at i - 1.
   p_logits = jnp.take_along_axis(p_logits, (flat - 1)[..., None], axis=1)
-  p_logits = p_logits.reshape(b, a, n - 1, -1)
+  p_logits = p_logits.reshape(b, a, m, -1)
   weights = jnp.exp(-(k - 1) / settings.loss_decay) * valid
   return BlockBatch(inputs, features, anchors, labels, previous, p_logits, valid, weights)
 

@@ -74,6 +74,10 @@ class DSparkConfig(dflash.DFlashConfig):
     confidence_head: whether it has a confidence head.
     confidence_with_markov: whether the confidence head also reads W1[prev_i]
       (the reference's `confidence_head_with_markov`), else h_i alone.
+    anchor_first: False: the block drafter's alignment (slot j >= 1 gives the law of
+      the token at its own position: B - 1 drafts per block; the bundled backbone's);
+      True: DeepSpec's (slot j gives the law of the token after it, the anchor's slot
+      too: B drafts per block; the published checkpoints').
   """
 
   kind = "dspark"
@@ -82,10 +86,11 @@ class DSparkConfig(dflash.DFlashConfig):
   markov_rank: int = 32
   confidence_head: bool = True
   confidence_with_markov: bool = True
+  anchor_first: bool = False
 
   def check_settings(self, layers):
     layers = super().check_settings(layers)
-    self._check_bools("confidence_head", "confidence_with_markov")
+    self._check_bools("confidence_head", "confidence_with_markov", "anchor_first")
     return layers
 
 
@@ -111,6 +116,11 @@ class DSparkHead(dflash.DFlashHead):
       if r and cfg.confidence_with_markov:
         self.confidence_markov = linear(c, r, 1, rngs=rngs, bias=False)
       self.confidence_bias = nnx.Param(jnp.zeros((1,), c.weight_dtype))
+
+  @property
+  def first_draft_slot(self) -> int:
+    """0 for an anchor-first block (DeepSpec's), else the block drafter's 1."""
+    return 0 if self.cfg.anchor_first else 1
 
   def markov_embed(self, previous: jax.Array) -> jax.Array | None:
     """W1[previous]: `[...]` token ids -> `[..., r]` (None without a Markov head)."""
@@ -361,8 +371,8 @@ def _check_training(config) -> None:
   target = head.get("confidence_target", "greedy")
   if target not in CONFIDENCE_TARGETS:
     raise ValueError(f"config.head.confidence_target must be one of {CONFIDENCE_TARGETS}, got {target!r}.")
-  for name in ("confidence_head", "confidence_with_markov", "train_backbone"):
-    if not isinstance(head.get(name, True), bool):
+  for name in ("confidence_head", "confidence_with_markov", "train_backbone", "anchor_first"):
+    if not isinstance(head.get(name, False), bool):
       raise ValueError(f"config.head.{name} must be a bool, got {head.get(name)!r}.")
   if not head.get("train_backbone", True) and config.weight_decay:
     raise ValueError(
@@ -404,6 +414,11 @@ def warm_start(head: DSparkHead, target: Transformer, settings) -> DSparkHead:
         f"config.head.{name} is {want[name]!r}, but the backbone {where} has {have[name]!r}."
       )
   head.cfg.check_target(backbone.cfg.target, "backbone's target")
+  if head.cfg.anchor_first and not settings.get("train_backbone", True):
+    raise ValueError(
+      "config.head.anchor_first=True reads a block drafter's anchor slot, which its "
+      "training never scored: set config.head.train_backbone=True to train it."
+    )
   params = dict(nnx.to_flat_state(nnx.state(head, nnx.Param)))
   for path, variable in nnx.to_flat_state(nnx.state(backbone, nnx.Param)):
     params[path] = params[path].replace(variable.get_value().astype(params[path].get_value().dtype))
@@ -439,13 +454,15 @@ def warm_start(head: DSparkHead, target: Transformer, settings) -> DSparkHead:
 # `confidence_markov`, `confidence_bias`) are concatenated into `proj.weight` / `proj.bias`;
 # a head of markov_rank 0 writes no Markov tensors and `markov_rank: 0`.
 #
+# The block's alignment: DeepSpec's DSpark blocks are anchor-first (every slot, the
+# anchor's included, gives the law of the token after it: B drafts per block), specjax's
+# block drafter's are not (slot k >= 1 gives its own position's: B - 1). `anchor_first`
+# says which; a file without the field (DeepSpec's) reads as anchor-first, and `write`
+# writes the field, so a head trained on the block drafter's alignment (the bundled one)
+# reads back as it is; DeepSpec's runtimes ignore the field and would misalign such a file.
+#
 # What is not settled: no published checkpoint is reachable offline here, so the names and
-# fields follow the runtimes' public descriptions, not a downloaded file. The block's
-# alignment differs: specjax's blocks (DFlash's) draft B - 1 tokens, mask position k
-# predicting the token at its own position, while DeepSpec's DSpark blocks are described
-# as anchor-first (every slot, the anchor's included, predicts the next position's token:
-# B drafts per block). A DeepSpec checkpoint reads without error, but its drafts would be
-# one position off; specjax does not implement the anchor-first alignment (docs/heads.md).
+# fields follow the runtimes' public descriptions, not a downloaded file.
 
 ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel")
 SPELLING = dflash.HubSpelling(ARCHITECTURES, ("dspark_config", "dflash_config"))
@@ -521,8 +538,12 @@ def _heads_fields(config: dict, t, keys: Collection[str]) -> dict:
       f"config {where} is {vocab!r}; specjax's drafter drafts over the target's "
       f"{t.vocab_size} ids (no reduced draft vocabulary)."
     )
+  anchor_first, where = SPELLING.lookup(config, "anchor_first", True)
+  if not isinstance(anchor_first, bool):
+    raise ValueError(f"config {where} is {anchor_first!r}; specjax reads a bool.")
   return dict(
     markov_rank=int(rank),
+    anchor_first=anchor_first,
     confidence_head=confidence,
     # a flag without effect (no confidence head or no Markov head) reads as the default
     confidence_with_markov=(
@@ -579,6 +600,7 @@ def hub_config(head: DSparkHead) -> dict:
     "markov_head_type": MARKOV_HEAD_TYPES[0],
     "enable_confidence_head": cfg.confidence_head,
     "confidence_head_with_markov": bool(cfg.confidence_head and r and cfg.confidence_with_markov),
+    "anchor_first": cfg.anchor_first,
   }
   # The reference's class also requires `num_anchors`, a training setting specjax's head
   # does not record: the block drafter's default.
@@ -628,6 +650,7 @@ KIND = HeadKind(
       "markov_rank",
       "confidence_head",
       "confidence_with_markov",
+      "anchor_first",
     ),
     check=_check_training,
     loss=_loss_settings,
