@@ -114,17 +114,25 @@ def _small():
     ("token", "sample", specjax.SamplingParams(temperature=1.0), None),
     ("block", "sample", specjax.SamplingParams(temperature=0.9, top_k=6), None),
     ("token", "argmax", specjax.SamplingParams(temperature=1.0), None),
+    ("token", "sample", specjax.SamplingParams(temperature=1.0), "confidence"),
     ("auto", "sample", specjax.SamplingParams(temperature=1.0), "without_replacement"),
     ("auto", "sample", specjax.SamplingParams(temperature=0.8, top_p=0.9), "iid"),
   ],
-  ids=["token-sample", "block-sample-top_k", "token-argmax", "tree-wor", "tree-iid-top_p"],
-)
+  ids=[
+    "token-sample", "block-sample-top_k", "token-argmax", "token-confidence", "tree-wor",
+    "tree-iid-top_p",
+  ],
+)  # fmt: skip
 def test_sampled_verification_keeps_the_target_law(verifier, draft, sampling, tree):
   """V = 8, a random Markov head: each law depends on the token before it (a tree
-  node's children on the node's token); verification keeps the target's joint law."""
+  node's children on the node's token); verification keeps the target's joint law, also
+  when each row drafts only while its survival holds (a stopping rule: whether token i
+  is drafted depends on the tokens before it)."""
   target = _small()
   drafter = dspark_drafter(target, seed=2, block_size=4, markov_rank=4).replace(draft=draft)
   gamma = 3
+  if tree == "confidence":
+    drafter, tree = drafter.with_confidence(0.2), None
   if tree:
     parents = specjax.trees.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
     drafter, gamma = drafter.replace(tree=parents, tree_mode=tree), len(parents)
