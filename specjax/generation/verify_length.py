@@ -63,17 +63,7 @@ def check_verify_lengths(
     if verify_costs is not None:
       raise ValueError("verify_costs needs verify_lengths (the lengths they cost).")
     return None, None
-  lengths = tuple(verify_lengths) if isinstance(verify_lengths, (tuple, list)) else None
-  if (
-    not lengths
-    or not all(is_int(k) and 1 <= k <= gamma for k in lengths)
-    or list(lengths) != sorted(set(lengths))
-    or lengths[-1] != gamma
-  ):
-    raise ValueError(
-      f"verify_lengths must be distinct ints in [1, gamma={gamma}], sorted, with gamma "
-      f"last (e.g. (1, {max(gamma // 2, 1)}, {gamma})), got {verify_lengths!r}."
-    )
+  lengths = check_lengths(verify_lengths, gamma)
   costs = tuple(verify_costs) if isinstance(verify_costs, (tuple, list)) else None
   if (
     costs is None
@@ -91,7 +81,30 @@ def check_verify_lengths(
       f"{type(drafter).__name__} does not (gives_confidence={drafter.gives_confidence}, "
       f"tree={drafter.tree is not None})."
     )
-  return tuple(int(k) for k in lengths), tuple(float(c) for c in costs)
+  return lengths, tuple(float(c) for c in costs)
+
+
+def check_lengths(verify_lengths, gamma: int) -> tuple[int, ...]:
+  """`verify_lengths` as a tuple, checked: distinct ints in [1, gamma], sorted,
+  gamma last. Raises a ValueError naming it otherwise."""
+  lengths = tuple(verify_lengths) if isinstance(verify_lengths, (tuple, list)) else None
+  if (
+    not lengths
+    or not all(is_int(k) and 1 <= k <= gamma for k in lengths)
+    or list(lengths) != sorted(set(lengths))
+    or lengths[-1] != gamma
+  ):
+    raise ValueError(
+      f"verify_lengths must be distinct ints in [1, gamma={gamma}], sorted, with gamma "
+      f"last (e.g. (1, {max(gamma // 2, 1)}, {gamma})), got {verify_lengths!r}."
+    )
+  return tuple(int(k) for k in lengths)
+
+
+def lengths_up_to(verify_lengths: Sequence[int], gamma: int) -> tuple[int, ...]:
+  """The verify lengths of an iteration drafting `gamma` tokens (a server's steps
+  draft fewer than the largest): those below gamma, then gamma."""
+  return (*(k for k in verify_lengths if k < gamma), gamma)
 
 
 def choose_verify_length(
