@@ -7,6 +7,7 @@ own drafts as much as it can), on context-dependent p and q tables; greedy and
 coupled speculative text equal plain decoding's; and the choice really varies.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -25,7 +26,9 @@ from test_verify_exactness import (
 
 import specjax
 from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue
+from specjax import constraints as C
 from specjax.drafting import ModelDrafter
+from specjax.generation import SpecConfig, init_state, speculative_step
 from specjax.generation.verify_length import (
   check_verify_lengths,
   choose_verify_length,
@@ -111,7 +114,8 @@ class _Hashed(ModelDrafter):
     return proposal._replace(confidence=(proposal.tokens % 5) / 4.0), state
 
 
-RUN = dict(gamma=4, max_new_tokens=16, verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.05, 1.1))
+RUN_4 = dict(gamma=4, verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.05, 1.1))
+RUN = dict(RUN_4, max_new_tokens=16)
 
 
 def _varied(stats):
@@ -198,3 +202,30 @@ def test_measured_costs_are_one_per_length(target, draft, prompts):
   costs = measure_verify_costs(target, draft, *prompts, gamma=2, lengths=(1, 2), runs=2)
   assert len(costs) == 2 and max(costs) == 1.0 and min(costs) > 0
   assert check_verify_lengths((1, 2), costs, 2) == ((1, 2), costs)
+
+
+def test_constrained_greedy_text_is_unchanged(target, draft):
+  words = [bytes([97 + i % 26]) * (1 + i // 26) for i in range(511)] + [None]  # 511: EOS
+  regex = C.compile_constraint(C.Regex("[a-f]{2,9}(xy|z)"), words, [511], 512)
+  rules = C.row_constraints([regex, None], 512)
+  prompts, lengths = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32), jnp.asarray([3, 2])
+  run = dict(max_new_tokens=10, sampling=specjax.GREEDY, eos_id=511, constraints=rules)
+  plain = specjax.autoregressive_generate(target, prompts, lengths, **run)
+  spec = specjax.speculative_generate(target, _Hashed(draft), prompts, lengths, **run, **RUN_4)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_a_cut_step_returns_logits_and_tokens_of_the_full_shape(target, draft, prompts):
+  """`with_logits` (serving's log-probabilities): `[B, g+1, V]` and `[B, g+1]`
+  whatever the length verified; the rows both score agree."""
+  config = SpecConfig(gamma=4, max_new_tokens=8, sampling=specjax.GREEDY)
+  state = jax.jit(init_state, static_argnames="config")(
+    target, draft, *prompts, jax.random.key(0), config=config
+  )
+  step = jax.jit(speculative_step, static_argnames=("config", "with_logits"))
+  cut = dataclasses.replace(config, verify_lengths=(1,), verify_costs=(1.0,))
+  _, full_logits, _ = step(target, draft, state, config, with_logits=True)
+  new, logits, emitted = step(target, draft, state, cut, with_logits=True)
+  assert logits.shape == full_logits.shape and emitted.shape == (4, 5)
+  np.testing.assert_allclose(logits[:, :2], full_logits[:, :2], atol=1e-4)
+  np.testing.assert_array_equal(new.stats.proposed, 1)
