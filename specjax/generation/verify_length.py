@@ -185,7 +185,7 @@ def measure_verify_costs(
   lengths take turns).
 
   Returns:
-    one cost per length, divided by the largest (so gamma's is about 1):
+    one cost per length (`relative_costs`: non-decreasing, gamma's 1):
     `speculative_generate`'s `verify_costs`.
   """
   drafter = as_drafter(draft)
@@ -205,9 +205,15 @@ def measure_verify_costs(
       start = time.perf_counter()
       jax.block_until_ready(step())
       seconds.append(time.perf_counter() - start)
-  seconds = [statistics.median(t) for t in times]
-  top = max(seconds)
-  return tuple(s / top for s in seconds)
+  return relative_costs([statistics.median(t) for t in times])
+
+
+def relative_costs(seconds: Sequence[float]) -> tuple[float, ...]:
+  """Measured seconds per verify length (ascending lengths) as `verify_costs`: a
+  running maximum (scoring more rows is never cheaper; a shorter length's slower
+  reading is noise), divided by the largest."""
+  running = [max(seconds[: i + 1]) for i in range(len(seconds))]
+  return tuple(s / running[-1] for s in running)
 
 
 @functools.partial(compiler_options.jit, static_argnames=("config",))

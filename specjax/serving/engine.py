@@ -44,7 +44,11 @@ from specjax import constraints
 from specjax.drafting import Drafter, as_drafter, check_drafter
 from specjax.generation.state import SpecConfig
 from specjax.generation.validation import check_sampling
-from specjax.generation.verify_length import check_verify_lengths, lengths_up_to
+from specjax.generation.verify_length import (
+  check_verify_lengths,
+  lengths_up_to,
+  relative_costs,
+)
 from specjax.models.kv_cache import check_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import GREEDY, RowSampling
@@ -65,7 +69,8 @@ from specjax.validation import (
 
 logger = logging.getLogger(__name__)
 
-_SAME = object()  # a default meaning the engine's own (`_warm_admit`'s drafter, `_run_step`'s verify lengths)
+# A default meaning the engine's own (`_warm_admit`'s drafter, `_run_step`'s verify lengths).
+_SAME = object()
 _DEFAULT_CONFIG = EngineConfig()
 
 
@@ -739,7 +744,7 @@ class Engine:
         lambda k, gamma=gamma, forced=forced: self._blocking_step(gamma, width, forced[k]),
         functools.partial(self._restart, live, width),
       )
-      costs = tuple(seconds[k] / max(seconds.values()) for k in ks)
+      costs = relative_costs([seconds[k] for k in ks])
       self._verify[gamma, width] = (ks, costs)
       line = ", ".join(f"k={k} {c:.2f}" for k, c in zip(ks, costs))
       progress(f"warm-up: width {width}, gamma={gamma}: verify costs {line}")
