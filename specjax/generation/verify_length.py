@@ -176,13 +176,14 @@ def measure_verify_costs(
   sampling: SamplingParams = GREEDY,
   key: jax.Array | None = None,
   runs: int = 5,
+  window: int = 5,
 ) -> tuple[float, ...]:
   """The relative cost of a speculative iteration at each verify length, measured
   on this machine: for each k in `lengths`, one jitted `speculative_step` that
   drafts `gamma` tokens and verifies k of them (the draft, the target scoring
   k + 1 rows, verification and commit), on the batch `prompts [B, P]`,
-  `prompt_lengths [B]` after its prefill; the median of `runs` timings (the
-  lengths take turns).
+  `prompt_lengths [B]` after its prefill: the lengths take turns in `runs`
+  runs of `window` steps each; a length's cost is its fastest run's median.
 
   Returns:
     one cost per length (`relative_costs`: non-decreasing, gamma's 1):
@@ -198,14 +199,19 @@ def measure_verify_costs(
     forced = dataclasses.replace(config, verify_lengths=(int(k),), verify_costs=(1.0,))
     steps.append(functools.partial(_step, target, drafter, state, config=forced))
     jax.block_until_ready(steps[-1]())  # compiles
-  # The lengths take turns, so that a slow spell of a shared machine hits them all.
+  # The lengths take turns in runs of `window` consecutive steps; each length's
+  # fastest run's median (a shared machine's noise only adds time), as the serving
+  # engine's calibration does.
   times = [[] for _ in steps]
   for _ in range(runs):
-    for step, seconds in zip(steps, times):
-      start = time.perf_counter()
-      jax.block_until_ready(step())
-      seconds.append(time.perf_counter() - start)
-  return relative_costs([statistics.median(t) for t in times])
+    for step, medians in zip(steps, times):
+      seconds = []
+      for _ in range(window):
+        start = time.perf_counter()
+        jax.block_until_ready(step())
+        seconds.append(time.perf_counter() - start)
+      medians.append(statistics.median(seconds))
+  return relative_costs([min(t) for t in times])
 
 
 def relative_costs(seconds: Sequence[float]) -> tuple[float, ...]:
