@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from test_distribution import PROMPT, exact_joint, pair  # noqa: F401 (pair: a V = 8 fixture)
 from test_verify_exactness import (
   _ctx_rows,
   _draw,
@@ -25,7 +26,7 @@ from test_verify_exactness import (
 )
 
 import specjax
-from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue
+from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue, sequence_counts
 from specjax import constraints as C
 from specjax.drafting import ModelDrafter
 from specjax.generation import SpecConfig, init_state, speculative_step
@@ -229,3 +230,32 @@ def test_a_cut_step_returns_logits_and_tokens_of_the_full_shape(target, draft, p
   assert logits.shape == full_logits.shape and emitted.shape == (4, 5)
   np.testing.assert_allclose(logits[:, :2], full_logits[:, :2], atol=1e-4)
   np.testing.assert_array_equal(new.stats.proposed, 1)
+
+
+@pytest.mark.sample("block")  # token verification: the chi-square test above, per sample
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_sampled_text_through_the_cut_step_has_the_targets_law(pair, verifier):  # noqa: F811
+  """End to end at temperature 1 (20,000 rows, V = 8): the proposal cut to one
+  token (verifying 2 made dear) by `speculative_step` itself."""
+  target, draft = pair
+  sampling = specjax.SamplingParams(temperature=1.0)
+  rows = 20_000
+  prompts = jnp.tile(PROMPT, (rows, 1))
+  lengths = jnp.full((rows,), len(PROMPT), jnp.int32)
+  out = specjax.speculative_generate(
+    target,
+    draft,
+    prompts,
+    lengths,
+    gamma=2,
+    max_new_tokens=3,
+    sampling=sampling,
+    key=jax.random.key(4),
+    verifier=verifier,
+    verify_lengths=(1, 2),
+    verify_costs=(1.0, 5.0),
+  )
+  np.testing.assert_array_equal(out.stats.proposed, out.stats.row_iterations)  # cut to 1
+  assert 0.05 < float(out.stats.acceptance_rate) < 0.95
+  counts = sequence_counts(out.tokens, 8)
+  assert chisquare_pvalue(counts, exact_joint(target, sampling)) > 1e-3
