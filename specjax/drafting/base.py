@@ -46,11 +46,11 @@ class Proposal(NamedTuple):
       -1: it continues s[-1]; one static tree, or a tree per row); `probs[:, i]`
       is then the law node i was drawn from, its parent's q (all zero for a node
       the drafter could not fill), and `lengths` is g.
-    confidence: None, or `[B, g]` float32 in [0, 1] (chains only): the drafter's
-      estimate that token i is accepted given that tokens < i were (conditional
-      acceptance); the survival of token i is the running product over <= i.
-      A drafter with `gives_confidence` sets it; generation reads it to choose
-      how many tokens to verify (`SpecConfig.verify_lengths`).
+    confidence: None, or `[B, g]` float32 in [0, 1] for a chain: the drafter's
+      estimate that token i is accepted given the tokens before it were (its
+      running product is the survival of token i). A drafter with
+      `gives_confidence` sets it; generation reads it to choose how many tokens
+      to verify (`SpecConfig.verify_lengths`).
   """
 
   tokens: jax.Array
