@@ -26,7 +26,7 @@ from test_verify_exactness import (
 )
 
 import specjax
-from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue, sequence_counts
+from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue, dspark_drafter, sequence_counts
 from specjax import constraints as C
 from specjax.drafting import ModelDrafter
 from specjax.generation import SpecConfig, init_state, speculative_step
@@ -132,6 +132,15 @@ def test_greedy_text_equals_plain_greedy(target, draft, prompts, greedy_referenc
   np.testing.assert_array_equal(out.tokens, greedy_reference.tokens)
   np.testing.assert_array_equal(out.num_generated, greedy_reference.num_generated)
   assert _varied(out.stats)
+
+
+def test_dspark_chains_verify_by_their_confidence_head(target, prompts, greedy_reference):
+  """The confidence head's estimates (an untrained head: survival about 1/2 a
+  position) choose the length; the text is plain greedy decoding's."""
+  run = dict(RUN, gamma=3, verify_lengths=(1, 3), verify_costs=(1.0, 1.2))
+  drafter = dspark_drafter(target)
+  out = specjax.speculative_generate(target, drafter, *prompts, sampling=specjax.GREEDY, **run)
+  np.testing.assert_array_equal(out.tokens, greedy_reference.tokens)
 
 
 def test_coupled_text_equals_plain_coupled_text(target, draft, prompts):
