@@ -1,8 +1,8 @@
 """Confidence-driven verification length: how many drafted tokens an iteration scores.
 
-Scoring g + 1 target rows costs more than scoring k + 1 < g + 1 (on a CPU, 1.25 to
-2.7 single steps for g + 1); when the drafts are unlikely to survive, verifying a
-shorter prefix buys nearly the same tokens for less. A drafter with
+Scoring g + 1 target rows costs more than scoring k + 1 < g + 1 (how much more is
+measured: docs/performance.md); when the drafts are unlikely to survive, verifying
+a shorter prefix buys nearly the same tokens for less. A drafter with
 `gives_confidence` sets `Proposal.confidence c [B, g]`, its estimate that draft i
 is accepted given that drafts < i were; S[b, i] = c[b, 0] ... c[b, i] is the
 chance that draft i survives. With a few compiled lengths l_1 < ... < l_m = g
@@ -18,7 +18,7 @@ decide whether to verify it, and S[b, i] depends on the drafted x_i itself (and
 on everything drafted before): a token verified only when it or its successors
 look good is no longer a draw from q, and the token and block rules would be
 biased at temperature > 0. So the choice walks up the lengths and decides
-whether to go from l_j to l_{j + 1} from positions < l_j + 1 only: it compares
+whether to go from l_j to l_{j + 1} from the first l_j drafts' confidences only: it compares
 E(l_j) / cost(l_j) with the same sum at l_{j + 1}, whose unknown terms are
 extrapolated from the last known conditional c[b, l_j - 1]. Whether position i
 is verified is then a function of the drafts before i (and of the other rows'
