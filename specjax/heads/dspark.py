@@ -162,6 +162,7 @@ class DSparkDrafter(dflash.DFlashDrafter, ConfidenceLength):
   """
 
   confidence: float = struct.field(pytree_node=False, default=0.0)
+  gives_confidence = True  # its chains carry the confidence head's estimates
 
   def propose(
     self,
