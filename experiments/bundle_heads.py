@@ -17,7 +17,6 @@ import json
 import os
 
 import numpy as np
-
 from absl import app, flags, logging
 
 from experiments import common

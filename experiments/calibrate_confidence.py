@@ -30,10 +30,10 @@ def main(argv):
 
   from configs.train_dspark import get_config
   from specjax import pretrained
+  from specjax.bench.timing import environment_info
   from specjax.data.dataset import TokenDataset
   from specjax.heads.dspark import calibration
   from specjax.jobs.drafters import build_drafter
-  from specjax.bench.timing import environment_info
   from specjax.training.trainer import prepare_data
 
   f = flags.FLAGS

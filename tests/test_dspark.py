@@ -38,7 +38,9 @@ def test_settings_round_trip_and_refusals():
   ]:
     with pytest.raises(ValueError, match=message):
       head_config("dspark", CFG, **{field: bad})
-  bare = heads.make_head(head_config("dspark", CFG, markov_rank=0, confidence_head=False), rngs=nnx.Rngs(0))
+  bare = heads.make_head(
+    head_config("dspark", CFG, markov_rank=0, confidence_head=False), rngs=nnx.Rngs(0)
+  )
   assert not hasattr(bare, "markov_w1") and not hasattr(bare, "confidence_hidden")
 
 
@@ -57,7 +59,7 @@ def test_each_law_is_corrected_by_the_token_before_it(target):
   want = jax.nn.softmax(base + bias, axis=-1)
   np.testing.assert_allclose(proposal.probs, want, rtol=1e-5, atol=1e-6)
   assert proposal.confidence.shape == (1, 3)
-  assert np.all((0 < proposal.confidence) & (proposal.confidence < 1))
+  assert np.all((proposal.confidence > 0) & (proposal.confidence < 1))
   # W2 = 0: the backbone's block drafter, token for token.
   fresh = heads.drafter(target, heads.make_head(drafter.head.cfg, rngs=nnx.Rngs(7)))
   block = DFlashDrafter(target, fresh.head)
@@ -165,7 +167,10 @@ def test_frozen_backbone_gets_no_gradient_and_calibration_reports(target):
   )(params)
   for path, g in nnx.to_flat_state(grads):
     moving = float(jnp.abs(g.get_value()).max()) > 0
-    assert moving == (path[0] in ("markov_w1", "markov_w2", "confidence_hidden", "confidence_markov", "confidence_bias")), path
+    assert moving == (
+      path[0]
+      in ("markov_w1", "markov_w2", "confidence_hidden", "confidence_markov", "confidence_bias")
+    ), path
   for name in ("confidence_bce", "confidence_mean", "accept_mean", "base_alpha_t0_pos1"):
     assert np.isfinite(float(metrics[name])), name
   report = calibration(drafter.head, target, batch, num_anchors=4, bins=5)

@@ -53,7 +53,7 @@ from specjax.drafting.base import (
 )
 from specjax.drafting.tree import draft_tree
 from specjax.heads import dflash, hub
-from specjax.heads.base import HeadConfigError, HeadKind, TrainingRules, linear
+from specjax.heads.base import HeadKind, TrainingRules, linear
 from specjax.hf import weights
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams
@@ -133,7 +133,9 @@ class DSparkHead(dflash.DFlashHead):
     float32 `[..., V]`; -inf entries (a vocabulary subset) stay -inf."""
     if embed is None:
       return base
-    bias = jnp.einsum("...r,rv->...v", embed.astype(jnp.float32), self.markov_w2[...].astype(jnp.float32))
+    bias = jnp.einsum(
+      "...r,rv->...v", embed.astype(jnp.float32), self.markov_w2[...].astype(jnp.float32)
+    )
     return base + bias
 
   def confidence_logit(self, h: jax.Array, embed: jax.Array | None) -> jax.Array:
@@ -301,30 +303,36 @@ def calibration(head, target, batch, *, num_anchors: int = 64, bins: int = 10) -
   out = {"positions": [], "bins": [], "survival": []}
   for k in range(valid.shape[-1]):
     ok = valid[..., k]
-    out["positions"].append({
-      "position": k + 1,
-      "count": int(ok.sum()),
-      "predicted": float(estimate[..., k][ok].mean()),
-      "measured": float(kept[..., k][ok].mean()),
-    })
-    out["survival"].append({
-      "position": k + 1,
-      "predicted": float(np.prod(estimate[..., : k + 1], -1)[whole].mean()),
-      "measured": float(np.prod(kept[..., : k + 1], -1)[whole].mean()),
-    })
+    out["positions"].append(
+      {
+        "position": k + 1,
+        "count": int(ok.sum()),
+        "predicted": float(estimate[..., k][ok].mean()),
+        "measured": float(kept[..., k][ok].mean()),
+      }
+    )
+    out["survival"].append(
+      {
+        "position": k + 1,
+        "predicted": float(np.prod(estimate[..., : k + 1], -1)[whole].mean()),
+        "measured": float(np.prod(kept[..., : k + 1], -1)[whole].mean()),
+      }
+    )
   e, m = estimate[valid], kept[valid]
   which = np.minimum((e * bins).astype(int), bins - 1)
   gap = 0.0
   for i in range(bins):
     sel = which == i
     if sel.any():
-      out["bins"].append({
-        "low": i / bins,
-        "high": (i + 1) / bins,
-        "count": int(sel.sum()),
-        "predicted": float(e[sel].mean()),
-        "measured": float(m[sel].mean()),
-      })
+      out["bins"].append(
+        {
+          "low": i / bins,
+          "high": (i + 1) / bins,
+          "count": int(sel.sum()),
+          "predicted": float(e[sel].mean()),
+          "measured": float(m[sel].mean()),
+        }
+      )
       gap += sel.sum() * abs(e[sel].mean() - m[sel].mean())
   out["ece"] = float(gap / max(len(e), 1))
   return out
@@ -371,7 +379,9 @@ def _check_training(config) -> None:
     raise ValueError(f"config.head.confidence_weight must be a finite number >= 0, got {weight!r}.")
   target = head.get("confidence_target", "greedy")
   if target not in CONFIDENCE_TARGETS:
-    raise ValueError(f"config.head.confidence_target must be one of {CONFIDENCE_TARGETS}, got {target!r}.")
+    raise ValueError(
+      f"config.head.confidence_target must be one of {CONFIDENCE_TARGETS}, got {target!r}."
+    )
   for name in ("confidence_head", "confidence_with_markov", "train_backbone", "anchor_first"):
     if not isinstance(head.get(name, False), bool):
       raise ValueError(f"config.head.{name} must be a bool, got {head.get(name)!r}.")
@@ -405,7 +415,9 @@ def warm_start(head: DSparkHead, target: Transformer, settings) -> DSparkHead:
   else:
     cfg = files.read_config(where)
     if cfg.kind != "dflash":
-      raise ValueError(f"config.head.backbone must be a dflash head, {where} holds a {cfg.kind} head.")
+      raise ValueError(
+        f"config.head.backbone must be a dflash head, {where} holds a {cfg.kind} head."
+      )
     backbone = files.read_head(where, cfg, jnp.float32)
   want = {f.name: getattr(head.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
   have = {f.name: getattr(backbone.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
