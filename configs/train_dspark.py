@@ -45,6 +45,9 @@ def get_config():
   c.head.warm_start = True
   c.head.backbone = "bundled"
   c.head.train_backbone = False
+  # ... but these of its parameters (dotted path prefixes, comma-separated), e.g.
+  # "layers.1,norm": its last layer and final norm, stored beside the two heads.
+  c.head.train_only = ""
   c.learning_rate = 3e-3
   c.num_steps = 600
   c.warmup_steps = 20

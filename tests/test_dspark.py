@@ -22,7 +22,7 @@ from specjax import heads
 from specjax.heads import HeadConfig
 from specjax.heads import config as head_config
 from specjax.heads.dflash import DFlashDrafter
-from specjax.heads.dspark import DSparkDrafter, calibration
+from specjax.heads.dspark import OWN_PARAMS, DSparkDrafter, calibration
 from specjax.training.heads import HeadLoss, objective
 
 CFG = specjax.ModelConfig(**TINY).replace(init_std=0.1)
@@ -154,23 +154,26 @@ def test_sampled_verification_keeps_the_target_law(verifier, draft, sampling, tr
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
 
 
-def test_frozen_backbone_gets_no_gradient_and_calibration_reports(target):
-  """train_backbone=False: only the Markov and confidence heads have gradients; the
-  loss carries the confidence term; calibration gives per-position and binned data."""
+@pytest.mark.parametrize("train_only", [(), ("layers.1", "norm")], ids=["frozen", "last_layer"])
+def test_frozen_backbone_gets_no_gradient_and_calibration_reports(target, train_only):
+  """train_backbone=False: only the Markov and confidence heads have gradients (and the
+  backbone's parameters under `train_only`); the loss carries the confidence term;
+  calibration gives per-position and binned data."""
   drafter = dspark_drafter(target)
   graphdef, params = nnx.split(drafter.head, nnx.Param)
   batch = jax.random.randint(jax.random.key(0), (2, 17), 0, 512)
-  settings = HeadLoss(num_anchors=4, loss_decay=4.0, confidence_weight=1.0, train_backbone=False)
+  settings = HeadLoss(
+    num_anchors=4, loss_decay=4.0, confidence_weight=1.0, train_backbone=False,
+    train_only=train_only,
+  )  # fmt: skip
   grads, metrics = jax.grad(
     lambda p: objective(p, batch, target, jax.random.key(1), graphdef=graphdef, settings=settings),
     has_aux=True,
   )(params)
   for path, g in nnx.to_flat_state(grads):
     moving = float(jnp.abs(g.get_value()).max()) > 0
-    assert moving == (
-      path[0]
-      in ("markov_w1", "markov_w2", "confidence_hidden", "confidence_markov", "confidence_bias")
-    ), path
+    own = path[0] in OWN_PARAMS or path[:2] == ("layers", 1) or path[0] == "norm"
+    assert moving == (own if train_only else path[0] in OWN_PARAMS), path
   for name in ("confidence_bce", "confidence_mean", "accept_mean", "base_alpha_t0_pos1"):
     assert np.isfinite(float(metrics[name])), name
   report = calibration(drafter.head, target, batch, num_anchors=4, bins=5)

@@ -238,16 +238,18 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   accepted given the drafts before it were: "greedy" (`confidence_target`): whether
   the corrected law's argmax is the target's; "sampled": 1 - TV(p, q), token
   verification's chance. With `train_backbone` False the block drafter's own
-  parameters get no gradient (the two heads train on a frozen backbone).
+  parameters get no gradient (the two heads train on a frozen backbone) but those under
+  the path prefixes `train_only` (e.g. `("layers.1", "norm")`: its last layer and
+  final norm), which then differ from the backbone's and are stored beside the heads.
 
   Metrics besides the block drafter's: `confidence_bce`, `confidence_mean` (the mean
   estimate) and `accept_mean` (the mean target), and the backbone's own argmax
   agreement per position (`base_alpha_t0_pos{k}`) beside the corrected one's."""
   blocks = dflash.block_batch(head, target, batch, key, settings)
+  if not settings.train_backbone:
+    head = frozen_backbone(head, settings.train_only)
   h = head.train_hidden(target, blocks.features, blocks.inputs, blocks.anchors)
   base = head.logits(target, h)  # [B, A, n - 1, V]
-  if not settings.train_backbone:
-    h, base = jax.lax.stop_gradient(h), jax.lax.stop_gradient(base)
   embed = head.markov_embed(blocks.previous)
   q_logits = head.corrected(base, embed)
   value, metrics = dflash.block_loss(q_logits, blocks, loss, settings)
@@ -272,6 +274,25 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   if head.cfg.confidence_head and settings.confidence_weight:
     value = value + settings.confidence_weight * bce
   return value, metrics
+
+
+OWN_PARAMS = ("markov_w1", "markov_w2", "confidence_hidden", "confidence_markov", "confidence_bias")
+
+
+def frozen_backbone(head: DSparkHead, train_only: tuple[str, ...] = ()) -> DSparkHead:
+  """`head` whose block drafter's parameters are constants to differentiation (its
+  Markov and confidence heads', and those under a dotted path prefix of `train_only`,
+  stay variables)."""
+  graphdef, state = nnx.split(head)
+  flat = []
+  for path, variable in nnx.to_flat_state(state):
+    name = ".".join(map(str, path))
+    trains = path[0] in OWN_PARAMS or any(
+      name == p or name.startswith(p + ".") for p in train_only
+    )
+    value = variable.get_value()
+    flat.append((path, variable.replace(value if trains else jax.lax.stop_gradient(value))))
+  return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 def optax_bce(logit: jax.Array, target: jax.Array) -> jax.Array:
@@ -362,7 +383,12 @@ def _expansion_axes(path: tuple) -> tuple[str, str] | None:
 # -- the training run's settings
 
 
-TRAINING_FIELDS = {"confidence_weight": 1.0, "confidence_target": "greedy", "train_backbone": True}
+TRAINING_FIELDS = {
+  "confidence_weight": 1.0,
+  "confidence_target": "greedy",
+  "train_backbone": True,
+  "train_only": "",
+}
 
 
 def _check_training(config) -> None:
@@ -385,6 +411,14 @@ def _check_training(config) -> None:
   for name in ("confidence_head", "confidence_with_markov", "train_backbone", "anchor_first"):
     if not isinstance(head.get(name, False), bool):
       raise ValueError(f"config.head.{name} must be a bool, got {head.get(name)!r}.")
+  only = head.get("train_only", "")
+  if not isinstance(only, str):
+    raise ValueError(f"config.head.train_only must be a string of path prefixes, got {only!r}.")
+  if only and head.get("train_backbone", True):
+    raise ValueError(
+      "config.head.train_only names the backbone's parameters that train on a frozen "
+      f"backbone; it needs config.head.train_backbone=False, got train_only={only!r}."
+    )
   if not head.get("train_backbone", True) and config.weight_decay:
     raise ValueError(
       "config.weight_decay must be 0 with config.head.train_backbone=False (decay would "
@@ -398,6 +432,7 @@ def _loss_settings(head) -> dict:
     confidence_weight=float(head.get("confidence_weight", 1.0)),
     confidence_target=str(head.get("confidence_target", "greedy")),
     train_backbone=bool(head.get("train_backbone", True)),
+    train_only=tuple(p.strip() for p in str(head.get("train_only", "")).split(",") if p.strip()),
   )
 
 

@@ -62,7 +62,8 @@ class HeadLoss:
     confidence_weight: weight of the sequential block drafter's confidence loss.
     confidence_target: what its confidence head learns: "greedy" (argmax agreement)
       or "sampled" (1 - TV, token verification's acceptance).
-    train_backbone: False trains only the sequential block drafter's two heads.
+    train_backbone: False trains only the sequential block drafter's two heads, and
+      the backbone's parameters under the dotted path prefixes `train_only`.
   """
 
   feature_weight: float = 0.0
@@ -74,6 +75,7 @@ class HeadLoss:
   confidence_weight: float = 0.0
   confidence_target: str = "greedy"
   train_backbone: bool = True
+  train_only: tuple[str, ...] = ()
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> HeadLoss:
