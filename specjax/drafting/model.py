@@ -32,7 +32,7 @@ from specjax.drafting.base import (
 )
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams
+from specjax.sampling import RowSampling, SamplingParams
 from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
@@ -68,7 +68,9 @@ class CachedDrafting(ConfidenceLength):
     """Samples up to min(gamma, limit[b]) tokens per row, stopping once no row
     needs more (unless `draft_loop` runs every trip). Greedy drafts build no
     `[B, g, V]` law (`Proposal.probs` None, q one-hot). Under a `constraint`
-    every token is drawn among what the state its predecessors reach allows.
+    every token is drawn among what the state its predecessors reach allows;
+    with per-row penalties (`RowSampling.history`) from the warp of the text
+    its predecessors extend (`RowSampling.after`), as the target's p is.
     """
 
     b, g = recent.shape[0], gamma
@@ -79,19 +81,22 @@ class CachedDrafting(ConfidenceLength):
     logits, state = self._feed_recent(recent, state, g)
 
     def draw(i, logits, tokens, probs, active, rule):
+      rule, warp = rule
       active = active & (i < limit)
-      token, q, rule = draw_chain_token(i, logits[:, 0], rule, sampling, draw_token)
+      token, q, rule = draw_chain_token(i, logits[:, 0], rule, warp, draw_token)
+      if isinstance(warp, RowSampling):  # the penalties' counts advance along the chain
+        warp = warp.after(token)
       if q is not None:  # greedy: a one-hot q, its top probability 1, above any threshold
         probs = probs.at[:, i].set(q)
         if self.confidence > 0:
           active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      return token, tokens.at[:, i].set(token), probs, active, rule
+      return token, tokens.at[:, i].set(token), probs, active, (rule, warp)
 
     vocab = logits.shape[-1]
     tokens = jnp.zeros((b, g), jnp.int32)
     probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
     token, tokens, probs, active, rule = draw(
-      0, logits, tokens, probs, jnp.ones((b,), bool), constraint
+      0, logits, tokens, probs, jnp.ones((b,), bool), (constraint, sampling)
     )
     lengths = active.astype(jnp.int32)
 

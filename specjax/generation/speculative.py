@@ -31,9 +31,11 @@ from specjax.drafting import (
 )
 from specjax.generation import validation
 from specjax.generation.common import (
+  bind_history,
+  ends_row,
   finalize,
-  is_eos,
   prefill,
+  start_history,
   run_loop,
   zero_padding,
 )
@@ -86,8 +88,9 @@ def speculative_step(
   logits, path_states = _constraint_mask(table, state, proposal, logits)
   # 3. Verify: keep n drafted tokens (a tree: the nodes of one path), then the verifier's token.
   vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
+  scored = scored_sampling(state, proposal, config)  # p's warp at each row: its own counts
   verified = verify_block(
-    verify_key, proposal, logits, cache, hidden, sampling, vocab, drafter.tree_mode, config
+    verify_key, proposal, logits, cache, hidden, scored, vocab, drafter.tree_mode, config
   )
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics,
   # and the constraint's state after the kept tokens.
@@ -230,6 +233,7 @@ def commit_step(
   n = verified.n
   emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  history = None if state.history is None else state.history.after(emitted, count)
   old_length = state.target_cache.lengths + 1  # len(s)
   commit = Commit(emitted, old_length, old_length + n + 1, ~done, verified.hidden, verified.path)
   return state.replace(
@@ -240,6 +244,7 @@ def commit_step(
     tokens=tokens,
     num_generated=num_generated,
     done=done,
+    history=history,
     stats=state.stats.record(
       active=~state.done,
       proposed=proposal.lengths,
@@ -284,8 +289,25 @@ def noise_positions(drafter: Drafter, gamma: int) -> int:
 
 
 def step_sampling(state: SpecState, config: SpecConfig) -> SamplingParams | RowSampling:
-  """The warp of this iteration: the config's static one, or the rows' own."""
-  return state.sampling if config.sampling is None else config.sampling
+  """The warp of this iteration: the config's static one, or the rows' own with
+  their committed text (`SpecState.history`): a drafter's first token's law."""
+  if config.sampling is not None:
+    return config.sampling
+  return bind_history(state.sampling, state.history, config.eos_id)
+
+
+def scored_sampling(
+  state: SpecState, proposal: Proposal, config: SpecConfig
+) -> SamplingParams | RowSampling:
+  """The warp of the target's p at each row of the scored block `[B, g + 1]`:
+  the rows' own with the text before that row, the committed text and the
+  drafted tokens before it (a tree's: its path from the root), as the warp of
+  the draft at that position reads it (`TokenHistory.along`)."""
+  sampling = step_sampling(state, config)
+  if state.history is None:
+    return sampling
+  parents = None if proposal.tree is None else proposal.tree.parents
+  return sampling.with_history(state.history.along(proposal.tokens, parents), config.eos_id)
 
 
 def score(
@@ -378,15 +400,16 @@ def emitted_tokens(draft_tokens: jax.Array, n: jax.Array, next_token: jax.Array)
 def commit_tokens(
   state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Appends each active row's n + 1 new tokens, cut at EOS (the config's ids or
-  the row's `stop`) and at its budget: `(tokens, num_generated [B], done [B],
-  count [B])`, count the tokens committed (0 if done before)."""
+  """Appends each active row's n + 1 new tokens, cut at EOS (the config's ids,
+  unless the row's `ignore_eos`; the row's `stop` or `stop_token_ids`) and at its
+  budget: `(tokens, num_generated [B], done [B], count [B])`, count the tokens
+  committed (0 if done before)."""
   active = ~state.done
   count = n + 1
   slots = jnp.arange(emitted.shape[1])[None, :]
-  eos = emitted == state.stop[:, None]
-  if config.eos_id is not None:
-    eos = eos | is_eos(emitted, config.eos_id)
+  eos = (emitted == state.stop[:, None]) | ends_row(
+    emitted, config.eos_id, step_sampling(state, config)
+  )
   eos = eos & (slots < count[:, None])
   hit_eos = jnp.any(eos, axis=1)
   count = jnp.where(hit_eos, jnp.argmax(eos, axis=1) + 1, count)
@@ -499,13 +522,15 @@ def prefill_state(
   if config.coupled:  # each row's draw at generated index 0
     zero = jnp.zeros((b,), jnp.int32)
     first_key = Coupling.of(row_keys, zero, 1, target.cfg.vocab_size, first_key, coupled_rows)
+  sampling = rows if config.sampling is None else config.sampling
+  history = start_history(sampling, prompts, prompt_lengths, target.cfg.vocab_size)
   first, target_cache, *hidden = prefill(
     target,
     prompts,
     prompt_lengths,
     capacity,
     first_key,
-    rows if config.sampling is None else config.sampling,
+    bind_history(sampling, history, config.eos_id),
     return_hidden=features,
     constraint=None if rules is None else (rules.table, rules.start),
   )
@@ -514,9 +539,7 @@ def prefill_state(
     if drafter is None
     else drafter.init(prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None)
   )
-  done = (budget <= 1) | (first == stop)
-  if config.eos_id is not None:
-    done = done | is_eos(first, config.eos_id)
+  done = (budget <= 1) | (first == stop) | ends_row(first, config.eos_id, sampling)
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
@@ -539,6 +562,7 @@ def prefill_state(
     constraint_state=None
     if rules is None
     else constraints_lib.advance(rules.table, rules.start, first),
+    history=None if history is None else history.after(first),
   )
 
 
@@ -628,6 +652,7 @@ def speculative_generate(
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
     stats: SpeculativeStats)`.
   """
+  sampling = validation.as_rows(sampling, target.cfg.vocab_size, prompts)
   drafter, config = _checked_run(
     target,
     draft,

@@ -98,6 +98,16 @@ def check_sampling(sampling, vocab_size: int, batch: int, per_row: bool = True) 
   sampling.check_vocab(vocab_size)
 
 
+def as_rows(sampling, vocab_size: int, prompts) -> SamplingParams | RowSampling:
+  """A `SamplingParams` that sets penalties, bias, min-p or stop settings
+  (`has_warps`), checked against the vocabulary and run as `RowSampling` rows
+  (they read each row's text); anything else as it is (checked later)."""
+  if isinstance(sampling, SamplingParams) and sampling.has_warps:
+    sampling.check_vocab(vocab_size)
+    return RowSampling.of(sampling, np.shape(prompts)[0])
+  return sampling
+
+
 def check_pad_id(pad_id) -> int:
   """The output buffer is int32: pad_id must fit in it."""
   return check_int("pad_id", pad_id, INT32_MIN, INT32_MAX)

@@ -70,6 +70,7 @@ ROW_FIELDS = (
   "stop",
   "sampling",
   "constraint_state",
+  "history",
 )
 ROW_STATS = ("proposed", "accepted", "evaluated", "row_iterations", "generated")
 
@@ -265,7 +266,8 @@ def plain_step(
   logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
   if table is not None:
     logits = constraints.mask_logits(logits, table, state.constraint_state[:, None])
-  probs = warp_probs(logits[:, 0], step_sampling(state, config))
+  sampling = step_sampling(state, config)  # with the rows' committed text
+  probs = warp_probs(logits[:, 0], sampling)
   key = state.keys[0, 1]
   if row_keys is not None:  # seeded rows: the coupled draw at their generated index
     rows = _coupled_rows(row_keys)
@@ -275,6 +277,7 @@ def plain_step(
   n = jnp.zeros_like(token)
   emitted = token[:, None]
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  history = None if state.history is None else state.history.after(emitted, count)
   goes_on = ~done
   old_length = state.target_cache.lengths + 1
   if table is not None:
@@ -286,6 +289,7 @@ def plain_step(
     tokens=tokens,
     num_generated=num_generated,
     done=done,
+    history=history,
     stats=state.stats.record(
       active=~state.done, proposed=n, accepted=n, generated=count, draft_calls=jnp.int32(0)
     ),
