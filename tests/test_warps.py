@@ -8,6 +8,7 @@ coupled text, and the stop settings stop rows where they should.
 """
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -133,3 +134,212 @@ def test_speculative_rules_keep_the_warped_law(pair, rule):
   accepted = np.asarray(spec.stats.accepted_at_position)
   assert 0 < accepted[0] < ROWS, accepted  # verification really decides
   assert pvalue(spec.tokens, joint) > 1e-3
+
+
+# Every setting on, a different mix per row (greedy rows: temperature 0).
+def _greedy_rows(eos):
+  return [
+    specjax.SamplingParams(
+      temperature=0.0,
+      presence_penalty=1.5,
+      frequency_penalty=0.5,
+      logit_bias={7: 3.0, 100: -5.0},
+      min_tokens=4,
+      stop_token_ids=(eos[1],),
+    ),
+    specjax.SamplingParams(temperature=0.0, repetition_penalty=1.8, min_p=0.2, ignore_eos=True),
+    specjax.SamplingParams(
+      temperature=0.0, frequency_penalty=2.0, repetition_penalty=0.7, min_tokens=20
+    ),
+    specjax.SamplingParams(temperature=0.0, presence_penalty=-1.0, logit_bias={3: 100.0}),
+  ]
+
+
+@pytest.mark.parametrize("drafter", ["chain", "tree"])
+def test_greedy_speculation_equals_greedy_decoding_with_every_setting(
+  target, noisy_target, prompts, greedy_reference, drafter
+):
+  """A ragged batch, each row its own penalties, bias, min-p and stop settings:
+  speculative decoding (a chain that drafts with its counts, or a token tree that
+  does not) gives plain greedy decoding's tokens, and the settings change them."""
+  eos = [int(greedy_reference.tokens[0, 2]), int(greedy_reference.tokens[1, 5])]
+  rows = RowSampling.of(_greedy_rows(eos))
+  run = dict(max_new_tokens=16, sampling=rows, eos_id=eos)
+  plain = specjax.autoregressive_generate(target, *prompts, **run)
+  if drafter == "tree":
+    draft = specjax.drafting.TreeDrafter(noisy_target, TREE, tree_mode="without_replacement")
+    spec = specjax.speculative_generate(target, draft, *prompts, gamma=len(TREE), **run)
+  else:
+    spec = specjax.speculative_generate(target, noisy_target, *prompts, gamma=3, **run)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  np.testing.assert_array_equal(spec.num_generated, plain.num_generated)
+  assert 0 < float(spec.stats.acceptance_rate) < 1
+  assert not np.array_equal(plain.tokens, greedy_reference.tokens)
+
+
+def test_seeded_coupled_speculation_equals_plain_coupled_decoding(target, noisy_target, prompts):
+  """Per-row keys: the coupled rule (chain and tree) gives the plain coupled text
+  with every warp on (sampled rows, a greedy row among them)."""
+  rows = RowSampling.of(
+    [
+      specjax.SamplingParams(temperature=0.9, presence_penalty=1.0, frequency_penalty=0.5),
+      specjax.SamplingParams(temperature=1.1, repetition_penalty=1.4, min_p=0.05, top_k=40),
+      specjax.SamplingParams(temperature=0.7, logit_bias={5: 4.0}, min_tokens=3, top_p=0.9),
+      specjax.SamplingParams(temperature=0.0, frequency_penalty=1.0),
+    ]
+  )
+  keys = jax.random.split(jax.random.key(9), 4)
+  run = dict(max_new_tokens=16, sampling=rows, key=keys, eos_id=[1, 2])
+  plain = specjax.autoregressive_generate(target, *prompts, **run)
+  chain = specjax.speculative_generate(target, noisy_target, *prompts, gamma=3, **run)
+  draft = specjax.drafting.TreeDrafter(noisy_target, TREE, tree_mode="without_replacement")
+  tree = specjax.speculative_generate(target, draft, *prompts, gamma=len(TREE), **run)
+  for out in (chain, tree):
+    np.testing.assert_array_equal(out.tokens, plain.tokens)
+    np.testing.assert_array_equal(out.num_generated, plain.num_generated)
+  assert 0 < float(chain.stats.acceptance_rate) < 1
+
+
+def test_min_tokens_ignore_eos_and_stop_token_ids(target, noisy_target, prompts, greedy_reference):
+  """A row does not stop before min_tokens (the EOS it would emit is masked), stops
+  after a stop id, runs to its budget with ignore_eos; plain and speculative alike."""
+  ref = np.asarray(greedy_reference.tokens)
+  eos = int(ref[0, 1])  # row 0 would stop at index 1
+  stop = int(ref[1, 3])  # row 1 stops at index 3 (or at an earlier occurrence)
+  rows = RowSampling.of(
+    [
+      specjax.SamplingParams(temperature=0.0, min_tokens=6),
+      specjax.SamplingParams(temperature=0.0, stop_token_ids=(stop,)),
+      specjax.SamplingParams(temperature=0.0, ignore_eos=True),
+      specjax.SamplingParams(temperature=0.0),
+    ]
+  )
+  run = dict(max_new_tokens=16, sampling=rows, eos_id=eos)
+  for out in (
+    specjax.autoregressive_generate(target, *prompts, **run),
+    specjax.speculative_generate(target, noisy_target, *prompts, gamma=3, **run),
+  ):
+    tokens, n = np.asarray(out.tokens), np.asarray(out.num_generated)
+    assert n[0] > 6 and eos not in tokens[0, :6]
+    np.testing.assert_array_equal(tokens[0, :1], ref[0, :1])  # the first token is not EOS
+    first_stop = int(np.argmax(ref[1] == stop)) + 1
+    assert n[1] == first_stop and tokens[1, n[1] - 1] == stop
+    np.testing.assert_array_equal(tokens[1, : n[1]], ref[1, : n[1]])
+    assert n[2] == 16  # ignore_eos: the budget
+    np.testing.assert_array_equal(tokens[2], ref[2])
+    hits = np.nonzero(ref[3] == eos)[0]
+    assert n[3] == (hits[0] + 1 if len(hits) else 16)
+
+
+BAD = [
+  (dict(presence_penalty=2.5), "presence_penalty must be in [-2, 2]"),
+  (dict(frequency_penalty=-3), "frequency_penalty must be in [-2, 2]"),
+  (dict(repetition_penalty=0), "repetition_penalty must be in (0, 2]"),
+  (dict(min_p=1.5), "min_p must be in [0, 1]"),
+  (dict(min_tokens=-1), "min_tokens must be an integer >= 0"),
+  (dict(logit_bias={"5": 101}), "logit_bias values must be in [-100, 100]"),
+  (dict(logit_bias={"x": 1}), "logit_bias keys must be token ids"),
+  (dict(logit_bias={str(i): 1 for i in range(301)}), "logit_bias must have at most 300"),
+  (dict(logit_bias={"600": 1}), "logit_bias ids must be in [0, vocab_size=512)"),
+  (dict(stop_token_ids=[600]), "stop_token_ids ids must be in [0, vocab_size=512)"),
+  (dict(stop_token_ids=[-1]), "stop_token_ids must be a list of token ids"),
+]
+
+
+@pytest.mark.parametrize("fields, message", BAD, ids=[m.split()[0] for _, m in BAD])
+def test_library_refuses_out_of_range_settings(target, prompts, fields, message):
+  """SamplingParams (and the vocabulary check before compiling) name the field and
+  its range."""
+  with pytest.raises(ValueError, match=re.escape(message)):
+    specjax.autoregressive_generate(
+      target, *prompts, max_new_tokens=4, sampling=specjax.SamplingParams(**fields)
+    )
+
+
+@pytest.fixture(scope="module")
+def served():
+  """(url, target, tokenizer): the tiny serving engine behind the app."""
+  from helpers import SERVING_ENGINE, serve_app
+  from specjax.data.chat import ChatTemplate
+  from specjax.serving import Engine, EngineConfig
+  from specjax.serving.background import BackgroundEngine
+  from specjax.serving.http import make_app
+  from specjax.testing import tiny_setup
+
+  target, draft, tokenizer = tiny_setup(0)
+  engine = Engine(target, draft, EngineConfig(policy="adaptive", **SERVING_ENGINE))
+  background = BackgroundEngine(engine)
+  template = ChatTemplate(TEMPLATE)
+  url, server, thread = serve_app(make_app(background, tokenizer, "tiny", template))
+  yield url, target, tokenizer, template
+  server.should_exit = True
+  thread.join(10)
+  background.close()
+
+
+TEMPLATE = (
+  "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}{% endfor %}"
+  "{% if add_generation_prompt %}<a>{% endif %}"
+)
+
+
+def library_text(target, tokenizer, ids, params, n=16) -> tuple[str, int]:
+  """`(text, tokens)` the library decodes after `ids` (padded to the engine's bucket)."""
+  padded = np.zeros((1, 32), np.int32)
+  padded[0, : len(ids)] = ids
+  out = specjax.autoregressive_generate(
+    target, jnp.asarray(padded), jnp.asarray([len(ids)]), max_new_tokens=n, sampling=params
+  )
+  count = int(out.num_generated[0])
+  return tokenizer.decode(np.asarray(out.tokens)[0, :count].tolist()), count
+
+
+HTTP_BAD = [(f, m.replace("512", "256")) for f, m in BAD]
+
+
+@pytest.mark.parametrize("fields, message", HTTP_BAD, ids=[m.split()[0] for _, m in HTTP_BAD])
+def test_http_refuses_the_same_settings(served, fields, message):
+  """The server answers 400 with the library's message, naming the field."""
+  import httpx
+
+  response = httpx.post(served[0] + "/v1/completions", json={"prompt": "x", **fields})
+  assert response.status_code == 400, response.text
+  error = response.json()["error"]
+  assert message in error["message"] and error["param"] == next(iter(fields))
+
+
+def test_http_penalties_give_the_librarys_text(served):
+  """The official client sends the fields (completions through `extra_body` for
+  vLLM's); a greedy request gives the library's text with the same settings, and
+  chat takes them too."""
+  import openai
+
+  url, target, tokenizer, template = served
+  client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+  prompt = "def add(a, b):\n"
+  settings = dict(presence_penalty=1.2, frequency_penalty=0.6, logit_bias={"101": 5.0, "32": -100})
+  extra = dict(repetition_penalty=1.3, min_p=0.1, min_tokens=3, stop_token_ids=[10])
+  out = client.completions.create(
+    model="tiny", prompt=prompt, max_tokens=16, temperature=0, extra_body=extra, **settings
+  )
+  params = specjax.SamplingParams(temperature=0.0, **settings, **extra)
+  ids = tokenizer.encode(prompt)
+  expected, n = library_text(target, tokenizer, ids, params)
+  assert out.choices[0].text == expected
+  assert expected != library_text(target, tokenizer, ids, specjax.GREEDY)[0]
+  assert " " not in expected  # id 32 (a space) is banned by its bias
+  assert out.choices[0].finish_reason == ("stop" if n < 16 else "length")
+  messages = [{"role": "user", "content": "hi"}]
+  chat = client.chat.completions.create(
+    model="tiny",
+    messages=messages,
+    max_tokens=8,
+    temperature=0,
+    extra_body=dict(ignore_eos=True, repetition_penalty=1.5),
+    **settings,
+  )
+  ids = tokenizer.encode(template.render(messages, add_generation_prompt=True))
+  params = specjax.SamplingParams(
+    temperature=0.0, ignore_eos=True, repetition_penalty=1.5, **settings
+  )
+  assert chat.choices[0].message.content == library_text(target, tokenizer, ids, params, 8)[0]
