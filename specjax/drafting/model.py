@@ -81,10 +81,10 @@ class CachedDrafting(ConfidenceLength):
     logits, state = self._feed_recent(recent, state, g)
 
     def draw(i, logits, tokens, probs, active, rule):
-      rule, warp = rule
+      rule, warp = rule  # warp: the rows' own (carried: its counts advance), or None
       active = active & (i < limit)
-      token, q, rule = draw_chain_token(i, logits[:, 0], rule, warp, draw_token)
-      if isinstance(warp, RowSampling):  # the penalties' counts advance along the chain
+      token, q, rule = draw_chain_token(i, logits[:, 0], rule, warp or sampling, draw_token)
+      if warp is not None:  # the penalties' counts advance along the chain
         warp = warp.after(token)
       if q is not None:  # greedy: a one-hot q, its top probability 1, above any threshold
         probs = probs.at[:, i].set(q)
@@ -96,7 +96,12 @@ class CachedDrafting(ConfidenceLength):
     tokens = jnp.zeros((b, g), jnp.int32)
     probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
     token, tokens, probs, active, rule = draw(
-      0, logits, tokens, probs, jnp.ones((b,), bool), (constraint, sampling)
+      0,
+      logits,
+      tokens,
+      probs,
+      jnp.ones((b,), bool),
+      (constraint, sampling if isinstance(sampling, RowSampling) else None),
     )
     lengths = active.astype(jnp.int32)
 
