@@ -188,18 +188,24 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @struct.dataclass
 class TokenHistory:
-  """The text the penalties read, per row (and per scored position under
-  speculation: `along`).
+  """The text the penalties read, per row, and under speculation per scored
+  position (`along`).
 
   Attributes:
-    counts: `[B, ..., V]` int32, each token's count in the generated text.
+    counts: `[B, V]` int32, each token's count in the committed generated text.
     prompt: `[B, V]` bool, the tokens of the prompt.
-    length: `[B, ...]` int32, tokens generated so far (`min_tokens` reads it).
+    length: `[B]` int32, tokens generated so far (`min_tokens` reads it); after
+      `along`, `[B, g + 1]` at each scored position.
+    drafted: None, or after `along` the drafted tokens `[B, g]`.
+    path: None, or after `along` `[B, g + 1, g]` bool: drafted token j comes
+      before scored position t (on its path, for a tree).
   """
 
   counts: jax.Array
   prompt: jax.Array
   length: jax.Array
+  drafted: jax.Array | None = None
+  path: jax.Array | None = None
 
   @classmethod
   def of_prompts(
@@ -224,29 +230,31 @@ class TokenHistory:
     return self.replace(counts=counts, length=self.length + count)
 
   def along(self, tokens: jax.Array, parents: jax.Array | None = None) -> TokenHistory:
-    """The history before each row of a scored block: s[-1] then the drafted
-    `tokens [B, g]`. Row t of a chain: after x_1..x_t; with `parents [B or 1, g]`
-    (a token tree), row c + 1: after the nodes on node c's path from the root.
-    Returns counts `[B, g + 1, V]`, length `[B, g + 1]`."""
+    """The history before each position of a scored block: s[-1] then the drafted
+    `tokens [B, g]`. Position t of a chain: after x_1..x_t; with `parents [B or
+    1, g]` (a token tree), position c + 1: after the nodes on node c's path from
+    the root. Only the path is built here (`[B, g + 1, g]`); the counts `[B,
+    g + 1, V]` when a warp reads them (`position_counts`)."""
     b, g = tokens.shape
-    hot = jax.nn.one_hot(tokens, self.counts.shape[-1], dtype=jnp.int32)  # ids out of range: 0
     if parents is None:
-      extra = jnp.cumsum(hot, axis=1)
-      depth = jnp.broadcast_to(jnp.arange(1, g + 1)[None, :], (b, g))
+      path = jnp.arange(g)[None, :] < jnp.arange(g + 1)[:, None]
+      path = jnp.broadcast_to(path[None], (b, g + 1, g))
     else:
-      extra = jnp.zeros((b, g + 1, hot.shape[-1]), jnp.int32)
-      depth = jnp.zeros((b, g + 1), jnp.int32)
-      for c in range(g):  # a parent's row is its column + 1 (-1, the root: row 0)
+      path = jnp.zeros((b, g + 1, g), bool)
+      for c in range(g):  # a parent's position is its column + 1 (-1, the root: 0)
         parent = jnp.clip(jnp.broadcast_to(jnp.asarray(parents[:, c]), (b,)) + 1, 0, c)
-        above = jnp.take_along_axis(extra, parent[:, None, None], axis=1)[:, 0]
-        extra = extra.at[:, c + 1].set(above + hot[:, c])
-        depth = depth.at[:, c + 1].set(jnp.take_along_axis(depth, parent[:, None], 1)[:, 0] + 1)
-      extra, depth = extra[:, 1:], depth[:, 1:]
-    extra = jnp.pad(extra, ((0, 0), (1, 0), (0, 0)))
-    depth = jnp.pad(depth, ((0, 0), (1, 0)))
-    return self.replace(
-      counts=self.counts[:, None] + extra, length=self.length[:, None] + depth
-    )
+        above = jnp.take_along_axis(path, parent[:, None, None], axis=1)[:, 0]
+        path = path.at[:, c + 1].set(above.at[:, c].set(True))
+    length = self.length[:, None] + jnp.sum(path, axis=-1, dtype=jnp.int32)
+    return self.replace(length=length, drafted=tokens, path=path)
+
+  def position_counts(self) -> jax.Array:
+    """`[B, V]` the counts, or after `along` `[B, g + 1, V]` at each position."""
+    if self.path is None:
+      return self.counts
+    hot = jax.nn.one_hot(self.drafted, self.counts.shape[-1], dtype=jnp.int32)  # [B, g, V]
+    extra = jnp.einsum("btj,bjv->btv", self.path.astype(jnp.int32), hot)
+    return self.counts[:, None] + extra
 
 
 @struct.dataclass
@@ -435,55 +443,63 @@ def warp_probs(logits: jax.Array, params: SamplingParams | RowSampling) -> jax.A
 
 def penalized_logits(logits: jax.Array, params: SamplingParams | RowSampling) -> jax.Array:
   """float32 logits `[B, ..., V]` after the steps before temperature (the
-  module's order): logit bias, the `min_tokens` mask, the repetition, frequency
-  and presence penalties over `params.history` (counts `[B, V]` or `[B, ..., V]`;
-  ids past it count 0). A static `SamplingParams` changes nothing (it sets no
-  such step inside the loops); greedy decoding takes the argmax of these."""
+  module's order): logit bias, the `min_tokens` mask, then the repetition,
+  frequency and presence penalties over `params.history` (None: an empty text;
+  ids past its vocabulary count 0). Each step runs only when some row sets it.
+  A static `SamplingParams` changes nothing (the loops run one that sets such
+  steps as rows); greedy decoding takes the argmax of these logits."""
   logits = logits.astype(jnp.float32)
   if not isinstance(params, RowSampling) or params.presence_penalty is None:
     return logits
   b, v = logits.shape[0], logits.shape[-1]
+  h = params.history
 
-  def per_row(x):  # [B] -> [B, 1, ..., 1], against logits [B, ..., V]
+  def per_row(x):  # [B] or [B, T] -> against logits [B, ..., V]
     return x.reshape(x.shape + (1,) * (logits.ndim - x.ndim))
 
-  def at_positions(x):  # [B, V] or [B, ..., V] history -> against logits
+  def at_positions(x):  # [B, V] or [B, T, V] -> against logits [B, ..., V]
     return x.reshape(x.shape[:1] + (1,) * (logits.ndim - x.ndim) + x.shape[1:])
 
-  # Logit bias: each row's ids scattered into a [B, V] vector (ids past V dropped).
-  rows = jnp.broadcast_to(jnp.arange(b)[:, None], params.bias_ids.shape)
-  ids = jnp.where(params.bias_ids < 0, v, params.bias_ids)
-  logits = logits + at_positions(jnp.zeros((b, v), jnp.float32).at[rows, ids].add(params.bias, mode="drop"))
-  h = params.history
-  # min_tokens: the stop ids, and EOS unless ignored, cannot end a row before then.
-  stop_ids = jnp.where(params.stop_token_ids < 0, v, params.stop_token_ids)
-  banned = jnp.zeros((b, v), bool).at[rows[:, : stop_ids.shape[1]], stop_ids].set(True, mode="drop")
-  if params.eos_id is not None:
-    eos = jnp.isin(jnp.arange(v), jnp.asarray(params.eos_id, jnp.int32))
-    banned = banned | (eos[None, :] & ~params.ignore_eos[:, None])
-  length = jnp.zeros((b,), jnp.int32) if h is None else h.length
-  early = length.reshape(length.shape + (1,) * (logits.ndim - length.ndim)) < per_row(params.min_tokens)
-  logits = jnp.where(early & at_positions(banned), -jnp.inf, logits)
-  if h is None:
-    return logits
+  def scatter(ids, values, init):  # [B, V]: each row's `values` at its ids (-1: none)
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], ids.shape)
+    ids = jnp.where(ids < 0, v, ids)  # padding (and ids past V) dropped
+    return jnp.full((b, v), init).at[rows, ids].set(values, mode="drop")
+
+  def bias(logits):
+    return logits + at_positions(scatter(params.bias_ids, params.bias, jnp.float32(0)))
+
+  def mask_stops(logits):  # the stop ids, and EOS unless ignored, until min_tokens
+    banned = scatter(params.stop_token_ids, True, False)
+    if params.eos_id is not None:
+      eos = jnp.isin(jnp.arange(v), jnp.asarray(params.eos_id, jnp.int32))
+      banned = banned | (eos[None, :] & ~params.ignore_eos[:, None])
+    return jnp.where(early & at_positions(banned), -jnp.inf, logits)
 
   def penalize(logits):
-    counts, prompt = _fit_vocab(h.counts, v), _fit_vocab(h.prompt, v)
+    counts, prompt = _fit_vocab(h.position_counts(), v), _fit_vocab(h.prompt, v)
     counts, prompt = at_positions(counts), at_positions(prompt)
     r = per_row(params.repetition_penalty)
-    seen = prompt | (counts > 0)
-    logits = jnp.where(seen, jnp.where(logits > 0, logits / r, logits * r), logits)
-    penalty = per_row(params.frequency_penalty) * counts + per_row(params.presence_penalty) * (
-      counts > 0
+    logits = jnp.where(
+      prompt | (counts > 0), jnp.where(logits > 0, logits / r, logits * r), logits
     )
-    return logits - penalty
+    frequency, presence = per_row(params.frequency_penalty), per_row(params.presence_penalty)
+    return logits - frequency * counts - presence * (counts > 0)
 
+  def unchanged(x):
+    return x
+
+  logits = jax.lax.cond(jnp.any(params.bias_ids >= 0), bias, unchanged, logits)
+  length = jnp.zeros((b,), jnp.int32) if h is None else h.length
+  early = per_row(length) < per_row(params.min_tokens)
+  logits = jax.lax.cond(jnp.any(early), mask_stops, unchanged, logits)
+  if h is None:
+    return logits
   on = (
     jnp.any(params.repetition_penalty != 1)
     | jnp.any(params.frequency_penalty != 0)
     | jnp.any(params.presence_penalty != 0)
   )
-  return jax.lax.cond(on, penalize, lambda x: x, logits)
+  return jax.lax.cond(on, penalize, unchanged, logits)
 
 
 def _fit_vocab(x: jax.Array, v: int) -> jax.Array:

@@ -360,6 +360,10 @@ class _Inputs(NamedTuple):
   batches: list[_FileBatch] | None = None  # config.prompt_file's; `prompts` is the first
 
 
+# The config's warps over the rows' text (`SamplingParams` fields of the same names).
+WARPS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+
+
 def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
   """Loads and shards the models, reads the sampling settings, encodes the prompts."""
   models = _load(config, dtypes.to_dtype(config.dtype, "config.dtype"))
@@ -377,7 +381,10 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
     sampling = settings.sampling
   else:
     sampling = specjax.SamplingParams(
-      temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
+      temperature=float(config.temperature),
+      top_k=config.top_k,
+      top_p=float(config.top_p),
+      **{name: float(config[name]) for name in WARPS},
     )
   texts, prompts, lengths, batches = _prompt_batch(config, models.tokenizer)
   ids = np.asarray(prompts[0, : lengths[0]]).tolist()
@@ -627,6 +634,7 @@ def _settings_fields(config, inputs: _Inputs) -> dict[str, Any]:
   """The result's decoding settings: temperature, EOS ids, drafter, verifier, ..."""
   return {
     "temperature": float(inputs.sampling.temperature),
+    **{name: getattr(inputs.sampling, name) for name in WARPS},
     "eos_ids": inputs.eos,
     "drafter": config.drafter,
     # FR-Spec: the head drafts among this many frequent ids (None: all)
