@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from helpers import chisquare_pvalue, sequence_counts, tiny_pair
+from helpers import chisquare_pvalue, make_drafter, sequence_counts
 from specjax.sampling import RowSampling, TokenHistory
 
 V, ROWS, NEW = 8, 20_000, 3
@@ -105,12 +105,13 @@ def test_the_warp_changes_the_law(pair):
 TREE = specjax.trees.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
 
 
-@pytest.mark.parametrize("rule", ["token", "block", "tree", "coupled"])
+@pytest.mark.parametrize("rule", ["token", "block", "tree", "coupled", "head"])
 def test_speculative_rules_keep_the_warped_law(pair, rule):
   """Chain drafts (the draft model advances its counts along the chain) under the
-  token and block rules, a token tree (whose drafter warps q with the committed
-  counts only: still exact, q is the law it drew from) and the coupled rule
-  (per-row keys; equal to plain coupled decoding) follow the warped law."""
+  token and block rules, a token tree and an EAGLE head's chain (whose drafters
+  warp q with the committed counts only: still exact, q is the law they drew
+  from) and the coupled rule (per-row keys; equal to plain coupled decoding)
+  follow the warped law."""
   target, draft = pair
   prompts, lengths = _rows()
   joint = exact_joint(target, WARPED)
@@ -128,8 +129,16 @@ def test_speculative_rules_keep_the_warped_law(pair, rule):
     ar = specjax.autoregressive_generate(target, prompts, lengths, key=keys, **run)
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
   else:
+    drafter = make_drafter("eagle", target, draft) if rule == "head" else draft
     spec = specjax.speculative_generate(
-      target, draft, prompts, lengths, gamma=2, key=jax.random.key(5), verifier=rule, **run
+      target,
+      drafter,
+      prompts,
+      lengths,
+      gamma=2,
+      key=jax.random.key(5),
+      verifier="token" if rule == "head" else rule,
+      **run,
     )
   accepted = np.asarray(spec.stats.accepted_at_position)
   assert 0 < accepted[0] < ROWS, accepted  # verification really decides
@@ -231,6 +240,26 @@ def test_min_tokens_ignore_eos_and_stop_token_ids(target, noisy_target, prompts,
     assert n[3] == (hits[0] + 1 if len(hits) else 16)
 
 
+def test_new_settings_do_not_recompile(target, noisy_target, prompts):
+  """Per-row warps are data: other penalties, biases and stop ids (a static
+  SamplingParams that sets them too) reuse the compiled programs."""
+  from helpers import traces
+
+  def run(params):
+    specjax.speculative_generate(
+      target, noisy_target, *prompts, gamma=3, max_new_tokens=8, sampling=params, eos_id=[1, 2]
+    )
+    specjax.autoregressive_generate(
+      target, *prompts, max_new_tokens=8, sampling=params, eos_id=[1, 2]
+    )
+
+  run(RowSampling.of(_greedy_rows([3, 4])))
+  with traces() as traced:
+    run(RowSampling.of(_greedy_rows([9, 11])[::-1]))
+    run(specjax.SamplingParams(temperature=0.0, presence_penalty=0.3, logit_bias={4: 2.0}))
+  assert not traced
+
+
 BAD = [
   (dict(presence_penalty=2.5), "presence_penalty must be in [-2, 2]"),
   (dict(frequency_penalty=-3), "frequency_penalty must be in [-2, 2]"),
@@ -253,6 +282,23 @@ def test_library_refuses_out_of_range_settings(target, prompts, fields, message)
   with pytest.raises(ValueError, match=re.escape(message)):
     specjax.autoregressive_generate(
       target, *prompts, max_new_tokens=4, sampling=specjax.SamplingParams(**fields)
+    )
+
+
+def test_rows_built_by_hand_and_string_level_are_checked(target, draft, prompts):
+  rows = RowSampling.of(_greedy_rows([3, 4])).replace(min_p=jnp.array([0.0, 2.0, 0.0, 0.0]))
+  with pytest.raises(ValueError, match=re.escape("sampling.min_p must be in [0, 1] (0 = off); row 1")):
+    specjax.autoregressive_generate(target, *prompts, max_new_tokens=4, sampling=rows)
+  with pytest.raises(ValueError, match="string-level decoding takes temperature, top_k and top_p"):
+    specjax.string_level_generate(
+      target,
+      draft,
+      None,
+      None,
+      *prompts,
+      gamma=2,
+      max_new_tokens=4,
+      sampling=specjax.SamplingParams(temperature=0.0, min_p=0.1),
     )
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import specjax
 import specjax.hf
 from specjax import bench, constraints, dtypes, heads, pretrained
-from specjax.bench import masking
+from specjax.bench import masking, warps
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
@@ -504,6 +504,20 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     result.update(_floor(config, inputs, drafter, timings, stats, int(host["ar"][1].max())))
   if inputs.rules is not None:
     result.update(_constraint_fields(config, inputs, drafter, host, ms["ar"]))
+  if inputs.sampling.has_warps:  # one iteration: static, per-row, and with the warps
+    result.update(
+      warps.warp_cost(
+        inputs.target,
+        drafter,
+        inputs.prompts,
+        inputs.lengths,
+        inputs.sampling,
+        gamma=config.gamma,
+        max_new_tokens=config.max_new_tokens,
+        eos_id=None if inputs.eos is None else tuple(inputs.eos),
+        num_runs=max(config.num_runs, 5),
+      )
+    )
   if inputs.sampling.greedy:
     result["texts_identical"] = bool(np.array_equal(host["ar"][0], host["spec"][0]))
   if config.compare_transformers:
