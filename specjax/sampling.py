@@ -141,9 +141,7 @@ class SamplingParams:
     ):
       bad = [i for i in ids if i >= vocab_size]
       if bad:
-        raise ValueError(
-          f"{name} ids must be in [0, vocab_size={vocab_size}), got {bad[0]!r}."
-        )
+        raise ValueError(f"{name} ids must be in [0, vocab_size={vocab_size}), got {bad[0]!r}.")
 
 
 def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
@@ -177,9 +175,7 @@ def check_stop_token_ids(ids) -> tuple[int, ...]:
   if not isinstance(ids, (list, tuple)) or not all(is_int(i) and i >= 0 for i in ids):
     raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}.")
   if len(ids) > MAX_STOP_TOKEN_IDS:
-    raise ValueError(
-      f"stop_token_ids must have at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}."
-    )
+    raise ValueError(f"stop_token_ids must have at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}.")
   return tuple(int(i) for i in ids)
 
 
@@ -479,9 +475,7 @@ def penalized_logits(logits: jax.Array, params: SamplingParams | RowSampling) ->
     counts, prompt = _fit_vocab(h.position_counts(), v), _fit_vocab(h.prompt, v)
     counts, prompt = at_positions(counts), at_positions(prompt)
     r = per_row(params.repetition_penalty)
-    logits = jnp.where(
-      prompt | (counts > 0), jnp.where(logits > 0, logits / r, logits * r), logits
-    )
+    logits = jnp.where(prompt | (counts > 0), jnp.where(logits > 0, logits / r, logits * r), logits)
     frequency, presence = per_row(params.frequency_penalty), per_row(params.presence_penalty)
     return logits - frequency * counts - presence * (counts > 0)
 

@@ -61,9 +61,9 @@ def _warped(target, seqs, sampling):
   n = len(PROMPT)
   logits = target(seqs)[:, n - 1 :]  # [S, 3, V], before t1, t2, t3
   generated = seqs[:, n:]  # [S, 2]
-  history = TokenHistory.of_prompts(
-    seqs[:, :n], jnp.full((seqs.shape[0],), n, jnp.int32), V
-  ).along(generated)
+  history = TokenHistory.of_prompts(seqs[:, :n], jnp.full((seqs.shape[0],), n, jnp.int32), V).along(
+    generated
+  )
   return specjax.warp_probs(logits, sampling.with_history(history, None))
 
 
@@ -287,7 +287,9 @@ def test_library_refuses_out_of_range_settings(target, prompts, fields, message)
 
 def test_rows_built_by_hand_and_string_level_are_checked(target, draft, prompts):
   rows = RowSampling.of(_greedy_rows([3, 4])).replace(min_p=jnp.array([0.0, 2.0, 0.0, 0.0]))
-  with pytest.raises(ValueError, match=re.escape("sampling.min_p must be in [0, 1] (0 = off); row 1")):
+  with pytest.raises(
+    ValueError, match=re.escape("sampling.min_p must be in [0, 1] (0 = off); row 1")
+  ):
     specjax.autoregressive_generate(target, *prompts, max_new_tokens=4, sampling=rows)
   with pytest.raises(ValueError, match="string-level decoding takes temperature, top_k and top_p"):
     specjax.string_level_generate(

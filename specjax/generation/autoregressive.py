@@ -21,8 +21,8 @@ from specjax.generation.common import (
   finalize,
   first_done,
   prefill,
-  start_history,
   run_loop,
+  start_history,
   zero_padding,
 )
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
@@ -60,7 +60,9 @@ def autoregressive_step(
   cache = cache.with_lengths(jnp.where(active, cache.lengths, state.cache.lengths))
   tokens = write_rows(state.tokens, token[:, None], state.num_generated)
   num_generated = state.num_generated + active.astype(jnp.int32)
-  done = state.done | (num_generated >= max_new_tokens) | (active & ends_row(token, eos_id, sampling))
+  done = (
+    state.done | (num_generated >= max_new_tokens) | (active & ends_row(token, eos_id, sampling))
+  )
   stats = AutoregressiveStats(
     iterations=state.stats.iterations + 1, target_calls=state.stats.target_calls + 1
   )

@@ -35,8 +35,8 @@ from specjax.generation.common import (
   ends_row,
   finalize,
   prefill,
-  start_history,
   run_loop,
+  start_history,
   zero_padding,
 )
 from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats

@@ -198,9 +198,7 @@ class _Body(pydantic.BaseModel):
     warps = {f: getattr(self, f) for f in WARP_FIELDS}
     warps["logit_bias"] = warps["logit_bias"] or {}
     warps["stop_token_ids"] = warps["stop_token_ids"] or []
-    return SamplingParams(
-      temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, **warps
-    )
+    return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, **warps)
 
 
 class CompletionBody(_Body):
