@@ -469,7 +469,9 @@ def penalized_logits(logits: jax.Array, params: SamplingParams | RowSampling) ->
     if params.eos_id is not None:
       eos = jnp.isin(jnp.arange(v), jnp.asarray(params.eos_id, jnp.int32))
       banned = banned | (eos[None, :] & ~params.ignore_eos[:, None])
-    return jnp.where(early & at_positions(banned), -jnp.inf, logits)
+    masked = jnp.where(early & at_positions(banned), -jnp.inf, logits)
+    # A law with nothing left (a constraint that allows only EOS) keeps its EOS.
+    return jnp.where(jnp.any(masked > -jnp.inf, axis=-1, keepdims=True), masked, logits)
 
   def penalize(logits):
     counts, prompt = _fit_vocab(h.position_counts(), v), _fit_vocab(h.prompt, v)

@@ -10,7 +10,8 @@
 Each is a whole `speculative_step` from the same prefilled state, the three
 timed as `specjax.bench.masking.iteration_ms` times the constraint's mask:
 medians of interleaved runs in one process, each run `repeats` trips of a
-`fori_loop` whose carry feeds the next trip.
+`fori_loop` whose carry feeds the next trip. The plain loop's three are whole
+`autoregressive_generate` runs of `max_new_tokens` tokens (no EOS), per token.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import jax
 from specjax.bench.masking import _iteration_loop
 from specjax.bench.timing import time_calls
 from specjax.generation import validation
+from specjax.generation.autoregressive import autoregressive_generate
 from specjax.generation.speculative import init_state
 from specjax.generation.state import SpecConfig
 from specjax.sampling import RowSampling, SamplingParams
@@ -52,7 +54,8 @@ def warp_cost(
 
   Returns:
     `iteration_ms_static`, `iteration_ms_rows`, `iteration_ms_warps`,
-    `warps_over_rows` and `warps_over_static` (ratios less one: inside the
+    `ar_ms_per_token_{static,rows,warps}` (plain decoding), `warps_over_rows`
+    and `warps_over_static` (the iteration's ratios less one: inside the
     machine's noise when the warps are cheap; they can be < 0).
   """
   check_positive_int("repeats", repeats)
@@ -80,8 +83,22 @@ def warp_cost(
     )
   timings, _ = time_calls(loops, num_runs)
   ms = {name: t.median_s * 1e3 / repeats for name, t in timings.items()}
+  plain_runs = {
+    name: functools.partial(
+      autoregressive_generate,
+      target,
+      prompts,
+      prompt_lengths,
+      max_new_tokens=max_new_tokens,
+      sampling=static or rows,
+      key=jax.random.key(0),
+    )
+    for name, (static, rows) in variants.items()
+  }
+  timings, _ = time_calls(plain_runs, num_runs)
   return {
     **{f"iteration_ms_{name}": value for name, value in ms.items()},
+    **{f"ar_ms_per_token_{name}": t.median_s * 1e3 / max_new_tokens for name, t in timings.items()},
     "warps_over_rows": ms["warps"] / ms["rows"] - 1,
     "warps_over_static": ms["warps"] / ms["static"] - 1,
   }

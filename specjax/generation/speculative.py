@@ -619,6 +619,9 @@ def speculative_generate(
     gamma: drafted tokens per iteration (>= 1, static); a tree drafter's nodes.
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
+      One that sets penalties, logit_bias, min_p or the stop settings runs as
+      `RowSampling` rows, each warp reading its row's text up to the position
+      (drafted tokens included: `specjax.sampling`).
       `RowSampling` gives each row its own ("auto" is then "token", or
       "coupled" with per-row keys).
     key: one PRNG key, or one per row (typed keys `[B]`); required unless

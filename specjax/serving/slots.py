@@ -154,9 +154,10 @@ def _coupled_rows(row_keys: jax.Array) -> dict:
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, sampling: RowSampling, k: int) -> tuple:
   """`(logprob [B, T], top_ids [B, T, k], top_logprobs [B, T, k])` of `tokens [B, T]`
-  under each row's warp of `logits [B, T, V]` (a greedy row's: at temperature 1)."""
+  under each row's temperature, top-k and top-p of `logits [B, T, V]` (a greedy
+  row's: at temperature 1; the warps that read its text are left out)."""
   t = sampling.temperature
-  law = sampling.replace(temperature=jnp.where(t < MIN_TEMPERATURE, 1.0, t))
+  law = RowSampling(jnp.where(t < MIN_TEMPERATURE, 1.0, t), sampling.top_k, sampling.top_p)
   logp = jnp.log(warp_probs(logits, law))
   chosen = jnp.take_along_axis(logp, jnp.clip(tokens, 0, logp.shape[-1] - 1)[..., None], -1)
   top, ids = jax.lax.top_k(logp, k)
