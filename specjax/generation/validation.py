@@ -104,7 +104,7 @@ def as_rows(sampling, vocab_size: int, prompts) -> SamplingParams | RowSampling:
   (they read each row's text); anything else as it is (checked later)."""
   if isinstance(sampling, SamplingParams) and sampling.has_warps:
     sampling.check_vocab(vocab_size)
-    return RowSampling.of(sampling, np.shape(prompts)[0])
+    return RowSampling.of(sampling, np.shape(prompts)[0] if np.ndim(prompts) else 1)
   return sampling
 
 
@@ -212,7 +212,8 @@ def resolve_verifier(
   rule = verify.get_verifier(verifier)
   if rule is verify.greedy_verify and not sampling.greedy:
     raise ValueError(
-      "verifier='greedy' needs temperature 0 (a static SamplingParams); use 'token', "
+      "verifier='greedy' needs temperature 0 (a static SamplingParams, without penalties, "
+      "logit_bias, min_p or stop settings, which run as per-row settings); use 'token', "
       "'block', 'coupled' or 'auto'."
     )
   if per_row_keys and rule is not verify.coupled_verify and not sampling.greedy:
