@@ -40,13 +40,13 @@ MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
 MAX_LOGIT_BIAS = 300  # entries of `logit_bias` per row (OpenAI's limit)
 MAX_STOP_TOKEN_IDS = 32  # entries of `stop_token_ids` per row
 
-# Each warp setting: its default (off), its allowed range as the errors word it,
-# and the test of a value (numpy-vectorised: it checks one value or a row's array).
+# Each real-valued warp setting: its allowed range as the errors word it, and the
+# test of a value (numpy-vectorised: it checks one value or a row's array).
 RANGES = {
-  "presence_penalty": (0.0, "in [-2, 2] (0 = off)", lambda x: (x >= -2) & (x <= 2)),
-  "frequency_penalty": (0.0, "in [-2, 2] (0 = off)", lambda x: (x >= -2) & (x <= 2)),
-  "repetition_penalty": (1.0, "in (0, 2] (1 = off)", lambda x: (x > 0) & (x <= 2)),
-  "min_p": (0.0, "in [0, 1] (0 = off)", lambda x: (x >= 0) & (x <= 1)),
+  "presence_penalty": ("in [-2, 2] (0 = off)", lambda x: (x >= -2) & (x <= 2)),
+  "frequency_penalty": ("in [-2, 2] (0 = off)", lambda x: (x >= -2) & (x <= 2)),
+  "repetition_penalty": ("in (0, 2] (1 = off)", lambda x: (x > 0) & (x <= 2)),
+  "min_p": ("in [0, 1] (0 = off)", lambda x: (x >= 0) & (x <= 1)),
 }
 
 
@@ -102,7 +102,7 @@ class SamplingParams:
       raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}.")
     if not is_real(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}.")
-    for name, (_, allowed, ok) in RANGES.items():
+    for name, (allowed, ok) in RANGES.items():
       value = getattr(self, name)
       if not is_real(value) or not ok(value):
         raise ValueError(f"{name} must be {allowed}, got {value!r}.")
@@ -373,7 +373,7 @@ class RowSampling:
       ("top_k", k, (k >= 0) & (k <= vocab_size), f"an integer in [0, vocab_size={vocab_size}]"),
       ("top_p", p, (p > 0) & (p <= 1), "in (0, 1] (1 = off)"),
     ]
-    for name, (_, allowed, ok) in RANGES.items():
+    for name, (allowed, ok) in RANGES.items():
       if getattr(self, name) is not None:
         values = np.asarray(getattr(self, name))
         checks.append((name, values, ok(values), allowed))
