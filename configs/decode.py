@@ -28,6 +28,10 @@ split (`specjax.data.prompts.held_out_prompts`), or with `constraint=signature`
   python -m experiments.decode --config.constraint=signature
   python -m experiments.decode --config.constraint='regex:[0-9]{1,4}' --config.prompt="x = "
 
+Confidence-driven verification length (costs measured here first, then reported):
+
+  python -m experiments.decode --config.verify_lengths='(1,2,4)'
+
 A prompt file decodes every prompt it holds and reports each category too
 (`specjax/data/sample_prompts.jsonl` is in Spec-Bench's question.jsonl layout):
 
@@ -94,6 +98,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.layer_skip = 2  # target layers the layer_skip drafter keeps
   config.adaptive = ""  # "" (fixed gamma) | schedule | confidence
   config.confidence_threshold = 0.5
+  # Confidence-driven verification length (specjax.generation.verify_length): () off,
+  # or the lengths to compile, e.g. '(2,4,7)' (gamma last; gamma 0 becomes the last).
+  # Each iteration verifies the chains cut to the one the drafter's confidence makes
+  # worth it by verify_costs: () measures them on this machine first (reported).
+  config.verify_lengths = ()
+  config.verify_costs = ()
   # Both loops: "while" tests for finished rows after every iteration; "chunked"
   # after every loop_chunk iterations (on GPU, one device-to-host wait per chunk;
   # docs/performance.md). string_level runs its loop on the host: "while" only.

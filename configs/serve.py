@@ -47,6 +47,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.prompt_buckets = ()
   config.max_new_tokens = 0
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
+  # Confidence-driven verification length (EngineConfig.verify_lengths): () off, or the
+  # lengths compiled, e.g. '(1,2,4)' (gamma last); warm-up measures their costs.
+  config.verify_lengths = ()
   config.seed = 0  # the tiny models' weights
   # The engine's seed, which unseeded sampled requests draw from: -1 a fresh random
   # one at each start (their texts differ across restarts), >= 0 fixed.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
@@ -61,6 +62,7 @@ def bundle(runs: dict[str, str], out: str) -> dict:
     directory = os.path.join(out, kind)
     os.makedirs(directory, exist_ok=True)
     tensors = {k: v.astype("bfloat16") for k, v in head_tensors(head).items()}
+    tensors, shares = _shared(tensors, kind, out, runs)
     save_file(tensors, os.path.join(directory, head_kinds.WEIGHTS_FILE))
     os.chmod(os.path.join(directory, head_kinds.WEIGHTS_FILE), 0o644)  # safetensors writes 0600
     head_kinds.write_config(directory, head.cfg)
@@ -68,6 +70,8 @@ def bundle(runs: dict[str, str], out: str) -> dict:
     heads[kind] = _portable(
       {"params": num_params(head), "run": run, **record, **_data_record(record["config"])}
     )
+    if shares:
+      heads[kind]["shares"] = shares
   # The target weights the heads were trained on, as the pair's card records them.
   target_sum = pretrained.model_card().get("sha256", {}).get("target/model.safetensors")
   card = {"target": {"dir": "../target", "model.safetensors sha256": target_sum}, "heads": heads}
@@ -75,6 +79,32 @@ def bundle(runs: dict[str, str], out: str) -> dict:
   with open(card_path, "w") as f:
     json.dump(card, f, indent=2)
   return card
+
+
+def _shared(tensors: dict, kind: str, out: str, runs: dict) -> tuple[dict, dict]:
+  """`tensors` less those equal (in bfloat16, name for name) to another bundled
+  head's in `out` that this bundling leaves as it is, and {that kind: its weights'
+  sha256}: a head trained on another's frozen layers (the sequential block drafter on
+  the block drafter's) stores only its own. `load_head` reads them back from there."""
+  from specjax.tensor_files import read_tensors
+
+  kept, shares = dict(tensors), {}
+  for other in head_kinds.names():
+    path = os.path.join(out, other, head_kinds.WEIGHTS_FILE)
+    if other == kind or other in runs or not os.path.isfile(path):
+      continue
+    same = [
+      name
+      for _, name, value in read_tensors([path])
+      if name in kept
+      and kept[name].shape == value.shape
+      and np.array_equal(np.asarray(kept[name]).view(np.uint16), np.asarray(value).view(np.uint16))
+    ]
+    if same:
+      for name in same:
+        del kept[name]
+      shares[other] = pretrained.file_sha256(path)
+  return kept, shares
 
 
 def _data_record(config: dict) -> dict:

@@ -120,6 +120,19 @@ def head_drafter(kind: str, target, seed: int = 7, **settings):
   return heads.drafter(target, head)
 
 
+def dspark_drafter(target, seed: int = 7, **settings):
+  """A sequential block drafter (fresh) whose Markov head is random, not zero as a
+  fresh one's: each law really depends on the token drafted before it."""
+  drafter = head_drafter(
+    "dspark", target, seed, **{"block_size": 4, "draft_layers": 2, "markov_rank": 8, **settings}
+  )
+  head = drafter.head
+  if head.cfg.markov_rank:
+    w2 = jax.random.normal(jax.random.key(seed), head.markov_w2[...].shape) * 2.0
+    head.markov_w2[...] = w2.astype(head.markov_w2[...].dtype)
+  return drafter
+
+
 def _corpus(vocab_size: int) -> list[np.ndarray]:
   """20 random documents of 40 ids, skewed towards small ids (a corpus to count)."""
   rng = np.random.default_rng(0)
@@ -129,7 +142,8 @@ def _corpus(vocab_size: int) -> list[np.ndarray]:
 
 def make_drafter(name: str, target, draft, max_ngram: int = 3):
   """The drafter called `name` ("model", "ngram", "layer_skip", "eagle",
-  "medusa", "early_exit", "dflash", "unigram" or "bigram"; heads fresh) for `target`."""
+  "medusa", "early_exit", "dflash", "dspark", "unigram" or "bigram"; heads fresh) for
+  `target`."""
   return {
     "model": lambda: draft,
     "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
@@ -138,6 +152,7 @@ def make_drafter(name: str, target, draft, max_ngram: int = 3):
     "medusa": lambda: head_drafter("medusa", target),
     "early_exit": lambda: head_drafter("early_exit", target, exit_layer=1),
     "dflash": lambda: head_drafter("dflash", target, block_size=4, draft_layers=2),
+    "dspark": lambda: dspark_drafter(target),
     # Count drafters of a random corpus (documents of 40 ids).
     "unigram": lambda: count_drafter(_corpus(target.cfg.vocab_size), target.cfg.vocab_size, 1),
     "bigram": lambda: count_drafter(_corpus(target.cfg.vocab_size), target.cfg.vocab_size, 2),

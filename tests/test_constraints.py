@@ -265,7 +265,8 @@ LETTER_BYTES = [bytes([97 + i % 26]) * (1 + i // 26) for i in range(511)] + [Non
 
 
 @pytest.mark.parametrize(
-  "name", ["model", "layer_skip", "eagle", "medusa", "early_exit", "bigram", "eagle_subset"]
+  "name",
+  ["model", "layer_skip", "eagle", "medusa", "early_exit", "bigram", "eagle_subset", "dspark"],
 )
 def test_masked_drafters_keep_coupled_constrained_output(target, draft, name):
   """Each drafter masks its q by the state its own drafts reach and proposes

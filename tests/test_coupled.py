@@ -286,6 +286,8 @@ DRAFTERS = {
   "static_tree": lambda t, d: (TreeDrafter(d, TREE), len(TREE)),
   "medusa_tree": lambda t, d: (head_drafter("medusa", t, num_heads=3).replace(tree=TREE), 5),
   "dflash_tree": lambda t, d: (make_drafter("dflash", t, d).replace(tree=TREE), len(TREE)),
+  "dspark": lambda t, d: (make_drafter("dspark", t, d), 3),
+  "dspark_tree": lambda t, d: (make_drafter("dspark", t, d).replace(tree=TREE), len(TREE)),
   "eagle2": lambda t, d: (head_drafter("eagle", t).replace(tree=trees.DynamicTree(5, 3, 3, 2)), 5),
 }
 

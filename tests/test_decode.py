@@ -54,6 +54,14 @@ def test_decode_compares_with_transformers(pair):
   assert result["speedup"] == result["ar_ms_per_token"] / result["spec_ms_per_token"]
 
 
+def test_decode_with_verify_lengths_measures_costs_and_keeps_the_text(pair):
+  result = decode.run(_config(pair, verify_lengths=(1, 3), num_runs=3))
+  assert result["gamma"] == 3 and result["verify_lengths"] == [1, 3]
+  assert len(result["verify_costs"]) == 2 and max(result["verify_costs"]) == 1.0
+  assert result["texts_identical"] is True
+  assert 1 <= result["verified_per_iteration"] <= 3
+
+
 def test_decode_sampled_batch(pair):
   result = decode.run(
     _config(
@@ -117,6 +125,8 @@ def test_decode_takes_hub_ids_and_the_checkpoints_generation_config(pair, tmp_pa
     (dict(draft_dtype="float16"), r"config.draft_dtype must be '' \(config.dtype\)"),
     (dict(scale="2b"), r"config.scale must be '' \(the bundled pair as trained\) or one of 160m"),
     (dict(scale="1b"), "config.scale grows the bundled pair: it takes no config.target"),
+    (dict(gamma=4, verify_lengths=(1, 2)), r"verify_lengths must be .* \[1, gamma=4\]"),
+    (dict(drafter="ngram", verify_lengths=(1, 4)), "NGramDrafter does not"),
   ],
 )
 def test_decode_rejects(pair, changes, message):

@@ -193,6 +193,8 @@ HEAD_CASES = {
   "early_exit": ("early_exit", dict(exit_layer=1, d_ff=48)),
   # one feature and a learned mask: fc's rows are nf * D, not EAGLE's 2D
   "dflash": ("dflash", dict(block_size=4, draft_layers=1, d_ff=48)),
+  # the block drafter's layers, and its Markov (rank kept) and confidence heads
+  "dspark": ("dspark", dict(block_size=4, draft_layers=1, d_ff=48, markov_rank=8)),
 }
 
 
@@ -211,8 +213,15 @@ def _head_logits(target, head, tokens):
   )
   if cfg.kind == "medusa":
     return target.features_to_logits(head(features))
+  anchors = jnp.broadcast_to(jnp.array([2, 5]), (b, 2))
   if cfg.kind == "dflash":  # blocks at positions 2 and 5
-    return head(target, features, tokens, jnp.broadcast_to(jnp.array([2, 5]), (b, 2)))
+    return head(target, features, tokens, anchors)
+  if cfg.kind == "dspark":  # the corrected laws and the confidence logits alike
+    h = head.train_hidden(target, features, tokens, anchors)
+    previous = jnp.take_along_axis(tokens, (anchors[:, :, None] + jnp.arange(3)).reshape(b, -1), 1)
+    embed = head.markov_embed(previous.reshape(b, 2, 3))
+    confidence = head.confidence_logit(h, embed)[..., None]
+    return jnp.concatenate([head.corrected(head.logits(target, h), embed), confidence], -1)
   next_tokens = jnp.roll(tokens, -1, axis=1)
   return target.features_to_logits(head(target, head.feature_space(features), next_tokens))
 

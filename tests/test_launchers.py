@@ -380,6 +380,23 @@ STEPS = (
     + ("--config.report_floor=False",),
     needs=("train_dflash",),
   ),
+  # The sequential block drafter (DSpark) with its config's defaults: the bundled block
+  # drafter's frozen backbone, the Markov and confidence heads trained; then decoding.
+  Step(
+    "train_dspark",
+    "train",
+    ("--config=configs/train_dspark.py", "--workdir={tmp}/dspark")
+    + ("--config.data.root={tmp}/corpus", "--config.data.dir={tmp}/data_bundled")
+    + ("--config.data.corpus_dir={tmp}/data_bundled", "--config.head.num_anchors=4")
+    + _TINY_HEAD_RUN,
+  ),
+  Step(
+    "decode_dspark",
+    "decode",
+    ("--config.drafter=dspark", "--config.head={tmp}/dspark", "--config.max_new_tokens=8")
+    + ("--config.report_floor=False",),
+    needs=("train_dspark",),
+  ),
   # The bundled block drafter with decode's defaults (gamma: its block_size - 1).
   Step(
     "decode_bundled_dflash", "decode", ("--config.drafter=dflash", "--config.max_new_tokens=16")

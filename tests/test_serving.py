@@ -328,9 +328,11 @@ def test_warmup_times_runs_of_live_rows_and_leaves_no_trace(pair, monkeypatch):
   engine = Engine(target, draft, CONFIG, eos_ids=7)
   step, calls = programs.step, []
 
-  def recording(target, drafter, state, key, *args, gamma, width, config):
+  def recording(target, drafter, state, key, *args, gamma, width, config, verify):
     calls.append((gamma, width, bool(not np.asarray(state.spec.done).any())))
-    return step(target, drafter, state, key, *args, gamma=gamma, width=width, config=config)
+    return step(
+      target, drafter, state, key, *args, gamma=gamma, width=width, config=config, verify=verify
+    )
 
   monkeypatch.setattr(programs, "step", recording)
   engine.warmup(timed_runs=1)
@@ -588,3 +590,22 @@ def test_per_request_speculation_counts_add_up_to_the_engines(pair, engine):
   )["speculation"]
   assert metrics["drafted"] == engine.counters["drafted"]
   assert metrics["accepted_at_position"] == [engine.counters[f"accepted_at_{i}"] for i in (1, 2, 3)]
+
+
+def test_verify_lengths_keep_greedy_text_and_are_measured_at_warmup(pair):
+  """An engine choosing its verify length in-graph (costs measured at warm-up, one
+  width) decodes greedy requests as each alone."""
+  target, draft = pair
+  config = dataclasses.replace(CONFIG, gammas=(3,), widths=(4,), verify_lengths=(1, 3))
+  engine = Engine(target, draft, config, eos_ids=7)
+  lines = []
+  engine.warmup(timed_runs=1, progress=lines.append)
+  ((lengths, costs),) = engine._verify.values()
+  assert lengths == (1, 3) and max(costs) == 1.0 and min(costs) > 0
+  assert any("verify costs k=1" in line for line in lines)
+  batch = requests(6, seed=5)
+  assert [c.tokens for c in engine.run(batch)] == solo(target, batch)
+  with pytest.raises(ValueError, match="verify_lengths must be distinct ints in \\[1, gamma=3\\]"):
+    dataclasses.replace(CONFIG, verify_lengths=(1, 2))
+  with pytest.raises(ValueError, match="NGramDrafter"):
+    Engine(target, specjax.drafting.NGramDrafter(vocab_size=V), config)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import nnx, struct
 
 import specjax
 from helpers import chisquare_pvalue, make_drafter, sequence_counts
@@ -164,7 +164,17 @@ def _greedy_rows(eos):
   ]
 
 
-@pytest.mark.parametrize("drafter", ["chain", "tree", "eagle2"])
+@struct.dataclass
+class _Hashed(specjax.drafting.ModelDrafter):
+  """A draft model whose confidence is a hash of its drafted tokens: the verify
+  length (`verify_lengths`) then changes from iteration to iteration."""
+
+  def propose(self, *args, **kwargs):
+    proposal, state = super().propose(*args, **kwargs)
+    return proposal._replace(confidence=(proposal.tokens % 5) / 4.0), state
+
+
+@pytest.mark.parametrize("drafter", ["chain", "tree", "eagle2", "verify_length"])
 def test_greedy_speculation_equals_greedy_decoding_with_every_setting(
   target, noisy_target, prompts, greedy_reference, drafter
 ):
@@ -179,6 +189,13 @@ def test_greedy_speculation_equals_greedy_decoding_with_every_setting(
   if drafter == "tree":
     draft = specjax.drafting.TreeDrafter(noisy_target, TREE, tree_mode="without_replacement")
     spec = specjax.speculative_generate(target, draft, *prompts, gamma=len(TREE), **run)
+  elif drafter == "verify_length":  # chains cut by their confidence: p's counts follow the cut
+    lengths = dict(verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.05, 1.1))
+    spec = specjax.speculative_generate(
+      target, _Hashed(noisy_target), *prompts, gamma=4, **lengths, **run
+    )
+    verified, iterations = np.sum(spec.stats.proposed), np.sum(spec.stats.row_iterations)
+    assert iterations < verified < 4 * iterations  # the verify length varied
   elif drafter == "eagle2":  # a fresh head: it agrees by chance, if ever
     spec_tree = specjax.trees.DynamicTree(size=6, depth=3, branch=2, expand=2)
     draft = make_drafter("eagle", target, None).replace(tree=spec_tree)

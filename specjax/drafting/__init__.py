@@ -27,6 +27,7 @@ from specjax.drafting.base import (
   Drafter,
   DrafterBase,
   Proposal,
+  chain_confidence,
   draft_loop,
   fixed_trip_loops,
   proposal_probs,
@@ -38,6 +39,7 @@ from specjax.drafting.ngram import NGramDrafter, lookup
 from specjax.drafting.tree import TreeDrafter
 
 __all__ = [
+  "chain_confidence",
   "Commit",
   "CountDrafter",
   "CrossTokenizerDrafter",

@@ -46,6 +46,11 @@ class Proposal(NamedTuple):
       -1: it continues s[-1]; one static tree, or a tree per row); `probs[:, i]`
       is then the law node i was drawn from, its parent's q (all zero for a node
       the drafter could not fill), and `lengths` is g.
+    confidence: None, or `[B, g]` float32 in [0, 1] for a chain: the drafter's
+      estimate that token i is accepted given the tokens before it were (its
+      running product is the survival of token i). A drafter with
+      `gives_confidence` sets it; generation reads it to choose how many tokens
+      to verify (`SpecConfig.verify_lengths`).
   """
 
   tokens: jax.Array
@@ -53,6 +58,7 @@ class Proposal(NamedTuple):
   lengths: jax.Array
   calls: jax.Array
   tree: Tree | None = None
+  confidence: jax.Array | None = None
 
 
 class Commit(NamedTuple):
@@ -121,6 +127,10 @@ class Drafter(Protocol):
   preferred_gamma: int
   """Static: the draft length it pays off at (batch 1) when the user names none, or
   0: the library's default by batch size (`default_gamma`). Default 0."""
+  gives_confidence: bool
+  """Static: its chain proposals carry `Proposal.confidence`, so generation can
+  choose how many drafted tokens to verify (`SpecConfig.verify_lengths`). Default
+  False."""
 
   def init(
     self,
@@ -202,6 +212,7 @@ class DrafterBase:
   takes_tree = False
   max_tree_depth = None
   preferred_gamma = 0
+  gives_confidence = False
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
     del prompt_width, max_new_tokens, gamma
@@ -264,6 +275,20 @@ def draw_chain_token(
     q = warp_probs(logits, sampling)
     token = draw_token(i, q)
   return token, q, None if rule is None else rule.after(token)
+
+
+def chain_confidence(
+  logits: jax.Array, token: jax.Array, q: jax.Array | None, rule: DraftConstraint | None
+) -> jax.Array:
+  """`[B]` float32, a cheap estimate of the chance that a chain drafter's `token
+  [B]` is accepted: the draft's own probability of it, q(token) when it was drawn
+  from `q [B, V]`, else (greedy) the top probability of its `logits [B, V]`
+  (masked by `rule` as `draw_chain_token` masks them)."""
+  if q is not None:
+    return jnp.take_along_axis(q, token[:, None], axis=1)[:, 0]
+  if rule is not None:
+    logits = rule.logits(logits)
+  return jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
 
 
 def check_confidence(confidence) -> None:

@@ -226,7 +226,10 @@ class CrossTokenizerDrafter(CachedDrafting):
     if not self.shared:
       b = recent.shape[0]
       zeros = jnp.zeros((b, gamma), jnp.int32)
-      return Proposal(zeros, None, jnp.zeros((b,), jnp.int32), calls=jnp.int32(0)), state
+      empty = jnp.zeros((b,), jnp.int32)
+      return Proposal(
+        zeros, None, empty, jnp.int32(0), confidence=jnp.zeros((b, gamma), jnp.float32)
+      ), state
     limit = jnp.where(self._fits(state, gamma), limit, 0)
     return super().propose(
       state, recent, key, limit, gamma=gamma, sampling=sampling, constraint=constraint

@@ -26,6 +26,7 @@ from specjax.drafting.base import (
   DraftConstraint,
   Drafter,
   Proposal,
+  chain_confidence,
   check_confidence,
   draft_loop,
   draw_chain_token,
@@ -47,6 +48,7 @@ class CachedDrafting(ConfidenceLength):
   prefill_calls = 1  # init runs the prompt through the drafter once
   target_features = False
   constrained_drafts = True
+  gives_confidence = True  # chains: the draft's own probability of its token
 
   def init(self, prompts, prompt_lengths, first, capacity, hidden=None):
     b = prompts.shape[0]
@@ -71,6 +73,8 @@ class CachedDrafting(ConfidenceLength):
     every token is drawn among what the state its predecessors reach allows;
     with per-row penalties (`RowSampling.history`) from the warp of the text
     its predecessors extend (`RowSampling.after`), as the target's p is.
+    `Proposal.confidence [B, g]`: the draft's probability of each token it
+    drew (greedy: its top probability), `chain_confidence`.
     """
 
     b, g = recent.shape[0], gamma
@@ -80,42 +84,42 @@ class CachedDrafting(ConfidenceLength):
     draw_token = None if greedy else chain_draws(key, g, b)
     logits, state = self._feed_recent(recent, state, g)
 
-    def draw(i, logits, tokens, probs, active, rule):
+    def draw(i, logits, tokens, probs, sure, active, rule):
       rule, warp = rule  # warp: the rows' own (carried: its counts advance), or None
       active = active & (i < limit)
+      before = rule
       token, q, rule = draw_chain_token(i, logits[:, 0], rule, warp or sampling, draw_token)
+      sure = sure.at[:, i].set(chain_confidence(logits[:, 0], token, q, before))
       if warp is not None:  # the penalties' counts advance along the chain
         warp = warp.after(token)
       if q is not None:  # greedy: a one-hot q, its top probability 1, above any threshold
         probs = probs.at[:, i].set(q)
         if self.confidence > 0:
           active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      return token, tokens.at[:, i].set(token), probs, active, (rule, warp)
+      return token, tokens.at[:, i].set(token), probs, sure, active, (rule, warp)
 
     vocab = logits.shape[-1]
     tokens = jnp.zeros((b, g), jnp.int32)
     probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
-    token, tokens, probs, active, rule = draw(
-      0,
-      logits,
-      tokens,
-      probs,
-      jnp.ones((b,), bool),
-      (constraint, sampling if isinstance(sampling, RowSampling) else None),
+    sure = jnp.zeros((b, g), jnp.float32)
+    warp = sampling if isinstance(sampling, RowSampling) else None
+    token, tokens, probs, sure, active, rule = draw(
+      0, logits, tokens, probs, sure, jnp.ones((b,), bool), (constraint, warp)
     )
     lengths = active.astype(jnp.int32)
 
     def body(i, carry):
-      token, state, tokens, probs, active, lengths, rule = carry
+      token, state, tokens, probs, sure, active, lengths, rule = carry
       logits, state = self._forward(token[:, None], state)
-      token, tokens, probs, active, rule = draw(i, logits, tokens, probs, active, rule)
-      return token, state, tokens, probs, active, lengths + active, rule
+      token, tokens, probs, sure, active, rule = draw(i, logits, tokens, probs, sure, active, rule)
+      return token, state, tokens, probs, sure, active, lengths + active, rule
 
     # One call per trip: the loop's stop index is the calls spent (feeding `recent` was one).
-    i, (_, state, tokens, probs, _, lengths, _) = draft_loop(
-      body, (token, state, tokens, probs, active, lengths, rule), 1, g, lambda c: jnp.any(c[4])
+    carry = (token, state, tokens, probs, sure, active, lengths, rule)
+    i, (_, state, tokens, probs, sure, _, lengths, _) = draft_loop(
+      body, carry, 1, g, lambda c: jnp.any(c[5])
     )
-    return Proposal(tokens, probs, lengths, calls=i), state
+    return Proposal(tokens, probs, lengths, calls=i, confidence=sure), state
 
   def _feed_recent(self, recent: jax.Array, state, gamma: int):
     """The first call of an iteration: feeds `recent [B, 2]`, returns the logits

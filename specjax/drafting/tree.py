@@ -197,6 +197,7 @@ class TreeDrafter(CachedDrafting):
   num_layers: int | None = struct.field(pytree_node=False, default=None)
 
   confidence = 0.0  # the adaptive draft length does not apply to trees
+  gives_confidence = False  # nor does the verification length
 
   def __post_init__(self):
     object.__setattr__(self, "tree", trees.check_drafting_tree(self.tree))

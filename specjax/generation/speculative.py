@@ -29,7 +29,7 @@ from specjax.drafting import (
   check_drafter,
   proposal_probs,
 )
-from specjax.generation import validation
+from specjax.generation import validation, verify_length
 from specjax.generation.common import (
   bind_history,
   ends_row,
@@ -61,10 +61,12 @@ def speculative_step(
 ) -> SpecState | tuple[SpecState, jax.Array, jax.Array]:
   """One pure speculative iteration for every row: draft, score, verify, commit.
   Done rows run along but commit nothing; a row that proposed k < gamma tokens
-  is verified as a block of k (q = 0 past them). `with_logits` (static): returns
-  `(state, logits [B, g+1, V], emitted [B, g+1])` (serving's logprobs). `table`:
-  the rows' constraints (`state.constraint_state`); the output then follows the
-  constrained law exactly (`_draft_constraint`, `_constraint_mask`)."""
+  is verified as a block of k (q = 0 past them); with `config.verify_lengths`
+  the rows' proposals are cut to one chosen length (`verify_length`).
+  `with_logits` (static): returns `(state, logits [B, g+1, V], emitted
+  [B, g+1])` (serving's logprobs). `table`: the rows' constraints
+  (`state.constraint_state`); the output then follows the constrained law
+  exactly (`_draft_constraint`, `_constraint_mask`)."""
   drafter = as_drafter(drafter)
   draft_key, verify_key = _iteration_keys(state, drafter, target.cfg.vocab_size, config)
   sampling = step_sampling(state, config)
@@ -79,18 +81,12 @@ def speculative_step(
     sampling=sampling,
     **_draft_constraint(drafter, table, state),
   )
-  # 2. Score s[-1] and the drafted tokens in one target call: logits at g + 1 positions,
-  # masked by the constraint's state before each.
-  block = jnp.concatenate([state.recent[:, 1:], proposal.tokens], axis=1)  # [B, g+1]
-  logits, cache, hidden = score(
-    target, block, state.target_cache, drafter.target_features, proposal.tree
-  )
-  logits, path_states = _constraint_mask(table, state, proposal, logits)
-  # 3. Verify: keep n drafted tokens (a tree: the nodes of one path), then the verifier's token.
-  vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
-  scored = scored_sampling(state, proposal, config)  # p's warp at each row: its own counts
-  verified = verify_block(
-    verify_key, proposal, logits, cache, hidden, scored, vocab, drafter.tree_mode, config
+  # 2-3. Score s[-1] and the drafted tokens in one target call (logits at g + 1 positions,
+  # masked by the constraint's state before each), then verify: keep n drafted tokens (a
+  # tree: the nodes of one path) and the verifier's token. With `verify_lengths`, the
+  # chain is first cut to the length its confidence makes worth verifying.
+  proposal, logits, path_states, verified = _score_and_verify(
+    target, drafter, state, proposal, verify_key, sampling, config, table, with_logits
   )
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics,
   # and the constraint's state after the kept tokens.
@@ -99,6 +95,68 @@ def speculative_step(
   if with_logits:
     return new, logits, emitted_tokens(verified.drafted, verified.n, verified.next_token)
   return new
+
+
+def _score_and_verify(
+  target: Transformer,
+  drafter: Drafter,
+  state: SpecState,
+  proposal: Proposal,
+  key: jax.Array | Coupling,
+  sampling: SamplingParams | RowSampling,
+  config: SpecConfig,
+  table: constraints_lib.ConstraintTable | None,
+  with_logits: bool,
+) -> tuple[Proposal, jax.Array | None, jax.Array | None, Verified]:
+  """`score`, `_constraint_mask` and `verify_block` of the proposal, or, with
+  `config.verify_lengths` and a proposal with confidence, of the proposal cut to
+  the length `choose_verify_length` picks (one `lax.switch` branch per compiled
+  length; the outputs padded back to gamma).
+
+  Returns:
+    `(proposal as verified (lengths min(lengths, k)), logits [B, g+1, V] or None
+    unless with_logits, path_states [B, g+1] or None, Verified with drafted
+    [B, g] and hidden [B, g+1, F])`.
+  """
+  gamma = config.gamma
+  vocab = max(target.cfg.vocab_size, drafter.vocab_size)  # both laws over one vocabulary
+
+  def at(k: int, proposal: Proposal):
+    cut = verify_length.cut_proposal(proposal, k) if k < gamma else proposal
+    block = jnp.concatenate([state.recent[:, 1:], cut.tokens], axis=1)  # [B, k+1]
+    logits, cache, hidden = score(
+      target, block, state.target_cache, drafter.target_features, cut.tree
+    )
+    logits, path_states = _constraint_mask(table, state, cut, logits)
+    scored = scored_sampling(sampling, state, cut, config)  # p's warp: each row's own counts
+    verified = verify_block(
+      key, cut, logits, cache, hidden, scored, vocab, drafter.tree_mode, config
+    )
+    if k < gamma:  # static shapes whatever the length: pad the block's axis back to gamma
+      pad = lambda x, rows: None if x is None else _pad_axis1(x, rows)
+      verified = verified._replace(
+        drafted=pad(verified.drafted, gamma), hidden=pad(verified.hidden, gamma + 1)
+      )
+      logits, path_states = pad(logits, gamma + 1), pad(path_states, gamma + 1)
+    return cut.lengths, logits if with_logits else None, path_states, verified
+
+  lengths = config.verify_lengths
+  if not lengths or proposal.confidence is None:
+    lengths = (gamma,)
+  if len(lengths) == 1:
+    verified_lengths, logits, path_states, verified = at(lengths[0], proposal)
+  else:
+    index = verify_length.choose_verify_length(
+      proposal.confidence, proposal.lengths, ~state.done, lengths, config.verify_costs
+    )
+    branches = [functools.partial(at, k) for k in lengths]
+    verified_lengths, logits, path_states, verified = jax.lax.switch(index, branches, proposal)
+  return proposal._replace(lengths=verified_lengths), logits, path_states, verified
+
+
+def _pad_axis1(x: jax.Array, size: int) -> jax.Array:
+  """`x [B, k, ...]` zero-padded to `[B, size, ...]`."""
+  return jnp.pad(x, [(0, 0), (0, size - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
 def _iteration_keys(
@@ -297,13 +355,13 @@ def step_sampling(state: SpecState, config: SpecConfig) -> SamplingParams | RowS
 
 
 def scored_sampling(
-  state: SpecState, proposal: Proposal, config: SpecConfig
+  sampling: SamplingParams | RowSampling, state: SpecState, proposal: Proposal, config: SpecConfig
 ) -> SamplingParams | RowSampling:
   """The warp of the target's p at each row of the scored block `[B, g + 1]`:
-  the rows' own with the text before that row, the committed text and the
-  drafted tokens before it (a tree's: its path from the root), as the warp of
-  the draft at that position reads it (`TokenHistory.along`)."""
-  sampling = step_sampling(state, config)
+  the step's `sampling` (`step_sampling`), per row with the text before that row,
+  the committed text and the drafted tokens before it (a tree's: its path from
+  the root), as the warp of the draft at that position reads it
+  (`TokenHistory.along`)."""
   if state.history is None:
     return sampling
   parents = None if proposal.tree is None else proposal.tree.parents
@@ -604,6 +662,8 @@ def speculative_generate(
   loop: str = "while",
   loop_chunk: int = 8,
   constraints: constraints_lib.RowConstraints | None = None,
+  verify_lengths: tuple[int, ...] | None = None,
+  verify_costs: tuple[float, ...] | None = None,
 ) -> GenerateOutput:
   """Exact speculative decoding of up to `max_new_tokens` tokens per row.
 
@@ -650,6 +710,14 @@ def speculative_generate(
       position is masked by the state the drafted tokens before it reach, so
       the output has the constrained target's law (greedy: constrained greedy
       decoding); for a token tree, each node's path from the root.
+    verify_lengths: None (verify every drafted token), or the few verify lengths
+      to compile (distinct ints in [1, gamma], sorted, gamma among them): each
+      iteration verifies the rows' chains cut to the one whose expected tokens
+      per cost is best by the drafter's confidence (a chain drafter with
+      `gives_confidence`; `specjax.generation.verify_length`). Exact for every
+      verifier; `stats.proposed` then counts the tokens verified.
+    verify_costs: one relative cost per verify length, positive
+      (`verify_length.measure_verify_costs` measures them on this machine).
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
@@ -672,6 +740,8 @@ def speculative_generate(
     confidence_threshold=confidence_threshold,
     loop=loop,
     loop_chunk=loop_chunk,
+    verify_lengths=verify_lengths,
+    verify_costs=verify_costs,
   )
   key = validation.check_key(key, sampling, batch=jnp.shape(prompts)[0])
   rules = constraints_lib.check_rows(constraints, jnp.shape(prompts)[0], target.cfg.vocab_size)
@@ -700,6 +770,8 @@ def _checked_run(
   loop="while",
   loop_chunk=8,
   per_row_keys=False,
+  verify_lengths=None,
+  verify_costs=None,
   **settings,
 ) -> tuple[Drafter, SpecConfig]:
   """`speculative_generate`'s checks before compiling: `(drafter, config)`."""
@@ -724,6 +796,9 @@ def _checked_run(
   )
   if adaptive == "confidence":
     drafter = drafter.with_confidence(confidence_threshold)
+  verify_lengths, verify_costs = verify_length.check_verify_lengths(
+    verify_lengths, verify_costs, gamma, drafter
+  )
   rule = validation.resolve_verifier(
     "auto" if drafter.tree is not None and verifier == "auto" else verifier,
     sampling,
@@ -741,5 +816,7 @@ def _checked_run(
     adaptive=adaptive,
     loop=loop,
     loop_chunk=loop_chunk,
+    verify_lengths=verify_lengths,
+    verify_costs=verify_costs,
   )
   return drafter, config

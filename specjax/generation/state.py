@@ -31,6 +31,16 @@ class SpecConfig:
     coupled: draw with the rows' Gumbel noise (`specjax.coupling`): drafting,
       verification (a chain's "coupled" verifier or `coupled_tree_verify`) and
       the first token; the rows' keys are `SpecState.row_keys`.
+    verify_lengths: None (verify every drafted token), or the compiled verify
+      lengths, sorted, each in [1, gamma] (`speculative_generate` checks that
+      gamma is among them): per iteration, when the proposal carries
+      `confidence`, the batch verifies its drafts cut to the length with the
+      most expected tokens per cost (`verify_length.choose_verify_length`).
+      A single length k is verified every iteration (what
+      `measure_verify_costs` times).
+    verify_costs: with `verify_lengths`, the relative cost of an iteration
+      verifying each length (one per length, positive; their scale does not
+      matter), e.g. `verify_length.measure_verify_costs`.
   """
 
   gamma: int
@@ -43,6 +53,8 @@ class SpecConfig:
   loop: str = "while"
   loop_chunk: int = 8
   coupled: bool = False
+  verify_lengths: tuple[int, ...] | None = None
+  verify_costs: tuple[float, ...] | None = None
 
 
 @struct.dataclass

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specjax.heads import dflash, eagle, eagle3, early_exit, medusa
+from specjax.heads import dflash, dspark, eagle, eagle3, early_exit, medusa
 from specjax.heads.base import (
   HeadConfig,
   HeadConfigError,
@@ -46,6 +46,7 @@ register(medusa.KIND)
 register(early_exit.KIND)
 register(eagle3.KIND)
 register(dflash.KIND)
+register(dspark.KIND)
 
 
 def names() -> tuple[str, ...]:

@@ -161,7 +161,8 @@ class TrainingRules:
     loss: `(config.head) -> dict`: its `HeadLoss` fields.
     prepare: `(cfg, workdir, tokens) -> cfg`: fills what the data decides (EAGLE-3's
       draft ids); None leaves the config as it is.
-    warm_start: `(head, target) -> head` when `config.head.warm_start` asks for one.
+    warm_start: `(head, target, config.head) -> head` when `config.head.warm_start`
+      asks for one.
   """
 
   fields: tuple[str, ...] = ()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -212,6 +213,17 @@ class DFlashHead(nnx.Module):
       n_layers=self.cfg.draft_layers, d_ff=self.cfg.d_ff or t.d_ff, local_layers=local
     )
 
+  @property
+  def first_draft_slot(self) -> int:
+    """The block slot whose output is the first draft's law: 1 (DFlash: slot j >= 1, a
+    mask, gives the law of the token at its own position)."""
+    return 1
+
+  @property
+  def drafts_per_call(self) -> int:
+    """Tokens one block call drafts: the slots from `first_draft_slot` on."""
+    return self.cfg.block_size - self.first_draft_slot
+
   def _inv_freq(self) -> jax.Array:
     c = self.layer_config
     return rope_inv_freq(c.resolved_head_dim, c.rope_theta, c.rope_scaling)
@@ -279,6 +291,12 @@ class DFlashHead(nnx.Module):
     len(s) - 1) and `last [B]` = s[-1] -> logits `[B, count, V]` of the tokens at
     positions len(s) .. len(s) + count - 1 (static `count`, default B_size - 1:
     the head projects only those)."""
+    return self.logits(target, self.draft_hidden(target, cache, last, count), vocab_subset)
+
+  def draft_hidden(
+    self, target: Transformer, cache: KVCache, last: jax.Array, count=None
+  ) -> jax.Array:
+    """`draft_logits`' normed outputs `[B, count, D]`, before the target's head."""
     b, n = last.shape[0], self.cfg.block_size
     positions = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
     slots = jnp.arange(cache.capacity, dtype=jnp.int32)
@@ -286,9 +304,15 @@ class DFlashHead(nnx.Module):
     context = jnp.broadcast_to(context, (b, n, slots.size))
     mask = jnp.concatenate([context, jnp.ones((b, n, n), bool)], axis=2)
     h = self.run(self.block_inputs(target, last), positions, zip(cache.k, cache.v), mask)
-    return self.logits(target, h[:, 1 : 1 + (count or n - 1)], vocab_subset)
+    first = self.first_draft_slot
+    return h[:, first : first + (count or self.drafts_per_call)]
 
   def __call__(self, target: Transformer, features, tokens, anchors) -> jax.Array:
+    """Training form: `train_hidden`'s outputs through the target's head, `[B, A,
+    B_size - 1, V]` logits of the tokens at a_j + 1 .. a_j + B_size - 1."""
+    return self.logits(target, self.train_hidden(target, features, tokens, anchors))
+
+  def train_hidden(self, target: Transformer, features, tokens, anchors) -> jax.Array:
     """Training form: A blocks per row in one call, each exactly as drafting sees it.
 
     Args:
@@ -298,7 +322,8 @@ class DFlashHead(nnx.Module):
         position a_j and reads the context at positions < a_j.
 
     Returns:
-      `[B, A, B_size - 1, V]` logits of the tokens at a_j + 1 .. a_j + B_size - 1.
+      `[B, A, B_size - 1, D]` normed outputs at the block's mask positions, those
+      whose laws are of the tokens at a_j + 1 .. a_j + B_size - 1.
     """
     (b, t), a, n = tokens.shape, anchors.shape[1], self.cfg.block_size
     x = self.context(features)
@@ -312,7 +337,8 @@ class DFlashHead(nnx.Module):
     same_block = jnp.broadcast_to(block_of[:, None] == block_of[None, :], (b, a * n, a * n))
     mask = jnp.concatenate([reads_context, same_block], axis=2)
     h = self.run(self.block_inputs(target, last, a), positions, context_kv, mask)
-    return self.logits(target, h.reshape(b, a, n, -1)[:, :, 1:])
+    first = self.first_draft_slot
+    return h.reshape(b, a, n, -1)[:, :, first : first + self.drafts_per_call]
 
 
 # -- drafting
@@ -372,20 +398,23 @@ class DFlashDrafter(DrafterBase, VocabSubset):
 
   @property
   def block_size(self) -> int:
-    return self.head.cfg.block_size
+    """In the `Drafter` protocol's terms (one call drafts block_size - 1 tokens): the
+    head's block size B, or B + 1 for a head whose block of B drafts B (anchor-first)."""
+    return self.head.drafts_per_call + 1
 
   @property
   def max_tree_depth(self) -> int:
     """The deepest tree it drafts: one block position per depth."""
-    return self.block_size - 1
+    return self.head.drafts_per_call
 
   def check_capacity(self, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    most = self.head.drafts_per_call
     if self.tree is not None:
       check_tree_gamma(self.tree, gamma)
-    elif not 1 <= gamma <= self.block_size - 1:
+    elif not 1 <= gamma <= most:
       raise ValueError(
-        f"gamma must be in [1, {self.block_size - 1}] for a block drafter of block_size "
-        f"{self.block_size} (one call drafts block_size - 1 tokens), got {gamma}."
+        f"gamma must be in [1, {most}] for a block drafter of block_size "
+        f"{self.head.cfg.block_size} (one call drafts {most} tokens), got {gamma}."
       )
     check_capacity("dflash head", self.target.cfg.max_seq_len, prompt_width, max_new_tokens, gamma)
 
@@ -448,6 +477,9 @@ class DFlashDrafter(DrafterBase, VocabSubset):
 # DFlash's hub layout, `DFlashDraftModel` as z-lab/dflash publishes it (a Qwen3 config;
 # `model/dflash.py`, `dflash/model.py`): `write` writes it, `from_hub` reads it and
 # `recognises` tells it apart. The module is `DFlashHead` above.
+# DSpark's layout (`specjax.heads.dspark`) is built on this one: it reads the drafter's
+# fields and tensors through `hub_fields` and `read_hub_head` (its own `HubSpelling`:
+# architectures and config objects) and writes them through `hub_tensors`.
 #
 # The file holds the drafter's own layers: `fc.weight`, `hidden_norm.weight`,
 # `layers.{i}.self_attn.{q,k,v,o}_proj.weight` (`.bias` with `attention_bias`),
@@ -480,11 +512,40 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _QWEN3_DEFAULTS = dict(num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6, hidden_act="silu")
 
 
+@dataclasses.dataclass(frozen=True)
+class HubSpelling:
+  """Where a layout built on `DFlashDraftModel`'s keeps its drafter's names: the
+  `architectures` it reads (the first is written) and the config.json objects its
+  drafter fields (`mask_token_id`, `target_layer_ids`, `block_size`, ...) are looked
+  up in, in order, before the top level (the reference runtimes' lookups)."""
+
+  architectures: tuple[str, ...]
+  sections: tuple[str, ...]
+
+  def lookup(self, config: dict, key: str, default=None) -> tuple:
+    """`(value, where)`: the first section's `key`, else the top level's, else
+    `default`; `where` names it as messages do ("dflash_config.mask_token_id")."""
+    for section in self.sections:
+      if key in (config.get(section) or {}):
+        return config[section][key], f"{section}.{key}"
+    if key in config:
+      return config[key], key
+    return default, f"{self.sections[0]}.{key}"
+
+
+DFLASH_SPELLING = HubSpelling((ARCHITECTURE,), ("dflash_config",))
+
+
 def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   """Whether a head directory's config.json is a DFlash drafter's (any of them:
-  `from_hub` names the architectures it does not read)."""
-  del file, keys  # its tensors are EAGLE-1's names too (fc.weight): the config tells
-  architectures = config.get("architectures") or []
+  `from_hub` names the architectures it does not read), and not a DSpark one
+  (`specjax.heads.dspark`: DFlash's fields and tensors plus a Markov and a confidence
+  head, which a DFlash head would drop)."""
+  from specjax.heads import dspark  # the layout that extends this one
+
+  if dspark.recognises(config, file, keys):
+    return False
+  architectures = config.get("architectures") or []  # tensors: EAGLE-1's names too (fc.weight)
   return "dflash_config" in config or any(str(a).startswith("DFlash") for a in architectures)
 
 
@@ -583,10 +644,20 @@ def write(head: DFlashHead, target: Transformer | None = None) -> tuple[dict, di
   torch `[out, in]` weights; ValueError naming the parameter or setting the layout
   cannot hold (nothing is dropped). `target` is unused: the file copies nothing of it."""
   del target
+  return hub_config(head), hub_tensors(head)
+
+
+def hub_tensors(
+  head: DFlashHead, own: dict | None = None, held: Collection = (), layout: str = ARCHITECTURE
+) -> dict[str, np.ndarray]:
+  """`{name: tensor}` of the drafter's layers in the `DFlashDraftModel` layout, and
+  `own` beside them: the tensors of a `layout` built on it, which hold the
+  parameter paths `held`. ValueError naming the parameter or setting that neither
+  holds (nothing is dropped)."""
   cfg, c = head.cfg, head.layer_config
   if cfg.mask_token_id < 0:
     raise ValueError(
-      "mask_embedding: the DFlashDraftModel layout has no tensor for a learned mask "
+      f"mask_embedding: the {layout} layout has no tensor for a learned mask "
       "embedding (it fills the block with the target's embedding of "
       "dflash_config.mask_token_id); train the head with mask_token_id set to a spare id "
       "of the tokenizer, or write it with layout='specjax'."
@@ -594,7 +665,7 @@ def write(head: DFlashHead, target: Transformer | None = None) -> tuple[dict, di
   beyond = _beyond_qwen3(c)
   if beyond:
     raise ValueError(
-      f"the DFlashDraftModel layout's layers are Qwen3's; this head's target has {beyond}: "
+      f"the {layout} layout's layers are Qwen3's; this head's target has {beyond}: "
       "write it with layout='specjax'."
     )
   params = hub.flat_params(head)
@@ -607,27 +678,24 @@ def write(head: DFlashHead, target: Transformer | None = None) -> tuple[dict, di
       for p in _PROJECTIONS:
         name = f"layers.{i}.self_attn.{p}.bias"
         tensors.setdefault(name, np.zeros(getattr(layer, p).kernel.shape[-1], dtype))
+  written = written | set(held)
   for path, value in params.items():
     if path not in written and np.any(value):
       raise ValueError(
-        f"{'.'.join(map(str, path))}: the DFlashDraftModel layout has no tensor for it "
+        f"{'.'.join(map(str, path))}: the {layout} layout has no tensor for it "
         "(its MLPs have no biases) and it is not zero; write the head with layout='specjax'."
       )
-  return hub_config(head), {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+  tensors |= own or {}
+  return {k: np.ascontiguousarray(v) for k, v in tensors.items()}
 
 
-def _draft_value(config: dict, key: str, default=None):
-  """`dflash_config[key]`, else `config[key]`, else `default` (the reference's lookup)."""
-  return (config.get("dflash_config") or {}).get(key, config.get(key, default))
-
-
-def _check_config(config: dict, t: ModelConfig) -> None:
+def _check_config(config: dict, t: ModelConfig, spelling: HubSpelling = DFLASH_SPELLING) -> None:
   """ValueError naming the first config.json field that does not fit target `t`."""
   architectures = config.get("architectures") or []
-  if ARCHITECTURE not in architectures:
+  if not set(spelling.architectures) & set(map(str, architectures)):
+    names = " or ".join(spelling.architectures)
     raise ValueError(
-      f"config architectures is {architectures!r}; specjax reads {ARCHITECTURE} "
-      "(no other DFlash variant)."
+      f"config architectures is {architectures!r}; specjax reads {names} here (no other variant)."
     )
   required = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads")
   for key in (*required, "intermediate_size"):
@@ -653,9 +721,10 @@ def _check_config(config: dict, t: ModelConfig) -> None:
   if config.get("is_causal"):
     raise ValueError("config is_causal is true; specjax's drafter reads its block both ways.")
   for key in ("input_embedding_scale", "output_multiplier"):
-    if float(_draft_value(config, key, 1.0)) != 1.0:
-      raise ValueError(f"config {key} is {_draft_value(config, key)!r}; specjax reads 1.0 only.")
-  cap = _draft_value(config, "final_logit_softcapping") or None
+    value = spelling.lookup(config, key, 1.0)[0]
+    if float(value) != 1.0:
+      raise ValueError(f"config {key} is {value!r}; specjax reads 1.0 only.")
+  cap = spelling.lookup(config, "final_logit_softcapping")[0] or None
   if cap != t.logit_softcap:
     raise ValueError(
       f"config final_logit_softcapping is {cap!r}; the drafter's logits are its target's "
@@ -669,11 +738,25 @@ def from_hub(
   """A `DFlashHead` for `target` from a `DFlashDraftModel` config and its tensors
   (`write`'s); ValueError naming the field or tensor that does not fit `target`.
   An absent bias is zero; a bias this target's layers lack must be zero."""
-  t, name = target.cfg, str(jnp.dtype(dtype))
-  _check_config(config, t)
+  fields, tensors = hub_fields(config, tensors, target.cfg, dtype)
+  cfg = DFlashConfig(**fields)
+  return read_hub_head(cfg, _names(cfg, cfg.d_ff or target.cfg.d_ff, bias=True), tensors, dtype)
+
+
+def hub_fields(
+  config: dict, tensors: dict, t: ModelConfig, dtype, spelling: HubSpelling = DFLASH_SPELLING
+) -> tuple[dict, dict]:
+  """`(DFlashConfig's fields, tensors)` of a config.json in the `DFlashDraftModel`
+  layout, or a layout built on it (`spelling`: where its drafter fields are), for
+  target `t` in `dtype`: the tensors with `fc`'s input blocks in depth order.
+  ValueError naming the field that does not fit `t`."""
+  name = str(jnp.dtype(dtype))
+  _check_config(config, t, spelling)
   beyond = _beyond_qwen3(t)
   if beyond:
-    raise ValueError(f"this target's layers have {beyond}; {ARCHITECTURE}'s are Qwen3's.")
+    raise ValueError(
+      f"this target's layers have {beyond}; {spelling.architectures[0]}'s are Qwen3's."
+    )
   n, v = t.n_layers, t.vocab_size
   layers = config["num_hidden_layers"]
   low, high = DFlashConfig.RANGES["draft_layers"]
@@ -681,7 +764,7 @@ def from_hub(
     raise ValueError(
       f"config num_hidden_layers is {layers!r}; specjax reads {low} to {high} layers."
     )
-  ids = _draft_value(config, "target_layer_ids")
+  ids, where = spelling.lookup(config, "target_layer_ids")
   if ids is None:  # the first reference's rule (its build_target_layer_ids)
     ids = (
       [n // 2]
@@ -690,7 +773,7 @@ def from_hub(
     )
     if len(set(ids)) != len(ids) or not 0 <= min(ids) <= max(ids) < n:
       raise ValueError(
-        f"config dflash_config.target_layer_ids is absent, and the reference's rule gives "
+        f"config {where} is absent, and the reference's rule gives "
         f"{ids} for {layers} layers on this target's {n}: name distinct ids in [0, {n})."
       )
   if (
@@ -700,18 +783,15 @@ def from_hub(
     or len(set(ids)) != len(ids)
   ):
     raise ValueError(
-      f"config dflash_config.target_layer_ids is {ids!r}; this target needs distinct "
-      f"layer ids in [0, {n})."
+      f"config {where} is {ids!r}; this target needs distinct layer ids in [0, {n})."
     )
-  mask = _draft_value(config, "mask_token_id")
+  mask, where = spelling.lookup(config, "mask_token_id")
   if not is_int(mask) or not 0 <= mask < v:
-    raise ValueError(
-      f"config dflash_config.mask_token_id is {mask!r}; this target needs an id in [0, {v})."
-    )
-  block = _draft_value(config, "block_size", 16)  # the reference's default
+    raise ValueError(f"config {where} is {mask!r}; this target needs an id in [0, {v}).")
+  block, where = spelling.lookup(config, "block_size", 16)  # the reference's default
   low, high = DFlashConfig.RANGES["block_size"]
   if not is_int(block) or not low <= block <= high:
-    raise ValueError(f"config block_size is {block!r}; specjax reads {low} to {high}.")
+    raise ValueError(f"config {where} is {block!r}; specjax reads {low} to {high}.")
   ff = config["intermediate_size"]
   if not is_int(ff) or ff < 1:
     raise ValueError(f"config intermediate_size is {ff!r}; specjax reads a positive int.")
@@ -721,15 +801,22 @@ def from_hub(
     if fc.ndim == 2 and fc.shape[1] == len(ids) * t.d_model:
       blocks = np.split(fc, len(ids), axis=1)
       tensors["fc.weight"] = np.concatenate([blocks[j] for j in np.argsort(ids)], axis=1)
-  cfg = DFlashConfig(
-    t.replace(dtype=name, param_dtype=name),
+  fields = dict(
+    target=t.replace(dtype=name, param_dtype=name),
     feature_layers=tuple(sorted(int(i) + 1 for i in ids)),
     d_ff=ff * (ff != t.d_ff),  # 0: the target's
     block_size=int(block),
     draft_layers=layers,
     mask_token_id=int(mask),
   )
-  names = _names(cfg, ff, bias=True)
+  return fields, tensors
+
+
+def read_hub_head(cfg: DFlashConfig, names: dict, tensors: dict, dtype) -> nnx.Module:
+  """The head of `cfg` (a block drafter's or a kind's built on it) in `dtype` from hub
+  `tensors` by `names` (`hub.build_head`); a bias of `names` that the target's layers
+  lack is read as nothing, and must be zero."""
+  name, t, names = str(jnp.dtype(dtype)), cfg.target, dict(names)
   held = {tuple(p) for p, _ in nnx.to_flat_state(hub.abstract_head(cfg, name)[1])}
   for name_ in [k for k, targets in names.items() if targets[0][0] not in held]:
     del names[name_]  # a bias the target's layers lack: computes nothing only if zero
@@ -761,38 +848,60 @@ def _leading_run(ok: jax.Array) -> jax.Array:
   return jnp.cumprod(ok.astype(jnp.int32), axis=-1).sum(-1)
 
 
-def dflash_objective(head, target, batch, key, *, loss, settings):
-  """The block drafter (DFlash's recipe): up to `num_anchors` anchors a per window,
-  distinct, drawn from the key in [1, T - 1] (evenly spaced without a key: evaluation);
-  block a reads the context before a and its output k (k = 1..B-1) is scored by its
-  cross-entropy on the corpus token at a + k, weighted by exp(-(k - 1) / loss_decay)
-  and normalised by the weights of the positions inside the window (a + k <= T). On
-  target-generated data (experiments.generate_data) the corpus tokens are the target's
-  own draws, as in the reference.
+class BlockBatch(NamedTuple):
+  """A training batch laid out as a block drafter's blocks (`block_batch`).
 
-  The loss is that decayed cross-entropy (`block_ce`) plus `distill_weight` (0: the
-  reference's loss) times `distill`, `loss`'s divergence from the target's law decayed
-  alike; `ce` is the plain mean cross-entropy, the alphas are over every scored
-  position and per block position (`alpha_t0_pos1`, ..., powers of two and B - 1), and
-  `block_accept` is the mean leading run of positions whose argmax is the target's
-  (the drafts a greedy block keeps on the target's greedy text)."""
+  Attributes:
+    inputs: `[B, T]` the window's inputs; features `[B, T, F]` the target's at them.
+    anchors: `[B, A]` the blocks' anchors.
+    labels: `[B, A, m]` the corpus token a block's k-th draft drafts (at a + k; m
+      the head's `drafts_per_call`).
+    previous: `[B, A, m]` the token before it (at a + k - 1; k = 1: the anchor's).
+    p_logits: `[B, A, m, V]` the target's logits of that token.
+    valid: `[B, A, m]` whether a + k lies in the window.
+    weights: `[B, A, m]` exp(-(k - 1) / loss_decay) where valid, else 0.
+  """
+
+  inputs: jax.Array
+  features: jax.Array
+  anchors: jax.Array
+  labels: jax.Array
+  previous: jax.Array
+  p_logits: jax.Array
+  valid: jax.Array
+  weights: jax.Array
+
+
+def block_batch(head, target, batch, key, settings) -> BlockBatch:
+  """The blocks of windows `batch [B, T + 1]`: up to `num_anchors` distinct anchors a
+  per window drawn from `key` in [1, T - 1] (evenly spaced without a key: evaluation),
+  the block's k-th draft (k = 1..`head.drafts_per_call`) the corpus token at a + k."""
   inputs = batch[:, :-1]
-  (b, t), n = inputs.shape, head.cfg.block_size
+  (b, t), m = inputs.shape, head.drafts_per_call
   if settings.num_anchors < 1:
     raise ValueError(f"a block drafter needs num_anchors >= 1, got {settings.num_anchors}.")
   p_logits, features = losses.target_outputs(target, inputs, head.cfg.target_features)
   anchors = block_anchors(key, b, t, settings.num_anchors)  # [B, A]
-  q_logits = head(target, features, inputs, anchors)  # [B, A, n - 1, V]
   a = anchors.shape[1]
-  k = jnp.arange(1, n, dtype=jnp.int32)
-  where = anchors[:, :, None] + k  # [B, A, n - 1]: the drafted token's index in batch
+  k = jnp.arange(1, m + 1, dtype=jnp.int32)
+  where = anchors[:, :, None] + k  # [B, A, m]: the drafted token's index in batch
   valid = where <= t
-  flat = jnp.minimum(where, t).reshape(b, a * (n - 1))
-  labels = jnp.take_along_axis(batch, flat, axis=1).reshape(b, a, n - 1)
+  flat = jnp.minimum(where, t).reshape(b, a * m)
+  labels = jnp.take_along_axis(batch, flat, axis=1).reshape(b, a, m)
+  previous = jnp.take_along_axis(batch, flat - 1, axis=1).reshape(b, a, m)
   # The target's law of the token at index i is its output at i - 1.
   p_logits = jnp.take_along_axis(p_logits, (flat - 1)[..., None], axis=1)
-  p_logits = p_logits.reshape(b, a, n - 1, -1)
-  weights = jnp.exp(-(k - 1) / settings.loss_decay) * valid  # [B, A, n - 1]
+  p_logits = p_logits.reshape(b, a, m, -1)
+  weights = jnp.exp(-(k - 1) / settings.loss_decay) * valid
+  return BlockBatch(inputs, features, anchors, labels, previous, p_logits, valid, weights)
+
+
+def block_loss(q_logits, blocks: BlockBatch, loss, settings):
+  """The block drafter's loss and metrics for its logits `q_logits [B, A, n - 1, V]`
+  of `blocks`' tokens: the decayed cross-entropy (`block_ce`) plus `distill_weight`
+  times the decayed divergence (`distill`); see `dflash_objective`."""
+  valid, weights, p_logits, labels = blocks.valid, blocks.weights, blocks.p_logits, blocks.labels
+  n = valid.shape[-1] + 1
   total, count = jnp.maximum(weights.sum(), 1e-9), jnp.maximum(valid.sum(), 1)
 
   def decayed(x):  # the weighted mean over scored positions
@@ -828,6 +937,26 @@ def dflash_objective(head, target, batch, key, *, loss, settings):
   if settings.distill_weight:
     value = value + settings.distill_weight * metrics["distill"]
   return value, metrics
+
+
+def dflash_objective(head, target, batch, key, *, loss, settings):
+  """The block drafter (DFlash's recipe): up to `num_anchors` anchors a per window,
+  distinct, drawn from the key in [1, T - 1] (evenly spaced without a key: evaluation);
+  block a reads the context before a and its output k (k = 1..B-1) is scored by its
+  cross-entropy on the corpus token at a + k, weighted by exp(-(k - 1) / loss_decay)
+  and normalised by the weights of the positions inside the window (a + k <= T). On
+  target-generated data (experiments.generate_data) the corpus tokens are the target's
+  own draws, as in the reference.
+
+  The loss is that decayed cross-entropy (`block_ce`) plus `distill_weight` (0: the
+  reference's loss) times `distill`, `loss`'s divergence from the target's law decayed
+  alike; `ce` is the plain mean cross-entropy, the alphas are over every scored
+  position and per block position (`alpha_t0_pos1`, ..., powers of two and B - 1), and
+  `block_accept` is the mean leading run of positions whose argmax is the target's
+  (the drafts a greedy block keeps on the target's greedy text)."""
+  blocks = block_batch(head, target, batch, key, settings)
+  q_logits = head(target, blocks.features, blocks.inputs, blocks.anchors)  # [B, A, n-1, V]
+  return block_loss(q_logits, blocks, loss, settings)
 
 
 # -- growth with the target (specjax.models.expand)

@@ -74,16 +74,33 @@ def head_tensors(head: nnx.Module) -> dict[str, jax.Array]:
 
 
 def read_head_params(
-  path: str, abstract: nnx.State, dtype, block_cfg: ModelConfig, fix: str = ""
+  path: str,
+  abstract: nnx.State,
+  dtype,
+  block_cfg: ModelConfig,
+  fix: str = "",
+  shared: tuple[str, ...] = (),
 ) -> nnx.State:
   """The parameters in `WEIGHTS_FILE` `path`, in `abstract`'s tree, cast to `dtype`:
   each fused parameter of `abstract` assembled from its parts (`block_cfg` the head's
-  block config). ValueError naming the file and tensor for a missing, extra or
-  misshapen tensor, or a file that is no safetensors file; `fix` (e.g. "reinstall
-  specjax") is added to each message."""
+  block config). `shared`: other heads' weight files that hold the tensors `path`
+  leaves out (a head trained on another's frozen layers stores only its own; the
+  other files are read for those names only). ValueError naming the file and tensor
+  for a missing, extra or misshapen tensor, or a file that is no safetensors file;
+  `fix` (e.g. "reinstall specjax") is added to each message."""
   hint = f" ({fix})" if fix else ""
   try:
     tensors = {name: value for _, name, value in read_tensors([path])}
+    wanted = {tensor_name(tuple(p)) for p, _ in nnx.to_flat_state(abstract)}
+    wanted |= {
+      tensor_name((*tuple(p)[:-2], part.name, tuple(p)[-1]))
+      for p, _ in nnx.to_flat_state(abstract)
+      for part in fused_parts(block_cfg).get(tuple(p)[-2] if len(p) >= 2 else None, ())
+    }
+    for other in shared:
+      for _, name, value in read_tensors([other]):
+        if name in wanted and name not in tensors:
+          tensors[name] = value
   except ValueError as e:
     raise ValueError(f"{e}{hint}") from e
   fused = fused_parts(block_cfg)
@@ -116,9 +133,14 @@ def read_head_params(
   return nnx.from_flat_state(flat)
 
 
-def read_head(directory: str, cfg: HeadConfig, dtype, fix: str = "") -> nnx.Module:
+def read_head(
+  directory: str, cfg: HeadConfig, dtype, fix: str = "", shared: tuple[str, ...] = ()
+) -> nnx.Module:
   """The head of `cfg` in `dtype` from `directory/WEIGHTS_FILE` (specjax's layout:
-  `read_head_params`, whose errors name the file; `fix` is added to each)."""
+  `read_head_params`, whose errors name the file; `fix` is added to each), the
+  tensors it leaves out from the `WEIGHTS_FILE`s of the `shared` directories."""
   graphdef, abstract = abstract_head(cfg, dtype_name(dtype))
   path = os.path.join(directory, WEIGHTS_FILE)
-  return nnx.merge(graphdef, read_head_params(path, abstract, dtype, cfg.block_config, fix))
+  others = tuple(os.path.join(d, WEIGHTS_FILE) for d in shared)
+  params = read_head_params(path, abstract, dtype, cfg.block_config, fix, others)
+  return nnx.merge(graphdef, params)

@@ -83,7 +83,8 @@ def save_head(head, path: str, layout: str = "hub") -> None:
   `load_drafter` return) to directory `path`: config.json + model.safetensors in its
   kind's hub layout (its record's `hub`: EAGLE-3 as vLLM and SGLang load it, a hub
   EAGLE-1 head as the EAGLE repository's, a hub Medusa head as vLLM's, a block drafter
-  as z-lab/dflash's `DFlashDraftModel`; ValueError, before anything is written, for a
+  as z-lab/dflash's `DFlashDraftModel`, a sequential block drafter as DeepSpec's
+  `Qwen3DSparkModel`; ValueError, before anything is written, for a
   head no hub layout computes exactly), or head_config.json + model.safetensors with
   `layout="specjax"`."""
   from safetensors.numpy import save_file

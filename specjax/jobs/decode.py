@@ -26,7 +26,8 @@ from specjax.bench import masking, warps
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
-from specjax.drafting import CrossTokenizerDrafter
+from specjax.drafting import CrossTokenizerDrafter, as_drafter
+from specjax.generation import verify_length
 from specjax.hf.optional import import_torch_transformers
 from specjax.jobs import drafters, structured
 from specjax.models.kv_cache import cache_capacity
@@ -261,6 +262,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   if config.drafter == "string_level" and config.adaptive:
     raise ValueError("config.adaptive must be '' with config.drafter='string_level'.")
+  if config.drafter == "string_level" and config.verify_lengths:
+    raise ValueError("config.verify_lengths must be () with config.drafter='string_level'.")
   check_loop(config.loop, config.loop_chunk, "config.")
   if config.drafter == "string_level" and config.loop != "while":
     raise ValueError(
@@ -417,8 +420,34 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
   )
 
 
-def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[str, Any]:
-  """The timed calls: autoregressive ("ar") and speculative ("spec") decoding."""
+def _verify_settings(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict:
+  """`speculative_generate`'s verify_lengths and verify_costs: none (off), or the
+  config's lengths with its costs, or with none given the costs measured here on
+  the batch (`verify_length.measure_verify_costs`)."""
+  if not config.verify_lengths:
+    return {}
+  lengths, costs = tuple(config.verify_lengths), tuple(config.verify_costs)
+  drafter = as_drafter(drafter or inputs.draft)
+  verify_length.check_verify_lengths(lengths, costs or (1.0,) * len(lengths), config.gamma, drafter)
+  if not costs:
+    costs = verify_length.measure_verify_costs(
+      inputs.target,
+      drafter,
+      inputs.prompts,
+      inputs.lengths,
+      gamma=config.gamma,
+      lengths=lengths,
+      sampling=inputs.sampling,
+      key=jax.random.key(config.seed),
+    )
+  return dict(verify_lengths=lengths, verify_costs=tuple(costs))
+
+
+def _calls(
+  config: ml_collections.ConfigDict, inputs: _Inputs, drafter, verify: dict
+) -> dict[str, Any]:
+  """The timed calls: autoregressive ("ar") and speculative ("spec") decoding
+  (`verify`: `_verify_settings`)."""
   i, key = inputs, jax.random.key(config.seed)
   plain = dict(max_new_tokens=config.max_new_tokens, sampling=i.sampling, key=key, eos_id=i.eos)
   # Both loops under the same constraint: the speedup is constrained against constrained.
@@ -439,6 +468,7 @@ def _calls(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict[
       i.lengths,
       adaptive=config.adaptive or None,
       confidence_threshold=config.confidence_threshold,
+      **verify,
       **shared,
       **loop,
     )
@@ -461,9 +491,14 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   auto_gamma = config.gamma == 0
   if auto_gamma:
     config = config.copy_and_resolve_references()
-    config.gamma = drafters.default_gamma(drafter or inputs.draft, config.batch_size)
+    config.gamma = (
+      max(config.verify_lengths)
+      if config.verify_lengths
+      else drafters.default_gamma(drafter or inputs.draft, config.batch_size)
+    )
   with jax.set_mesh(inputs.mesh):
-    timings, outputs = bench.time_calls(_calls(config, inputs, drafter), config.num_runs)
+    verify = _verify_settings(config, inputs, drafter)
+    timings, outputs = bench.time_calls(_calls(config, inputs, drafter, verify), config.num_runs)
   host = {
     name: (_to_host(out.tokens), _to_host(out.num_generated)) for name, out in outputs.items()
   }
@@ -489,6 +524,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "speedup": ms["ar"] / ms["spec"],
     "acceptance_rate": float(stats.acceptance_rate),
     "tokens_per_iteration": float(stats.tokens_per_iteration),
+    # Drafted tokens verified per (row, iteration): gamma unless the verify length is on.
+    "verified_per_iteration": float(
+      np.sum(_to_host(stats.proposed)) / max(np.sum(_to_host(stats.row_iterations)), 1)
+    ),
+    **{k: list(v) for k, v in verify.items()},  # verify_lengths, verify_costs (when on)
     **bench.environment_info(),
   }
   if config.drafter in CROSS_DRAFTERS:
@@ -726,6 +766,12 @@ def decode_and_report(
     f"  tokens/iter {result['tokens_per_iteration']:.2f}  gamma {result['gamma']}"
     f"  temperature {result['temperature']}"
   )
+  if "verify_lengths" in result:
+    costs = ", ".join(f"{c:.2f}" for c in result["verify_costs"])
+    print(
+      f"verify lengths {tuple(result['verify_lengths'])}  costs ({costs})"
+      f"  verified/iter {result['verified_per_iteration']:.2f}"
+    )
   for category, f in result.get("per_category", {}).items():  # config.prompt_file
     print(
       f"  {category}: {f['prompts']} prompts  ms/token ar {f['ar_ms_per_token']:.3f}"

@@ -181,6 +181,7 @@ def engine_config(
     logprobs=config.get("logprobs", 0),  # the server's; the load test records none
     constraint_states=config.get("constraint_states", 0),
     max_queue=config.get("max_queue", 0),
+    verify_lengths=tuple(config.get("verify_lengths", ())) or None,
   )
 
 

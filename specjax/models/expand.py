@@ -297,7 +297,11 @@ def _grow(plan: _Plan, letters: str, old: jax.Array, shape, dtype, is_scale: boo
   """One parameter of axes `letters`, grown from `old` to `shape` in `dtype`. A
   norm scale's multiplier (offset + scale) is multiplied by sqrt(old / new width),
   new entries included (they only multiply zeros)."""
-  axes = [plan.axis(letter) for letter in letters]
+  # "=": an axis that keeps its size (a head's own rank)
+  axes = [
+    (old.shape[i],) * 2 + (((0, old.shape[i], 0),),) if letter == "=" else plan.axis(letter)
+    for i, letter in enumerate(letters)
+  ]
   scale, shift, fill = 1.0, 0.0, 0.0
   if is_scale:
     ratio = plan.norm_ratio(letters)

@@ -269,8 +269,18 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
       raise FileNotFoundError(
         f"the bundled {kind} head is incomplete: {file} is missing ({_REBUILD_HEADS})"
       )
-  files = [f"{kind}/{f}" for f in HEAD_FILES]
-  _verify_sums(heads_card().get("sha256"), HEADS_DIR, files, HEADS_CARD_FILE, _REBUILD_HEADS)
+  card = heads_card()
+  # Tensors equal to another bundled head's are stored once (`shares`: that head's
+  # kind -> the sha256 its weights had when this head was bundled).
+  shares = card.get("heads", {}).get(kind, {}).get("shares", {})
+  files = [f"{k}/{f}" for k in (kind, *shares) for f in HEAD_FILES]
+  _verify_sums(card.get("sha256"), HEADS_DIR, files, HEADS_CARD_FILE, _REBUILD_HEADS)
+  for other, sha in shares.items():
+    if card["sha256"].get(f"{other}/{head_files.WEIGHTS_FILE}") != sha:
+      raise ValueError(
+        f"the bundled {kind} head shares tensors with the {other} head, which was bundled "
+        f"again after it ({_REBUILD_HEADS}, --{kind} too)"
+      )
   cfg = head_files.read_config(directory, _REBUILD_HEADS)
   grown = None  # the expanded target's config, when target is one
   try:
@@ -281,7 +291,8 @@ def load_head(kind: str, target: Transformer, dtype=jnp.float32) -> nnx.Module:
     except ValueError as why:  # neither the trained shape nor grown from it
       raise mismatch from why
     grown = target.cfg.replace(dtype=name, param_dtype=name)
-  head = head_files.read_head(directory, cfg, dtype, _REBUILD_HEADS)
+  shared = tuple(os.path.join(HEADS_DIR, other) for other in shares)
+  head = head_files.read_head(directory, cfg, dtype, _REBUILD_HEADS, shared)
   return head if grown is None else heads.expand_head(head, grown)
 
 

@@ -10,6 +10,8 @@ would come out too low (docs/serving.md gives the measured figures).
 
 The engine owns the programs and the batch; this module owns the timing: it
 gets a function that runs one blocking step and one that restores the batch.
+`time_in_runs` is the timing alone, which the engine also uses for the costs of
+its verify lengths (`EngineConfig.verify_lengths`).
 """
 
 from __future__ import annotations
@@ -32,11 +34,45 @@ class WidthTimes:
   step: dict[int, float]
 
 
-def timed(run_step: Callable[[int, int], object], gamma: int, width: int) -> float:
-  """Seconds `run_step(gamma, width)` takes (it returns once the step is done)."""
+def timed(run: Callable[..., object], *args) -> float:
+  """Seconds `run(*args)` takes (it returns once the step is done)."""
   start = time.perf_counter()
-  run_step(gamma, width)
+  run(*args)
   return time.perf_counter() - start
+
+
+def time_in_runs(
+  variants: Sequence,
+  timed_runs: int,
+  window: int,
+  run_step: Callable[[object], object],
+  restart: Callable[[], None],
+  observe: Callable[[object, float], None] | None = None,
+) -> tuple[dict, dict]:
+  """Compiles and times step programs in runs of `window` consecutive steps.
+
+  Each variant's first step compiles its program; then the variants take turns,
+  `timed_runs` runs each and one more of the first to close, each run from the
+  batch `restart` puts back. `run_step(variant)` runs one blocking step;
+  `observe(variant, seconds)` sees every timed step.
+
+  Returns:
+    `(compiled, step)`, by variant: the compiling step's seconds, and the fastest
+    run's median (noise on a shared machine only adds time; without timed runs,
+    the compiling step's).
+  """
+  compiled = {v: timed(run_step, v) for v in variants}
+  medians: dict = {v: [] for v in variants}
+  turns = list(variants) * timed_runs + list(variants[:1]) * (timed_runs > 0)
+  for v in turns:
+    restart()  # each run starts from live rows
+    seconds = []
+    for _ in range(window):
+      seconds.append(timed(run_step, v))
+      if observe is not None:
+        observe(v, seconds[-1])
+    medians[v].append(statistics.median(seconds))
+  return compiled, {v: min(medians[v], default=compiled[v]) for v in variants}
 
 
 def calibrate_width(
@@ -47,7 +83,7 @@ def calibrate_width(
   run_step: Callable[[int, int], object],
   restart: Callable[[], None],
 ) -> WidthTimes:
-  """Compiles and times the step programs of `lengths` at `width`.
+  """Compiles and times the step programs of `lengths` at `width` (`time_in_runs`).
 
   Args:
     policy: takes every timed step (`observe`), each run's ratio and the
@@ -62,20 +98,15 @@ def calibrate_width(
       live with its whole budget, as under load: on finished rows a drafter
       stops early and the step is cheaper).
   """
-  compiled = {gamma: timed(run_step, gamma, width) for gamma in lengths}
-  medians: dict[int, list[float]] = {gamma: [] for gamma in lengths}
-  turns = list(lengths) * timed_runs + list(lengths[:1]) * (timed_runs > 0)
-  for gamma in turns:
-    restart()  # each run starts from live rows
-    seconds = []
-    for _ in range(policy.window):
-      seconds.append(timed(run_step, gamma, width))
-      policy.observe(gamma, width, seconds[-1], 0, 0)
-    medians[gamma].append(statistics.median(seconds))
+  compiled, step = time_in_runs(
+    lengths,
+    timed_runs,
+    policy.window,
+    lambda gamma: run_step(gamma, width),
+    restart,
+    observe=lambda gamma, seconds: policy.observe(gamma, width, seconds, 0, 0),
+  )
   policy.end_runs(width)
-  step = {}
   for gamma in lengths:
-    # The fastest run: noise on a shared machine only adds time.
-    step[gamma] = min(medians[gamma], default=compiled[gamma])
     policy.step_time[gamma, width] = step[gamma]
   return WidthTimes(compiled, step)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Mapping
 
 from specjax.drafting import Drafter, as_drafter
+from specjax.generation.verify_length import check_lengths
 from specjax.models.transformer import Transformer
 from specjax.serving.policy import POLICIES
 from specjax.validation import check_int, check_positive_int, is_int
@@ -57,6 +58,12 @@ class EngineConfig:
       one are refused, and steps mask nothing).
     max_queue: the most requests waiting for a slot; `submit` past it raises
       `QueueFull` (a server answers 429). 0: no bound.
+    verify_lengths: None (off), or the verify lengths to compile (distinct ints
+      in [1, gamma], sorted, gamma last): a drafting step then verifies its
+      rows' chains cut to the length the drafter's confidence makes worth it,
+      chosen in-graph across the batch (`specjax.generation.verify_length`),
+      by the costs warm-up measures per draft length and width. Needs a chain
+      drafter that gives confidence (a draft model, layer skip).
   """
 
   slots: int = 16
@@ -70,6 +77,7 @@ class EngineConfig:
   logprobs: int = 0
   constraint_states: int = 0
   max_queue: int = 0
+  verify_lengths: tuple[int, ...] | None = None
 
   def __post_init__(self):
     check_int("max_queue", self.max_queue, 0)
@@ -101,6 +109,9 @@ class EngineConfig:
       object.__setattr__(self, "widths", tuple(sorted(set(int(w) for w in widths) | {self.slots})))
     if not is_int(self.seed):
       raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+    if self.verify_lengths is not None:
+      lengths = check_lengths(self.verify_lengths, self.gamma)
+      object.__setattr__(self, "verify_lengths", lengths)
 
   @property
   def max_prompt_len(self) -> int | None:

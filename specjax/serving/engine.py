@@ -44,11 +44,16 @@ from specjax import constraints
 from specjax.drafting import Drafter, as_drafter, check_drafter
 from specjax.generation.state import SpecConfig
 from specjax.generation.validation import check_sampling
+from specjax.generation.verify_length import (
+  check_verify_lengths,
+  lengths_up_to,
+  relative_costs,
+)
 from specjax.models.kv_cache import check_capacity
 from specjax.models.transformer import Transformer
 from specjax.sampling import GREEDY, RowSampling
 from specjax.serving import slots
-from specjax.serving.calibration import WidthTimes, calibrate_width
+from specjax.serving.calibration import WidthTimes, calibrate_width, time_in_runs
 from specjax.serving.config import EngineConfig, fit_config
 from specjax.serving.constraint_table import ConstraintPlacement
 from specjax.serving.metrics import engine_metrics
@@ -64,7 +69,8 @@ from specjax.validation import (
 
 logger = logging.getLogger(__name__)
 
-_SAME = object()  # `_warm_admit`'s default: the engine's own drafter
+# A default meaning the engine's own (`_warm_admit`'s drafter, `_run_step`'s verify lengths).
+_SAME = object()
 _DEFAULT_CONFIG = EngineConfig()
 
 
@@ -133,6 +139,14 @@ class Engine:
         max_new_tokens=config.max_new_tokens,
         gamma=config.gamma,
       )
+    # (draft length, width) -> (verify lengths, their costs) of the step programs, as
+    # warm-up measured them (`_measure_verify_costs`); none: every drafted token verified.
+    self._verify: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...]]] = {}
+    if config.verify_lengths is not None:
+      if self.drafter is None:
+        raise ValueError("verify_lengths needs a drafter (draft is None).")
+      lengths = config.verify_lengths
+      check_verify_lengths(lengths, (1.0,) * len(lengths), config.gamma, self.drafter)
     # The static settings of every slot program (`specjax.serving.slots`).
     self._slot_config = slots.SlotConfig(
       spec=SpecConfig(
@@ -370,11 +384,14 @@ class Engine:
   def _lp(self):
     return self._state.logprobs if self._asked() else None
 
-  def _run_step(self, gamma: int, width: int, key: jax.Array) -> jax.Array:
+  def _run_step(self, gamma: int, width: int, key: jax.Array, verify=_SAME) -> jax.Array:
     """Dispatches one step program on the batch; returns its counts over the
     rows: accepted, evaluated and drafted tokens, then the drafted and the
     accepted by position (`[2, gamma]` flattened). A plain step takes no
-    drafter: its dispatch would flatten the draft model's parameters for nothing."""
+    drafter: its dispatch would flatten the draft model's parameters for nothing.
+    `verify`: the step's (verify lengths, costs), by default warm-up's."""
+    if verify is _SAME:
+      verify = self._verify.get((gamma, width))
     self._state, counts = slots.step(
       self.target,
       self.drafter if gamma else None,
@@ -385,6 +402,7 @@ class Engine:
       gamma=gamma,
       width=width,
       config=self._slot_config,
+      verify=verify,
     )
     return counts
 
@@ -643,6 +661,8 @@ class Engine:
     for i, width in enumerate(widths):
       width_start = time.perf_counter()
       self._restart(live, width, resync=self.drafter is not None and 0 in lengths)
+      if self.config.verify_lengths is not None:
+        self._measure_verify_costs(live, width, max(timed_runs, 1), progress)
       result = calibrate_width(
         self.policy,
         width,
@@ -707,9 +727,33 @@ class Engine:
         self.target, self.drafter, self._state, width=width, config=self._slot_config
       )
 
-  def _blocking_step(self, gamma: int, width: int) -> None:
+  def _blocking_step(self, gamma: int, width: int, verify=_SAME) -> None:
     """One step of the warm-up's batch, waited for."""
-    jax.block_until_ready(self._run_step(gamma, width, self._key))
+    jax.block_until_ready(self._run_step(gamma, width, self._key, verify))
+
+  def _measure_verify_costs(
+    self, live: slots.SlotState, width: int, timed_runs: int, progress: Callable[[str], None]
+  ) -> None:
+    """Times each drafting step at `width` verifying each of its verify lengths k
+    (a program verifying k every step; the calibration's runs, `time_in_runs`);
+    the step programs then choose among those lengths by these costs."""
+    for gamma in self.config.draft_lengths:
+      ks = lengths_up_to(self.config.verify_lengths, gamma) if gamma else ()
+      if len(ks) < 2:
+        continue
+      # Verifying gamma is the program without verify lengths.
+      forced = {k: None if k == gamma else ((k,), (1.0,)) for k in ks}
+      _, seconds = time_in_runs(
+        ks,
+        timed_runs,
+        self.policy.window,
+        lambda k, gamma=gamma, forced=forced: self._blocking_step(gamma, width, forced[k]),
+        functools.partial(self._restart, live, width),
+      )
+      costs = relative_costs([seconds[k] for k in ks])
+      self._verify[gamma, width] = (ks, costs)
+      line = ", ".join(f"k={k} {c:.2f}" for k, c in zip(ks, costs))
+      progress(f"warm-up: width {width}, gamma={gamma}: verify costs {line}")
 
   # --------------------------------------------------------------- metrics
 

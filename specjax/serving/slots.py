@@ -320,11 +320,14 @@ def _step(
   gamma: int,
   width: int,
   config: SlotConfig,
+  verify: tuple[tuple[int, ...], tuple[float, ...]] | None = None,
 ) -> tuple[SlotState, jax.Array]:
   part = _prefix(state, width)
   part = part.replace(spec=part.spec.replace(keys=jax.random.split(key, (1, 2))))
   before = part.spec.stats
   spec_config = dataclasses.replace(config.spec, gamma=gamma)
+  if verify is not None:  # (verify lengths, their costs) of this step (`SpecConfig`)
+    spec_config = dataclasses.replace(spec_config, verify_lengths=verify[0], verify_costs=verify[1])
   if gamma == 0:
     spec, logits, emitted = plain_step(target, part.spec, spec_config, part.row_keys, table)
   else:
@@ -465,7 +468,9 @@ def _release(state: SlotState, slots: jax.Array) -> SlotState:
 
 
 # The batch state is donated: its caches are updated in place, not copied per step.
-step = jax.jit(_step, static_argnames=("gamma", "width", "config"), donate_argnames=("state",))
+step = jax.jit(
+  _step, static_argnames=("gamma", "width", "config", "verify"), donate_argnames=("state",)
+)
 resync = jax.jit(_resync, static_argnames=("width", "config"), donate_argnames=("state",))
 admit = jax.jit(_admit, static_argnames=("config",), donate_argnames=("state",))
 move = jax.jit(_move, donate_argnames=("state",))

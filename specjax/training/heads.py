@@ -59,6 +59,10 @@ class HeadLoss:
     loss_decay: gamma of the block drafter's position weights exp(-(k - 1) / gamma).
     distill_weight: weight of the block drafter's decayed divergence from the
       target's law, added to its decayed cross-entropy (0: the reference's loss).
+    confidence_weight: weight of the sequential block drafter's confidence loss.
+    confidence_target: what its confidence head learns: "greedy" (argmax agreement)
+      or "sampled" (1 - TV, token verification's acceptance).
+    train_backbone: False trains only the sequential block drafter's two heads.
   """
 
   feature_weight: float = 0.0
@@ -67,6 +71,9 @@ class HeadLoss:
   num_anchors: int = 0
   loss_decay: float = 7.0
   distill_weight: float = 0.0
+  confidence_weight: float = 0.0
+  confidence_target: str = "greedy"
+  train_backbone: bool = True
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> HeadLoss:
