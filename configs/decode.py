@@ -115,6 +115,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.temperature = 0.0
   config.top_k = 0
   config.top_p = 1.0
+  # Warps that read each row's text (specjax.SamplingParams; docs/usage.md): any of
+  # them on runs both loops with per-row settings and the rows' token counts.
+  config.presence_penalty = 0.0
+  config.frequency_penalty = 0.0
+  config.repetition_penalty = 1.0
+  config.min_p = 0.0
   config.max_new_tokens = 64
   config.batch_size = 1
   config.seed = 0

@@ -78,12 +78,18 @@ def test_generation_settings_follow_transformers(checkpoint, tmp_path):
   assert specjax.hf.sampling_from_checkpoint(path) == settings.sampling
   greedy = _with_generation_config(checkpoint, tmp_path / "g", do_sample=False, temperature=0.6)
   assert specjax.hf.sampling_from_checkpoint(greedy) == specjax.GREEDY
+  # transformers' repetition penalty is specjax's (prompt and generated tokens), greedy too.
+  penalised = _with_generation_config(checkpoint, tmp_path / "r", repetition_penalty=1.2)
+  assert specjax.hf.sampling_from_checkpoint(penalised) == specjax.SamplingParams(
+    temperature=0.0, repetition_penalty=1.2
+  )
 
 
 @pytest.mark.parametrize(
   "gen, error, message",
   [
-    (dict(repetition_penalty=1.2), specjax.hf.UnsupportedConfigError, r"repetition_penalty=1.2"),
+    (dict(repetition_penalty=3.0), specjax.hf.UnsupportedConfigError, r"repetition_penalty=3.0"),
+    (dict(min_p=0.1), specjax.hf.UnsupportedConfigError, r"min_p=0.1 is not supported"),
     (dict(num_beams=4), specjax.hf.UnsupportedConfigError, r"num_beams=4 is not supported"),
     (dict(do_sample=True, top_p=0.0), ValueError, r"generation_config.json: top_p must be"),
     (dict(eos_token_id="</s>"), ValueError, r"eos_token_id must be an id or a list of ids"),

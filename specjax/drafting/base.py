@@ -160,7 +160,11 @@ class Drafter(Protocol):
   ) -> tuple[Proposal, Any]:
     """Up to `gamma` tokens per row continuing s, at most `limit[b]` for row b,
     drawn under the `sampling` warp; `recent [B, 2] = [s[-2], s[-1]]`. A drafter
-    with `constrained_drafts` also takes `constraint=None | DraftConstraint`."""
+    with `constrained_drafts` also takes `constraint=None | DraftConstraint`.
+    Per-row `sampling` carries the committed text its penalties read
+    (`RowSampling.history`): a chain drafter may advance it along its draft
+    (`RowSampling.after`) for q closer to p; exactness only needs q to be the
+    law each token was drawn from."""
     ...
 
   def commit(self, state: Any, commit: Commit) -> Any:

@@ -33,7 +33,7 @@ from specjax.drafting.base import (
 )
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams
+from specjax.sampling import RowSampling, SamplingParams
 from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
@@ -70,7 +70,9 @@ class CachedDrafting(ConfidenceLength):
     """Samples up to min(gamma, limit[b]) tokens per row, stopping once no row
     needs more (unless `draft_loop` runs every trip). Greedy drafts build no
     `[B, g, V]` law (`Proposal.probs` None, q one-hot). Under a `constraint`
-    every token is drawn among what the state its predecessors reach allows.
+    every token is drawn among what the state its predecessors reach allows;
+    with per-row penalties (`RowSampling.history`) from the warp of the text
+    its predecessors extend (`RowSampling.after`), as the target's p is.
     `Proposal.confidence [B, g]`: the draft's probability of each token it
     drew (greedy: its top probability), `chain_confidence`.
     """
@@ -83,22 +85,26 @@ class CachedDrafting(ConfidenceLength):
     logits, state = self._feed_recent(recent, state, g)
 
     def draw(i, logits, tokens, probs, sure, active, rule):
+      rule, warp = rule  # warp: the rows' own (carried: its counts advance), or None
       active = active & (i < limit)
       before = rule
-      token, q, rule = draw_chain_token(i, logits[:, 0], rule, sampling, draw_token)
+      token, q, rule = draw_chain_token(i, logits[:, 0], rule, warp or sampling, draw_token)
       sure = sure.at[:, i].set(chain_confidence(logits[:, 0], token, q, before))
+      if warp is not None:  # the penalties' counts advance along the chain
+        warp = warp.after(token)
       if q is not None:  # greedy: a one-hot q, its top probability 1, above any threshold
         probs = probs.at[:, i].set(q)
         if self.confidence > 0:
           active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      return token, tokens.at[:, i].set(token), probs, sure, active, rule
+      return token, tokens.at[:, i].set(token), probs, sure, active, (rule, warp)
 
     vocab = logits.shape[-1]
     tokens = jnp.zeros((b, g), jnp.int32)
     probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
     sure = jnp.zeros((b, g), jnp.float32)
+    warp = sampling if isinstance(sampling, RowSampling) else None
     token, tokens, probs, sure, active, rule = draw(
-      0, logits, tokens, probs, sure, jnp.ones((b,), bool), constraint
+      0, logits, tokens, probs, sure, jnp.ones((b,), bool), (constraint, warp)
     )
     lengths = active.astype(jnp.int32)
 

@@ -16,11 +16,13 @@ from specjax import constraints as constraints_lib
 from specjax.coupling import Coupling
 from specjax.generation import validation
 from specjax.generation.common import (
+  bind_history,
+  ends_row,
   finalize,
   first_done,
-  is_eos,
   prefill,
   run_loop,
+  start_history,
   zero_padding,
 )
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
@@ -41,6 +43,7 @@ def autoregressive_step(
   """Feeds each row's last token, samples the next, commits it for active rows
   (with `table`, among the tokens its constraint state allows)."""
   active = ~state.done
+  sampling = bind_history(sampling, state.history, eos_id)
   logits, cache = model.forward_cached(state.last[:, None], state.cache)
   if table is not None:
     logits = constraints_lib.mask_logits(logits, table, state.constraint_state[:, None])
@@ -57,9 +60,9 @@ def autoregressive_step(
   cache = cache.with_lengths(jnp.where(active, cache.lengths, state.cache.lengths))
   tokens = write_rows(state.tokens, token[:, None], state.num_generated)
   num_generated = state.num_generated + active.astype(jnp.int32)
-  done = state.done | (num_generated >= max_new_tokens)
-  if eos_id is not None:
-    done = done | (active & is_eos(token, eos_id))
+  done = (
+    state.done | (num_generated >= max_new_tokens) | (active & ends_row(token, eos_id, sampling))
+  )
   stats = AutoregressiveStats(
     iterations=state.stats.iterations + 1, target_calls=state.stats.target_calls + 1
   )
@@ -72,6 +75,7 @@ def autoregressive_step(
     uniforms=state.uniforms,
     stats=stats,
     row_keys=state.row_keys,
+    history=None if state.history is None else state.history.after(token, active.astype(jnp.int32)),
     constraint_state=None
     if table is None
     else jnp.where(
@@ -123,8 +127,15 @@ def _autoregressive_program(
     zero = jnp.zeros((b,), jnp.int32)
     first_key = Coupling.of(row_keys, zero, 1, model.cfg.vocab_size, first_key)
   constraint = None if rules is None else (rules.table, rules.start)
+  history = start_history(sampling, prompts, prompt_lengths, model.cfg.vocab_size)
   first, cache = prefill(
-    model, prompts, prompt_lengths, capacity, first_key, sampling, constraint=constraint
+    model,
+    prompts,
+    prompt_lengths,
+    capacity,
+    first_key,
+    bind_history(sampling, history, eos_id),
+    constraint=constraint,
   )
   # One slot of slack: finished rows keep writing at num_generated <= max_new_tokens.
   tokens = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(first)
@@ -133,7 +144,8 @@ def _autoregressive_program(
     last=first,
     tokens=tokens,
     num_generated=jnp.ones((b,), jnp.int32),
-    done=first_done(first, max_new_tokens, eos_id),
+    done=first_done(first, max_new_tokens, eos_id, sampling),
+    history=None if history is None else history.after(first),
     # All of the loop's random numbers in one computation, before it: a step
     # then only reads its row of uniforms.
     uniforms=jax.random.uniform(key, (0 if sampling.greedy or coupled else max_new_tokens, b)),
@@ -196,6 +208,7 @@ def autoregressive_generate(
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B], stats)`.
   """
+  sampling = validation.as_rows(sampling, model.cfg.vocab_size, prompts)
   args = validation.check_generate_args(
     model.cfg,
     "model",

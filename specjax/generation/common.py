@@ -4,6 +4,8 @@ prefill         prompt through a fresh cache, first token sampled
 zero_padding    prompt ids past each row's length set to a valid id
 first_done      rows finished by the prefill's token alone
 is_eos          which tokens are an EOS (one id or several)
+ends_row        which tokens end their row: EOS (unless ignored) or a stop id
+bind_history    the rows' warp with the text its penalties read
 finalize        output buffer cut to the budget, padded past each row's count
 run_loop        a step repeated until every row is done ("while" or "chunked")
 """
@@ -17,7 +19,7 @@ from specjax import constraints, coupling
 from specjax.coupling import Coupling
 from specjax.drafting.base import fixed_trip_loops
 from specjax.models.transformer import Transformer
-from specjax.sampling import SamplingParams, sample_tokens, warp_probs
+from specjax.sampling import RowSampling, SamplingParams, TokenHistory, sample_tokens, warp_probs
 
 
 def prefill(
@@ -74,14 +76,57 @@ def is_eos(tokens: jax.Array, eos_id: int | tuple[int, ...]) -> jax.Array:
   return tokens == eos_id
 
 
-def first_done(
-  first: jax.Array, max_new_tokens: int, eos_id: int | tuple[int, ...] | None
+def ends_row(
+  tokens: jax.Array, eos_id: int | tuple[int, ...] | None, sampling: SamplingParams | RowSampling
 ) -> jax.Array:
-  """`[B]` bool: the prefill's token already ends the row (budget 1 or EOS)."""
-  done = jnp.full(first.shape, max_new_tokens <= 1)
+  """`tokens [B, ...]` that end their row: an EOS id (unless the row's
+  `ignore_eos`) or one of its `stop_token_ids`."""
+  ends = jnp.zeros(tokens.shape, bool)
+  rows = isinstance(sampling, RowSampling) and sampling.stop_token_ids is not None
+
+  def per_row(x):
+    return x.reshape(x.shape + (1,) * (tokens.ndim - 1))
+
   if eos_id is not None:
-    done = done | is_eos(first, eos_id)
-  return done
+    eos = is_eos(tokens, eos_id)
+    ends = ends | (eos & ~per_row(sampling.ignore_eos) if rows else eos)
+  if rows:
+    stop = sampling.stop_token_ids[:, None, :]  # [B, 1, S], -1: padding
+    flat = tokens.reshape(tokens.shape[0], -1, 1)
+    ends = ends | jnp.any((flat == stop) & (stop >= 0), axis=-1).reshape(tokens.shape)
+  return ends
+
+
+def start_history(
+  sampling: SamplingParams | RowSampling, prompts: jax.Array, prompt_lengths: jax.Array, vocab: int
+) -> TokenHistory | None:
+  """The rows' `TokenHistory` before the first token (None for a static warp,
+  which reads none)."""
+  if not isinstance(sampling, RowSampling):
+    return None
+  return TokenHistory.of_prompts(prompts, prompt_lengths, vocab)
+
+
+def bind_history(
+  sampling: SamplingParams | RowSampling,
+  history: TokenHistory | None,
+  eos_id: int | tuple[int, ...] | None,
+) -> SamplingParams | RowSampling:
+  """The warp of rows whose text is `history` (`RowSampling.with_history`); a
+  static warp as it is."""
+  if not isinstance(sampling, RowSampling):
+    return sampling
+  return sampling.with_history(history, eos_id)
+
+
+def first_done(
+  first: jax.Array,
+  max_new_tokens: int,
+  eos_id: int | tuple[int, ...] | None,
+  sampling: SamplingParams | RowSampling,
+) -> jax.Array:
+  """`[B]` bool: the prefill's token already ends the row (budget 1, EOS or a stop id)."""
+  return jnp.full(first.shape, max_new_tokens <= 1) | ends_row(first, eos_id, sampling)
 
 
 def finalize(

@@ -31,10 +31,12 @@ from specjax.drafting import (
 )
 from specjax.generation import validation, verify_length
 from specjax.generation.common import (
+  bind_history,
+  ends_row,
   finalize,
-  is_eos,
   prefill,
   run_loop,
+  start_history,
   zero_padding,
 )
 from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats
@@ -126,8 +128,9 @@ def _score_and_verify(
       target, block, state.target_cache, drafter.target_features, cut.tree
     )
     logits, path_states = _constraint_mask(table, state, cut, logits)
+    scored = scored_sampling(sampling, state, cut, config)  # p's warp: each row's own counts
     verified = verify_block(
-      key, cut, logits, cache, hidden, sampling, vocab, drafter.tree_mode, config
+      key, cut, logits, cache, hidden, scored, vocab, drafter.tree_mode, config
     )
     if k < gamma:  # static shapes whatever the length: pad the block's axis back to gamma
       pad = lambda x, rows: None if x is None else _pad_axis1(x, rows)
@@ -288,6 +291,7 @@ def commit_step(
   n = verified.n
   emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  history = None if state.history is None else state.history.after(emitted, count)
   old_length = state.target_cache.lengths + 1  # len(s)
   commit = Commit(emitted, old_length, old_length + n + 1, ~done, verified.hidden, verified.path)
   return state.replace(
@@ -298,6 +302,7 @@ def commit_step(
     tokens=tokens,
     num_generated=num_generated,
     done=done,
+    history=history,
     stats=state.stats.record(
       active=~state.done,
       proposed=proposal.lengths,
@@ -342,8 +347,25 @@ def noise_positions(drafter: Drafter, gamma: int) -> int:
 
 
 def step_sampling(state: SpecState, config: SpecConfig) -> SamplingParams | RowSampling:
-  """The warp of this iteration: the config's static one, or the rows' own."""
-  return state.sampling if config.sampling is None else config.sampling
+  """The warp of this iteration: the config's static one, or the rows' own with
+  their committed text (`SpecState.history`): a drafter's first token's law."""
+  if config.sampling is not None:
+    return config.sampling
+  return bind_history(state.sampling, state.history, config.eos_id)
+
+
+def scored_sampling(
+  sampling: SamplingParams | RowSampling, state: SpecState, proposal: Proposal, config: SpecConfig
+) -> SamplingParams | RowSampling:
+  """The warp of the target's p at each row of the scored block `[B, g + 1]`:
+  the step's `sampling` (`step_sampling`), per row with the text before that row,
+  the committed text and the drafted tokens before it (a tree's: its path from
+  the root), as the warp of the draft at that position reads it
+  (`TokenHistory.along`)."""
+  if state.history is None:
+    return sampling
+  parents = None if proposal.tree is None else proposal.tree.parents
+  return sampling.with_history(state.history.along(proposal.tokens, parents), config.eos_id)
 
 
 def score(
@@ -436,15 +458,16 @@ def emitted_tokens(draft_tokens: jax.Array, n: jax.Array, next_token: jax.Array)
 def commit_tokens(
   state: SpecState, emitted: jax.Array, n: jax.Array, config: SpecConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Appends each active row's n + 1 new tokens, cut at EOS (the config's ids or
-  the row's `stop`) and at its budget: `(tokens, num_generated [B], done [B],
-  count [B])`, count the tokens committed (0 if done before)."""
+  """Appends each active row's n + 1 new tokens, cut at EOS (the config's ids,
+  unless the row's `ignore_eos`; the row's `stop` or `stop_token_ids`) and at its
+  budget: `(tokens, num_generated [B], done [B], count [B])`, count the tokens
+  committed (0 if done before)."""
   active = ~state.done
   count = n + 1
   slots = jnp.arange(emitted.shape[1])[None, :]
-  eos = emitted == state.stop[:, None]
-  if config.eos_id is not None:
-    eos = eos | is_eos(emitted, config.eos_id)
+  eos = (emitted == state.stop[:, None]) | ends_row(
+    emitted, config.eos_id, step_sampling(state, config)
+  )
   eos = eos & (slots < count[:, None])
   hit_eos = jnp.any(eos, axis=1)
   count = jnp.where(hit_eos, jnp.argmax(eos, axis=1) + 1, count)
@@ -557,13 +580,15 @@ def prefill_state(
   if config.coupled:  # each row's draw at generated index 0
     zero = jnp.zeros((b,), jnp.int32)
     first_key = Coupling.of(row_keys, zero, 1, target.cfg.vocab_size, first_key, coupled_rows)
+  sampling = rows if config.sampling is None else config.sampling
+  history = start_history(sampling, prompts, prompt_lengths, target.cfg.vocab_size)
   first, target_cache, *hidden = prefill(
     target,
     prompts,
     prompt_lengths,
     capacity,
     first_key,
-    rows if config.sampling is None else config.sampling,
+    bind_history(sampling, history, config.eos_id),
     return_hidden=features,
     constraint=None if rules is None else (rules.table, rules.start),
   )
@@ -572,9 +597,7 @@ def prefill_state(
     if drafter is None
     else drafter.init(prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None)
   )
-  done = (budget <= 1) | (first == stop)
-  if config.eos_id is not None:
-    done = done | is_eos(first, config.eos_id)
+  done = (budget <= 1) | (first == stop) | ends_row(first, config.eos_id, sampling)
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
@@ -597,6 +620,7 @@ def prefill_state(
     constraint_state=None
     if rules is None
     else constraints_lib.advance(rules.table, rules.start, first),
+    history=None if history is None else history.after(first),
   )
 
 
@@ -655,6 +679,9 @@ def speculative_generate(
     gamma: drafted tokens per iteration (>= 1, static); a tree drafter's nodes.
     max_new_tokens: budget per row (>= 1, static).
     sampling: the warp shared by draft and target; temperature 0 is greedy.
+      One that sets penalties, logit_bias, min_p or the stop settings runs as
+      `RowSampling` rows, each warp reading its row's text up to the position
+      (drafted tokens included: `specjax.sampling`).
       `RowSampling` gives each row its own ("auto" is then "token", or
       "coupled" with per-row keys).
     key: one PRNG key, or one per row (typed keys `[B]`); required unless
@@ -696,6 +723,7 @@ def speculative_generate(
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
     stats: SpeculativeStats)`.
   """
+  sampling = validation.as_rows(sampling, target.cfg.vocab_size, prompts)
   drafter, config = _checked_run(
     target,
     draft,

@@ -216,6 +216,9 @@ class SpecState:
       the others draw from `keys` as without coupling.
     constraint_state: None, or `[B]` int32, each row's state in its constraint
       after s[-1] (`specjax.constraints`; -1 never happens for committed text).
+    history: None (a static warp), or with `sampling` the rows' committed text
+      as its penalties read it (`specjax.sampling.TokenHistory`: counts `[B, V]`
+      of the generated tokens, the prompt's tokens, the tokens generated).
   """
 
   target_cache: KVCache
@@ -233,6 +236,7 @@ class SpecState:
   row_keys: Any = None
   coupled_rows: Any = None
   constraint_state: Any = None
+  history: Any = None
 
 
 @struct.dataclass
@@ -241,7 +245,8 @@ class ARState:
   `[B, max_new_tokens + 1]`; `uniforms [max_new_tokens, B]`, step i's in row i
   (`[0, B]` when greedy or coupled); `row_keys` None or `[B]` typed keys, each
   row's own for coupled draws (`specjax.coupling`); `constraint_state` None or
-  `[B]` int32, each row's state in its constraint (`specjax.constraints`)."""
+  `[B]` int32, each row's state in its constraint (`specjax.constraints`);
+  `history` None or the rows' `TokenHistory` (per-row warps, as `SpecState`'s)."""
 
   cache: KVCache
   last: jax.Array
@@ -252,3 +257,4 @@ class ARState:
   stats: AutoregressiveStats
   row_keys: Any = None
   constraint_state: Any = None
+  history: Any = None

@@ -333,6 +333,12 @@ def _checked_run(
   if not isinstance(draft, Transformer):
     raise ValueError(f"draft must be a specjax.Transformer, got {type(draft).__name__}.")
   sampling = settings["sampling"]
+  if sampling.has_warps:  # its host loop reads no token counts: refused, not dropped
+    raise ValueError(
+      "sampling: string-level decoding takes temperature, top_k and top_p only; "
+      "penalties, logit_bias, min_p and the stop settings need speculative_generate "
+      "(e.g. with a CrossTokenizerDrafter)."
+    )
   config = SpecConfig(
     gamma=gamma,
     max_new_tokens=args.max_new_tokens,

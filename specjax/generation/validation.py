@@ -98,6 +98,16 @@ def check_sampling(sampling, vocab_size: int, batch: int, per_row: bool = True) 
   sampling.check_vocab(vocab_size)
 
 
+def as_rows(sampling, vocab_size: int, prompts) -> SamplingParams | RowSampling:
+  """A `SamplingParams` that sets penalties, bias, min-p or stop settings
+  (`has_warps`), checked against the vocabulary and run as `RowSampling` rows
+  (they read each row's text); anything else as it is (checked later)."""
+  if isinstance(sampling, SamplingParams) and sampling.has_warps:
+    sampling.check_vocab(vocab_size)
+    return RowSampling.of(sampling, np.shape(prompts)[0] if np.ndim(prompts) else 1)
+  return sampling
+
+
 def check_pad_id(pad_id) -> int:
   """The output buffer is int32: pad_id must fit in it."""
   return check_int("pad_id", pad_id, INT32_MIN, INT32_MAX)
@@ -202,7 +212,8 @@ def resolve_verifier(
   rule = verify.get_verifier(verifier)
   if rule is verify.greedy_verify and not sampling.greedy:
     raise ValueError(
-      "verifier='greedy' needs temperature 0 (a static SamplingParams); use 'token', "
+      "verifier='greedy' needs temperature 0 (a static SamplingParams, without penalties, "
+      "logit_bias, min_p or stop settings, which run as per-row settings); use 'token', "
       "'block', 'coupled' or 'auto'."
     )
   if per_row_keys and rule is not verify.coupled_verify and not sampling.greedy:

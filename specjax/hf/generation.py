@@ -3,8 +3,11 @@
 `generation_config.json` as transformers reads it (`config.json`'s ids when it
 has none): `do_sample` false means greedy whatever the temperature; sampling
 keys it leaves out take transformers' defaults (temperature 1, top_k 50, top_p
-1). Settings specjax cannot reproduce exactly (a repetition penalty, min_p,
-beams, ...) are refused with the key named, never dropped silently.
+1). `repetition_penalty` (transformers' definition is specjax's: over the prompt
+and the generated tokens, before temperature; greedy decoding too) is kept, in
+(0, 2]. Settings specjax cannot reproduce exactly (min_p, which transformers
+applies after top-p and specjax before it, beams, ...) are refused with the key
+named, never dropped silently.
 """
 
 from __future__ import annotations
@@ -15,14 +18,13 @@ from typing import NamedTuple
 from specjax.hf.config import UnsupportedConfigError
 from specjax.hf.hub import resolve_checkpoint
 from specjax.hf.loader import read_config
-from specjax.sampling import GREEDY, SamplingParams
+from specjax.sampling import SamplingParams
 from specjax.validation import is_int, is_real, read_json_object
 
 # transformers' GenerationConfig defaults for the keys specjax reads.
 HF_DEFAULTS = dict(temperature=1.0, top_k=50, top_p=1.0)
 # Keys whose non-default values change what is sampled; specjax has none of them.
 _REFUSED = dict(
-  repetition_penalty=1.0,
   min_p=None,
   typical_p=1.0,
   epsilon_cutoff=0.0,
@@ -77,10 +79,15 @@ def generation_settings(
   for key, default in _REFUSED.items():
     if gen.get(key, default) != default:
       raise UnsupportedConfigError(
-        f"{file}: {key}={gen[key]!r} is not supported (specjax samples with temperature, "
-        "top_k and top_p only); remove it to decode without it."
+        f"{file}: {key}={gen[key]!r} is not supported (specjax reads temperature, "
+        "top_k, top_p and repetition_penalty); remove it to decode without it."
       )
-  sampling = GREEDY
+  penalty = gen.get("repetition_penalty", 1.0)
+  if not is_real(penalty) or not 0 < penalty <= 2:
+    raise UnsupportedConfigError(
+      f"{file}: repetition_penalty={penalty!r} is not supported (specjax takes it in (0, 2])."
+    )
+  sampling = SamplingParams(temperature=0.0, repetition_penalty=penalty)
   if gen.get("do_sample", False):
     values = {k: gen.get(k, v) for k, v in HF_DEFAULTS.items()}
     if not is_real(values["temperature"]) or values["temperature"] < 0:
@@ -95,6 +102,7 @@ def generation_settings(
       temperature=float(values["temperature"]),
       top_k=int(values["top_k"]),
       top_p=float(values["top_p"]),
+      repetition_penalty=penalty,
     )
   return GenerationSettings(sampling, eos, pad[0] if pad else None)
 

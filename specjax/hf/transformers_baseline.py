@@ -9,6 +9,7 @@ schedule) and no confidence cut-off, to match specjax's fixed-gamma loop.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from specjax.bench.timing import time_calls
@@ -41,6 +42,12 @@ def time_transformers(
     where the token lists are the last run's generated ids.
   """
   to_dtype(dtype)  # validates the name before the heavy imports
+  if dataclasses.replace(sampling, repetition_penalty=1.0).has_warps:
+    raise ValueError(
+      "the transformers comparison takes temperature, top_k, top_p and repetition_penalty "
+      "only (transformers' generate has no presence or frequency penalty, and applies "
+      f"min_p after top-p), got {sampling!r}."
+    )
   torch, transformers = import_torch_transformers("the transformers comparison")
 
   torch_dtype = getattr(torch, dtype)  # the DTYPES names are torch's names too
@@ -55,6 +62,7 @@ def time_transformers(
   draft.generation_config.assistant_confidence_threshold = 0.0
   ids = torch.tensor([prompt_ids])
   kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, pad_token_id=0)
+  kwargs.update(repetition_penalty=sampling.repetition_penalty)  # the same definition
   if sampling.greedy:
     kwargs.update(do_sample=False)
   else:

@@ -22,7 +22,7 @@ import numpy as np
 import specjax
 import specjax.hf
 from specjax import bench, constraints, dtypes, heads, pretrained
-from specjax.bench import masking
+from specjax.bench import masking, warps
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
@@ -363,6 +363,10 @@ class _Inputs(NamedTuple):
   batches: list[_FileBatch] | None = None  # config.prompt_file's; `prompts` is the first
 
 
+# The config's warps over the rows' text (`SamplingParams` fields of the same names).
+WARPS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+
+
 def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
   """Loads and shards the models, reads the sampling settings, encodes the prompts."""
   models = _load(config, dtypes.to_dtype(config.dtype, "config.dtype"))
@@ -380,7 +384,10 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
     sampling = settings.sampling
   else:
     sampling = specjax.SamplingParams(
-      temperature=float(config.temperature), top_k=config.top_k, top_p=float(config.top_p)
+      temperature=float(config.temperature),
+      top_k=config.top_k,
+      top_p=float(config.top_p),
+      **{name: float(config[name]) for name in WARPS},
     )
   texts, prompts, lengths, batches = _prompt_batch(config, models.tokenizer)
   ids = np.asarray(prompts[0, : lengths[0]]).tolist()
@@ -537,6 +544,20 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     result.update(_floor(config, inputs, drafter, timings, stats, int(host["ar"][1].max())))
   if inputs.rules is not None:
     result.update(_constraint_fields(config, inputs, drafter, host, ms["ar"]))
+  if inputs.sampling.has_warps:  # one iteration: static, per-row, and with the warps
+    result.update(
+      warps.warp_cost(
+        inputs.target,
+        drafter,
+        inputs.prompts,
+        inputs.lengths,
+        inputs.sampling,
+        gamma=config.gamma,
+        max_new_tokens=config.max_new_tokens,
+        eos_id=None if inputs.eos is None else tuple(inputs.eos),
+        num_runs=max(config.num_runs, 5),
+      )
+    )
   if inputs.sampling.greedy:
     result["texts_identical"] = bool(np.array_equal(host["ar"][0], host["spec"][0]))
   if config.compare_transformers:
@@ -667,6 +688,7 @@ def _settings_fields(config, inputs: _Inputs) -> dict[str, Any]:
   """The result's decoding settings: temperature, EOS ids, drafter, verifier, ..."""
   return {
     "temperature": float(inputs.sampling.temperature),
+    **{name: getattr(inputs.sampling, name) for name in WARPS},
     "eos_ids": inputs.eos,
     "drafter": config.drafter,
     # FR-Spec: the head drafts among this many frequent ids (None: all)

@@ -564,9 +564,15 @@ class Engine:
       self.counters["tokens"] += len(new)
       if done[slot]:
         self._slot_requests[slot] = None
-        last = live.tokens[-1]
-        stopped = last == live.request.stop_id or (
-          self.eos_ids is not None and last in np.atleast_1d(self.eos_ids)
+        last, sampling = live.tokens[-1], live.request.sampling
+        stopped = (
+          last == live.request.stop_id
+          or last in sampling.stop_token_ids
+          or (
+            not sampling.ignore_eos
+            and self.eos_ids is not None
+            and last in np.atleast_1d(self.eos_ids)
+          )
         )
         reason = "stop" if stopped else "length"
         events.append(self._finish(live, reason, tokens=new, stats=stats, slot=slot, logprobs=lp))

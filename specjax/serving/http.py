@@ -98,6 +98,18 @@ ENGINE_FIELDS = {
   "top_k": "top_k",
   "top_p": "top_p",
 }
+# The warps that read the row's text: the same name in the engine and in this API.
+WARP_FIELDS = (
+  "presence_penalty",
+  "frequency_penalty",
+  "repetition_penalty",
+  "logit_bias",
+  "min_p",
+  "min_tokens",
+  "ignore_eos",
+  "stop_token_ids",
+)
+ENGINE_FIELDS.update({f"sampling.{f}": f for f in WARP_FIELDS} | {f: f for f in WARP_FIELDS})
 # Longest first, so "sampling.top_k" wins over "top_k".
 _FIELD_PATTERN = re.compile(
   r"(?<![\w.])(" + "|".join(re.escape(f) for f in sorted(ENGINE_FIELDS, key=len)[::-1]) + r")\b"
@@ -169,6 +181,24 @@ class _Body(pydantic.BaseModel):
   guided_choice: list[str] | None = None
   timeout: float | None = None  # seconds (an extension): the request's deadline
   user: str | None = None  # OpenAI's end-user identifier: checked, otherwise ignored
+  # Warps over the request's text (`SamplingParams`; ranges checked there): OpenAI's
+  # penalties and logit_bias, vLLM's repetition_penalty, min_p, min_tokens,
+  # ignore_eos and stop_token_ids.
+  presence_penalty: float = 0.0
+  frequency_penalty: float = 0.0
+  repetition_penalty: float = 1.0
+  logit_bias: dict[str, float] | None = None
+  min_p: float = 0.0
+  min_tokens: int = 0
+  ignore_eos: bool = False
+  stop_token_ids: list[int] | None = None
+
+  def sampling(self) -> SamplingParams:
+    """The request's `SamplingParams` (a ValueError naming a field out of range)."""
+    warps = {f: getattr(self, f) for f in WARP_FIELDS}
+    warps["logit_bias"] = warps["logit_bias"] or {}
+    warps["stop_token_ids"] = warps["stop_token_ids"] or []
+    return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, **warps)
 
 
 class CompletionBody(_Body):
@@ -845,7 +875,7 @@ class _Completions:
     if body.stream_options is not None and not body.stream:
       raise APIError(400, "stream_options needs stream: true.", "stream_options")
     try:
-      sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+      sampling = body.sampling()
       cap = None if body.speculation is None else body.speculation.cap()
       automaton = None if constraint is None else constraint[1]
       fields = (body.max_tokens, sampling, body.stop_token_id, body.seed)

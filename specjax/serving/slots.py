@@ -70,6 +70,7 @@ ROW_FIELDS = (
   "stop",
   "sampling",
   "constraint_state",
+  "history",
 )
 ROW_STATS = ("proposed", "accepted", "evaluated", "row_iterations", "generated")
 
@@ -153,9 +154,10 @@ def _coupled_rows(row_keys: jax.Array) -> dict:
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, sampling: RowSampling, k: int) -> tuple:
   """`(logprob [B, T], top_ids [B, T, k], top_logprobs [B, T, k])` of `tokens [B, T]`
-  under each row's warp of `logits [B, T, V]` (a greedy row's: at temperature 1)."""
+  under each row's temperature, top-k and top-p of `logits [B, T, V]` (a greedy
+  row's: at temperature 1; the warps that read its text are left out)."""
   t = sampling.temperature
-  law = sampling.replace(temperature=jnp.where(t < MIN_TEMPERATURE, 1.0, t))
+  law = RowSampling(jnp.where(t < MIN_TEMPERATURE, 1.0, t), sampling.top_k, sampling.top_p)
   logp = jnp.log(warp_probs(logits, law))
   chosen = jnp.take_along_axis(logp, jnp.clip(tokens, 0, logp.shape[-1] - 1)[..., None], -1)
   top, ids = jax.lax.top_k(logp, k)
@@ -265,7 +267,8 @@ def plain_step(
   logits, cache, _ = score(target, state.recent[:, 1:], state.target_cache)
   if table is not None:
     logits = constraints.mask_logits(logits, table, state.constraint_state[:, None])
-  probs = warp_probs(logits[:, 0], step_sampling(state, config))
+  sampling = step_sampling(state, config)  # with the rows' committed text
+  probs = warp_probs(logits[:, 0], sampling)
   key = state.keys[0, 1]
   if row_keys is not None:  # seeded rows: the coupled draw at their generated index
     rows = _coupled_rows(row_keys)
@@ -275,6 +278,7 @@ def plain_step(
   n = jnp.zeros_like(token)
   emitted = token[:, None]
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  history = None if state.history is None else state.history.after(emitted, count)
   goes_on = ~done
   old_length = state.target_cache.lengths + 1
   if table is not None:
@@ -286,6 +290,7 @@ def plain_step(
     tokens=tokens,
     num_generated=num_generated,
     done=done,
+    history=history,
     stats=state.stats.record(
       active=~state.done, proposed=n, accepted=n, generated=count, draft_calls=jnp.int32(0)
     ),
