@@ -287,9 +287,7 @@ def frozen_backbone(head: DSparkHead, train_only: tuple[str, ...] = ()) -> DSpar
   flat = []
   for path, variable in nnx.to_flat_state(state):
     name = ".".join(map(str, path))
-    trains = path[0] in OWN_PARAMS or any(
-      name == p or name.startswith(p + ".") for p in train_only
-    )
+    trains = path[0] in OWN_PARAMS or any(name == p or name.startswith(p + ".") for p in train_only)
     value = variable.get_value()
     flat.append((path, variable.replace(value if trains else jax.lax.stop_gradient(value))))
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
