@@ -24,6 +24,7 @@ from specjax.data import TokenDataset
 from specjax.heads import config as head_config
 from specjax.heads import make_head
 from specjax.heads.dflash import DFlashHead
+from specjax.heads.dspark import DSparkHead
 from specjax.heads.eagle import EagleHead
 from specjax.heads.early_exit import ExitAdapter
 from specjax.heads.medusa import MedusaHeads
@@ -282,12 +283,13 @@ def test_bundled_heads_load_and_are_checked(tmp_path, monkeypatch):
 
   target, _ = load_model(pretrained.TARGET_DIR, dtype=jnp.float32)
   card = pretrained.heads_card()
-  for kind, cls in zip((*KINDS, "dflash"), (EagleHead, MedusaHeads, ExitAdapter, DFlashHead)):
+  kinds = (*KINDS, "dflash", "dspark")
+  for kind, cls in zip(kinds, (EagleHead, MedusaHeads, ExitAdapter, DFlashHead, DSparkHead)):
     head = pretrained.load_head(kind, target)
     assert isinstance(head, cls) and head.cfg.kind == kind
     assert {x.dtype for x in jax.tree.leaves(nnx.state(head, nnx.Param))} == {jnp.dtype("float32")}
     assert card["heads"][kind]["params"] == head_training.num_params(head)
-  match = r"kind must be one of \('eagle', 'medusa', 'early_exit', 'dflash'\)"
+  match = r"kind must be one of \('eagle', 'medusa', 'early_exit', 'dflash', 'dspark'\)"
   with pytest.raises(ValueError, match=match):
     pretrained.load_head("hydra", target)
   tiny = Transformer(ModelConfig(**TINY), rngs=nnx.Rngs(0))

@@ -397,6 +397,18 @@ STEPS = (
     + ("--config.report_floor=False",),
     needs=("train_dspark",),
   ),
+  # The bundled sequential block drafter with decode's defaults, and its confidence
+  # head's reliability data on the encoded corpus's validation split.
+  Step(
+    "decode_bundled_dspark", "decode", ("--config.drafter=dspark", "--config.max_new_tokens=16")
+  ),
+  Step(
+    "calibrate_confidence",
+    "calibrate_confidence",
+    ("--data_dir={tmp}/data_bundled", "--data_root={tmp}/corpus", "--num_windows=2")
+    + ("--seq_len=32", "--num_anchors=4", "--out={tmp}/calibration.json"),
+    needs=("train_head",),
+  ),
   # The bundled block drafter with decode's defaults (gamma: its block_size - 1).
   Step(
     "decode_bundled_dflash", "decode", ("--config.drafter=dflash", "--config.max_new_tokens=16")
@@ -541,6 +553,15 @@ STEPS = (
     ("--config.port={port}", "--config.policy=always", "--config.slots=2")
     + ("--config.prompt_buckets=(64,)", "--config.max_new_tokens=16"),
     server=True,
+  ),
+  # The bundled sequential block drafter served (its greedy HTTP text: test_serving_dspark).
+  Step(
+    "serve_dspark",
+    "serve",
+    ("--config.port={port}", "--config.drafter=dspark", "--config.policy=always")
+    + ("--config.slots=2", "--config.prompt_buckets=(64,)", "--config.max_new_tokens=16"),
+    server=True,
+    slow=True,
   ),
 )
 

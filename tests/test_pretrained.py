@@ -282,7 +282,7 @@ def test_load_drafter_builds_every_kind(pair):
   np.testing.assert_array_equal(subset.vocab_subset, pretrained.frequent_token_ids(64))
   assert pretrained.load_drafter("ngram", pair.target, max_ngram=2).max_ngram == 2
   assert pretrained.load_drafter("layer_skip", pair.target, num_layers=1).num_layers == 1
-  match = "kind must be one of eagle, medusa, early_exit, dflash, ngram, "
+  match = "kind must be one of eagle, medusa, early_exit, dflash, dspark, ngram, "
   with pytest.raises(ValueError, match=match):
     pretrained.load_drafter("hydra", pair.target)
   with pytest.raises(ValueError, match=r"vocab_subset must be an int >= 0 \(0: all ids\)"):
@@ -297,17 +297,30 @@ def test_bundled_heads_load_fused_and_split_back_into_their_files(pair):
   from specjax.heads.files import head_tensors
   from specjax.hf.weights import read_tensors
 
+  card = pretrained.heads_card()
   for kind in heads.bundled():
     head = pretrained.load_head(kind, pair.target, jnp.bfloat16)  # the files' dtype
     file = os.path.join(pretrained.HEADS_DIR, kind, "model.safetensors")
     stored = {name: value for _, name, value in read_tensors([file])}
     written = head_tensors(head)
+    # A head trained on another's frozen layers stores only its own; the rest are the
+    # other head's, name for name.
+    for other in card["heads"][kind].get("shares", {}):
+      shared = os.path.join(pretrained.HEADS_DIR, other, "model.safetensors")
+      for _, name, value in read_tensors([shared]):
+        assert name not in stored, name
+        if name in written:
+          stored[name] = value
     assert sorted(written) == sorted(stored)
     for name, value in stored.items():
       np.testing.assert_array_equal(np.asarray(written[name]), value, err_msg=name)
     if kind in ("eagle", "early_exit"):
       assert "block.attn.k_proj.kernel" in stored and "block.mlp.gate_proj.kernel" in stored
       assert head.block.attn.qkv_proj.kernel[...].dtype == jnp.bfloat16
+    if kind == "dspark":  # the two heads alone; the block drafter's layers are dflash's
+      own = {name for _, name, _ in read_tensors([file])}
+      assert {"markov_w1", "markov_w2", "confidence_hidden.kernel"} <= own
+      assert not any(name.startswith("layers.") for name in own)
     if kind == "dflash":  # its layers' projections are separate; the MLP's are fused
       assert "layers.1.k_proj.kernel" in stored and "layers.0.mlp.up_proj.kernel" in stored
       assert "mask_embedding" in stored

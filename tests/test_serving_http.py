@@ -375,7 +375,9 @@ test_serve_exits_cleanly_on_sigterm.start_in_background = start_server
 
 
 @pytest.mark.parametrize(
-  "kind, drafter, gamma", [("eagle", "model", 3), ("dflash", "dflash", 0)], ids=["eagle", "dflash"]
+  "kind, drafter, gamma",
+  [("eagle", "model", 3), ("dflash", "dflash", 0), ("dspark", "dspark", 0)],
+  ids=["eagle", "dflash", "dspark"],
 )
 def test_serve_drafts_with_a_head_by_path(tmp_path, kind, drafter, gamma):
   """--config.head: the server drafts with any head `specjax.hf.load_drafter` reads
@@ -393,6 +395,8 @@ def test_serve_drafts_with_a_head_by_path(tmp_path, kind, drafter, gamma):
 
   target, _, _ = tiny_setup(0)
   settings = dict(d_ff=64) if kind == "eagle" else dict(block_size=4, draft_layers=2)
+  if kind == "dspark":  # the sequential block drafter: its Markov head's rank too
+    settings["markov_rank"] = 8
   head = make_head(head_config(kind, target.cfg, **settings), rngs=nnx.Rngs(1))
   specjax.hf.save_head(head, str(tmp_path / "head"), layout="specjax")
   config = serve_config.get_config()

@@ -703,5 +703,4 @@ KIND = HeadKind(
     warm_start=warm_start,
   ),
   expansion_axes=_expansion_axes,
-  bundled=False,
 )
