@@ -242,13 +242,14 @@ def test_the_result_describes_the_drafter_that_decoded():
   }
   for kind in decode.CROSS_DRAFTERS:
     assert seen[kind] == {"draft": pretrained.CROSS_DRAFT_DIR, "draft_params": cross.num_params}
-  assert len({f["draft_params"] for f in seen.values()}) == 7  # 0, draft, 4 heads, cross
+  assert len({f["draft_params"] for f in seen.values()}) == 8  # 0, draft, 5 heads, cross
 
 
 def test_decode_reports_the_ngram_drafter(pair):
   result = decode.run(_config(pair, drafter="ngram", num_runs=3))
   assert result["draft"] == "ngram: prompt lookup of n-grams up to n = 3"
   assert result["draft_params"] == 0 and result["texts_identical"] is True
+  assert result["draft_calls_per_iteration"] == 0  # calls counted as calls: no model
 
 
 def test_compare_transformers_without_transformers_fails_before_loading(pair, monkeypatch):

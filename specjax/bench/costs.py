@@ -181,15 +181,18 @@ def drafting_seconds(
 def _draft_seconds(
   target: Transformer, draft, stats: dict[str, Any], gamma: int, target_s: float, step, drafting
 ) -> tuple[float, float]:
-  """(seconds of one draft call, or of a drafter's proposal + commit per drafted
-  token; draft calls per iteration), for `draft_cost`. `step` times a model's
-  call (`call_seconds`), `drafting` the drafter (`drafting_seconds`)."""
+  """(drafting seconds per iteration, draft calls per iteration), for `draft_cost`:
+  the calls a run's statistics counted (less the prefill's, not part of an iteration;
+  a block drafter's one call per iteration is 1, whatever it drafts; prompt lookup's
+  0). A model's call is timed alone (`step`: `call_seconds`), times its calls; any
+  other drafter's proposal + commit (`drafting`: `drafting_seconds`)."""
   if draft is target:  # a perfect draft: c is 1 by definition
-    return target_s, float(gamma)
+    return target_s * gamma, float(gamma)
+  iterations = max(stats["iterations"], 1)
   if isinstance(draft, Transformer):
-    # Less the prefill's draft call, which is not part of an iteration.
-    return step(draft, tokens_per_call=1), (stats["draft_calls"] - 1) / max(stats["iterations"], 1)
-  return drafting() / gamma, float(gamma)
+    calls = (stats["draft_calls"] - 1) / iterations
+    return step(draft, tokens_per_call=1) * calls, calls
+  return drafting(), (stats["draft_calls"] - as_drafter(draft).prefill_calls) / iterations
 
 
 def predict_speedup(
@@ -251,8 +254,9 @@ def draft_cost(
   proposal + commit (`drafting_seconds`).
 
   Returns:
-    `target_step_s`, `verify_s`, `draft_call_s` (per draft call, or per drafted
-    token), `draft_calls_per_iteration`, `c`, `verify_cost`, `predicted_speedup`.
+    `target_step_s`, `verify_s`, `drafting_s` (per iteration), `draft_call_s` (per
+    draft call), `draft_calls_per_iteration` (calls, as counted), `c`,
+    `verify_cost`, `predicted_speedup`.
   """
   capacity = cache_capacity(prompts.shape[1], max_new_tokens, gamma)  # as speculative_generate
   step = functools.partial(
@@ -276,19 +280,21 @@ def draft_cost(
     num_runs=num_runs,
   )
   target_s = step(target, tokens_per_call=1)
-  draft_s, draft_calls = _draft_seconds(target, draft, stats, gamma, target_s, step, drafting)
+  drafting_s, draft_calls = _draft_seconds(target, draft, stats, gamma, target_s, step, drafting)
   verify_s = step(target, tokens_per_call=gamma + 1)
   prediction = predict_speedup(
     gamma=gamma,
     target_step_s=target_s,
     verify_s=verify_s,
-    drafting_s=draft_s * draft_calls,
+    drafting_s=drafting_s,
     alpha=stats["acceptance_rate"],
   )
   return {
     "target_step_s": target_s,
     "verify_s": verify_s,
-    "draft_call_s": draft_s,
+    "drafting_s": drafting_s,
+    # one call's seconds (0 for a drafter that calls no model: all its cost is drafting_s)
+    "draft_call_s": drafting_s / draft_calls if draft_calls > 0 else 0.0,
     "draft_calls_per_iteration": draft_calls,
     **prediction,
   }

@@ -528,6 +528,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "verified_per_iteration": float(
       np.sum(_to_host(stats.proposed)) / max(np.sum(_to_host(stats.row_iterations)), 1)
     ),
+    # Model calls per iteration, as counted (a block drafter's one call: 1; prompt lookup: 0).
+    "draft_calls_per_iteration": (
+      float(stats.draft_calls) - as_drafter(drafter).prefill_calls
+    ) / max(int(stats.iterations), 1),
     **{k: list(v) for k, v in verify.items()},  # verify_lengths, verify_costs (when on)
     **bench.environment_info(),
   }
