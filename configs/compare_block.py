@@ -1,4 +1,5 @@
-"""The block drafter (DFlash) side by side with the draft model, the EAGLE chain,
+"""The block drafters (DFlash, and DSpark's sequential one) side by side with the draft
+model, the EAGLE chain,
 EAGLE-2 trees, static trees (the block drafter's and the EAGLE head's) and
 self-speculation (early exit, layer skip), at T = 0 (greedy verification) and
 T = 1 (token verification), batch 1, in one run:
@@ -33,10 +34,12 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.verifiers = ("greedy", "token")  # greedy at T = 0, token at T = 1
   c.ngram = 0
   c.layer_skip = (2,)  # the target's first 2 of 6 layers (grown: the same layers)
-  c.heads = ("eagle", "early_exit", "dflash")
+  c.heads = ("eagle", "early_exit", "dflash", "dspark")
   c.gamma = 4
-  # The block drafter at its whole block (B - 1 = 7) too; early exit at gamma 1.
-  c.head_gammas = ml_collections.ConfigDict(dict(eagle=(), early_exit=(1,), dflash=(7,)))
+  # The block drafters at their whole block (B - 1 = 7) too; early exit at gamma 1.
+  c.head_gammas = ml_collections.ConfigDict(
+    dict(eagle=(), early_exit=(1,), dflash=(7,), dspark=(7,))
+  )
   c.fr_spec = 0
   c.gamma_sweep = ()
   c.adaptive = ()
@@ -47,7 +50,11 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.trees.sizes = (16, 64)
   c.trees.max_depth = 7
   c.trees.rank_acceptance = ml_collections.ConfigDict(
-    {"EAGLE head": (0.9, 0.05, 0.02), "block drafter": (0.7, 0.15, 0.08, 0.04)}
+    {
+      "EAGLE head": (0.9, 0.05, 0.02),
+      "block drafter": (0.7, 0.15, 0.08, 0.04),
+      "sequential block drafter": (0.75, 0.12, 0.06, 0.03),
+    }
   )
   c.cross_tokenizer = False
   if preset == "1b":

@@ -53,6 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
   # The engines (specjax.serving.EngineConfig); their max_new_tokens is the requests'.
   config.slots = 8
   config.gamma = 4
+  # What drafts (model "bundled"): the draft model, or a bundled head's drafter by name
+  # (specjax.jobs.drafters.build_drafter: eagle, dspark, ...).
+  config.drafter = "model"
   config.prompt_buckets = (32, 64, 128)  # the largest is the prompt limit (longer: cut)
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
   # The soak under hostility (a server URL as target; docs/serving.md): for soak_s

@@ -44,6 +44,7 @@ COLUMNS = (
   ("draft length", "{adaptive}"),
   ("α", "{acceptance_rate:.3f}"),
   ("tokens/iter", "{tokens_per_iteration:.2f}"),
+  ("verified/iter", "{proposed_per_iteration:.2f}"),
   ("draft calls/iter", "{draft_calls_per_iteration:.2f}"),
   ("c", "{c:.3f}"),
   ("predicted", "{predicted_speedup:.2f}"),
@@ -288,6 +289,15 @@ def _generate(config, target, variant: Variant, prompts: list, key) -> Callable[
   ]
 
 
+def _conditional(outs) -> list[float]:
+  """Per draft position i: the rows' iterations that accepted position i over those
+  that accepted i - 1 (position 0: over the iterations that proposed it)."""
+  at = sum(np.asarray(o.stats.accepted_at_position, np.float64) for o in outs)
+  first = sum(float(np.asarray(o.stats.row_iterations).sum()) for o in outs)
+  before = np.concatenate([[first], at[:-1]])
+  return [round(float(a / b), 4) if b else None for a, b in zip(at, before)]
+
+
 def _tokens(outs) -> int:
   return sum(int(np.asarray(o.num_generated).sum()) for o in outs)
 
@@ -377,7 +387,11 @@ def _row(v: Variant, timings, outputs, step_s: float, verify_s: dict, drafting_s
     "acceptance_rate": alpha,
     **prediction,  # c, verify_cost, predicted_speedup
     "tokens_per_iteration": per_iteration,
+    # Drafted tokens (a tree: nodes) scored per row and iteration: the target's rows
+    # beyond s[-1].
     "proposed_per_iteration": s("proposed") / max(s("row_iterations"), 1),
+    # A chain's acceptance at position i given positions < i were accepted.
+    "conditional_acceptance": _conditional(outs) if v.verifier != "tree" else None,
     "draft_calls_per_iteration": calls_per_iteration,
     "ms_per_token": ms,
     "ar_ms_per_token": ar_ms,

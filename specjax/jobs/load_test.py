@@ -55,6 +55,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       f"got {config.target!r}."
     )
   _sampling(config)
+  if config.drafter != "model":
+    from specjax.jobs import drafters
+
+    drafters.check_drafter_name(config.drafter, allowed=("model", *drafters.head_drafters()))
+    if config.model != "bundled" or config.target != "inprocess":
+      raise ValueError(
+        f"config.drafter={config.drafter!r} drafts with the bundled head: it needs "
+        f"config.model='bundled' and config.target='inprocess', got {config.model!r} and "
+        f"{config.target!r}."
+      )
   try:
     engine_config(config, "adaptive", fit_model=False)
   except ValueError as e:  # EngineConfig's messages start with the field's name
@@ -123,6 +133,10 @@ def _in_process_engines(config, progress):
     need_draft=need_draft,
     fields=_MODEL_FIELDS,
   )
+  if need_draft and config.drafter != "model":  # a bundled head drafts for the bundled target
+    from specjax.jobs.drafters import build_drafter
+
+    draft = build_drafter(config.drafter, target, flag="config")
   engines, warmup_s = {}, {}
   for mode in config.modes:
     policy = load.MODES[mode]
