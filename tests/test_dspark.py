@@ -7,6 +7,7 @@ their parent (chi-square); the objective trains the two heads alone on a frozen
 backbone; calibration's reliability data.
 """
 
+import dataclasses
 import json
 
 import jax
@@ -60,6 +61,15 @@ def test_each_law_is_corrected_by_the_token_before_it(target):
   np.testing.assert_allclose(proposal.probs, want, rtol=1e-5, atol=1e-6)
   assert proposal.confidence.shape == (1, 3)
   assert np.all((proposal.confidence > 0) & (proposal.confidence < 1))
+  # correct_first=False: the first law is the block's own, the later ones corrected.
+  cfg = dataclasses.replace(head.cfg, correct_first=False)
+  graphdef = nnx.graphdef(heads.make_head(cfg, rngs=nnx.Rngs(0)))
+  plain_first = drafter.replace(head=nnx.merge(graphdef, nnx.state(head)))
+  other, _ = plain_first.propose(state, recent, key, jnp.array([3]), gamma=3, sampling=sampling)
+  previous = jnp.concatenate([recent[:, -1:], other.tokens[:, :-1]], axis=1)
+  bias = (head.markov_embed(previous) @ head.markov_w2[...]).at[:, 0].set(0.0)
+  want = jax.nn.softmax(base + bias, axis=-1)
+  np.testing.assert_allclose(other.probs, want, rtol=1e-5, atol=1e-6)
   # W2 = 0: the backbone's block drafter, token for token.
   fresh = heads.drafter(target, heads.make_head(drafter.head.cfg, rngs=nnx.Rngs(7)))
   block = DFlashDrafter(target, fresh.head)

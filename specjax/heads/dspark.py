@@ -78,6 +78,9 @@ class DSparkConfig(dflash.DFlashConfig):
       the token at its own position: B - 1 drafts per block; the bundled backbone's);
       True: DeepSpec's (slot j gives the law of the token after it, the anchor's slot
       too: B drafts per block; the published checkpoints').
+    correct_first: whether the first draft's law is corrected by s[-1] too (the
+      reference's); False leaves it the block's own (s[-1] is already the block's
+      first input), the Markov head correcting the drafts after it.
   """
 
   kind = "dspark"
@@ -87,10 +90,11 @@ class DSparkConfig(dflash.DFlashConfig):
   confidence_head: bool = True
   confidence_with_markov: bool = True
   anchor_first: bool = False
+  correct_first: bool = True
 
   def check_settings(self, layers):
     layers = super().check_settings(layers)
-    self._check_bools("confidence_head", "confidence_with_markov", "anchor_first")
+    self._check_bools("confidence_head", "confidence_with_markov", "anchor_first", "correct_first")
     return layers
 
 
@@ -128,14 +132,18 @@ class DSparkHead(dflash.DFlashHead):
       return None
     return jnp.take(self.markov_w1[...], previous, axis=0)
 
-  def corrected(self, base: jax.Array, embed: jax.Array | None) -> jax.Array:
+  def corrected(self, base: jax.Array, embed: jax.Array | None, first=False) -> jax.Array:
     """Base logits `[..., V]` corrected by `embed [..., r]` (W1 of the token before):
-    float32 `[..., V]`; -inf entries (a vocabulary subset) stay -inf."""
+    float32 `[..., V]`; -inf entries (a vocabulary subset) stay -inf. `first`: a bool
+    or a bool array broadcasting to `[...]`, where the law is the first draft's, left
+    uncorrected unless `correct_first`."""
     if embed is None:
       return base
     bias = jnp.einsum(
       "...r,rv->...v", embed.astype(jnp.float32), self.markov_w2[...].astype(jnp.float32)
     )
+    if not self.cfg.correct_first:
+      bias = jnp.where(jnp.asarray(first)[..., None], 0.0, bias)
     return base + bias
 
   def confidence_logit(self, h: jax.Array, embed: jax.Array | None) -> jax.Array:
@@ -189,7 +197,8 @@ class DSparkDrafter(dflash.DFlashDrafter, ConfidenceLength):
     tokens, probs, confidence, rule, previous = [], [], [], constraint, last
     for i in range(gamma):  # sequential: each law is corrected by the token before it
       embed = head.markov_embed(previous)
-      token, q, rule = draw_chain_token(i, head.corrected(base[:, i], embed), rule, sampling, draw)
+      law = head.corrected(base[:, i], embed, first=i == 0)
+      token, q, rule = draw_chain_token(i, law, rule, sampling, draw)
       confidence.append(jax.nn.sigmoid(head.confidence_logit(h[:, i], embed)))
       tokens.append(token)
       if q is not None:
@@ -220,7 +229,7 @@ class DSparkDrafter(dflash.DFlashDrafter, ConfidenceLength):
       d = depths[start]  # the nodes' depth, 1 for the root's children: base row d
       return head.corrected(base[:, d : d + 1], head.markov_embed(tokens))
 
-    root = head.corrected(base[:, 0], head.markov_embed(last))
+    root = head.corrected(base[:, 0], head.markov_embed(last), first=True)
     tokens, probs = draft_tree(parents, self.tree_mode, sampling, key, root, read, constraint)
     lengths = jnp.full((base.shape[0],), len(parents), jnp.int32)
     return Proposal(tokens, probs, lengths, jnp.int32(1), trees.Tree.static(parents))
@@ -251,7 +260,7 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   h = head.train_hidden(target, blocks.features, blocks.inputs, blocks.anchors)
   base = head.logits(target, h)  # [B, A, n - 1, V]
   embed = head.markov_embed(blocks.previous)
-  q_logits = head.corrected(base, embed)
+  q_logits = head.corrected(base, embed, first=_first(blocks.previous.shape))
   value, metrics = dflash.block_loss(q_logits, blocks, loss, settings)
   valid, p_logits = blocks.valid, blocks.p_logits
   count = jnp.maximum(valid.sum(), 1)
@@ -293,6 +302,11 @@ def frozen_backbone(head: DSparkHead, train_only: tuple[str, ...] = ()) -> DSpar
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
+def _first(shape) -> jax.Array:
+  """`[..., m]` bools: True at each block's first draft."""
+  return jnp.broadcast_to(jnp.arange(shape[-1]) == 0, shape)
+
+
 def optax_bce(logit: jax.Array, target: jax.Array) -> jax.Array:
   """Binary cross-entropy of `sigmoid(logit)` toward soft `target` in [0, 1], elementwise."""
   return jnp.maximum(logit, 0) - logit * target + jnp.log1p(jnp.exp(-jnp.abs(logit)))
@@ -314,7 +328,7 @@ def calibration(head, target, batch, *, num_anchors: int = 64, bins: int = 10) -
   blocks = dflash.block_batch(head, target, batch, None, settings)
   h = head.train_hidden(target, blocks.features, blocks.inputs, blocks.anchors)
   embed = head.markov_embed(blocks.previous)
-  q_logits = head.corrected(head.logits(target, h), embed)
+  q_logits = head.corrected(head.logits(target, h), embed, first=_first(blocks.previous.shape))
   kept = np.asarray(q_logits.argmax(-1) == blocks.p_logits.argmax(-1), np.float64)
   estimate = np.asarray(jax.nn.sigmoid(head.confidence_logit(h, embed)), np.float64)
   valid = np.asarray(blocks.valid)
@@ -406,7 +420,8 @@ def _check_training(config) -> None:
     raise ValueError(
       f"config.head.confidence_target must be one of {CONFIDENCE_TARGETS}, got {target!r}."
     )
-  for name in ("confidence_head", "confidence_with_markov", "train_backbone", "anchor_first"):
+  bools = ("confidence_head", "confidence_with_markov", "train_backbone", "anchor_first")
+  for name in (*bools, "correct_first"):
     if not isinstance(head.get(name, False), bool):
       raise ValueError(f"config.head.{name} must be a bool, got {head.get(name)!r}.")
   only = head.get("train_only", "")
@@ -584,12 +599,15 @@ def _heads_fields(config: dict, t, keys: Collection[str]) -> dict:
       f"config {where} is {vocab!r}; specjax's drafter drafts over the target's "
       f"{t.vocab_size} ids (no reduced draft vocabulary)."
     )
-  anchor_first, where = SPELLING.lookup(config, "anchor_first", True)
-  if not isinstance(anchor_first, bool):
-    raise ValueError(f"config {where} is {anchor_first!r}; specjax reads a bool.")
+  # specjax's own fields (absent: the reference's anchor-first blocks, first law corrected)
+  own = {}
+  for key in ("anchor_first", "correct_first"):
+    own[key], where = SPELLING.lookup(config, key, True)
+    if not isinstance(own[key], bool):
+      raise ValueError(f"config {where} is {own[key]!r}; specjax reads a bool.")
   return dict(
     markov_rank=int(rank),
-    anchor_first=anchor_first,
+    **own,
     confidence_head=confidence,
     # a flag without effect (no confidence head or no Markov head) reads as the default
     confidence_with_markov=(
@@ -647,6 +665,7 @@ def hub_config(head: DSparkHead) -> dict:
     "enable_confidence_head": cfg.confidence_head,
     "confidence_head_with_markov": bool(cfg.confidence_head and r and cfg.confidence_with_markov),
     "anchor_first": cfg.anchor_first,
+    "correct_first": cfg.correct_first,
   }
   # The reference's class also requires `num_anchors`, a training setting specjax's head
   # does not record: the block drafter's default.
@@ -697,6 +716,7 @@ KIND = HeadKind(
       "confidence_head",
       "confidence_with_markov",
       "anchor_first",
+      "correct_first",
     ),
     check=_check_training,
     loss=_loss_settings,
