@@ -35,7 +35,11 @@ def test_settings_round_trip_and_refusals():
   for field, bad, message in [
     ("markov_rank", -1, r"markov_rank must be an int in \[0, 1024\]"),
     ("block_size", 1, r"block_size must be an int in \[2, 64\]"),
-    ("confidence_head", 1, r"confidence_head, confidence_with_markov, anchor_first must be bools"),
+    (
+      "confidence_head",
+      1,
+      r"confidence_head, confidence_with_markov, anchor_first, correct_first must be bools",
+    ),
   ]:
     with pytest.raises(ValueError, match=message):
       head_config("dspark", CFG, **{field: bad})

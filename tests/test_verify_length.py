@@ -28,13 +28,10 @@ from test_verify_exactness import (
 import specjax
 from helpers import SIMULATION_COMPILER_OPTIONS, chisquare_pvalue, dspark_drafter, sequence_counts
 from specjax import constraints as C
+from specjax.bench.verify_costs import measure_verify_costs
 from specjax.drafting import ModelDrafter
 from specjax.generation import SpecConfig, init_state, speculative_step
-from specjax.generation.verify_length import (
-  check_verify_lengths,
-  choose_verify_length,
-  measure_verify_costs,
-)
+from specjax.generation.verify_length import check_verify_lengths, choose_verify_length
 from specjax.verify import block_verify, token_verify
 
 NUM_SAMPLES = 10**6

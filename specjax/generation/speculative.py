@@ -717,7 +717,7 @@ def speculative_generate(
       `gives_confidence`; `specjax.generation.verify_length`). Exact for every
       verifier; `stats.proposed` then counts the tokens verified.
     verify_costs: one relative cost per verify length, positive
-      (`verify_length.measure_verify_costs` measures them on this machine).
+      (`specjax.bench.verify_costs.measure_verify_costs` measures them on this machine).
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],

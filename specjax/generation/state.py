@@ -40,7 +40,7 @@ class SpecConfig:
       `measure_verify_costs` times).
     verify_costs: with `verify_lengths`, the relative cost of an iteration
       verifying each length (one per length, positive; their scale does not
-      matter), e.g. `verify_length.measure_verify_costs`.
+      matter), e.g. `specjax.bench.verify_costs.measure_verify_costs`.
   """
 
   gamma: int

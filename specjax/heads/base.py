@@ -161,8 +161,9 @@ class TrainingRules:
     loss: `(config.head) -> dict`: its `HeadLoss` fields.
     prepare: `(cfg, workdir, tokens) -> cfg`: fills what the data decides (EAGLE-3's
       draft ids); None leaves the config as it is.
-    warm_start: `(head, target, config.head) -> head` when `config.head.warm_start`
-      asks for one.
+    warm_start: `(head, target, config.head, load) -> head` when `config.head.warm_start`
+      asks for one; `load(where, kind, target)` reads a head it starts from
+      (`specjax.training.heads.load_head_from`).
   """
 
   fields: tuple[str, ...] = ()

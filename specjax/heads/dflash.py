@@ -541,9 +541,7 @@ def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   `from_hub` names the architectures it does not read), and not a DSpark one
   (`specjax.heads.dspark`: DFlash's fields and tensors plus a Markov and a confidence
   head, which a DFlash head would drop)."""
-  from specjax.heads import dspark  # the layout that extends this one
-
-  if dspark.recognises(config, file, keys):
+  if derived_layout(config, keys):
     return False
   architectures = config.get("architectures") or []  # tensors: EAGLE-1's names too (fc.weight)
   return "dflash_config" in config or any(str(a).startswith("DFlash") for a in architectures)
@@ -870,6 +868,18 @@ class BlockBatch(NamedTuple):
   p_logits: jax.Array
   valid: jax.Array
   weights: jax.Array
+
+
+def derived_layout(config: dict, keys: Collection[str]) -> bool:
+  """Whether a DFlash-shaped head directory is DSpark's (`specjax.heads.dspark`, which
+  extends this layout with a Markov and a confidence head a DFlash head would drop): a
+  `dspark_config`, a DSpark architecture, or Markov / confidence tensors."""
+  architectures = [str(a) for a in config.get("architectures") or []]
+  return (
+    "dspark_config" in config
+    or any("DSpark" in a for a in architectures)
+    or any(k.startswith(("markov_head.", "confidence_head.")) for k in keys)
+  )
 
 
 def block_batch(head, target, batch, key, settings) -> BlockBatch:

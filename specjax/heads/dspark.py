@@ -36,6 +36,7 @@ differ by their parent, as EAGLE's do, while the block stays one call.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Collection
 
 import jax
@@ -372,10 +373,8 @@ def calibration(head, target, batch, *, num_anchors: int = 64, bins: int = 10) -
 
 
 def dflash_settings(num_anchors: int):
-  """The block layout's settings for evaluation (no loss weights)."""
-  from specjax.training.heads import HeadLoss
-
-  return HeadLoss(num_anchors=num_anchors, loss_decay=1.0)
+  """The block layout's settings for evaluation (`block_batch` reads these two)."""
+  return types.SimpleNamespace(num_anchors=num_anchors, loss_decay=1.0)
 
 
 # -- growth with the target (specjax.models.expand): "=" keeps an axis's size
@@ -449,24 +448,18 @@ def _loss_settings(head) -> dict:
   )
 
 
-def warm_start(head: DSparkHead, target: Transformer, settings) -> DSparkHead:
+def warm_start(head: DSparkHead, target: Transformer, settings, load) -> DSparkHead:
   """`head` with its block drafter's parameters from the block drafter `backbone`
-  (`config.head.backbone`: a DFlash head directory, a run, or "bundled"): the same
-  settings but the two heads', which stay fresh (W2 = 0: it drafts what the backbone
-  drafts). ValueError naming the field for a backbone of other settings."""
-  from specjax import pretrained
-  from specjax.heads import files
-
+  (`config.head.backbone`: a DFlash head's run or export directory, or "bundled"; `load`
+  reads it, `specjax.training.heads.load_head_from`): the same settings but the two
+  heads', which stay fresh (W2 = 0: it drafts what the backbone drafts). ValueError
+  naming the field for a backbone of another kind or other settings."""
   where = settings.get("backbone", "") or "bundled"
-  if where == "bundled":
-    backbone = pretrained.load_head("dflash", target)
-  else:
-    cfg = files.read_config(where)
-    if cfg.kind != "dflash":
-      raise ValueError(
-        f"config.head.backbone must be a dflash head, {where} holds a {cfg.kind} head."
-      )
-    backbone = files.read_head(where, cfg, jnp.float32)
+  backbone = load(where, "dflash", target)
+  if backbone.cfg.kind != "dflash":
+    raise ValueError(
+      f"config.head.backbone must be a dflash head, {where} holds a {backbone.cfg.kind} head."
+    )
   want = {f.name: getattr(head.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
   have = {f.name: getattr(backbone.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
   for name in want:
@@ -535,12 +528,7 @@ def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   """Whether a head directory is a DSpark drafter's: a `dspark_config`, a DSpark
   architecture, or Markov / confidence tensors (`from_hub` names what it does not read)."""
   del file
-  architectures = [str(a) for a in config.get("architectures") or []]
-  return (
-    "dspark_config" in config
-    or any("DSpark" in a for a in architectures)
-    or any(k.startswith(("markov_head.", "confidence_head.")) for k in keys)
-  )
+  return dflash.derived_layout(config, keys)
 
 
 def _names(cfg: DSparkConfig) -> dict[str, list[weights.Target]]:

@@ -170,10 +170,10 @@ def draft_vocab_ids(tokens, vocab_size: int, k: int) -> tuple[int, ...]:
   return tuple(sorted(int(i) for i in np.argsort(-counts, kind="stable")[:k]))
 
 
-def warm_start(head: Eagle3Head, target: Transformer, settings=None) -> Eagle3Head:
+def warm_start(head: Eagle3Head, target: Transformer, settings=None, load=None) -> Eagle3Head:
   """`head` with the target's final norm and head (at the draft ids); fc passes
   the highest layer on."""
-  del settings  # nothing of config.head: the start is the target's own
+  del settings, load  # nothing of config.head: the start is the target's own
   t, d = target, target.cfg.d_model
   ids = jnp.asarray(head.cfg.draft_ids or range(t.cfg.vocab_size))
   w = t.embed.embedding[...][ids].T if t.cfg.tie_embeddings else t.lm_head[...][:, ids]

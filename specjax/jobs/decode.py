@@ -22,7 +22,7 @@ import numpy as np
 import specjax
 import specjax.hf
 from specjax import bench, constraints, dtypes, heads, pretrained
-from specjax.bench import masking, warps
+from specjax.bench import masking, verify_costs, warps
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
@@ -423,14 +423,14 @@ def _inputs(config: ml_collections.ConfigDict) -> _Inputs:
 def _verify_settings(config: ml_collections.ConfigDict, inputs: _Inputs, drafter) -> dict:
   """`speculative_generate`'s verify_lengths and verify_costs: none (off), or the
   config's lengths with its costs, or with none given the costs measured here on
-  the batch (`verify_length.measure_verify_costs`)."""
+  the batch (`specjax.bench.verify_costs.measure_verify_costs`)."""
   if not config.verify_lengths:
     return {}
   lengths, costs = tuple(config.verify_lengths), tuple(config.verify_costs)
   drafter = as_drafter(drafter or inputs.draft)
   verify_length.check_verify_lengths(lengths, costs or (1.0,) * len(lengths), config.gamma, drafter)
   if not costs:
-    costs = verify_length.measure_verify_costs(
+    costs = verify_costs.measure_verify_costs(
       inputs.target,
       drafter,
       inputs.prompts,
@@ -530,8 +530,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     ),
     # Model calls per iteration, as counted (a block drafter's one call: 1; prompt lookup: 0).
     "draft_calls_per_iteration": (
-      float(stats.draft_calls) - as_drafter(drafter).prefill_calls
-    ) / max(int(stats.iterations), 1),
+      float(stats.draft_calls) - as_drafter(drafter or inputs.draft).prefill_calls
+    )
+    / max(int(stats.iterations), 1),
     **{k: list(v) for k, v in verify.items()},  # verify_lengths, verify_costs (when on)
     **bench.environment_info(),
   }
@@ -567,11 +568,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   if config.compare_transformers:
     result.update(_transformers_fields(config, inputs, ms, host["spec"][0]))
   if inputs.batches:  # every prompt of the file; the floor report is the first batch's
-    result.update(_file_fields(config, inputs, drafter, timings, outputs))
+    result.update(_file_fields(config, inputs, drafter, verify, timings, outputs))
   return result
 
 
-def _file_fields(config, inputs: _Inputs, drafter, timings, outputs) -> dict[str, Any]:
+def _file_fields(config, inputs: _Inputs, drafter, verify, timings, outputs) -> dict[str, Any]:
   """`config.prompt_file`'s figures: each batch decoded and timed as `run` times
   one (the first is `timings` and `outputs`), summed per category and overall.
 
@@ -588,7 +589,8 @@ def _file_fields(config, inputs: _Inputs, drafter, timings, outputs) -> dict[str
         lengths=shard_batch(batch.lengths, inputs.mesh),
       )
       with jax.set_mesh(inputs.mesh):
-        timings, outputs = bench.time_calls(_calls(config, rows, drafter), config.num_runs)
+        calls = _calls(config, rows, drafter, verify)
+        timings, outputs = bench.time_calls(calls, config.num_runs)
     (ar, ar_n), (spec, spec_n) = (
       (_to_host(outputs[k].tokens), _to_host(outputs[k].num_generated)) for k in ("ar", "spec")
     )

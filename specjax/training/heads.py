@@ -272,6 +272,19 @@ def objective(
   return value, metrics
 
 
+def load_head_from(where: str, kind: str, target: Transformer) -> nnx.Module:
+  """The head a warm start reads (`TrainingRules.warm_start`'s `load`): "bundled" for
+  `specjax.pretrained`'s head of `kind`, else a run or export directory
+  (`specjax.hf.load_head`), in float32 for `target`."""
+  if where == "bundled":
+    from specjax import pretrained
+
+    return pretrained.load_head(kind, target)
+  import specjax.hf
+
+  return specjax.hf.load_head(where, target)
+
+
 def num_params(module: nnx.Module) -> int:
   """Number of parameter scalars of any module (a head has no `num_params`)."""
   return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))

@@ -625,7 +625,9 @@ def _target_and_head(
   echo(f"target (frozen): {path}, {target.num_params:,} params")
   head = make_head(cfg, rngs=nnx.Rngs(config.seed))
   if config.head.get("warm_start"):  # `head_training.check_config`: the kind has one
-    head = heads.of(cfg).training.warm_start(head, target, config.head)
+    head = heads.of(cfg).training.warm_start(
+      head, target, config.head, head_training.load_head_from
+    )
   return target, head
 
 
