@@ -28,12 +28,12 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax.numpy as jnp
 
+  import specjax.hf
   from configs.train_dspark import get_config
   from specjax import pretrained
   from specjax.bench.timing import environment_info
   from specjax.data.dataset import TokenDataset
   from specjax.heads.dspark import calibration
-  from specjax.jobs.drafters import build_drafter
   from specjax.training.trainer import prepare_data
 
   f = flags.FLAGS
@@ -48,11 +48,16 @@ def main(argv):
   target, _, _ = pretrained.load_pair()
   if f.seq_len >= target.cfg.max_seq_len:
     raise app.UsageError(f"--seq_len must be < {target.cfg.max_seq_len}, got {f.seq_len}.")
-  drafter = build_drafter("dspark", target, head=f.head, flag="")
+  if f.head:  # a run or an export of a sequential block drafter
+    head = specjax.hf.load_head(f.head, target)
+    if head.cfg.kind != "dspark":
+      raise app.UsageError(f"--head={f.head} holds a {head.cfg.kind} head, not a dspark head.")
+  else:
+    head = pretrained.load_head("dspark", target)
   data = TokenDataset(paths["validation"])
   batch = jnp.asarray(data.batch(0, f.num_windows, f.seq_len, seed=0))
   start = time.perf_counter()
-  report = calibration(drafter.head, target, batch, num_anchors=f.num_anchors, bins=f.bins)
+  report = calibration(head, target, batch, num_anchors=f.num_anchors, bins=f.bins)
   report["settings"] = {
     "head": f.head or "bundled",
     "data": paths["validation"],
