@@ -90,6 +90,7 @@ def _init(drafter, target, prompts):
   return drafter.init(prompts, lengths, prompts[:, -1], 16, hidden=hidden)
 
 
+@pytest.mark.sample("sample-3", "confidence-3", "anchor_first-4")  # argmax: the slow tier
 @pytest.mark.parametrize(
   "draft, gamma, adaptive, anchor_first",
   [("sample", 3, None, False), ("argmax", 2, None, False), ("sample", 3, "confidence", False)]
@@ -168,6 +169,7 @@ def test_sampled_verification_keeps_the_target_law(verifier, draft, sampling, tr
   assert chi_square_pvalue(spec.tokens, exact_joint(target, sampling)) > 1e-3
 
 
+@pytest.mark.sample("last_layer")  # the frozen case in the slow tier
 @pytest.mark.parametrize("train_only", [(), ("layers.1", "norm")], ids=["frozen", "last_layer"])
 def test_frozen_backbone_gets_no_gradient_and_calibration_reports(target, train_only):
   """train_backbone=False: only the Markov and confidence heads have gradients (and the

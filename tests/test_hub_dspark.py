@@ -74,6 +74,7 @@ def _inputs():
   return tokens, jnp.array([7, 300], jnp.int32)
 
 
+@pytest.mark.sample("both", "no_markov", "block_drafter_alignment")  # the rest: slow tier
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_export_then_import_is_identical(tmp_path, variant):
   target = _target()

@@ -396,6 +396,7 @@ STEPS = (
     ("--config.drafter=dspark", "--config.head={tmp}/dspark", "--config.max_new_tokens=8")
     + ("--config.report_floor=False",),
     needs=("train_dspark",),
+    slow=True,  # a head by path decodes as decode_dflash shows; the bundled one below
   ),
   # The bundled sequential block drafter with decode's defaults, and its confidence
   # head's reliability data on the encoded corpus's validation split.
