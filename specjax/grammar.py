@@ -194,16 +194,28 @@ def json_depth(value: Any, limit: int) -> int:
   return deepest
 
 
+# The end of a text, as compiled: outlines-core (0.2) drops a token that leaves a
+# final state for a non-final one one byte later (its DFA reports a match one byte
+# late, and the index reads that byte's state as "neither intermediate nor a full
+# match"): `x(ya)?` over single bytes loses "xya", text-or-tool-call loses every
+# call. So a regex R is compiled as R followed by END, a character no text holds,
+# spelled by a token of its own (id `vocab_size`): no state before END is final,
+# none is dropped, and a state is accepting where END leads to a final state
+# (w + END matches R + END exactly when w matches R, END being one character).
+END = "\U0010ffff"
+
+
 def vocabulary_pieces(
   token_bytes: Sequence[bytes | None], eos_ids: Sequence[int], vocab_size: int
 ) -> dict[bytes, list[int]]:
   """What outlines-core's `Vocabulary` takes: the ids of each byte string, EOS
-  and special ids (None) left out."""
+  and special ids (None) left out, and the `END` token (id `vocab_size`)."""
   eos = set(eos_ids)
   pieces: dict[bytes, list[int]] = {}
   for i, piece in enumerate(token_bytes[:vocab_size]):
     if piece and i not in eos:
       pieces.setdefault(piece, []).append(i)
+  pieces.setdefault(END.encode(), []).append(int(vocab_size))
   return pieces
 
 
@@ -219,38 +231,53 @@ def compile_arrays(
       vocabulary can spell, or more than `max_states` states.
   """
   outlines_core, _ = _outlines()
+  v = int(vocab_size)
   try:
-    index = outlines_core.Index(regex, vocabulary)
+    index = outlines_core.Index(f"(?:{regex}){END}", vocabulary)  # see END
   except BaseException as e:
     if _uncaught(e):
       raise
     raise CompileError(f"constraint cannot be compiled over this vocabulary: {e}") from None
-  transitions = index.get_transitions()
-  finals = set(index.get_final_states())
+  ended = set(index.get_final_states())
+  eos = {int(e) for e in eos_ids}
+  edges = {  # the model's tokens only: END (id v) and EOS are not text
+    s: {i: n for i, n in out.items() if i < v and i not in eos}
+    for s, out in index.get_transitions().items()
+  }
+  finals = {s for s, out in index.get_transitions().items() if out.get(v) in ended}
+  # Live states only: reachable from the start by tokens and able to reach a final
+  # state (bytes of END's own character, spelled by byte tokens, lead nowhere).
   start = index.get_initial_state()
-  # Reachable states only, numbered breadth-first from the start.
   order, seen = [start], {start}
   for state in order:
-    for nxt in dict.fromkeys(transitions.get(state, {}).values()):  # distinct, in order
+    for nxt in dict.fromkeys(edges.get(state, {}).values()):  # distinct, in order
       if nxt not in seen:
         seen.add(nxt)
         order.append(nxt)
+  into: dict[int, list[int]] = {}
+  for s in order:
+    for nxt in set(edges.get(s, {}).values()):
+      into.setdefault(nxt, []).append(s)
+  live = {s for s in order if s in finals}
+  todo = list(live)
+  while todo:
+    for s in into.get(todo.pop(), ()):
+      if s not in live:
+        live.add(s)
+        todo.append(s)
+  if start not in live:
+    raise CompileError("constraint accepts no text this vocabulary can spell.")
+  order = [s for s in order if s in live]
   if max_states is not None and len(order) > max_states:
     raise CompileError(f"constraint has {len(order)} states; the table holds at most {max_states}.")
-  number = np.zeros(max(order) + 1, np.int64)  # outlines' state ids -> ours
-  number[order] = np.arange(len(order))
+  number = dict(zip(order, range(len(order))))  # outlines' state ids -> ours
   accepting = np.array([s in finals for s in order])
-  if not accepting.any():
-    raise CompileError("constraint accepts no text this vocabulary can spell.")
-  v = int(vocab_size)
-  eos_kept = np.array(sorted({e for e in eos_ids if e < v}), np.int64)
+  eos_kept = np.array(sorted({e for e in eos if e < v}), np.int64)
   rows = []
   for k, s in enumerate(order):
-    out = transitions.get(s, {})
+    out = {i: number[n] for i, n in edges.get(s, {}).items() if n in live}
     ids = np.fromiter(out.keys(), np.int64, len(out))
-    nxt = number[np.fromiter(out.values(), np.int64, len(out))]
-    keep = (ids < v) & ~np.isin(ids, list(eos_ids))
-    ids, nxt = ids[keep], nxt[keep]
+    nxt = np.fromiter(out.values(), np.int64, len(out))
     if accepting[k]:  # EOS ends a complete text and keeps the row where it is
       ids, nxt = np.concatenate([ids, eos_kept]), np.concatenate([nxt, np.full_like(eos_kept, k)])
     rows.append((ids, nxt))

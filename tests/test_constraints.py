@@ -85,6 +85,21 @@ def test_compiled_automata_spell_their_language_and_eos_ends_only_complete_text(
     C.compile_constraint(C.Regex("a"), LETTERS, [])
 
 
+def test_a_text_may_go_on_past_an_accepting_state_one_token_at_a_time():
+  """outlines-core's index alone drops a token leaving an accepting state for a
+  non-accepting one (`grammar.END`): over single-letter tokens "x(ab)?" lost
+  "xab" and "(ab|a)" lost "ab". Every state also still reaches an accepting one."""
+  for regex, texts in [("x(ab)?", ([6], [6, 0, 1])), ("(ab|a)", ([0], [0, 1], [4]))]:
+    a = C.compile_constraint(C.Regex(regex), LETTERS, EOS)
+    for ids in texts:
+      s = a.start
+      for i in ids:
+        s = a.next_state[s, i]
+        assert s >= 0, (regex, ids)
+      assert a.accepting[s], (regex, ids)
+    assert (a.next_state[:, :7] >= 0).any(axis=1)[~a.accepting].all()  # no dead ends
+
+
 @jax.jit
 def _logits(target, seqs):
   return target(seqs)
