@@ -43,7 +43,27 @@ class Choice:
   options: tuple[str, ...]
 
 
-Constraint = Regex | JsonSchema | Choice  # what a request may ask for
+@dataclasses.dataclass(frozen=True)
+class ToolCalls:
+  """Tool calls in a chat template's format, then EOS: each call is `open`,
+  `{"name": NAME, "arguments": ARGS}` (ARGS valid under that function's
+  parameters schema) and `close`; calls follow one another after `separator`
+  (`parallel`), or there is one. `required=False` ("auto") allows text instead,
+  or text and then calls: text that never holds `open`'s first line.
+
+  Attributes:
+    functions: `(name, parameters schema as JSON text)` per function offered.
+  """
+
+  functions: tuple[tuple[str, str], ...]
+  required: bool = True
+  parallel: bool = True
+  open: str = "<tool_call>\n"
+  close: str = "\n</tool_call>"
+  separator: str = "\n"
+
+
+Constraint = Regex | JsonSchema | Choice | ToolCalls  # what a request may ask for
 
 
 class CompileError(ValueError):
@@ -88,13 +108,61 @@ def to_regex(constraint: Constraint) -> str:
       if _uncaught(e):
         raise
       raise ValueError(f"json_schema is not a schema outlines-core can compile: {e}") from None
+  if isinstance(constraint, ToolCalls):
+    return _tool_calls_regex(constraint)
   raise ValueError(
-    f"constraint must be a Regex, JsonSchema or Choice, got {type(constraint).__name__}."
+    "constraint must be a Regex, JsonSchema, Choice or ToolCalls, got "
+    f"{type(constraint).__name__}."
   )
 
 
 def _escape(text: str) -> str:
-  return "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in text)
+  """`text` as a literal in outlines-core's regex syntax (a newline as \\n)."""
+  out = "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in text)
+  return out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+def _not_in_class(chars: str) -> str:
+  return "[^" + "".join("\\" + c if c in "\\]-[^&~" else c for c in chars) + "]"
+
+
+def text_without(word: str) -> str:
+  """A regex of the texts that never hold `word` (whose first character occurs
+  only first): a run without word[0], then pieces each beginning with word[0]
+  whose next characters leave `word` before its end. Unambiguous: each next
+  character picks one branch."""
+  first = word[0]
+  if len(word) < 2 or first in word[1:]:
+    raise ValueError(f"word must be 2+ characters whose first occurs once, got {word!r}.")
+  rest = _not_in_class(first)
+  piece = f"(?:{_not_in_class(first + word[-1])}{rest}*)?"
+  for c in word[-2:0:-1]:
+    piece = f"(?:{_not_in_class(first + c)}{rest}*|{_escape(c)}{piece})?"
+  return f"{rest}*(?:{_escape(first)}{piece})*"
+
+
+def _tool_calls_regex(constraint: ToolCalls) -> str:
+  _, build_regex_from_schema = _outlines()
+  if not constraint.functions:
+    raise ValueError("tools must offer at least one function.")
+  calls = []
+  for name, schema in constraint.functions:
+    try:
+      json.loads(schema)
+      arguments = build_regex_from_schema(schema)
+    except BaseException as e:  # outlines-core raises its own types, panics included
+      if _uncaught(e):
+        raise
+      raise ValueError(
+        f"the parameters of function {name!r} are not a schema outlines-core can compile: {e}"
+      ) from None
+    head = _escape(json.dumps({"name": name, "arguments": 0})[:-2])  # up to ARGS
+    calls.append(f"{head}{arguments}\\}}")
+  block = f"{_escape(constraint.open)}(?:{'|'.join(calls)}){_escape(constraint.close)}"
+  blocks = f"{block}(?:{_escape(constraint.separator)}{block})*" if constraint.parallel else block
+  if constraint.required:
+    return blocks
+  return f"{text_without(constraint.open.strip())}(?:{blocks})?"
 
 
 _COUNT = re.compile(r"\{(\d+)(,(\d*))?\}")
@@ -311,7 +379,7 @@ def token_classes(
 
 # ------------------------------------------------------------------ the worker
 
-KINDS = {"regex": Regex, "json_schema": JsonSchema, "choice": Choice}
+KINDS = {"regex": Regex, "json_schema": JsonSchema, "choice": Choice, "tool_calls": ToolCalls}
 
 
 def compile_message(vocabulary, eos_ids, vocab_size, message) -> tuple:
@@ -319,9 +387,12 @@ def compile_message(vocabulary, eos_ids, vocab_size, message) -> tuple:
   `message = (kind, value, max_states, max_repeat)`."""
   kind, value, max_states, max_repeat = message
   try:
-    constraint = KINDS[kind](tuple(value) if kind == "choice" else value)
+    if kind == "tool_calls":  # its fields, by name
+      constraint = ToolCalls(**value)
+    else:
+      constraint = KINDS[kind](tuple(value) if kind == "choice" else value)
     regex = to_regex(constraint)
-    if kind == "json_schema" and max_repeat and regex_repeat(regex) > max_repeat:
+    if kind in ("json_schema", "tool_calls") and max_repeat and regex_repeat(regex) > max_repeat:
       raise CompileError(
         f"the schema's regular expression repeats a piece {regex_repeat(regex)} times; "
         f"at most {max_repeat} (a maxLength, maxItems or similar bound is too large)."

@@ -30,7 +30,12 @@ _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cl
 
 
 def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any]]:
-  """`messages` as a list of {"role", "content"} dicts; ValueError naming `where[i]`."""
+  """`messages` as a list of {"role", "content"} dicts; ValueError naming `where[i]`.
+
+  OpenAI's tool turns too: an assistant message may carry `tool_calls` (a list of
+  {"id", "type": "function", "function": {"name", "arguments"}}) with no
+  `content` (null), and a "tool" message names the call it answers (`tool_call_id`).
+  """
   if not isinstance(messages, list) or not messages:
     raise ValueError(f"{where} must be a non-empty list of {{role, content}} objects.")
   for i, m in enumerate(messages):
@@ -38,9 +43,34 @@ def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any
       raise ValueError(f"{where}[{i}] must be an object with 'role' and 'content'.")
     if m.get("role") not in ROLES:
       raise ValueError(f"{where}[{i}].role must be one of {ROLES}, got {m.get('role')!r}.")
-    if not isinstance(m.get("content"), str):
-      raise ValueError(f"{where}[{i}].content must be a string, got {m.get('content')!r}.")
+    calls = m.get("tool_calls")
+    if calls is not None:
+      if m["role"] != "assistant":
+        raise ValueError(f"{where}[{i}].tool_calls: only an assistant message makes tool calls.")
+      _check_calls(calls, f"{where}[{i}].tool_calls")
+    content = m.get("content")
+    if not isinstance(content, str) and not (calls and content is None):
+      raise ValueError(f"{where}[{i}].content must be a string, got {content!r}.")
+    call_id = m.get("tool_call_id")
+    if call_id is not None and not isinstance(call_id, str):
+      raise ValueError(f"{where}[{i}].tool_call_id must be a string, got {call_id!r}.")
   return messages
+
+
+def _check_calls(calls: Any, where: str) -> None:
+  if not isinstance(calls, list) or not calls:
+    raise ValueError(f"{where} must be a non-empty list of tool calls.")
+  for j, call in enumerate(calls):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+      raise ValueError(
+        f'{where}[{j}] must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}.'
+      )
+    if not isinstance(function.get("arguments"), (str, dict)):
+      raise ValueError(
+        f"{where}[{j}].function.arguments must be a JSON string (or an object), got "
+        f"{function.get('arguments')!r}."
+      )
 
 
 def _generation_extension():
@@ -126,14 +156,18 @@ class ChatTemplate:
       source = named.get("default")
     return cls(source, special) if source else None
 
-  def render(self, messages, add_generation_prompt: bool = False, **variables) -> str:
+  def render(
+    self, messages, add_generation_prompt: bool = False, tools=None, **variables
+  ) -> str:
     """The text of `messages` (checked by `check_messages`), as
-    `tokenizer.apply_chat_template(messages, tokenize=False, ...)` gives it."""
+    `tokenizer.apply_chat_template(messages, tokenize=False, tools=tools, ...)`
+    gives it; `tools`: OpenAI's tool list ({"type": "function", "function": ...}
+    each), or None."""
     check_messages(messages)
     return _compile(self.source).render(
       messages=messages,
       add_generation_prompt=add_generation_prompt,
-      tools=None,
+      tools=tools,
       documents=None,
       **{**self.special_tokens, **variables},
     )

@@ -178,10 +178,14 @@ class CompilePool:
 
   async def _run(self, constraint, disconnected) -> Automaton:
     worker = self._take()
-    kind = {"Regex": "regex", "JsonSchema": "json_schema", "Choice": "choice"}
-    value = dataclasses.astuple(constraint)[0]
+    kind = {v: k for k, v in grammar.KINDS.items()}[type(constraint)]
+    # A tool-call constraint travels as its fields; the others as their one field.
+    if kind == "tool_calls":
+      value = dataclasses.asdict(constraint)
+    else:
+      value = dataclasses.astuple(constraint)[0]
     message = (
-      kind[type(constraint).__name__],
+      kind,
       value,
       self.max_states,
       self.limits.max_regex_repeat,
