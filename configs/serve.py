@@ -87,6 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_schema_depth = 32
   config.max_choices = 256
   config.max_choice_chars = 16 << 10
+  config.max_tools = 64
   config.compile_workers = 2  # constraint compiles at once, each in a worker process
   config.compile_queue = 8  # compiles waiting for a worker; past it, 429
   config.compile_timeout_s = 30.0

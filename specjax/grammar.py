@@ -111,8 +111,7 @@ def to_regex(constraint: Constraint) -> str:
   if isinstance(constraint, ToolCalls):
     return _tool_calls_regex(constraint)
   raise ValueError(
-    "constraint must be a Regex, JsonSchema, Choice or ToolCalls, got "
-    f"{type(constraint).__name__}."
+    f"constraint must be a Regex, JsonSchema, Choice or ToolCalls, got {type(constraint).__name__}."
   )
 
 
@@ -131,10 +130,12 @@ def text_without(word: str) -> str:
   only first): a run without word[0], then pieces each beginning with word[0]
   whose next characters leave `word` before its end. Unambiguous: each next
   character picks one branch."""
-  first = word[0]
-  if len(word) < 2 or first in word[1:]:
-    raise ValueError(f"word must be 2+ characters whose first occurs once, got {word!r}.")
+  first = word[:1]
+  if not word or first in word[1:]:
+    raise ValueError(f"word must be characters whose first occurs once, got {word!r}.")
   rest = _not_in_class(first)
+  if len(word) == 1:
+    return f"{rest}*"
   piece = f"(?:{_not_in_class(first + word[-1])}{rest}*)?"
   for c in word[-2:0:-1]:
     piece = f"(?:{_not_in_class(first + c)}{rest}*|{_escape(c)}{piece})?"

@@ -29,6 +29,7 @@ from helpers import Schedule, traces
 from specjax import constraints as C
 from specjax.data.chat import ChatTemplate
 from specjax.serving import Engine, EngineConfig, Request, request_key
+from specjax.serving.tools import ToolCallParser, ToolFormat, ToolOffer
 from specjax.testing import tiny_setup
 
 EOS = 0
@@ -189,9 +190,32 @@ def test_engine_refuses_constraints_it_cannot_hold(setup):
 def served(setup):
   engine, target, tokenizer, _ = setup
   engine.policy = specjax.serving.SpeculationPolicy("always", (3,))  # speculation on
-  url, _, stop = serve(engine, tokenizer, ChatTemplate(TEMPLATE, {"bos_token": "^"}))
+  template = ChatTemplate(TOOL_TEMPLATE, {"bos_token": "^"})
+  url, _, stop = serve(engine, tokenizer, template, tool_format=COMPACT)
   yield openai_client(url), url, target, tokenizer
   stop()
+
+
+# Tools as the template names them (without tools: TEMPLATE's text), and calls in a
+# short format, so that a call fits the engine's 64 tokens of bytes; a call begins
+# with "@", which a logit_bias can make the random model write.
+TOOL_TEMPLATE = "{% if tools %}[{% for t in tools %}{{ t.function.name }};{% endfor %}]{% endif %}"
+TOOL_TEMPLATE += TEMPLATE
+COMPACT = ToolFormat("compact", "@\n", "\n@", "\n")
+TOOLS = [
+  {
+    "type": "function",
+    "function": {
+      "name": "f",
+      "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "string", "maxLength": 2}},
+        "required": ["a"],
+      },
+    },
+  },
+  {"type": "function", "function": {"name": "g"}},  # no parameters: {}
+]
 
 
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "sig", "schema": SCHEMA}}
@@ -314,6 +338,123 @@ def test_bad_constraints_get_a_400_naming_the_field(served, body, param, message
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
   ):
     response = httpx.post(url + path, json={**base, "max_tokens": 4, **body}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and message in error["message"], error
+
+
+def _tool_answer(out, stream: bool, n: int = 1):
+  """`[(content, [(id, name, arguments)], finish_reason)]` per choice, whole or
+  joined from a stream's deltas (the first delta of a call has its id and name)."""
+  if not stream:
+    return [
+      (
+        c.message.content,
+        [(t.id, t.function.name, t.function.arguments) for t in c.message.tool_calls or []],
+        c.finish_reason,
+      )
+      for c in out.choices
+    ]
+  content, calls, reasons = [None] * n, [{} for _ in range(n)], [None] * n
+  for chunk in out:
+    for c in chunk.choices:
+      if c.delta.content:
+        content[c.index] = (content[c.index] or "") + c.delta.content
+      for t in c.delta.tool_calls or []:
+        if t.id is not None:
+          assert t.function.name and t.index not in calls[c.index]
+          calls[c.index][t.index] = [t.id, t.function.name, ""]
+        calls[c.index][t.index][2] += t.function.arguments or ""
+      reasons[c.index] = c.finish_reason or reasons[c.index]
+  return [(content[i], [tuple(v) for v in calls[i].values()], reasons[i]) for i in range(n)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_are_constrained_greedy_decoding(served, setup, stream):
+  """tool_choice "required" (one call) and a named function, greedy with
+  speculation on: the text is constrained greedy decoding's of the rendered
+  prompt, read back as OpenAI's tool_calls (streamed: deltas that join to them);
+  the arguments validate."""
+  client, _, target, tokenizer = served
+  messages = [{"role": "user", "content": "hi"}]
+  prompt = ChatTemplate(TOOL_TEMPLATE, {"bos_token": "^"}).render(
+    messages, add_generation_prompt=True, tools=TOOLS
+  )
+  for choice in ("required", {"type": "function", "function": {"name": "g"}}):
+    out = client.chat.completions.create(
+      model="tiny", messages=messages, tools=TOOLS, tool_choice=choice, temperature=0,
+      max_tokens=64, stream=stream, parallel_tool_calls=False,
+    )  # fmt: skip
+    ((content, calls, reason),) = _tool_answer(out, stream)
+    offer = ToolOffer.of(TOOLS, choice, False, 8)
+    automaton = C.compile_constraint(offer.constraint(COMPACT), PIECES, [EOS], 256)
+    (expected,) = alone(target, [Request(tokenizer.encode(prompt), 64, constraint=automaton)])
+    parser = ToolCallParser(COMPACT)
+    parser.feed(bytes(expected[:-1]).decode(), final=True)
+    assert expected[-1] == EOS and parser.finished_calls and len(parser.calls) == 1
+    want = [(c["function"]["name"], c["function"]["arguments"]) for c in parser.calls]
+    assert [(name, args) for _, name, args in calls] == want
+    assert content is None and reason == "tool_calls" and calls[0][0].startswith("call_")
+    name, args = want[0]
+    schema = TOOLS[0 if name == "f" else 1]["function"].get("parameters", {"type": "object"})
+    jsonschema.validate(json.loads(args), schema)
+    assert choice == "required" or name == "g"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_choice_gives_text_or_valid_calls(served, stream):
+  """Sampled "auto" choices after a conversation with a past call and its result:
+  the random model's text (and then, for some, calls), or, with "@" favoured by a
+  logit_bias, calls only; whole calls parse and validate, finish_reason
+  "tool_calls" exactly when the calls are whole."""
+  client = served[0]
+  past = [
+    {"role": "user", "content": "hi"},
+    {
+      "role": "assistant",
+      "content": None,
+      "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"a": "x"}'}}
+      ],
+    },  # fmt: skip
+    {"role": "tool", "tool_call_id": "call_0", "content": "ok"},
+  ]
+  answers = {}
+  for bias in ({}, {"64": 100}):  # 64: "@"
+    out = client.chat.completions.create(
+      model="tiny", messages=past, tools=TOOLS, temperature=1.0, seed=5, n=4, max_tokens=64,
+      stream=stream, logit_bias=bias,
+    )  # fmt: skip
+    answers[bool(bias)] = _tool_answer(out, stream, n=4)
+  assert all(content and "@" not in content for content, *_ in answers[False])  # text first
+  assert all(content is None and calls for content, calls, _ in answers[True])
+  assert any(reason == "tool_calls" for *_, reason in answers[True])
+  for _, calls, reason in answers[False] + answers[True]:
+    for i, (_id, name, args) in enumerate(calls):
+      assert name in ("f", "g")
+      if i < len(calls) - 1 or reason == "tool_calls":  # whole: the last may be cut
+        jsonschema.validate(
+          json.loads(args), TOOLS[0]["function"]["parameters"] if name == "f" else {}
+        )
+    assert (reason == "tool_calls") == (bool(calls) and reason != "length")
+
+
+def test_bad_tool_requests_name_the_field(served):
+  url = served[1]
+  base = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+  for body, param, message in [
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "function.name"),
+    ({"tool_choice": "auto"}, "tool_choice", "tool_choice needs tools"),
+    ({"tools": TOOLS, "tool_choice": 3}, "tool_choice", '"none", "auto", "required" or'),
+    (
+      {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "h"}}},
+      "tool_choice",
+      "'h' is not among the tools",
+    ),
+    ({"tools": TOOLS, "guided_regex": "a"}, "tools", "one constraint per request"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "valid boolean"),
+  ]:
+    response = httpx.post(url + "/v1/chat/completions", json={**base, **body}, timeout=60)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and message in error["message"], error

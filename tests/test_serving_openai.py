@@ -43,15 +43,15 @@ TEMPLATE = (
 MESSAGES = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
 
 
-def serve(engine, tokenizer, template):
-  """Runs `engine` behind the app on a free port (a daemon thread); returns
-  `(url, background, stop)`."""
+def serve(engine, tokenizer, template, **options):
+  """Runs `engine` behind the app (`make_app`'s `options`) on a free port (a
+  daemon thread); returns `(url, background, stop)`."""
   engine.warmup(timed_runs=0)
   background = BackgroundEngine(engine)
   # Correctness here, not the limits (tests/test_serving_limits.py): json_object's
   # compile takes seconds, more on a busy machine, so a generous time limit.
   app = make_app(
-    background, tokenizer, "tiny", template, limits=ServerLimits(compile_timeout_s=300)
+    background, tokenizer, "tiny", template, limits=ServerLimits(compile_timeout_s=300), **options
   )
   url, server, thread = serve_app(app)
 
@@ -180,6 +180,10 @@ def test_chat_refusals(served):
   with pytest.raises(openai.BadRequestError, match=r"logprobs must be an integer in \[0, 3\]") as e:
     client.chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True, top_logprobs=4)
   assert e.value.param == "top_logprobs"
+  tools = [{"type": "function", "function": {"name": "f"}}]
+  with pytest.raises(openai.BadRequestError, match="shows no tool-call format") as e:
+    client.chat.completions.create(model="tiny", messages=MESSAGES, tools=tools)
+  assert e.value.param == "tools"
   # A checkpoint without a chat template: a clear 400.
   with TestClient(make_app(background, tokenizer, "tiny")) as plain:
     response = plain.post("/v1/chat/completions", json={"messages": MESSAGES})

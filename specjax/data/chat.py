@@ -156,9 +156,7 @@ class ChatTemplate:
       source = named.get("default")
     return cls(source, special) if source else None
 
-  def render(
-    self, messages, add_generation_prompt: bool = False, tools=None, **variables
-  ) -> str:
+  def render(self, messages, add_generation_prompt: bool = False, tools=None, **variables) -> str:
     """The text of `messages` (checked by `check_messages`), as
     `tokenizer.apply_chat_template(messages, tokenize=False, tools=tools, ...)`
     gives it; `tools`: OpenAI's tool list ({"type": "function", "function": ...}

@@ -78,6 +78,13 @@ from specjax.serving.compiler import CompilePool, CompileRefused
 from specjax.serving.engine import QueueFull
 from specjax.serving.limits import ServerLimits
 from specjax.serving.request import Event, Request, SpeculationCounts
+from specjax.serving.tools import (
+  HERMES,
+  ToolCallParser,
+  ToolFormat,
+  ToolOffer,
+  template_messages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +222,18 @@ class ChatBody(_Body):
   max_completion_tokens: int | None = None  # the newer name of max_tokens
   logprobs: bool = False
   top_logprobs: int | None = None
+  # Tool calls (specjax.serving.tools): OpenAI's function tools.
+  tools: list[dict[str, Any]] | None = None
+  tool_choice: str | dict[str, Any] | None = None
+  parallel_tool_calls: bool = True
+
+  def offer(self, limits: ServerLimits) -> ToolOffer | None:
+    """The request's checked tools (None: none); APIError naming the field."""
+    try:
+      return ToolOffer.of(self.tools, self.tool_choice, self.parallel_tool_calls, limits.max_tools)
+    except ValueError as e:
+      param = "tool_choice" if str(e).startswith("tool_choice") else "tools"
+      raise APIError(400, str(e), param) from None
 
 
 class APIError(Exception):
@@ -260,6 +279,7 @@ def engine_error(error: ValueError) -> APIError:
 _UNIONS = {
   "prompt": "a string or a list of integer token ids",
   "stop": "a string or a list of strings",
+  "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
 }
 STOP_STRINGS = 4  # at most, as OpenAI's API
 MAX_CHOICES = 16  # n at most
@@ -353,10 +373,11 @@ _NESTED = {
 
 
 def constraint_of(
-  body: _Body, limits: ServerLimits = DEFAULT_LIMITS
+  body: _Body, limits: ServerLimits = DEFAULT_LIMITS, tool_format: ToolFormat = HERMES
 ) -> tuple[str, constraints.Constraint] | None:
   """`(param, constraint)` that `body` asks for (None: free text); APIError (400)
-  naming the field for a malformed or second one, or one past `limits`."""
+  naming the field for a malformed or second one, or one past `limits`. A chat's
+  tools (tool_choice other than "none") ask for calls in `tool_format`."""
   asked = []
   fmt = body.response_format
   if fmt is not None and fmt.type != "text":
@@ -378,6 +399,10 @@ def constraint_of(
     asked.append(("guided_regex", constraints.Regex(body.guided_regex)))
   if body.guided_choice is not None:
     asked.append(("guided_choice", constraints.Choice(tuple(body.guided_choice))))
+  offer = body.offer(limits) if isinstance(body, ChatBody) else None
+  calls = None if offer is None else offer.constraint(tool_format)
+  if calls is not None:
+    asked.append(("tools", calls))
   if len(asked) > 1:
     names = " and ".join(p.split(".")[0] for p, _ in asked)
     raise APIError(400, f"one constraint per request: got {names}.", asked[1][0].split(".")[0])
@@ -401,6 +426,9 @@ def _check_size(param: str, constraint, limits: ServerLimits) -> None:
     repeat = grammar.regex_repeat(pattern)
     if repeat > limits.max_regex_repeat:
       refuse(f"a counted repetition makes {repeat} copies of one piece", "max_regex_repeat")
+  elif isinstance(constraint, grammar.ToolCalls):
+    for name, schema in constraint.functions:
+      _check_schema(f"{param}: function {name!r}'s parameters", json.loads(schema), limits)
   elif isinstance(constraint, constraints.Choice):
     options = constraint.options
     if len(options) > limits.max_choices:
@@ -409,15 +437,28 @@ def _check_size(param: str, constraint, limits: ServerLimits) -> None:
     if chars > limits.max_choice_chars:
       refuse(f"the options have {chars} characters together", "max_choice_chars")
   else:
-    schema = constraint.schema
-    size = len(json.dumps(schema).encode())
-    if size > limits.max_schema_bytes:
-      refuse(f"the schema has {size} bytes (as JSON)", "max_schema_bytes")
-    depth = grammar.json_depth(schema, limits.max_schema_depth)
-    if depth > limits.max_schema_depth:
-      refuse(
-        f"the schema nests more than {limits.max_schema_depth} levels deep", "max_schema_depth"
-      )
+    _check_schema(param, constraint.schema, limits)
+
+
+def _check_schema(where: str, schema, limits: ServerLimits) -> None:
+  """APIError (400 naming `where`'s field) for a schema past `limits`."""
+  param = where.split(":")[0]
+  size = len(json.dumps(schema).encode())
+  if size > limits.max_schema_bytes:
+    raise APIError(
+      400,
+      f"{where}: the schema has {size} bytes (as JSON); this server takes at most "
+      f"{limits.max_schema_bytes} (max_schema_bytes).",
+      param,
+    )
+  depth = grammar.json_depth(schema, limits.max_schema_depth)
+  if depth > limits.max_schema_depth:
+    raise APIError(
+      400,
+      f"{where}: the schema nests more than {limits.max_schema_depth} levels deep; this "
+      f"server takes at most {limits.max_schema_depth} (max_schema_depth).",
+      param,
+    )
 
 
 def _short(value, limit: int = 100) -> str:
@@ -568,6 +609,7 @@ def make_app(
   limits: ServerLimits = DEFAULT_LIMITS,
   api_key: str | None = None,
   allowed_hosts: tuple[str, ...] = (),
+  tool_format: ToolFormat | None = None,
 ):
   """The FastAPI app serving `background`'s engine.
 
@@ -582,11 +624,13 @@ def make_app(
     api_key: None, or the key every endpoint but /health requires as
       `Authorization: Bearer <key>` (401 otherwise).
     allowed_hosts: the Host names accepted (any port); empty: any.
+    tool_format: how the model writes tool calls (`specjax.serving.tools`);
+      None: the one `chat_template` shows (Hermes-style), or tools are refused.
 
   `app.state.compiler` is the constraint compile pool (None until the first
   constraint); `app.state.close()` kills its workers (on shutdown).
   """
-  api = _Completions(background, tokenizer, model_name, chat_template, limits)
+  api = _Completions(background, tokenizer, model_name, chat_template, limits, tool_format)
   app = fastapi.FastAPI(title="specjax", version="1")
   app.add_exception_handler(APIError, _api_error)
   app.add_exception_handler(HTTPException, _http_error)
@@ -710,10 +754,17 @@ class _Completions:
   """The endpoints of one served model."""
 
   def __init__(
-    self, background: BackgroundEngine, tokenizer, model_name: str, chat_template, limits
+    self,
+    background: BackgroundEngine,
+    tokenizer,
+    model_name: str,
+    chat_template,
+    limits,
+    tool_format: ToolFormat | None = None,
   ):
     self.background, self.tokenizer, self.model_name = background, tokenizer, model_name
     self.chat_template, self.created, self.limits = chat_template, int(time.time()), limits
+    self.tool_format = tool_format or ToolFormat.of(chat_template)  # None: tools refused
     config = background.engine.config
     self.settings = {
       "policy": config.policy,
@@ -754,7 +805,7 @@ class _Completions:
   async def _constraint(self, body: _Body, http_request):
     """`(param, automaton)` of `body`'s constraint (compiled in a worker
     process), or None; APIError naming the field when it is refused."""
-    asked = constraint_of(body, self.limits)
+    asked = constraint_of(body, self.limits, self.tool_format or HERMES)
     if asked is None:
       return None
     param, constraint = asked
@@ -846,15 +897,28 @@ class _Completions:
         "messages",
       )
     try:
-      messages = check_messages(body.messages)
+      messages = template_messages(check_messages(body.messages))
     except ValueError as e:
       raise APIError(400, str(e), "messages") from None
+    offer = body.offer(self.limits)
+    if offer is not None and self.tool_format is None:
+      raise APIError(
+        400,
+        f"tools: the chat template of model {self.model_name!r} shows no tool-call format "
+        "this server reads (Hermes-style <tool_call> blocks).",
+        "tools",
+      )
     if body.top_logprobs is not None and not body.logprobs:
       raise APIError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
     body.max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else None
     self._requests(body, [0], top)  # the cheap checks, before rendering and tokenizing
-    render = functools.partial(self.chat_template.render, messages, add_generation_prompt=True)
+    render = functools.partial(
+      self.chat_template.render,
+      messages,
+      add_generation_prompt=True,
+      tools=None if offer is None else offer.tools,
+    )
     try:
       text = await asyncio.to_thread(render)
     except Exception as e:  # the template refuses them (raise_exception), or breaks
@@ -863,7 +927,8 @@ class _Completions:
       ) from None
     # As transformers does: no special tokens added (a rendered chat carries its own BOS).
     ids = await self._encode(text, "messages", special=False)
-    return await self._serve(http_request, body, ids, top)
+    calls = offer is not None and offer.choice != "none"
+    return await self._serve(http_request, body, ids, top, self.tool_format if calls else None)
 
   def _requests(self, body: _Body, prompt, logprobs: int | None, constraint=None) -> list[Request]:
     """The engine requests (one per choice) `body` asks for, with its compiled
@@ -895,14 +960,17 @@ class _Completions:
       raise error from None
     return requests
 
-  async def _serve(self, http_request, body: _Body, prompt, logprobs: int | None):
-    """Runs `body`'s choices and answers, streamed or whole."""
+  async def _serve(
+    self, http_request, body: _Body, prompt, logprobs: int | None, tools: ToolFormat | None = None
+  ):
+    """Runs `body`'s choices and answers, streamed or whole; with `tools`, a
+    chat's text is read as content and tool calls in that format."""
     self._requests(body, prompt, logprobs)  # the prompt's length, before compiling
     requests = self._requests(body, prompt, logprobs, await self._constraint(body, http_request))
     run = _Run(self.background, http_request, body.stop, self.tokenizer, self.prometheus)
     await run.start(requests)
     chat = isinstance(body, ChatBody)
-    form = _Form(self.tokenizer, chat, logprobs is not None)
+    form = _Form(self.tokenizer, chat, logprobs is not None, tools)
     head = {
       "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
       "object": "chat.completion" if chat else "text_completion",
@@ -931,18 +999,36 @@ class _Completions:
 
 
 class _Form:
-  """One endpoint's JSON shapes: a choice (whole or a streamed chunk) and its logprobs."""
+  """One endpoint's JSON shapes: a choice (whole or a streamed chunk) and its
+  logprobs; with `tools`, a chat's text split into content and `tool_calls`
+  (one `ToolCallParser` per choice)."""
 
-  def __init__(self, tokenizer, chat: bool, logprobs: bool):
+  def __init__(self, tokenizer, chat: bool, logprobs: bool, tools: ToolFormat | None = None):
     self.tokenizer, self.chat, self.logprobs = tokenizer, chat, logprobs
+    self.tools, self.parsers = tools, {}
 
   def choice(self, index, text, finish_reason, counted, whole=False, first=False) -> dict:
     out = {"index": index}
     if not self.chat:
       out["text"] = text
-    else:
+    elif self.tools is None:
       message = {"role": "assistant", "content": text} if whole or first else {"content": text}
       out["message" if whole else "delta"] = message
+    else:
+      parser = self.parsers.setdefault(index, ToolCallParser(self.tools))
+      content, calls = parser.feed(text, final=finish_reason is not None)
+      message = {"role": "assistant"} if whole or first else {}
+      if whole:
+        message["content"] = content or None
+        if parser.calls:
+          message["tool_calls"] = parser.calls
+      else:
+        message["content"] = content if content or not calls else None
+        if calls:
+          message["tool_calls"] = calls
+      out["message" if whole else "delta"] = message
+      if finish_reason == "stop" and parser.finished_calls:
+        finish_reason = "tool_calls"
     out["logprobs"] = self._logprobs(counted) if self.logprobs else None
     out["finish_reason"] = finish_reason
     return out

@@ -30,6 +30,8 @@ class ServerLimits:
     max_schema_bytes, max_schema_depth: a JSON schema's bytes (as JSON) and nesting.
     max_choices, max_choice_chars: `guided_choice`'s options, and their
       characters together.
+    max_tools: the functions a chat request's `tools` may offer (each one's
+      parameters schema is bounded as a schema).
     compile_workers: constraints compiled at once, each in a worker process.
     compile_queue: compiles that may wait for a worker; past it, 429.
     compile_timeout_s: a compile's seconds at most (its worker is killed).
@@ -50,6 +52,7 @@ class ServerLimits:
   max_schema_depth: int = 32
   max_choices: int = 256
   max_choice_chars: int = 16 << 10
+  max_tools: int = 64
   compile_workers: int = 2
   compile_queue: int = 8
   compile_timeout_s: float = 30.0
