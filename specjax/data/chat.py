@@ -20,9 +20,19 @@ import json
 import os
 from typing import Any
 
-# The bundled pair was trained on Python source, so a chat reads as comments.
+# The bundled pair was trained on Python source, so a chat reads as comments; tools
+# and tool calls in the Hermes format (`specjax.serving.tools`).
 BUNDLED_TEMPLATE = (
-  "{% for m in messages %}{{ '# ' + m['role'] + ':\\n' + m['content'] + '\\n' }}{% endfor %}"
+  "{% if tools %}{{ '# tools:\\n' }}{% for t in tools %}"
+  "{{ '# ' + t['function']['name'] + ' ' + (t['function']['parameters'] or {}) | tojson + '\\n' }}"
+  "{% endfor %}"
+  "{{ '# call one as <tool_call>\\n{\"name\": ..., \"arguments\": {...}}\\n</tool_call>\\n' }}"
+  "{% endif %}"
+  "{% for m in messages %}{{ '# ' + m['role'] + ':\\n' + (m['content'] or '') }}"
+  "{% for c in m['tool_calls'] or [] %}"
+  "{{ '<tool_call>\\n{\"name\": \"' + c['function']['name'] + '\", \"arguments\": ' }}"
+  "{{ c['function']['arguments'] | tojson + '}\\n</tool_call>' }}{% endfor %}"
+  "{{ '\\n' }}{% endfor %}"
   "{% if add_generation_prompt %}{{ '# assistant:\\n' }}{% endif %}"
 )
 ROLES = ("system", "user", "assistant", "tool", "developer")

@@ -37,6 +37,11 @@ once against the tokenizer, in a worker process the server can stop
 (`specjax.serving.compiler`; cached), after the request's cheap checks, and
 every token of the request, drafted or sampled, is drawn among what it allows;
 the engine needs a constraint table (`EngineConfig.constraint_states`) and EOS ids.
+
+Tool calls, in chat: `tools`, `tool_choice` and `parallel_tool_calls`
+(`specjax.serving.tools`): the tools go to the chat template, the calls are a
+constraint (`specjax.grammar.ToolCalls`) like the others, and the text is read
+back as `message.tool_calls` (streamed: `delta.tool_calls`).
 """
 
 from __future__ import annotations
