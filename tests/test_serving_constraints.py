@@ -8,6 +8,8 @@
 * Over HTTP with the official openai client: `response_format` (json_schema,
   json_object) and the `guided_regex` / `guided_choice` extensions, in
   completions and chat, streamed or not; bad ones get a 400 naming the field.
+* Tool calls over HTTP: "required" and a named function give constrained greedy
+  decoding's calls (whole and streamed deltas alike), "auto" text or valid calls.
 
 One engine (random tiny models, byte tokenizer, EOS = byte 0) serves the module;
 its engine-level tests run before the HTTP server takes it over.
