@@ -184,6 +184,10 @@ def test_chat_refusals(served):
   with pytest.raises(openai.BadRequestError, match="shows no tool-call format") as e:
     client.chat.completions.create(model="tiny", messages=MESSAGES, tools=tools)
   assert e.value.param == "tools"
+  shown = client.chat.completions.create(  # "none" only shows them: no format needed
+    model="tiny", messages=MESSAGES, tools=tools, tool_choice="none", max_tokens=2
+  )
+  assert shown.choices[0].message.tool_calls is None
   # A checkpoint without a chat template: a clear 400.
   with TestClient(make_app(background, tokenizer, "tiny")) as plain:
     response = plain.post("/v1/chat/completions", json={"messages": MESSAGES})

@@ -906,11 +906,13 @@ class _Completions:
     except ValueError as e:
       raise APIError(400, str(e), "messages") from None
     offer = body.offer(self.limits)
-    if offer is not None and self.tool_format is None:
+    calls = offer is not None and offer.choice != "none"
+    if calls and self.tool_format is None:
       raise APIError(
         400,
         f"tools: the chat template of model {self.model_name!r} shows no tool-call format "
-        "this server reads (Hermes-style <tool_call> blocks).",
+        'this server reads (Hermes-style <tool_call> blocks); tool_choice "none" only '
+        "shows the tools.",
         "tools",
       )
     if body.top_logprobs is not None and not body.logprobs:
@@ -932,7 +934,6 @@ class _Completions:
       ) from None
     # As transformers does: no special tokens added (a rendered chat carries its own BOS).
     ids = await self._encode(text, "messages", special=False)
-    calls = offer is not None and offer.choice != "none"
     return await self._serve(http_request, body, ids, top, self.tool_format if calls else None)
 
   def _requests(self, body: _Body, prompt, logprobs: int | None, constraint=None) -> list[Request]:
