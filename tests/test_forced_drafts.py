@@ -10,8 +10,9 @@ those tokens with q one-hot, and the drafter drafts after them.
   coupled rules pass a chi-square test against the constrained target's law of
   the first three tokens, with forced tokens drafted (`stats.forced` > 0).
 * Greedy output with forced drafts is plain constrained greedy decoding under a
-  JSON schema, for a draft model and an EAGLE head; the draft model spends fewer
-  calls (it feeds the span in its first call), and off, nothing is forced.
+  JSON schema, for a draft model (also with penalties) and an EAGLE head; the
+  draft model spends fewer calls (it feeds the span in its first call), and
+  off, nothing is forced.
 """
 
 import itertools
@@ -135,12 +136,17 @@ def test_forced_drafts_keep_the_constrained_law(pair, chains, verifier):
   assert chisquare_pvalue(sequence_counts(out.tokens, V), joint) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["model", "eagle"])
+# The model with the penalties on: its warp's counts advance over the forced span.
+@pytest.mark.parametrize("name", ["model", "eagle", "model_penalties"])
 def test_greedy_forced_drafts_are_constrained_greedy_decoding(target, draft, name):
   automaton = C.compile_constraint(C.JsonSchema(SCHEMA), JSON_TOKENS, [511], 512)
   rules = C.row_constraints([automaton, automaton], 512)
   prompts, lengths = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32), jnp.asarray([3, 2])
-  run = dict(max_new_tokens=40, sampling=specjax.GREEDY, eos_id=511, constraints=rules)
+  sampling = specjax.GREEDY
+  if name == "model_penalties":
+    sampling = specjax.SamplingParams(0.0, presence_penalty=0.5, repetition_penalty=1.3)
+  run = dict(max_new_tokens=40, sampling=sampling, eos_id=511, constraints=rules)
+  name = name.removesuffix("_penalties")
   plain = specjax.autoregressive_generate(target, prompts, lengths, **run)
   drafter = make_drafter(name, target, draft)
   on, off = (

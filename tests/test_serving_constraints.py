@@ -3,7 +3,8 @@
 * The engine: regex, choice, JSON-schema and free requests share steps (plain
   and speculative); each greedy request's text is constrained greedy decoding
   alone, each seeded one plain coupled decoding with its key, and every text
-  is in its language. New constraints recompile nothing; a full table packs
+  is in its language. The tokens their constraints forced (forced drafts) are
+  counted in each request's usage and sum to the engine's counter. New constraints recompile nothing; a full table packs
   the live automata (shifting their rows' states) or makes a request wait.
 * Over HTTP with the official openai client: `response_format` (json_schema,
   json_object) and the `guided_regex` / `guided_choice` extensions, in
@@ -113,12 +114,20 @@ def test_constrained_requests_equal_constrained_decoding_alone(setup, gammas):
         constraint=None if kind is None else automata[kind],
       )
     )
+  forced_before = engine.counters["forced"]
   completions = engine.run(batch)
   assert [c.tokens for c in completions] == alone(target, batch)
   for kind, c in zip(kinds, completions):
     if kind is not None:
       check_text(kind, c.tokens)
       assert c.finish_reason == "stop"
+    # Forced drafts (on by default) are counted apart, and within the accepted.
+    assert 0 <= c.speculation.forced <= c.speculation.accepted
+    if kind is None:
+      assert c.speculation.forced == 0
+  assert sum(c.speculation.forced for c, k in zip(completions, kinds) if k == "schema") > 0
+  forced = sum(c.speculation.forced for c in completions)
+  assert engine.counters["forced"] - forced_before == forced  # the counter sums the usages
   assert engine.counters["steps_gamma_3"] > 0
 
 

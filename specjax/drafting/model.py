@@ -97,9 +97,9 @@ class CachedDrafting(ConfidenceLength):
         lambda: self._feed_span(recent, constraint.forced_tokens, forced, state),
         lambda: self._feed_recent(recent, state, g),
       )
-      constraint = constraint.after_forced()
-      if warp is not None:
+      if warp is not None and warp.history is not None:  # penalties count the span
         warp = warp.replace(history=warp.history.after(constraint.forced_tokens, forced))
+      constraint = constraint.after_forced()
     else:
       forced = jnp.zeros((b,), jnp.int32)
       logits, state = self._feed_recent(recent, state, g)
