@@ -4,8 +4,9 @@
   and speculative); each greedy request's text is constrained greedy decoding
   alone, each seeded one plain coupled decoding with its key, and every text
   is in its language. The tokens their constraints forced (forced drafts) are
-  counted in each request's usage and sum to the engine's counter. New constraints recompile nothing; a full table packs
-  the live automata (shifting their rows' states) or makes a request wait.
+  counted in each request's usage and sum to the engine's counter. New
+  constraints recompile nothing; a full table packs the live automata
+  (shifting their rows' states) or makes a request wait.
 * Over HTTP with the official openai client: `response_format` (json_schema,
   json_object) and the `guided_regex` / `guided_choice` extensions, in
   completions and chat, streamed or not; bad ones get a 400 naming the field.
