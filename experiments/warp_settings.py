@@ -1,7 +1,7 @@
 """Speedups with each sampling setting on and off, on the bundled pair (issue 65, req. 5).
 
   PYTHONPATH=. python experiments/warp_settings.py [--prompts=2] [--max_new_tokens=48]
-      [--temperatures=0,1] [--gamma=4] [--num_runs=3] [--output_json=PATH] [--output_md=PATH]
+      [--settings=off,min_p] [--temperatures=0,1] [--gamma=4] [--num_runs=3] [--output_json=PATH] [--output_md=PATH]
 
 Each setting alone (presence, frequency and repetition penalties, logit_bias,
 min_p, min_tokens, stop_token_ids) and all of them together, against all off,
@@ -36,6 +36,11 @@ def main(argv):
   except ValueError:
     raise ValueError(f"--temperatures must be numbers >= 0, got {f.temperatures!r}.") from None
   count = check_positive_int("--prompts", f.prompts)
+  names = (*warps.SETTINGS, "logit_bias", "stop_token_ids", "all")
+  chosen = [n for n in f.settings.split(",") if n] or list(names)
+  unknown = [n for n in chosen if n not in names]
+  if unknown:
+    raise ValueError(f"--settings must name some of {', '.join(names)}; got {unknown}.")
   target, draft, tokenizer = pretrained.load_pair()
   eos = tuple(generation_settings(pretrained.TARGET_DIR).eos_ids) or None
   # Token ids for the id-valued settings: a newline favoured, a common word banned.
@@ -46,6 +51,7 @@ def main(argv):
   settings["all"] = {
     k: v for name, fields in settings.items() if name != "stop_token_ids" for k, v in fields.items()
   }
+  settings = {n: settings[n] for n in chosen}
   prompts, lengths = encode_prompts(tokenizer, held_out_prompts(count), name="--prompts")
   rows = warps.setting_speedups(
     target, draft, prompts, lengths, settings, temperatures=temperatures,
@@ -67,6 +73,7 @@ def main(argv):
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_integer("prompts", 2, "Held-out prompts, each decoded alone.")
+  flags.DEFINE_string("settings", "", "Comma list of the settings to run (default: all).")
   flags.DEFINE_string("temperatures", "0,1", "Comma list of temperatures (0: greedy).")
   flags.DEFINE_integer("gamma", 4, "Draft length.")
   flags.DEFINE_integer("max_new_tokens", 48, "Token budget per prompt.")
