@@ -10,6 +10,7 @@
 * Over HTTP with the official openai client: `response_format` (json_schema,
   json_object) and the `guided_regex` / `guided_choice` extensions, in
   completions and chat, streamed or not; bad ones get a 400 naming the field.
+  A schema's forced tokens are in its usage and in /metrics alike.
 
 One engine (random tiny models, byte tokenizer, EOS = byte 0) serves the module;
 its engine-level tests run before the HTTP server takes it over.
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import jsonschema
 import numpy as np
 import pytest
-from test_serving_openai import TEMPLATE, openai_client, serve
+from test_serving_openai import TEMPLATE, _speculation_counters, openai_client, serve
 
 import specjax
 from helpers import Schedule, traces
@@ -233,6 +234,21 @@ def test_completions_follow_their_constraint(served, setup, kind, stream):
   (expected,) = alone(target, [Request(ids, 64, constraint=automaton)])
   assert text == tokenizer.decode(expected)  # the byte tokenizer decodes EOS as "\x00"
   check_text(kind, tokenizer.encode(text))
+
+
+def test_forced_tokens_in_usage_add_up_to_the_prometheus_counter(served):
+  """A JSON-schema completion's forced tokens (its key names, spelled one byte
+  per id, are forced): in its usage, within its accepted drafts, and the change
+  in /metrics' `specjax_forced_tokens_total`."""
+  client, url, *_ = served
+  before = _speculation_counters(url)
+  out = client.completions.create(
+    model="tiny", prompt="def g(y):\n", max_tokens=64, temperature=0, **FORMATS["schema"]
+  )
+  after = _speculation_counters(url)
+  spec = out.usage.model_extra["speculation"]
+  assert 0 < spec["forced"] <= spec["accepted"]
+  assert after["specjax_forced_tokens"] - before["specjax_forced_tokens"] == spec["forced"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
