@@ -104,6 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
   # worth it by verify_costs: () measures them on this machine first (reported).
   config.verify_lengths = ()
   config.verify_costs = ()
+  # Under config.constraint, draft the tokens the grammar forces first, at no drafter
+  # cost (speculative_generate's forced_drafts; docs/usage.md "Drafts the grammar forces").
+  config.forced_drafts = True
   # Both loops: "while" tests for finished rows after every iteration; "chunked"
   # after every loop_chunk iterations (on GPU, one device-to-host wait per chunk;
   # docs/performance.md). string_level runs its loop on the host: "while" only.

@@ -50,6 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Confidence-driven verification length (EngineConfig.verify_lengths): () off, or the
   # lengths compiled, e.g. '(1,2,4)' (gamma last); warm-up measures their costs.
   config.verify_lengths = ()
+  # Drafts the grammar forces (EngineConfig.forced_drafts): under a constraint, the
+  # tokens a request's state allows alone are drafted first, at no drafter cost.
+  config.forced_drafts = True
   config.seed = 0  # the tiny models' weights
   # The engine's seed, which unseeded sampled requests draw from: -1 a fresh random
   # one at each start (their texts differ across restarts), >= 0 fixed.

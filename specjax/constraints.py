@@ -22,6 +22,8 @@ dense `[S, V]` table runs to hundreds of MB (`memory_report`).
                               token (unconstrained rows)
   RowConstraints              the table and each row's start state
   allowed, advance            the device side: masks and transitions
+  forced_chain                the tokens a row's state forces next (speculative
+                              decoding drafts them without the drafter)
 
 EOS ids are allowed only in accepting states (and keep the row there).
 """
@@ -147,10 +149,15 @@ class ConstraintTable:
       not allowed; S (and a class table's C) are padded to buckets so that new
       constraints of a similar size reuse the program.
     token_class: `[V]` int32, each id's column; None for the dense layout.
+    forced: `[S]` int32, the one token a state allows, -1 where it allows none
+      or several (built with the table, so that finding a forced token is one
+      gather per step, never an `[S, V]` pass); None: not built (then
+      `forced_chain` derives it from `next_state`).
   """
 
   next_state: jax.Array
   token_class: jax.Array | None = None
+  forced: jax.Array | None = None
 
   @property
   def num_states(self) -> int:
@@ -165,7 +172,8 @@ class ConstraintTable:
     return "dense" if self.token_class is None else "sparse"
 
   def nbytes(self) -> int:
-    return sum(int(x.size) * 4 for x in (self.next_state, self.token_class) if x is not None)
+    parts = (self.next_state, self.token_class, self.forced)
+    return sum(int(x.size) * 4 for x in parts if x is not None)
 
 
 @struct.dataclass
@@ -222,6 +230,23 @@ def _stack(
   return table, token_class, starts
 
 
+def forced_tokens(next_state: np.ndarray, token_class: np.ndarray | None) -> np.ndarray:
+  """`[S]` int32 (host): the one token each state of a table (`next_state [S, C]`,
+  `token_class [V]` or None for dense) allows, -1 where it allows none or several:
+  a state forces a token when one column is allowed and that column is one id."""
+  ok = next_state >= 0
+  one = ok.sum(axis=1) == 1
+  column = ok.argmax(axis=1)
+  if token_class is None:
+    return np.where(one, column, -1).astype(np.int32)
+  sizes = np.bincount(token_class, minlength=next_state.shape[1])
+  # each class's first id (its only one where the class is a single id)
+  first = np.full(next_state.shape[1], -1, np.int64)
+  ids = np.arange(token_class.shape[0])
+  first[token_class[::-1]] = ids[::-1]
+  return np.where(one & (sizes[column] == 1), first[column], -1).astype(np.int32)
+
+
 def row_constraints(
   automata: Sequence[Automaton | None],
   vocab_size: int,
@@ -241,9 +266,10 @@ def row_constraints(
       `DENSE_LIMIT_BYTES`. Both give the same masks and transitions.
   """
   table, token_class, starts = _stack(automata, vocab_size, num_states, num_classes, layout)
+  forced = jnp.asarray(forced_tokens(table, token_class))
   token_class = None if token_class is None else jnp.asarray(token_class)
   return RowConstraints(
-    ConstraintTable(jnp.asarray(table), token_class), jnp.asarray(starts, jnp.int32)
+    ConstraintTable(jnp.asarray(table), token_class, forced), jnp.asarray(starts, jnp.int32)
   )
 
 
@@ -284,6 +310,43 @@ def advance(table: ConstraintTable, states: jax.Array, tokens: jax.Array) -> jax
   if table.token_class is not None:
     column = table.token_class[column]
   return jnp.where(inside, table.next_state[jnp.maximum(states, 0), column], -1)
+
+
+def forced_chain(
+  table: ConstraintTable, states: jax.Array, length: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The tokens the constraint forces from `states [B]` on: a state that allows
+  exactly one token forces it, and the state after it may force the next.
+
+  Returns:
+    `(tokens [B, length] int32, count [B] int32, after [B])`: row b's first
+    `count[b]` tokens are forced (the rest 0), `after` the state they reach.
+    An unconstrained (`FREE`) or dead (-1) state forces nothing.
+  """
+  forced = table.forced
+  if forced is None:  # a table built by hand: one [S, C] pass (row_constraints builds it)
+    ok = table.next_state >= 0
+    one = jnp.sum(ok, axis=1) == 1
+    column = jnp.argmax(ok, axis=1)
+    if table.token_class is None:
+      forced = jnp.where(one, column, -1)
+    else:
+      sizes = jnp.zeros(ok.shape[1], jnp.int32).at[table.token_class].add(1)
+      first = (
+        jnp.full(ok.shape[1], -1, jnp.int32)
+        .at[table.token_class[::-1]]
+        .set(jnp.arange(table.vocab_size - 1, -1, -1, dtype=jnp.int32))
+      )
+      forced = jnp.where(one & (sizes[column] == 1), first[column], -1)
+  tokens, count = [], jnp.zeros(states.shape, jnp.int32)
+  going = jnp.ones(states.shape, bool)
+  for _ in range(length):  # static and short (gamma): a chain of gathers
+    token = jnp.where(states >= 0, forced[jnp.maximum(states, 0)], -1)
+    going = going & (token >= 0)
+    tokens.append(jnp.where(going, token, 0))
+    count = count + going
+    states = jnp.where(going, advance(table, states, token), states)
+  return jnp.stack(tokens, axis=1).astype(jnp.int32), count, states
 
 
 def mask_logits(logits: jax.Array, table: ConstraintTable, states: jax.Array) -> jax.Array:

@@ -147,22 +147,28 @@ class Coupling:
 
 def chain_draws(key: jax.Array | Coupling, count: int, batch: int) -> Callable:
   """`draw(i, q [B, V]) -> [B]`: a drafter's draw of its i-th token (i < count,
-  may be traced) from its law q. With a plain key, inverse CDF with the uniform
-  `uniform(key, (count, batch))[i]`; with a `Coupling`, Gumbel-max with its noise
-  at index i for the rows it covers."""
+  may be traced; a scalar, or `[B]` each row's own index) from its law q. With a
+  plain key, inverse CDF with the uniform `uniform(key, (count, batch))[i]`; with
+  a `Coupling`, Gumbel-max with its noise at index i for the rows it covers."""
+  rows = jnp.arange(batch)
+
+  def at(table, i):  # table [count, batch]: row b's entry at its index
+    return table[i] if jnp.ndim(i) == 0 else table[i, rows]
+
   if not isinstance(key, Coupling):
     uniforms = jax.random.uniform(key, (count, batch), jnp.float32)
-    return lambda i, q: sample_with_uniform(uniforms[i], q)
+    return lambda i, q: sample_with_uniform(at(uniforms, i), q)
   coupling = key
   uniforms = (
     None if coupling.rows is None else jax.random.uniform(coupling.key, (count, batch), jnp.float32)
   )
 
   def draw(i, q):
-    coupled = gumbel_max(q, coupling.gumbel[:, i])
+    noise = coupling.gumbel[:, i] if jnp.ndim(i) == 0 else coupling.gumbel[rows, i]
+    coupled = gumbel_max(q, noise)
     if uniforms is None:
       return coupled
-    return coupling.select(coupled, sample_with_uniform(uniforms[i], q))
+    return coupling.select(coupled, sample_with_uniform(at(uniforms, i), q))
 
   return draw
 

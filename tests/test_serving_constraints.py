@@ -3,11 +3,14 @@
 * The engine: regex, choice, JSON-schema and free requests share steps (plain
   and speculative); each greedy request's text is constrained greedy decoding
   alone, each seeded one plain coupled decoding with its key, and every text
-  is in its language. New constraints recompile nothing; a full table packs
-  the live automata (shifting their rows' states) or makes a request wait.
+  is in its language. The tokens their constraints forced (forced drafts) are
+  counted in each request's usage and sum to the engine's counter. New
+  constraints recompile nothing; a full table packs the live automata
+  (shifting their rows' states) or makes a request wait.
 * Over HTTP with the official openai client: `response_format` (json_schema,
   json_object) and the `guided_regex` / `guided_choice` extensions, in
   completions and chat, streamed or not; bad ones get a 400 naming the field.
+  A schema's forced tokens are in its usage and in /metrics alike.
 * Tool calls over HTTP: "required" and a named function give constrained greedy
   decoding's calls (whole and streamed deltas alike), "auto" text or valid calls.
 
@@ -24,7 +27,7 @@ import jax.numpy as jnp
 import jsonschema
 import numpy as np
 import pytest
-from test_serving_openai import TEMPLATE, openai_client, serve
+from test_serving_openai import TEMPLATE, _speculation_counters, openai_client, serve
 
 import specjax
 from helpers import Schedule, traces
@@ -116,12 +119,20 @@ def test_constrained_requests_equal_constrained_decoding_alone(setup, gammas):
         constraint=None if kind is None else automata[kind],
       )
     )
+  forced_before = engine.counters["forced"]
   completions = engine.run(batch)
   assert [c.tokens for c in completions] == alone(target, batch)
   for kind, c in zip(kinds, completions):
     if kind is not None:
       check_text(kind, c.tokens)
       assert c.finish_reason == "stop"
+    # Forced drafts (on by default) are counted apart, and within the accepted.
+    assert 0 <= c.speculation.forced <= c.speculation.accepted
+    if kind is None:
+      assert c.speculation.forced == 0
+  assert sum(c.speculation.forced for c, k in zip(completions, kinds) if k == "schema") > 0
+  forced = sum(c.speculation.forced for c in completions)
+  assert engine.counters["forced"] - forced_before == forced  # the counter sums the usages
   assert engine.counters["steps_gamma_3"] > 0
 
 
@@ -249,6 +260,21 @@ def test_completions_follow_their_constraint(served, setup, kind, stream):
   (expected,) = alone(target, [Request(ids, 64, constraint=automaton)])
   assert text == tokenizer.decode(expected)  # the byte tokenizer decodes EOS as "\x00"
   check_text(kind, tokenizer.encode(text))
+
+
+def test_forced_tokens_in_usage_add_up_to_the_prometheus_counter(served):
+  """A JSON-schema completion's forced tokens (its key names, spelled one byte
+  per id, are forced): in its usage, within its accepted drafts, and the change
+  in /metrics' `specjax_forced_tokens_total`."""
+  client, url, *_ = served
+  before = _speculation_counters(url)
+  out = client.completions.create(
+    model="tiny", prompt="def g(y):\n", max_tokens=64, temperature=0, **FORMATS["schema"]
+  )
+  after = _speculation_counters(url)
+  spec = out.usage.model_extra["speculation"]
+  assert 0 < spec["forced"] <= spec["accepted"]
+  assert after["specjax_forced_tokens"] - before["specjax_forced_tokens"] == spec["forced"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -19,6 +19,10 @@ timed as `specjax.bench.masking.iteration_ms` times the constraint's mask:
 medians of interleaved runs in one process, each run `repeats` trips of a
 `fori_loop` whose carry feeds the next trip. The plain loop's three are whole
 `autoregressive_generate` runs of `max_new_tokens` tokens (no EOS), per token.
+
+What each setting does to the speedup (`setting_speedups`): plain and
+speculative decoding of a few prompts with each setting alone on (`SETTINGS`,
+plus what the launcher adds) and all off, at each temperature.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from specjax.bench.masking import _iteration_loop
 from specjax.bench.timing import time_calls
 from specjax.generation import validation
 from specjax.generation.autoregressive import autoregressive_generate
-from specjax.generation.speculative import init_state
+from specjax.generation.speculative import init_state, speculative_generate
 from specjax.generation.state import SpecConfig
 from specjax.sampling import RowSampling, SamplingParams, TokenHistory, penalized_logits
 from specjax.validation import check_positive_int
@@ -174,3 +178,115 @@ def warp_cost(
     "warps_over_rows": ms["warps"] / ms["rows"] - 1,
     "warps_over_static": ms["warps"] / ms["static"] - 1,
   }
+
+
+# Each setting alone (and all together) for `setting_speedups`: the penalties at
+# moderate values, min-p, a delayed EOS. logit_bias and stop ids need token ids:
+# the launcher adds them (`experiments/warp_settings.py`).
+SETTINGS = {
+  "off": {},
+  "presence_penalty": {"presence_penalty": 0.5},
+  "frequency_penalty": {"frequency_penalty": 0.5},
+  "repetition_penalty": {"repetition_penalty": 1.2},
+  "min_p": {"min_p": 0.05},
+  "min_tokens": {"min_tokens": 32},
+}
+
+SETTING_COLUMNS = (
+  ("setting", "{setting}"),
+  ("T", "{temperature:g}"),
+  ("AR ms/tok", "{ar_ms_per_token:.2f}"),
+  ("spec ms/tok", "{spec_ms_per_token:.2f}"),
+  ("speedup", "{speedup:.2f}"),
+  ("α", "{acceptance_rate:.3f}"),
+  ("tok/iter", "{tokens_per_iteration:.2f}"),
+  ("spec vs off", "{spec_over_off:+.1%}"),
+  (
+    "greedy identical",
+    lambda r: "" if r["greedy_identical"] is None else f"{r['greedy_identical']}",
+  ),
+)
+
+
+def setting_speedups(
+  target,
+  drafter,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  settings: dict[str, dict[str, Any]],
+  *,
+  temperatures: tuple[float, ...] = (0.0, 1.0),
+  gamma: int = 4,
+  max_new_tokens: int = 64,
+  eos_id: tuple[int, ...] | None = None,
+  num_runs: int = 3,
+) -> list[dict[str, Any]]:
+  """Speedup of speculative over plain decoding with each setting on (and off).
+
+  Each prompt (`prompts [N, P]`, lengths `[N]`) is decoded alone (batch 1, the
+  prompts padded to one width: one program per setting's shape), plain and
+  speculative, interleaved (`time_calls`); a row sums the prompts' times and
+  tokens. Settings are `SamplingParams` fields (`settings`: name -> fields, e.g.
+  `SETTINGS`), given as per-row data (`RowSampling`), as a server runs them.
+
+  Returns:
+    One row per (temperature, setting): `ar_ms_per_token`, `spec_ms_per_token`,
+    `speedup`, `acceptance_rate`, `tokens_per_iteration`, `spec_over_off` (the
+    speculative ms/token over the same temperature's "off" row, less one; 0
+    without an "off" setting) and `greedy_identical` (T = 0: the texts agree).
+  """
+  check_positive_int("gamma", gamma)
+  check_positive_int("max_new_tokens", max_new_tokens)
+  check_positive_int("num_runs", num_runs)
+  rows = []
+  for temperature in temperatures:
+    if not temperature >= 0:
+      raise ValueError(f"temperatures must be >= 0, got {temperature!r}.")
+    for name, fields in settings.items():
+      sampling = RowSampling.of(SamplingParams(temperature=float(temperature), **fields), 1)
+      key = None if temperature == 0 else jax.random.key(0)
+      seconds = {"ar": 0.0, "spec": 0.0}
+      tokens = {"ar": 0, "spec": 0}
+      accepted = evaluated = generated = iterations = 0
+      identical = True
+      for b in range(prompts.shape[0]):
+        prompt, length = prompts[b : b + 1], prompt_lengths[b : b + 1]
+        run = dict(max_new_tokens=max_new_tokens, sampling=sampling, key=key, eos_id=eos_id)
+        calls = {
+          "ar": functools.partial(autoregressive_generate, target, prompt, length, **run),
+          "spec": functools.partial(
+            speculative_generate, target, drafter, prompt, length, gamma=gamma, **run
+          ),
+        }
+        timings, outputs = time_calls(calls, num_runs)
+        for k in calls:
+          seconds[k] += timings[k].median_s
+          tokens[k] += int(outputs[k].num_generated.sum())
+        s = outputs["spec"].stats
+        accepted, evaluated = accepted + int(s.accepted.sum()), evaluated + int(s.evaluated.sum())
+        generated += int(s.generated.sum())
+        iterations += int(s.row_iterations.sum())
+        identical &= bool((outputs["ar"].tokens == outputs["spec"].tokens).all())
+      ar_ms = seconds["ar"] * 1e3 / max(tokens["ar"], 1)
+      spec_ms = seconds["spec"] * 1e3 / max(tokens["spec"], 1)
+      rows.append(
+        {
+          "setting": name,
+          **fields,
+          "temperature": float(temperature),
+          "gamma": gamma,
+          "prompts": int(prompts.shape[0]),
+          "max_new_tokens": max_new_tokens,
+          "ar_ms_per_token": ar_ms,
+          "spec_ms_per_token": spec_ms,
+          "speedup": ar_ms / spec_ms,
+          "acceptance_rate": accepted / max(evaluated, 1),
+          "tokens_per_iteration": generated / max(iterations, 1),
+          "greedy_identical": identical if temperature == 0 else None,
+        }
+      )
+    off = next((r for r in rows[-len(settings) :] if r["setting"] == "off"), None)
+    for r in rows[-len(settings) :]:
+      base = r["spec_ms_per_token"] if off is None else off["spec_ms_per_token"]
+      r["spec_over_off"] = r["spec_ms_per_token"] / base - 1
+  return rows

@@ -236,10 +236,18 @@ class DraftConstraint:
     table: the `constraints.ConstraintTable` of the batch.
     state: `[B, ...]` int32, the state after the token a draft continues
       (`[B]` for a chain; a tree's nodes carry `[B, m]`).
+    forced_tokens, forced_count: None, or (`SpecConfig.forced_drafts`, a
+      chain) `[B, g]` and `[B]`: the tokens `state` forces next, row b's first
+      `forced_count[b]` (`constraints.forced_chain`). Generation puts them in
+      the proposal's first positions whatever the drafter drafts there; a
+      drafter may read them to draft after the span, conditioned on it, without
+      spending calls on it (`CachedDrafting`).
   """
 
   table: constraints.ConstraintTable
   state: jax.Array
+  forced_tokens: jax.Array | None = None
+  forced_count: jax.Array | None = None
 
   def logits(self, logits: jax.Array) -> jax.Array:
     """`logits [*state.shape, V']` with the tokens `state` forbids at -inf (the
@@ -254,6 +262,15 @@ class DraftConstraint:
     """The constraint after `tokens [*state.shape]` (a forbidden token: dead, -1,
     which allows every token after it)."""
     return self.replace(state=constraints.advance(self.table, self.state, tokens))
+
+  def after_forced(self) -> DraftConstraint:
+    """The constraint after each row's forced span (a chain's `[B]` state, no
+    span left)."""
+    state = self.state
+    for j in range(self.forced_tokens.shape[1]):  # static, gamma gathers
+      moved = constraints.advance(self.table, state, self.forced_tokens[:, j])
+      state = jnp.where(j < self.forced_count, moved, state)
+    return self.replace(state=state, forced_tokens=None, forced_count=None)
 
   def at(self, state: jax.Array) -> DraftConstraint:
     """The same table at other states."""

@@ -48,6 +48,9 @@ class CachedDrafting(ConfidenceLength):
   prefill_calls = 1  # init runs the prompt through the drafter once
   target_features = False
   constrained_drafts = True
+  # Whether `propose` feeds a constraint's forced span in its first call
+  # (`_feed_span`, which needs `_lengths`); else it drafts on from its own tokens.
+  feeds_forced = False
   gives_confidence = True  # chains: the draft's own probability of its token
 
   def init(self, prompts, prompt_lengths, first, capacity, hidden=None):
@@ -82,31 +85,53 @@ class CachedDrafting(ConfidenceLength):
     # One random-bit computation for the whole proposal: a uniform per draw
     # (or, coupled, the rows' noise at the drafted positions).
     draw_token = None if greedy else chain_draws(key, g, b)
-    logits, state = self._feed_recent(recent, state, g)
+    warp = sampling if isinstance(sampling, RowSampling) else None
+    spans = self.feeds_forced and constraint is not None and constraint.forced_count is not None
+    if spans:
+      # The forced span (`DraftConstraint.forced_tokens`) goes in with s[-2], s[-1]
+      # in one call, and row b draws its own tokens from position forced[b] on, so
+      # the drafter is conditioned on the span without one call per forced token.
+      forced = jnp.minimum(constraint.forced_count, g)
+      logits, state = jax.lax.cond(
+        jnp.any(forced > 0),
+        lambda: self._feed_span(recent, constraint.forced_tokens, forced, state),
+        lambda: self._feed_recent(recent, state, g),
+      )
+      if warp is not None and warp.history is not None:  # penalties count the span
+        warp = warp.replace(history=warp.history.after(constraint.forced_tokens, forced))
+      constraint = constraint.after_forced()
+    else:
+      forced = jnp.zeros((b,), jnp.int32)
+      logits, state = self._feed_recent(recent, state, g)
+    rows = jnp.arange(b)
 
     def draw(i, logits, tokens, probs, sure, active, rule):
       rule, warp = rule  # warp: the rows' own (carried: its counts advance), or None
-      active = active & (i < limit)
+      at = forced + i  # each row's draft position (past the forced span)
+      active = active & (at < limit) & (at < g)
       before = rule
-      token, q, rule = draw_chain_token(i, logits[:, 0], rule, warp or sampling, draw_token)
-      sure = sure.at[:, i].set(chain_confidence(logits[:, 0], token, q, before))
+      token, q, rule = draw_chain_token(
+        jnp.minimum(at, g - 1), logits[:, 0], rule, warp or sampling, draw_token
+      )
+      # Positions past g (a long span) are dropped, not clipped onto position g - 1.
+      sure = sure.at[rows, at].set(chain_confidence(logits[:, 0], token, q, before), mode="drop")
       if warp is not None:  # the penalties' counts advance along the chain
         warp = warp.after(token)
       if q is not None:  # greedy: a one-hot q, its top probability 1, above any threshold
-        probs = probs.at[:, i].set(q)
+        probs = probs.at[rows, at].set(q, mode="drop")
         if self.confidence > 0:
           active = active & (jnp.max(q, axis=-1) >= self.confidence)
-      return token, tokens.at[:, i].set(token), probs, sure, active, (rule, warp)
+      tokens = tokens.at[rows, at].set(token, mode="drop")
+      return token, tokens, probs, sure, active, (rule, warp)
 
     vocab = logits.shape[-1]
     tokens = jnp.zeros((b, g), jnp.int32)
     probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
     sure = jnp.zeros((b, g), jnp.float32)
-    warp = sampling if isinstance(sampling, RowSampling) else None
     token, tokens, probs, sure, active, rule = draw(
       0, logits, tokens, probs, sure, jnp.ones((b,), bool), (constraint, warp)
     )
-    lengths = active.astype(jnp.int32)
+    lengths = forced + active.astype(jnp.int32)
 
     def body(i, carry):
       token, state, tokens, probs, sure, active, lengths, rule = carry
@@ -116,10 +141,24 @@ class CachedDrafting(ConfidenceLength):
 
     # One call per trip: the loop's stop index is the calls spent (feeding `recent` was one).
     carry = (token, state, tokens, probs, sure, active, lengths, rule)
-    i, (_, state, tokens, probs, sure, _, lengths, _) = draft_loop(
-      body, carry, 1, g, lambda c: jnp.any(c[5])
-    )
+    going = lambda c: jnp.any(c[5])
+    if spans:  # rows start at their own positions: stop before a trip no row drafts in
+      going = lambda c: jnp.any(c[5] & (c[6] < jnp.minimum(limit, g)))
+    i, (_, state, tokens, probs, sure, _, lengths, _) = draft_loop(body, carry, 1, g, going)
     return Proposal(tokens, probs, lengths, calls=i, confidence=sure), state
+
+  def _feed_span(self, recent: jax.Array, span: jax.Array, count: jax.Array, state):
+    """The first call of an iteration with forced spans: feeds `[s[-2], s[-1],
+    span[:, :g - 1]]` (`span [B, g]`, row b's first `count[b]` forced), returns
+    the logits after row b's last forced token, `[B, 1, V]`, and the state holding
+    s[:-2] and those tokens (the feeding of `recent` and the span's draws in one).
+    Only drafters with `feeds_forced` (`_lengths`)."""
+    g = span.shape[1]
+    fed = jnp.minimum(count, g - 1)  # the span's tokens whose successors are drafted
+    start = self._lengths(state)
+    block = jnp.concatenate([recent, span[:, : g - 1]], axis=1)  # [B, g + 1]
+    logits, state = self._forward(block, state, (1 + fed)[:, None])
+    return logits, self._with_lengths(state, start + 2 + fed)
 
   def _feed_recent(self, recent: jax.Array, state, gamma: int):
     """The first call of an iteration: feeds `recent [B, 2]`, returns the logits
@@ -162,8 +201,13 @@ class ModelDrafter(CachedDrafting):
   def _new_state(self, batch: int, capacity: int) -> KVCache:
     return self.model.init_cache(batch, capacity, num_layers=self.num_layers)
 
+  feeds_forced = True
+
   def _with_lengths(self, cache: KVCache, lengths: jax.Array) -> KVCache:
     return cache.with_lengths(lengths)
+
+  def _lengths(self, cache: KVCache) -> jax.Array:
+    return cache.lengths
 
   def _forward(self, tokens, cache, logit_indices=None):
     return self.model.forward_cached(

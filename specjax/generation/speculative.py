@@ -71,7 +71,9 @@ def speculative_step(
   draft_key, verify_key = _iteration_keys(state, drafter, target.cfg.vocab_size, config)
   sampling = step_sampling(state, config)
   # 1. Draft up to gamma tokens per row (a chain or a tree), with the laws q they were drawn
-  # from; under a constraint, q masked like p where the drafter can (`constrained_drafts`).
+  # from; under a constraint, q masked like p where the drafter can (`constrained_drafts`),
+  # and the tokens the constraint forces first, at no drafter cost (`_forced_drafts`).
+  forced = _forced_drafts(drafter, table, state, config)
   proposal, drafter_state = drafter.propose(
     state.drafter_state,
     state.recent,
@@ -79,8 +81,9 @@ def speculative_step(
     state.draft_limit,
     gamma=config.gamma,
     sampling=sampling,
-    **_draft_constraint(drafter, table, state),
+    **_draft_constraint(drafter, table, state, forced),
   )
+  proposal = splice_forced(proposal, forced, max(target.cfg.vocab_size, drafter.vocab_size))
   # 2-3. Score s[-1] and the drafted tokens in one target call (logits at g + 1 positions,
   # masked by the constraint's state before each), then verify: keep n drafted tokens (a
   # tree: the nodes of one path) and the verifier's token. With `verify_lengths`, the
@@ -90,7 +93,7 @@ def speculative_step(
   )
   # 4. Commit: outputs, lengths (rollback is bookkeeping), drafter, draft limit, statistics,
   # and the constraint's state after the kept tokens.
-  new = commit_step(state, drafter, drafter_state, proposal, verified, config)
+  new = commit_step(state, drafter, drafter_state, proposal, verified, config, forced)
   new = new.replace(constraint_state=_constraint_after(table, state, path_states, verified))
   if with_logits:
     return new, logits, emitted_tokens(verified.drafted, verified.n, verified.next_token)
@@ -178,15 +181,66 @@ def _iteration_keys(
 
 
 def _draft_constraint(
-  drafter: Drafter, table: constraints_lib.ConstraintTable | None, state: SpecState
+  drafter: Drafter,
+  table: constraints_lib.ConstraintTable | None,
+  state: SpecState,
+  forced: tuple[jax.Array, jax.Array] | None = None,
 ) -> dict[str, DraftConstraint]:
   """The `constraint` argument of `drafter.propose`: the table and the rows' states
   after s[-1] (`[B]` int32) when there is a constraint and the drafter masks its q
-  (`constrained_drafts`); else nothing (drafters without the mask take no such
-  argument)."""
+  (`constrained_drafts`), with the `forced` span when there is one; else nothing
+  (drafters without the mask take no such argument)."""
   if table is None or not drafter.constrained_drafts:
     return {}
-  return {"constraint": DraftConstraint(table, state.constraint_state)}
+  tokens, count = (None, None) if forced is None else forced
+  return {"constraint": DraftConstraint(table, state.constraint_state, tokens, count)}
+
+
+def _forced_drafts(
+  drafter: Drafter,
+  table: constraints_lib.ConstraintTable | None,
+  state: SpecState,
+  config: SpecConfig,
+) -> tuple[jax.Array, jax.Array] | None:
+  """`(tokens [B, g], count [B])`, the tokens the rows' constraint states force
+  next (`constraints.forced_chain`; done rows none), or None: forced drafts off,
+  no constraint, or a token tree (a tree's nodes are drafted by its drafter)."""
+  if not config.forced_drafts or table is None or drafter.tree is not None:
+    return None
+  tokens, count, _ = constraints_lib.forced_chain(table, state.constraint_state, config.gamma)
+  return tokens, jnp.where(state.done, 0, count)
+
+
+def splice_forced(
+  proposal: Proposal, forced: tuple[jax.Array, jax.Array] | None, vocab_size: int
+) -> Proposal:
+  """The proposal with row b's first `count[b]` tokens the forced ones (`forced =
+  (tokens [B, g], count [B])`), q one-hot there (`probs` padded to `vocab_size`),
+  confidence 1, and at least `count[b]` tokens proposed.
+
+  Exact for every verifier: a forced token's constrained p is one-hot at it, so is
+  its q, and it is accepted with probability 1 (greedy: it is the argmax). The
+  drafter's tokens after the span were drawn from the laws `probs` reports, which
+  is all verification needs, whether or not the drafter saw the span (a drafter
+  that reads `DraftConstraint.forced_tokens` drafts after it; another drafts on
+  from its own tokens there, which a constrained drafter makes the same ones)."""
+  if forced is None:
+    return proposal
+  tokens, count = forced
+  at = jnp.arange(tokens.shape[1])[None, :] < count[:, None]  # [B, g]
+  probs = proposal.probs
+  if probs is not None:
+    one_hot = jax.nn.one_hot(tokens, vocab_size, dtype=probs.dtype)
+    probs = jnp.where(at[..., None], one_hot, pad_vocab(probs, vocab_size))
+  confidence = proposal.confidence
+  if confidence is not None:
+    confidence = jnp.where(at, 1.0, confidence)
+  return proposal._replace(
+    tokens=jnp.where(at, tokens, proposal.tokens),
+    probs=probs,
+    lengths=jnp.maximum(proposal.lengths, count),
+    confidence=confidence,
+  )
 
 
 def _constraint_mask(
@@ -285,9 +339,11 @@ def commit_step(
   proposal: Proposal,
   verified: Verified,
   config: SpecConfig,
+  forced: tuple[jax.Array, jax.Array] | None = None,
 ) -> SpecState:
   """The state after an iteration: n + 1 tokens appended (cut at EOS and budget),
-  the target's cache rolled to s'[:-1], the drafter's commit, limit and stats."""
+  the target's cache rolled to s'[:-1], the drafter's commit, limit and stats
+  (`forced`: `_forced_drafts`'s span, whose accepted tokens are counted apart)."""
   n = verified.n
   emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
@@ -309,6 +365,7 @@ def commit_step(
       accepted=n,
       generated=count,
       draft_calls=proposal.calls,
+      forced=None if forced is None else jnp.minimum(n, forced[1]),
     ),
   )
 
@@ -664,6 +721,7 @@ def speculative_generate(
   constraints: constraints_lib.RowConstraints | None = None,
   verify_lengths: tuple[int, ...] | None = None,
   verify_costs: tuple[float, ...] | None = None,
+  forced_drafts: bool = True,
 ) -> GenerateOutput:
   """Exact speculative decoding of up to `max_new_tokens` tokens per row.
 
@@ -718,6 +776,10 @@ def speculative_generate(
       verifier; `stats.proposed` then counts the tokens verified.
     verify_costs: one relative cost per verify length, positive
       (`specjax.bench.verify_costs.measure_verify_costs` measures them on this machine).
+    forced_drafts: under `constraints`, draft the tokens the rows' states force
+      (a state allowing one token, and the chain of such states) first, with no
+      drafter call, the drafter drafting after them (`SpecConfig.forced_drafts`;
+      exact for every verifier; chains only). `stats.forced` counts them.
 
   Returns:
     `GenerateOutput(tokens [B, max_new_tokens], num_generated [B],
@@ -742,6 +804,7 @@ def speculative_generate(
     loop_chunk=loop_chunk,
     verify_lengths=verify_lengths,
     verify_costs=verify_costs,
+    forced_drafts=forced_drafts,
   )
   key = validation.check_key(key, sampling, batch=jnp.shape(prompts)[0])
   rules = constraints_lib.check_rows(constraints, jnp.shape(prompts)[0], target.cfg.vocab_size)
@@ -772,6 +835,7 @@ def _checked_run(
   per_row_keys=False,
   verify_lengths=None,
   verify_costs=None,
+  forced_drafts=True,
   **settings,
 ) -> tuple[Drafter, SpecConfig]:
   """`speculative_generate`'s checks before compiling: `(drafter, config)`."""
@@ -785,6 +849,8 @@ def _checked_run(
   if adaptive not in ADAPTIVE:
     raise ValueError(f"adaptive must be one of {ADAPTIVE}, got {adaptive!r}.")
   loop, loop_chunk = check_loop(loop, loop_chunk)
+  if not isinstance(forced_drafts, bool):
+    raise ValueError(f"forced_drafts must be True or False, got {forced_drafts!r}.")
   drafter = check_drafter(
     drafter,
     target,
@@ -818,5 +884,6 @@ def _checked_run(
     loop_chunk=loop_chunk,
     verify_lengths=verify_lengths,
     verify_costs=verify_costs,
+    forced_drafts=forced_drafts,
   )
   return drafter, config

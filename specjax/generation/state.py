@@ -55,6 +55,7 @@ class SpecConfig:
   coupled: bool = False
   verify_lengths: tuple[int, ...] | None = None
   verify_costs: tuple[float, ...] | None = None
+  forced_drafts: bool = True
 
 
 @struct.dataclass
@@ -76,6 +77,10 @@ class SpeculativeStats:
     generated: `[B]` tokens the iterations committed (not the prefill's).
     accepted_at_position: `[gamma]`, entry i counts (row, iteration) pairs in
       which drafted token i + 1 (a tree: a node at depth i + 1) was accepted.
+    forced: `[B]` of the accepted drafted tokens, those the row's constraint
+      forced (`SpecConfig.forced_drafts`): counted in `proposed` and `accepted`
+      too, so the drafter's own acceptance is (accepted - forced) /
+      (evaluated - forced).
   """
 
   iterations: jax.Array
@@ -87,6 +92,7 @@ class SpeculativeStats:
   row_iterations: jax.Array
   generated: jax.Array
   accepted_at_position: jax.Array
+  forced: jax.Array | None = None
 
   @classmethod
   def zeros(cls, batch: int, gamma: int, draft_calls: int = 1) -> SpeculativeStats:
@@ -104,6 +110,7 @@ class SpeculativeStats:
       row_iterations=z,
       generated=z,
       accepted_at_position=jnp.zeros((gamma,), jnp.int32),
+      forced=z,
     )
 
   def record(
@@ -114,10 +121,12 @@ class SpeculativeStats:
     accepted: jax.Array,
     generated: jax.Array,
     draft_calls: jax.Array,
+    forced: jax.Array | None = None,
   ) -> SpeculativeStats:
     """The counters after one iteration: `active [B]` the rows still generating
     when it began (only they count), then `proposed`, `accepted`, `generated`
-    `[B]` and the iteration's `draft_calls`."""
+    `[B]`, the iteration's `draft_calls`, and `forced [B]` (None: 0) the
+    accepted tokens the constraint forced."""
     counted = active.astype(jnp.int32)
     rejected = (accepted < proposed).astype(jnp.int32)
     gamma = self.accepted_at_position.shape[0]
@@ -133,6 +142,7 @@ class SpeculativeStats:
       generated=self.generated + generated,
       accepted_at_position=self.accepted_at_position
       + jnp.sum(at_position, axis=0, dtype=jnp.int32),
+      forced=self.forced if forced is None else self.forced + counted * forced,
     )
 
   @property

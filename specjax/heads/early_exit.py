@@ -123,8 +123,13 @@ class EarlyExitDrafter(CachedDrafting, VocabSubset):
     layers = self.target.init_cache(batch, capacity, num_layers=self.exit_layer)
     return layers, self.adapter.init_cache(batch, capacity)
 
+  feeds_forced = True
+
   def _with_lengths(self, state, lengths):
     return tuple(cache.with_lengths(lengths) for cache in state)
+
+  def _lengths(self, state):
+    return state[0].lengths
 
   def _forward(self, tokens, state, logit_indices=None):
     layers, adapter = state

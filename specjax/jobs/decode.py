@@ -468,6 +468,7 @@ def _calls(
       i.lengths,
       adaptive=config.adaptive or None,
       confidence_threshold=config.confidence_threshold,
+      forced_drafts=config.get("forced_drafts", True),
       **verify,
       **shared,
       **loop,

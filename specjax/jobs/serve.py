@@ -182,6 +182,7 @@ def engine_config(
     constraint_states=config.get("constraint_states", 0),
     max_queue=config.get("max_queue", 0),
     verify_lengths=tuple(config.get("verify_lengths", ())) or None,
+    forced_drafts=config.get("forced_drafts", True),
   )
 
 

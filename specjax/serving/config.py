@@ -64,6 +64,11 @@ class EngineConfig:
       chosen in-graph across the batch (`specjax.generation.verify_length`),
       by the costs warm-up measures per draft length and width. Needs a chain
       drafter that gives confidence (a draft model, layer skip).
+    forced_drafts: under a constraint, a drafting step drafts the tokens each
+      row's state forces (a state that allows one token, and the chain of such
+      states) first, at no drafter cost (`SpecConfig.forced_drafts`); counted
+      apart in each request's usage (`speculation.forced`) and in
+      `specjax_forced_tokens`.
   """
 
   slots: int = 16
@@ -78,6 +83,7 @@ class EngineConfig:
   constraint_states: int = 0
   max_queue: int = 0
   verify_lengths: tuple[int, ...] | None = None
+  forced_drafts: bool = True
 
   def __post_init__(self):
     check_int("max_queue", self.max_queue, 0)
@@ -112,6 +118,8 @@ class EngineConfig:
     if self.verify_lengths is not None:
       lengths = check_lengths(self.verify_lengths, self.gamma)
       object.__setattr__(self, "verify_lengths", lengths)
+    if not isinstance(self.forced_drafts, bool):
+      raise ValueError(f"forced_drafts must be True or False, got {self.forced_drafts!r}.")
 
   @property
   def max_prompt_len(self) -> int | None:

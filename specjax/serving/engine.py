@@ -159,6 +159,7 @@ class Engine:
         verifier="coupled",
         coupled=True,
         eos_id=self.eos_ids,
+        forced_drafts=config.forced_drafts,
       ),
       capacity=capacity,
       max_prompt_len=config.max_prompt_len,
@@ -362,7 +363,8 @@ class Engine:
     self.counters["accepted"] += int(counts[0])
     self.counters["evaluated"] += int(counts[1])
     self.counters["drafted"] += int(counts[2])
-    by_position = counts[3:].reshape(2, -1)
+    self.counters["forced"] += int(counts[3])
+    by_position = counts[4:].reshape(2, -1)
     for i, (drafted, accepted) in enumerate(zip(*by_position.tolist())):
       self.counters[f"drafted_at_{i + 1}"] += drafted
       self.counters[f"accepted_at_{i + 1}"] += accepted
@@ -420,7 +422,7 @@ class Engine:
 
   def _row_stats(self):
     s = self._state.spec.stats
-    return s.proposed, s.accepted, s.evaluated, s.row_iterations, self._state.positions
+    return s.proposed, s.accepted, s.evaluated, s.row_iterations, self._state.positions, s.forced
 
   def _expire(self) -> None:
     """Stops the requests past their deadline (`Request.timeout_s`): "timeout"."""
@@ -585,11 +587,11 @@ class Engine:
   ) -> Event:
     if stats is None and slot is not None:  # stopped between steps: the last step's counts
       stats = self._last_stats
-    proposed = accepted = evaluated = iterations = 0
+    proposed = accepted = evaluated = iterations = forced = 0
     positions = np.zeros((2, self.config.gamma), np.int64)
     if stats is not None:
       proposed, accepted, evaluated, iterations = (int(x[slot]) for x in stats[:4])
-      positions = stats[4][slot]
+      positions, forced = stats[4][slot], int(stats[5][slot])
     completion = Completion(
       request_id=live.request_id,
       prompt_length=len(live.request.prompt),
@@ -605,6 +607,7 @@ class Engine:
       iterations=iterations,
       drafted_at_position=tuple(positions[0].tolist()),
       accepted_at_position=tuple(positions[1].tolist()),
+      forced=forced,
     )
     self._completions.add(completion)
     self.counters[reason] += 1

@@ -125,7 +125,7 @@ def engine_metrics(
       "accepted": c["accepted"],
       "drafted_at_position": [c[f"drafted_at_{i + 1}"] for i in range(positions)],
       "accepted_at_position": [c[f"accepted_at_{i + 1}"] for i in range(positions)],
-      "forced": c["forced"],  # none yet: issue 65, requirement 3
+      "forced": c["forced"],  # also in drafted and accepted
     },
     "policy": {
       "kind": policy.kind,

@@ -75,8 +75,8 @@ class SpeculationCounts:
       draft length); they sum to `drafted`.
     accepted_at_position: entry i counts the steps that accepted its drafted
       token i + 1 (a chain: and every one before it); they sum to `accepted`.
-    forced: tokens drafted because its constraint allowed only one; none yet
-      (issue 65, requirement 3), so 0.
+    forced: of the accepted drafted tokens, those its constraint forced
+      (`EngineConfig.forced_drafts`): counted in `drafted` and `accepted` too.
   """
 
   drafted: int = 0

@@ -72,7 +72,7 @@ ROW_FIELDS = (
   "constraint_state",
   "history",
 )
-ROW_STATS = ("proposed", "accepted", "evaluated", "row_iterations", "generated")
+ROW_STATS = ("proposed", "accepted", "evaluated", "row_iterations", "generated", "forced")
 
 
 @struct.dataclass
@@ -349,7 +349,8 @@ def _step(
   step_positions = (at < jnp.stack([proposed, accepted], axis=1)[..., None]).astype(jnp.int32)
   part = part.replace(positions=part.positions + step_positions)
   # This step's counts over the rows: accepted and evaluated drafted tokens (the
-  # policy's alpha), drafted ones, then `[2, G]` by position, flattened.
+  # policy's alpha), drafted ones, forced ones (among the accepted), then `[2, G]`
+  # by position, flattened.
   counts = jnp.concatenate(
     [
       jnp.stack(
@@ -357,6 +358,7 @@ def _step(
           jnp.sum(accepted),
           jnp.sum(spec.stats.evaluated - before.evaluated),
           jnp.sum(proposed),
+          jnp.sum(spec.stats.forced - before.forced),
         ]
       ),
       jnp.sum(step_positions, axis=0).reshape(-1),
