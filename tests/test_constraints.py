@@ -76,7 +76,7 @@ def test_compiled_automata_spell_their_language_and_eos_ends_only_complete_text(
     (C.Choice(()), "choice must be a non-empty list"),
     (C.Regex(""), "regex must be a non-empty string"),
     (C.JsonSchema("{not json"), "json_schema is not a schema"),
-    ("(ab)+", "constraint must be a Regex, JsonSchema or Choice"),
+    ("(ab)+", "constraint must be a Regex, JsonSchema, Choice or ToolCalls"),
     (C.Regex("zzz"), "cannot be compiled|accepts no text"),
   ]:
     with pytest.raises(ValueError, match=message):

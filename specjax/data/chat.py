@@ -26,7 +26,7 @@ BUNDLED_TEMPLATE = (
   "{% if tools %}{{ '# tools:\\n' }}{% for t in tools %}"
   "{{ '# ' + t['function']['name'] + ' ' + (t['function']['parameters'] or {}) | tojson + '\\n' }}"
   "{% endfor %}"
-  "{{ '# call one as <tool_call>\\n{\"name\": ..., \"arguments\": {...}}\\n</tool_call>\\n' }}"
+  '{{ \'# call one as <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>\\n\' }}'
   "{% endif %}"
   "{% for m in messages %}{{ '# ' + m['role'] + ':\\n' + (m['content'] or '') }}"
   "{% for c in m['tool_calls'] or [] %}"
