@@ -1,6 +1,6 @@
 """Drafts the grammar forces, measured on the bundled JSON task (issue 65, req. 3).
 
-  PYTHONPATH=. python experiments/forced_drafts.py [--drafters=model,eagle,ngram]
+  python -m experiments.forced_drafts [--drafters=model,eagle,ngram]
       [--temperatures=0,1] [--gamma=4] [--max_new_tokens=64] [--num_runs=3]
       [--output_json=PATH] [--output_md=PATH]
 

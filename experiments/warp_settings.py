@@ -1,6 +1,6 @@
 """Speedups with each sampling setting on and off, on the bundled pair (issue 65, req. 5).
 
-  PYTHONPATH=. python experiments/warp_settings.py [--prompts=2] [--max_new_tokens=48]
+  python -m experiments.warp_settings [--prompts=2] [--max_new_tokens=48]
       [--settings=off,min_p] [--temperatures=0,1] [--gamma=4] [--num_runs=3]
       [--output_json=PATH] [--output_md=PATH]
 

@@ -410,6 +410,20 @@ STEPS = (
     + ("--seq_len=32", "--num_anchors=4", "--out={tmp}/calibration.json"),
     needs=("train_head",),
   ),
+  # The two sampling benches at their defaults but one timed run (docs/usage.md runs
+  # smaller ones of each in the default tier).
+  Step(
+    "forced_drafts",
+    "forced_drafts",
+    ("--num_runs=1", "--output_json={tmp}/forced.json", "--output_md={tmp}/forced.md"),
+    slow=True,
+  ),
+  Step(
+    "warp_settings",
+    "warp_settings",
+    ("--num_runs=1", "--output_json={tmp}/settings.json", "--output_md={tmp}/settings.md"),
+    slow=True,
+  ),
   # The bundled block drafter with decode's defaults (gamma: its block_size - 1).
   Step(
     "decode_bundled_dflash", "decode", ("--config.drafter=dflash", "--config.max_new_tokens=16")
