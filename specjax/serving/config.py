@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from specjax.drafting import Drafter, as_drafter
 from specjax.generation.verify_length import check_lengths
 from specjax.models.transformer import Transformer
+from specjax.serving import mesh as mesh_lib
 from specjax.serving.policy import POLICIES
 from specjax.validation import check_int, check_positive_int, is_int
 
@@ -64,6 +65,14 @@ class EngineConfig:
       chosen in-graph across the batch (`specjax.generation.verify_length`),
       by the costs warm-up measures per draft length and width. Needs a chain
       drafter that gives confidence (a draft model, layer skip).
+    mesh: None (one device), or the `(data, model)` shape of the device mesh
+      the engine runs on (`specjax.distributed.make_mesh`; one entry may be -1,
+      the rest of the devices): slots split over `data`, the target (its
+      attention heads, MLP and vocabulary, its caches' kv heads) over `model`.
+      `slots` and every width must be multiples of `data`.
+    draft_placement: on a mesh, "replicate" (every device holds the drafter's
+      own modules: a small draft drafts with no communication) or "shard" (they
+      are split by the same rules as the target: a large draft).
   """
 
   slots: int = 16
@@ -78,8 +87,16 @@ class EngineConfig:
   constraint_states: int = 0
   max_queue: int = 0
   verify_lengths: tuple[int, ...] | None = None
+  mesh: tuple[int, int] | None = None
+  draft_placement: str = "replicate"
 
   def __post_init__(self):
+    object.__setattr__(self, "mesh", mesh_lib.check_shape(self.mesh))
+    if self.draft_placement not in mesh_lib.DRAFT_PLACEMENTS:
+      raise ValueError(
+        f"draft_placement must be one of {', '.join(mesh_lib.DRAFT_PLACEMENTS)}, got "
+        f"{self.draft_placement!r}."
+      )
     check_int("max_queue", self.max_queue, 0)
     check_int("logprobs", self.logprobs, 0, 20)
     check_int("constraint_states", self.constraint_states, 0)
@@ -112,6 +129,27 @@ class EngineConfig:
     if self.verify_lengths is not None:
       lengths = check_lengths(self.verify_lengths, self.gamma)
       object.__setattr__(self, "verify_lengths", lengths)
+    self._check_rows()
+
+  @property
+  def data(self) -> int:
+    """D, the devices the slots are split over (1 without a mesh, or while its
+    `data` entry is -1: known once the engine resolves it against the devices)."""
+    return max(1, self.mesh[0]) if self.mesh is not None else 1
+
+  def _check_rows(self) -> None:
+    """Slots and widths split evenly over `data` (each device runs W / D rows)."""
+    d = self.data
+    if self.slots % d:
+      raise ValueError(
+        f"slots ({self.slots}) must be a multiple of the mesh's data axis ({d}): each data "
+        f"device holds slots / {d} of them; try slots={-(-self.slots // d) * d}."
+      )
+    if self.widths is not None and any(w % d for w in self.widths):
+      raise ValueError(
+        f"widths must be multiples of the mesh's data axis ({d}), got {self.widths!r}: a "
+        f"step runs width / {d} rows on each data device."
+      )
 
   @property
   def max_prompt_len(self) -> int | None:
@@ -122,8 +160,8 @@ class EngineConfig:
   def step_widths(self) -> tuple[int, ...]:
     if self.widths is not None:
       return self.widths
-    powers = [w for w in (2**i for i in range(self.slots.bit_length())) if w < self.slots]
-    return (*powers, self.slots)
+    powers = (2**i for i in range(self.slots.bit_length()))
+    return (*(w for w in powers if w < self.slots and w % self.data == 0), self.slots)
 
   @property
   def draft_lengths(self) -> tuple[int, ...]:
