@@ -51,6 +51,13 @@ def get_config() -> ml_collections.ConfigDict:
   # lengths compiled, e.g. '(1,2,4)' (gamma last); warm-up measures their costs.
   config.verify_lengths = ()
   config.seed = 0  # the tiny models' weights
+  # The device mesh (EngineConfig.mesh): () one device; '(data, model)' over every
+  # device of the job, one entry may be -1 (the rest), e.g. '(1, 8)' tensor
+  # parallel over 8 GPUs or a TPU v5e-8. Slots (and widths) split over data.
+  config.mesh = ()
+  # On a mesh, the drafter's own modules: "replicate" (each device a copy: a small
+  # draft drafts with no communication) or "shard" (split like the target).
+  config.draft_placement = "replicate"
   # The engine's seed, which unseeded sampled requests draw from: -1 a fresh random
   # one at each start (their texts differ across restarts), >= 0 fixed.
   config.sampling_seed = -1

@@ -609,3 +609,25 @@ def test_verify_lengths_keep_greedy_text_and_are_measured_at_warmup(pair):
     dataclasses.replace(CONFIG, verify_lengths=(1, 2))
   with pytest.raises(ValueError, match="NGramDrafter"):
     Engine(target, specjax.drafting.NGramDrafter(vocab_size=V), config)
+
+
+def test_mesh_settings_are_checked_before_anything_compiles(pair):
+  """`EngineConfig.mesh`: a (data, model) pair; slots and widths split over data;
+  a mesh the devices cannot hold is refused by the engine, naming it."""
+  from specjax.serving.mesh import row_order
+
+  for bad in ((8,), (0, 2), (-1, -1), "2x4", (2.5, 1)):
+    with pytest.raises(ValueError, match=r"mesh must be None \(one device\) or \(data, model\)"):
+      EngineConfig(mesh=bad)
+  with pytest.raises(ValueError, match=r"slots \(6\) must be a multiple of the mesh's data axis"):
+    EngineConfig(slots=6, mesh=(4, 1))
+  with pytest.raises(ValueError, match=r"widths must be multiples of the mesh's data axis \(2\)"):
+    EngineConfig(slots=8, widths=(3, 8), mesh=(2, 1))
+  with pytest.raises(ValueError, match="draft_placement must be one of replicate, shard"):
+    EngineConfig(mesh=(1, 1), draft_placement="copy")
+  assert EngineConfig(slots=8, mesh=[2, -1]).mesh == (2, -1)
+  assert EngineConfig(slots=8, mesh=(2, 1)).step_widths == (2, 4, 8)
+  with pytest.raises(ValueError, match=r"mesh \(2, 4\) does not fit this job's 1 cpu device"):
+    Engine(*pair, dataclasses.replace(CONFIG, mesh=(2, 4)))
+  # Slots fill block by block: a step at width W runs on each block's first W / D rows.
+  assert row_order(8, 2) == (0, 4, 1, 5, 2, 6, 3, 7) and row_order(4, 1) == (0, 1, 2, 3)

@@ -18,6 +18,7 @@ from absl import logging
 from specjax import dtypes
 from specjax.jobs import drafters
 from specjax.serving import limits
+from specjax.serving import mesh as serving_mesh
 from specjax.serving.load import MODES
 from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
@@ -182,6 +183,8 @@ def engine_config(
     constraint_states=config.get("constraint_states", 0),
     max_queue=config.get("max_queue", 0),
     verify_lengths=tuple(config.get("verify_lengths", ())) or None,
+    mesh=tuple(config.get("mesh", ())) or None,
+    draft_placement=config.get("draft_placement", "replicate"),
   )
 
 
@@ -218,6 +221,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   except ValueError as e:  # EngineConfig's messages start with the field's name
     raise ValueError(f"config.{e}") from None
   check_int("config.sampling_seed (-1: random at each start)", config.sampling_seed, -1)
+  if config.get("mesh"):  # against this job's devices, before any model loads
+    try:
+      serving_mesh.resolve(serving_mesh.check_shape(tuple(config.mesh)))
+    except ValueError as e:
+      raise ValueError(f"config.{e}") from None
   limits.from_config(config)
   if not isinstance(config.api_key, str) or not isinstance(config.allowed_hosts, str):
     raise ValueError("config.api_key and config.allowed_hosts must be strings.")

@@ -455,6 +455,26 @@ class Engine:
     )
     return counts
 
+  def lowered_step(self, gamma: int, width: int | None = None) -> jax.stages.Lowered:
+    """The step program of draft length `gamma` (0: a plain step) at batch
+    `width` (default: every slot), lowered on the engine's batch as `step()`
+    would run it, for reading its compiled HLO (`specjax.bench.hlo`: kernels,
+    collectives on a mesh). Runs nothing; the batch is untouched."""
+    width = self.config.slots if width is None else width
+    with self.on_mesh():
+      return slots.step.lower(
+        self.target,
+        self.drafter if gamma else None,
+        self._state,
+        self._key,
+        self._put(np.asarray(False)),
+        self._table(),
+        gamma=gamma,
+        width=width,
+        config=self._slot_config,
+        verify=self._verify.get((gamma, width)),
+      )
+
   def _fail_live(self, message: str) -> list[Event]:
     """Fails every live request and empties the slots (a fresh blank batch)."""
     events = []
