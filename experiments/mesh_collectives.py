@@ -28,10 +28,13 @@ def main(argv):
   output_json = check_output_path("--output_json", f.output_json)
   output_md = check_output_path("--output_md", f.output_md)
   meshes = mesh_collectives.parse_meshes(f.meshes)
-  rows = mesh_collectives.measure(meshes, model=f.model, slots=f.slots, gamma=f.gamma)
+  rows = mesh_collectives.measure(
+    meshes, model=f.model, slots=f.slots, gamma=f.gamma, scale=f.scale, layers=f.layers
+  )
   table = mesh_collectives.markdown(rows)
   print(table)
-  print(f"({mesh_collectives.devices_note()}; {f.model} pair, {f.slots} slots, bfloat16)")
+  models = f"{f.scale} pair's shapes, target cut to {f.layers} layers" if f.scale else f.model
+  print(f"({mesh_collectives.devices_note()}; {models}, {f.slots} slots, bfloat16)")
   write_json(output_json, {"rows": rows, **bench.environment_info()})
   write_text(output_md, table)
 
@@ -40,6 +43,12 @@ def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   flags.DEFINE_string("meshes", "8x1,2x4,1x8", "Meshes DATAxMODEL, comma-separated.")
   flags.DEFINE_string("model", "bundled", "bundled (the pair) or tiny (random tiny models).")
+  flags.DEFINE_string(
+    "scale", "", "A scaled pair's shapes (160m, 1b, 7b) with random weights, in place of --model."
+  )
+  flags.DEFINE_integer(
+    "layers", 2, "With --scale: the target's layers kept (each exchanges alike)."
+  )
   flags.DEFINE_integer("slots", 8, "The engine's slots (a multiple of every mesh's data axis).")
   flags.DEFINE_integer("gamma", 4, "The drafting step's draft length.")
   flags.DEFINE_string("output_json", None, "Where to write the rows (JSON).")

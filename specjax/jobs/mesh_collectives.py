@@ -14,12 +14,17 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
+from flax import nnx
 
+from specjax import pretrained
 from specjax.bench import hlo
 from specjax.jobs import serve
+from specjax.models.transformer import Transformer
 from specjax.results import markdown_table
 from specjax.serving import Engine, EngineConfig
 from specjax.serving import mesh as serving_mesh
+from specjax.validation import check_int
 
 SHORT = {
   "all-reduce": "AR",
@@ -45,21 +50,45 @@ def parse_meshes(text: str, flag: str = "--meshes") -> list[tuple[int, int]]:
   return meshes
 
 
+def scaled_models(scale: str, layers: int, dtype=jnp.bfloat16):
+  """`(target, draft)` of a scaled pair's shapes (`specjax.pretrained.SCALES`)
+  with random weights and the target cut to its first `layers` layers: what a
+  step exchanges depends on the shapes, not the weights, and each layer
+  exchanges what the others do, so a few layers stand for all of them."""
+  if scale not in pretrained.SCALES:
+    raise ValueError(f"--scale must be one of {', '.join(pretrained.SCALES)}, got {scale!r}.")
+  check_int("--layers", layers, 1)
+  target_cfg, draft_cfg = pretrained.scaled_configs(scale, *pretrained.bundled_configs(), dtype)
+  target_cfg = target_cfg.replace(n_layers=min(layers, target_cfg.n_layers))
+  return Transformer(target_cfg, rngs=nnx.Rngs(0)), Transformer(draft_cfg, rngs=nnx.Rngs(1))
+
+
 def measure(
   meshes: list[tuple[int, int]],
   model: str = "bundled",
   slots: int = 8,
   gamma: int = 4,
   dtype: str = "bfloat16",
+  scale: str = "",
+  layers: int = 2,
 ) -> list[dict]:
   """One row per mesh and step program (gamma 0: plain; `gamma`: drafting):
   the collectives per decode step by opcode, their count, and bytes.
 
-  Every mesh is checked against the devices before any model loads."""
+  Args:
+    meshes: `(data, model)` shapes, each checked against the devices before
+      any model loads.
+    model: "bundled" (the pair) or "tiny" (`specjax.jobs.serve.load_models`).
+    scale: "" or a scaled pair's preset in place of `model` (`scaled_models`,
+      its target's first `layers` layers).
+  """
   for shape in meshes:
     serving_mesh.resolve(shape)
     EngineConfig(slots=slots, mesh=shape)  # slots split over data
-  target, draft, _, _, _ = serve.load_models(model, dtype=dtype)
+  if scale:
+    target, draft = scaled_models(scale, layers)
+  else:
+    target, draft, _, _, _ = serve.load_models(model, dtype=dtype)
   rows = []
   for shape in meshes:
     config = EngineConfig(
@@ -78,6 +107,7 @@ def measure(
       rows.append(
         {
           "mesh": f"{shape[0]}x{shape[1]}",
+          "target_layers": target.cfg.n_layers,
           "gamma": g,
           "by_opcode": {k: int(v["count"]) for k, v in summary.items()},
           "collectives": int(sum(v["count"] for v in summary.values())),

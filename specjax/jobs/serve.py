@@ -7,11 +7,13 @@ test (`specjax.jobs.load_test`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import signal
 import time
 
+import jax
 import ml_collections
 from absl import logging
 
@@ -20,6 +22,7 @@ from specjax.jobs import drafters
 from specjax.serving import limits
 from specjax.serving import mesh as serving_mesh
 from specjax.serving.load import MODES
+from specjax.serving.lockstep import Lockstep, broadcast
 from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
 
@@ -244,7 +247,12 @@ def allowed_hosts(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def serve(config: ml_collections.ConfigDict) -> None:
-  """Loads the models, warms the engine up and serves until SIGINT / SIGTERM."""
+  """Loads the models, warms the engine up and serves until SIGINT / SIGTERM.
+
+  In a job of several processes (`--distributed`), every process runs this: all
+  build and warm the same engine on one mesh over the job's devices; process 0
+  serves HTTP and schedules, the others follow its steps
+  (`specjax.serving.lockstep`) until it stops."""
   check_config(config)
   signals = _Shutdown()
   for sig in (signal.SIGINT, signal.SIGTERM):
@@ -256,7 +264,15 @@ def serve(config: ml_collections.ConfigDict) -> None:
   from specjax.serving.http import make_app
 
   engine, tokenizer, name = warm_engine(config)
-  background = BackgroundEngine(engine)
+  lockstep = None
+  if jax.process_count() > 1:
+    lockstep = Lockstep(engine)
+    if not lockstep.leader:
+      logging.info("process %d: following process 0's steps", jax.process_index())
+      lockstep.follow()
+      logging.info("stopped (process 0 closed)")
+      return
+  background = BackgroundEngine(lockstep or engine)
   signals.serving = True
   key = api_key(config)
   app = make_app(
@@ -286,10 +302,17 @@ def serve(config: ml_collections.ConfigDict) -> None:
       config.port,
       "API key required" if key else "no API key: anyone who can reach the port may use it",
     )
+    if lockstep is not None:  # a dead or stuck process stops the server
+      lockstep.on_broken = lambda: setattr(server, "should_exit", True)
+      lockstep.keep_alive(background)
     server.run()
   finally:
     app.state.close()
     background.close()
+    if lockstep is not None:
+      lockstep.close()
+  if lockstep is not None and lockstep.broken:
+    raise RuntimeError(f"stopped: the job's processes fell out of step: {lockstep.broken}")
   logging.info("stopped")
 
 
@@ -371,6 +394,8 @@ def warm_engine(config: ml_collections.ConfigDict):
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config, gamma=gamma), target, draft, names=FIT_FLAGS)
+  if jax.process_count() > 1:  # every process samples with process 0's seed
+    fitted = dataclasses.replace(fitted, seed=broadcast(fitted.seed))
   logging.info(
     "engine: %d slots, caches of %d positions each (prompt <= %d + new tokens <= %d + "
     "gamma + 1); building the blank batch",

@@ -40,6 +40,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from specjax import constraints
 from specjax.drafting import Drafter, as_drafter, check_drafter
@@ -203,6 +204,9 @@ class Engine:
     # The rows' counters (`_row_stats`) as last read, for requests stopped between steps.
     self._last_stats = None
     self.counters = collections.Counter()
+    # One job over processes (`specjax.serving.lockstep`): each step's draft length
+    # goes through `agree(gamma)`, which returns the leader's.
+    self.agree: Callable[[int], int] | None = None
 
   def on_mesh(self):
     """The context every program runs in: the engine's mesh set (`jax.set_mesh`,
@@ -216,7 +220,7 @@ class Engine:
     JAX arrays on the default device."""
     if self.mesh is None:
       return jax.tree.map(lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x), tree)
-    return jax.device_put(tree, mesh_lib.replicated(self.mesh))
+    return jax.tree.map(functools.partial(mesh_lib.replicate, self.mesh), tree)
 
   # ------------------------------------------------------------------ requests
 
@@ -318,7 +322,7 @@ class Engine:
     table = self._constraints.table
     if self.mesh is not None and table is not self._placed_table[0]:
       # Every device reads any row's state: the table is copied to each (once per change).
-      self._placed_table = (table, jax.device_put(table, mesh_lib.replicated(self.mesh)))
+      self._placed_table = (table, self._put(table))
     return table if self.mesh is None else self._placed_table[1]
 
   def _free_start(self, n: int):
@@ -370,13 +374,16 @@ class Engine:
 
   # ---------------------------------------------------------------- the step
 
-  def step(self) -> list[Event]:
-    """Admits, runs one iteration for the live slots, streams what they committed."""
+  def step(self, expire: bool = True) -> list[Event]:
+    """Admits, runs one iteration for the live slots, streams what they committed.
+    `expire` False: requests past their deadline are left to the caller
+    (`late()`; a multi-host leader decides them for every process)."""
     with self.on_mesh():
-      return self._step()
+      return self._step(expire)
 
-  def _step(self) -> list[Event]:
-    self._expire()
+  def _step(self, expire: bool) -> list[Event]:
+    if expire:
+      self._expire()
     events, self._pending = self._pending, []
     events += self._admit()
     if not self.live_requests():
@@ -384,6 +391,8 @@ class Engine:
     width = self._compact()
     live = [i for i, s in enumerate(self._slot_requests) if s is not None]
     gamma = self._capped(self.policy.choose(width), live)
+    if self.agree is not None:  # one job over processes: the leader's choice
+      gamma = self.agree(gamma)
     if gamma and self._drafter_stale:
       self._state = slots.resync(
         self.target, self.drafter, self._state, width=width, config=self._slot_config
@@ -397,7 +406,7 @@ class Engine:
     try:
       counts = self._run_step(gamma, width, key)
       spec = self._state.spec
-      tokens, num_generated, done, counts, stats, logprobs = jax.device_get(
+      tokens, num_generated, done, counts, stats, logprobs = _fetch(
         (spec.tokens, spec.num_generated, spec.done, counts, self._row_stats(), self._lp())
       )
     except Exception as error:  # the batch's state is gone (donated): start afresh
@@ -491,15 +500,18 @@ class Engine:
     s = self._state.spec.stats
     return s.proposed, s.accepted, s.evaluated, s.row_iterations, self._state.positions
 
-  def _expire(self) -> None:
-    """Stops the requests past their deadline (`Request.timeout_s`): "timeout"."""
+  def late(self) -> list[int]:
+    """The ids of the requests past their deadline (`Request.timeout_s`)."""
     now = time.perf_counter()
-    late = [
+    return [
       live.request_id
       for live in (*self._queue, *(s for s in self._slot_requests if s is not None))
       if live.deadline is not None and now >= live.deadline
     ]
-    for request_id in late:
+
+  def _expire(self) -> None:
+    """Stops the requests past their deadline: "timeout"."""
+    for request_id in self.late():
       self.cancel(request_id, "timeout")
 
   def _admit(self) -> list[Event]:
@@ -550,7 +562,7 @@ class Engine:
       self.counters["admitted_target_only"] += target_only
     if admitted:
       spec = self._state.spec
-      tokens, num_generated, done, stats, logprobs = jax.device_get(
+      tokens, num_generated, done, stats, logprobs = _fetch(
         (spec.tokens, spec.num_generated, spec.done, self._row_stats(), self._lp())
       )
       self._last_stats = stats
@@ -867,6 +879,14 @@ def request_key(seed: int, choice: int = 0) -> jax.Array:
   seed %= 2**64
   data = jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], jnp.uint32)
   return jax.random.fold_in(jax.random.wrap_key_data(data), choice)
+
+
+def _fetch(tree):
+  """`jax.device_get(tree)`; in a job over several processes every process gathers
+  the rows the others hold (a collective each runs: they step in lockstep)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def _deleted(state) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -121,6 +122,16 @@ def place_models(target, drafter, mesh: Mesh, draft_placement: str = "replicate"
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+def replicate(mesh: Mesh, value) -> jax.Array:
+  """A host value (identical on every process; a key array too) as one global
+  array copied to every device of `mesh`, in a job of one process or many
+  (`jax.device_put` takes only this process's devices)."""
+  if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(replicate(mesh, jax.random.key_data(value)))
+  host = np.asarray(value)
+  return jax.make_array_from_callback(host.shape, replicated(mesh), lambda index: host[index])
 
 
 def slot_shardings(state, mesh: Mesh, slots: int):
