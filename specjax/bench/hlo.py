@@ -383,6 +383,7 @@ COLLECTIVES = (
   "collective-permute",
   "collective-broadcast",
 )
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 
@@ -411,6 +412,13 @@ class Collective(NamedTuple):
 
 
 def _group_size(line: str, num_devices: int) -> int:
+  """Devices per replica group: from `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}` (the
+  product of the named axes), `[groups,size]<=[n]` or `{{0,1,...},...}`."""
+  mesh = _GROUPS_MESH.search(line)
+  if mesh:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
+    axes = re.findall(r"'(\w+)'", mesh.group(2))
+    return math.prod(int(sizes[a]) for a in axes)
   iota = _GROUPS_IOTA.search(line)
   if iota:
     return int(iota.group(2))

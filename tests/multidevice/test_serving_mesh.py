@@ -9,6 +9,7 @@ after warm-up.
 
 import httpx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -122,3 +123,28 @@ def test_a_mesh_that_does_not_fit_is_refused_naming_it(models):
   with pytest.raises(ValueError, match=r"mesh \(4, 4\) does not fit this job's 8 cpu"):
     Engine(*models["model"], EngineConfig(**BASE, mesh=(4, 4)))
   assert jax.device_count() == 8
+
+
+def test_collectives_are_read_from_the_hlo_with_their_groups_and_trips():
+  from specjax.bench import hlo
+  from specjax.distributed import make_mesh
+
+  mesh = make_mesh((2, 4))
+  x = jax.device_put(
+    np.ones((8, 16), np.float32), NamedSharding(mesh, PartitionSpec(None, "model"))
+  )
+
+  def looped(x):  # one reduction over `model` per trip
+    return jax.lax.fori_loop(0, 3, lambda i, c: c + jnp.sum(x * i.astype(x.dtype), axis=1), x[:, 0])
+
+  ops = hlo.collectives(jax.jit(looped).lower(x).compile().as_text(), 8)
+  reduce = [op for op in ops if op.opcode == "all-reduce"]
+  assert any(op.times == 3 for op in reduce), ops  # in the loop: once per trip
+  assert {op.group for op in reduce} <= {4, 8} and any(op.group == 4 for op in reduce), ops
+  summary = hlo.collective_summary(ops)
+  assert summary["all-reduce"]["count"] == sum(op.times for op in reduce)
+  assert summary["all-reduce"]["link_bytes"] == pytest.approx(  # ring: 2 (g - 1) / g
+    sum(op.times * op.bytes * 2 * (op.group - 1) / op.group for op in reduce)
+  )
+  one = jax.jit(lambda x: x * 2).lower(np.ones(4, np.float32)).compile().as_text()
+  assert hlo.collectives(one, 1) == []
