@@ -17,7 +17,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import specjax
 from helpers import head_drafter, serve_app, traces
+from specjax.bench import hlo
 from specjax.serving import Engine, EngineConfig, Request
+from specjax.serving import slots as programs
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import make_app
 from specjax.testing import ByteTokenizer
@@ -91,18 +93,27 @@ def test_engine_on_a_mesh_serves_what_one_device_serves(
   assert cache.sharding.is_equivalent_to(NamedSharding(mesh, expected), 4)
   qkv = engine.target.layers[0].attn.qkv_proj.kernel.get_value()
   assert qkv.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "model")), 2)
+  # No program moves a cache between devices: every collective of the drafting
+  # step and of a row move exchanges less than one layer's keys.
+  layer = cache.nbytes
+  step = engine.lowered_step(BASE["gamma"]).compile().as_text()
+  source, dest = engine._put((np.int32(5), np.int32(0)))
+  move = programs.move.lower(engine._state, source, dest, mesh=mesh).compile().as_text()
+  for text in (step, move):
+    assert all(op.bytes < layer for op in hlo.collectives(text, 8))
 
 
-def test_http_on_a_mesh_answers_what_one_device_answers(models):
-  """Two servers, one device and a 2x4 mesh: the same completions, greedy and seeded."""
+@pytest.mark.parametrize("kind, shape", [("model", (2, 4)), ("eagle", (1, 8))])
+def test_http_on_a_mesh_answers_what_one_device_answers(models, kind, shape):
+  """Two servers, one device and a mesh: the same completions, greedy and seeded."""
   bodies = [
     {"prompt": "def add(a, b):\n", "max_tokens": 10, "temperature": 0},
     {"prompt": "import os\n", "max_tokens": 10, "temperature": 0.8, "seed": 5},
     {"prompt": "x = [", "max_tokens": 8, "temperature": 0.9, "top_p": 0.9, "seed": 11, "n": 2},
   ]
   texts = []
-  for mesh in (None, (2, 4)):
-    engine = Engine(*models["model"], EngineConfig(**BASE, widths=(8,), mesh=mesh))
+  for mesh in (None, shape):
+    engine = Engine(*models[kind], EngineConfig(**BASE, widths=(8,), mesh=mesh))
     engine.warmup(timed_runs=0)
     background = BackgroundEngine(engine)
     url, server, thread = serve_app(make_app(background, ByteTokenizer(), "tiny"))
@@ -126,7 +137,6 @@ def test_a_mesh_that_does_not_fit_is_refused_naming_it(models):
 
 
 def test_collectives_are_read_from_the_hlo_with_their_groups_and_trips():
-  from specjax.bench import hlo
   from specjax.distributed import make_mesh
 
   mesh = make_mesh((2, 4))
