@@ -20,6 +20,10 @@ settings (`RowSampling` rows: greedy and sampled requests share a step). The
 engine is single-threaded; `specjax.serving.background` runs it behind a
 thread for servers.
 
+On a mesh (`EngineConfig.mesh`) the same programs run over every device of the
+job, placed by `specjax.serving.mesh`; across processes, `specjax.serving.lockstep`
+keeps every process's engine taking process 0's decisions.
+
 The engine schedules; the rest is next door: `slots` (the device programs
 and the batch they change), `policy` (the draft length of each step) and
 `calibration` (warm-up's step timings for it), `store` (finished requests)

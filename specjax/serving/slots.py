@@ -17,6 +17,11 @@ warm-up):
                 so a light load runs at a small width)
   release       slots marked done (cancelled requests stop committing)
 
+On a mesh (`SlotConfig.mesh`) every program hands the batch back placed by
+`specjax.serving.mesh.slot_shardings` (rows over `data`, kv heads over
+`model`), writes and reads single rows by masks, and a narrow step runs on the
+first rows of each `data` device's block.
+
 Rows of finished or free slots run along (static shapes) but commit nothing.
 A seeded row draws with its own key's Gumbel noise at each generated index
 (`specjax.coupling`), in plain and speculative steps alike, so its text does not
