@@ -58,6 +58,9 @@ def get_config() -> ml_collections.ConfigDict:
   # On a mesh, the drafter's own modules: "replicate" (each device a copy: a small
   # draft drafts with no communication) or "shard" (split like the target).
   config.draft_placement = "replicate"
+  # On a mesh, the embedding and LM head: "replicate" (whole logits on every device:
+  # sampling and verification need no communication) or "shard" (less memory).
+  config.vocab_placement = "replicate"
   # The engine's seed, which unseeded sampled requests draw from: -1 a fresh random
   # one at each start (their texts differ across restarts), >= 0 fixed.
   config.sampling_seed = -1

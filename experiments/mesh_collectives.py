@@ -29,7 +29,13 @@ def main(argv):
   output_md = check_output_path("--output_md", f.output_md)
   meshes = mesh_collectives.parse_meshes(f.meshes)
   rows = mesh_collectives.measure(
-    meshes, model=f.model, slots=f.slots, gamma=f.gamma, scale=f.scale, layers=f.layers
+    meshes,
+    model=f.model,
+    slots=f.slots,
+    gamma=f.gamma,
+    scale=f.scale,
+    layers=f.layers,
+    vocab_placements=tuple(v.strip() for v in f.vocab.split(",")),
   )
   table = mesh_collectives.markdown(rows)
   print(table)
@@ -48,6 +54,9 @@ def define_flags() -> None:
   )
   flags.DEFINE_integer(
     "layers", 2, "With --scale: the target's layers kept (each exchanges alike)."
+  )
+  flags.DEFINE_string(
+    "vocab", "replicate,shard", "EngineConfig.vocab_placement(s) to compare, comma-separated."
   )
   flags.DEFINE_integer("slots", 8, "The engine's slots (a multiple of every mesh's data axis).")
   flags.DEFINE_integer("gamma", 4, "The drafting step's draft length.")

@@ -557,7 +557,7 @@ STEPS = (
   Step(
     "mesh_collectives",
     "mesh_collectives",
-    ("--meshes=1x1", "--output_json={tmp}/collectives.json"),
+    ("--meshes=1x1", "--vocab=replicate", "--output_json={tmp}/collectives.json"),
     check=lambda tmp, output: _check_collectives(tmp),
   ),
   # The server with every default (its warm-up compiles each of its programs and

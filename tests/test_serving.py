@@ -625,6 +625,8 @@ def test_mesh_settings_are_checked_before_anything_compiles(pair):
     EngineConfig(slots=8, widths=(3, 8), mesh=(2, 1))
   with pytest.raises(ValueError, match="draft_placement must be one of replicate, shard"):
     EngineConfig(mesh=(1, 1), draft_placement="copy")
+  with pytest.raises(ValueError, match="vocab_placement must be one of replicate, shard"):
+    EngineConfig(mesh=(1, 1), vocab_placement="split")
   assert EngineConfig(slots=8, mesh=[2, -1]).mesh == (2, -1)
   assert EngineConfig(slots=8, mesh=(2, 1)).step_widths == (2, 4, 8)
   with pytest.raises(ValueError, match=r"mesh \(2, 4\) does not fit this job's 1 cpu device"):

@@ -71,6 +71,7 @@ def measure(
   dtype: str = "bfloat16",
   scale: str = "",
   layers: int = 2,
+  vocab_placements: tuple[str, ...] = ("replicate",),
 ) -> list[dict]:
   """One row per mesh and step program (gamma 0: plain; `gamma`: drafting):
   the collectives per decode step by opcode, their count, and bytes.
@@ -81,7 +82,14 @@ def measure(
     model: "bundled" (the pair) or "tiny" (`specjax.jobs.serve.load_models`).
     scale: "" or a scaled pair's preset in place of `model` (`scaled_models`,
       its target's first `layers` layers).
+    vocab_placements: the `EngineConfig.vocab_placement`s to compare.
   """
+  for vocab in vocab_placements:
+    if vocab not in serving_mesh.VOCAB_PLACEMENTS:
+      raise ValueError(
+        f"--vocab must name placements among {', '.join(serving_mesh.VOCAB_PLACEMENTS)}, "
+        f"got {vocab!r}."
+      )
   for shape in meshes:
     serving_mesh.resolve(shape)
     EngineConfig(slots=slots, mesh=shape)  # slots split over data
@@ -90,8 +98,9 @@ def measure(
   else:
     target, draft, _, _, _ = serve.load_models(model, dtype=dtype)
   rows = []
-  for shape in meshes:
+  for shape, vocab in ((s, v) for s in meshes for v in vocab_placements):
     config = EngineConfig(
+      vocab_placement=vocab,
       slots=slots,
       gamma=gamma,
       prompt_buckets=(64,),
@@ -107,6 +116,7 @@ def measure(
       rows.append(
         {
           "mesh": f"{shape[0]}x{shape[1]}",
+          "vocab": vocab,
           "target_layers": target.cfg.n_layers,
           "gamma": g,
           "by_opcode": {k: int(v["count"]) for k, v in summary.items()},
@@ -130,6 +140,7 @@ def markdown(rows: list[dict]) -> str:
     rows,
     [
       ("mesh (data x model)", "{mesh}"),
+      ("vocabulary", "{vocab}"),
       ("step", lambda r: f"gamma={r['gamma']}" if r["gamma"] else "plain"),
       ("collectives / step", "{collectives}"),
       ("by kind", kinds),

@@ -188,6 +188,7 @@ def engine_config(
     verify_lengths=tuple(config.get("verify_lengths", ())) or None,
     mesh=tuple(config.get("mesh", ())) or None,
     draft_placement=config.get("draft_placement", "replicate"),
+    vocab_placement=config.get("vocab_placement", "replicate"),
   )
 
 

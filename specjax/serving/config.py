@@ -73,6 +73,10 @@ class EngineConfig:
     draft_placement: on a mesh, "replicate" (every device holds the drafter's
       own modules: a small draft drafts with no communication) or "shard" (they
       are split by the same rules as the target: a large draft).
+    vocab_placement: on a mesh, "replicate" (every device holds the embedding
+      and LM head: whole logits on each, so sampling and verification need no
+      communication) or "shard" (their vocabulary split over `model`: less
+      memory, dozens of small collectives per step; docs/scale_out.md).
   """
 
   slots: int = 16
@@ -89,9 +93,15 @@ class EngineConfig:
   verify_lengths: tuple[int, ...] | None = None
   mesh: tuple[int, int] | None = None
   draft_placement: str = "replicate"
+  vocab_placement: str = "replicate"
 
   def __post_init__(self):
     object.__setattr__(self, "mesh", mesh_lib.check_shape(self.mesh))
+    if self.vocab_placement not in mesh_lib.VOCAB_PLACEMENTS:
+      raise ValueError(
+        f"vocab_placement must be one of {', '.join(mesh_lib.VOCAB_PLACEMENTS)}, got "
+        f"{self.vocab_placement!r}."
+      )
     if self.draft_placement not in mesh_lib.DRAFT_PLACEMENTS:
       raise ValueError(
         f"draft_placement must be one of {', '.join(mesh_lib.DRAFT_PLACEMENTS)}, got "

@@ -137,7 +137,9 @@ class Engine:
       shape = mesh_lib.resolve(config.mesh)
       config = dataclasses.replace(config, mesh=shape)
       self.mesh = mesh_lib.build_mesh(shape)
-      target, drafter = mesh_lib.place_models(target, drafter, self.mesh, config.draft_placement)
+      target, drafter = mesh_lib.place_models(
+        target, drafter, self.mesh, config.draft_placement, config.vocab_placement
+      )
     self.target, self.drafter = target, drafter
     if self.drafter is not None and self.drafter.tree is not None:
       raise ValueError(

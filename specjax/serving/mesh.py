@@ -30,11 +30,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specjax.distributed import make_mesh, named_sharding, resolve_shape, shard_model
-from specjax.distributed.mesh import DATA
+from specjax.distributed.mesh import DATA, LOGICAL_RULES
 from specjax.models.kv_cache import CACHE_AXES, STACKED_CACHE_AXES, KVCache
 from specjax.validation import is_int
 
 DRAFT_PLACEMENTS = ("replicate", "shard")
+VOCAB_PLACEMENTS = ("replicate", "shard")
 
 
 def check_shape(shape) -> tuple[int, int] | None:
@@ -89,20 +90,29 @@ def row_order(slots: int, blocks: int) -> tuple[int, ...]:
   return tuple(b * per + j for j in range(per) for b in range(blocks))
 
 
-def place_models(target, drafter, mesh: Mesh, draft_placement: str = "replicate"):
+def place_models(
+  target, drafter, mesh: Mesh, draft_placement: str = "replicate", vocab: str = "shard"
+):
   """`(target, drafter)` on `mesh`: the target's parameters placed by their
   logical axes (`specjax.distributed.shard_model`), every module the drafter
   holds likewise (`draft_placement` "shard") or copied to every device
   ("replicate"); a module that is the target itself (layer skip, a head that
   reads the target's features) becomes the placed target, never a second copy.
+  `vocab` "replicate" copies the embedding and the LM head to every device
+  instead of splitting their vocabulary over `model`: the logits are then whole
+  on each device, and sampling and verification over them run without the
+  dozens of small reductions a vocabulary split over devices needs per step.
 
   Shapes are unchanged; only where the arrays live.
   """
+  if vocab not in VOCAB_PLACEMENTS:
+    raise ValueError(f"vocab must be one of {', '.join(VOCAB_PLACEMENTS)}, got {vocab!r}.")
   if draft_placement not in DRAFT_PLACEMENTS:
     raise ValueError(
       f"draft_placement must be one of {', '.join(DRAFT_PLACEMENTS)}, got {draft_placement!r}."
     )
-  placed = shard_model(target, mesh)
+  rules = LOGICAL_RULES if vocab == "shard" else {**LOGICAL_RULES, "vocab": None}
+  placed = shard_model(target, mesh, rules)
   if drafter is None:
     return placed, None
   replicate = draft_placement == "replicate"
@@ -111,7 +121,7 @@ def place_models(target, drafter, mesh: Mesh, draft_placement: str = "replicate"
     if value is target:
       return placed
     if isinstance(value, nnx.Module):
-      return shard_model(value, mesh, replicate=replicate)
+      return shard_model(value, mesh, rules, replicate=replicate)
     return value
 
   fields = getattr(drafter, "__dataclass_fields__", {})

@@ -69,7 +69,7 @@ def single(models):
   "shape, kind, placement, widths",
   [
     ((8, 1), "model", "replicate", (8,)),
-    ((2, 4), "model", "shard", (4, 8)),  # narrow steps: each block's first rows
+    ((2, 4), "model", "shard", (4, 8)),  # narrow steps: each block's first rows; vocab split
     ((2, 4), "eagle", "replicate", (8,)),
     ((1, 8), "eagle", "shard", (2, 8)),
   ],
@@ -77,7 +77,10 @@ def single(models):
 def test_engine_on_a_mesh_serves_what_one_device_serves(
   models, single, shape, kind, placement, widths
 ):
-  config = EngineConfig(**BASE, widths=widths, mesh=shape, draft_placement=placement)
+  # The vocabulary split over `model` with a split draft, copied with a replicated one.
+  config = EngineConfig(
+    **BASE, widths=widths, mesh=shape, draft_placement=placement, vocab_placement=placement
+  )
   engine = Engine(*models[kind], config)
   engine.warmup(timed_runs=0)
   with traces() as traced:
