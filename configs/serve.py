@@ -54,6 +54,16 @@ def get_config() -> ml_collections.ConfigDict:
   # tokens a request's state allows alone are drafted first, at no drafter cost.
   config.forced_drafts = True
   config.seed = 0  # the tiny models' weights
+  # The device mesh (EngineConfig.mesh): () one device; '(data, model)' over every
+  # device of the job, one entry may be -1 (the rest), e.g. '(1, 8)' tensor
+  # parallel over 8 GPUs or a TPU v5e-8. Slots (and widths) split over data.
+  config.mesh = ()
+  # On a mesh, the drafter's own modules: "replicate" (each device a copy: a small
+  # draft drafts with no communication) or "shard" (split like the target).
+  config.draft_placement = "replicate"
+  # On a mesh, the embedding and LM head: "replicate" (whole logits on every device:
+  # sampling and verification need no communication) or "shard" (less memory).
+  config.vocab_placement = "replicate"
   # The engine's seed, which unseeded sampled requests draw from: -1 a fresh random
   # one at each start (their texts differ across restarts), >= 0 fixed.
   config.sampling_seed = -1

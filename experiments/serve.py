@@ -4,6 +4,7 @@
   python -m experiments.serve --config.port=8080 --config.policy=always --config.slots=16
   python -m experiments.serve --config.target=Qwen/Qwen2.5-1.5B --config.draft=Qwen/Qwen2.5-0.5B
   python -m experiments.serve --config.model=tiny   # random tiny models: a smoke test
+  python -m experiments.serve --config.mesh='(1, 8)'  # tensor parallel over 8 devices
 
   J='Content-Type: application/json'    # the JSON endpoints take no other (415)
   curl -H "$J" localhost:8000/v1/completions -d '{"prompt": "def f(a, b):\\n", "max_tokens": 32}'
@@ -29,17 +30,20 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import common
+from specjax.distributed import launch
 from specjax.jobs import serve
 
 
 def main(argv):
   common.check_no_args(argv)
+  launch.maybe_initialize()  # --distributed: join the multi-host job first
   serve.serve(flags.FLAGS.config)
 
 
 def define_flags() -> None:
   """Defines this launcher's flags (called only when run as a script; see experiments.common)."""
   common.define_config_flag("Server configuration (configs/serve.py).", "serve.py")
+  launch.define_flags()
 
 
 if __name__ == "__main__":

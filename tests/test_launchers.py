@@ -93,6 +93,13 @@ def _hub_eagle_head(tmp: str) -> None:
   save_head(make_head(head_config("eagle", target, **hub), rngs=nnx.Rngs(0)), f"{tmp}/hub_eagle")
 
 
+def _check_collectives(tmp: str) -> None:
+  """One device exchanges nothing: both step programs, no collectives."""
+  with open(os.path.join(tmp, "collectives.json")) as f:
+    rows = json.load(f)["rows"]
+  assert [(r["mesh"], r["gamma"], r["collectives"]) for r in rows] == [("1x1", 0, 0), ("1x1", 4, 0)]
+
+
 def _check_kernel_benchmark(tmp: str) -> None:
   """The kernel table names the CPU and times every case through XLA, each
   variant this CPU runs (or says why a variant is missing) and the paths a
@@ -558,6 +565,14 @@ STEPS = (
     "gpu_check",
     ("--scale=smoke", "--sections=scoring,decode", "--output_json={tmp}/gpu_check.json"),
     slow=True,
+  ),
+  # The collective table on one device (1x1: none); the 8-device tables run in
+  # docs/scale_out.md's slow tier.
+  Step(
+    "mesh_collectives",
+    "mesh_collectives",
+    ("--meshes=1x1", "--vocab=replicate", "--output_json={tmp}/collectives.json"),
+    check=lambda tmp, output: _check_collectives(tmp),
   ),
   # The server with every default (its warm-up compiles each of its programs and
   # measures the adaptive policy: minutes here), and at a small size.

@@ -609,3 +609,75 @@ def test_verify_lengths_keep_greedy_text_and_are_measured_at_warmup(pair):
     dataclasses.replace(CONFIG, verify_lengths=(1, 2))
   with pytest.raises(ValueError, match="NGramDrafter"):
     Engine(target, specjax.drafting.NGramDrafter(vocab_size=V), config)
+
+
+def test_mesh_settings_are_checked_before_anything_compiles(pair):
+  """`EngineConfig.mesh`: a (data, model) pair; slots and widths split over data;
+  a mesh the devices cannot hold is refused by the engine, naming it."""
+  from specjax.serving.mesh import row_order
+
+  for bad in ((8,), (0, 2), (-1, -1), "2x4", (2.5, 1)):
+    with pytest.raises(ValueError, match=r"mesh must be None \(one device\) or \(data, model\)"):
+      EngineConfig(mesh=bad)
+  with pytest.raises(ValueError, match=r"slots \(6\) must be a multiple of the mesh's data axis"):
+    EngineConfig(slots=6, mesh=(4, 1))
+  with pytest.raises(ValueError, match=r"widths must be multiples of the mesh's data axis \(2\)"):
+    EngineConfig(slots=8, widths=(3, 8), mesh=(2, 1))
+  with pytest.raises(ValueError, match="draft_placement must be one of replicate, shard"):
+    EngineConfig(mesh=(1, 1), draft_placement="copy")
+  with pytest.raises(ValueError, match="vocab_placement must be one of replicate, shard"):
+    EngineConfig(mesh=(1, 1), vocab_placement="split")
+  assert EngineConfig(slots=8, mesh=[2, -1]).mesh == (2, -1)
+  assert EngineConfig(slots=8, mesh=(2, 1)).step_widths == (2, 4, 8)
+  with pytest.raises(ValueError, match=r"mesh \(2, 4\) does not fit this job's 1 cpu device"):
+    Engine(*pair, dataclasses.replace(CONFIG, mesh=(2, 4)))
+  # Slots fill block by block: a step at width W runs on each block's first W / D rows.
+  assert row_order(8, 2) == (0, 4, 1, 5, 2, 6, 3, 7) and row_order(4, 1) == (0, 1, 2, 3)
+
+
+def test_lockstep_leader_serves_what_the_engine_serves(pair, engine):
+  """`Lockstep` as process 0 of a one-process job: submissions queue at once,
+  cancellations and expiries (decided by the leader's clock) apply at the next
+  step, which the followers would take too; the text is the engine's own."""
+  from specjax.serving.lockstep import Lockstep, broadcast
+
+  assert broadcast({"gamma": 3, "ids": [1, 2]}) == {"gamma": 3, "ids": [1, 2]}
+  target, _ = pair
+  engine.policy = Schedule((3, 0, 3))
+  lockstep = Lockstep(engine)
+  try:
+    batch = requests(6, seed=21)
+    ids = [lockstep.submit(r) for r in batch]
+    victim = lockstep.submit(Request(prompt=[4] * 8, max_new_tokens=CONFIG.max_new_tokens))
+    late = lockstep.submit(Request(prompt=[4] * 8, max_new_tokens=8, timeout_s=1e-9))
+    lockstep.cancel(victim)
+    assert engine.has_work() and lockstep.has_work()
+    while lockstep.has_work():
+      lockstep.step()
+  finally:
+    engine.agree = None
+    lockstep.close()
+  assert engine.completion(victim).finish_reason == "cancelled"
+  assert engine.completion(late).finish_reason == "timeout"
+  for i, alone in zip(ids, solo(target, batch)):
+    assert engine.completion(i).tokens == alone
+  with pytest.raises(RuntimeError, match="closed"):
+    lockstep.submit(batch[0])
+
+
+def test_serve_checks_the_mesh_before_any_model_loads():
+  from configs import serve as serve_config
+  from specjax.jobs import serve
+
+  config = serve_config.get_config()
+  config.update(model="tiny", mesh=(2, 4))
+  with pytest.raises(ValueError, match=r"^config.mesh \(2, 4\) does not fit this job's 1 cpu"):
+    serve.check_config(config)
+  config.update(mesh=(2, 1), slots=3)
+  with pytest.raises(
+    ValueError, match=r"^config.slots \(3\) must be a multiple of the mesh's data"
+  ):
+    serve.check_config(config)
+  config.update(mesh=(1, 1), slots=2, draft_placement="everywhere")
+  with pytest.raises(ValueError, match="^config.draft_placement must be one of replicate, shard"):
+    serve.check_config(config)

@@ -372,3 +372,121 @@ def command_buffers(hlo_text: str, body: str | None = None) -> dict:
     per_trip = 0 if recorded else launches(hlo_text, body, graphs_as_one=True)["kernels"]
     out["body_launches"] = per_trip
   return out
+
+
+# Collective opcodes (an async pair counts once, at its start).
+COLLECTIVES = (
+  "all-reduce",
+  "all-gather",
+  "reduce-scatter",
+  "all-to-all",
+  "collective-permute",
+  "collective-broadcast",
+)
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
+_GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
+
+
+class Collective(NamedTuple):
+  """One collective a program runs per call (`collectives`).
+
+  Attributes:
+    opcode: one of `COLLECTIVES`.
+    times: how often one call runs it (loop trip counts multiplied; each branch
+      of a conditional counts as if taken: an upper bound).
+    shape, bytes: the array it exchanges (the result; a reduce-scatter's operand,
+      the whole before scattering), bytes per run.
+    group: devices per group it runs over.
+    link_bytes: bytes each device sends per run, as bandwidth-optimal (ring)
+      algorithms do: all-reduce 2 (g - 1) / g of the array, all-gather,
+      reduce-scatter and all-to-all (g - 1) / g, a permute all of it.
+  """
+
+  opcode: str
+  times: int
+  shape: str
+  bytes: int
+  group: int
+  link_bytes: float
+
+
+def _group_size(line: str, num_devices: int) -> int:
+  """Devices per replica group: from `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}` (the
+  product of the named axes), `[groups,size]<=[n]` or `{{0,1,...},...}`."""
+  mesh = _GROUPS_MESH.search(line)
+  if mesh:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
+    axes = re.findall(r"'(\w+)'", mesh.group(2))
+    return math.prod(int(sizes[a]) for a in axes)
+  iota = _GROUPS_IOTA.search(line)
+  if iota:
+    return int(iota.group(2))
+  listed = _GROUPS_LIST.search(line)
+  if listed and listed.group(1):
+    return len(listed.group(1).split(","))
+  return num_devices  # no groups: all devices
+
+
+def _multiplicities(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
+  """How often one call of the program runs each computation it reaches through
+  while loops (body: the known trip count; unknown: 1), conditionals and calls."""
+  times = {entry: 1}
+  stack = [entry]
+  while stack:
+    comp = stack.pop()
+    for line in comps.get(comp, []):
+      op = _OPCODE.search(line)
+      if not op or op.group(1) not in ("while", "conditional", "call"):
+        continue
+      trips = _TRIPS.search(line)
+      body = set(_BODY.findall(line))
+      for group in _RUNS.findall(line):
+        for name in (n.strip().lstrip("%") for n in group.strip("{}").split(",")):
+          if name in comps and name not in times:
+            times[name] = times[comp] * (int(trips.group(1)) if trips and name in body else 1)
+            stack.append(name)
+  return times
+
+
+def collectives(compiled_text: str, num_devices: int) -> list[Collective]:
+  """The collectives one call of a compiled SPMD program runs between its
+  `num_devices` devices, with the bytes each moves (`Collective`).
+
+  Read from `jax.jit(f).lower(...).compile().as_text()` of a program on a mesh;
+  a program on one device has none."""
+  comps = computations(compiled_text)
+  entry = _ENTRY.search(compiled_text)
+  if entry is None:
+    return []
+  out = []
+  for comp, times in _multiplicities(comps, entry.group(1)).items():
+    for line in comps[comp]:
+      op = _OPCODE.search(line)
+      if not op:
+        continue
+      opcode = op.group(1).removesuffix("-start")
+      if opcode not in COLLECTIVES:
+        continue
+      shapes = _output_shapes(line)
+      if op.group(1).endswith("-start") and len(shapes) > 1:
+        shapes = shapes[len(shapes) // 2 :]  # (operands, results) of an async start
+      size = sum(_array_bytes(s) for s in shapes)
+      g = _group_size(line, num_devices)
+      if opcode == "reduce-scatter":
+        size *= g
+      share = {"all-reduce": 2 * (g - 1) / g, "collective-permute": 1.0}.get(opcode, (g - 1) / g)
+      out.append(Collective(opcode, times, ",".join(shapes), size, g, share * size))
+  return out
+
+
+def collective_summary(ops: list[Collective]) -> dict[str, dict[str, float]]:
+  """Per opcode: runs per call and bytes per call (`bytes` exchanged arrays,
+  `link_bytes` sent by each device), summed over `collectives`' list."""
+  summary: dict[str, dict[str, float]] = {}
+  for op in ops:
+    s = summary.setdefault(op.opcode, {"count": 0, "bytes": 0, "link_bytes": 0.0})
+    s["count"] += op.times
+    s["bytes"] += op.times * op.bytes
+    s["link_bytes"] += op.times * op.link_bytes
+  return summary

@@ -7,18 +7,22 @@ test (`specjax.jobs.load_test`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import signal
 import time
 
+import jax
 import ml_collections
 from absl import logging
 
 from specjax import dtypes
 from specjax.jobs import drafters
 from specjax.serving import limits
+from specjax.serving import mesh as serving_mesh
 from specjax.serving.load import MODES
+from specjax.serving.lockstep import Lockstep, broadcast
 from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int
 
@@ -183,6 +187,9 @@ def engine_config(
     max_queue=config.get("max_queue", 0),
     verify_lengths=tuple(config.get("verify_lengths", ())) or None,
     forced_drafts=config.get("forced_drafts", True),
+    mesh=tuple(config.get("mesh", ())) or None,
+    draft_placement=config.get("draft_placement", "replicate"),
+    vocab_placement=config.get("vocab_placement", "replicate"),
   )
 
 
@@ -219,6 +226,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   except ValueError as e:  # EngineConfig's messages start with the field's name
     raise ValueError(f"config.{e}") from None
   check_int("config.sampling_seed (-1: random at each start)", config.sampling_seed, -1)
+  if config.get("mesh"):  # against this job's devices, before any model loads
+    try:
+      serving_mesh.resolve(serving_mesh.check_shape(tuple(config.mesh)))
+    except ValueError as e:
+      raise ValueError(f"config.{e}") from None
   limits.from_config(config)
   if not isinstance(config.api_key, str) or not isinstance(config.allowed_hosts, str):
     raise ValueError("config.api_key and config.allowed_hosts must be strings.")
@@ -237,7 +249,12 @@ def allowed_hosts(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def serve(config: ml_collections.ConfigDict) -> None:
-  """Loads the models, warms the engine up and serves until SIGINT / SIGTERM."""
+  """Loads the models, warms the engine up and serves until SIGINT / SIGTERM.
+
+  In a job of several processes (`--distributed`), every process runs this: all
+  build and warm the same engine on one mesh over the job's devices; process 0
+  serves HTTP and schedules, the others follow its steps
+  (`specjax.serving.lockstep`) until it stops."""
   check_config(config)
   signals = _Shutdown()
   for sig in (signal.SIGINT, signal.SIGTERM):
@@ -249,7 +266,15 @@ def serve(config: ml_collections.ConfigDict) -> None:
   from specjax.serving.http import make_app
 
   engine, tokenizer, name = warm_engine(config)
-  background = BackgroundEngine(engine)
+  lockstep = None
+  if jax.process_count() > 1:
+    lockstep = Lockstep(engine)
+    if not lockstep.leader:
+      logging.info("process %d: following process 0's steps", jax.process_index())
+      lockstep.follow()
+      logging.info("stopped (process 0 closed)")
+      return
+  background = BackgroundEngine(lockstep or engine)
   signals.serving = True
   key = api_key(config)
   app = make_app(
@@ -279,10 +304,17 @@ def serve(config: ml_collections.ConfigDict) -> None:
       config.port,
       "API key required" if key else "no API key: anyone who can reach the port may use it",
     )
+    if lockstep is not None:  # a dead or stuck process stops the server
+      lockstep.on_broken = lambda: setattr(server, "should_exit", True)
+      lockstep.keep_alive(background)
     server.run()
   finally:
     app.state.close()
     background.close()
+    if lockstep is not None:
+      lockstep.close()
+  if lockstep is not None and lockstep.broken:
+    raise RuntimeError(f"stopped: the job's processes fell out of step: {lockstep.broken}")
   logging.info("stopped")
 
 
@@ -364,6 +396,8 @@ def warm_engine(config: ml_collections.ConfigDict):
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config, gamma=gamma), target, draft, names=FIT_FLAGS)
+  if jax.process_count() > 1:  # every process samples with process 0's seed
+    fitted = dataclasses.replace(fitted, seed=broadcast(fitted.seed))
   logging.info(
     "engine: %d slots, caches of %d positions each (prompt <= %d + new tokens <= %d + "
     "gamma + 1); building the blank batch",

@@ -142,15 +142,34 @@ def write_rows(
     index[axis] = starts[0]
     return jax.lax.dynamic_update_slice(buffer, update.astype(buffer.dtype), tuple(index))
   # One scatter with its indices promised in bounds, which XLA runs in place. (A
-  # vmapped dynamic_update_slice is a scatter that clamps its indices first.)
-  rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
+  # vmapped dynamic_update_slice is a scatter that clamps its indices first.) The
+  # rows are the scatter's batching dimension, not an index: on a mesh that splits
+  # them over devices, each then writes its own rows, where an explicit row index
+  # made XLA gather every row's update and index to every device first.
+  n = len(leading)
   slots = starts.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
-  index = (rows, *leading, *[slice(None)] * (axis - 1 - len(leading)), slots)
-  # The indexed view is [B, T, the other axes]: the update's leading axes (size 1)
-  # dropped and its T axis moved next to B.
-  new = update.reshape(update.shape[:1] + update.shape[1 + len(leading) :])
-  new = jnp.moveaxis(new, axis - len(leading), 1)
-  return buffer.at[index].set(new.astype(buffer.dtype), mode="promise_in_bounds")
+  coords = [jnp.broadcast_to(jnp.asarray(i, jnp.int32), (b, t)) for i in leading]
+  indices = jnp.stack([*coords, slots], axis=-1)  # [B, T, n + 1]: (leading..., slot)
+  # The update as [B, T, the other axes]: its leading axes (size 1) dropped, T next to B.
+  new = update.reshape(update.shape[:1] + update.shape[1 + n :])
+  new = jnp.moveaxis(new, axis - n, 1)
+  scattered = (*range(1, 1 + n), axis)
+  numbers = jax.lax.ScatterDimensionNumbers(
+    update_window_dims=tuple(range(2, new.ndim)),
+    inserted_window_dims=scattered,
+    scatter_dims_to_operand_dims=scattered,
+    operand_batching_dims=(0,),
+    scatter_indices_batching_dims=(0,),
+  )
+  return jax.lax.scatter(
+    buffer,
+    indices,
+    new.astype(buffer.dtype),
+    numbers,
+    indices_are_sorted=True,
+    unique_indices=True,
+    mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+  )
 
 
 def write_layer(layer_cache: tuple, k: jax.Array, v: jax.Array, starts: jax.Array):

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.distributed.mesh import constrain
 from specjax.kernels import matmul, uses_kernel
 from specjax.models.attention import attend as attend  # re-exported: the reference path
 from specjax.models.attention import attention, softcap
@@ -247,6 +248,10 @@ class MLP(nnx.Module):
     return self.down_proj(hidden)
 
 
+# Logical axes of the residual stream `[B, T, D]` (rows over `data`, whole over `model`).
+RESIDUAL_AXES = ("batch", None, "embed")
+
+
 class Block(nnx.Module):
   """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x)); with
   `sandwich_norms` each sublayer's output is normalised too (Gemma)."""
@@ -262,16 +267,20 @@ class Block(nnx.Module):
       self.post_mlp_norm = Norm(cfg)
 
   def __call__(self, x, positions, masks, layer_cache, starts, inv_freq=None, contiguous=True):
+    # The residual stream [B, T, D] stays whole on every `model` device (Megatron's
+    # layout: each sublayer ends in one all-reduce); left to itself, XLA may split
+    # it along T and gather it back before the next projection.
+    x = constrain(x, RESIDUAL_AXES)
     attn_out, layer_cache = self.attn(
       self.attn_norm(x), positions, masks, layer_cache, starts, inv_freq, contiguous
     )
     if self.sandwich:
       attn_out = self.post_attn_norm(attn_out)
-    x = x + attn_out
+    x = constrain(x + attn_out, RESIDUAL_AXES)
     mlp_out = self.mlp(self.mlp_norm(x))
     if self.sandwich:
       mlp_out = self.post_mlp_norm(mlp_out)
-    return x + mlp_out, layer_cache
+    return constrain(x + mlp_out, RESIDUAL_AXES), layer_cache
 
 
 def run_blocks(

@@ -11,6 +11,7 @@ with their own settings, an adaptive speculation policy, metrics.
   summarize, percentiles      latency and throughput figures (`.metrics`)
   BackgroundEngine            the engine behind a thread, for servers (`.background`)
 
+On a mesh: `.mesh` (placement), `.lockstep` (one engine across processes).
 Device programs of the slots: `.slots`; finished requests: `.store`; load
 generation and its report: `.load`, `.load_report`.
 

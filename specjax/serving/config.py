@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from specjax.drafting import Drafter, as_drafter
 from specjax.generation.verify_length import check_lengths
 from specjax.models.transformer import Transformer
+from specjax.serving import mesh as mesh_lib
 from specjax.serving.policy import POLICIES
 from specjax.validation import check_int, check_positive_int, is_int
 
@@ -69,6 +70,18 @@ class EngineConfig:
       states) first, at no drafter cost (`SpecConfig.forced_drafts`); counted
       apart in each request's usage (`speculation.forced`) and in
       `specjax_forced_tokens`.
+    mesh: None (one device), or the `(data, model)` shape of the device mesh
+      the engine runs on (`specjax.distributed.make_mesh`; one entry may be -1,
+      the rest of the devices): slots split over `data`, the target (its
+      attention heads, MLP and vocabulary, its caches' kv heads) over `model`.
+      `slots` and every width must be multiples of `data`.
+    draft_placement: on a mesh, "replicate" (every device holds the drafter's
+      own modules: a small draft drafts with no communication) or "shard" (they
+      are split by the same rules as the target: a large draft).
+    vocab_placement: on a mesh, "replicate" (every device holds the embedding
+      and LM head: whole logits on each, so sampling and verification need no
+      communication) or "shard" (their vocabulary split over `model`: less
+      memory, dozens of small collectives per step; docs/scale_out.md).
   """
 
   slots: int = 16
@@ -84,8 +97,22 @@ class EngineConfig:
   max_queue: int = 0
   verify_lengths: tuple[int, ...] | None = None
   forced_drafts: bool = True
+  mesh: tuple[int, int] | None = None
+  draft_placement: str = "replicate"
+  vocab_placement: str = "replicate"
 
   def __post_init__(self):
+    object.__setattr__(self, "mesh", mesh_lib.check_shape(self.mesh))
+    if self.vocab_placement not in mesh_lib.VOCAB_PLACEMENTS:
+      raise ValueError(
+        f"vocab_placement must be one of {', '.join(mesh_lib.VOCAB_PLACEMENTS)}, got "
+        f"{self.vocab_placement!r}."
+      )
+    if self.draft_placement not in mesh_lib.DRAFT_PLACEMENTS:
+      raise ValueError(
+        f"draft_placement must be one of {', '.join(mesh_lib.DRAFT_PLACEMENTS)}, got "
+        f"{self.draft_placement!r}."
+      )
     check_int("max_queue", self.max_queue, 0)
     check_int("logprobs", self.logprobs, 0, 20)
     check_int("constraint_states", self.constraint_states, 0)
@@ -120,6 +147,27 @@ class EngineConfig:
       object.__setattr__(self, "verify_lengths", lengths)
     if not isinstance(self.forced_drafts, bool):
       raise ValueError(f"forced_drafts must be True or False, got {self.forced_drafts!r}.")
+    self._check_rows()
+
+  @property
+  def data(self) -> int:
+    """D, the devices the slots are split over (1 without a mesh, or while its
+    `data` entry is -1: known once the engine resolves it against the devices)."""
+    return max(1, self.mesh[0]) if self.mesh is not None else 1
+
+  def _check_rows(self) -> None:
+    """Slots and widths split evenly over `data` (each device runs W / D rows)."""
+    d = self.data
+    if self.slots % d:
+      raise ValueError(
+        f"slots ({self.slots}) must be a multiple of the mesh's data axis ({d}): each data "
+        f"device holds slots / {d} of them; try slots={-(-self.slots // d) * d}."
+      )
+    if self.widths is not None and any(w % d for w in self.widths):
+      raise ValueError(
+        f"widths must be multiples of the mesh's data axis ({d}), got {self.widths!r}: a "
+        f"step runs width / {d} rows on each data device."
+      )
 
   @property
   def max_prompt_len(self) -> int | None:
@@ -130,8 +178,8 @@ class EngineConfig:
   def step_widths(self) -> tuple[int, ...]:
     if self.widths is not None:
       return self.widths
-    powers = [w for w in (2**i for i in range(self.slots.bit_length())) if w < self.slots]
-    return (*powers, self.slots)
+    powers = (2**i for i in range(self.slots.bit_length()))
+    return (*(w for w in powers if w < self.slots and w % self.data == 0), self.slots)
 
   @property
   def draft_lengths(self) -> tuple[int, ...]:

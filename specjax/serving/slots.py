@@ -17,6 +17,11 @@ warm-up):
                 so a light load runs at a small width)
   release       slots marked done (cancelled requests stop committing)
 
+On a mesh (`SlotConfig.mesh`) every program hands the batch back placed by
+`specjax.serving.mesh.slot_shardings` (rows over `data`, kv heads over
+`model`), writes and reads single rows by masks, and a narrow step runs on the
+first rows of each `data` device's block.
+
 Rows of finished or free slots run along (static shapes) but commit nothing.
 A seeded row draws with its own key's Gumbel noise at each generated index
 (`specjax.coupling`), in plain and speculative steps alike, so its text does not
@@ -38,6 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh
 
 from specjax import constraints, coupling
 from specjax.coupling import Coupling
@@ -56,6 +62,7 @@ from specjax.generation.state import SpecConfig, SpecState
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import GREEDY, MIN_TEMPERATURE, RowSampling, warp_probs
+from specjax.serving.mesh import constrain_slots, data_size
 
 # SpecState fields that hold one entry per row (the rest are batch-wide).
 ROW_FIELDS = (
@@ -111,12 +118,23 @@ class SlotConfig:
     capacity: KV-cache slots per row.
     max_prompt_len: P_max.
     logprobs: K, the alternatives recorded per token (0: no log-probabilities).
+    mesh: None (one device), or the engine's mesh: every program hands the batch
+      back placed by `specjax.serving.mesh.slot_shardings`, rows are written
+      and read by masks (no dynamic index into a sharded axis), and a step at
+      width W runs on the first W / D rows of each of the D row blocks
+      (`specjax.serving.mesh.row_order`).
   """
 
   spec: SpecConfig
   capacity: int
   max_prompt_len: int
   logprobs: int = 0
+  mesh: Mesh | None = None
+
+  @property
+  def blocks(self) -> int:
+    """D, the row blocks (the mesh's `data` size; 1 without a mesh)."""
+    return data_size(self.mesh)
 
 
 def map_rows(fn, *states: SlotState) -> SlotState:
@@ -298,15 +316,58 @@ def plain_step(
   return state, logits, emitted
 
 
-def _prefix(state: SlotState, width: int) -> SlotState:
-  return state if width == state.prompts.shape[0] else map_rows(lambda x: x[:width], state)
+def _blocked(x: jax.Array, blocks: int) -> jax.Array:
+  """`[B, ...]` as `[D, B / D, ...]`: each row block (one `data` device's) apart."""
+  return x.reshape(blocks, x.shape[0] // blocks, *x.shape[1:])
 
 
-def _put_prefix(state: SlotState, part: SlotState, width: int) -> SlotState:
-  """`state` with its first `width` rows (and the batch-wide leaves) from `part`."""
+def _prefix(state: SlotState, width: int, blocks: int = 1) -> SlotState:
+  """The rows a step at `width` runs on: the first `width / D` of each row block
+  (on one device, simply the first `width`)."""
+  if width == state.prompts.shape[0]:
+    return state
+  if blocks == 1:
+    return map_rows(lambda x: x[:width], state)
+  return map_rows(
+    lambda x: _blocked(x, blocks)[:, : width // blocks].reshape(width, *x.shape[1:]), state
+  )
+
+
+def _put_prefix(state: SlotState, part: SlotState, width: int, blocks: int = 1) -> SlotState:
+  """`state` with its `_prefix` rows (and the batch-wide leaves) from `part`."""
   if width == state.prompts.shape[0]:
     return part
-  return map_rows(lambda new, full: full.at[:width].set(new), part, state)
+  if blocks == 1:
+    return map_rows(lambda new, full: full.at[:width].set(new), part, state)
+
+  def put(new, full):
+    rows = _blocked(full, blocks).at[:, : width // blocks].set(_blocked(new, blocks))
+    return rows.reshape(full.shape)
+
+  return map_rows(put, part, state)
+
+
+def _row_mask(x: jax.Array, row: jax.Array) -> jax.Array:
+  """`[B, 1, ...]` bool, True at row `row` (broadcasts against `x [B, ...]`)."""
+  return (jnp.arange(x.shape[0]) == row).reshape(-1, *(1,) * (x.ndim - 1))
+
+
+def _set_row(full: jax.Array, new: jax.Array, row: jax.Array, mesh: Mesh | None) -> jax.Array:
+  """`full [B, ...]` with row `row` (traced) replaced by `new [1, ...]`. On a
+  mesh by a mask: a dynamic update of an axis split over devices would have
+  XLA gather the whole array (a cache) to each device first."""
+  if mesh is None:
+    return full.at[row].set(new[0])
+  return jnp.where(_row_mask(full, row), new, full)
+
+
+def _get_row(x: jax.Array, row: jax.Array, mesh: Mesh | None) -> jax.Array:
+  """`x[row]` (traced row); on a mesh a masked sum over the rows, which moves
+  one row between devices (an all-reduce of its size), not the array."""
+  if mesh is None:
+    return x[row]
+  picked = jnp.where(_row_mask(x, row), x, jnp.zeros((), x.dtype))
+  return jnp.any(picked, axis=0) if x.dtype == jnp.bool_ else jnp.sum(picked, axis=0, dtype=x.dtype)
 
 
 def _step(
@@ -322,7 +383,7 @@ def _step(
   config: SlotConfig,
   verify: tuple[tuple[int, ...], tuple[float, ...]] | None = None,
 ) -> tuple[SlotState, jax.Array]:
-  part = _prefix(state, width)
+  part = _prefix(state, width, config.blocks)
   part = part.replace(spec=part.spec.replace(keys=jax.random.split(key, (1, 2))))
   before = part.spec.stats
   spec_config = dataclasses.replace(config.spec, gamma=gamma)
@@ -364,7 +425,7 @@ def _step(
       jnp.sum(step_positions, axis=0).reshape(-1),
     ]
   )
-  return _put_prefix(state, part, width), counts
+  return _placed(_put_prefix(state, part, width, config.blocks), config.mesh), counts
 
 
 def _resync(
@@ -372,7 +433,7 @@ def _resync(
 ) -> SlotState:
   """Rebuilds the drafter's state of the first `width` rows from their tokens
   s = prompt + generated (as its `init` would after prefilling s)."""
-  part = _prefix(state, width)
+  part = _prefix(state, width, config.blocks)
   spec = part.spec
   length = part.prompt_lengths + spec.num_generated  # len(s)
   columns = jnp.arange(config.max_prompt_len + config.spec.max_new_tokens)[None, :]
@@ -396,7 +457,8 @@ def _resync(
       return_hidden=drafter.target_features,
     )
   drafter_state = drafter.init(sequence, length - 1, spec.recent[:, 1], config.capacity, hidden)
-  return _put_prefix(state, part.replace(spec=spec.replace(drafter_state=drafter_state)), width)
+  part = part.replace(spec=spec.replace(drafter_state=drafter_state))
+  return _placed(_put_prefix(state, part, width, config.blocks), config.mesh)
 
 
 def _admit(
@@ -447,26 +509,38 @@ def _admit(
   limit = jnp.minimum(row.spec.draft_limit, draft_cap)
   row = row.replace(spec=row.spec.replace(draft_limit=limit))
   if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
-    stale = jax.tree.map(lambda x: x[slot][None], state.spec.drafter_state)
+    stale = jax.tree.map(lambda x: _get_row(x, slot, config.mesh)[None], state.spec.drafter_state)
     row = row.replace(spec=row.spec.replace(drafter_state=stale))
-  return map_rows(lambda full, new: full.at[slot].set(new[0]), state, row)
+  state = map_rows(lambda full, new: _set_row(full, new, slot, config.mesh), state, row)
+  return _placed(state, config.mesh)
 
 
-def _move(state: SlotState, source: jax.Array, dest: jax.Array) -> SlotState:
-  return map_rows(lambda x: x.at[dest].set(x[source]), state)
+def _move(state: SlotState, source: jax.Array, dest: jax.Array, mesh: Mesh | None = None):
+  state = map_rows(lambda x: _set_row(x, _get_row(x, source, mesh)[None], dest, mesh), state)
+  return _placed(state, mesh)
 
 
-def _shift_constraints(state: SlotState, shift: jax.Array) -> SlotState:
+def _shift_constraints(state: SlotState, shift: jax.Array, mesh: Mesh | None = None):
   """Each constrained row's state moved by `shift [B]` (its automaton moved in
   the table: `specjax.serving.constraint_table`); unconstrained rows stay FREE."""
   states = state.spec.constraint_state
   moved = jnp.where(states > constraints.FREE, states + shift, states)
-  return state.replace(spec=state.spec.replace(constraint_state=moved))
+  return _placed(state.replace(spec=state.spec.replace(constraint_state=moved)), mesh)
 
 
-def _release(state: SlotState, slots: jax.Array) -> SlotState:
+def _release(state: SlotState, slots: jax.Array, mesh: Mesh | None = None) -> SlotState:
   """Slots `slots [B]` (bool) stop: marked done, they commit nothing more."""
-  return state.replace(spec=state.spec.replace(done=state.spec.done | slots))
+  return _placed(state.replace(spec=state.spec.replace(done=state.spec.done | slots)), mesh)
+
+
+def _blank(*args, config: SlotConfig, **kwargs) -> SlotState:
+  """`fresh_rows` for the whole batch, placed on the engine's mesh."""
+  return _placed(fresh_rows(*args, config=config, **kwargs), config.mesh)
+
+
+def _placed(state: SlotState, mesh: Mesh | None) -> SlotState:
+  """`state` where the engine keeps it (`specjax.serving.mesh.constrain_slots`)."""
+  return constrain_slots(state, mesh, state.prompts.shape[0])
 
 
 # The batch state is donated: its caches are updated in place, not copied per step.
@@ -475,10 +549,12 @@ step = jax.jit(
 )
 resync = jax.jit(_resync, static_argnames=("width", "config"), donate_argnames=("state",))
 admit = jax.jit(_admit, static_argnames=("config",), donate_argnames=("state",))
-move = jax.jit(_move, donate_argnames=("state",))
-release = jax.jit(_release, donate_argnames=("state",))
-shift_constraints = jax.jit(_shift_constraints, donate_argnames=("state",))
-blank = jax.jit(fresh_rows, static_argnames=("config",))
+move = jax.jit(_move, static_argnames=("mesh",), donate_argnames=("state",))
+release = jax.jit(_release, static_argnames=("mesh",), donate_argnames=("state",))
+shift_constraints = jax.jit(
+  _shift_constraints, static_argnames=("mesh",), donate_argnames=("state",)
+)
+blank = jax.jit(_blank, static_argnames=("config",))
 
 
 def check_per_row(tree: Any, batch: int, what: str) -> None:
