@@ -362,7 +362,8 @@ def mask_logits(logits: jax.Array, table: ConstraintTable, states: jax.Array) ->
 def memory_report(automaton: Automaton) -> dict[str, int]:
   """One automaton's table in both layouts, as `row_constraints` builds them
   (with the FREE row and the buckets): `dense_bytes` unpadded `[S, V]`,
-  `sparse_bytes` the class layout's device bytes, `classes` its C unpadded."""
+  `sparse_bytes` the class layout's device bytes (with the `[S]` forced tokens),
+  `classes` its C unpadded."""
   table, token_class, _ = _stack([automaton], automaton.vocab_size, 0, 0, "sparse")
   return {
     "states": automaton.num_states,
@@ -370,5 +371,5 @@ def memory_report(automaton: Automaton) -> dict[str, int]:
     "classes": automaton.num_classes,
     "transitions": automaton.num_transitions(),
     "dense_bytes": automaton.num_states * automaton.vocab_size * 4,
-    "sparse_bytes": (table.size + token_class.size) * 4,
+    "sparse_bytes": (table.size + token_class.size + table.shape[0]) * 4,
   }
