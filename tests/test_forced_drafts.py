@@ -137,6 +137,7 @@ def test_forced_drafts_keep_the_constrained_law(pair, chains, verifier):
 
 
 # The model with the penalties on: its warp's counts advance over the forced span.
+@pytest.mark.sample("model", "eagle")  # with penalties too: slow tier (test_warps has them)
 @pytest.mark.parametrize("name", ["model", "eagle", "model_penalties"])
 def test_greedy_forced_drafts_are_constrained_greedy_decoding(target, draft, name):
   automaton = C.compile_constraint(C.JsonSchema(SCHEMA), JSON_TOKENS, [511], 512)

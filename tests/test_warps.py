@@ -105,6 +105,8 @@ def test_the_warp_changes_the_law(pair):
 TREE = specjax.trees.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
 
 
+# The head drafter's case (q from the committed text's warp) in the slow tier.
+@pytest.mark.sample("token", "block", "tree", "coupled")
 @pytest.mark.parametrize("rule", ["token", "block", "tree", "coupled", "head"])
 def test_speculative_rules_keep_the_warped_law(pair, rule):
   """Chain drafts (the draft model advances its counts along the chain) under the
@@ -174,6 +176,7 @@ class _Hashed(specjax.drafting.ModelDrafter):
     return proposal._replace(confidence=(proposal.tokens % 5) / 4.0), state
 
 
+@pytest.mark.sample("chain", "eagle2")  # a static tree and cut verification: slow tier
 @pytest.mark.parametrize("drafter", ["chain", "tree", "eagle2", "verify_length"])
 def test_greedy_speculation_equals_greedy_decoding_with_every_setting(
   target, noisy_target, prompts, greedy_reference, drafter
