@@ -362,6 +362,7 @@ STEPS = (
     + ("--config.data.root={tmp}/corpus", "--config.data.dir={tmp}/data_bundled")
     + ("--config.data.corpus_dir={tmp}/data_bundled", "--config.head.ttt_steps=2")
     + _TINY_HEAD_RUN,
+    slow=True,  # train_head runs this launcher; tests/test_eagle3.py trains the kind in process
   ),
   Step(
     "decode_eagle3",
@@ -369,6 +370,7 @@ STEPS = (
     ("--config.drafter=eagle", "--config.head={tmp}/eagle3", "--config.max_new_tokens=8")
     + ("--config.report_floor=False",),
     needs=("train_eagle3",),
+    slow=True,
   ),
   # The block drafter (DFlash): blocks of 4, 4 anchors per window, then decoding with it.
   Step(
@@ -379,6 +381,7 @@ STEPS = (
     + ("--config.data.corpus_dir={tmp}/data_bundled", "--config.head.block_size=4")
     + ("--config.head.num_anchors=4",)
     + _TINY_HEAD_RUN,
+    slow=True,  # tests/test_dflash_training.py runs configs/train_dflash.py in process
   ),
   Step(
     "decode_dflash",
@@ -386,6 +389,7 @@ STEPS = (
     ("--config.drafter=dflash", "--config.head={tmp}/dflash", "--config.max_new_tokens=8")
     + ("--config.report_floor=False",),
     needs=("train_dflash",),
+    slow=True,
   ),
   # The sequential block drafter (DSpark) with its config's defaults: the bundled block
   # drafter's frozen backbone, the Markov and confidence heads trained; then decoding.
@@ -431,9 +435,13 @@ STEPS = (
     ("--num_runs=1", "--output_json={tmp}/settings.json", "--output_md={tmp}/settings.md"),
     slow=True,
   ),
-  # The bundled block drafter with decode's defaults (gamma: its block_size - 1).
+  # The bundled block drafter with decode's defaults (gamma: its block_size - 1); the
+  # sequential one, built on it, in the default tier.
   Step(
-    "decode_bundled_dflash", "decode", ("--config.drafter=dflash", "--config.max_new_tokens=16")
+    "decode_bundled_dflash",
+    "decode",
+    ("--config.drafter=dflash", "--config.max_new_tokens=16"),
+    slow=True,
   ),
   Step(
     "generate_data",
