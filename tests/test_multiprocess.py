@@ -81,27 +81,9 @@ def _free_port() -> int:
 
 
 def test_two_processes_match_one(tmp_path):
-  port, out = str(_free_port()), str(tmp_path / "tokens.json")
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
-  workers = [
-    subprocess.Popen(
-      [sys.executable, os.path.join(HERE, "multiprocess_worker.py"), str(i), port, out],
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in (0, 1)
-  ]
-  logs = []
-  for w in workers:
-    try:
-      logs.append(w.communicate(timeout=600)[0])
-    except subprocess.TimeoutExpired:
-      w.kill()
-      logs.append(w.communicate()[0])
-  assert all(w.returncode == 0 for w in workers), "\n----\n".join(log[-4000:] for log in logs)
+  out = str(tmp_path / "tokens.json")
+  ran = _run_workers("multiprocess_worker.py", out)
+  assert all(code == 0 for code, _ in ran), "\n----\n".join(log[-4000:] for _, log in ran)
   with open(out) as f:
     result = json.load(f)
   assert result["devices"] == 8

@@ -379,6 +379,7 @@ test_serve_exits_cleanly_on_sigterm.start_in_background = start_server
   [("eagle", "model", 3), ("dflash", "dflash", 0), ("dspark", "dspark", 0)],
   ids=["eagle", "dflash", "dspark"],
 )
+@pytest.mark.sample("dspark")  # the EAGLE and block heads' runs in the slow tier
 def test_serve_drafts_with_a_head_by_path(tmp_path, kind, drafter, gamma):
   """--config.head: the server drafts with any head `specjax.hf.load_drafter` reads
   (here a specjax export for the tiny target; --config.drafter "model" takes any
