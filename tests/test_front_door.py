@@ -46,9 +46,6 @@ FILES += ("tests/test_benchmark.py",)
 BALANCE = ("tests/test_coupled.py", "tests/test_constrained_drafts.py")
 BALANCE += ("tests/test_constraints.py", "tests/test_constraint_layouts.py")
 BALANCE += ("tests/test_generation.py", "tests/test_eagle3.py", "tests/test_scan.py")
-# From a fresh clone on 2026-12-06 (this machine, 2 cores) the main process was the
-# longer one again (about 960 s) once launcher runs had moved to the slow tier.
-BALANCE += ("tests/test_dflash_training.py",)
 FILES += BALANCE
 
 
