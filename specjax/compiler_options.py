@@ -7,7 +7,10 @@ graph whose condition is evaluated on the device (CUDA conditional nodes), so a
 decode loop pays neither a launch per kernel nor a device-to-host wait per
 iteration. XLA's default records fusions and library calls but not loops.
 
-`jit` is `jax.jit` whose compile options follow the platform a program runs on:
+`jit` is `jax.jit` whose compile options follow the platform a program is
+compiled for (`current_platform()`: the devices its arguments are placed on when
+lowered, so a program lowered on a CPU host for an H100 or a TPU target
+(`specjax.aot`) gets that target's options and layout, never the host's):
 on GPU `COMMAND_BUFFER_TYPES` (and command buffers kept under the profiler, so a
 trace shows what really runs), nothing on any other platform. The switch:
 `command_buffers(False)` (a context) or `SPECJAX_COMMAND_BUFFERS=0` turns them
@@ -43,7 +46,7 @@ COMMAND_BUFFER_TYPES = (
 )
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 ENV = "SPECJAX_COMMAND_BUFFERS"
-_state = {"enabled": None, "refused": None}  # enabled None: the environment's (default on)
+_state = {"enabled": None, "refused": None, "platform": None}  # None: the environment's / host's
 # XLA's words when it refuses a compile option (an unknown name, a bad value).
 _REFUSALS = ("No such compile option", "While setting option")
 
@@ -81,10 +84,47 @@ def command_buffer_options(enabled: bool) -> dict[str, Any]:
   }
 
 
+def current_platform() -> str:
+  """The platform the program being traced is compiled for: "cpu", "gpu" or
+  "tpu". Inside `target_platform(name)` (what `Program.lower` enters for
+  arguments placed on another platform's devices) that one, else JAX's default
+  backend. Model code that chooses by platform (the layer layout, the Pallas
+  kernels, the CPU matmul kernel) asks this, never `jax.default_backend()`."""
+  if _state["platform"] is not None:
+    return _state["platform"]
+  return jax.default_backend()
+
+
+@contextlib.contextmanager
+def target_platform(name: str | None):
+  """Programs traced and compiled inside are for `name` ("cpu", "gpu"/"cuda"/
+  "rocm", "tpu"; None: the default backend's)."""
+  previous = _state["platform"]
+  _state["platform"] = None if name is None else ("gpu" if name in GPU_PLATFORMS else name)
+  try:
+    yield
+  finally:
+    _state["platform"] = previous
+
+
+def placed_platform(tree) -> str | None:
+  """The platform of the devices the first placed leaf of `tree` sits on (a
+  `jax.Array` or a `jax.ShapeDtypeStruct` with a sharding), or None."""
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, "sharding", None)
+    devices = getattr(sharding, "_device_assignment", None) or getattr(
+      sharding, "device_set", None
+    )
+    if devices:
+      name = next(iter(devices)).platform
+      return "gpu" if name in GPU_PLATFORMS else name
+  return None
+
+
 def compiler_options(platform: str | None = None) -> dict[str, Any]:
-  """The options specjax compiles its programs with on `platform` (default: the
-  default backend's): the command-buffer options on GPU, none elsewhere."""
-  platform = jax.default_backend() if platform is None else platform
+  """The options specjax compiles its programs with on `platform` (default:
+  `current_platform()`): the command-buffer options on GPU, none elsewhere."""
+  platform = current_platform() if platform is None else platform
   if platform not in GPU_PLATFORMS or _state["refused"]:
     return {}
   return command_buffer_options(command_buffers_enabled())
@@ -119,8 +159,12 @@ class Program:
     return self._fallback(lambda f: f(*args, **kwargs))
 
   def lower(self, *args, **kwargs):
+    """`jax.jit(...).lower` with the options of the platform the arguments are
+    placed on (abstract `ShapeDtypeStruct`s with shardings on a target's
+    devices: `specjax.aot`), traced under `target_platform` of it."""
     # Options are checked at compile: `Lowered.compile` raises if XLA refuses them.
-    return self.jitted().lower(*args, **kwargs)
+    with target_platform(placed_platform((args, kwargs)) or _state["platform"]):
+      return self.jitted().lower(*args, **kwargs)
 
   def _fallback(self, run):
     """`run(self.jitted())`; if XLA refuses specjax's options, one warning, then

@@ -38,6 +38,7 @@ from absl import logging
 from jax._src import dispatch
 from jax.interpreters import batching, mlir
 
+from specjax import compiler_options
 from specjax.kernels import build, calibration, cpu
 
 # The most rows the kernel ever takes; a longer prefill goes to XLA's dot.
@@ -156,7 +157,7 @@ def _choose(rows, dtype, w_dtype, k, n, transposed) -> str | None:
   if not (0 < rows <= MAX_ROWS and k > 0 and n > 0):
     return None
   # A kernel call on one device; sharded products are left to XLA's partitioner.
-  if jax.default_backend() != "cpu" or jax.device_count() != 1:
+  if compiler_options.current_platform() != "cpu" or jax.device_count() != 1:
     return None
   libs = candidates()
   if not libs:

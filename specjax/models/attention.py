@@ -19,6 +19,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from specjax import compiler_options
 from specjax.models.config import ATTENTION_IMPLS
 
 _NEG_INF = -1e30  # finite so fully masked rows give uniform weights, never NaN
@@ -93,7 +94,7 @@ def _kernel_tiling(q: jax.Array, k: jax.Array) -> tuple[int, int, bool] | None:
   it does not apply (static: shapes and backend only)."""
   t, h, s = q.shape[1], q.shape[3], k.shape[2]
   interpret = os.environ.get(_INTERPRET_ENV, "") == "1"
-  if t != 1 or not (interpret or jax.default_backend() == "gpu"):
+  if t != 1 or not (interpret or compiler_options.current_platform() == "gpu"):
     return None
   # Triton's dots need 16 or more along every axis, and its tiles power-of-two sizes.
   if h < _MIN_BLOCK or h & (h - 1) or s % _MIN_BLOCK:

@@ -264,10 +264,11 @@ class ModelConfig:
 
 
 def default_scan_layers(platform: str | None = None) -> bool:
-  """Scanned layers by default on `platform` (default: JAX's default backend)?
+  """Scanned layers by default on `platform` (default: the platform compiled
+  for, `specjax.compiler_options.current_platform()`)?
   Not on CPU, where XLA copies each layer's weight slice (docs/performance.md).
   """
 
-  import jax
+  from specjax import compiler_options
 
-  return (platform or jax.default_backend()) != "cpu"
+  return (platform or compiler_options.current_platform()) != "cpu"
