@@ -116,6 +116,65 @@ def test_tree_masks(impl, nodes):
   _check(impl, q, k, v, mask, contiguous=False)
 
 
+LIVE = (3, 2, 1)  # lengths whose spans (+ T <= 5) fit the smallest prefix, 8 slots
+
+
+@pytest.mark.parametrize(
+  "impl, case",
+  [
+    ("einsum", "prefill"),
+    ("einsum", "decode-gqa"),
+    ("einsum", "decode-window"),
+    ("dot_product", "prefill-window"),
+    ("pallas", "prefill"),
+  ],
+)
+def test_spans_read_only_the_live_prefix(monkeypatch, impl, case):
+  """With per-row spans the XLA paths read the smallest prefix of the cache
+  (8, 16 or 32 slots here) that covers the batch's longest row: the same
+  function as the reference over every slot, and NaN past the prefix (which
+  any read of it would spread) never reaches the output."""
+  monkeypatch.setattr(attention_lib, "_MIN_PREFIX", 8)
+  assert attention_lib.prefix_sizes(S) == (8, 16, 32)
+  t, n, k, window = CASES[case]
+  run = lambda q, k, v, mask, spans: attention(q, k, v, mask, impl=impl, spans=spans)
+  # LENGTHS: the largest span needs all 32 slots; LIVE: 8 (stale slots beyond, NaN past 8).
+  for lengths in (LENGTHS, LIVE):
+    lengths = jnp.array(lengths, jnp.int32)
+    spans = lengths + t
+    positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    mask = attention_mask(positions, jnp.arange(S, dtype=jnp.int32), window)
+    q, keys, values = _qkv(t, n, k, jnp.float32, spans)
+    want = attend(q, keys, values, mask)
+    if int(spans.max()) <= 8:
+      keys, values = keys.at[:, :, 8:].set(jnp.nan), values.at[:, :, 8:].set(jnp.nan)
+    got = jax.jit(run)(q, keys, values, mask, spans)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  assert "cond" in str(jax.make_jaxpr(run)(q, keys, values, mask, spans))
+
+
+def test_spans_in_the_whole_model(monkeypatch, einsum_pair, einsum_outputs, prompts):
+  """The model passes each call's spans: with prefixes of 8 slots and up, the
+  cached calls (prefill, decode, verification blocks) give the same tokens."""
+  monkeypatch.setattr(attention_lib, "_MIN_PREFIX", 8)
+  traced = []
+  on_live_prefix = attention_lib._on_live_prefix
+
+  def counted(fn, q, *args):
+    traced.append(q.shape[1])
+    return on_live_prefix(fn, q, *args)
+
+  monkeypatch.setattr(attention_lib, "_on_live_prefix", counted)
+  jax.clear_caches()  # the generate programs traced with the default prefixes
+  target, draft = einsum_pair
+  ar, spec = einsum_outputs
+  out = specjax.autoregressive_generate(target, *prompts, **AR)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  out = specjax.speculative_generate(target, draft, *prompts, **SPEC)
+  np.testing.assert_array_equal(out.tokens, spec.tokens)
+  assert {1, SPEC["gamma"] + 1} <= set(traced)  # decode calls and verification blocks
+
+
 def test_pallas_falls_back_where_the_kernel_cannot_tile():
   """Head dims and slot counts the kernel cannot tile take the dot_product path."""
   q, k, v, mask = _plain_case(1, 4, 2, None, jnp.float32)

@@ -28,6 +28,9 @@ _INTERPRET_ENV = "SPECJAX_PALLAS_INTERPRET"
 # loads must have a power-of-two size.
 _MIN_BLOCK = 16
 _MAX_SPLITS = 16  # the kernel's default split of the slots across programs
+# The smallest live prefix the XLA paths cut the cache to (`_on_live_prefix`);
+# the others double up to the capacity.
+_MIN_PREFIX = 128
 
 
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:
@@ -144,6 +147,39 @@ def _pallas_decode(
   return kernel(q, k, v)
 
 
+def prefix_sizes(capacity: int) -> tuple[int, ...]:
+  """The live-prefix lengths `_on_live_prefix` chooses among for a cache of
+  `capacity` slots: `_MIN_PREFIX` doubling while below it, then the capacity."""
+  sizes, size = [], _MIN_PREFIX
+  while size < capacity:
+    sizes.append(size)
+    size *= 2
+  return (*sizes, capacity)
+
+
+def _on_live_prefix(fn, q, k, v, mask, spans: jax.Array) -> jax.Array:
+  """`fn(q, k, v, mask)` over the cache's first P slots only, P the smallest of
+  `prefix_sizes(S)` covering the batch's largest span, so the work follows the
+  filled length rather than the capacity (at most twice the live prefix).
+
+  The slots cut off are masked out in every row (the caller's promise, `spans`),
+  so the result is the same function. One branch per size behind `lax.switch`
+  (a static slice each: XLA reads the prefix in place or copies only it); a
+  loop over blocks of slots with an online softmax measured no faster on CPU
+  and would change the rounding.
+  """
+  sizes = prefix_sizes(k.shape[2])
+  if len(sizes) == 1:
+    return fn(q, k, v, mask)
+  need = jnp.max(spans)
+  index = jnp.sum(need > jnp.array(sizes[:-1], jnp.int32))  # the first size >= need
+
+  def branch(size):
+    return lambda q, k, v, mask: fn(q, k[:, :, :size], v[:, :, :size], mask[..., :size])
+
+  return jax.lax.switch(index, [branch(size) for size in sizes], q, k, v, mask)
+
+
 def attention(
   q: jax.Array,
   k: jax.Array,
@@ -154,23 +190,36 @@ def attention(
   cap: float | None = None,
   impl: str = "einsum",
   contiguous: bool = True,
+  spans: jax.Array | None = None,
 ) -> jax.Array:
   """Grouped-query attention by implementation `impl` (one of `ATTENTION_IMPLS`).
 
   Args: as `attend`'s (stale slots must be masked out), and
     contiguous: static: each row's mask is one run of slots (False for token
       trees: "pallas" then goes through "dot_product").
+    spans: optional `[B]` int32: row b's queries read no slot at or past
+      `spans[b]` (its mask is False there; a cached call's write start + T).
+      With it the work follows the filled length, not the capacity: on CPU
+      (and for "pallas" calls its kernel does not take) the XLA paths read the
+      live prefix only (`_on_live_prefix`).
 
   Returns:
     `[B, T, N, H]` in q's dtype, equal to `attend`'s within rounding.
   """
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}.")
-  if impl == "einsum":
-    return attend(q, k, v, mask, scale, cap)
-  if cap is not None:
+  if impl != "einsum" and cap is not None:
     raise ValueError(f"attention impl {impl!r} has no soft-capping (cap={cap!r}); use 'einsum'.")
   tiling = _kernel_tiling(q, k) if impl == "pallas" and contiguous else None
   if tiling is not None:
     return _pallas_decode(q, k, v, mask, scale, tiling)
-  return dot_product_attend(q, k, v, mask, scale)
+  if impl == "einsum":
+    fn = lambda q, k, v, mask: attend(q, k, v, mask, scale, cap)
+  else:
+    fn = lambda q, k, v, mask: dot_product_attend(q, k, v, mask, scale)
+  # Elsewhere than CPU "einsum" and "dot_product" keep one program over the
+  # whole capacity (a conditional per layer is launches on a GPU); "pallas"
+  # asks for the work to follow the lengths everywhere.
+  if spans is not None and (impl == "pallas" or compiler_options.current_platform() == "cpu"):
+    return _on_live_prefix(fn, q, k, v, mask, spans)
+  return fn(q, k, v, mask)

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax import compiler_options
 from specjax.distributed.mesh import constrain
 from specjax.kernels import matmul, uses_kernel
 from specjax.models.attention import attend as attend  # re-exported: the reference path
@@ -63,6 +64,20 @@ class Linear(nnx.Linear):
       y = y + self.bias[...].astype(dtype)
     return y
 
+  def scaled(self, inputs: jax.Array, rows: jax.Array | None, out_dtype=None) -> jax.Array:
+    """`self(inputs)` times `rows [..., 1]` (a folded norm's per-row factor; None:
+    1), accumulated and scaled in float32, then cast to `out_dtype` (default the
+    layer's dtype). On GPU the factor lands in the product's consumer fusion
+    instead of a kernel of its own that normalises the inputs first."""
+    kernel = self.kernel[...]
+    dtype = self.dtype or jnp.result_type(inputs, kernel)
+    y = jnp.dot(inputs.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
+    if rows is not None:
+      y = y * rows
+    if self.bias is not None:
+      y = y + self.bias[...].astype(jnp.float32)
+    return y.astype(out_dtype or dtype)
+
 
 class Norm(nnx.Module):
   """RMSNorm or LayerNorm over the last axis in float32, times `cfg.norm_offset +
@@ -80,6 +95,14 @@ class Norm(nnx.Module):
     self.scale = nnx.Param(_logical(identity, (axis,))(key, (width,), cfg.weight_dtype))
     if cfg.norm == "layernorm":
       self.bias = nnx.Param(_zeros((axis,))(key, (width,), cfg.weight_dtype))
+
+  def folded(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """RMSNorm split for folding into the next product: `(x * scale [..., D] in
+    the compute dtype, 1 / rms [..., 1] float32)`, whose product is `self(x)`
+    (to rounding); the factor goes after the product (`Linear.scaled`)."""
+    x = x.astype(jnp.float32)
+    rows = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+    return (x * (self.offset + self.scale[...].astype(jnp.float32))).astype(self.dtype), rows
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(jnp.float32)
@@ -176,6 +199,8 @@ class Attention(nnx.Module):
     starts: jax.Array | None,
     inv_freq: jax.Array | None = None,
     contiguous: bool = True,
+    rows: jax.Array | None = None,
+    out_dtype=None,
   ):
     """x `[B, T, D]`, positions `[B, T]`, masks: window -> `[B, T, T or S]`
     (this layer reads `masks[self.window]`), or this layer's mask itself.
@@ -184,11 +209,17 @@ class Attention(nnx.Module):
     stacked pair and layer index) the new keys/values are written at `starts
     [B]`; returns `(out [B, T, D], layer_cache)`. `inv_freq [H/2]` overrides the
     layer's RoPE frequencies. `contiguous` (static): one run of slots per row.
+    `rows [B, T, 1]`: x is a folded norm's `x * scale` and this its factor
+    (`Norm.folded`); then the output is in `out_dtype` (float32 for the
+    residual add), its products accumulated in float32.
     """
     cfg = self.cfg
     b, t, _ = x.shape
     h = cfg.resolved_head_dim
-    qkv = self.qkv_proj(x)  # [B, T, K * (G + 2) * H]
+    if rows is None:
+      qkv = self.qkv_proj(x)  # [B, T, K * (G + 2) * H]
+    else:
+      qkv = self.qkv_proj.scaled(x, rows)
     q, k, v = (part.take(qkv) for part in qkv_parts(cfg))
     q = q.reshape(b, t, cfg.n_heads, h)
     k = k.reshape(b, t, cfg.n_kv_heads, h)
@@ -212,8 +243,13 @@ class Attention(nnx.Module):
       cap=cfg.attn_softcap,
       impl=cfg.attention,
       contiguous=contiguous,
+      # A cached call's queries read no slot at or past the last one it writes.
+      spans=None if starts is None else starts + t,
     )
-    return self.o_proj(out.reshape(b, t, cfg.n_heads * h)), layer_cache
+    out = out.reshape(b, t, cfg.n_heads * h)
+    if rows is None:
+      return self.o_proj(out), layer_cache
+    return self.o_proj.scaled(out, None, out_dtype), layer_cache
 
 
 class MLP(nnx.Module):
@@ -236,16 +272,27 @@ class MLP(nnx.Module):
       self.gate_up_proj = linear(cfg.d_model, 2 * cfg.d_ff, ("embed", "mlp"))
     self.down_proj = linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"))
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    if self.kind == "gelu":
+  def __call__(self, x: jax.Array, rows: jax.Array | None = None, out_dtype=None) -> jax.Array:
+    """`rows`, `out_dtype`: a folded norm's factor and the output's dtype, as for
+    `Attention`."""
+    if rows is not None:
+      up_proj = self.up_proj if self.kind == "gelu" else self.gate_up_proj
+      gate_up = up_proj.scaled(x, rows)
+    elif self.kind == "gelu":
       return self.down_proj(jax.nn.gelu(self.up_proj(x), approximate=True))
-    gate_up = self.gate_up_proj(x)  # [..., 2F]
-    gate, up = (part.take(gate_up) for part in gate_up_parts(self.d_ff))
-    if self.kind == "swiglu":
-      hidden = jax.nn.silu(gate) * up
     else:
-      hidden = jax.nn.gelu(gate, approximate=True) * up
-    return self.down_proj(hidden)
+      gate_up = self.gate_up_proj(x)  # [..., 2F]
+    if self.kind == "gelu":
+      hidden = jax.nn.gelu(gate_up, approximate=True)
+    else:
+      gate, up = (part.take(gate_up) for part in gate_up_parts(self.d_ff))
+      if self.kind == "swiglu":
+        hidden = jax.nn.silu(gate) * up
+      else:
+        hidden = jax.nn.gelu(gate, approximate=True) * up
+    if rows is None:
+      return self.down_proj(hidden)
+    return self.down_proj.scaled(hidden, None, out_dtype)
 
 
 # Logical axes of the residual stream `[B, T, D]` (rows over `data`, whole over `model`).
@@ -271,6 +318,8 @@ class Block(nnx.Module):
     # layout: each sublayer ends in one all-reduce); left to itself, XLA may split
     # it along T and gather it back before the next projection.
     x = constrain(x, RESIDUAL_AXES)
+    if self.fold:
+      return self._folded(x, positions, masks, layer_cache, starts, inv_freq, contiguous)
     attn_out, layer_cache = self.attn(
       self.attn_norm(x), positions, masks, layer_cache, starts, inv_freq, contiguous
     )
@@ -281,6 +330,31 @@ class Block(nnx.Module):
     if self.sandwich:
       mlp_out = self.post_mlp_norm(mlp_out)
     return constrain(x + mlp_out, RESIDUAL_AXES), layer_cache
+
+  @property
+  def fold(self) -> bool:
+    """Whether the block folds its norms into its products (static): RMSNorm
+    without sandwich norms, compiled for a GPU. There each norm's scale goes
+    into the product's operand and its 1 / rms into the product's consumer, and
+    the residual adds take the float32 products, so a sublayer launches no
+    normalising kernel and no separate add (decode: docs/performance.md). The CPU
+    keeps the plain form, which its matmul kernel (`Linear`) takes."""
+    return (
+      self.attn_norm.kind == "rmsnorm"
+      and not self.sandwich
+      and compiler_options.current_platform() == "gpu"
+    )
+
+  def _folded(self, x, positions, masks, layer_cache, starts, inv_freq, contiguous):
+    """`__call__` with the norms folded (`fold`): same results to rounding."""
+    scaled, rows = self.attn_norm.folded(x)
+    attn_out, layer_cache = self.attn(
+      scaled, positions, masks, layer_cache, starts, inv_freq, contiguous, rows, jnp.float32
+    )
+    x = constrain((x.astype(jnp.float32) + attn_out).astype(x.dtype), RESIDUAL_AXES)
+    scaled, rows = self.mlp_norm.folded(x)
+    mlp_out = self.mlp(scaled, rows, jnp.float32)
+    return constrain((x.astype(jnp.float32) + mlp_out).astype(x.dtype), RESIDUAL_AXES), layer_cache
 
 
 def run_blocks(
