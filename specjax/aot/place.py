@@ -42,7 +42,7 @@ def place_module(
 
 
 def mesh_platform(mesh: Mesh) -> str:
-  """"gpu", "tpu" or "cpu": the platform of `mesh`'s devices."""
+  """The platform of `mesh`'s devices: "gpu", "tpu" or "cpu"."""
   name = mesh.devices.flat[0].platform
   return "gpu" if name in compiler_options.GPU_PLATFORMS else name
 

@@ -1,6 +1,7 @@
 """The model shapes an accelerator check compiles: presets, written-in families, any config.json.
 
 `shape_configs(name, dtype)` gives `(target, draft)` ModelConfigs for:
+- "bundled": the bundled pair's shapes;
 - a scaled preset of the bundled pair, "160m", "1b", "7b" (`specjax.pretrained.SCALES`);
 - a written-in Hugging Face shape, `FAMILIES`: Llama-3 8B and 70B with a
   Llama-3.2-1B-shaped draft, Qwen2.5 7B and 72B with a Qwen2.5-0.5B-shaped draft
@@ -84,6 +85,7 @@ FAMILIES: dict[str, tuple[dict, dict, str]] = {
   ),
 }
 PRESETS = ("160m", "1b", "7b")
+BUNDLED = "bundled"
 
 
 def shape_configs(name: str, dtype: str = "bfloat16") -> tuple[ModelConfig, ModelConfig, str]:
@@ -97,6 +99,9 @@ def shape_configs(name: str, dtype: str = "bfloat16") -> tuple[ModelConfig, Mode
   from specjax import pretrained
   from specjax.hf.config import model_config
 
+  if name == BUNDLED:
+    target, draft = pretrained.bundled_configs(dtype)
+    return target, draft, "the bundled pair's shapes (8.7M target, 0.92M draft)"
   if name in PRESETS:
     target, draft = pretrained.scaled_configs(name, *pretrained.bundled_configs(), dtype)
     return target, draft, pretrained.SCALES[name].note
@@ -105,7 +110,7 @@ def shape_configs(name: str, dtype: str = "bfloat16") -> tuple[ModelConfig, Mode
     return model_config(target, dtype, name), model_config(draft, dtype, name), note
   if "/" not in name:
     raise ValueError(
-      f"--config.shape must be a preset ({', '.join(PRESETS)}), a written-in shape "
+      f"--config.shape must be {BUNDLED!r}, a preset ({', '.join(PRESETS)}), a written-in shape "
       f"({', '.join(FAMILIES)}), a checkpoint directory or a cached hub id; got {name!r}."
     )
   from specjax.hf.hub import resolve_checkpoint

@@ -1,0 +1,79 @@
+"""What fits where: the largest batch at a context that a compiled program fits in.
+
+`largest_batch(lower, target, context)` searches the batch by compiling for the
+target and reading `memory_analysis` (arguments + temporaries + outputs −
+aliases + code, per device, against the chip's memory): two compiles give the
+bytes per row (a program's memory is affine in its batch), a third checks the
+predicted largest batch, and a bisection settles it where the prediction was
+off. Nothing runs.
+"""
+
+from __future__ import annotations
+
+from specjax.aot import analysis
+from specjax.aot.targets import Target
+
+
+def _bytes(lower, target: Target, batch: int) -> int | None:
+  """Per-device bytes of the program at `batch`, or None where it does not compile."""
+  result = analysis.compile_for(lambda: lower(batch), target)
+  if result["compiled"] is None:
+    return None
+  total = analysis.memory(result["compiled"], target)["total_bytes"]
+  analysis.free(result)
+  return total
+
+
+def largest_batch(lower, target: Target, step: int = 1, limit: int = 4096) -> dict:
+  """The largest batch (a multiple of `step`, the mesh's data-parallel size, at
+  most `limit`) whose program fits one device of `target`.
+
+  Args:
+    lower: `batch -> jax.stages.Lowered` (the program at that batch, for target).
+
+  Returns:
+    `{"batch": int (0: not even `step` rows fit), "bytes": per-device bytes at
+    that batch, "bytes_per_row", "compiles": how many compiles the search took}`.
+  """
+  capacity = target.chip.memory_bytes
+  compiles = 0
+
+  def fits(b: int) -> int | None:
+    """The bytes at batch `b` where it compiles and fits, else None."""
+    nonlocal compiles
+    compiles += 1
+    total = _bytes(lower, target, b)
+    return total if total is not None and total <= capacity else None
+
+  one = fits(step)
+  if one is None:
+    return dict(batch=0, bytes=None, bytes_per_row=None, compiles=compiles)
+  two = fits(2 * step)
+  if two is None:
+    return dict(batch=step, bytes=one, bytes_per_row=None, compiles=compiles)
+  per_row = max(two - one, 1) / step
+  good, good_bytes, bad = 2 * step, two, None
+  guess = min(limit, (2 * step + int((capacity - two) / per_row)) // step * step)
+  if guess > good:
+    at = fits(guess)
+    if at is None:
+      bad = guess
+    else:
+      good, good_bytes = guess, at
+  # Upward from the last batch that fits (the prediction may be short), by
+  # doubling strides, until one does not fit or the limit; then bisect.
+  stride = step
+  while bad is None and good + stride <= limit:
+    at = fits(good + stride)
+    if at is None:
+      bad = good + stride
+    else:
+      good, good_bytes, stride = good + stride, at, 2 * stride
+  while bad is not None and bad - good > step:
+    mid = (good + bad) // 2 // step * step
+    at = fits(mid)
+    if at is None:
+      bad = mid
+    else:
+      good, good_bytes = mid, at
+  return dict(batch=good, bytes=good_bytes, bytes_per_row=per_row, compiles=compiles)

@@ -1,0 +1,299 @@
+"""The accelerator check: every program a user runs, compiled for a device this host lacks.
+
+What `experiments/accelerator_check.py` runs (`check(config)`; the settings:
+configs/accelerator_check.py; the guide: docs/accelerators.md). Per target
+(`specjax.aot.targets`) and shape (`specjax.aot.shapes`), sections:
+- "programs": each program (`specjax.aot.programs.PROGRAMS`) at full depth:
+  compiled or the compiler's error, kernels per trip, what the host does per
+  trip (GPU: the thunk sequence), whole-cache copies in loop bodies,
+  per-device memory against the chip's, collectives per call, and the
+  step-time estimate (`specjax.aot.estimate`, labelled as one);
+- "layers": kernels per layer and per step of plain decoding and of a
+  speculative iteration with the draft model (the target at 1 and 2 layers,
+  as `specjax.bench.compile.step_launches` counts), the iteration's drafting
+  and bookkeeping (its 1-layer count minus the plain step's), on GPU also with
+  XLA's Triton GEMMs off (`--xla_gpu_enable_triton_gemm=false`);
+- "fit": the largest batch at each context that fits one device
+  (`specjax.aot.fit`), for decoding (`fit_programs`) and the server's step;
+- "measured": what `experiments/gpu_check.py` measured on this chip, where a
+  result file of it is kept under experiments/results/.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import jax.numpy as jnp
+
+from specjax import heads
+from specjax.aot import analysis, estimate, fit, programs, shapes, targets
+from specjax.results import markdown_table
+
+SECTIONS = ("programs", "layers", "fit", "measured")
+TRITON_OFF = {"xla_gpu_enable_triton_gemm": False}
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "results")
+
+
+def _mesh(target: targets.Target, shape: str):
+  """The (data, model) mesh of `shape` ("1x8"; "" = every device along model)."""
+  if not shape:
+    return target.mesh()
+  try:
+    dims = tuple(int(d) for d in shape.split("x"))
+  except ValueError:
+    dims = ()
+  if len(dims) != 2:
+    raise ValueError(f"--config.mesh must be DATAxMODEL such as 1x8 or 2x4, got {shape!r}.")
+  return target.mesh(dims)
+
+
+def _layer_bytes(cfg, batch: int, context: int, model_devices: int) -> int:
+  """Bytes of one layer's K cache one device holds (what a whole-cache copy rewrites)."""
+  heads = cfg.n_kv_heads // model_devices if cfg.n_kv_heads % model_devices == 0 else cfg.n_kv_heads
+  return batch * heads * context * cfg.resolved_head_dim * jnp.dtype(cfg.compute_dtype).itemsize
+
+
+def program_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
+  """The "programs" section: one row per program (`analysis.read` plus the estimate)."""
+  models = programs.build_models(target_cfg, draft_cfg, mesh)
+  model_devices = mesh.shape.get("model", 1)
+  layer = _layer_bytes(target_cfg, config.batch, config.context, model_devices)
+  weights = estimate.device_param_bytes(models.target)
+  cache = estimate.cache_read_bytes(target_cfg, config.batch, config.context // 2, model_devices)
+  rows = []
+  for name in config.programs:
+    result = analysis.compile_for(
+      lambda name=name: programs.lower(
+        name, models, mesh, config.batch, config.context, config.gamma
+      ),
+      target,
+    )
+    row = {"program": name, **analysis.read(result, target, cache_layer_bytes=layer)}
+    analysis.free(result)
+    if row["compiled"]:
+      row["estimate"] = estimate.step_ms(row, target, weights + cache)
+    rows.append(row)
+    print(_program_line(row), flush=True)
+  return rows
+
+
+def _program_line(row: dict) -> str:
+  if not row["compiled"]:
+    return f"{row['program']}: not compiled ({row['error']})"
+  loop = (row.get("thunks") or {}).get("generation_loop") or {}
+  where = "" if not loop else (" loop on device" if loop["on_device"] else " loop on host")
+  return (
+    f"{row['program']}: {row['kernels_per_trip']} kernels/trip,{where} "
+    f"{row['memory']['total_bytes'] / 2**30:.2f} GiB/device, compiled in {row['compile_s']:.1f} s"
+  )
+
+
+def _trip_counts(target, mesh, target_cfg, draft_cfg, config, layers, options) -> dict:
+  """Kernels per trip of `plain` and `draft_model` with the target cut to `layers`."""
+  cfg = target_cfg.replace(n_layers=layers, local_layers=None)
+  models = programs.build_models(cfg, draft_cfg, mesh, kinds=())
+  out = {}
+  for name in ("plain", "draft_model"):
+    result = analysis.compile_for(
+      lambda name=name: programs.lower(
+        name, models, mesh, config.batch, config.context, config.gamma
+      ),
+      target,
+      options,
+    )
+    if result["compiled"] is None:
+      raise RuntimeError(f"{name} at {layers} target layers did not compile: {result['error']}")
+    out[name] = analysis.read(result, target)
+    analysis.free(result)
+  return out
+
+
+def layer_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
+  """The "layers" section: per GEMM setting, kernels per layer and per step
+  (plain), per iteration (speculative, the draft model, γ = config.gamma), and
+  the iteration's drafting and bookkeeping; the 2-layer programs' loop placement."""
+  settings = [("triton_default", None)]
+  if target.platform == "gpu":
+    settings.append(("triton_off", TRITON_OFF))
+  n = target_cfg.n_layers
+  rows = []
+  for label, options in settings:
+    one, two = (
+      _trip_counts(target, mesh, target_cfg, draft_cfg, config, d, options) for d in (1, 2)
+    )
+    row = {"gemm": label, "layers": n, "layout": "scanned" if target_cfg.scanned else "unrolled"}
+    for name, key in (("plain", "ar"), ("draft_model", "spec")):
+      per_layer = two[name]["kernels_per_trip"] - one[name]["kernels_per_trip"]
+      row[f"{key}_kernels_per_layer"] = per_layer
+      row[f"{key}_kernels_per_step"] = one[name]["kernels_per_trip"] + per_layer * (n - 1)
+      loop = (two[name].get("thunks") or {}).get("generation_loop") or {}
+      row[f"{key}_loop_on_device"] = loop.get("on_device")
+      row[f"{key}_host_launches_per_trip"] = loop.get("host_launches_per_trip")
+      row[f"{key}_command_buffers"] = (two[name].get("thunks") or {}).get("command_buffers")
+    row["drafting_and_bookkeeping"] = (
+      one["draft_model"]["kernels_per_trip"] - one["plain"]["kernels_per_trip"]
+    )
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  return rows
+
+
+def fit_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
+  """The "fit" section: per program of `config.fit_programs` and context of
+  `config.fit_contexts`, the largest batch one device holds."""
+  kinds = tuple(p for p in config.fit_programs if p in heads.names())
+  models = programs.build_models(target_cfg, draft_cfg, mesh, kinds=kinds)
+  step = mesh.shape.get("data", 1)
+  rows = []
+  for name in config.fit_programs:
+    for context in config.fit_contexts:
+      lower = lambda b, name=name, context=context: programs.lower(
+        name, models, mesh, b, context, config.gamma
+      )
+      found = fit.largest_batch(lower, target, step=step, limit=config.fit_limit)
+      row = {"program": name, "context": context, **found}
+      row["tokens"] = found["batch"] * context
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+  return rows
+
+
+def measured_rows(target) -> list[dict]:
+  """What `experiments/gpu_check.py` measured on this target's chip (its `step`
+  and `scaled` rows, from result files under experiments/results/)."""
+  rows = []
+  for path in sorted(glob.glob(os.path.join(RESULTS, "**", "gpu_check*.json"), recursive=True)):
+    with open(path) as f:
+      data = json.load(f)
+    kind = str((data.get("environment") or data).get("device_kind", ""))
+    if (
+      target.chip.kind.lower() not in kind.lower() and kind.lower() not in target.chip.kind.lower()
+    ):
+      continue
+    for section in ("step", "scaled"):
+      for row in data.get(section) or []:
+        rows.append({"file": os.path.relpath(path, RESULTS), "section": section, **row})
+  return rows
+
+
+def check(config) -> dict:
+  """Runs the sections of `config.sections` for `config.target` and `config.shape`
+  (this process must run with JAX_PLATFORMS=cpu: `targets.check_host`)."""
+  for section in config.sections:
+    if section not in SECTIONS:
+      raise ValueError(
+        f"--config.sections: each must be one of {', '.join(SECTIONS)}, got {section!r}."
+      )
+  for name in (*config.programs, *config.fit_programs):
+    if name not in programs.PROGRAMS:
+      raise ValueError(
+        f"--config.programs / fit_programs: each must be one of {', '.join(programs.PROGRAMS)}, "
+        f"got {name!r}."
+      )
+  targets.check_host()
+  target = targets.get(config.target)
+  target_cfg, draft_cfg, note = shapes.shape_configs(config.shape, config.dtype)
+  mesh = _mesh(target, config.mesh)
+  out = {
+    "target": target.name,
+    "device_kind": targets.device_kind(target),
+    "devices": target.num_devices,
+    "mesh": dict(mesh.shape),
+    "shape": config.shape,
+    "shape_note": note,
+    "dtype": config.dtype,
+    "batch": config.batch,
+    "context": config.context,
+    "gamma": config.gamma,
+    "chip": dict(target.chip.__dict__),
+  }
+  sections = {
+    "programs": program_rows,
+    "layers": layer_rows,
+    "fit": fit_rows,
+  }
+  for section in config.sections:
+    if section == "measured":
+      out["measured"] = measured_rows(target)
+    else:
+      out[section] = sections[section](config, target, mesh, target_cfg, draft_cfg)
+  return out
+
+
+def markdown(result: dict) -> str:
+  """The short tables of a `check` result."""
+  parts = [
+    f"{result['target']} ({result['device_kind']}, {result['devices']} devices, mesh "
+    f"{result['mesh']}), {result['shape']} in {result['dtype']}, batch {result['batch']}, "
+    f"context {result['context']}"
+  ]
+  if result.get("programs"):
+    parts.append(
+      markdown_table(
+        result["programs"],
+        [
+          ("program", "{program}"),
+          ("compiled", lambda r: "yes" if r["compiled"] else f"no: {r['error']}"),
+          ("kernels/trip", lambda r: str(r.get("kernels_per_trip", ""))),
+          ("loop", _loop_cell),
+          ("host launches/trip", lambda r: str(_loop(r).get("host_launches_per_trip", ""))),
+          ("cache copies", lambda r: str(r.get("cache_copies", ""))),
+          (
+            "GiB/device",
+            lambda r: f"{r['memory']['total_bytes'] / 2**30:.2f}" if r["compiled"] else "",
+          ),
+          (
+            "collectives/call",
+            lambda r: str(sum(v["count"] for v in (r.get("collectives") or {}).values())),
+          ),
+          (
+            "estimate ms/trip",
+            lambda r: f"{r['estimate']['step_ms']:.3f}" if r.get("estimate") else "",
+          ),
+        ],
+      )
+    )
+  if result.get("layers"):
+    parts.append(
+      markdown_table(
+        result["layers"],
+        [
+          ("GEMMs", "{gemm}"),
+          ("layout", "{layout}"),
+          ("plain kernels/layer", "{ar_kernels_per_layer}"),
+          ("plain kernels/step", "{ar_kernels_per_step}"),
+          ("spec kernels/iteration", "{spec_kernels_per_step}"),
+          ("drafting + bookkeeping", "{drafting_and_bookkeeping}"),
+          ("loop on device", "{ar_loop_on_device}"),
+          ("host launches/trip", "{ar_host_launches_per_trip}"),
+        ],
+      )
+    )
+  if result.get("fit"):
+    parts.append(
+      markdown_table(
+        result["fit"],
+        [
+          ("program", "{program}"),
+          ("context", "{context}"),
+          ("largest batch", "{batch}"),
+          ("tokens", "{tokens}"),
+          ("GiB/device", lambda r: f"{r['bytes'] / 2**30:.2f}" if r["bytes"] else ""),
+          ("compiles", "{compiles}"),
+        ],
+      )
+    )
+  return "\n\n".join(parts)
+
+
+def _loop(row: dict) -> dict:
+  return (row.get("thunks") or {}).get("generation_loop") or {}
+
+
+def _loop_cell(row: dict) -> str:
+  loop = _loop(row)
+  if not loop:
+    return "device (TPU)" if row.get("compiled") and "thunks" not in row else ""
+  return "device" if loop["on_device"] else "host"
