@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.shape = "bundled"
   config.dtype = "bfloat16"
   config.mesh = ""
+  config.layout = ""  # "scanned" / "unrolled"; "": the target platform's default
   config.batch = 1
   config.context = 256
   config.gamma = 4

@@ -4,6 +4,10 @@ import gc
 import os
 
 # Set before jax is imported anywhere in the test process.
+# The tests run on the CPU; with the [aot] extra installed, JAX would otherwise
+# probe the CUDA plugin and libtpu at every start (errors on stderr, no driver).
+# Compiling for those targets needs nothing else (specjax.aot).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")
 )

@@ -69,11 +69,17 @@ def test_programs_take_the_options_of_their_platform(monkeypatch):
   # As on a GPU (the options compile on CPU too): a second program, with them.
   monkeypatch.setattr(compiler_options.jax, "default_backend", lambda: "gpu")
   np.testing.assert_array_equal(program(x, n=3), x * 3)
-  with compiler_options.command_buffers(False):
-    program.lower(x, n=3).compile()
+  monkeypatch.undo()
+  # Lowered for a GPU target (unplaced arguments: the context's platform), off.
+  with compiler_options.target_platform("gpu"), compiler_options.command_buffers(False):
+    program.lower(jax.ShapeDtypeStruct(x.shape, x.dtype), n=3).compile()
+  # Arguments placed on the CPU compile for it, whatever the context says.
+  with compiler_options.target_platform("gpu"):
+    assert program.lower(x, n=3).compile().as_text() is not None
   on = tuple(sorted(compiler_options.command_buffer_options(True).items()))
   off = tuple(sorted(compiler_options.command_buffer_options(False).items()))
   assert set(program._jitted) == {(), on, off}
+  assert compiler_options.current_platform() == "cpu"
 
 
 # XLA:GPU's shape of a program whose decode loop is recorded in a command buffer:

@@ -9,13 +9,15 @@ body minus a 1-layer one; scanned, the layer loop's body) and
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.bench import hlo
+from specjax import compiler_options
+from specjax.bench import hlo, thunks
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
 from specjax.sampling import GREEDY, SamplingParams
@@ -258,6 +260,15 @@ def _outer_loop(text: str) -> str:
   return max(hlo.while_bodies(text), key=lambda b: hlo.launches(text, b)["kernels"])
 
 
+def _compile_with_thunks(lowered) -> tuple[str, str | None]:
+  """`(compiled HLO text, thunk sequence or None)`: on XLA:GPU the program is
+  compiled with its dump on, and its thunk sequence read (`bench.thunks`)."""
+  with tempfile.TemporaryDirectory() as directory:
+    gpu = compiler_options.current_platform() == "gpu"
+    compiled = lowered.compile(thunks.dump_options(directory)) if gpu else lowered.compile()
+    return compiled.as_text(), thunks.read_dump(directory) if gpu else None
+
+
 def step_launches(
   target_cfg: ModelConfig,
   draft_cfg: ModelConfig | None = None,
@@ -283,7 +294,10 @@ def step_launches(
     and a loop recorded in one counts 0 per trip), `unknown_trips` (nested
     loops counted once, their trip count unknown to XLA), and the 2-layer
     program's `command_buffers` (`hlo.command_buffers`: how many, how many
-    kernels they hold, whether the loop is one).
+    kernels they hold, whether the loop is one; on GPU read from the thunk
+    sequence, `bench.thunks`, since XLA records them after the HLO: then
+    `loop_in_command_buffer` and `body_launches` are the thunks' and `thunks`
+    holds their summary).
   """
   n = target_cfg.n_layers
   out = {}
@@ -296,9 +310,15 @@ def step_launches(
       else:
         draft = abstract_model(draft_cfg)
         lowered = lower_speculative(target, draft, batch, prompt_len, max_new_tokens, gamma)
-      text = lowered.compile().as_text()
+      text, sequence = _compile_with_thunks(lowered)
       body = _outer_loop(text)
       buffers = hlo.command_buffers(text, body)
+      if sequence is not None:  # XLA:GPU: what it records is in the thunks, not the HLO
+        loop = thunks.summary(sequence)
+        buffers = dict(buffers, thunks=loop)
+        if loop["generation_loop"] is not None:
+          buffers["loop_in_command_buffer"] = loop["generation_loop"]["on_device"]
+          buffers["body_launches"] = loop["generation_loop"]["host_launches_per_trip"]
       counts[depth] = (hlo.launches(text, body), buffers)
     (one, _), (two, buffers) = counts[1], counts[2]
     per_layer = two["kernels"] - one["kernels"]

@@ -29,9 +29,11 @@ import jax.numpy as jnp
 
 from specjax import heads
 from specjax.aot import analysis, estimate, fit, programs, shapes, targets
+from specjax.models.config import default_scan_layers
 from specjax.results import markdown_table
 
 SECTIONS = ("programs", "layers", "fit", "measured")
+LAYOUTS = ("", "scanned", "unrolled")
 TRITON_OFF = {"xla_gpu_enable_triton_gemm": False}
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "results")
 
@@ -53,6 +55,12 @@ def _layer_bytes(cfg, batch: int, context: int, model_devices: int) -> int:
   """Bytes of one layer's K cache one device holds (what a whole-cache copy rewrites)."""
   heads = cfg.n_kv_heads // model_devices if cfg.n_kv_heads % model_devices == 0 else cfg.n_kv_heads
   return batch * heads * context * cfg.resolved_head_dim * jnp.dtype(cfg.compute_dtype).itemsize
+
+
+def _layout(cfg, target: targets.Target) -> str:
+  """ "scanned" or "unrolled": `cfg`'s layer layout on `target`'s platform."""
+  scanned = cfg.scan_layers if cfg.scan_layers is not None else default_scan_layers(target.platform)
+  return "scanned" if scanned else "unrolled"
 
 
 def program_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
@@ -123,7 +131,7 @@ def layer_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
     one, two = (
       _trip_counts(target, mesh, target_cfg, draft_cfg, config, d, options) for d in (1, 2)
     )
-    row = {"gemm": label, "layers": n, "layout": "scanned" if target_cfg.scanned else "unrolled"}
+    row = {"gemm": label, "layers": n, "layout": _layout(target_cfg, target)}
     for name, key in (("plain", "ar"), ("draft_model", "spec")):
       per_layer = two[name]["kernels_per_trip"] - one[name]["kernels_per_trip"]
       row[f"{key}_kernels_per_layer"] = per_layer
@@ -195,6 +203,10 @@ def check(config) -> dict:
   targets.check_host()
   target = targets.get(config.target)
   target_cfg, draft_cfg, note = shapes.shape_configs(config.shape, config.dtype)
+  if config.layout not in LAYOUTS:
+    raise ValueError(f"--config.layout must be one of {LAYOUTS}, got {config.layout!r}.")
+  if config.layout:  # else the target platform's default (`default_scan_layers`)
+    target_cfg = target_cfg.replace(scan_layers=config.layout == "scanned")
   mesh = _mesh(target, config.mesh)
   out = {
     "target": target.name,
@@ -204,6 +216,7 @@ def check(config) -> dict:
     "shape": config.shape,
     "shape_note": note,
     "dtype": config.dtype,
+    "layout": _layout(target_cfg, target),
     "batch": config.batch,
     "context": config.context,
     "gamma": config.gamma,
