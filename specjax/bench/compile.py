@@ -124,7 +124,7 @@ def lower_speculative(
 
 
 @contextlib.contextmanager
-def _no_persistent_cache():
+def no_persistent_cache():
   """Compiles inside really compile: JAX's persistent compilation cache is off."""
   previous = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
@@ -137,7 +137,7 @@ def _no_persistent_cache():
 def timed_compile(lower) -> tuple[float, float, object]:
   """`(trace_and_lower_s, compile_s, compiled)` of `lower()` (a function returning
   a `jax.stages.Lowered`), with the persistent cache bypassed."""
-  with _no_persistent_cache():
+  with no_persistent_cache():
     start = time.perf_counter()
     lowered = lower()
     lowered_at = time.perf_counter()

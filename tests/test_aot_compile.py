@@ -1,0 +1,62 @@
+"""Compiling for accelerators this host lacks, for real (`specjax.aot`, the `[aot]`
+extra that .ci/run installs): a tiny model's plain decoding compiled for one H100
+and for a TPU v5e-4 (tensor parallel), read as experiments/accelerator_check.py
+reads them. The readers themselves: tests/test_aot.py."""
+
+import jax
+import pytest
+
+import specjax
+from helpers import TINY, TINY_DRAFT
+from specjax.aot import analysis, programs, targets
+
+CONTEXT = 32
+
+
+@pytest.fixture(scope="module", params=[("h100", None), ("v5e:2x2", (1, 4))], ids=["h100", "v5e"])
+def compiled(request):
+  """`(target, report)` of the tiny pair's plain program compiled for the target."""
+  name, mesh_shape = request.param
+  target = targets.get(name)
+  mesh = target.mesh(mesh_shape)
+  cfg = specjax.ModelConfig(**TINY, dtype="bfloat16", param_dtype="bfloat16")
+  draft = cfg.replace(**TINY_DRAFT)
+  models = programs.build_models(cfg, draft, mesh, kinds=())
+  result = analysis.compile_for(
+    lambda: programs.lower("plain", models, mesh, batch=4, context=CONTEXT), target
+  )
+  assert result["error"] is None
+  report = analysis.read(result, target, cache_layer_bytes=4 * 2 * CONTEXT * 16 * 2)
+  # The devices are abstract: nothing was allocated, everything came from the compiler.
+  sharding = jax.tree.leaves(result["compiled"].input_shardings)[0]
+  assert sharding.mesh.devices.flat[0].platform in ("gpu", "tpu")
+  analysis.free(result)
+  return target, report
+
+
+def test_the_compiled_program_is_read_for_kernels_memory_and_copies(compiled):
+  target, report = compiled
+  assert report["compiled"] and report["kernels_per_trip"] > 10
+  memory = report["memory"]
+  assert memory["argument_bytes"] > 0 and memory["temp_bytes"] > 0
+  assert memory["device_bytes"] == target.chip.memory_bytes and memory["fits"]
+  assert report["cache_copies"] == 0  # the loop writes its cache in place
+
+
+def test_the_gpu_loop_body_is_found_in_command_buffers_in_the_thunk_sequence(compiled):
+  target, report = compiled
+  if target.platform != "gpu":
+    assert "thunks" not in report and report["collectives"]  # tensor parallel: all-reduces
+    return
+  thunks = report["thunks"]
+  loop = thunks["generation_loop"]
+  assert thunks["command_buffers"] >= 1 and thunks["kernels_in_command_buffers"] > 0
+  assert loop["kernels"] > 0
+  assert loop["on_device"] == (loop["host_launches_per_trip"] == 0)
+
+
+def test_compiling_needs_the_cpu_platform_and_names_its_install():
+  assert jax.default_backend() == "cpu"
+  targets.check_host()
+  with pytest.raises(ValueError, match="v5e:2x4"):
+    targets.get("tpu-v5e")
