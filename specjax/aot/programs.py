@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specjax import compiler_options, constraints, heads
 from specjax.aot import place
@@ -404,6 +404,25 @@ def train_config(kind: str = TRAIN_KIND):
   return module.get_config()
 
 
+def _optimizer_state(optimizer, params, mesh: Mesh):
+  """`optimizer.init(params)` as shapes, placed as a real run's: each moment where
+  its parameter lives (`zeros_like` keeps a parameter's sharding), the rest (step
+  counts) replicated. `jax.eval_shape` alone leaves them unplaced."""
+  where = {
+    jax.tree_util.keystr(path): (leaf.shape, leaf.sharding)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+  }
+
+  def one(path, leaf):
+    name = jax.tree_util.keystr(path)
+    # An optax state's path ends with its parameter's: `[1][0].mu['fc']['kernel'].value`.
+    found = [s for p, (shape, s) in where.items() if name.endswith(p) and shape == leaf.shape]
+    sharding = found[0] if found else NamedSharding(mesh, PartitionSpec())
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+  return jax.tree_util.tree_map_with_path(one, jax.eval_shape(optimizer.init, params))
+
+
 def train_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int = 4, **_):
   """One optimizer step of training the `TRAIN_KIND` head (`trainer.train_step`:
   the objective's gradient and the AdamW update) on `[batch, context]` token
@@ -420,7 +439,7 @@ def train_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int 
   head = place.place_module(models.head(TRAIN_KIND), mesh)
   graphdef, params = nnx.split(head, nnx.Param)
   optimizer = make_optimizer(config)
-  opt_state = jax.eval_shape(optimizer.init, params)
+  opt_state = _optimizer_state(optimizer, params, mesh)
   head_loss = head_training.HeadLoss.from_config(config)
   keyed = head_loss.feature_noise > 0 or head_loss.num_anchors > 0
   return trainer.train_step.lower(
@@ -442,10 +461,7 @@ def train_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int 
 PROGRAMS: dict[str, Callable[..., jax.stages.Lowered]] = {
   "plain": plain,
   "draft_model": draft_model,
-  **{
-    kind: _head_program(kind)
-    for kind in ("eagle", "eagle3", "medusa", "early_exit", "dflash", "dspark")
-  },
+  **{kind: _head_program(kind) for kind in heads.names()},
   "prompt_lookup": prompt_lookup,
   "tree": tree,
   "constrained": constrained,
