@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch = 1
   config.context = 256
   config.gamma = 4
+  config.temperature = 0.0  # the decode programs' sampling: 0 is greedy
   config.sections = ("programs", "layers", "measured")
   config.programs = tuple(PROGRAMS)
   config.fit_programs = ("eagle3", "draft_model", "engine_step")

@@ -93,6 +93,7 @@ def test_read_dump_prefers_the_sequence_after_thunk_passes(tmp_path):
   [
     ("h100", "h100", "1x1x1", 1, 1),
     ("h100x8", "h100", "1x1x8", 1, 8),
+    ("h200x16", "h200", "1x2x8", 1, 16),
     ("a100", "a100", "1x1x1", 1, 1),
     ("v5e:2x4", "v5e", "2x4", 1, 8),
     ("v5p:2x2x1", "v5p", "2x2x1", 1, 4),
@@ -106,7 +107,9 @@ def test_target_names(name, chip, topology, slices, chips):
   assert target.platform == ("gpu" if chip.startswith(("h", "a")) else "tpu")
 
 
-@pytest.mark.parametrize("name", ["h300", "h100x9", "v5e", "v5e:2x", "v7:2x2", "v5e:2x4@0", ""])
+@pytest.mark.parametrize(
+  "name", ["h300", "h100x12", "h100x0", "v5e", "v5e:2x", "v7:2x2", "v5e:2x4@0", ""]
+)
 def test_unknown_targets_name_the_forms_allowed(name):
   with pytest.raises(ValueError, match="target"):
     targets.get(name)

@@ -153,10 +153,11 @@ class Target:
   """A compile target: `count` chips of one kind, as one or more slices.
 
   Attributes:
-    name: as `get` reads it: "h100", "h100x8" (eight GPUs, one host), "v5e:2x4"
+    name: as `get` reads it: "h100", "h100x8" (eight GPUs, one host), "h100x16"
+      (two hosts of eight), "v5e:2x4"
       (a TPU slice of that topology), "v5e:2x4@2" (two such slices).
     chip: the chips' published figures.
-    topology: a GPU's "1x1xN" or a TPU's "2x4" / "2x2x1".
+    topology: a GPU's "1xHOSTSxN" or a TPU's "2x4" / "2x2x1".
     slices: TPU slices (1 for a GPU target).
   """
 
@@ -194,8 +195,8 @@ class Target:
 
 def get(name: str) -> Target:
   """The target called `name`: "h100", "h200", "a100" (one GPU; "h100x8": eight
-  on one host) or a TPU topology "v4:2x2x1", "v5e:2x4", "v5p:2x2x1", "v6e:2x2"
-  with an optional slice count ("v5e:16x16@2").
+  on one host; "h100x16": two hosts of eight) or a TPU topology "v4:2x2x1",
+  "v5e:2x4", "v5p:2x2x1", "v6e:2x2" with an optional slice count ("v5e:16x16@2").
 
   Raises:
     ValueError: an unknown name, naming the forms allowed.
@@ -203,9 +204,13 @@ def get(name: str) -> Target:
   gpu = _GPU_NAME.match(name)
   if gpu:
     count = int(gpu.group(2) or 1)
-    if not 1 <= count <= 8:
-      raise ValueError(f"target {name!r}: a GPU target has 1 to 8 GPUs on one host, got {count}.")
-    return Target(name, CHIPS[gpu.group(1)], f"1x1x{count}")
+    if count < 1 or (count > 8 and count % 8):
+      raise ValueError(
+        f"target {name!r}: a GPU target has 1 to 8 GPUs on one host, or hosts of 8 (a multiple "
+        f"of 8), got {count}."
+      )
+    hosts = max(1, count // 8)
+    return Target(name, CHIPS[gpu.group(1)], f"1x{hosts}x{count // hosts}")
   tpu = _TPU_NAME.match(name)
   if tpu:
     dims = tpu.group(2).split("x")
@@ -214,7 +219,8 @@ def get(name: str) -> Target:
       raise ValueError(f"target {name!r}: topology sizes and the slice count must be >= 1.")
     return Target(name, CHIPS[tpu.group(1)], tpu.group(2), slices)
   raise ValueError(
-    f"target must be one of {', '.join(GPUS)} (optionally xN GPUs, N <= 8, e.g. h100x8) or a TPU "
+    f"target must be one of {', '.join(GPUS)} (optionally xN GPUs: up to 8 on a host, or hosts of "
+    f"8, e.g. h100x8, h100x16) or a TPU "
     f"topology {'|'.join(TPUS)}:AxB[xC][@slices] (e.g. v5e:2x4, v5p:2x2x1, v6e:2x2@2); "
     f"got {name!r}."
   )

@@ -31,6 +31,7 @@ from specjax import heads
 from specjax.aot import analysis, estimate, fit, programs, shapes, targets
 from specjax.models.config import default_scan_layers
 from specjax.results import markdown_table
+from specjax.sampling import GREEDY, SamplingParams
 
 SECTIONS = ("programs", "layers", "fit", "measured")
 LAYOUTS = ("", "scanned", "unrolled")
@@ -57,6 +58,14 @@ def _layer_bytes(cfg, batch: int, context: int, model_devices: int) -> int:
   return batch * heads * context * cfg.resolved_head_dim * jnp.dtype(cfg.compute_dtype).itemsize
 
 
+def _sampling(config) -> SamplingParams:
+  """The decode programs' sampling: greedy at temperature 0 (what gpu_check and the
+  issue's kernel counts use), else that temperature."""
+  if config.temperature < 0:
+    raise ValueError(f"--config.temperature must be >= 0, got {config.temperature}.")
+  return GREEDY if config.temperature == 0 else SamplingParams(temperature=config.temperature)
+
+
 def _layout(cfg, target: targets.Target) -> str:
   """ "scanned" or "unrolled": `cfg`'s layer layout on `target`'s platform."""
   scanned = cfg.scan_layers if cfg.scan_layers is not None else default_scan_layers(target.platform)
@@ -74,7 +83,7 @@ def program_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
   for name in config.programs:
     result = analysis.compile_for(
       lambda name=name: programs.lower(
-        name, models, mesh, config.batch, config.context, config.gamma
+        name, models, mesh, config.batch, config.context, config.gamma, sampling=_sampling(config)
       ),
       target,
     )
@@ -106,7 +115,7 @@ def _trip_counts(target, mesh, target_cfg, draft_cfg, config, layers, options) -
   for name in ("plain", "draft_model"):
     result = analysis.compile_for(
       lambda name=name: programs.lower(
-        name, models, mesh, config.batch, config.context, config.gamma
+        name, models, mesh, config.batch, config.context, config.gamma, sampling=_sampling(config)
       ),
       target,
       options,
@@ -158,7 +167,7 @@ def fit_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
   for name in config.fit_programs:
     for context in config.fit_contexts:
       lower = lambda b, name=name, context=context: programs.lower(
-        name, models, mesh, b, context, config.gamma
+        name, models, mesh, b, context, config.gamma, sampling=_sampling(config)
       )
       found = fit.largest_batch(lower, target, step=step, limit=config.fit_limit)
       row = {"program": name, "context": context, **found}
@@ -220,6 +229,7 @@ def check(config) -> dict:
     "batch": config.batch,
     "context": config.context,
     "gamma": config.gamma,
+    "temperature": config.temperature,
     "chip": dict(target.chip.__dict__),
   }
   sections = {
