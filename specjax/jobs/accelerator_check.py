@@ -195,9 +195,21 @@ def measured_rows(target) -> list[dict]:
   return rows
 
 
+def names(value) -> tuple:
+  """A config field of names as a tuple: a tuple, or one comma-separated string
+  (`--config.programs=plain,eagle3`), each entry also split at commas."""
+  items = (value,) if isinstance(value, str | int) else tuple(value)
+  return tuple(part.strip() for item in items for part in str(item).split(",") if part.strip())
+
+
 def check(config) -> dict:
   """Runs the sections of `config.sections` for `config.target` and `config.shape`
   (this process must run with JAX_PLATFORMS=cpu: `targets.check_host`)."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    for field in ("sections", "programs", "fit_programs"):
+      config[field] = names(config[field])
+    config.fit_contexts = tuple(int(c) for c in names(config.fit_contexts))
   for section in config.sections:
     if section not in SECTIONS:
       raise ValueError(
