@@ -177,21 +177,45 @@ def fit_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
   return rows
 
 
+# What a measured row keeps of gpu_check's result rows: the step and iteration times.
+MEASURED_FIELDS = (
+  "changes",
+  "shape",
+  "command_buffers",
+  "kernels_per_layer",
+  "ar_ms_per_token",
+  "ar_step_ms",
+  "floor_ms_per_step",
+  "target_bandwidth_floor_ms",
+  "ar_over_floor",
+  "spec_ms_per_iteration",
+  "target_verify_ms",
+  "draft_call_ms",
+  "speedup",
+)
+
+
 def measured_rows(target) -> list[dict]:
-  """What `experiments/gpu_check.py` measured on this target's chip (its `step`
-  and `scaled` rows, from result files under experiments/results/)."""
+  """What `experiments/gpu_check.py` measured on this target's chip: its rows'
+  step and iteration times (`MEASURED_FIELDS`), from result files under
+  experiments/results/ whose device kind is the chip's."""
   rows = []
   for path in sorted(glob.glob(os.path.join(RESULTS, "**", "gpu_check*.json"), recursive=True)):
     with open(path) as f:
       data = json.load(f)
-    kind = str((data.get("environment") or data).get("device_kind", ""))
-    if (
-      target.chip.kind.lower() not in kind.lower() and kind.lower() not in target.chip.kind.lower()
-    ):
+    if str(data.get("device_kind", "")).lower() != target.chip.kind.lower():
       continue
-    for section in ("step", "scaled"):
+    for section in ("step", "scaled", "coupling"):
       for row in data.get(section) or []:
-        rows.append({"file": os.path.relpath(path, RESULTS), "section": section, **row})
+        kept = {k: row[k] for k in MEASURED_FIELDS if k in row}
+        rows.append(
+          {
+            "file": os.path.relpath(path, RESULTS),
+            "section": section,
+            "date": data.get("date"),
+            **kept,
+          }
+        )
   return rows
 
 
