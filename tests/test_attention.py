@@ -14,7 +14,7 @@ from flax import nnx
 
 import specjax
 from helpers import TINY, TINY_DRAFT
-from specjax import trees
+from specjax import compiler_options, trees
 from specjax.models import attention as attention_lib
 from specjax.models.attention import attend, attention
 from specjax.models.transformer import attention_mask
@@ -173,6 +173,42 @@ def test_spans_in_the_whole_model(monkeypatch, einsum_pair, einsum_outputs, prom
   out = specjax.speculative_generate(target, draft, *prompts, **SPEC)
   np.testing.assert_array_equal(out.tokens, spec.tokens)
   assert {1, SPEC["gamma"] + 1} <= set(traced)  # decode calls and verification blocks
+
+
+@pytest.mark.parametrize("h", [16, 128], ids=["slots-minor", "head-minor"])
+@pytest.mark.parametrize("case", ["prefill-window", "decode-gqa", "decode-window"])
+def test_tpu_kernel_reads_each_rows_live_blocks(case, h):
+  """The TPU (Mosaic) kernel in interpret mode, in both of its cache layouts: the
+  reference's output, with NaN in every block of 8 slots past each row's last
+  (any copy of one into the kernel would spread it) and stale slots before."""
+  t, n, k, window = CASES[case]
+  lengths = jnp.array(LENGTHS, jnp.int32)
+  positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  mask = attention_mask(positions, jnp.arange(S, dtype=jnp.int32), window)
+  q, keys, values = _qkv(t, n, k, jnp.float32, lengths + t)
+  q, keys, values = (jnp.tile(x, (1, 1, 1, h // H)) for x in (q, keys, values))
+  want = attend(q, keys, values, mask)
+  past = jnp.arange(S)[None, :] >= -(-(lengths + t) // 8)[:, None] * 8
+  keys, values = (jnp.where(past[:, None, :, None], jnp.nan, x) for x in (keys, values))
+  got = attention_lib._tpu_attend(q, keys, values, mask, None, block=8, interpret=True)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_pallas_for_tpu_takes_the_kernel(monkeypatch, contiguous):
+  """Traced for a TPU, "pallas" calls with one run of slots per query (decode and
+  blocks) go through the Mosaic kernel; token trees through the live prefix."""
+  monkeypatch.setattr(attention_lib, "_MIN_PREFIX", 8)
+  q, k, v, mask = _plain_case(5, 4, 2, None, jnp.float32)
+  spans = jnp.array(LENGTHS, jnp.int32) + 5
+  with compiler_options.target_platform("tpu"):
+    jaxpr = str(
+      jax.make_jaxpr(lambda *a: attention(*a, impl="pallas", contiguous=contiguous, spans=spans))(
+        q, k, v, mask
+      )
+    )
+  assert ("specjax_ragged_attention" in jaxpr) == contiguous
+  assert (" cond[" in jaxpr) != contiguous
 
 
 def test_pallas_falls_back_where_the_kernel_cannot_tile():

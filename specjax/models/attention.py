@@ -147,6 +147,128 @@ def _pallas_decode(
   return kernel(q, k, v)
 
 
+_TPU_BLOCK = 128  # slots per copy into VMEM: the lane width, so every tile is whole
+
+
+def tpu_tiling(q: jax.Array, k: jax.Array) -> int | None:
+  """Slots per block of the TPU kernel (`_tpu_attend`), or None where it does not
+  apply (static: the capacity must be whole blocks)."""
+  s = k.shape[2]
+  block = min(_TPU_BLOCK, s)
+  return block if s % block == 0 and block % 8 == 0 else None
+
+
+def _tpu_attend(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  scale: float | None,
+  block: int,
+  interpret: bool = False,
+) -> jax.Array:
+  """`attend` through a Pallas (Mosaic) kernel whose loop reads only each row's
+  live slots: copies of `block` slots from HBM, from the first block any query
+  of row b reads to the last, so its bytes and work follow the lengths, not
+  the capacity. Each query row's mask must be one run of slots (`mask_span`:
+  causal or windowed, T >= 1). A query reading no slot gets zeros.
+
+  One program per (row, kv head): the G * T queries `[T * G, H]` of that head
+  against blocks of `block` slots of its keys and values, an online softmax in
+  float32 carried through the loop. XLA:TPU stores an array whose last axis is
+  under 128 wide with its last two axes swapped (a `[B, K, S, 64]` cache is
+  `[B, K, 64, S]` in memory, slots along the lanes); the kernel reads the cache
+  that way (blocks `[H, block]`), so XLA passes it as it is and copies nothing.
+  """
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import tpu as pltpu
+
+  b, t, n, h = q.shape
+  kv_heads = k.shape[1]
+  g = n // kv_heads
+  rows = t * g
+  scale = h**-0.5 if scale is None else float(scale)
+  # Per query: the run of slots it reads, [B * T] each (1-D: SMEM pads 2-D arrays).
+  lo, hi, _ = mask_span(mask.reshape(b * t, -1))
+  first = jnp.min(lo.reshape(b, t), axis=1) // block  # [B]: the row's first block
+  stop = (jnp.max(hi.reshape(b, t), axis=1) + block - 1) // block  # one past its last
+  # [B, K, T * G, H]: query row r = t * G + g reads with query t's bounds.
+  q_rows = q.reshape(b, t, kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, rows, h)
+  slots_minor = h % 128 != 0  # the cache's layout in TPU memory (above)
+  if slots_minor:
+    k, v = jnp.swapaxes(k, 2, 3), jnp.swapaxes(v, 2, 3)  # [B, K, H, S]: a bitcast there
+  k_head_axis, v_slot_axis = (0, 1) if slots_minor else (1, 0)  # in a block of k, of v
+
+  def kernel(lo_ref, hi_ref, first_ref, stop_ref, q_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf, sems):
+    row, head = pl.program_id(0), pl.program_id(1)
+    query = q_ref[...]  # [T * G, H]
+    index = jax.lax.broadcasted_iota(jnp.int32, (rows, block), 0)
+    lo_rows = jnp.zeros((rows, block), jnp.int32)
+    hi_rows = jnp.zeros((rows, block), jnp.int32)
+    for i in range(t):  # static: each query's bounds onto its G rows
+      mine = (index >= i * g) & (index < (i + 1) * g)
+      lo_rows = jnp.where(mine, lo_ref[row * t + i], lo_rows)
+      hi_rows = jnp.where(mine, hi_ref[row * t + i], hi_rows)
+
+    def step(j, carry):
+      m, total, acc = carry
+      slots = pl.ds(pl.multiple_of(j * block, block), block)
+      at = (row, head, slice(None), slots) if slots_minor else (row, head, slots)
+      copy_k = pltpu.make_async_copy(k_hbm.at[at], k_buf, sems.at[0])
+      copy_v = pltpu.make_async_copy(v_hbm.at[at], v_buf, sems.at[1])
+      copy_k.start()
+      copy_v.start()
+      copy_k.wait()
+      scores = jax.lax.dot_general(
+        query, k_buf[...], (((1,), (k_head_axis,)), ((), ())), preferred_element_type=jnp.float32
+      )
+      slot = j * block + jax.lax.broadcasted_iota(jnp.int32, (rows, block), 1)
+      keep = (slot >= lo_rows) & (slot < hi_rows)
+      scores = jnp.where(keep, scores * scale, _NEG_INF)
+      m_next = jnp.maximum(m, jnp.max(scores, axis=1, keepdims=True))
+      p = jnp.where(keep, jnp.exp(scores - m_next), 0.0)
+      alpha = jnp.exp(m - m_next)
+      copy_v.wait()
+      pv = jax.lax.dot_general(
+        p.astype(v_buf.dtype),
+        v_buf[...],
+        (((1,), (v_slot_axis,)), ((), ())),
+        preferred_element_type=jnp.float32,
+      )
+      return m_next, alpha * total + jnp.sum(p, axis=1, keepdims=True), alpha * acc + pv
+
+    init = (
+      jnp.full((rows, 1), _NEG_INF, jnp.float32),
+      jnp.zeros((rows, 1), jnp.float32),
+      jnp.zeros((rows, h), jnp.float32),
+    )
+    # The loop's bounds are data: the blocks past a row's length are never copied.
+    _, total, acc = jax.lax.fori_loop(first_ref[row], stop_ref[row], step, init)
+    o_ref[...] = (acc / jnp.where(total > 0, total, 1.0)).astype(o_ref.dtype)
+
+  head_block = pl.BlockSpec((None, None, rows, h), lambda i, j, *_: (i, j, 0, 0))
+  any_space = pl.BlockSpec(memory_space=pl.ANY)  # left in HBM: the kernel copies what it reads
+  out = pl.pallas_call(
+    kernel,
+    grid_spec=pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=4,
+      grid=(b, kv_heads),
+      in_specs=[head_block, any_space, any_space],
+      out_specs=head_block,
+      scratch_shapes=[
+        pltpu.VMEM((h, block) if slots_minor else (block, h), k.dtype),
+        pltpu.VMEM((h, block) if slots_minor else (block, h), v.dtype),
+        pltpu.SemaphoreType.DMA((2,)),
+      ],
+    ),
+    out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype),
+    compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+    interpret=pltpu.InterpretParams() if interpret else False,
+    name="specjax_ragged_attention",
+  )(lo, hi, first.astype(jnp.int32), stop.astype(jnp.int32), q_rows, k, v)
+  return out.reshape(b, kv_heads, t, g, h).transpose(0, 2, 1, 3, 4).reshape(b, t, n, h)
+
+
 def prefix_sizes(capacity: int) -> tuple[int, ...]:
   """The live-prefix lengths `_on_live_prefix` chooses among for a cache of
   `capacity` slots: `_MIN_PREFIX` doubling while below it, then the capacity."""
@@ -213,6 +335,10 @@ def attention(
   tiling = _kernel_tiling(q, k) if impl == "pallas" and contiguous else None
   if tiling is not None:
     return _pallas_decode(q, k, v, mask, scale, tiling)
+  if impl == "pallas" and contiguous and compiler_options.current_platform() == "tpu":
+    block = tpu_tiling(q, k)
+    if block is not None:
+      return _tpu_attend(q, k, v, mask, scale, block)
   if impl == "einsum":
     fn = lambda q, k, v, mask: attend(q, k, v, mask, scale, cap)
   else:
