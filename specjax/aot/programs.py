@@ -302,7 +302,7 @@ def _engine_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: in
   from specjax.serving.config import EngineConfig, fit_config
   from specjax.validation import check_eos_ids
 
-  if models.draft is None:
+  if models.draft is None and not plain:
     raise ValueError("engine_step drafts with the draft model: build_models(..., draft_cfg, ...).")
   width = _prompt_len(context)
   config = EngineConfig(
@@ -312,12 +312,14 @@ def _engine_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: in
     max_new_tokens=_budget(context, gamma),
     widths=(batch,),
     mesh=(mesh.shape[DATA], mesh.shape[MODEL]),
+    # Without a draft model, an engine of plain decoding (`Engine(target, None, ...)`).
+    **({"policy": "never"} if models.draft is None else {}),
   )
   # The engine's placement (`serving.mesh.place_models`): its default vocab placement
   # copies the embedding and the LM head to every device; the drafter as built.
   rules = LOGICAL_RULES if config.vocab_placement == "shard" else {**LOGICAL_RULES, "vocab": None}
   target = place.place_module(models.target, mesh, rules)
-  drafter = as_drafter(models.draft)
+  drafter = None if models.draft is None else as_drafter(models.draft)
   config = fit_config(config, target, drafter)
   spec = SpecConfig(
     gamma=config.gamma,
@@ -379,8 +381,10 @@ def engine_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int
 
 
 def engine_plain_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int = 4, **_):
-  """The serving engine's plain step (one token per row, no drafter) on `batch`
-  slots: `Engine.lowered_step(0)`; `gamma` sizes the slots' verification slack."""
+  """The serving engine's plain step (one token per row, no drafter call) on
+  `batch` slots: `Engine.lowered_step(0)`. With a draft model, the step of an
+  engine that also drafts (its batch carries the drafter's state, and `gamma`
+  sizes the slots' verification slack); without one, of a plain engine."""
   return _engine_step(models, mesh, batch, context, gamma, plain=True)
 
 
@@ -496,6 +500,9 @@ def lower(
   """
   if name not in PROGRAMS:
     raise ValueError(f"unknown program {name!r}; the programs: {', '.join(PROGRAMS)}.")
+  limit = models.target.cfg.max_seq_len
+  if not 2 <= context <= limit:
+    raise ValueError(f"context must be in [2, the target's max_seq_len={limit}], got {context}.")
   platform = next(iter(mesh.devices.flat)).platform
   with jax.set_mesh(mesh), compiler_options.target_platform(platform):
     return PROGRAMS[name](models, mesh, batch, context, gamma, **options)
