@@ -247,7 +247,8 @@ def _tpu_attend(
     o_ref[...] = (acc / jnp.where(total > 0, total, 1.0)).astype(o_ref.dtype)
 
   head_block = pl.BlockSpec((None, None, rows, h), lambda i, j, *_: (i, j, 0, 0))
-  any_space = pl.BlockSpec(memory_space=pl.ANY)  # left in HBM: the kernel copies what it reads
+  # Left where XLA keeps it (in place, no copy); the kernel copies in only the blocks it reads.
+  any_space = pl.BlockSpec(memory_space=pl.ANY)
   out = pl.pallas_call(
     kernel,
     grid_spec=pltpu.PrefetchScalarGridSpec(
