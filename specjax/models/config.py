@@ -265,10 +265,14 @@ class ModelConfig:
 
 def default_scan_layers(platform: str | None = None) -> bool:
   """Scanned layers by default on `platform` (default: the platform compiled
-  for, `specjax.compiler_options.current_platform()`)?
-  Not on CPU, where XLA copies each layer's weight slice (docs/performance.md).
+  for, `specjax.compiler_options.current_platform()`)? On TPU only. XLA:CPU
+  copies each layer's weight slice before its product (docs/performance.md),
+  and so does XLA:GPU (jax 0.10.2, H100: a `kDynamicSliceFusion` around a
+  memcpy per weight and layer, each one splitting the step's command buffer
+  and keeping the decode loop out of one), where unrolled layers read their
+  weights in place and the whole loop is one command buffer.
   """
 
   from specjax import compiler_options
 
-  return (platform or compiler_options.current_platform()) != "cpu"
+  return (platform or compiler_options.current_platform()) == "tpu"

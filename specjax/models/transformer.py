@@ -64,14 +64,24 @@ class Linear(nnx.Linear):
       y = y + self.bias[...].astype(dtype)
     return y
 
-  def scaled(self, inputs: jax.Array, rows: jax.Array | None, out_dtype=None) -> jax.Array:
+  def scaled(
+    self, inputs: jax.Array, rows: jax.Array | None, out_dtype=None, wide: bool = False
+  ) -> jax.Array:
     """`self(inputs)` times `rows [..., 1]` (a folded norm's per-row factor; None:
-    1), accumulated and scaled in float32, then cast to `out_dtype` (default the
-    layer's dtype). On GPU the factor lands in the product's consumer fusion
-    instead of a kernel of its own that normalises the inputs first."""
+    1), scaled in float32, then cast to `out_dtype` (default the layer's dtype).
+    On GPU the factor lands in the product's consumer fusion instead of a
+    kernel of its own that normalises the inputs first.
+
+    `wide` (static): the product itself in float32 (else in the layer's dtype,
+    as `__call__`'s). For the attention's products, which XLA:GPU rewrites as
+    reductions at decode, that keeps the product's operand fused into it; for
+    the MLP's, which go to cuBLAS without Triton GEMMs, a float32 product from
+    bfloat16 operands would convert the whole weight first."""
     kernel = self.kernel[...]
     dtype = self.dtype or jnp.result_type(inputs, kernel)
-    y = jnp.dot(inputs.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
+    wide = jnp.float32 if wide else None
+    y = jnp.dot(inputs.astype(dtype), kernel.astype(dtype), preferred_element_type=wide)
+    y = y.astype(jnp.float32)
     if rows is not None:
       y = y * rows
     if self.bias is not None:
@@ -219,7 +229,7 @@ class Attention(nnx.Module):
     if rows is None:
       qkv = self.qkv_proj(x)  # [B, T, K * (G + 2) * H]
     else:
-      qkv = self.qkv_proj.scaled(x, rows)
+      qkv = self.qkv_proj.scaled(x, rows, wide=True)
     q, k, v = (part.take(qkv) for part in qkv_parts(cfg))
     q = q.reshape(b, t, cfg.n_heads, h)
     k = k.reshape(b, t, cfg.n_kv_heads, h)
@@ -249,7 +259,13 @@ class Attention(nnx.Module):
     out = out.reshape(b, t, cfg.n_heads * h)
     if rows is None:
       return self.o_proj(out), layer_cache
-    return self.o_proj.scaled(out, None, out_dtype), layer_cache
+    if b * t == 1:
+      # One row: XLA:GPU rewrites this product as a multiply and a reduction; when
+      # `out` is a slice of a library call's padded output (cuBLAS attention), the
+      # multiply was not fused and wrote a whole [N * H, D] float32 array. The
+      # barrier makes `out` an array of its own, read by one reduction.
+      out = jax.lax.optimization_barrier(out)
+    return self.o_proj.scaled(out, None, out_dtype, wide=True), layer_cache
 
 
 class MLP(nnx.Module):
