@@ -7,9 +7,17 @@ Every implementation computes the same function: query t of row b reads the
 cache slots s where `mask[b, t, s]` is True (the mask keeps stale slots out).
 "einsum" (`attend`) is the reference and the only one with soft-capping;
 "dot_product" is `jax.nn.dot_product_attention`; "pallas" sends GPU decode calls
-(T == 1, one run of slots per row) to JAX's Pallas decode kernel and everything
-else to "dot_product". SPECJAX_PALLAS_INTERPRET=1 (read at trace time) runs the
-kernel in interpret mode on any backend. Which to choose: docs/performance.md.
+(T == 1, one run of slots per row) to JAX's Pallas (Triton) decode kernel, TPU
+calls with one run of slots per query to a Pallas (Mosaic) kernel of its own
+(`_tpu_attend`), and everything else to "einsum" over the live prefix.
+SPECJAX_PALLAS_INTERPRET=1 (read at trace time) runs the GPU kernel in interpret
+mode on any backend.
+
+With per-row `spans` (a cached call's write start + T) the work follows the
+filled length, not the cache's capacity: the kernels stop at each row's last
+slot, and the XLA paths (every impl on CPU; "pallas" where no kernel applies)
+read only a power-of-two prefix of the cache covering the batch's longest row
+(`_on_live_prefix`). Which to choose: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -340,10 +348,13 @@ def attention(
     block = tpu_tiling(q, k)
     if block is not None:
       return _tpu_attend(q, k, v, mask, scale, block)
-  if impl == "einsum":
-    fn = lambda q, k, v, mask: attend(q, k, v, mask, scale, cap)
-  else:
+  if impl == "dot_product":
     fn = lambda q, k, v, mask: dot_product_attend(q, k, v, mask, scale)
+  else:
+    # "pallas" where its kernels do not apply: the einsums read the cache in its
+    # own layout. (Through "dot_product" XLA:GPU moved the live prefix's slice
+    # after the `[B, S, K, H]` transpose: a transpose of the whole capacity.)
+    fn = lambda q, k, v, mask: attend(q, k, v, mask, scale, cap)
   # Elsewhere than CPU "einsum" and "dot_product" keep one program over the
   # whole capacity (a conditional per layer is launches on a GPU); "pallas"
   # asks for the work to follow the lengths everywhere.
