@@ -187,3 +187,31 @@ def test_a_program_takes_the_platform_its_arguments_are_placed_on():
     program.lower(x)  # placed on the CPU: the arguments win over the context
   np.testing.assert_array_equal(program(x), x)
   assert seen[0] == "cpu"
+
+
+def test_the_full_depth_batch_is_predicted_from_one_and_two_layers_then_checked(monkeypatch):
+  capacity = targets.CHIPS["v5e"].memory_bytes
+  layers = 80
+
+  def memory(batch, depth):  # weights per layer, cache per row and layer, fixed parts
+    return int(1e9 + 0.1e9 * depth + 0.02e9 * batch + 0.004e9 * batch * depth)
+
+  full = [b for b in range(4, 1025, 4) if memory(b, layers) <= capacity]
+  calls = []
+
+  def fake_bytes(lower, target, batch):
+    calls.append(batch)
+    return lower(batch)
+
+  monkeypatch.setattr(fit, "_bytes", fake_bytes)
+  v5e = targets.get("v5e:2x2")
+  guess = fit.predicted_batch(lambda b, depth: memory(b, depth), v5e, layers, step=4)
+  assert guess == full[-1] and len(calls) == 4
+  calls.clear()
+  found = fit.largest_batch(lambda b: memory(b, layers), v5e, step=4, guess=guess)
+  assert found["batch"] == full[-1] and found["compiles"] == len(calls) == 2
+  # A guess too large is searched down; one that does not fit at all gives 0.
+  found = fit.largest_batch(lambda b: memory(b, layers), v5e, step=4, guess=4 * full[-1])
+  assert found["batch"] == full[-1]
+  found = fit.largest_batch(lambda b: capacity + 1, v5e, step=4, guess=8)
+  assert found["batch"] == 0

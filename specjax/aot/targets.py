@@ -29,6 +29,10 @@ from jax.sharding import AxisType, Mesh
 from specjax.distributed.mesh import DATA, MODEL
 
 _SPECS = os.path.join(os.path.dirname(__file__), "gpu_specs")
+# libtpu takes a lock file per host; a second process compiling for a TPU at the
+# same time (a test beside a check) would otherwise fail to load it. Nothing
+# here runs on a TPU, so the processes never share a chip.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 INSTALL_HINT = 'pip install -e ".[aot]" (the CUDA plugin, ptxas and libtpu for the pinned jax)'
 
 

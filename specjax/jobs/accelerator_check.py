@@ -35,6 +35,9 @@ from specjax.sampling import GREEDY, SamplingParams
 
 SECTIONS = ("programs", "layers", "fit", "measured")
 LAYOUTS = ("", "scanned", "unrolled")
+# The target depths the fit's first guess compiles (a drafter such as EAGLE-3
+# reads features from a few of the target's layers).
+FIT_DEPTHS = (4, 6)
 TRITON_OFF = {"xla_gpu_enable_triton_gemm": False}
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "results")
 
@@ -159,18 +162,32 @@ def layer_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
 
 def fit_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
   """The "fit" section: per program of `config.fit_programs` and context of
-  `config.fit_contexts`, the largest batch one device holds."""
+  `config.fit_contexts`, the largest batch one device holds: predicted from the
+  target at `FIT_DEPTHS` layers (`fit.predicted_batch`), then searched at full
+  depth from there (`fit.largest_batch`)."""
   kinds = tuple(p for p in config.fit_programs if p in heads.names())
-  models = programs.build_models(target_cfg, draft_cfg, mesh, kinds=kinds)
+  depths = tuple(min(d, target_cfg.n_layers) for d in FIT_DEPTHS)
+  models = {
+    depth: programs.build_models(
+      target_cfg.replace(n_layers=depth, local_layers=None), draft_cfg, mesh, kinds=kinds
+    )
+    for depth in sorted({*depths, target_cfg.n_layers})
+  }
   step = mesh.shape.get("data", 1)
   rows = []
   for name in config.fit_programs:
     for context in config.fit_contexts:
-      lower = lambda b, name=name, context=context: programs.lower(
-        name, models, mesh, b, context, config.gamma, sampling=_sampling(config)
-      )
-      found = fit.largest_batch(lower, target, step=step, limit=config.fit_limit)
-      row = {"program": name, "context": context, **found}
+
+      def lower(b, depth=target_cfg.n_layers, name=name, context=context):
+        return programs.lower(
+          name, models[depth], mesh, b, context, config.gamma, sampling=_sampling(config)
+        )
+
+      guess = None
+      if depths[0] < depths[1] < target_cfg.n_layers:
+        guess = fit.predicted_batch(lower, target, target_cfg.n_layers, step, depths)
+      found = fit.largest_batch(lower, target, step=step, limit=config.fit_limit, guess=guess)
+      row = {"program": name, "context": context, "predicted": guess, **found}
       row["tokens"] = found["batch"] * context
       rows.append(row)
       print(json.dumps(row), flush=True)
