@@ -522,13 +522,21 @@ class Transformer(nnx.Module):
     return x
 
   def _logits(self, x: jax.Array) -> jax.Array:
+    if self.cfg.norm == "rmsnorm" and compiler_options.current_platform() == "gpu":
+      # The final norm folded into the head as in `Block.fold`: no kernel that
+      # normalises the features first.
+      scaled, rows = self.final_norm.folded(x)
+      return self._head(scaled, rows)
     return self._head(self.final_norm(x))
 
-  def _head(self, x: jax.Array) -> jax.Array:
-    """Final hidden states `[..., D]` (after the final norm) -> logits `[..., V]` float32."""
+  def _head(self, x: jax.Array, rows: jax.Array | None = None) -> jax.Array:
+    """Final hidden states `[..., D]` (after the final norm; or its `Norm.folded`
+    scaled features and `rows [..., 1]`) -> logits `[..., V]` float32."""
     tied = self.cfg.tie_embeddings
     w = self.embed.embedding[...] if tied else self.lm_head[...]  # [V, D] or [D, V]
     logits = matmul(x, w, jnp.float32, transposed=tied)
+    if rows is not None:
+      logits = logits * rows
     return softcap(logits, self.cfg.logit_softcap)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
