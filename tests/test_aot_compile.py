@@ -60,3 +60,34 @@ def test_compiling_needs_the_cpu_platform_and_names_its_install():
   targets.check_host()
   with pytest.raises(ValueError, match="v5e:2x4"):
     targets.get("tpu-v5e")
+
+
+# The guides' commands for hardware this host lacks (docs/scale_out.md, docs/serving.md:
+# their blocks are skipped there), checked by compiling the program each runs for
+# that hardware, at the tiny size: (guide, target, mesh, program).
+GUIDE_COMMANDS = [
+  ("docs/serving.md, docs/scale_out.md: serve on a v5e-16 slice", "v5e:4x4", (2, 8), "engine_step"),
+  ("docs/scale_out.md: train the target on a v5e-32 pod slice", "v5e:4x8", (32, 1), "train_target"),
+  (
+    "docs/serving.md, docs/scale_out.md: serve on 2 hosts x 8 GPUs",
+    "h100x16",
+    (2, 8),
+    "engine_step",
+  ),
+  ("docs/scale_out.md: train the target on GPU hosts (SLURM)", "h100x16", (16, 1), "train_target"),
+]
+
+
+@pytest.mark.sample(1)
+@pytest.mark.parametrize("guide, name, mesh_shape, program", GUIDE_COMMANDS, ids=lambda x: str(x))
+def test_the_guides_commands_for_pods_and_gpu_hosts_compile(guide, name, mesh_shape, program):
+  target = targets.get(name)
+  mesh = target.mesh(mesh_shape)
+  cfg = specjax.ModelConfig(**TINY, dtype="bfloat16", param_dtype="bfloat16")
+  models = programs.build_models(cfg, cfg.replace(**TINY_DRAFT), mesh, kinds=())
+  batch = mesh_shape[0] * 2
+  result = analysis.compile_for(lambda: programs.lower(program, models, mesh, batch, 64), target)
+  assert result["error"] is None, guide
+  report = analysis.read(result, target)
+  analysis.free(result)
+  assert report["memory"]["fits"] and report["collectives"], guide

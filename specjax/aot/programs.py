@@ -460,6 +460,28 @@ def train_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int 
   )
 
 
+def train_target(models: Models, mesh: Mesh, batch: int, context: int, gamma: int = 4, **_):
+  """One optimizer step of training the target itself (`trainer.train_step` with
+  configs/train_target.py's optimizer: next-token cross-entropy, AdamW) on
+  `[batch, context]` token windows: what `experiments.train
+  --config=configs/train_target.py` runs per step, its parameters and optimizer
+  state placed by the logical-axis rules and the windows' rows split over
+  `data`. `gamma` is unused."""
+  from specjax.training import trainer
+  from specjax.training.optimizer import make_optimizer
+
+  config = train_config("target")
+  graphdef, params = nnx.split(models.target, nnx.Param)
+  optimizer = make_optimizer(config)
+  return trainer.train_step.lower(
+    params,
+    _optimizer_state(optimizer, params, mesh),
+    place.array((batch, context), jnp.int32, mesh),
+    graphdef=graphdef,
+    optimizer=optimizer,
+  )
+
+
 # ------------------------------------------------------------------ the registry
 
 PROGRAMS: dict[str, Callable[..., jax.stages.Lowered]] = {
@@ -472,6 +494,7 @@ PROGRAMS: dict[str, Callable[..., jax.stages.Lowered]] = {
   "engine_step": engine_step,
   "engine_plain_step": engine_plain_step,
   "train_step": train_step,
+  "train_target": train_target,
 }
 
 
