@@ -187,6 +187,8 @@ def _tpu_attend(
   under 128 wide with its last two axes swapped (a `[B, K, S, 64]` cache is
   `[B, K, 64, S]` in memory, slots along the lanes); the kernel reads the cache
   that way (blocks `[H, block]`), so XLA passes it as it is and copies nothing.
+  Each block's two copies are waited for before its products (no double
+  buffering yet: not timed on a TPU).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import tpu as pltpu
@@ -197,7 +199,9 @@ def _tpu_attend(
   rows = t * g
   scale = h**-0.5 if scale is None else float(scale)
   # Per query: the run of slots it reads, [B * T] each (1-D: SMEM pads 2-D arrays).
-  lo, hi, _ = mask_span(mask.reshape(b * t, -1))
+  rows_mask = mask.reshape(b * t, -1)
+  lo, hi, _ = mask_span(rows_mask)
+  hi = jnp.where(jnp.any(rows_mask, axis=-1), hi, lo)  # a query reading nothing: no run
   first = jnp.min(lo.reshape(b, t), axis=1) // block  # [B]: the row's first block
   stop = (jnp.max(hi.reshape(b, t), axis=1) + block - 1) // block  # one past its last
   # [B, K, T * G, H]: query row r = t * G + g reads with query t's bounds.
@@ -295,9 +299,9 @@ def _on_live_prefix(fn, q, k, v, mask, spans: jax.Array) -> jax.Array:
 
   The slots cut off are masked out in every row (the caller's promise, `spans`),
   so the result is the same function. One branch per size behind `lax.switch`
-  (a static slice each: XLA reads the prefix in place or copies only it); a
-  loop over blocks of slots with an online softmax measured no faster on CPU
-  and would change the rounding.
+  (a static slice each: XLA reads the prefix in place or copies only it). A
+  loop over blocks with an online softmax, the other way, was not tried: its
+  sums would round differently from the reference's.
   """
   sizes = prefix_sizes(k.shape[2])
   if len(sizes) == 1:
