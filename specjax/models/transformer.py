@@ -46,6 +46,11 @@ def _zeros(names: tuple[str | None, ...]):
   return _logical(nnx.initializers.zeros, names)
 
 
+# XLA:GPU's bound below which a product is a reduction, not a GEMM (its
+# `IsMatrixMultiplicationTooSmallForRewriting` threshold, jax 0.10.2).
+_REDUCED_PRODUCT = 10_000_000
+
+
 class Linear(nnx.Linear):
   """`nnx.Linear` whose product of a decode step's few rows runs on specjax's CPU
   kernel (`specjax.kernels.matmul`); same parameters, same result."""
@@ -64,22 +69,23 @@ class Linear(nnx.Linear):
       y = y + self.bias[...].astype(dtype)
     return y
 
-  def scaled(
-    self, inputs: jax.Array, rows: jax.Array | None, out_dtype=None, wide: bool = False
-  ) -> jax.Array:
+  def scaled(self, inputs: jax.Array, rows: jax.Array | None, out_dtype=None) -> jax.Array:
     """`self(inputs)` times `rows [..., 1]` (a folded norm's per-row factor; None:
     1), scaled in float32, then cast to `out_dtype` (default the layer's dtype).
     On GPU the factor lands in the product's consumer fusion instead of a
     kernel of its own that normalises the inputs first.
 
-    `wide` (static): the product itself in float32 (else in the layer's dtype,
-    as `__call__`'s). For the attention's products, which XLA:GPU rewrites as
-    reductions at decode, that keeps the product's operand fused into it; for
-    the MLP's, which go to cuBLAS without Triton GEMMs, a float32 product from
-    bfloat16 operands would convert the whole weight first."""
+    XLA:GPU rewrites a product of fewer than `_REDUCED_PRODUCT` multiply-adds
+    (a decode step's small projections) as a multiply and a reduction: asked
+    for a float32 result, the multiply fuses into the reduction; asked for the
+    layer's dtype, it was written out whole ([D_in, D_out]). A larger product
+    goes to a GEMM, where a float32 result from bfloat16 operands makes the
+    cuBLAS path convert the whole weight first: there the product stays in the
+    layer's dtype, as `__call__`'s."""
     kernel = self.kernel[...]
     dtype = self.dtype or jnp.result_type(inputs, kernel)
-    wide = jnp.float32 if wide else None
+    reduced = inputs.size // inputs.shape[-1] * kernel.size < _REDUCED_PRODUCT
+    wide = jnp.float32 if reduced else None
     y = jnp.dot(inputs.astype(dtype), kernel.astype(dtype), preferred_element_type=wide)
     y = y.astype(jnp.float32)
     if rows is not None:
@@ -229,7 +235,7 @@ class Attention(nnx.Module):
     if rows is None:
       qkv = self.qkv_proj(x)  # [B, T, K * (G + 2) * H]
     else:
-      qkv = self.qkv_proj.scaled(x, rows, wide=True)
+      qkv = self.qkv_proj.scaled(x, rows)
     q, k, v = (part.take(qkv) for part in qkv_parts(cfg))
     q = q.reshape(b, t, cfg.n_heads, h)
     k = k.reshape(b, t, cfg.n_kv_heads, h)
@@ -265,7 +271,7 @@ class Attention(nnx.Module):
       # multiply was not fused and wrote a whole [N * H, D] float32 array. The
       # barrier makes `out` an array of its own, read by one reduction.
       out = jax.lax.optimization_barrier(out)
-    return self.o_proj.scaled(out, None, out_dtype, wide=True), layer_cache
+    return self.o_proj.scaled(out, None, out_dtype), layer_cache
 
 
 class MLP(nnx.Module):
