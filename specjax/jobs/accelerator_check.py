@@ -162,15 +162,17 @@ def layer_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
 
 def fit_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
   """The "fit" section: per program of `config.fit_programs` and context of
-  `config.fit_contexts`, the largest batch one device holds: predicted from the
-  target at `FIT_DEPTHS` layers (`fit.predicted_batch`), then searched at full
-  depth from there (`fit.largest_batch`)."""
+  `config.fit_contexts`, the largest batch one device holds, searched at full
+  depth (`fit.largest_batch`); with unrolled layers its first guess comes from
+  the target at `FIT_DEPTHS` layers (`fit.predicted_batch`)."""
   kinds = tuple(p for p in config.fit_programs if p in heads.names())
   depths = tuple(min(d, target_cfg.n_layers) for d in FIT_DEPTHS)
   models = {
     depth: programs.build_models(
       target_cfg.replace(n_layers=depth, local_layers=None), draft_cfg, mesh, kinds=kinds
     )
+    if depth != target_cfg.n_layers
+    else programs.build_models(target_cfg, draft_cfg, mesh, kinds=kinds)
     for depth in sorted({*depths, target_cfg.n_layers})
   }
   step = mesh.shape.get("data", 1)
@@ -184,7 +186,10 @@ def fit_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
         )
 
       guess = None
-      if depths[0] < depths[1] < target_cfg.n_layers:
+      # Unrolled layers compile in time growing with the depth; scanned ones
+      # barely, so there the full depth's own probes are as cheap.
+      unrolled = _layout(target_cfg, target) == "unrolled"
+      if unrolled and depths[0] < depths[1] < target_cfg.n_layers:
         guess = fit.predicted_batch(lower, target, target_cfg.n_layers, step, depths)
       found = fit.largest_batch(lower, target, step=step, limit=config.fit_limit, guess=guess)
       row = {"program": name, "context": context, "predicted": guess, **found}
