@@ -34,7 +34,8 @@ def main(argv):
   result = accelerator_check.check(f.config)
   table = accelerator_check.markdown(result)
   print(table)
-  write_json(output_json, {**result, **bench.environment_info()})
+  # The host that compiled (its CPU, jax): the device fields are the target's.
+  write_json(output_json, {**result, "host": bench.environment_info()})
   write_text(output_md, table)
 
 
