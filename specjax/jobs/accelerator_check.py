@@ -131,29 +131,36 @@ def _trip_counts(target, mesh, target_cfg, draft_cfg, config, layers, options) -
 
 
 def layer_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
-  """The "layers" section: per GEMM setting, kernels per layer and per step
-  (plain), per iteration (speculative, the draft model, γ = config.gamma), and
-  the iteration's drafting and bookkeeping; the 2-layer programs' loop placement."""
+  """The "layers" section: per GEMM setting, kernels per layer (an interior one:
+  the 3-layer program minus the 2-layer one, since the first and last layers
+  fuse with what surrounds them) and per step of plain decoding and per
+  iteration of speculative decoding (the draft model, γ = config.gamma), the
+  iteration's drafting and bookkeeping (its 1-layer count minus the plain
+  step's, as issue 72 counts it), and the 2-layer programs' loop placement."""
   settings = [("triton_default", None)]
   if target.platform == "gpu":
     settings.append(("triton_off", TRITON_OFF))
   n = target_cfg.n_layers
+  depths = (1, 2, 3) if n >= 3 else (1, 2)
   rows = []
   for label, options in settings:
-    one, two = (
-      _trip_counts(target, mesh, target_cfg, draft_cfg, config, d, options) for d in (1, 2)
-    )
+    counts = {
+      d: _trip_counts(target, mesh, target_cfg, draft_cfg, config, d, options) for d in depths
+    }
     row = {"gemm": label, "layers": n, "layout": _layout(target_cfg, target)}
+    low, high = depths[-2], depths[-1]
     for name, key in (("plain", "ar"), ("draft_model", "spec")):
-      per_layer = two[name]["kernels_per_trip"] - one[name]["kernels_per_trip"]
+      trips = {d: counts[d][name]["kernels_per_trip"] for d in depths}
+      per_layer = trips[high] - trips[low]
       row[f"{key}_kernels_per_layer"] = per_layer
-      row[f"{key}_kernels_per_step"] = one[name]["kernels_per_trip"] + per_layer * (n - 1)
-      loop = (two[name].get("thunks") or {}).get("generation_loop") or {}
+      row[f"{key}_kernels_per_step"] = trips[low] + per_layer * (n - low)
+      row[f"{key}_kernels_by_depth"] = trips
+      loop = (counts[2][name].get("thunks") or {}).get("generation_loop") or {}
       row[f"{key}_loop_on_device"] = loop.get("on_device")
       row[f"{key}_host_launches_per_trip"] = loop.get("host_launches_per_trip")
-      row[f"{key}_command_buffers"] = (two[name].get("thunks") or {}).get("command_buffers")
+      row[f"{key}_command_buffers"] = (counts[2][name].get("thunks") or {}).get("command_buffers")
     row["drafting_and_bookkeeping"] = (
-      one["draft_model"]["kernels_per_trip"] - one["plain"]["kernels_per_trip"]
+      counts[1]["draft_model"]["kernels_per_trip"] - counts[1]["plain"]["kernels_per_trip"]
     )
     rows.append(row)
     print(json.dumps(row), flush=True)
