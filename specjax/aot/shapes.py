@@ -37,49 +37,39 @@ _QWEN25 = dict(
 )
 
 
-def _llama3(hidden, layers, heads, kv, ff, **extra) -> dict[str, Any]:
-  return _LLAMA3 | dict(
+def _family(base: dict, hidden, layers, heads, kv, ff, **extra) -> dict[str, Any]:
+  """A config.json of `base`'s family with these sizes."""
+  sizes = dict(
     hidden_size=hidden,
     num_hidden_layers=layers,
     num_attention_heads=heads,
     num_key_value_heads=kv,
     intermediate_size=ff,
-    **extra,
   )
-
-
-def _qwen25(hidden, layers, heads, kv, ff, **extra) -> dict[str, Any]:
-  return _QWEN25 | dict(
-    hidden_size=hidden,
-    num_hidden_layers=layers,
-    num_attention_heads=heads,
-    num_key_value_heads=kv,
-    intermediate_size=ff,
-    **extra,
-  )
+  return base | sizes | extra
 
 
 # name -> (target config.json fields, draft config.json fields, note)
 FAMILIES: dict[str, tuple[dict, dict, str]] = {
   "llama3-8b": (
-    _llama3(4096, 32, 32, 8, 14336),
-    _llama3(2048, 16, 32, 8, 8192, tie_word_embeddings=True),
+    _family(_LLAMA3, 4096, 32, 32, 8, 14336),
+    _family(_LLAMA3, 2048, 16, 32, 8, 8192, tie_word_embeddings=True),
     "Llama-3-8B (meta-llama/Meta-Llama-3-8B config.json) with a Llama-3.2-1B-shaped draft",
   ),
   "llama3-70b": (
-    _llama3(8192, 80, 64, 8, 28672),
-    _llama3(2048, 16, 32, 8, 8192, tie_word_embeddings=True),
+    _family(_LLAMA3, 8192, 80, 64, 8, 28672),
+    _family(_LLAMA3, 2048, 16, 32, 8, 8192, tie_word_embeddings=True),
     "Llama-3-70B (meta-llama/Meta-Llama-3-70B config.json) with a Llama-3.2-1B-shaped draft",
   ),
   "qwen2.5-7b": (
-    _qwen25(3584, 28, 28, 4, 18944),
-    _qwen25(896, 24, 14, 2, 4864, tie_word_embeddings=True),
+    _family(_QWEN25, 3584, 28, 28, 4, 18944),
+    _family(_QWEN25, 896, 24, 14, 2, 4864, tie_word_embeddings=True),
     "Qwen2.5-7B (Qwen/Qwen2.5-7B config.json) with a Qwen2.5-0.5B-shaped draft (its "
     "151,936-row vocabulary padded to the target's 152,064)",
   ),
   "qwen2.5-72b": (
-    _qwen25(8192, 80, 64, 8, 29568),
-    _qwen25(896, 24, 14, 2, 4864, tie_word_embeddings=True),
+    _family(_QWEN25, 8192, 80, 64, 8, 29568),
+    _family(_QWEN25, 896, 24, 14, 2, 4864, tie_word_embeddings=True),
     "Qwen2.5-72B (Qwen/Qwen2.5-72B config.json) with a Qwen2.5-0.5B-shaped draft (vocabulary "
     "padded as for 7B)",
   ),
