@@ -102,8 +102,15 @@ def largest_batch(
       bad = guess
     else:
       good, good_bytes = guess, at
-  # Upward from the last batch that fits (the prediction may be short), by
-  # doubling strides, until one does not fit or the limit; then bisect.
+  good, good_bytes = _settle(fits, good, good_bytes, bad, step, limit)
+  return dict(batch=good, bytes=good_bytes, bytes_per_row=per_row, compiles=compiles)
+
+
+def _settle(fits, good: int, good_bytes, bad: int | None, step: int, limit: int):
+  """`(batch, bytes)`: the largest batch that fits, from `good` (fits, or 0) and
+  `bad` (does not, or None: unknown). Upward from `good` by doubling strides
+  until one does not fit or the limit (the prediction may be short), then a
+  bisection between the two."""
   stride = step
   while bad is None and good + stride <= limit:
     at = fits(good + stride)
@@ -118,4 +125,4 @@ def largest_batch(
       bad = mid
     else:
       good, good_bytes = mid, at
-  return dict(batch=good, bytes=good_bytes, bytes_per_row=per_row, compiles=compiles)
+  return good, good_bytes

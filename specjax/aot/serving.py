@@ -16,37 +16,27 @@ from specjax.sampling import GREEDY, RowSampling
 # ---------------------------------------------------------------------- serving
 
 
-def _engine_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int, plain: bool):
-  """The serving engine's step program on `batch` slots of `context` positions,
-  as `Engine(target, draft, EngineConfig(mesh=mesh.shape, slots=batch, ...))`
-  builds and `Engine.lowered_step` lowers it, from the abstract models.
-
-  The engine itself cannot take abstract models: its constructor places them
-  with `jax.device_put` on a mesh of this host's devices and allocates its batch
-  (`slots.blank`). So its settings are built here as the constructor builds them
-  (`fit_config`, `SlotConfig`) and the blank batch is shapes only (`jax.eval_shape`),
-  placed by `serving.mesh.slot_shardings` as the engine keeps it."""
+def _engine_configs(models: Models, mesh: Mesh, batch: int, context: int, gamma: int):
+  """`(config, slot_config, target, drafter)` as `Engine.__init__` builds them for
+  `batch` slots of `context` positions: the engine's settings (`fit_config`), its
+  slot programs' (`SlotConfig`), the target placed as the engine places it (its
+  default vocab placement copies the embedding and the LM head to every device)
+  and the drafter."""
   from specjax.generation.state import SpecConfig
-  from specjax.serving import mesh as serving_mesh
   from specjax.serving import slots
   from specjax.serving.config import EngineConfig, fit_config
   from specjax.validation import check_eos_ids
 
-  if models.draft is None and not plain:
-    raise ValueError("engine_step drafts with the draft model: build_models(..., draft_cfg, ...).")
-  width = prompt_len(context)
   config = EngineConfig(
     slots=batch,
     gamma=gamma,
-    prompt_buckets=(width,),
+    prompt_buckets=(prompt_len(context),),
     max_new_tokens=budget(context, gamma),
     widths=(batch,),
     mesh=(mesh.shape[DATA], mesh.shape[MODEL]),
     # Without a draft model, an engine of plain decoding (`Engine(target, None, ...)`).
     **({"policy": "never"} if models.draft is None else {}),
   )
-  # The engine's placement (`serving.mesh.place_models`): its default vocab placement
-  # copies the embedding and the LM head to every device; the drafter as built.
   rules = LOGICAL_RULES if config.vocab_placement == "shard" else {**LOGICAL_RULES, "vocab": None}
   target = place.place_module(models.target, mesh, rules)
   drafter = None if models.draft is None else as_drafter(models.draft)
@@ -67,22 +57,38 @@ def _engine_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: in
     logprobs=config.logprobs,
     mesh=mesh,
   )
-  replicated = PartitionSpec()
+  return config, slot_config, target, drafter
+
+
+def _engine_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int, plain: bool):
+  """The serving engine's step program on `batch` slots of `context` positions,
+  as `Engine(target, draft, EngineConfig(mesh=mesh.shape, slots=batch, ...))`
+  builds and `Engine.lowered_step` lowers it, from the abstract models.
+
+  The engine itself cannot take abstract models: its constructor places them
+  with `jax.device_put` on a mesh of this host's devices and allocates its batch
+  (`slots.blank`). So its settings are built here as the constructor builds them
+  (`_engine_configs`) and the blank batch is shapes only (`jax.eval_shape`),
+  placed by `serving.mesh.slot_shardings` as the engine keeps it."""
+  from specjax.serving import mesh as serving_mesh
+  from specjax.serving import slots
+
+  if models.draft is None and not plain:
+    raise ValueError("engine_step drafts with the draft model: build_models(..., draft_cfg, ...).")
+  config, slot_config, target, drafter = _engine_configs(models, mesh, batch, context, gamma)
 
   def host(shape, dtype):
-    return place.array(shape, dtype, mesh, replicated)
+    return place.array(shape, dtype, mesh, PartitionSpec())
 
   b = config.slots
   # Shapes only: under the target's mesh nothing may run on this host's devices.
   sampling = place.abstract_tree(jax.eval_shape(lambda: RowSampling.of(GREEDY, b)), mesh)
+  rows = [host((b, 1), jnp.int32)] + [host((b,), jnp.int32)] * 3
   state = jax.eval_shape(
     lambda *args: slots._blank(*args, config=slot_config),
     target,
     drafter,
-    host((b, 1), jnp.int32),
-    host((b,), jnp.int32),
-    host((b,), jnp.int32),
-    host((b,), jnp.int32),
+    *rows,
     sampling,
     place.key(mesh),
   )

@@ -269,6 +269,22 @@ def _compile_with_thunks(lowered) -> tuple[str, str | None]:
     return compiled.as_text(), thunks.read_dump(directory) if gpu else None
 
 
+def _loop_launches(lowered) -> tuple[dict, dict]:
+  """`(hlo.launches of the generation loop's body, its command buffers)` of a
+  lowered program; on XLA:GPU the command buffers as its thunk sequence records
+  them (`bench.thunks`), since XLA forms them after the HLO."""
+  text, sequence = _compile_with_thunks(lowered)
+  body = _outer_loop(text)
+  buffers = hlo.command_buffers(text, body)
+  if sequence is not None:
+    loop = thunks.summary(sequence)
+    buffers = dict(buffers, thunks=loop)
+    if loop["generation_loop"] is not None:
+      buffers["loop_in_command_buffer"] = loop["generation_loop"]["on_device"]
+      buffers["body_launches"] = loop["generation_loop"]["host_launches_per_trip"]
+  return hlo.launches(text, body), buffers
+
+
 def step_launches(
   target_cfg: ModelConfig,
   draft_cfg: ModelConfig | None = None,
@@ -310,16 +326,7 @@ def step_launches(
       else:
         draft = abstract_model(draft_cfg)
         lowered = lower_speculative(target, draft, batch, prompt_len, max_new_tokens, gamma)
-      text, sequence = _compile_with_thunks(lowered)
-      body = _outer_loop(text)
-      buffers = hlo.command_buffers(text, body)
-      if sequence is not None:  # XLA:GPU: what it records is in the thunks, not the HLO
-        loop = thunks.summary(sequence)
-        buffers = dict(buffers, thunks=loop)
-        if loop["generation_loop"] is not None:
-          buffers["loop_in_command_buffer"] = loop["generation_loop"]["on_device"]
-          buffers["body_launches"] = loop["generation_loop"]["host_launches_per_trip"]
-      counts[depth] = (hlo.launches(text, body), buffers)
+      counts[depth] = _loop_launches(lowered)
     (one, _), (two, buffers) = counts[1], counts[2]
     per_layer = two["kernels"] - one["kernels"]
     launches_one = counts[1][1]["body_launches"]

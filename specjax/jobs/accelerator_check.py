@@ -310,69 +310,61 @@ def check(config) -> dict:
   return out
 
 
+def _gib(nbytes) -> str:
+  return f"{nbytes / 2**30:.2f}" if nbytes else ""
+
+
+# The short tables' columns, per section (`markdown`).
+COLUMNS = {
+  "programs": [
+    ("program", "{program}"),
+    ("compiled", lambda r: "yes" if r["compiled"] else f"no: {r['error']}"),
+    ("kernels/trip", lambda r: str(r.get("kernels_per_trip", ""))),
+    ("loop", lambda r: _loop_cell(r)),
+    ("host launches/trip", lambda r: str(_loop(r).get("host_launches_per_trip", ""))),
+    ("cache copies", lambda r: str(r.get("cache_copies", ""))),
+    ("GiB/device", lambda r: _gib(r["memory"]["total_bytes"]) if r["compiled"] else ""),
+    (
+      "collectives/call",
+      lambda r: str(sum(v["count"] for v in (r.get("collectives") or {}).values())),
+    ),
+    (
+      "estimate ms/trip",
+      lambda r: f"{r['estimate']['step_ms']:.3f}" if r.get("estimate") else "",
+    ),
+  ],
+  "layers": [
+    ("GEMMs", "{gemm}"),
+    ("layout", "{layout}"),
+    ("plain kernels/layer", "{ar_kernels_per_layer}"),
+    ("plain kernels/step", "{ar_kernels_per_step}"),
+    ("spec kernels/iteration", "{spec_kernels_per_step}"),
+    ("drafting + bookkeeping", "{drafting_and_bookkeeping}"),
+    ("loop on device", "{ar_loop_on_device}"),
+    ("host launches/trip", "{ar_host_launches_per_trip}"),
+  ],
+  "fit": [
+    ("program", "{program}"),
+    ("context", "{context}"),
+    ("largest batch", "{batch}"),
+    ("tokens", "{tokens}"),
+    ("GiB/device", lambda r: _gib(r["bytes"])),
+    ("compiles", "{compiles}"),
+  ],
+}
+
+
 def markdown(result: dict) -> str:
-  """The short tables of a `check` result."""
+  """The short tables of a `check` result: a heading line, then one table per
+  section it ran (`COLUMNS`)."""
   parts = [
     f"{result['target']} ({result['device_kind']}, {result['devices']} devices, mesh "
     f"{result['mesh']}), {result['shape']} in {result['dtype']}, batch {result['batch']}, "
     f"context {result['context']}"
   ]
-  if result.get("programs"):
-    parts.append(
-      markdown_table(
-        result["programs"],
-        [
-          ("program", "{program}"),
-          ("compiled", lambda r: "yes" if r["compiled"] else f"no: {r['error']}"),
-          ("kernels/trip", lambda r: str(r.get("kernels_per_trip", ""))),
-          ("loop", _loop_cell),
-          ("host launches/trip", lambda r: str(_loop(r).get("host_launches_per_trip", ""))),
-          ("cache copies", lambda r: str(r.get("cache_copies", ""))),
-          (
-            "GiB/device",
-            lambda r: f"{r['memory']['total_bytes'] / 2**30:.2f}" if r["compiled"] else "",
-          ),
-          (
-            "collectives/call",
-            lambda r: str(sum(v["count"] for v in (r.get("collectives") or {}).values())),
-          ),
-          (
-            "estimate ms/trip",
-            lambda r: f"{r['estimate']['step_ms']:.3f}" if r.get("estimate") else "",
-          ),
-        ],
-      )
-    )
-  if result.get("layers"):
-    parts.append(
-      markdown_table(
-        result["layers"],
-        [
-          ("GEMMs", "{gemm}"),
-          ("layout", "{layout}"),
-          ("plain kernels/layer", "{ar_kernels_per_layer}"),
-          ("plain kernels/step", "{ar_kernels_per_step}"),
-          ("spec kernels/iteration", "{spec_kernels_per_step}"),
-          ("drafting + bookkeeping", "{drafting_and_bookkeeping}"),
-          ("loop on device", "{ar_loop_on_device}"),
-          ("host launches/trip", "{ar_host_launches_per_trip}"),
-        ],
-      )
-    )
-  if result.get("fit"):
-    parts.append(
-      markdown_table(
-        result["fit"],
-        [
-          ("program", "{program}"),
-          ("context", "{context}"),
-          ("largest batch", "{batch}"),
-          ("tokens", "{tokens}"),
-          ("GiB/device", lambda r: f"{r['bytes'] / 2**30:.2f}" if r["bytes"] else ""),
-          ("compiles", "{compiles}"),
-        ],
-      )
-    )
+  for section, columns in COLUMNS.items():
+    if result.get(section):
+      parts.append(markdown_table(result[section], columns))
   return "\n\n".join(parts)
 
 
