@@ -166,49 +166,15 @@ def tpu_tiling(q: jax.Array, k: jax.Array) -> int | None:
   return block if s % block == 0 and block % 8 == 0 else None
 
 
-def _tpu_attend(
-  q: jax.Array,
-  k: jax.Array,
-  v: jax.Array,
-  mask: jax.Array,
-  scale: float | None,
-  block: int,
-  interpret: bool = False,
-) -> jax.Array:
-  """`attend` through a Pallas (Mosaic) kernel whose loop reads only each row's
-  live slots: copies of `block` slots from HBM, from the first block any query
-  of row b reads to the last, so its bytes and work follow the lengths, not
-  the capacity. Each query row's mask must be one run of slots (`mask_span`:
-  causal or windowed, T >= 1). A query reading no slot gets zeros.
-
-  One program per (row, kv head): the G * T queries `[T * G, H]` of that head
-  against blocks of `block` slots of its keys and values, an online softmax in
-  float32 carried through the loop. XLA:TPU stores an array whose last axis is
-  under 128 wide with its last two axes swapped (a `[B, K, S, 64]` cache is
-  `[B, K, 64, S]` in memory, slots along the lanes); the kernel reads the cache
-  that way (blocks `[H, block]`), so XLA passes it as it is and copies nothing.
-  Each block's two copies are waited for before its products (no double
-  buffering yet: not timed on a TPU).
-  """
+def _ragged_kernel(*, t: int, g: int, h: int, block: int, scale: float, slots_minor: bool):
+  """The body of `_tpu_attend`'s Pallas kernel for one (row, kv head): its `T * G`
+  query rows against the live blocks of `block` slots, an online softmax in
+  float32 carried through a loop whose bounds are the row's scalar-prefetched
+  first and last block (`slots_minor`: the cache is `[H, S]` in memory)."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import tpu as pltpu
 
-  b, t, n, h = q.shape
-  kv_heads = k.shape[1]
-  g = n // kv_heads
   rows = t * g
-  scale = h**-0.5 if scale is None else float(scale)
-  # Per query: the run of slots it reads, [B * T] each (1-D: SMEM pads 2-D arrays).
-  rows_mask = mask.reshape(b * t, -1)
-  lo, hi, _ = mask_span(rows_mask)
-  hi = jnp.where(jnp.any(rows_mask, axis=-1), hi, lo)  # a query reading nothing: no run
-  first = jnp.min(lo.reshape(b, t), axis=1) // block  # [B]: the row's first block
-  stop = (jnp.max(hi.reshape(b, t), axis=1) + block - 1) // block  # one past its last
-  # [B, K, T * G, H]: query row r = t * G + g reads with query t's bounds.
-  q_rows = q.reshape(b, t, kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, rows, h)
-  slots_minor = h % 128 != 0  # the cache's layout in TPU memory (above)
-  if slots_minor:
-    k, v = jnp.swapaxes(k, 2, 3), jnp.swapaxes(v, 2, 3)  # [B, K, H, S]: a bitcast there
   k_head_axis, v_slot_axis = (0, 1) if slots_minor else (1, 0)  # in a block of k, of v
 
   def kernel(lo_ref, hi_ref, first_ref, stop_ref, q_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf, sems):
@@ -257,6 +223,55 @@ def _tpu_attend(
     # The loop's bounds are data: the blocks past a row's length are never copied.
     _, total, acc = jax.lax.fori_loop(first_ref[row], stop_ref[row], step, init)
     o_ref[...] = (acc / jnp.where(total > 0, total, 1.0)).astype(o_ref.dtype)
+
+  return kernel
+
+
+def _tpu_attend(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  scale: float | None,
+  block: int,
+  interpret: bool = False,
+) -> jax.Array:
+  """`attend` through a Pallas (Mosaic) kernel whose loop reads only each row's
+  live slots: copies of `block` slots from HBM, from the first block any query
+  of row b reads to the last, so its bytes and work follow the lengths, not
+  the capacity. Each query row's mask must be one run of slots (`mask_span`:
+  causal or windowed, T >= 1). A query reading no slot gets zeros.
+
+  One program per (row, kv head): the G * T queries `[T * G, H]` of that head
+  against blocks of `block` slots of its keys and values, an online softmax in
+  float32 carried through the loop. XLA:TPU stores an array whose last axis is
+  under 128 wide with its last two axes swapped (a `[B, K, S, 64]` cache is
+  `[B, K, 64, S]` in memory, slots along the lanes); the kernel reads the cache
+  that way (blocks `[H, block]`), so XLA passes it as it is and copies nothing.
+  Each block's two copies are waited for before its products (no double
+  buffering yet: not timed on a TPU).
+  """
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import tpu as pltpu
+
+  b, t, n, h = q.shape
+  kv_heads = k.shape[1]
+  g = n // kv_heads
+  rows = t * g
+  scale = h**-0.5 if scale is None else float(scale)
+  # Per query: the run of slots it reads, [B * T] each (1-D: SMEM pads 2-D arrays).
+  rows_mask = mask.reshape(b * t, -1)
+  lo, hi, _ = mask_span(rows_mask)
+  hi = jnp.where(jnp.any(rows_mask, axis=-1), hi, lo)  # a query reading nothing: no run
+  first = jnp.min(lo.reshape(b, t), axis=1) // block  # [B]: the row's first block
+  stop = (jnp.max(hi.reshape(b, t), axis=1) + block - 1) // block  # one past its last
+  # [B, K, T * G, H]: query row r = t * G + g reads with query t's bounds.
+  q_rows = q.reshape(b, t, kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, rows, h)
+  slots_minor = h % 128 != 0  # the cache's layout in TPU memory (above)
+  if slots_minor:
+    k, v = jnp.swapaxes(k, 2, 3), jnp.swapaxes(v, 2, 3)  # [B, K, H, S]: a bitcast there
+
+  kernel = _ragged_kernel(t=t, g=g, h=h, block=block, scale=scale, slots_minor=slots_minor)
 
   head_block = pl.BlockSpec((None, None, rows, h), lambda i, j, *_: (i, j, 0, 0))
   # Left where XLA keeps it (in place, no copy); the kernel copies in only the blocks it reads.
