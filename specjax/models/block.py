@@ -77,21 +77,7 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x.shape
     h = cfg.resolved_head_dim
-    if rows is None:
-      qkv = self.qkv_proj(x)  # [B, T, K * (G + 2) * H]
-    else:
-      qkv = self.qkv_proj.scaled(x, rows)
-    q, k, v = (part.take(qkv) for part in qkv_parts(cfg))
-    q = q.reshape(b, t, cfg.n_heads, h)
-    k = k.reshape(b, t, cfg.n_kv_heads, h)
-    v = v.reshape(b, t, cfg.n_kv_heads, h)
-    if cfg.qk_norm:
-      q, k = self.q_norm(q), self.k_norm(k)
-    if cfg.positions == "rope":
-      inv_freq = rope_inv_freq(h, *self.rope) if inv_freq is None else inv_freq
-      q = apply_rope(q, positions, inv_freq)
-      k = apply_rope(k, positions, inv_freq)
-    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, T, H]
+    q, k, v = self._project(x, positions, inv_freq, rows)
     if layer_cache is not None:
       k, v, layer_cache = write_layer(layer_cache, k, v, starts)
     mask = masks[self.window] if isinstance(masks, dict) else masks
@@ -117,6 +103,25 @@ class Attention(nnx.Module):
       # barrier makes `out` an array of its own, read by one reduction.
       out = jax.lax.optimization_barrier(out)
     return self.o_proj.scaled(out, None, out_dtype), layer_cache
+
+  def _project(self, x, positions, inv_freq, rows):
+    """`(q [B, T, N, H], k [B, K, T, H], v [B, K, T, H])`: the fused projection of
+    `x [B, T, D]` (a folded norm's, with `rows`), q/k norms and RoPE applied."""
+    cfg = self.cfg
+    b, t, _ = x.shape
+    h = cfg.resolved_head_dim
+    qkv = self.qkv_proj(x) if rows is None else self.qkv_proj.scaled(x, rows)
+    q, k, v = (part.take(qkv) for part in qkv_parts(cfg))  # from [B, T, K * (G + 2) * H]
+    q = q.reshape(b, t, cfg.n_heads, h)
+    k = k.reshape(b, t, cfg.n_kv_heads, h)
+    v = v.reshape(b, t, cfg.n_kv_heads, h)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    if cfg.positions == "rope":
+      inv_freq = rope_inv_freq(h, *self.rope) if inv_freq is None else inv_freq
+      q = apply_rope(q, positions, inv_freq)
+      k = apply_rope(k, positions, inv_freq)
+    return q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
 
 class MLP(nnx.Module):
