@@ -215,3 +215,15 @@ def test_the_full_depth_batch_is_predicted_from_one_and_two_layers_then_checked(
   assert found["batch"] == full[-1]
   found = fit.largest_batch(lambda b: capacity + 1, v5e, step=4, guess=8)
   assert found["batch"] == 0
+
+
+def test_probes_at_many_rows_and_below_them(monkeypatch):
+  v5e = targets.get("v5e:2x2")
+  # Rows cost more at first (a compiler reuses buffers as the batch grows).
+  memory = lambda b: int(1e9 + 1e9 * min(b, 4) + 0.1e9 * max(b - 4, 0))
+  monkeypatch.setattr(fit, "_bytes", lambda lower, target, b: memory(b))
+  expected = max(b for b in range(1, 4097) if memory(b) <= v5e.chip.memory_bytes)
+  found = fit.largest_batch(None, v5e, probe=8)
+  assert found["batch"] == expected == 114 and found["compiles"] <= 4
+  monkeypatch.setattr(fit, "_bytes", lambda lower, target, b: int(4e9 * b))
+  assert fit.largest_batch(None, v5e, probe=8)["batch"] == 4  # under the first probe

@@ -58,7 +58,12 @@ def predicted_batch(
 
 
 def largest_batch(
-  lower, target: Target, step: int = 1, limit: int = 4096, guess: int | None = None
+  lower,
+  target: Target,
+  step: int = 1,
+  limit: int = 4096,
+  guess: int | None = None,
+  probe: int = 1,
 ) -> dict:
   """The largest batch (a multiple of `step`, the mesh's data-parallel size, at
   most `limit`) whose program fits one device of `target`.
@@ -67,6 +72,9 @@ def largest_batch(
     lower: `batch -> jax.stages.Lowered` (the program at that batch, for target).
     guess: a first guess (`predicted_batch`): checked first, in place of the
       two probes that otherwise predict it.
+    probe: the probes' batches are `probe * step` and twice that: a compiler's
+      buffer reuse makes the bytes per row at one or two rows overstate them at
+      many.
 
   Returns:
     `{"batch": int (0: not even `step` rows fit), "bytes": per-device bytes at
@@ -87,15 +95,18 @@ def largest_batch(
     good, good_bytes, bad = 0, None, None
     guess = min(limit, guess // step * step)
   else:
-    one = fits(step)
-    if one is None:
-      return dict(batch=0, bytes=None, bytes_per_row=None, compiles=compiles)
-    two = fits(2 * step)
+    first = min(limit, probe * step)
+    one = fits(first)
+    if one is None:  # not even the first probe: search below it
+      good, good_bytes = _settle(fits, 0, None, first, step, limit)
+      return dict(batch=good, bytes=good_bytes, bytes_per_row=None, compiles=compiles)
+    two = fits(2 * first) if 2 * first <= limit else None
     if two is None:
-      return dict(batch=step, bytes=one, bytes_per_row=None, compiles=compiles)
-    per_row = max(two - one, 1) / step
-    good, good_bytes, bad = 2 * step, two, None
-    guess = min(limit, (2 * step + int((capacity - two) / per_row)) // step * step)
+      good, good_bytes = _settle(fits, first, one, 2 * first, step, limit)
+      return dict(batch=good, bytes=good_bytes, bytes_per_row=None, compiles=compiles)
+    per_row = max(two - one, 1) / first
+    good, good_bytes, bad = 2 * first, two, None
+    guess = min(limit, (2 * first + int((capacity - two) / per_row)) // step * step)
   if guess > good:
     at = fits(guess)
     if at is None:

@@ -38,6 +38,9 @@ LAYOUTS = ("", "scanned", "unrolled")
 # The target depths the fit's first guess compiles (a drafter such as EAGLE-3
 # reads features from a few of the target's layers).
 FIT_DEPTHS = (4, 6)
+# The fit's probes at 8 and 16 rows per data shard: closer to the answer than 1
+# and 2, where buffer reuse makes a row look costlier.
+FIT_PROBE = 8
 TRITON_OFF = {"xla_gpu_enable_triton_gemm": False}
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "results")
 
@@ -198,7 +201,9 @@ def fit_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
       unrolled = _layout(target_cfg, target) == "unrolled"
       if unrolled and depths[0] < depths[1] < target_cfg.n_layers:
         guess = fit.predicted_batch(lower, target, target_cfg.n_layers, step, depths)
-      found = fit.largest_batch(lower, target, step=step, limit=config.fit_limit, guess=guess)
+      found = fit.largest_batch(
+        lower, target, step=step, limit=config.fit_limit, guess=guess, probe=FIT_PROBE
+      )
       row = {"program": name, "context": context, "predicted": guess, **found}
       row["tokens"] = found["batch"] * context
       rows.append(row)
