@@ -112,7 +112,7 @@ def placed_platform(tree) -> str | None:
   `jax.Array` or a `jax.ShapeDtypeStruct` with a sharding), or None."""
   for leaf in jax.tree.leaves(tree):
     sharding = getattr(leaf, "sharding", None)
-    devices = getattr(sharding, "_device_assignment", None) or getattr(sharding, "device_set", None)
+    devices = getattr(sharding, "device_set", None)
     if devices:
       name = next(iter(devices)).platform
       return "gpu" if name in GPU_PLATFORMS else name
