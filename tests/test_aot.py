@@ -3,6 +3,8 @@ compiler: thunk sequences read, target names, the fit search, the estimate, and
 where a program's platform comes from. The compiles themselves (an H100 and a
 TPU v5e-4, `pip install -e ".[aot]"`): tests/test_aot_compile.py (slow tier)."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -227,3 +229,28 @@ def test_probes_at_many_rows_and_below_them(monkeypatch):
   assert found["batch"] == expected == 114 and found["compiles"] <= 4
   monkeypatch.setattr(fit, "_bytes", lambda lower, target, b: int(4e9 * b))
   assert fit.largest_batch(None, v5e, probe=8)["batch"] == 4  # under the first probe
+
+
+def test_shapes_from_presets_families_and_a_config_json(tmp_path):
+  from specjax.aot import shapes
+
+  target, draft, _ = shapes.shape_configs("llama3-70b")
+  assert (target.d_model, target.n_layers, target.n_kv_heads, target.vocab_size) == (
+    8192,
+    80,
+    8,
+    128256,
+  )
+  assert draft.vocab_size == target.vocab_size and draft.n_layers == 16
+  target, _, _ = shapes.shape_configs("qwen2.5-7b")
+  assert target.qkv_bias and target.n_kv_heads == 4
+  assert shapes.shape_configs("1b")[0].n_layers == 22
+  # A checkpoint directory: its config.json only (no weights here at all).
+  family = dict(shapes.FAMILIES["qwen2.5-7b"][0], num_hidden_layers=3)
+  (tmp_path / "config.json").write_text(json.dumps(family))
+  target, draft, note = shapes.shape_configs(str(tmp_path))
+  assert target.n_layers == 3 and draft.d_model == 768 and "config.json" in note
+  with pytest.raises(ValueError, match="llama3-8b"):
+    shapes.shape_configs("llama-8b")
+  with pytest.raises(FileNotFoundError):
+    shapes.shape_configs(str(tmp_path / "missing"))
