@@ -213,8 +213,10 @@ class Block(nnx.Module):
     the residual adds take the float32 products, so a sublayer launches no
     normalising kernel and no separate add (decode: docs/performance.md). The CPU
     keeps the plain form, which its matmul kernel (`Linear`) takes."""
+    # A head may replace a norm (EAGLE's first block reads its input unnormalised).
+    norms = (self.attn_norm, self.mlp_norm)
     return (
-      self.attn_norm.kind == "rmsnorm"
+      all(isinstance(norm, Norm) and norm.kind == "rmsnorm" for norm in norms)
       and not self.sandwich
       and compiler_options.current_platform() == "gpu"
     )
