@@ -48,6 +48,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # process (tests/test_multidevice.py), never inside this one.
 if "device_count=8" not in os.environ.get("XLA_FLAGS", ""):
   collect_ignore = ["multidevice"]
+# tests/aot needs the accelerator compilers (the [aot] extra), which live in an
+# environment of their own (tests/test_aot_suite.py starts it there).
+if not os.environ.get("SPECJAX_AOT_SUITE"):
+  collect_ignore = [*globals().get("collect_ignore", []), "aot"]
 
 import jax
 import jax.numpy as jnp
@@ -165,7 +169,9 @@ def pytest_collection_modifyitems(session, config, items):
   for item in items:
     start = _start(item)
     if start is not None and start not in _BACKGROUND:
-      _BACKGROUND[start] = start()
+      process = start()  # None: nothing to start (the test says why)
+      if process is not None:
+        _BACKGROUND[start] = process
 
 
 def pytest_collection_finish(session):

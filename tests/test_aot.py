@@ -1,7 +1,7 @@
 """Compiling for accelerators this host lacks (`specjax.aot`), the parts that need no
 compiler: thunk sequences read, target names, the fit search, the estimate, and
 where a program's platform comes from. The compiles themselves (an H100 and a
-TPU v5e-4, `pip install -e ".[aot]"`, which .ci/run installs): tests/test_aot_compile.py."""
+TPU v5e-4, in the environment that holds the `[aot]` extra): tests/aot/test_compile.py."""
 
 import json
 

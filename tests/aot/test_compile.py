@@ -1,7 +1,14 @@
-"""Compiling for accelerators this host lacks, for real (`specjax.aot`, the `[aot]`
-extra that .ci/run installs): a tiny model's plain decoding compiled for one H100
-and for a TPU v5e-4 (tensor parallel), read as experiments/accelerator_check.py
-reads them. The readers themselves: tests/test_aot.py."""
+"""Compiling for accelerators this host lacks, for real (`specjax.aot`): a tiny
+model's plain decoding compiled for one H100 and for a TPU v5e-4 (tensor
+parallel), read as experiments/accelerator_check.py reads them; the guides'
+pod-slice and GPU-host commands; the launcher itself. Runs in the environment
+that holds the `[aot]` extra (tests/test_aot_suite.py). The readers themselves:
+tests/test_aot.py."""
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -91,3 +98,35 @@ def test_the_guides_commands_for_pods_and_gpu_hosts_compile(guide, name, mesh_sh
   report = analysis.read(result, target)
   analysis.free(result)
   assert report["memory"]["fits"] and report["collectives"], guide
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.sample(1)
+@pytest.mark.parametrize(
+  "flags, programs",
+  [
+    (("--config.programs=plain,eagle", "--config.sections=programs,measured"), ["plain", "eagle"]),
+    ((), None),  # every default: every program on one H100 (minutes)
+  ],
+  ids=["two_programs", "defaults"],
+)
+def test_the_launcher_compiles_the_bundled_pair_for_an_h100(tmp_path, flags, programs):
+  out = tmp_path / "accelerator.json"
+  command = [sys.executable, "-m", "experiments.accelerator_check", *flags, f"--output_json={out}"]
+  process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+  assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert result["device_kind"] == "NVIDIA H100 80GB HBM3" and result["shape"] == "bundled"
+  assert result["host"]["backend"] == "cpu"
+  rows = result["programs"]
+  assert [r["program"] for r in rows] == (programs or list(programs.PROGRAMS))
+  for row in rows:
+    assert row["compiled"], (row["program"], row["error"])
+    assert row["kernels_per_trip"] > 0 and row["memory"]["fits"] and "thunks" in row
+    assert row["estimate"]["step_ms"] > 0
+  if programs is None:
+    assert result["layers"][0]["ar_kernels_per_layer"] > 0
+  assert result["measured"] == []  # no gpu_check of an H100 is kept
+  assert "| plain | yes |" in process.stdout
