@@ -1,11 +1,12 @@
 """Every program a user runs, compiled for an accelerator this host does not have.
 
-  JAX_PLATFORMS=cpu python -m experiments.accelerator_check [--config.target=v5e:2x4] \
+  .aot-env/bin/python -m experiments.accelerator_check [--config.target=v5e:2x4] \
       [--config.shape=llama3-8b] [--config.sections=programs,layers,fit] \
       [--output_json=PATH] [--output_md=PATH]
 
-Needs `pip install -e ".[aot]"` (the CUDA plugin, ptxas and libtpu for the pinned
-jax); JAX_PLATFORMS=cpu is set here when unset. Nothing runs on a device: each
+Needs the `[aot]` extra (the CUDA plugin, ptxas and libtpu for the pinned jax),
+best in an environment of its own (docs/accelerators.md: `.aot-env`);
+JAX_PLATFORMS=cpu is set here when unset. Nothing runs on a device: each
 program is compiled for the target and read (`specjax.jobs.accelerator_check`).
 Prints a line per program as it compiles, then the markdown tables.
 """

@@ -32,8 +32,11 @@ _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<body>.*?)\s*-->\s*$")
 # `flags: F` (every launcher) or `flags experiments.NAME: F` (that launcher only).
 _KEY = re.compile(r"^(?P<key>skip|flags|server|timeout)(?:\s+(?P<arg>experiments\.\w+))?\s*:")
-# A launcher's command: `python -m experiments.NAME` (python3, python3.11 too).
-_LAUNCHER = re.compile(r"(?<![\w./-])python[\d.]*\s+-m\s+(?P<module>experiments\.\w+)(?![\w.])")
+# A launcher's command: `python -m experiments.NAME` (python3, python3.11, and an
+# environment's own, `.aot-env/bin/python`, too).
+_LAUNCHER = re.compile(
+  r"(?<![\w./-])(?:[\w.-]*/)*python[\d.]*\s+-m\s+(?P<module>experiments\.\w+)(?![\w.])"
+)
 
 
 class DocsError(ValueError):
