@@ -140,9 +140,9 @@ def layer_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
   iteration of speculative decoding (the draft model, γ = config.gamma), the
   iteration's drafting and bookkeeping (its 1-layer count minus the plain
   step's, as issue 72 counts it), and the 2-layer programs' loop placement."""
-  settings = [("triton_default", None)]
-  if target.platform == "gpu":
-    settings.append(("triton_off", TRITON_OFF))
+  settings = [("triton_default", None), ("triton_off", TRITON_OFF)]
+  if target.platform != "gpu":
+    settings = [("xla", None)]
   n = target_cfg.n_layers
   depths = (1, 2, 3) if n >= 3 else (1, 2)
   rows = []
@@ -155,8 +155,11 @@ def layer_rows(config, target, mesh, target_cfg, draft_cfg) -> list[dict]:
     for name, key in (("plain", "ar"), ("draft_model", "spec")):
       trips = {d: counts[d][name]["kernels_per_trip"] for d in depths}
       per_layer = trips[high] - trips[low]
-      row[f"{key}_kernels_per_layer"] = per_layer
-      row[f"{key}_kernels_per_step"] = trips[low] + per_layer * (n - low)
+      # A compiler may unroll a short layer loop (XLA:TPU at 2 or 3 trips): then
+      # the counts by depth do not grow by a layer's, and no per-layer count holds.
+      grows = per_layer > 0 and all(trips[a] < trips[b] for a, b in zip(depths, depths[1:]))
+      row[f"{key}_kernels_per_layer"] = per_layer if grows else None
+      row[f"{key}_kernels_per_step"] = trips[low] + per_layer * (n - low) if grows else None
       row[f"{key}_kernels_by_depth"] = trips
       loop = (counts[2][name].get("thunks") or {}).get("generation_loop") or {}
       row[f"{key}_loop_on_device"] = loop.get("on_device")
