@@ -55,6 +55,18 @@ GEMMA_STYLE = dict(
 )
 
 
+def suite_output(suite, timeout: float = 1500) -> str:
+  """The output of a test suite started in its own process (`subprocess.Popen`
+  with stdout piped), waiting at most `timeout` seconds before killing it."""
+  import subprocess
+
+  try:
+    return suite.communicate(timeout=timeout)[0]
+  except subprocess.TimeoutExpired:
+    suite.kill()
+    return suite.communicate()[0]
+
+
 def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:
   """(target, draft) of the TINY config (with `overrides` on both), seeds 0 and 1."""
   cfg = specjax.ModelConfig(**{**TINY, **overrides})

@@ -14,6 +14,8 @@ process leaves idle.
 import os
 import subprocess
 
+from helpers import suite_output
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, ".aot-env", "bin", "python")
 
@@ -43,11 +45,7 @@ def test_aot_suite(background):
     '--system-site-packages .aot-env && .aot-env/bin/pip install -e ".[aot]"` (as .ci/run '
     "does) or set SPECJAX_AOT_PYTHON"
   )
-  try:
-    output = suite.communicate(timeout=1500)[0]
-  except subprocess.TimeoutExpired:
-    suite.kill()
-    output = suite.communicate()[0]
+  output = suite_output(suite)
   assert suite.returncode == 0, output[-8000:]
   assert " passed" in output.splitlines()[-1], output[-2000:]
 

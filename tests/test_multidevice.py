@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+from helpers import suite_output
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -33,11 +35,7 @@ def start_suite() -> subprocess.Popen:
 
 def test_multidevice_suite(background):
   suite = background(start_suite)
-  try:
-    output = suite.communicate(timeout=1500)[0]
-  except subprocess.TimeoutExpired:
-    suite.kill()
-    output = suite.communicate()[0]
+  output = suite_output(suite)
   assert suite.returncode == 0, output[-8000:]
 
 
