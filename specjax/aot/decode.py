@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from specjax import constraints, heads
@@ -50,24 +49,12 @@ def _speculative(
   target, drafter, mesh, batch, context, gamma, sampling, rules=None
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program for `drafter` (a draft model or any drafter)."""
-  from specjax.generation.speculative import _checked_run, _speculative_program
+  from specjax.bench.compile import speculative_config
+  from specjax.generation.speculative import _speculative_program
 
   prompts, lengths, key = batch_arrays(mesh, batch, context)
-  width = prompts.shape[1]
-  # The checks run on concrete host arrays of the batch's shape (they read shapes only).
-  drafter, config = _checked_run(
-    target,
-    drafter,
-    np.zeros(prompts.shape, np.int32),
-    np.full(lengths.shape, width, np.int32),
-    gamma=gamma,
-    max_new_tokens=budget(context, gamma),
-    sampling=sampling,
-    eos_id=None,
-    verifier="auto",
-    pad_id=0,
-    adaptive=None,
-    confidence_threshold=0.5,
+  drafter, config = speculative_config(
+    target, drafter, batch, prompts.shape[1], budget(context, gamma), gamma, sampling=sampling
   )
   return _speculative_program.lower(
     target, drafter, prompts, lengths, key, None, rules, config=config

@@ -14,6 +14,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax import compiler_options
@@ -66,6 +67,41 @@ def lower_autoregressive(
   )
 
 
+def speculative_config(
+  target,
+  draft,
+  batch: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  gamma: int,
+  loop: str = "while",
+  loop_chunk: int = 8,
+  sampling: SamplingParams = GREEDY,
+):
+  """`(drafter, config)`: `speculative_generate`'s checks for `[batch, prompt_len]`
+  prompts, as its program takes them. The checks read shapes only, so they run
+  on host arrays of that shape (NumPy: nothing is placed on a device, which a
+  program lowered for another target's mesh needs)."""
+  from specjax.generation.speculative import _checked_run
+
+  return _checked_run(
+    target,
+    draft,
+    np.zeros((batch, prompt_len), np.int32),
+    np.full((batch,), prompt_len, np.int32),
+    gamma=gamma,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=None,
+    verifier="auto",
+    pad_id=0,
+    adaptive=None,
+    confidence_threshold=0.5,
+    loop=loop,
+    loop_chunk=loop_chunk,
+  )
+
+
 def speculative_program(
   target,
   draft,
@@ -80,24 +116,11 @@ def speculative_program(
   """`(program, args, kwargs)`: the jitted program of `speculative_generate` (a
   draft model or any drafter) and its arguments for `[batch, prompt_len]`
   prompts, to lower (`lower_speculative`) or export."""
-  from specjax.generation.speculative import _checked_run, _speculative_program
+  from specjax.generation.speculative import _speculative_program
 
   prompts, lengths = _shapes(batch, prompt_len)
-  drafter, config = _checked_run(
-    target,
-    draft,
-    jnp.zeros(prompts.shape, jnp.int32),
-    jnp.full(lengths.shape, prompt_len, jnp.int32),
-    gamma=gamma,
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
-    eos_id=None,
-    verifier="auto",
-    pad_id=0,
-    adaptive=None,
-    confidence_threshold=0.5,
-    loop=loop,
-    loop_chunk=loop_chunk,
+  drafter, config = speculative_config(
+    target, draft, batch, prompt_len, max_new_tokens, gamma, loop, loop_chunk, sampling
   )
   args = (target, drafter, prompts, lengths, jax.random.key(0))
   # The jax.jit function itself (what jax.export takes), with this backend's options.
