@@ -60,7 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.widths = ()  # batch widths compiled for steps (): powers of 2 up to slots
   # The soak under hostility (a server URL as target; docs/serving.md): for soak_s
   # seconds, normal requests at the first rate, once calm, once with soak_hostile
-  # hostile requests per second on top (specjax.serving.soak.HOSTILE). 0: no soak.
+  # hostile requests per second on top (specjax.bench.serving.soak.HOSTILE). 0: no soak.
   config.soak_s = 0.0
   config.soak_hostile = 1.0
   config.server_pid = 0  # the server's process id on this machine, for its memory (0: none)

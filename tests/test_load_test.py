@@ -9,15 +9,15 @@ import pytest
 
 from configs import load_test as load_test_config
 from helpers import SERVING_ENGINE
-from specjax.jobs import load_test
-from specjax.serving import Engine, EngineConfig, summarize
-from specjax.serving.load import (
+from specjax.bench.serving.load import (
   held_out_requests,
   held_out_texts,
   poisson_arrivals,
   run_in_process,
 )
-from specjax.serving.load_report import aggregate, compare_modes
+from specjax.bench.serving.load_report import aggregate, compare_modes
+from specjax.jobs import load_test
+from specjax.serving import Engine, EngineConfig, summarize
 from specjax.testing import ByteTokenizer, tiny_setup
 
 # As tests/test_serving_http.py: the programs come from the compilation cache.

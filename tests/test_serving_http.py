@@ -22,11 +22,11 @@ import pytest
 
 from helpers import SERVING_ENGINE, serve_app
 from specjax import GREEDY, autoregressive_generate
+from specjax.bench.serving.load import held_out_requests, poisson_arrivals, run_http
 from specjax.heads import config as head_config
 from specjax.serving import Engine, EngineConfig, Request, fit_config, summarize
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import _Decoder, make_app
-from specjax.serving.load import held_out_requests, poisson_arrivals, run_http
 from specjax.testing import ByteTokenizer, tiny_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -522,8 +522,8 @@ def test_a_short_soak_under_hostility(served, tmp_path):
   import os
 
   from configs import load_test as load_test_config
+  from specjax.bench.serving.soak import HOSTILE
   from specjax.jobs import load_test
-  from specjax.serving.soak import HOSTILE
 
   url, *_ = served
   config = load_test_config.get_config()

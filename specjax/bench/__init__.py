@@ -2,6 +2,7 @@
 generation benchmarks; how and why: docs/performance.md.
 
 Imports point down: timing <- floor, costs <- generation; hlo, costs <- iteration.
+A server under load (load generation, its report, the soak): `specjax.bench.serving`.
 """
 
 from specjax.bench.costs import (

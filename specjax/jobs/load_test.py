@@ -13,9 +13,9 @@ from typing import Any
 
 import ml_collections
 
+from specjax.bench.serving import load, load_report
 from specjax.jobs.serve import engine_config, load_models, load_tokenizer
 from specjax.sampling import SamplingParams
-from specjax.serving import load, load_report
 from specjax.validation import check_int, check_positive_int, is_real
 
 JSON_FILE, TABLE_FILE, FIGURE_FILE = "load_test.json", "load_test.md", "load_sweep.png"
@@ -75,11 +75,11 @@ SOAK_JSON, SOAK_TABLE = "soak.json", "soak.md"
 
 
 def soak(config: ml_collections.ConfigDict, output_dir: str, progress=print) -> dict[str, Any]:
-  """The soak under hostility (`specjax.serving.soak`) against `config.target`: a
+  """The soak under hostility (`specjax.bench.serving.soak`) against `config.target`: a
   calm run, then the hostile mix, each `config.soak_s` seconds at the first rate;
   writes DIR/soak.json and DIR/soak.md (the table, also printed)."""
+  from specjax.bench.serving import soak as soaking
   from specjax.jobs.serve import API_KEY_ENV
-  from specjax.serving import soak as soaking
 
   if not config.target.startswith(("http://", "https://")):
     raise ValueError(f"config.soak_s needs a server URL as config.target, got {config.target!r}.")

@@ -18,10 +18,10 @@ import ml_collections
 from absl import logging
 
 from specjax import dtypes
+from specjax.bench.serving.load import MODES
 from specjax.jobs import drafters
 from specjax.serving import limits
 from specjax.serving import mesh as serving_mesh
-from specjax.serving.load import MODES
 from specjax.serving.lockstep import Lockstep, broadcast
 from specjax.testing import ByteTokenizer, tiny_setup
 from specjax.validation import check_int, is_int

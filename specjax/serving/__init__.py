@@ -12,8 +12,9 @@ with their own settings, an adaptive speculation policy, metrics.
   BackgroundEngine            the engine behind a thread, for servers (`.background`)
 
 On a mesh: `.mesh` (placement), `.lockstep` (one engine across processes).
-Device programs of the slots: `.slots`; finished requests: `.store`; load
-generation and its report: `.load`, `.load_report`.
+Device programs of the slots: `.slots`; finished requests: `.store`. Load
+generation, its report and the soak measure a server from outside:
+`specjax.bench.serving`.
 
 The HTTP endpoint (`specjax.serving.http`, FastAPI) needs `pip install 'specjax[serve]'`.
 """

@@ -9,7 +9,7 @@
 
 Latencies count from a request's scheduled arrival, so time spent waiting for
 the driver (a step in progress, a full queue) counts as it would for a client.
-A sweep's tables and figure are `specjax.serving.load_report`'s;
+A sweep's tables and figure are `specjax.bench.serving.load_report`'s;
 `specjax.testing.tiny_setup` gives random tiny models and a byte-level
 tokenizer for smoke runs.
 """

@@ -4,7 +4,7 @@
   print(sweep_table(rows))             # markdown: per load and mode, then adaptive vs the best
   plot_sweep(rows, "load_sweep.png")   # throughput, p99 TTFT and TPOT against offered load
 
-The rows are `specjax.serving.load.sweep`'s (or a saved report's `runs`).
+The rows are `specjax.bench.serving.load.sweep`'s (or a saved report's `runs`).
 """
 
 from __future__ import annotations
