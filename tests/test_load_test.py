@@ -48,6 +48,18 @@ def test_poisson_arrivals():
     poisson_arrivals(1.0, 0)
 
 
+def test_the_soaks_normal_arrivals_are_the_same_calm_or_hostile():
+  from specjax.bench.serving.soak import _arrivals
+
+  calm, rough = _arrivals(60.0, 2.0, 0.0, seed=3), _arrivals(60.0, 2.0, 3.0, seed=3)
+  assert {stream for _, stream, _ in calm} == {0}
+  assert [a for a in rough if a[1] == 0] == calm  # the hostile stream is on top
+  assert sum(stream for _, stream, _ in rough) > 0.5 * 3.0 * 60.0
+  assert [t for t, *_ in rough] == sorted(t for t, *_ in rough)
+  assert all(0 < t < 60.0 for t, *_ in rough)
+  assert [k for _, stream, k in rough if stream == 1] == list(range(len(rough) - len(calm)))
+
+
 def test_held_out_requests_cycle_and_keep_the_prompt_end():
   texts = held_out_texts(1000)
   assert 1 < len(texts) < 1000 and texts == held_out_texts(len(texts))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import random
 import time
@@ -84,6 +85,24 @@ def _rss_mb(pid: int) -> float | None:
   return None
 
 
+@dataclasses.dataclass
+class _Tally:
+  """What a soak records while it runs; times are perf_counter seconds, or
+  seconds from `start` where named so."""
+
+  start: float
+  # Answers by HTTP status, or by exception name for a dropped connection.
+  statuses: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  hostile_statuses: dict[str, collections.Counter] = dataclasses.field(
+    default_factory=lambda: collections.defaultdict(collections.Counter)
+  )
+  ttfts: list[float] = dataclasses.field(default_factory=list)
+  tokens: int = 0  # the normal requests' completion tokens
+  last_s: float = 0.0  # when the last normal request finished
+  health: list[tuple[float, float, bool]] = dataclasses.field(default_factory=list)  # (s, ms, ok)
+  rss: list[tuple[float, float | None]] = dataclasses.field(default_factory=list)  # (s, MB)
+
+
 def soak(
   url: str,
   prompts: Sequence[str],
@@ -115,127 +134,154 @@ def soak(
       "soak needs duration_s > 0, rate > 0, hostile >= 0 and prompts, got "
       f"{duration_s!r}, {rate!r}, {hostile!r}, {len(prompts)} prompts."
     )
-  return asyncio.run(
-    _soak(url.rstrip("/"), list(prompts), duration_s, rate, hostile, max_new_tokens, seed, pid,
-          api_key, health_every_s, rss_every_s)
-  )  # fmt: skip
+  schedule = _arrivals(duration_s, rate, hostile, seed)
+  auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+  run = _soak(
+    url.rstrip("/"), auth, list(prompts), schedule, max_new_tokens, pid, health_every_s, rss_every_s
+  )
+  tally, elapsed, end = asyncio.run(run)
+  figures = {"duration_s": duration_s, "rate": rate, "hostile": hostile}
+  return {**figures, "arrivals": len(schedule), **_figures(tally, elapsed, end)}
 
 
-async def _soak(
-  url, prompts, duration_s, rate, hostile, max_new_tokens, seed, pid, api_key, health_s, rss_s
-):
+def _arrivals(duration_s: float, rate: float, hostile: float, seed: int):
+  """Two Poisson streams over `duration_s`, merged in time order: `[(t, stream,
+  k)]`, the k-th arrival (its prompt, its kind) of stream 0 (normal, `rate` per
+  second) or 1 (hostile, `hostile` per second). Stream 0 draws from its own
+  generator, so it is the same in every run of a `seed`."""
+  arrivals = []
+  for stream, per_s in ((0, rate), (1, hostile)):
+    times, t, k = random.Random(seed * 2 + stream), 0.0, 0
+    while per_s > 0:
+      t += times.expovariate(per_s)
+      if t >= duration_s:
+        break
+      arrivals.append((t, stream, k))
+      k += 1
+  return sorted(arrivals, key=lambda a: a[0])
+
+
+async def _soak(url, auth, prompts, schedule, max_new_tokens, pid, health_s, rss_s):
+  """Sends `schedule` while polling /health and the server's memory; returns
+  `(tally, elapsed seconds, the server's /metrics.json at the end)`."""
   import httpx
 
-  auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-  statuses: collections.Counter = collections.Counter()
-  hostile_statuses: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-  ttfts, tokens, health, rss = [], [0], [], []
-  last = [0.0]  # when the last normal request finished
-  start = time.perf_counter()
+  tally = _Tally(start=time.perf_counter())
   done = asyncio.Event()
   limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-
   async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-
-    async def normal(i: int) -> None:
-      body = {"prompt": prompts[i % len(prompts)], "max_tokens": max_new_tokens, "temperature": 0}
-      body.update(stream=True, stream_options={"include_usage": True})
-      sent = time.perf_counter()
-      first = None
-      async with client.stream("POST", "/v1/completions", json=body, headers=auth) as response:
-        statuses[response.status_code] += 1
-        async for line in response.aiter_lines():
-          if not line.startswith("data: {"):
-            continue
-          data = json.loads(line[6:])
-          if first is None and data.get("choices") and data["choices"][0].get("text"):
-            first = time.perf_counter()
-          if data.get("usage"):
-            tokens[0] += data["usage"]["completion_tokens"]
-      if first is not None:
-        ttfts.append(first - sent)
-      last[0] = max(last[0], time.perf_counter() - start)
-
-    async def rough(i: int) -> None:
-      kind = HOSTILE[i % len(HOSTILE)]
-      raw, headers, leave = _hostile_request(kind, i, prompts[i % len(prompts)])
-      async with client.stream(
-        "POST", "/v1/completions", content=raw, headers={**headers, **auth}
-      ) as response:
-        statuses[response.status_code] += 1
-        hostile_statuses[kind][response.status_code] += 1
-        async for _ in response.aiter_lines():
-          if leave:
-            break  # closing the stream drops the connection mid-answer
-
-    async def poll_health() -> None:
-      while not done.is_set():
-        sent = time.perf_counter()
-        try:
-          ok = (await client.get("/health", timeout=30)).status_code == 200
-        except httpx.HTTPError:
-          ok = False
-        health.append((sent - start, (time.perf_counter() - sent) * 1e3, ok))
-        await asyncio.sleep(health_s)
-
-    async def poll_rss() -> None:
-      while pid is not None and not done.is_set():
-        rss.append((time.perf_counter() - start, _rss_mb(pid)))
-        await asyncio.sleep(rss_s)
-
-    async def guarded(coroutine) -> None:
-      try:
-        await coroutine
-      except httpx.HTTPError as e:  # a dropped connection: counted, not raised
-        statuses[type(e).__name__] += 1
-
-    pollers = [asyncio.create_task(poll_health()), asyncio.create_task(poll_rss())]
-    # Two Poisson streams, merged: the normal one the same in every run.
-    arrivals = []
-    for stream, per_s, job in ((0, rate, normal), (1, hostile, rough)):
-      times, t, k = random.Random(seed * 2 + stream), 0.0, 0
-      while per_s > 0:
-        t += times.expovariate(per_s)
-        if t >= duration_s:
-          break
-        arrivals.append((t, job, k))  # the k-th of its stream: its prompt, its kind
-        k += 1
-    arrivals.sort(key=lambda a: a[0])
+    pollers = [
+      asyncio.create_task(_poll_health(client, tally, done, health_s)),
+      asyncio.create_task(_poll_rss(pid, tally, done, rss_s)),
+    ]
     tasks = []
-    for t, job, k in arrivals:
-      await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
-      tasks.append(asyncio.create_task(guarded(job(k))))
+    for t, stream, k in schedule:
+      await asyncio.sleep(max(0.0, tally.start + t - time.perf_counter()))
+      prompt = prompts[k % len(prompts)]
+      if stream == 0:
+        job = _normal(client, auth, tally, prompt, max_new_tokens)
+      else:
+        job = _hostile(client, auth, tally, k, prompt)
+      tasks.append(asyncio.create_task(_counted(job, tally)))
     await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - tally.start
     done.set()
     await asyncio.gather(*pollers)
     end = (await client.get("/metrics.json", headers=auth)).json()
+  return tally, elapsed, end
 
+
+async def _normal(client, auth, tally: _Tally, prompt: str, max_new_tokens: int) -> None:
+  """One normal request, streamed and greedy: its TTFT (the first chunk with
+  text) and completion tokens."""
+  body = {"prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0}
+  body.update(stream=True, stream_options={"include_usage": True})
+  sent = time.perf_counter()
+  first = None
+  async with client.stream("POST", "/v1/completions", json=body, headers=auth) as response:
+    tally.statuses[response.status_code] += 1
+    async for line in response.aiter_lines():
+      if not line.startswith("data: {"):
+        continue
+      data = json.loads(line[6:])
+      if first is None and data.get("choices") and data["choices"][0].get("text"):
+        first = time.perf_counter()
+      if data.get("usage"):
+        tally.tokens += data["usage"]["completion_tokens"]
+  if first is not None:
+    tally.ttfts.append(first - sent)
+  tally.last_s = max(tally.last_s, time.perf_counter() - tally.start)
+
+
+async def _hostile(client, auth, tally: _Tally, index: int, prompt: str) -> None:
+  """The `index`-th hostile request (the kinds of `HOSTILE` in turn): its status."""
+  kind = HOSTILE[index % len(HOSTILE)]
+  raw, headers, leave = _hostile_request(kind, index, prompt)
+  async with client.stream(
+    "POST", "/v1/completions", content=raw, headers={**headers, **auth}
+  ) as response:
+    tally.statuses[response.status_code] += 1
+    tally.hostile_statuses[kind][response.status_code] += 1
+    async for _ in response.aiter_lines():
+      if leave:
+        break  # closing the stream drops the connection mid-answer
+
+
+async def _counted(job, tally: _Tally) -> None:
+  """Awaits `job`; a dropped connection is counted by its name, not raised."""
+  import httpx
+
+  try:
+    await job
+  except httpx.HTTPError as e:
+    tally.statuses[type(e).__name__] += 1
+
+
+async def _poll_health(client, tally: _Tally, done: asyncio.Event, every_s: float) -> None:
+  """GET /health every `every_s` until `done`: when sent, how long, whether 200."""
+  import httpx
+
+  while not done.is_set():
+    sent = time.perf_counter()
+    try:
+      ok = (await client.get("/health", timeout=30)).status_code == 200
+    except httpx.HTTPError:
+      ok = False
+    tally.health.append((sent - tally.start, (time.perf_counter() - sent) * 1e3, ok))
+    await asyncio.sleep(every_s)
+
+
+async def _poll_rss(pid: int | None, tally: _Tally, done: asyncio.Event, every_s: float) -> None:
+  """The server's resident memory every `every_s` until `done` (none without `pid`)."""
+  while pid is not None and not done.is_set():
+    tally.rss.append((time.perf_counter() - tally.start, _rss_mb(pid)))
+    await asyncio.sleep(every_s)
+
+
+def _figures(tally: _Tally, elapsed: float, end: dict) -> dict[str, Any]:
+  """A soak's figures from what it recorded and the server's /metrics.json at its end."""
+  statuses = tally.statuses
   five = sum(n for code, n in statuses.items() if isinstance(code, int) and code >= 500)
-  latencies = [ms for _, ms, _ in health]
-  memory = [m for _, m in rss if m is not None]
+  latencies = [ms for _, ms, _ in tally.health]
+  memory = [m for _, m in tally.rss if m is not None]
   return {
-    "duration_s": duration_s,
-    "rate": rate,
-    "hostile": hostile,
-    "arrivals": len(arrivals),
-    "normal_requests": len(ttfts),
-    "ttft_p50_ms": _pct(ttfts, 50) * 1e3,
-    "ttft_p99_ms": _pct(ttfts, 99) * 1e3,
+    "normal_requests": len(tally.ttfts),
+    "ttft_p50_ms": _pct(tally.ttfts, 50) * 1e3,
+    "ttft_p99_ms": _pct(tally.ttfts, 99) * 1e3,
     # Over the normal requests' own span: the soak's end waits for the slowest
     # hostile request (a compile up to its time limit), which is no normal work.
-    "throughput_tok_s": tokens[0] / last[0] if last[0] else 0.0,
+    "throughput_tok_s": tally.tokens / tally.last_s if tally.last_s else 0.0,
     "elapsed_s": elapsed,
     "health_max_ms": max(latencies, default=float("nan")),
     "health_p99_ms": _pct(latencies, 99),
-    "health_failures": sum(not ok for *_, ok in health),
+    "health_failures": sum(not ok for *_, ok in tally.health),
     "server_5xx": five,
     "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
-    "hostile_statuses": {k: dict(v) for k, v in hostile_statuses.items()},
+    "hostile_statuses": {k: dict(v) for k, v in tally.hostile_statuses.items()},
     "live_at_end": end["requests"]["live"],
     "queued_at_end": end["requests"]["queued"],
     "compile_cache": end.get("constraint_compiles", {}),
-    "rss_mb": rss,
+    "rss_mb": tally.rss,
     "rss_first_mb": memory[0] if memory else None,
     "rss_last_mb": memory[-1] if memory else None,
     "rss_max_mb": max(memory, default=None),
