@@ -35,6 +35,10 @@ from specjax.validation import is_int, is_real
 # logits in float32 (it is flushed to zero or overflows every quotient): such
 # a temperature is greedy decoding in all but name, and is treated as greedy.
 MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
+# Settings are stored in float32 and int32 (`RowSampling`): a value past these
+# would overflow to inf (or wrap) there, so the checks refuse it where it is given.
+MAX_FLOAT32 = float(np.finfo(np.float32).max)
+MAX_INT32 = int(np.iinfo(np.int32).max)
 
 # Fixed per-row capacities, so that a row's bias and stop ids are data, not shape.
 MAX_LOGIT_BIAS = 300  # entries of `logit_bias` per row (OpenAI's limit)
@@ -45,7 +49,12 @@ MAX_STOP_TOKEN_IDS = 32  # entries of `stop_token_ids` per row
 RANGES = {
   "presence_penalty": ("in [-2, 2] (0 = off)", lambda x: (x >= -2) & (x <= 2)),
   "frequency_penalty": ("in [-2, 2] (0 = off)", lambda x: (x >= -2) & (x <= 2)),
-  "repetition_penalty": ("in (0, 2] (1 = off)", lambda x: (x > 0) & (x <= 2)),
+  # Below float32's smallest normal number a penalty is 0 (or flushed to it) once
+  # stored: dividing by it is no penalty at all.
+  "repetition_penalty": (
+    f"in (0, 2] and at least {MIN_TEMPERATURE:.4g} (float32's smallest normal; 1 = off)",
+    lambda x: (x >= MIN_TEMPERATURE) & (x <= 2),
+  ),
   "min_p": ("in [0, 1] (0 = off)", lambda x: (x >= 0) & (x <= 1)),
 }
 
@@ -55,21 +64,22 @@ class SamplingParams:
   """Static sampling settings (hashable, so they can be jit static arguments).
 
   Attributes:
-    temperature: finite, >= 0; below `MIN_TEMPERATURE` (~1.2e-38): greedy.
+    temperature: >= 0 and at most `MAX_FLOAT32` (~3.4e38, float32's largest:
+      it is stored in float32); below `MIN_TEMPERATURE` (~1.2e-38): greedy.
     top_k: keep the k most likely tokens (and ties with the k-th); 0: off.
     top_p: keep the smallest most-likely set of mass >= top_p, in (0, 1]; 1: off.
     presence_penalty: in [-2, 2]; subtracted from the logit of every token the
       row has generated (OpenAI's; not the prompt's tokens). 0: off.
     frequency_penalty: in [-2, 2]; times the token's count in the generated
       text, subtracted from its logit (OpenAI's). 0: off.
-    repetition_penalty: in (0, 2]; a token seen in the prompt or the generated
+    repetition_penalty: in [`MIN_TEMPERATURE`, 2]; a token seen in the prompt or the generated
       text has its positive logit divided by it, its negative one multiplied
       (vLLM's and Hugging Face's). 1: off.
     logit_bias: token id -> bias in [-100, 100] added to its logit (a dict, or
       pairs), at most `MAX_LOGIT_BIAS` ids, each checked against the vocabulary.
     min_p: in [0, 1]; keep the tokens of probability >= min_p times the
       largest, after temperature (vLLM's). 0: off.
-    min_tokens: >= 0; EOS (unless `ignore_eos`) and `stop_token_ids` are masked
+    min_tokens: in [0, `MAX_INT32`]; EOS (unless `ignore_eos`) and `stop_token_ids` are masked
       until the row has generated this many tokens. 0: off.
     ignore_eos: the model's EOS ids do not stop the row (it runs to its budget
       or a stop id).
@@ -94,9 +104,10 @@ class SamplingParams:
   stop_token_ids: tuple[int, ...] = ()
 
   def __post_init__(self):
-    if not is_real(self.temperature) or not 0 <= self.temperature < float("inf"):
+    if not is_real(self.temperature) or not 0 <= self.temperature <= MAX_FLOAT32:
       raise ValueError(
-        f"temperature must be a number >= 0 and finite (0 = greedy), got {self.temperature!r}."
+        f"temperature must be a number >= 0 and at most {MAX_FLOAT32:.4g} (float32's "
+        f"largest; 0 = greedy), got {self.temperature!r}."
       )
     if not is_int(self.top_k) or self.top_k < 0:
       raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}.")
@@ -108,8 +119,11 @@ class SamplingParams:
         raise ValueError(f"{name} must be {allowed}, got {value!r}.")
       object.__setattr__(self, name, float(value))
     object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
-    if not is_int(self.min_tokens) or self.min_tokens < 0:
-      raise ValueError(f"min_tokens must be an integer >= 0 (0 = off), got {self.min_tokens!r}.")
+    if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= MAX_INT32:
+      raise ValueError(
+        f"min_tokens must be an integer >= 0 and at most {MAX_INT32} (int32; 0 = off), "
+        f"got {self.min_tokens!r}."
+      )
     if not isinstance(self.ignore_eos, (bool, np.bool_)):
       raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}.")
     object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
@@ -146,7 +160,8 @@ class SamplingParams:
 
 def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
   """`logit_bias` (a dict id -> bias, or pairs) as sorted `(id, bias)` pairs:
-  ids integers >= 0 (strings of digits too, as JSON keys are), biases in
+  ids integers in [0, `MAX_INT32`] (strings of ASCII digits too, as JSON keys
+  are: `str.isdigit` would take other scripts' digits), biases in
   [-100, 100], at most `MAX_LOGIT_BIAS`. Raises a ValueError naming the field."""
   pairs = bias.items() if isinstance(bias, dict) else bias
   try:
@@ -160,10 +175,12 @@ def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
       raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}.")
     token, value = pair
-    if isinstance(token, str) and token.isdigit():
+    if isinstance(token, str) and token.isascii() and token.isdigit():
       token = int(token)
-    if not is_int(token) or token < 0:
-      raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}.")
+    if not is_int(token) or not 0 <= token <= MAX_INT32:
+      raise ValueError(
+        f"logit_bias keys must be token ids (integers in [0, {MAX_INT32}]), got {token!r}."
+      )
     if not is_real(value) or not -100 <= value <= 100:
       raise ValueError(f"logit_bias values must be in [-100, 100], got {value!r} for {token}.")
     out[int(token)] = float(value)
@@ -171,9 +188,12 @@ def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
 
 
 def check_stop_token_ids(ids) -> tuple[int, ...]:
-  """`stop_token_ids` as a tuple of ints >= 0 (at most `MAX_STOP_TOKEN_IDS`)."""
-  if not isinstance(ids, (list, tuple)) or not all(is_int(i) and i >= 0 for i in ids):
-    raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}.")
+  """`stop_token_ids` as a tuple of ints in [0, `MAX_INT32`] (at most
+  `MAX_STOP_TOKEN_IDS`)."""
+  if not isinstance(ids, (list, tuple)) or not all(is_int(i) and 0 <= i <= MAX_INT32 for i in ids):
+    raise ValueError(
+      f"stop_token_ids must be a list of token ids (integers in [0, {MAX_INT32}]), got {ids!r}."
+    )
   if len(ids) > MAX_STOP_TOKEN_IDS:
     raise ValueError(f"stop_token_ids must have at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}.")
   return tuple(int(i) for i in ids)
@@ -477,7 +497,8 @@ def penalized_logits(logits: jax.Array, params: SamplingParams | RowSampling) ->
     counts, prompt = _fit_vocab(h.position_counts(), v), _fit_vocab(h.prompt, v)
     counts, prompt = at_positions(counts), at_positions(prompt)
     r = per_row(params.repetition_penalty)
-    logits = jnp.where(prompt | (counts > 0), jnp.where(logits > 0, logits / r, logits * r), logits)
+    seen = prompt | (counts > 0)
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / r, logits * r), logits)
     frequency, presence = per_row(params.frequency_penalty), per_row(params.presence_penalty)
     return logits - frequency * counts - presence * (counts > 0)
 
@@ -496,6 +517,16 @@ def penalized_logits(logits: jax.Array, params: SamplingParams | RowSampling) ->
     | jnp.any(params.presence_penalty != 0)
   )
   return jax.lax.cond(on, penalize, unchanged, logits)
+
+
+def finite_rows(x: jax.Array) -> jax.Array:
+  """`[B]` bool: whether each row of a law `[B, ..., V]` (probabilities, or
+  logits where -inf is a masked token) holds no NaN and no +inf. A penalty or
+  temperature at float32's edge, or a broken model, can make a row's law NaN,
+  and every sampler then falls back to some id (0): the generation loops stop
+  such a row instead (`SpeculativeStats.non_finite`)."""
+  bad = jnp.isnan(x) | jnp.isposinf(x)
+  return ~jnp.any(bad.reshape(x.shape[0], -1), axis=-1)
 
 
 def _fit_vocab(x: jax.Array, v: int) -> jax.Array:

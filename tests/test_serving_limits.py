@@ -35,6 +35,7 @@ from test_serving_openai import TEMPLATE
 from helpers import serve_app
 from specjax import constraints as C
 from specjax.data.chat import ChatTemplate
+from specjax.sampling import SamplingParams
 from specjax.serving import Engine, Request
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.compiler import CompilePool
@@ -168,6 +169,34 @@ def test_failures_stay_with_their_request(engine, monkeypatch):
   assert tokens[-1] == EOS and bytes(tokens[:-1]).decode() in {
     a + b + c + d for a in "ab" for b in "ab" for c in "ab" for d in "ab"
   }
+
+
+def test_a_row_whose_law_is_not_finite_ends_in_an_error_not_a_token(engine):
+  """Issue 73: a law holding NaN (here a valid repetition penalty, 2e-38, dividing
+  logits scaled past float32's range) must not fall back to id 0, which a
+  constraint may forbid: the row ends with "error", keeping no token of that
+  draw; a row beside it is served. The models are pytrees of the programs, so
+  scaling the target's logits in place recompiles nothing."""
+  from specjax.serving.engine import NON_FINITE
+
+  scale = engine.target.final_norm.scale
+  saved = scale[...]
+  scale[...] = saved * 1000.0
+  try:
+    hot = SamplingParams(temperature=1.0, repetition_penalty=2e-38)
+    automaton = C.compile_constraint(C.Regex("[ab]{4}"), PIECES, [EOS], 256)
+    bad = [
+      engine.submit(Request(list(b"hello"), 8, sampling=hot, constraint=c))
+      for c in (None, automaton)
+    ]
+    fine = engine.submit(Request(list(b"hello"), 8, sampling=SamplingParams(temperature=1.0)))
+    finished = _drain(engine)
+  finally:
+    scale[...] = saved
+  for rid in bad:
+    assert finished[rid].finish_reason == "error" and finished[rid].error == NON_FINITE
+    assert all(t in b"ab" for t in engine.completion(rid).tokens)  # nothing the rule forbids
+  assert finished[fine].finish_reason in ("stop", "length")
 
 
 def test_compile_cache_is_bounded_in_bytes():
@@ -308,6 +337,26 @@ def test_hostile_bodies_get_a_4xx(served):
   _error(_post(url, content=nan, headers={"Content-Type": "application/json"}), 400, None, "NaN")
   _error(_post(url, json={"prompt": "a" * 40_000}), 400, "prompt", "40000 bytes")
   _error(_post(url, json={"prompt": "a", "stop": "q" * 300}), 400, "stop", "max_stop_chars")
+  # Numbers past what their storage holds (issue 73): 400 naming the field, not a
+  # constraint broken by an inf temperature or a 500 from an int32 overflow.
+  for field, value, text in [
+    ("temperature", 1e39, "3.403e+38"),
+    ("repetition_penalty", 1e-45, "1.175e-38"),
+    ("presence_penalty", 1e-45, "underflows float32"),
+    ("min_tokens", 2**31, "2147483647"),
+    ("max_tokens", 2**31, "int32"),
+  ]:
+    body = {"prompt": "x", "max_tokens": 8, field: value, "guided_choice": ["yes", "no"]}
+    _error(_post(url, json=body), 400, field, text)
+  spec = {"prompt": "x", "speculation": {"max_draft_tokens": 2**31}}
+  _error(_post(url, json=spec), 400, "speculation", "speculation.max_draft_tokens")
+  digits = {"prompt": "x", "logit_bias": {"\u0661\u0662": 1}}  # Arabic-Indic 12
+  _error(_post(url, json=digits), 400, "logit_bias", "token ids")
+  nested = "[" * 30_000 + "]" * 30_000  # the issue sent 100,000; 64 KiB bodies here
+  call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": nested}}
+  history = [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [call]}]
+  response = _post(url, "/v1/chat/completions", json={"messages": history}, timeout=60)
+  _error(response, 400, "messages", "levels deep")
   # A chat template that raises (a system message after the first).
   messages = [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]
   response = _post(url, "/v1/chat/completions", json={"messages": messages})

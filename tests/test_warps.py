@@ -289,11 +289,16 @@ def test_new_settings_do_not_recompile(target, noisy_target, prompts):
 BAD = [
   (dict(presence_penalty=2.5), "presence_penalty must be in [-2, 2]"),
   (dict(frequency_penalty=-3), "frequency_penalty must be in [-2, 2]"),
-  (dict(repetition_penalty=0), "repetition_penalty must be in (0, 2]"),
+  (dict(repetition_penalty=0), "repetition_penalty must be in (0, 2] and at least 1.175e-38"),
+  # Past what float32 / int32 hold (issue 73): inf once stored, 0 once stored, wrapped.
+  (dict(repetition_penalty=1e-45), "repetition_penalty must be in (0, 2] and at least 1.175e-38"),
+  (dict(temperature=1e39), "temperature must be a number >= 0 and at most 3.403e+38"),
+  (dict(min_tokens=2**31), "min_tokens must be an integer >= 0 and at most 2147483647"),
   (dict(min_p=1.5), "min_p must be in [0, 1]"),
-  (dict(min_tokens=-1), "min_tokens must be an integer >= 0"),
+  (dict(min_tokens=-1), "min_tokens must be an integer >= 0 and at most 2147483647"),
   (dict(logit_bias={"5": 101}), "logit_bias values must be in [-100, 100]"),
   (dict(logit_bias={"x": 1}), "logit_bias keys must be token ids"),
+  (dict(logit_bias={"\u0661\u0662": 1}), "logit_bias keys must be token ids"),  # Arabic-Indic
   (dict(logit_bias={str(i): 1 for i in range(301)}), "logit_bias must have at most 300"),
   (dict(logit_bias={"600": 1}), "logit_bias ids must be in [0, vocab_size=512)"),
   (dict(stop_token_ids=[600]), "stop_token_ids ids must be in [0, vocab_size=512)"),
@@ -328,6 +333,31 @@ def test_rows_built_by_hand_and_string_level_are_checked(target, draft, prompts)
       max_new_tokens=4,
       sampling=specjax.SamplingParams(temperature=0.0, min_p=0.1),
     )
+
+
+def test_a_law_that_is_not_finite_stops_its_row(tiny_cfg):
+  """Issue 73: a row whose law holds NaN (a valid repetition penalty, 2e-38,
+  dividing logits scaled to hundreds past float32's range) is never sampled
+  from: it stops, flagged in `stats.non_finite`, with none of that draw kept —
+  at the prefill (0 tokens) or at a later step; a row without the setting runs
+  on. Both loops."""
+  target = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(0))
+  draft = specjax.Transformer(tiny_cfg, rngs=nnx.Rngs(1))
+  for model in (target, draft):
+    model.final_norm.scale[...] = model.final_norm.scale[...] * 300.0
+  prompts = jnp.arange(8, dtype=jnp.int32)[:, None] * 37 + 5  # one token each
+  lengths = jnp.ones((8,), jnp.int32)
+  hot = specjax.SamplingParams(temperature=1.0, repetition_penalty=2e-38)
+  rows = RowSampling.of([hot] * 7 + [specjax.SamplingParams(temperature=1.0)])
+  run = dict(max_new_tokens=8, sampling=rows, key=jax.random.key(0))
+  spec = specjax.speculative_generate(target, draft, prompts, lengths, gamma=3, **run)
+  plain = specjax.autoregressive_generate(target, prompts, lengths, **run)
+  for out in (spec, plain):
+    n, flagged = np.asarray(out.num_generated), np.asarray(out.stats.non_finite)
+    assert n[7] == 8 and flagged[7] == 0
+    assert (n[flagged == 1] < 8).all() and flagged.sum() >= 5
+  n, flagged = np.asarray(spec.num_generated), np.asarray(spec.stats.non_finite)
+  assert flagged[:7].all() and 0 in n[:7] and any(0 < k < 8 for k in n[:7])  # both paths
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,13 @@ from specjax.generation.common import (
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import RowSampling, SamplingParams, sample_with_uniform, warp_probs
+from specjax.sampling import (
+  RowSampling,
+  SamplingParams,
+  finite_rows,
+  sample_with_uniform,
+  warp_probs,
+)
 from specjax.validation import check_loop
 
 
@@ -48,23 +54,31 @@ def autoregressive_step(
   if table is not None:
     logits = constraints_lib.mask_logits(logits, table, state.constraint_state[:, None])
   if sampling.greedy:  # the argmax of the logits is the argmax of the one-hot warp
-    token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+    law = logits[:, 0]
+    token = jnp.argmax(law, axis=-1).astype(jnp.int32)
   elif state.row_keys is not None:  # the rows' own noise at the index drawn
     gumbel = coupling.noise(state.row_keys, state.num_generated, 1, model.cfg.vocab_size)
-    token = coupling.gumbel_max(warp_probs(logits[:, 0], sampling), gumbel[:, 0])
+    law = warp_probs(logits[:, 0], sampling)
+    token = coupling.gumbel_max(law, gumbel[:, 0])
   else:
     u = state.uniforms[jnp.minimum(state.stats.iterations, state.uniforms.shape[0] - 1)]
-    token = sample_with_uniform(u, warp_probs(logits[:, 0], sampling))
+    law = warp_probs(logits[:, 0], sampling)
+    token = sample_with_uniform(u, law)
+  # A row whose law was not finite stops and keeps nothing of this draw.
+  broken = active & ~finite_rows(law)
+  done_before, active = state.done | broken, active & ~broken
   # Finished rows keep their length, so their writes stay inside the capacity;
   # what they write into the output buffer lies past num_generated (padded later).
   cache = cache.with_lengths(jnp.where(active, cache.lengths, state.cache.lengths))
   tokens = write_rows(state.tokens, token[:, None], state.num_generated)
   num_generated = state.num_generated + active.astype(jnp.int32)
   done = (
-    state.done | (num_generated >= max_new_tokens) | (active & ends_row(token, eos_id, sampling))
+    done_before | (num_generated >= max_new_tokens) | (active & ends_row(token, eos_id, sampling))
   )
   stats = AutoregressiveStats(
-    iterations=state.stats.iterations + 1, target_calls=state.stats.target_calls + 1
+    iterations=state.stats.iterations + 1,
+    target_calls=state.stats.target_calls + 1,
+    non_finite=state.stats.non_finite | broken.astype(jnp.int32),
   )
   return ARState(
     cache=cache,
@@ -136,20 +150,23 @@ def _autoregressive_program(
     first_key,
     bind_history(sampling, history, eos_id),
     constraint=constraint,
+    mark_non_finite=True,
   )
+  broken = first < 0  # its law was not finite: the row stops with nothing generated
+  first = jnp.maximum(first, 0)
   # One slot of slack: finished rows keep writing at num_generated <= max_new_tokens.
   tokens = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(first)
   state = ARState(
     cache=cache,
     last=first,
     tokens=tokens,
-    num_generated=jnp.ones((b,), jnp.int32),
-    done=first_done(first, max_new_tokens, eos_id, sampling),
+    num_generated=jnp.where(broken, 0, 1).astype(jnp.int32),
+    done=first_done(first, max_new_tokens, eos_id, sampling) | broken,
     history=None if history is None else history.after(first),
     # All of the loop's random numbers in one computation, before it: a step
     # then only reads its row of uniforms.
     uniforms=jax.random.uniform(key, (0 if sampling.greedy or coupled else max_new_tokens, b)),
-    stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1)),
+    stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1), broken.astype(jnp.int32)),
     row_keys=row_keys,
     constraint_state=None
     if rules is None

@@ -19,7 +19,14 @@ from specjax import constraints, coupling
 from specjax.coupling import Coupling
 from specjax.drafting.base import fixed_trip_loops
 from specjax.models.transformer import Transformer
-from specjax.sampling import RowSampling, SamplingParams, TokenHistory, sample_tokens, warp_probs
+from specjax.sampling import (
+  RowSampling,
+  SamplingParams,
+  TokenHistory,
+  finite_rows,
+  sample_tokens,
+  warp_probs,
+)
 
 
 def prefill(
@@ -31,6 +38,7 @@ def prefill(
   sampling: SamplingParams,
   return_hidden: bool | tuple[int, ...] = False,
   constraint: tuple | None = None,
+  mark_non_finite: bool = False,
 ):
   """Runs the prompt through a fresh cache and samples the first new token.
 
@@ -41,6 +49,8 @@ def prefill(
       (`Transformer.forward_cached`), for draft heads.
     constraint: None, or `(ConstraintTable, states [B])`: the first token is
       drawn among the tokens each row's state allows (`specjax.constraints`).
+    mark_non_finite: the first token is -1 where its law was not finite
+      (`specjax.sampling.finite_rows`): the caller stops that row.
 
   Returns:
     `(first_token [B], cache)`, then `hidden [B, P, F]` if `return_hidden`; the
@@ -55,9 +65,12 @@ def prefill(
   if constraint is not None:  # the rows' grammars at their start states
     logits = constraints.mask_logits(logits, *constraint)
   if isinstance(key, Coupling):  # the rows' own noise at generated index 0
-    first = coupling.sample_tokens(key, warp_probs(logits, sampling))
+    probs = warp_probs(logits, sampling)
+    first = coupling.sample_tokens(key, probs)
   else:
-    first, _ = sample_tokens(key, logits, sampling)
+    first, probs = sample_tokens(key, logits, sampling)
+  if mark_non_finite:
+    first = jnp.where(finite_rows(probs), first, -1)
   cache = out[1].with_lengths(prompt_lengths)
   return (first, cache, out[2]) if return_hidden is not False else (first, cache)
 

@@ -42,7 +42,7 @@ from specjax.generation.common import (
 from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats
 from specjax.models.kv_cache import KVCache, cache_capacity, write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import RowSampling, SamplingParams, warp_probs
+from specjax.sampling import RowSampling, SamplingParams, finite_rows, warp_probs
 from specjax.trees import DynamicTree, Tree, levels
 from specjax.validation import check_loop, check_positive_int
 from specjax.vocab import fit_ids, pad_vocab
@@ -293,6 +293,9 @@ class Verified(NamedTuple):
     cache: the target's cache, a tree's accepted path moved next to the prefix.
     hidden: None, or `[B, D + 1, F]` the features along s[-1] and the accepted
       tokens.
+    finite: `[B]` bool, whether the row's laws (the target's and the draft's)
+      were finite (`specjax.sampling.finite_rows`); a row's tokens are
+      committed only then.
   """
 
   n: jax.Array
@@ -301,6 +304,7 @@ class Verified(NamedTuple):
   path: jax.Array | None
   cache: KVCache
   hidden: jax.Array | None
+  finite: jax.Array
 
 
 def verify_block(
@@ -321,15 +325,18 @@ def verify_block(
     argmax_only = verifier is verify_lib.greedy_verify
     inputs = verifier_inputs(proposal, logits, sampling, vocab_size, argmax_only)
     n, next_token = verifier(key, *inputs)
-    return Verified(n, next_token, proposal.tokens, None, cache, hidden)
-  path, n, next_token = verify_tree(key, proposal, logits, sampling, vocab_size, tree_mode)
+    finite = finite_rows(inputs[2])
+    if inputs[1] is not None:
+      finite &= finite_rows(inputs[1])
+    return Verified(n, next_token, proposal.tokens, None, cache, hidden, finite)
+  path, n, next_token, finite = verify_tree(key, proposal, logits, sampling, vocab_size, tree_mode)
   drafted = jnp.take_along_axis(proposal.tokens, jnp.maximum(path, 0), axis=1)
   # The accepted path's keys and values move next to the prefix, after s[-1] (a
   # tree call left the lengths at the prefix).
   cache = cache.gather_path(path, cache.lengths + 1)
   if hidden is not None:  # features along s[-1], then the path: a chain's layout
     hidden = jnp.take_along_axis(hidden, path_rows(path)[:, :, None], axis=1)
-  return Verified(n, next_token, drafted, path, cache, hidden)
+  return Verified(n, next_token, drafted, path, cache, hidden, finite)
 
 
 def commit_step(
@@ -347,6 +354,10 @@ def commit_step(
   n = verified.n
   emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  # A row whose law was not finite keeps none of this draw and stops.
+  broken = ~verified.finite & ~state.done
+  num_generated = jnp.where(broken, state.num_generated, num_generated)
+  done, count = done | broken, jnp.where(broken, 0, count)
   history = None if state.history is None else state.history.after(emitted, count)
   old_length = state.target_cache.lengths + 1  # len(s)
   commit = Commit(emitted, old_length, old_length + n + 1, ~done, verified.hidden, verified.path)
@@ -366,6 +377,7 @@ def commit_step(
       generated=count,
       draft_calls=proposal.calls,
       forced=None if forced is None else jnp.minimum(n, forced[1]),
+      non_finite=broken,
     ),
   )
 
@@ -459,17 +471,22 @@ def verify_tree(
   `coupled_tree_verify` when `key` is a `Coupling`.
 
   Returns:
-    `(path [B, D], n [B], next_token [B])`.
+    `(path [B, D], n [B], next_token [B], finite [B])`, finite whether the row's
+    laws were (`specjax.sampling.finite_rows`).
   """
   if sampling.greedy:
     logits = pad_vocab(logits, vocab_size, fill=-jnp.inf)  # ids the target lacks: never argmax
     q = None if proposal.probs is None else proposal_probs(proposal, vocab_size)
-    return verify_lib.tree_verify(None, proposal.tokens, proposal.tree, q, logits, "greedy")
+    verified = verify_lib.tree_verify(None, proposal.tokens, proposal.tree, q, logits, "greedy")
+    return (*verified, finite_rows(logits))
   p = pad_vocab(warp_probs(logits, sampling), vocab_size)
   q = proposal_probs(proposal, vocab_size)
+  finite = finite_rows(p) & finite_rows(q)
   if isinstance(key, Coupling):
-    return verify_lib.coupled_tree_verify(key, proposal.tokens, proposal.tree, q, p, mode)
-  return verify_lib.tree_verify(key, proposal.tokens, proposal.tree, q, p, mode)
+    verified = verify_lib.coupled_tree_verify(key, proposal.tokens, proposal.tree, q, p, mode)
+  else:
+    verified = verify_lib.tree_verify(key, proposal.tokens, proposal.tree, q, p, mode)
+  return (*verified, finite)
 
 
 def path_rows(path: jax.Array) -> jax.Array:
@@ -648,13 +665,16 @@ def prefill_state(
     bind_history(sampling, history, config.eos_id),
     return_hidden=features,
     constraint=None if rules is None else (rules.table, rules.start),
+    mark_non_finite=True,
   )
+  broken = first < 0  # its law was not finite: the row stops with nothing generated
+  first = jnp.maximum(first, 0)
   drafter_state = (
     ()
     if drafter is None
     else drafter.init(prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None)
   )
-  done = (budget <= 1) | (first == stop) | ends_row(first, config.eos_id, sampling)
+  done = (budget <= 1) | (first == stop) | ends_row(first, config.eos_id, sampling) | broken
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
   tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
@@ -663,14 +683,14 @@ def prefill_state(
     recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
     draft_limit=jnp.full((b,), config.gamma, jnp.int32),
     tokens=tokens.at[:, 0].set(first),
-    num_generated=jnp.ones((b,), jnp.int32),
+    num_generated=jnp.where(broken, 0, 1).astype(jnp.int32),
     done=done,
     budget=budget,
     stop=stop,
     keys=keys,
     stats=SpeculativeStats.zeros(
       b, config.gamma, draft_calls=0 if drafter is None else drafter.prefill_calls
-    ),
+    ).replace(non_finite=broken.astype(jnp.int32)),
     sampling=rows,
     row_keys=row_keys,
     coupled_rows=coupled_rows,

@@ -81,6 +81,10 @@ class SpeculativeStats:
       forced (`SpecConfig.forced_drafts`): counted in `proposed` and `accepted`
       too, so the drafter's own acceptance is (accepted - forced) /
       (evaluated - forced).
+    non_finite: `[B]` int32, 1 where the row met a law that was not finite (NaN
+      or +inf: a broken model, or settings at float32's edge) and was stopped
+      there, with none of that draw's tokens committed (`specjax.sampling.
+      finite_rows`); a server answers such a row with an error.
   """
 
   iterations: jax.Array
@@ -93,6 +97,7 @@ class SpeculativeStats:
   generated: jax.Array
   accepted_at_position: jax.Array
   forced: jax.Array | None = None
+  non_finite: jax.Array | None = None
 
   @classmethod
   def zeros(cls, batch: int, gamma: int, draft_calls: int = 1) -> SpeculativeStats:
@@ -111,6 +116,7 @@ class SpeculativeStats:
       generated=z,
       accepted_at_position=jnp.zeros((gamma,), jnp.int32),
       forced=z,
+      non_finite=z,
     )
 
   def record(
@@ -122,11 +128,13 @@ class SpeculativeStats:
     generated: jax.Array,
     draft_calls: jax.Array,
     forced: jax.Array | None = None,
+    non_finite: jax.Array | None = None,
   ) -> SpeculativeStats:
     """The counters after one iteration: `active [B]` the rows still generating
     when it began (only they count), then `proposed`, `accepted`, `generated`
-    `[B]`, the iteration's `draft_calls`, and `forced [B]` (None: 0) the
-    accepted tokens the constraint forced."""
+    `[B]`, the iteration's `draft_calls`, `forced [B]` (None: 0) the accepted
+    tokens the constraint forced, and `non_finite [B]` bool (None: none) the
+    rows whose law was not finite."""
     counted = active.astype(jnp.int32)
     rejected = (accepted < proposed).astype(jnp.int32)
     gamma = self.accepted_at_position.shape[0]
@@ -143,6 +151,7 @@ class SpeculativeStats:
       accepted_at_position=self.accepted_at_position
       + jnp.sum(at_position, axis=0, dtype=jnp.int32),
       forced=self.forced if forced is None else self.forced + counted * forced,
+      non_finite=_flagged(self.non_finite, non_finite, active),
     )
 
   @property
@@ -179,10 +188,12 @@ class AutoregressiveStats:
   Attributes:
     iterations: scalar, decode steps after the prefill.
     target_calls: scalar, model calls including the prefill.
+    non_finite: `[B]` int32, as `SpeculativeStats.non_finite`.
   """
 
   iterations: jax.Array
   target_calls: jax.Array
+  non_finite: jax.Array | None = None
 
 
 @struct.dataclass
@@ -193,13 +204,22 @@ class GenerateOutput:
     tokens: `[B, max_new_tokens]` int32; entries at index >= num_generated[b]
       hold the pad id (`pad_id`, default 0).
     num_generated: `[B]` int32 in [1, max_new_tokens]; an EOS, when hit, is
-      the last generated token and is counted.
+      the last generated token and is counted. 0 only for a row whose first
+      token's law was not finite (`stats.non_finite`).
     stats: `SpeculativeStats` or `AutoregressiveStats`.
   """
 
   tokens: jax.Array
   num_generated: jax.Array
   stats: Any
+
+
+def _flagged(before: jax.Array | None, now: jax.Array | None, active: jax.Array):
+  """`SpeculativeStats.non_finite` after an iteration that flagged `now [B]`."""
+  if now is None:
+    return before
+  now = (now & active).astype(jnp.int32)
+  return now if before is None else jnp.maximum(before, now)
 
 
 @struct.dataclass

@@ -57,7 +57,7 @@ from specjax.generation.verify_length import (
 )
 from specjax.models.kv_cache import check_capacity
 from specjax.models.transformer import Transformer
-from specjax.sampling import GREEDY, RowSampling
+from specjax.sampling import GREEDY, MAX_INT32, RowSampling
 from specjax.serving import mesh as mesh_lib
 from specjax.serving import slots
 from specjax.serving.calibration import WidthTimes, calibrate_width, time_in_runs
@@ -79,6 +79,14 @@ logger = logging.getLogger(__name__)
 # A default meaning the engine's own (`_warm_admit`'s drafter, `_run_step`'s verify lengths).
 _SAME = object()
 _DEFAULT_CONFIG = EngineConfig()
+
+
+# A row stopped because its law held NaN or +inf (`SpeculativeStats.non_finite`).
+NON_FINITE = (
+  "the row's sampling law was not finite (NaN or inf) and no token could be drawn "
+  "from it exactly: the model's logits, or settings at float32's edge; the request "
+  "was stopped rather than given an arbitrary token."
+)
 
 
 class QueueFull(Exception):
@@ -257,7 +265,7 @@ class Engine:
     if request.seed is not None:
       check_int("seed", request.seed, -(2**63), 2**64 - 1)
     if request.max_draft_tokens is not None:
-      check_int("max_draft_tokens", request.max_draft_tokens, 0)
+      check_int("max_draft_tokens", request.max_draft_tokens, 0, MAX_INT32)
     if request.constraint is not None:
       self._check_constraint(request.constraint)
     timeout = request.timeout_s
@@ -506,7 +514,15 @@ class Engine:
 
   def _row_stats(self):
     s = self._state.spec.stats
-    return s.proposed, s.accepted, s.evaluated, s.row_iterations, self._state.positions, s.forced
+    return (
+      s.proposed,
+      s.accepted,
+      s.evaluated,
+      s.row_iterations,
+      self._state.positions,
+      s.forced,
+      s.non_finite,
+    )
 
   def late(self) -> list[int]:
     """The ids of the requests past their deadline (`Request.timeout_s`)."""
@@ -655,7 +671,10 @@ class Engine:
       live.emitted = int(num_generated[slot])
       live.tokens += new
       self.counters["tokens"] += len(new)
-      if done[slot]:
+      if stats is not None and stats[6][slot]:  # none of the bad draw was committed
+        self._slot_requests[slot] = None
+        events.append(self._finish(live, "error", NON_FINITE, new, stats, slot, lp))
+      elif done[slot]:
         self._slot_requests[slot] = None
         last, sampling = live.tokens[-1], live.request.sampling
         stopped = (

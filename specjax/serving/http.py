@@ -77,7 +77,7 @@ except ImportError as e:
   ) from e
 
 from specjax.data.chat import check_messages
-from specjax.sampling import SamplingParams
+from specjax.sampling import MAX_INT32, MIN_TEMPERATURE, SamplingParams
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.compiler import CompilePool, CompileRefused
 from specjax.serving.engine import QueueFull
@@ -287,6 +287,7 @@ _UNIONS = {
   "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
 }
 STOP_STRINGS = 4  # at most, as OpenAI's API
+INT32_MIN = -(2**31)
 MAX_CHOICES = 16  # n at most
 MAX_USER_CHARS = 256  # `user`'s characters at most
 DEFAULT_LIMITS = ServerLimits()
@@ -364,8 +365,56 @@ def parse_body(
     raise APIError(
       400, f"user has at most {MAX_USER_CHARS} characters, got {len(body.user)}.", "user"
     )
+  _check_numbers(body)
   constraint_of(body, limits)  # its shape and size are checked here; compiling it comes later
   return body
+
+
+# Integer fields stored as int32 by the engine and not `SamplingParams`' (which
+# bounds min_tokens and stop_token_ids itself); the seed is 64-bit (`request_key`).
+_INT32_FIELDS = (
+  "max_tokens",
+  "max_completion_tokens",
+  "top_k",
+  "stop_token_id",
+  "logprobs",
+  "top_logprobs",
+)
+# Real fields stored as float32 whose range holds 0 (off): a non-zero value that
+# float32 rounds to 0 (or a subnormal, flushed to 0 on most devices) would be
+# silently lost. (temperature and repetition_penalty: `SamplingParams`' ranges.)
+_UNDERFLOWING = ("top_p", "presence_penalty", "frequency_penalty", "min_p")
+
+
+def _check_numbers(body: _Body) -> None:
+  """APIError (400 naming the field) for a number its storage dtype cannot hold:
+  an integer past int32, a non-zero real that float32 rounds to 0, and the
+  sampling settings' own ranges (`SamplingParams`: a temperature past float32's
+  largest, a repetition penalty below its smallest normal)."""
+  try:
+    body.sampling()
+  except ValueError as e:
+    raise engine_error(e) from None
+  ints = [(f, getattr(body, f, None)) for f in _INT32_FIELDS]
+  if body.speculation is not None:
+    ints.append(("speculation.max_draft_tokens", body.speculation.max_draft_tokens))
+  for field, value in ints:
+    if isinstance(value, int) and not INT32_MIN <= value <= MAX_INT32:
+      raise APIError(
+        400,
+        f"{field} must be an integer in [{INT32_MIN}, {MAX_INT32}] (int32), got {value}.",
+        field.split(".")[0],
+      )
+  reals = [(f, getattr(body, f)) for f in _UNDERFLOWING]
+  reals += [("logit_bias", v) for v in (body.logit_bias or {}).values()]
+  for field, value in reals:
+    if value != 0 and abs(value) < MIN_TEMPERATURE:
+      raise APIError(
+        400,
+        f"{field} underflows float32 (its smallest normal is {MIN_TEMPERATURE:.4g}): use 0 "
+        f"or a larger value, got {value!r}.",
+        field,
+      )
 
 
 # Nested models, by their field's location (for the names of their fields).
@@ -902,7 +951,7 @@ class _Completions:
         "messages",
       )
     try:
-      messages = template_messages(check_messages(body.messages))
+      messages = template_messages(check_messages(body.messages), self.limits.max_json_depth)
     except ValueError as e:
       raise APIError(400, str(e), "messages") from None
     offer = body.offer(self.limits)
@@ -1221,6 +1270,10 @@ async def _stream(run: _Run, form: _Form, head: dict, prompt_tokens: int | None)
       yield _sse({**head, "choices": [chunk]})
   except APIError as error:
     yield _sse(error.body())
+    return
+  except Exception as error:  # a bug: the stream still ends with an error event
+    logger.exception("stream failed")
+    yield _sse(APIError(500, f"internal error: {type(error).__name__}").body())
     return
   if run.disconnected:
     return

@@ -61,7 +61,7 @@ from specjax.generation.speculative import (
 from specjax.generation.state import SpecConfig, SpecState
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
-from specjax.sampling import GREEDY, MIN_TEMPERATURE, RowSampling, warp_probs
+from specjax.sampling import GREEDY, MIN_TEMPERATURE, RowSampling, finite_rows, warp_probs
 from specjax.serving.mesh import constrain_slots, data_size
 
 # SpecState fields that hold one entry per row (the rest are batch-wide).
@@ -79,7 +79,15 @@ ROW_FIELDS = (
   "constraint_state",
   "history",
 )
-ROW_STATS = ("proposed", "accepted", "evaluated", "row_iterations", "generated", "forced")
+ROW_STATS = (
+  "proposed",
+  "accepted",
+  "evaluated",
+  "row_iterations",
+  "generated",
+  "forced",
+  "non_finite",
+)
 
 
 @struct.dataclass
@@ -296,6 +304,9 @@ def plain_step(
   n = jnp.zeros_like(token)
   emitted = token[:, None]
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
+  broken = ~finite_rows(probs) & ~state.done  # stopped, this draw not kept (`commit_step`)
+  num_generated = jnp.where(broken, state.num_generated, num_generated)
+  done, count = done | broken, jnp.where(broken, 0, count)
   history = None if state.history is None else state.history.after(emitted, count)
   goes_on = ~done
   old_length = state.target_cache.lengths + 1
@@ -310,7 +321,12 @@ def plain_step(
     done=done,
     history=history,
     stats=state.stats.record(
-      active=~state.done, proposed=n, accepted=n, generated=count, draft_calls=jnp.int32(0)
+      active=~state.done,
+      proposed=n,
+      accepted=n,
+      generated=count,
+      draft_calls=jnp.int32(0),
+      non_finite=broken,
     ),
   )
   return state, logits, emitted

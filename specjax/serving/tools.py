@@ -152,10 +152,11 @@ def _choice(tool_choice, functions: dict) -> str:
   return name
 
 
-def template_messages(messages: list[dict]) -> list[dict]:
+def template_messages(messages: list[dict], max_depth: int = 64) -> list[dict]:
   """`messages` as chat templates read them: a tool call's `arguments` (a JSON
   string in OpenAI's API) as the object it spells, as transformers' templates
-  expect (they write it with `tojson`). ValueError naming one that is not JSON."""
+  expect (they write it with `tojson`). ValueError naming one that is not JSON
+  or nests deeper than `max_depth` (the server's `max_json_depth`)."""
   out = []
   for i, m in enumerate(messages):
     calls = m.get("tool_calls")
@@ -164,13 +165,17 @@ def template_messages(messages: list[dict]) -> list[dict]:
       for j, call in enumerate(calls):
         function = dict(call["function"])
         if isinstance(function["arguments"], str):
+          where = f"messages[{i}].tool_calls[{j}].function.arguments"
           try:
             function["arguments"] = json.loads(function["arguments"])
+          except RecursionError:
+            raise ValueError(f"{where} nests more than {max_depth} levels deep.") from None
           except ValueError:
             raise ValueError(
-              f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: "
-              f"{function['arguments'][:100]!r}."
+              f"{where} is not valid JSON: {function['arguments'][:100]!r}."
             ) from None
+          if grammar.json_depth(function["arguments"], max_depth) > max_depth:
+            raise ValueError(f"{where} nests more than {max_depth} levels deep.")
         fixed.append({**call, "function": function})
       m = {**m, "tool_calls": fixed}
     out.append(m)
