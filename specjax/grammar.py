@@ -3,10 +3,11 @@ request asks for (`Regex`, `JsonSchema`, `Choice`), its regular expression, the
 outlines-core index over a vocabulary as numpy arrays, and the cheap measures a
 server bounds before compiling (`regex_repeat`, `json_depth`).
 
-This module imports only numpy (and outlines-core when it compiles), so that
-the server can run it as a separate process that it may kill (a compile in
-Rust cannot be interrupted from a thread): `python -I grammar.py MEMORY_BYTES`
-reads pickled `(op, payload)` messages on stdin and answers each on stdout
+This module imports only numpy (and outlines-core when it compiles, and
+`specjax.regex_states`, which needs only the standard library), so that the
+server can run it as a separate process that it may kill (a compile in Rust
+cannot be interrupted from a thread): `python -I grammar.py MEMORY_BYTES` reads
+pickled `(op, payload)` messages on stdin and answers each on stdout
 (`worker_main`). `specjax.constraints` builds its `Automaton` from the same
 arrays, in process.
 """
@@ -14,12 +15,32 @@ arrays, in process.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import json
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+
+def _beside(name: str):
+  """The module `specjax.<name>`; where this file runs as the compile worker (by
+  path, under `python -I`: no `specjax` to import, and the package's `__init__`
+  would import JAX), the file `<name>.py` beside this one."""
+  if __package__:
+    return importlib.import_module(f"{__package__}.{name}")
+  spec = importlib.util.spec_from_file_location(
+    name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+regex_states = _beside("regex_states")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,84 +188,94 @@ def _tool_calls_regex(constraint: ToolCalls) -> str:
 
 
 _COUNT = re.compile(r"\{(\d+)(,(\d*))?\}")
+_COUNT_VERBOSE = re.compile(r"\{\s*(\d+)\s*(,\s*(\d*)\s*)?\}")  # (?x) allows spaces inside
+_GROUP_FLAGS = re.compile(r"\(\?([a-zA-Z-]*)([:)])")  # (?x) or (?x:...)
 _HUGE = 10**9  # a count written with more digits than this is simply "too many"
+
+
+def _verbose_after(letters: str, verbose: bool) -> bool:
+  """Whether verbose mode holds after a flag group's letters (`x` sets it, `-x` clears it)."""
+  on, _, off = letters.partition("-")
+  return False if "x" in off else True if "x" in on else verbose
+
+
+def _skipped(pattern: str, i: int) -> int:
+  """Where the escape or bracketed class at `i` ends (`\\p{Greek}`, `[a-z&&[^aeiou]]`)."""
+  n = len(pattern)
+  if pattern[i] == "\\":
+    i += 2
+    if i <= n and pattern[i - 1] in "pPxuU" and i < n and pattern[i] == "{":
+      i = pattern.find("}", i) + 1 or n  # \p{Greek}, \x{10FFFF}
+    return i
+  depth, i = 1, i + 1
+  if i < n and pattern[i] == "^":
+    i += 1
+  if i < n and pattern[i] == "]":
+    i += 1
+  while i < n and depth:
+    if pattern[i] == "\\":
+      i += 1
+    elif pattern[i] == "[":
+      depth += 1
+    elif pattern[i] == "]":
+      depth -= 1
+    i += 1
+  return i
 
 
 def regex_repeat(pattern: str) -> int:
   """The largest number of copies a counted repetition makes of one piece of
   `pattern`, nested counts multiplied: 300000 for `a{300000}`, 6 for
-  `(a{2}){3}`, 1 for `a*b+` (a loop adds no states). An automaton grows with
-  this, so a server bounds it before compiling. Linear in the pattern; a
-  rough parse (Rust regex syntax: escapes, classes, groups), not a validator."""
-  stack = [[1, None]]  # per open group: [largest finished piece, last piece or None]
+  `(a{2}){3}`, 1 for `a*b+` (a loop adds no states). In verbose mode (`(?x)`,
+  for the rest of its group, or `(?x:...)`) whitespace and `#` comments are no
+  pieces: `(?x)(?:a{1000}) {1000}` makes a million. An automaton grows with
+  this, so a server bounds it before compiling. Linear in the pattern; a rough
+  parse (Rust regex syntax: escapes, classes, groups, flags), not a validator."""
+  stack = [[1, None, False]]  # per open group: [largest finished piece, last piece, verbose]
 
-  def finish() -> None:
+  def piece(value: int | None = 1) -> None:  # the last piece is finished; `value` follows
     top = stack[-1]
     if top[1] is not None:
       top[0] = max(top[0], top[1])
-      top[1] = None
+    top[1] = value
 
   i, n = 0, len(pattern)
   while i < n:
-    c = pattern[i]
-    if c == "\\":
-      finish()
-      i += 2
-      if i <= n and pattern[i - 1] in "pPxu" and i < n and pattern[i] == "{":
-        i = pattern.find("}", i) + 1 or n  # \p{Greek}, \x{10FFFF}
-      stack[-1][1] = 1
-      continue
-    if c == "[":  # a class, possibly nested ([a-z&&[^aeiou]])
-      finish()
-      depth, i = 1, i + 1
-      if i < n and pattern[i] == "^":
-        i += 1
-      if i < n and pattern[i] == "]":
-        i += 1
-      while i < n and depth:
-        if pattern[i] == "\\":
-          i += 1
-        elif pattern[i] == "[":
-          depth += 1
-        elif pattern[i] == "]":
-          depth -= 1
-        i += 1
-      stack[-1][1] = 1
-      continue
-    if c == "(":
-      finish()
-      if pattern.startswith("?", i + 1):
-        flags = re.match(r"\(\?[a-zA-Z-]*\)", pattern[i:])
-        if flags:  # (?i): flags, no group
-          i += flags.end()
-          continue
-      stack.append([1, None])
-    elif c == ")":
-      finish()
-      if len(stack) > 1:
-        value = stack.pop()[0]
-        stack[-1][1] = value
-    elif c == "{":
-      count = _COUNT.match(pattern, i)
-      if count is not None and stack[-1][1] is not None:
-        low, high = count.group(1), count.group(3) or count.group(1)
-        times = max(_HUGE if len(d) > 9 else int(d) for d in (low, high))
-        stack[-1][1] *= max(times, 1)
-        i = count.end()
-        continue
-      finish()
-      stack[-1][1] = 1
-    elif c == "|":
-      finish()
-    elif c not in "*+?":
-      finish()
-      stack[-1][1] = 1
-    i += 1
+    c, top = pattern[i], stack[-1]
+    if top[2] and (c.isspace() or c == "#"):  # verbose: no piece (a comment runs to the line's end)
+      end = pattern.find("\n", i) if c == "#" else i
+      i = n if end < 0 else end + 1
+    elif c in "\\[":
+      piece()
+      i = _skipped(pattern, i)
+    elif c == "(":
+      piece(None)
+      flags = _GROUP_FLAGS.match(pattern, i)
+      verbose = _verbose_after(flags.group(1), top[2]) if flags else top[2]
+      if flags and flags.group(2) == ")":  # (?x): flags for the rest of this group
+        top[2] = verbose
+      else:
+        stack.append([1, None, verbose])
+      i = flags.end() if flags else i + 1
+    elif c == ")" and len(stack) > 1:
+      piece(None)
+      piece(stack.pop()[0])
+      i += 1
+    elif (
+      c == "{"
+      and top[1] is not None
+      and (count := (_COUNT_VERBOSE if top[2] else _COUNT).match(pattern, i))
+    ):
+      low, high = count.group(1), count.group(3) or count.group(1)
+      top[1] *= max(max(_HUGE if len(d) > 9 else int(d) for d in (low, high)), 1)
+      i = count.end()
+    else:
+      piece(None if c in ")|" else top[1] if c in "*+?" else 1)
+      i += 1
   while len(stack) > 1:  # unclosed groups: outlines-core will refuse the pattern
-    finish()
-    value = stack.pop()[0]
-    stack[-1][1] = value
-  finish()
+    piece(None)
+    piece(stack.pop()[0])
+  piece(None)
   return stack[0][0]
 
 
@@ -383,9 +414,43 @@ def token_classes(
 KINDS = {"regex": Regex, "json_schema": JsonSchema, "choice": Choice, "tool_calls": ToolCalls}
 
 
+# How far past the table a regex's automaton may count before a compile is
+# refused unbuilt. `regex_states` counts characters, the table tokens: more
+# states where a character takes several bytes, fewer where the vocabulary has
+# no token for each byte. The margin keeps the count from refusing what would
+# fit; the table's own count decides after the compile (`compile_arrays`).
+STATE_MARGIN = 2
+
+
+def check_size(regex: str, kind: str, max_states: int | None, max_repeat: int) -> None:
+  """CompileError, before any compile, for a regex a worker will not compile: a
+  counted repetition of more than `max_repeat` copies (0: no bound), or an
+  automaton past STATE_MARGIN x `max_states` states (stopped as soon as it
+  passes them: `regex_states.count_states`)."""
+  repeat = regex_repeat(regex)
+  if max_repeat and repeat > max_repeat:
+    if kind in ("json_schema", "tool_calls"):
+      raise CompileError(
+        f"the schema's regular expression repeats a piece {repeat} times; "
+        f"at most {max_repeat} (a maxLength, maxItems or similar bound is too large)."
+      )
+    raise CompileError(
+      f"a counted repetition makes {repeat} copies of one piece; "
+      f"this server takes at most {max_repeat} (max_regex_repeat)."
+    )
+  if max_states:
+    cap = STATE_MARGIN * max_states
+    states = regex_states.count_states(regex, cap)
+    if states is not None and states > cap:
+      raise CompileError(
+        f"its automaton has more than {cap} states ({STATE_MARGIN} x the {max_states} "
+        "the constraint table holds, constraint_states): simplify it."
+      )
+
+
 def compile_message(vocabulary, eos_ids, vocab_size, message) -> tuple:
   """One worker answer: `("ok", arrays...)` or `("error", message)` for
-  `message = (kind, value, max_states, max_repeat)`."""
+  `message = (kind, value, max_states, max_repeat)`; `check_size` first."""
   kind, value, max_states, max_repeat = message
   try:
     if kind == "tool_calls":  # its fields, by name
@@ -393,11 +458,7 @@ def compile_message(vocabulary, eos_ids, vocab_size, message) -> tuple:
     else:
       constraint = KINDS[kind](tuple(value) if kind == "choice" else value)
     regex = to_regex(constraint)
-    if kind in ("json_schema", "tool_calls") and max_repeat and regex_repeat(regex) > max_repeat:
-      raise CompileError(
-        f"the schema's regular expression repeats a piece {regex_repeat(regex)} times; "
-        f"at most {max_repeat} (a maxLength, maxItems or similar bound is too large)."
-      )
+    check_size(regex, kind, max_states, max_repeat)
     return ("ok", *compile_arrays(regex, vocabulary, eos_ids, vocab_size, max_states))
   except MemoryError:
     return ("error", "compiling it ran out of memory (the server's compile memory limit).")
@@ -411,7 +472,7 @@ def worker_main(argv: Sequence[str]) -> None:
   """The compile worker's loop: `("vocabulary", (eos_ids, pieces, vocab_size))`
   once, then `("compile", message)` answered by `compile_message`, until stdin
   closes. argv[0]: the address-space limit in bytes (0: none)."""
-  import os
+  import contextlib
   import pickle
   import resource
   import signal
@@ -419,6 +480,11 @@ def worker_main(argv: Sequence[str]) -> None:
 
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its workers itself
   os.nice(10)  # a compile yields the CPU to serving (the event loop, the engine's steps)
+  # Out of memory, the kernel kills the process it scores highest: a compile
+  # worker, never the server (Linux; raising one's own score needs no privilege).
+  with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as score:
+    score.write("1000")
+  sys.setrecursionlimit(10_000)  # regex_states recurses once per nested group (at most 250)
   limit = int(argv[0]) if argv else 0
   if limit > 0:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
