@@ -1,18 +1,21 @@
 """The server's constraint compiles: in worker processes it can kill, bounded in
-time, memory and number, cached by bytes.
+time, memory and number, shared between clients, cached by bytes.
 
 outlines-core compiles in Rust, which a thread cannot interrupt: a hostile
 regex would hold a core and its memory for as long as it likes. Here each
-compile runs in a worker process (`specjax.grammar`, run by path: it imports no
-JAX and starts in a fraction of a second) under an address-space limit; the
-server kills it past `compile_timeout_s`, when the client goes away, or when
-the server shuts down, and starts a fresh one for the next compile. At most
-`compile_workers` compiles run at once and `compile_queue` wait their turn;
-past that, 429.
+compile runs in a worker process (`specjax.serving.compile_worker`) under an
+address-space limit, after the worker's cheap measures (`grammar.check_size`:
+the copies a repetition makes, and the automaton's states counted up to a
+cap); the server kills it past `compile_timeout_s`, once every request
+awaiting it has gone, or when the server shuts down, and starts a fresh one for
+the next compile. At most `compile_workers` compiles run at once and
+`compile_queue` wait their turn, of which one client may have started at most
+`compile_per_client`; past either, 429. A request for a constraint that is
+compiling awaits that compile: no second worker, no queue place.
 
   pool = CompilePool(token_bytes, eos_ids, vocab_size, limits, max_states)
-  automaton = await pool.compile(param, constraint, disconnected)  # APIError on refusal
-  pool.close()                                                       # kills the workers
+  automaton = await pool.compile(constraint, disconnected, client=peer)  # CompileRefused
+  pool.close()                                                             # kills the workers
 """
 
 from __future__ import annotations
@@ -20,24 +23,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import logging
-import os
 import pickle
-import subprocess
-import sys
-import tempfile
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 
 from specjax import grammar
 from specjax.constraints import Automaton
+from specjax.serving.compile_worker import CompileWorker
 from specjax.serving.limits import ServerLimits
 
 logger = logging.getLogger(__name__)
-# How often a waiting compile checks that its client is still there.
+# How often a request awaiting a compile checks that its client is still there.
 _POLL_S = 0.25
 
 
@@ -49,69 +48,24 @@ class CompileRefused(Exception):
     self.status, self.message, self.retry_after = status, message, retry_after
 
 
-class _Worker:
-  """One compile worker process; `call` sends a message and waits for the answer
-  (in a thread: the event loop never blocks on the pipe)."""
-
-  def __init__(self, hello: bytes, memory_bytes: int):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    # Its stderr goes to a file (a pipe nobody reads could fill and stall it): why
-    # a worker died, e.g. it could not import outlines-core.
-    self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - the worker's lifetime; kill() closes it
-    self.process = subprocess.Popen(
-      [sys.executable, "-I", grammar.__file__, str(memory_bytes)],
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      stderr=self.errors,
-      env=env,
-    )
-    self.hello = hello  # the vocabulary, sent before the first compile
-
-  def last_error(self) -> str:
-    """The last line its stderr holds (a dead worker's traceback ends with why)."""
-    try:
-      self.errors.seek(0, os.SEEK_END)
-      self.errors.seek(max(0, self.errors.tell() - 2000))
-      lines = self.errors.read().decode("utf-8", "replace").strip().splitlines()
-    except (OSError, ValueError):
-      return ""
-    return lines[-1] if lines else ""
-
-  def call(self, message: tuple) -> tuple | None:
-    """The worker's answer to `message`, or None if it died (killed, out of memory)."""
-    try:
-      if self.hello:
-        self.process.stdin.write(self.hello)
-        self.hello = b""
-        self.process.stdin.flush()
-        if pickle.load(self.process.stdout) != ("ok",):
-          return None
-      pickle.dump(("compile", message), self.process.stdin)
-      self.process.stdin.flush()
-      return pickle.load(self.process.stdout)
-    except (EOFError, OSError, pickle.UnpicklingError, ValueError):
-      return None
-
-  def alive(self) -> bool:
-    return self.process.poll() is None
-
-  def kill(self) -> None:
-    """Kills the process without waiting for it: a worker that grew to gigabytes
-    takes the kernel a while to tear down, and the event loop must not wait."""
-    if self.process.poll() is None:
-      self.process.kill()
-    for pipe in (self.process.stdin, self.process.stdout, self.errors):
-      with contextlib.suppress(OSError):
-        pipe.close()
-    threading.Thread(target=self.process.wait, name="specjax-compile-reaper", daemon=True).start()
-
-
 def automaton_bytes(automaton: Automaton) -> int:
   return sum(a.nbytes for a in (automaton.class_next, automaton.token_class, automaton.accepting))
 
 
 def cache_key(constraint: grammar.Constraint) -> tuple[str, str]:
   return type(constraint).__name__, json.dumps(dataclasses.asdict(constraint), sort_keys=True)
+
+
+@dataclasses.dataclass(eq=False)
+class _Flight:
+  """One compile in flight: the client that started it (whose share it takes),
+  its task, whether it still waits for a worker, and the requests awaiting it."""
+
+  key: tuple
+  client: Hashable | None
+  task: asyncio.Task | None = None
+  queued: bool = True
+  waiters: int = 0
 
 
 class CompilePool:
@@ -131,14 +85,16 @@ class CompilePool:
     pieces = grammar.vocabulary_pieces(token_bytes, eos, vocab_size)
     self._hello = pickle.dumps(("vocabulary", (eos, pieces, vocab_size)))
     self.limits, self.max_states = limits, max_states
-    self._idle: list[_Worker] = []
-    self._busy: set[_Worker] = set()
+    self._idle: list[CompileWorker] = []
+    self._busy: set[CompileWorker] = set()
     # _idle, _busy, _closed: the loop and close(), which a signal handler may call
     # on the loop's own thread (hence re-entrant).
     self._lock = threading.RLock()
     self._closed = False
     self._slots = asyncio.Semaphore(limits.compile_workers)
-    self._waiting = 0
+    self._flights: dict[tuple, _Flight] = {}  # by cache key, while requests await them
+    self._live: set[_Flight] = set()  # started and not ended (running or queued)
+    self._shares: collections.Counter = collections.Counter()  # live flights by client
     self._threads = concurrent.futures.ThreadPoolExecutor(
       limits.compile_workers, thread_name_prefix="specjax-compile"
     )
@@ -147,36 +103,101 @@ class CompilePool:
     self.counters = collections.Counter()
 
   async def compile(
-    self, constraint: grammar.Constraint, disconnected: Callable[[], Awaitable[bool]] | None = None
+    self,
+    constraint: grammar.Constraint,
+    disconnected: Callable[[], Awaitable[bool]] | None = None,
+    *,
+    client: Hashable | None = None,
   ) -> Automaton:
-    """`constraint`'s automaton (cached); CompileRefused (400 or 429) otherwise.
-    `disconnected()`: whether the client has gone (then the compile is killed)."""
+    """`constraint`'s automaton (cached); CompileRefused (400, 429, 499, 503) otherwise.
+
+    Args:
+      disconnected: whether this request's client has gone (then it stops
+        waiting; the compile is killed once no request awaits it).
+      client: who asks, for its share of the pool (`compile_per_client`): the
+        HTTP side passes the peer's address. None: no share applies.
+    """
     key = cache_key(constraint)
     if key in self.cache:
       self.cache.move_to_end(key)
       self.counters["cache_hits"] += 1
       return self.cache[key]
-    if self._slots.locked() and self._waiting >= self.limits.compile_queue:
+    flight = self._flights.get(key)
+    if flight is None:
+      flight = self._start(key, constraint, client)
+    else:
+      self.counters["joined"] += 1
+    flight.waiters += 1
+    try:
+      return await self._await(flight, disconnected)
+    finally:
+      flight.waiters -= 1
+      if not flight.waiters and not flight.task.done():
+        # Nobody awaits it: kill it (a later request for it starts afresh).
+        self.counters["abandoned"] += 1
+        if self._flights.get(key) is flight:
+          del self._flights[key]
+        flight.task.cancel()
+
+  def _start(self, key: tuple, constraint, client: Hashable | None) -> _Flight:
+    """A new compile's flight; CompileRefused (429) when the queue is full, or past
+    `client`'s share while it is not."""
+    limits = self.limits
+    if len(self._live) >= limits.compile_workers + limits.compile_queue:
       self.counters["refused_busy"] += 1
+      waiting = sum(f.queued for f in self._live)
       raise CompileRefused(
         429,
-        f"{self.limits.compile_workers} constraints are compiling and "
-        f"{self._waiting} wait (compile_queue); try again shortly.",
+        f"{len(self._live) - waiting} constraints are compiling and {waiting} wait "
+        "(compile_queue); try again shortly.",
         retry_after=1.0,
       )
-    self._waiting += 1
-    try:
-      await self._slots.acquire()
-    finally:
-      self._waiting -= 1
-    try:
-      automaton = await self._run(constraint, disconnected)
-    finally:
-      self._slots.release()
-    self._keep(key, automaton)
+    if client is not None and self._shares[client] >= limits.compile_per_client:
+      self.counters["refused_client"] += 1
+      raise CompileRefused(
+        429,
+        f"this client has {self._shares[client]} constraints compiling or waiting "
+        "(compile_per_client); try again shortly.",
+        retry_after=1.0,
+      )
+    flight = self._flights[key] = _Flight(key, client)
+    self._live.add(flight)
+    if client is not None:
+      self._shares[client] += 1
+    flight.task = asyncio.create_task(self._compile_once(flight, constraint))
+    flight.task.add_done_callback(lambda task: self._end(flight, task))
+    return flight
+
+  def _end(self, flight: _Flight, task: asyncio.Task) -> None:
+    """A compile ended (compiled, refused or killed): its place and share are free."""
+    self._live.discard(flight)
+    if self._flights.get(flight.key) is flight:
+      del self._flights[flight.key]
+    if flight.client is not None:
+      self._shares[flight.client] -= 1
+      if not self._shares[flight.client]:
+        del self._shares[flight.client]
+    if not task.cancelled():
+      task.exception()  # retrieved, though every request awaiting it may have gone
+
+  async def _await(self, flight: _Flight, disconnected) -> Automaton:
+    """`flight`'s automaton; 499 if this request's client leaves first."""
+    while True:
+      done, _ = await asyncio.wait({flight.task}, timeout=_POLL_S)
+      if done:
+        return flight.task.result()
+      if disconnected is not None and await disconnected():
+        raise CompileRefused(499, "the client went away.")
+
+  async def _compile_once(self, flight: _Flight, constraint) -> Automaton:
+    async with self._slots:
+      flight.queued = False
+      automaton = await self._run(constraint)
+    self._keep(flight.key, automaton)
     return automaton
 
-  async def _run(self, constraint, disconnected) -> Automaton:
+  async def _run(self, constraint) -> Automaton:
+    """One compile in a worker, killed past compile_timeout_s (or when cancelled)."""
     worker = self._take()
     kind = {v: k for k, v in grammar.KINDS.items()}[type(constraint)]
     # A tool-call constraint travels as its fields; the others as their one field.
@@ -184,53 +205,44 @@ class CompilePool:
       value = dataclasses.asdict(constraint)
     else:
       value = dataclasses.astuple(constraint)[0]
-    message = (
-      kind,
-      value,
-      self.max_states,
-      self.limits.max_regex_repeat,
-    )
-    loop = asyncio.get_running_loop()
-    call = loop.run_in_executor(self._threads, worker.call, message)
-    deadline = loop.time() + self.limits.compile_timeout_s
+    message = (kind, value, self.max_states, self.limits.max_regex_repeat)
+    call = asyncio.get_running_loop().run_in_executor(self._threads, worker.call, message)
     answer = None  # the worker is kept for the next compile only if it answered
     try:
-      while True:
-        done, _ = await asyncio.wait({call}, timeout=min(_POLL_S, deadline - loop.time()))
-        if done:
-          break
-        if loop.time() >= deadline:
-          self.counters["timed_out"] += 1
-          raise CompileRefused(
-            400,
-            f"compiling it took longer than {self.limits.compile_timeout_s:g} s "
-            "(compile_timeout_s): simplify it.",
-          )
-        if disconnected is not None and await disconnected():
-          self.counters["abandoned"] += 1
-          raise CompileRefused(499, "the client went away.")
-      answer = call.result()
-      if answer is None:
-        if self._closed:
-          raise CompileRefused(503, "the server is shutting down.")
-        self.counters["crashed"] += 1
-        why = worker.last_error()
-        if why:
-          logger.warning("a constraint compile worker died: %s", why)
+      done, _ = await asyncio.wait({call}, timeout=self.limits.compile_timeout_s)
+      if not done:
+        self.counters["timed_out"] += 1
         raise CompileRefused(
           400,
-          "compiling it ran out of memory or crashed "
-          f"(compile_memory_mb={self.limits.compile_memory_mb}): simplify it.",
+          f"compiling it took longer than {self.limits.compile_timeout_s:g} s "
+          "(compile_timeout_s): simplify it.",
         )
-      if answer[0] != "ok":
-        self.counters["refused"] += 1
-        raise CompileRefused(400, answer[1])
-      self.counters["compiled"] += 1
-      return Automaton(*answer[1:])
+      answer = call.result()
+      return self._automaton(answer, worker)
     finally:
       self._give_back(worker, answer is not None)
 
-  def _take(self) -> _Worker:
+  def _automaton(self, answer: tuple | None, worker: CompileWorker) -> Automaton:
+    """A worker's answer as an automaton; CompileRefused for a refusal or a death."""
+    if answer is None:
+      if self._closed:
+        raise CompileRefused(503, "the server is shutting down.")
+      self.counters["crashed"] += 1
+      why = worker.last_error()
+      if why:
+        logger.warning("a constraint compile worker died: %s", why)
+      raise CompileRefused(
+        400,
+        "compiling it ran out of memory or crashed "
+        f"(compile_memory_mb={self.limits.compile_memory_mb}): simplify it.",
+      )
+    if answer[0] != "ok":
+      self.counters["refused"] += 1
+      raise CompileRefused(400, answer[1])
+    self.counters["compiled"] += 1
+    return Automaton(*answer[1:])
+
+  def _take(self) -> CompileWorker:
     with self._lock:
       if self._closed:
         raise CompileRefused(503, "the server is shutting down.")
@@ -240,17 +252,17 @@ class CompilePool:
           break
         worker.kill()
       else:
-        worker = _Worker(self._hello, self.limits.compile_memory_mb << 20)
+        worker = CompileWorker(self._hello, self.limits.compile_memory_mb << 20)
       self._busy.add(worker)
       return worker
 
-  def _give_back(self, worker: _Worker, reusable: bool) -> None:
+  def _give_back(self, worker: CompileWorker, reusable: bool) -> None:
     with self._lock:
       self._busy.discard(worker)
       if reusable and not self._closed and worker.alive():
         self._idle.append(worker)
         return
-    worker.kill()  # timed out, abandoned or dead: its thread's read ends with the process
+    worker.kill()  # timed out, abandoned or dead: its thread's read meets the pipe's end
 
   def _keep(self, key, automaton: Automaton) -> None:
     """Caches `automaton`, dropping the least recently used past compile_cache_mb."""
@@ -271,7 +283,8 @@ class CompilePool:
       "cached": len(self.cache),
       "cache_bytes": self.cache_bytes,
       "running": running,
-      "waiting": self._waiting,
+      "waiting": sum(f.queued for f in self._live),
+      "clients": len(self._shares),
       **self.counters,
     }
 
@@ -282,6 +295,5 @@ class CompilePool:
       workers = [*self._idle, *self._busy]
       self._idle = []
     for worker in workers:
-      if worker.process.poll() is None:
-        worker.process.kill()
+      worker.kill()
     self._threads.shutdown(wait=False, cancel_futures=True)

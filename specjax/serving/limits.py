@@ -34,6 +34,13 @@ class ServerLimits:
       parameters schema is bounded as a schema).
     compile_workers: constraints compiled at once, each in a worker process.
     compile_queue: compiles that may wait for a worker; past it, 429.
+    compile_per_client: compiles one client may have started and not finished
+      (running or waiting), from 1 to compile_workers + compile_queue; past it,
+      that client gets 429 while others are still served (below
+      compile_workers, no client can hold every worker). A request for a
+      constraint already compiling awaits that compile and takes no share.
+      Clients are told apart by what the HTTP side passes (the peer's address:
+      behind a proxy, every client is the proxy).
     compile_timeout_s: a compile's seconds at most (its worker is killed).
     compile_memory_mb: a compile worker's address space, MiB (0: no limit).
     compile_cache_mb: the compiled automata kept for reuse, MiB.
@@ -55,6 +62,7 @@ class ServerLimits:
   max_tools: int = 64
   compile_workers: int = 2
   compile_queue: int = 8
+  compile_per_client: int = 1
   compile_timeout_s: float = 30.0
   compile_memory_mb: int = 4096
   compile_cache_mb: int = 256
@@ -66,6 +74,8 @@ class ServerLimits:
       if field.type == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
           raise ValueError(f"{field.name} must be a number >= 0, got {value!r}.")
+      elif field.name == "compile_per_client":  # a share of what the pool holds
+        check_int(field.name, value, 1, self.compile_workers + self.compile_queue)
       else:
         low = 0 if field.name in ("compile_queue", "compile_memory_mb", "compile_cache_mb") else 1
         check_int(field.name, value, low)
