@@ -2,8 +2,9 @@
 
 Every limit has a default a deployment may raise (configs/serve.py's field of
 the same name); a request past one gets an OpenAI-style error whose `param`
-names the field: 400, 413 (the body), 415 (its Content-Type), 429 (a full
-queue or every slot of a concurrency cap in use, with Retry-After).
+names the field: 400, 408 (a body not sent in time), 413 (the body), 415 (its
+Content-Type), 429 (a full queue or every slot of a concurrency cap in use,
+with Retry-After).
 docs/serving.md ("Limits and security") lists them.
 """
 
@@ -47,6 +48,9 @@ class ServerLimits:
     request_timeout_s: a request's seconds from arrival to its last token at
       most (0: none); past it, its text so far with finish_reason "length"
       (or 429 if it never started).
+    body_timeout_s: the seconds a client has to send a request's body once its
+      headers are in (408 past it); until then the request holds no place
+      among `max_requests`.
   """
 
   max_body_bytes: int = 1 << 20
@@ -67,6 +71,7 @@ class ServerLimits:
   compile_memory_mb: int = 4096
   compile_cache_mb: int = 256
   request_timeout_s: float = 0.0
+  body_timeout_s: float = 10.0
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -81,6 +86,8 @@ class ServerLimits:
         check_int(field.name, value, low)
     if self.compile_timeout_s <= 0:
       raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s!r}.")
+    if self.body_timeout_s <= 0:
+      raise ValueError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}.")
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(ServerLimits))
