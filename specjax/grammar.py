@@ -1,7 +1,8 @@
 """Constraints compiled to token automata on the host, with no JAX: what a
 request asks for (`Regex`, `JsonSchema`, `Choice`), its regular expression, the
 outlines-core index over a vocabulary as numpy arrays, and the cheap measures a
-server bounds before compiling (`regex_repeat`, `json_depth`).
+server bounds before compiling (`regex_repeat`, `json_depth`, and in the worker
+`check_size`: the automaton's states, counted up to a cap).
 
 This module imports only numpy (and outlines-core when it compiles, and
 `specjax.regex_states`, which needs only the standard library), so that the

@@ -33,8 +33,8 @@ _MAX = 0x10FFFF
 _ALL = ((0, _MAX),)
 _NEST = 250  # groups inside groups at most (regex-syntax's own nest limit)
 # What a count may spend before it gives up (None) rather than delay a compile:
-# derivative steps (about a second of work), and seconds, for a
-# pattern whose steps are each costly.
+# derivative steps (about a second of work), and seconds (for a pattern whose
+# every step is costly).
 BUDGET = 4_000_000
 SECONDS = 2.0
 
