@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.validation import is_int, is_real
+from specjax.validation import FieldError, is_int, is_real
 
 # A positive temperature below float32's smallest normal number cannot divide
 # logits in float32 (it is flushed to zero or overflows every quotient): such
@@ -105,27 +105,29 @@ class SamplingParams:
 
   def __post_init__(self):
     if not is_real(self.temperature) or not 0 <= self.temperature <= MAX_FLOAT32:
-      raise ValueError(
+      raise FieldError(
+        "temperature",
         f"temperature must be a number >= 0 and at most {MAX_FLOAT32:.4g} (float32's "
-        f"largest; 0 = greedy), got {self.temperature!r}."
+        f"largest; 0 = greedy), got {self.temperature!r}.",
       )
     if not is_int(self.top_k) or self.top_k < 0:
-      raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}.")
+      raise FieldError("top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}.")
     if not is_real(self.top_p) or not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}.")
+      raise FieldError("top_p", f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}.")
     for name, (allowed, ok) in RANGES.items():
       value = getattr(self, name)
       if not is_real(value) or not ok(value):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+        raise FieldError(name, f"{name} must be {allowed}, got {value!r}.")
       object.__setattr__(self, name, float(value))
     object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
     if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= MAX_INT32:
-      raise ValueError(
+      raise FieldError(
+        "min_tokens",
         f"min_tokens must be an integer >= 0 and at most {MAX_INT32} (int32; 0 = off), "
-        f"got {self.min_tokens!r}."
+        f"got {self.min_tokens!r}.",
       )
     if not isinstance(self.ignore_eos, (bool, np.bool_)):
-      raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}.")
+      raise FieldError("ignore_eos", f"ignore_eos must be a bool, got {self.ignore_eos!r}.")
     object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
     # numpy scalars become Python numbers: equal settings hash equally (jit cache).
     object.__setattr__(self, "temperature", float(self.temperature))
@@ -148,41 +150,52 @@ class SamplingParams:
     """Raises if top_k exceeds the vocabulary (it would silently mean 'off') or an
     id of logit_bias or stop_token_ids is not in it."""
     if self.top_k > vocab_size:
-      raise ValueError(f"top_k must be in [0, vocab_size={vocab_size}], got {self.top_k}.")
+      raise FieldError("top_k", f"top_k must be in [0, vocab_size={vocab_size}], got {self.top_k}.")
     for name, ids in (
       ("logit_bias", [i for i, _ in self.logit_bias]),
       ("stop_token_ids", self.stop_token_ids),
     ):
       bad = [i for i in ids if i >= vocab_size]
       if bad:
-        raise ValueError(f"{name} ids must be in [0, vocab_size={vocab_size}), got {bad[0]!r}.")
+        raise FieldError(
+          name, f"{name} ids must be in [0, vocab_size={vocab_size}), got {bad[0]!r}."
+        )
 
 
 def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
   """`logit_bias` (a dict id -> bias, or pairs) as sorted `(id, bias)` pairs:
   ids integers in [0, `MAX_INT32`] (strings of ASCII digits too, as JSON keys
   are: `str.isdigit` would take other scripts' digits), biases in
-  [-100, 100], at most `MAX_LOGIT_BIAS`. Raises a ValueError naming the field."""
+  [-100, 100], at most `MAX_LOGIT_BIAS`. Raises a FieldError naming the field."""
   pairs = bias.items() if isinstance(bias, dict) else bias
   try:
     pairs = list(pairs)
   except TypeError:
-    raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}.") from None
+    raise FieldError(
+      "logit_bias", f"logit_bias must be a dict of token id -> bias, got {bias!r}."
+    ) from None
   if len(pairs) > MAX_LOGIT_BIAS:
-    raise ValueError(f"logit_bias must have at most {MAX_LOGIT_BIAS} entries, got {len(pairs)}.")
+    raise FieldError(
+      "logit_bias", f"logit_bias must have at most {MAX_LOGIT_BIAS} entries, got {len(pairs)}."
+    )
   out = {}
   for pair in pairs:
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-      raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}.")
+      raise FieldError(
+        "logit_bias", f"logit_bias must be a dict of token id -> bias, got {bias!r}."
+      )
     token, value = pair
     if isinstance(token, str) and token.isascii() and token.isdigit():
       token = int(token)
     if not is_int(token) or not 0 <= token <= MAX_INT32:
-      raise ValueError(
-        f"logit_bias keys must be token ids (integers in [0, {MAX_INT32}]), got {token!r}."
+      raise FieldError(
+        "logit_bias",
+        f"logit_bias keys must be token ids (integers in [0, {MAX_INT32}]), got {token!r}.",
       )
     if not is_real(value) or not -100 <= value <= 100:
-      raise ValueError(f"logit_bias values must be in [-100, 100], got {value!r} for {token}.")
+      raise FieldError(
+        "logit_bias", f"logit_bias values must be in [-100, 100], got {value!r} for {token}."
+      )
     out[int(token)] = float(value)
   return tuple(sorted(out.items()))
 
@@ -191,11 +204,15 @@ def check_stop_token_ids(ids) -> tuple[int, ...]:
   """`stop_token_ids` as a tuple of ints in [0, `MAX_INT32`] (at most
   `MAX_STOP_TOKEN_IDS`)."""
   if not isinstance(ids, (list, tuple)) or not all(is_int(i) and 0 <= i <= MAX_INT32 for i in ids):
-    raise ValueError(
-      f"stop_token_ids must be a list of token ids (integers in [0, {MAX_INT32}]), got {ids!r}."
+    raise FieldError(
+      "stop_token_ids",
+      f"stop_token_ids must be a list of token ids (integers in [0, {MAX_INT32}]), got {ids!r}.",
     )
   if len(ids) > MAX_STOP_TOKEN_IDS:
-    raise ValueError(f"stop_token_ids must have at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}.")
+    raise FieldError(
+      "stop_token_ids",
+      f"stop_token_ids must have at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}.",
+    )
   return tuple(int(i) for i in ids)
 
 
@@ -317,12 +334,12 @@ class RowSampling:
     """Rows from one `SamplingParams` per row (each validated), or one for `batch` rows."""
     if isinstance(params, SamplingParams):
       if batch is None:
-        raise ValueError("batch is needed to broadcast one SamplingParams to rows.")
+        raise FieldError("batch", "batch is needed to broadcast one SamplingParams to rows.")
       params = [params] * batch
     params = list(params)
     if not params or not all(isinstance(p, SamplingParams) for p in params):
-      raise ValueError(
-        f"params must be a non-empty list of specjax.SamplingParams, got {params!r}."
+      raise FieldError(
+        "params", f"params must be a non-empty list of specjax.SamplingParams, got {params!r}."
       )
 
     def padded(rows, width, fill, dtype):
@@ -383,10 +400,10 @@ class RowSampling:
     return bool(np.all(np.asarray(self.temperature) < MIN_TEMPERATURE))
 
   def check(self, vocab_size: int, batch: int) -> None:
-    """Raises a ValueError naming the field and row when a setting is out of range
+    """Raises a FieldError naming the field and row when a setting is out of range
     (on the host, before compiling)."""
     if self.batch != batch:
-      raise ValueError(f"sampling has {self.batch} rows but the batch has {batch}.")
+      raise FieldError("sampling", f"sampling has {self.batch} rows but the batch has {batch}.")
     t, k, p = (np.asarray(x) for x in (self.temperature, self.top_k, self.top_p))
     checks = [
       ("temperature", t, np.isfinite(t) & (t >= 0), "a number >= 0 and finite (0 = greedy)"),
@@ -402,25 +419,32 @@ class RowSampling:
       checks.append(("min_tokens", values, values >= 0, "an integer >= 0 (0 = off)"))
     for name, values, ok, allowed in checks:
       if values.shape != (batch,):
-        raise ValueError(f"sampling.{name} must have shape [{batch}], got {values.shape}.")
+        raise FieldError(
+          f"sampling.{name}", f"sampling.{name} must have shape [{batch}], got {values.shape}."
+        )
       if not ok.all():
         row = int(np.argmin(ok))
-        raise ValueError(f"sampling.{name} must be {allowed}; row {row} has {values[row]!r}.")
+        raise FieldError(
+          f"sampling.{name}", f"sampling.{name} must be {allowed}; row {row} has {values[row]!r}."
+        )
     if self.bias is not None:
       bias = np.asarray(self.bias)
       ok = (bias >= -100) & (bias <= 100)
       if not ok.all():
         row = int(np.argmin(ok.all(axis=-1)))
-        raise ValueError(f"sampling.bias (logit_bias) must be in [-100, 100]; row {row} is not.")
+        raise FieldError(
+          "sampling.bias", f"sampling.bias (logit_bias) must be in [-100, 100]; row {row} is not."
+        )
     for name in ("bias_ids", "stop_token_ids"):
       ids = getattr(self, name)
       if ids is not None:
         ids = np.asarray(ids)
         ok = (ids >= -1) & (ids < vocab_size)
         if ids.ndim != 2 or ids.shape[0] != batch or not ok.all():
-          raise ValueError(
+          raise FieldError(
+            f"sampling.{name}",
             f"sampling.{name} must be [{batch}, n] ids in [0, vocab_size={vocab_size}) "
-            "(-1: padding)."
+            "(-1: padding).",
           )
 
 

@@ -1,8 +1,11 @@
 """Argument checks shared by the library and the launchers, run on the host.
 
-Each failure is a `ValueError` that names the argument and its allowed range.
-Numbers may be Python or numpy scalars (`np.int64(3)`, `np.float32(0.5)`);
-booleans are never numbers here.
+Each failure is a `FieldError` (a `ValueError`) whose message begins with the
+argument's name and gives its allowed range; `error.field` is that name, so a
+caller that calls the argument something else (the HTTP API's `max_tokens` for
+`max_new_tokens`) renames it without reading the message. Numbers may be
+Python or numpy scalars (`np.int64(3)`, `np.float32(0.5)`); booleans are never
+numbers here.
 """
 
 from __future__ import annotations
@@ -12,6 +15,28 @@ import numbers
 import os
 
 import numpy as np
+
+
+class FieldError(ValueError):
+  """A ValueError about one named field: `field` is the name the raiser knows it
+  by, and the message begins with it (`"top_k must be ..."`)."""
+
+  def __init__(self, field: str, message: str):
+    assert message.startswith(field), (field, message)
+    super().__init__(message)
+    self.field = field
+
+  def __reduce__(self):  # pickle rebuilds it from both arguments, not the message alone
+    return FieldError, (self.field, str(self))
+
+  def renamed(self, name: str) -> FieldError:
+    """The same error for a caller that calls the field `name`."""
+    return FieldError(name, name + str(self)[len(self.field) :])
+
+  def within(self, record: str) -> FieldError:
+    """The same error seen from a record that holds the field's owner as `record`
+    (a `Request`'s `sampling`): `record.field`."""
+    return self.renamed(f"{record}.{self.field}")
 
 
 def is_int(value) -> bool:
@@ -37,14 +62,14 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
   ):
     low = "-inf" if minimum is None else minimum
     high = "inf" if maximum is None else maximum
-    raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}.")
+    raise FieldError(name, f"{name} must be an integer in [{low}, {high}], got {value!r}.")
   return int(value)
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
   """Returns `value` as a Python int; raises unless it is an integer >= minimum."""
   if not is_int(value) or value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    raise FieldError(name, f"{name} must be an integer >= {minimum}, got {value!r}.")
   return int(value)
 
 
@@ -55,7 +80,7 @@ def check_loop(loop, loop_chunk, prefix: str = "") -> tuple[str, int]:
   """`(loop, loop_chunk)` checked: `loop` one of `LOOPS`, `loop_chunk` an integer
   >= 1; errors name them with `prefix` (a launcher's "config.")."""
   if not isinstance(loop, str) or loop not in LOOPS:
-    raise ValueError(f"{prefix}loop must be one of {LOOPS}, got {loop!r}.")
+    raise FieldError(f"{prefix}loop", f"{prefix}loop must be one of {LOOPS}, got {loop!r}.")
   return loop, check_positive_int(f"{prefix}loop_chunk", loop_chunk)
 
 
@@ -64,8 +89,8 @@ def check_token_id(name: str, value, vocab_size: int) -> int | None:
   if value is None:
     return None
   if not is_int(value) or not 0 <= value < vocab_size:
-    raise ValueError(
-      f"{name} must be None or an integer in [0, vocab_size={vocab_size}), got {value!r}."
+    raise FieldError(
+      name, f"{name} must be None or an integer in [0, vocab_size={vocab_size}), got {value!r}."
     )
   return int(value)
 
@@ -76,15 +101,18 @@ def check_token_ids(name: str, ids, vocab_size: int) -> np.ndarray:
   checks a padded batch)."""
   array = np.asarray(ids)
   if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
-    raise ValueError(
+    raise FieldError(
+      name,
       f"{name} must be a non-empty list of token ids, got {array.size} items of dtype "
-      f"{array.dtype}."
+      f"{array.dtype}.",
     )
   bad = (array < 0) | (array >= vocab_size)
   if bad.any():
     i = int(np.argmax(bad))
-    raise ValueError(
-      f"{name} must hold token ids in [0, vocab_size={vocab_size}); got {array[i]} at position {i}."
+    raise FieldError(
+      name,
+      f"{name} must hold token ids in [0, vocab_size={vocab_size}); got {array[i]} at "
+      f"position {i}.",
     )
   return array
 
@@ -102,9 +130,10 @@ def check_eos_ids(name: str, value, vocab_size: int) -> int | tuple[int, ...] | 
   if (
     not ids or not all(is_int(i) and 0 <= i < vocab_size for i in ids) or len(set(ids)) != len(ids)
   ):
-    raise ValueError(
+    raise FieldError(
+      name,
       f"{name} must be None, an integer or a non-empty list of distinct integers in "
-      f"[0, vocab_size={vocab_size}), got {value!r}."
+      f"[0, vocab_size={vocab_size}), got {value!r}.",
     )
   return ids[0] if len(ids) == 1 else tuple(int(i) for i in ids)
 
@@ -118,14 +147,14 @@ def check_output_path(name: str, path: str | None) -> str | None:
   if not path:
     return path
   if os.path.isdir(path):
-    raise ValueError(f"{name} must be a file path, got the directory {path!r}.")
+    raise FieldError(name, f"{name} must be a file path, got the directory {path!r}.")
   parent = os.path.dirname(os.path.abspath(path))
   try:
     os.makedirs(parent, exist_ok=True)
   except OSError as e:
-    raise ValueError(f"{name}: cannot create the directory {parent!r} ({e}).") from e
+    raise FieldError(name, f"{name}: cannot create the directory {parent!r} ({e}).") from e
   if not os.access(parent, os.W_OK):
-    raise ValueError(f"{name}: the directory {parent!r} is not writable.")
+    raise FieldError(name, f"{name}: the directory {parent!r} is not writable.")
   return path
 
 

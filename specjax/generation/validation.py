@@ -15,7 +15,7 @@ from specjax import verify
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import check_capacity
 from specjax.sampling import RowSampling, SamplingParams
-from specjax.validation import check_eos_ids, check_int, check_positive_int
+from specjax.validation import FieldError, check_eos_ids, check_int, check_positive_int
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -94,7 +94,7 @@ def check_sampling(sampling, vocab_size: int, batch: int, per_row: bool = True) 
     return
   if not isinstance(sampling, SamplingParams):
     kinds = "a specjax.SamplingParams or RowSampling" if per_row else "a specjax.SamplingParams"
-    raise ValueError(f"sampling must be {kinds}, got {sampling!r}.")
+    raise FieldError("sampling", f"sampling must be {kinds}, got {sampling!r}.")
   sampling.check_vocab(vocab_size)
 
 

@@ -54,7 +54,6 @@ import hmac
 import json
 import logging
 import math
-import re
 import time
 import uuid
 from typing import Any
@@ -90,26 +89,10 @@ from specjax.serving.tools import (
   ToolOffer,
   template_messages,
 )
+from specjax.validation import FieldError
 
 logger = logging.getLogger(__name__)
 
-# The engine's field names (in its ValueError messages) -> this API's names.
-ENGINE_FIELDS = {
-  "sampling.temperature": "temperature",
-  "sampling.top_k": "top_k",
-  "sampling.top_p": "top_p",
-  "max_new_tokens": "max_tokens",
-  "stop_id": "stop_token_id",
-  "prompt": "prompt",
-  "seed": "seed",
-  "logprobs": "logprobs",
-  "max_draft_tokens": "speculation.max_draft_tokens",
-  "timeout_s": "timeout",
-  # SamplingParams' own messages name the bare fields.
-  "temperature": "temperature",
-  "top_k": "top_k",
-  "top_p": "top_p",
-}
 # The warps that read the row's text: the same name in the engine and in this API.
 WARP_FIELDS = (
   "presence_penalty",
@@ -121,11 +104,15 @@ WARP_FIELDS = (
   "ignore_eos",
   "stop_token_ids",
 )
-ENGINE_FIELDS.update({f"sampling.{f}": f for f in WARP_FIELDS} | {f: f for f in WARP_FIELDS})
-# Longest first, so "sampling.top_k" wins over "top_k".
-_FIELD_PATTERN = re.compile(
-  r"(?<![\w.])(" + "|".join(re.escape(f) for f in sorted(ENGINE_FIELDS, key=len)[::-1]) + r")\b"
-)
+# The library's names of a request's fields (`FieldError.field`) that this API
+# calls otherwise; any other is the same in both.
+API_NAMES = {
+  "max_new_tokens": "max_tokens",
+  "stop_id": "stop_token_id",
+  "max_draft_tokens": "speculation.max_draft_tokens",
+  "timeout_s": "timeout",
+  **{f"sampling.{f.name}": f.name for f in dataclasses.fields(SamplingParams)},
+}
 # How often a request's handler checks that its client is still connected.
 _DISCONNECT_POLL_S = 0.25
 _DISCONNECTED = object()  # queued by the disconnect watcher
@@ -236,9 +223,8 @@ class ChatBody(_Body):
     """The request's checked tools (None: none); APIError naming the field."""
     try:
       return ToolOffer.of(self.tools, self.tool_choice, self.parallel_tool_calls, limits.max_tools)
-    except ValueError as e:
-      param = "tool_choice" if str(e).startswith("tool_choice") else "tools"
-      raise APIError(400, str(e), param) from None
+    except FieldError as e:
+      raise APIError(400, str(e), e.field) from None
 
 
 class APIError(Exception):
@@ -270,14 +256,13 @@ class APIError(Exception):
     return {"error": {"message": self.message, "type": self.kind, "param": self.param}}
 
 
-def engine_error(error: ValueError) -> APIError:
-  """A 400 from the engine's (or SamplingParams') ValueError: the field it names
-  first becomes `param`, and every engine field name in the message becomes
-  this API's name (max_new_tokens -> max_tokens, ...)."""
-  message = str(error)
-  first = _FIELD_PATTERN.search(message)
-  param = ENGINE_FIELDS[first.group(1)] if first else None
-  return APIError(400, _FIELD_PATTERN.sub(lambda m: ENGINE_FIELDS[m.group(1)], message), param)
+def field_error(error: ValueError) -> APIError:
+  """A 400 from the library's error about a request: a `FieldError`'s field, by
+  this API's name, is `param` and begins the message."""
+  if not isinstance(error, FieldError):
+    return APIError(400, str(error))
+  name = API_NAMES.get(error.field, error.field)
+  return APIError(400, str(error.renamed(name)), name)
 
 
 # Fields of two types: pydantic's message per member is noise.
@@ -394,7 +379,7 @@ def _check_numbers(body: _Body) -> None:
   try:
     body.sampling()
   except ValueError as e:
-    raise engine_error(e) from None
+    raise field_error(e) from None
   ints = [(f, getattr(body, f, None)) for f in _INT32_FIELDS]
   if body.speculation is not None:
     ints.append(("speculation.max_draft_tokens", body.speculation.max_draft_tokens))
@@ -1007,9 +992,9 @@ class _Completions:
       ]
       self.background.engine.check(requests[0])  # pure: safe from this thread
     except ValueError as e:
-      if constraint is not None and str(e).startswith("constraint"):  # its own field's name
+      if constraint is not None and getattr(e, "field", None) == "constraint":
         raise APIError(400, f"{constraint[0]}: {e}", constraint[0]) from None
-      error = engine_error(e)
+      error = field_error(e)
       if isinstance(body, ChatBody) and error.param == "logprobs":
         error.param = "top_logprobs"
       raise error from None
@@ -1238,7 +1223,7 @@ async def _submit(background: BackgroundEngine, request: Request, on_event) -> i
   except QueueFull as e:
     raise APIError(429, str(e), retry_after=1) from None
   except ValueError as e:
-    raise engine_error(e) from None
+    raise field_error(e) from None
   except RuntimeError:
     raise APIError(503, "the server is shutting down.") from None
   except asyncio.CancelledError:

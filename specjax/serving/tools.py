@@ -29,6 +29,7 @@ import uuid
 from typing import Any
 
 from specjax import grammar
+from specjax.validation import FieldError
 
 CHOICES = ("none", "auto", "required")
 # OpenAI's rule for a function's name.
@@ -72,40 +73,47 @@ class ToolOffer:
   @classmethod
   def of(cls, tools, tool_choice, parallel: bool, max_tools: int) -> ToolOffer | None:
     """The offer of a request's fields, None without tools (and `tool_choice`
-    absent or "none"); ValueError naming the field (`tools[i].function.name`, ...)."""
+    absent or "none"); a FieldError naming `tools` or `tool_choice` (its message
+    the entry: `tools[i].function.name`, ...)."""
     if tools is None:
       if tool_choice not in (None, "none"):
-        raise ValueError(f"tool_choice needs tools; got tool_choice {tool_choice!r} and no tools.")
+        raise FieldError(
+          "tool_choice", f"tool_choice needs tools; got tool_choice {tool_choice!r} and no tools."
+        )
       return None
     if not isinstance(tools, list) or not tools:
-      raise ValueError("tools must be a non-empty list of function tools.")
+      raise FieldError("tools", "tools must be a non-empty list of function tools.")
     if len(tools) > max_tools:
-      raise ValueError(f"tools: at most {max_tools} functions (max_tools), got {len(tools)}.")
+      raise FieldError(
+        "tools", f"tools: at most {max_tools} functions (max_tools), got {len(tools)}."
+      )
     functions = {}
     for i, tool in enumerate(tools):
       where = f"tools[{i}]"
       if not isinstance(tool, dict) or tool.get("type") != "function":
-        raise ValueError(f'{where}.type must be "function", got {_get(tool, "type")!r}.')
+        raise FieldError("tools", f'{where}.type must be "function", got {_get(tool, "type")!r}.')
       function = tool.get("function")
       if not isinstance(function, dict):
-        raise ValueError(f"{where}.function must be an object with a name.")
+        raise FieldError("tools", f"{where}.function must be an object with a name.")
       unknown = set(tool) - {"type", "function"} or set(function) - {
         "name", "description", "parameters", "strict",
       }  # fmt: skip
       if unknown:
-        raise ValueError(f"{where}: {sorted(unknown)[0]} is not a supported field of a tool.")
+        raise FieldError(
+          "tools", f"{where}: {sorted(unknown)[0]} is not a supported field of a tool."
+        )
       name = function.get("name")
       if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(
-          f"{where}.function.name must be 1 to 64 letters, digits, _ or -, got {name!r}."
+        raise FieldError(
+          "tools", f"{where}.function.name must be 1 to 64 letters, digits, _ or -, got {name!r}."
         )
       if name in functions:
-        raise ValueError(f"{where}.function.name: {name!r} is offered twice.")
+        raise FieldError("tools", f"{where}.function.name: {name!r} is offered twice.")
       parameters = function.get("parameters", NO_PARAMETERS)
       if not isinstance(parameters, dict):
-        raise ValueError(f"{where}.function.parameters must be a JSON schema object.")
+        raise FieldError("tools", f"{where}.function.parameters must be a JSON schema object.")
       if not isinstance(function.get("description", ""), str):
-        raise ValueError(f"{where}.function.description must be a string.")
+        raise FieldError("tools", f"{where}.function.description must be a string.")
       functions[name] = parameters
     choice = _choice(tool_choice, functions)
     return cls(tools, functions, choice, bool(parallel))
@@ -134,20 +142,23 @@ def _choice(tool_choice, functions: dict) -> str:
     return "auto"
   if isinstance(tool_choice, str):
     if tool_choice not in CHOICES:
-      raise ValueError(
+      raise FieldError(
+        "tool_choice",
         f'tool_choice must be one of {", ".join(CHOICES)} or {{"type": "function", '
-        f'"function": {{"name": ...}}}}, got {tool_choice!r}.'
+        f'"function": {{"name": ...}}}}, got {tool_choice!r}.',
       )
     return tool_choice
   name = _get(_get(tool_choice, "function"), "name")
   if _get(tool_choice, "type") != "function" or not isinstance(name, str):
-    raise ValueError(
+    raise FieldError(
+      "tool_choice",
       f'tool_choice must be {{"type": "function", "function": {{"name": ...}}}}, '
-      f"got {tool_choice!r}."
+      f"got {tool_choice!r}.",
     )
   if name not in functions:
-    raise ValueError(
-      f"tool_choice.function.name: {name!r} is not among the tools ({', '.join(functions)})."
+    raise FieldError(
+      "tool_choice",
+      f"tool_choice.function.name: {name!r} is not among the tools ({', '.join(functions)}).",
     )
   return name
 
@@ -169,13 +180,15 @@ def template_messages(messages: list[dict], max_depth: int = 64) -> list[dict]:
           try:
             function["arguments"] = json.loads(function["arguments"])
           except RecursionError:
-            raise ValueError(f"{where} nests more than {max_depth} levels deep.") from None
+            raise FieldError(
+              "messages", f"{where} nests more than {max_depth} levels deep."
+            ) from None
           except ValueError:
-            raise ValueError(
-              f"{where} is not valid JSON: {function['arguments'][:100]!r}."
+            raise FieldError(
+              "messages", f"{where} is not valid JSON: {function['arguments'][:100]!r}."
             ) from None
           if grammar.json_depth(function["arguments"], max_depth) > max_depth:
-            raise ValueError(f"{where} nests more than {max_depth} levels deep.")
+            raise FieldError("messages", f"{where} nests more than {max_depth} levels deep.")
         fixed.append({**call, "function": function})
       m = {**m, "tool_calls": fixed}
     out.append(m)
