@@ -441,7 +441,8 @@ def check_size(regex: str, kind: str, max_states: int | None, max_repeat: int) -
     )
   if max_states:
     cap = STATE_MARGIN * max_states
-    states = regex_states.count_states(regex, cap)
+    # As compiled: inside a group (a pattern may close it early, as in `)(a|b)*(?:`).
+    states = regex_states.count_states(f"(?:{regex})", cap)
     if states is not None and states > cap:
       raise CompileError(
         f"its automaton has more than {cap} states ({STATE_MARGIN} x the {max_states} "

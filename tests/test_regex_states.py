@@ -107,6 +107,10 @@ def test_the_worker_refuses_the_hostile_examples_at_once(vocabulary):
   (kind, why), seconds = answers[HOSTILE[1]]
   assert kind == "error" and "more than 8190 states" in why and "constraint_states" in why, why
   assert max(s for _, s in answers.values()) < 10  # before: the compile timeout (90 s)
+  # The pattern is counted as it is compiled, inside a group it may close early.
+  early = ")(a|b)*a(a|b){20}(?:"
+  answer = grammar.compile_message(vocabulary, [EOS], 256, ("regex", early, 4095, 1024))
+  assert answer[0] == "error" and "more than 8190 states" in answer[1]
   # Without a repetition bound, the state count stops the first one too.
   answer = grammar.compile_message(vocabulary, [EOS], 256, ("regex", HOSTILE[0], 4095, 0))
   assert answer[0] == "error" and "more than 8190 states" in answer[1]
