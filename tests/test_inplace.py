@@ -201,7 +201,7 @@ def test_the_serving_step_writes_caches_in_place(models, gamma):
 @pytest.mark.xfail(
   strict=True,
   reason="a step on the first `width` < slots rows slices their caches out and writes them "
-  "back (`slots._prefix`, `_put_prefix`): the model takes a cache of its own batch",
+  "back (`rows.prefix`, `put_prefix`): the model takes a cache of its own batch",
 )
 def test_the_serving_step_on_fewer_rows_than_slots_does_not_slice_its_caches(models):
   target, drafter, state, config = _engine(models)

@@ -600,7 +600,7 @@ def test_verify_lengths_keep_greedy_text_and_are_measured_at_warmup(pair):
   engine = Engine(target, draft, config, eos_ids=7)
   lines = []
   engine.warmup(timed_runs=1, progress=lines.append)
-  ((lengths, costs),) = engine._verify.values()
+  ((lengths, costs),) = engine.verify_costs.values()
   assert lengths == (1, 3) and max(costs) == 1.0 and min(costs) > 0
   assert any("verify costs k=1" in line for line in lines)
   batch = requests(6, seed=5)

@@ -153,21 +153,21 @@ def test_new_constraints_recompile_nothing_and_a_full_table_packs_or_waits(setup
     for i, (n, budget) in enumerate([(400, 3), (700, 64), (500, 40), (800, 64), (450, 5), (600, 9)])
   ]
   moved = []
-  original = type(engine)._place
+  original = type(engine.scheduler).place
 
   def spy(self, automaton):
-    live = sum(s is not None for s in self._slot_requests)
+    live = sum(s is not None for s in self.slots)
     start = original(self, automaton)
-    moved.append((start is False, live))
+    moved.append((start.waits, live))
     return start
 
-  type(engine)._place = spy
+  type(engine.scheduler).place = spy
   packs = engine.counters["constraint_table_packs"]
   try:
     with traces() as traced:
       completions = engine.run(batch)
   finally:
-    type(engine)._place = original
+    type(engine.scheduler).place = original
   # No program of the engine's is traced again; only the host-to-device
   # conversions of a new table's arrays (of a new length) are.
   assert set(traced) <= {"convert_element_type", "stage"}, traced

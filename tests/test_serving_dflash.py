@@ -67,17 +67,17 @@ def check_context(engine: Engine) -> int:
   the row's committed tokens by a prefill (what the engine does after plain
   steps). Reads the engine's batch; returns the rows checked (0 after a plain step:
   the drafter's state is then behind until the next resync)."""
-  if engine._drafter_stale:
+  if engine.runner.drafter_stale:
     return 0
-  state = engine._state
+  state = engine.runner.state
   copy = jax.tree.map(jnp.copy, state)  # resync donates its input
   rebuilt = programs.resync(
-    engine.target, engine.drafter, copy, width=CONFIG.slots, config=engine._slot_config
+    engine.target, engine.drafter, copy, width=CONFIG.slots, config=engine.runner.slot_config
   ).spec.drafter_state.cache
   carried = state.spec.drafter_state.cache
   done = np.asarray(state.spec.done)
   checked = 0
-  for slot, live in enumerate(engine._slot_requests):
+  for slot, live in enumerate(engine.scheduler.slots):
     if live is None or done[slot]:
       continue
     n = int(carried.lengths[slot])

@@ -90,7 +90,7 @@ def test_a_waiting_constraint_holds_back_no_free_request_and_is_not_starved(engi
   free = engine.submit(Request([1, 2], 8))
   behind = engine.submit(Request([1, 2], 8, constraint=small))
   engine.step()
-  queued = set(engine._queued)
+  queued = set(engine.scheduler.queued)
   # The free request ran although the constrained one ahead of it waits; the
   # constrained one behind the waiter waits too (the table drains for the waiter).
   assert first not in queued and free not in queued
@@ -99,9 +99,9 @@ def test_a_waiting_constraint_holds_back_no_free_request_and_is_not_starved(engi
   for _ in range(200):
     if not engine.has_work():
       break
-    before = set(engine._queued)
+    before = set(engine.scheduler.queued)
     engine.step()
-    order += [r for r in (waiting, behind) if r in before and r not in engine._queued]
+    order += [r for r in (waiting, behind) if r in before and r not in engine.scheduler.queued]
   assert order[0] == waiting, "the waiter is admitted before the request behind it"
   assert engine.counters["constraint_waits"] >= 1
 
@@ -135,7 +135,7 @@ def test_failures_stay_with_their_request(engine, monkeypatch):
   other = C.compile_constraint(C.Regex("[cd]{5}"), PIECES, [EOS], 256)
   live = engine.submit(Request([1, 2], 64, constraint=other))
   engine.step()
-  placement = engine._constraints
+  placement = engine.scheduler.placement
   placed, table = list(placement.placed), placement.table
 
   # A failed table rebuild: the request that needed it fails, the table is as it was.
@@ -150,7 +150,7 @@ def test_failures_stay_with_their_request(engine, monkeypatch):
   assert events[failing].finish_reason == "error" and "injected" in events[failing].error
   assert placement.placed == placed and placement.table is table  # no ghost automaton
   # A failed prefill: its request alone.
-  admit_one = engine._admit_one
+  admit_one = engine.runner.admit
 
   def fail_one(slot, request, *args, **kwargs):
     if list(request.prompt) == [9, 9]:
@@ -158,7 +158,7 @@ def test_failures_stay_with_their_request(engine, monkeypatch):
     return admit_one(slot, request, *args, **kwargs)
 
   with monkeypatch.context() as m:
-    m.setattr(engine, "_admit_one", fail_one)
+    m.setattr(engine.runner, "admit", fail_one)
     bad = engine.submit(Request([9, 9], 8))
     good = engine.submit(Request([1, 2], 8, constraint=automaton))  # the same automaton, placed
     finished = _drain(engine)

@@ -24,6 +24,12 @@ fails its requests and its server stops with an error instead of waiting.
 
   leader:    lockstep = Lockstep(engine); BackgroundEngine(lockstep) behind HTTP
   followers: Lockstep(engine).follow()
+
+It talks to the engine through `LockstepEngine`, the engine's public interface
+for it (never its private fields). Constraints hold across processes because
+the constraint table interns automata by content
+(`specjax.serving.constraint_table`): a follower's unpickled copy of the
+leader's cached automaton shares the leader's block.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import jax
 import numpy as np
@@ -69,6 +76,29 @@ def broadcast(value=None) -> object:
   return value if leader else pickle.loads(received[:size].tobytes())
 
 
+class LockstepEngine(Protocol):
+  """What `Lockstep` uses of an engine (`specjax.serving.Engine` has it)."""
+
+  # Each step's draft length goes through `agree`, which returns the leader's.
+  agree: Callable[[int], int] | None
+  # Warm-up's measured verify costs: the followers take the leader's.
+  verify_costs: dict
+
+  def submit(self, request: Request) -> int: ...
+
+  def cancel(self, request_id: int, reason: str = "cancelled") -> None: ...
+
+  def late(self) -> list[int]:
+    """The requests past their deadline: the clock is read on the leader only."""
+    ...
+
+  def has_work(self) -> bool: ...
+
+  def step(self, expire: bool = True) -> list[Event]:
+    """With `expire` False, a step that leaves deadlines to `late()`'s caller."""
+    ...
+
+
 class Lockstep:
   """`engine` run by every process of the job in lockstep.
 
@@ -85,7 +115,7 @@ class Lockstep:
       same point).
   """
 
-  def __init__(self, engine, sync_warmup: bool = True):
+  def __init__(self, engine: LockstepEngine, sync_warmup: bool = True):
     self.engine = engine
     self.leader = jax.process_index() == 0
     self._journal: list[tuple] = []  # leader: ("submit", request) / ("cancel", id, reason)
@@ -95,7 +125,7 @@ class Lockstep:
     self.closed = False
     engine.agree = self._agree
     if sync_warmup:
-      engine._verify = self._share(engine._verify)
+      engine.verify_costs = self._share(engine.verify_costs)
 
   # ------------------------------------------------------------ the leader's API
 

@@ -13,9 +13,12 @@ warm-up):
                 autoregressive step (gamma = 0) on the first `width` slots
   resync        the drafter's state rebuilt from the rows' tokens, after plain
                 steps left it behind
-  move          one slot's row copied into another (keeps live rows in front,
-                so a light load runs at a small width)
-  release       slots marked done (cancelled requests stop committing)
+
+A step hands back its `StepCounts` (summed over its rows) beside the batch. The
+state, its settings and its counts are `specjax.serving.batch`'s; the programs
+that move rows between slots (`move`, `release`, `shift_constraints`) and the
+row helpers they share with these are `specjax.serving.rows`'s (both are
+importable from here too).
 
 On a mesh (`SlotConfig.mesh`) every program hands the batch back placed by
 `specjax.serving.mesh.slot_shardings` (rows over `data`, kv heads over
@@ -38,12 +41,9 @@ and speculative steps alike.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
-from jax.sharding import Mesh
 
 from specjax import constraints, coupling
 from specjax.coupling import Coupling
@@ -62,110 +62,19 @@ from specjax.generation.state import SpecConfig, SpecState
 from specjax.models.kv_cache import write_rows
 from specjax.models.transformer import Transformer
 from specjax.sampling import GREEDY, MIN_TEMPERATURE, RowSampling, finite_rows, warp_probs
-from specjax.serving.mesh import constrain_slots, data_size
-
-# SpecState fields that hold one entry per row (the rest are batch-wide).
-ROW_FIELDS = (
-  "target_cache",
-  "drafter_state",
-  "recent",
-  "draft_limit",
-  "tokens",
-  "num_generated",
-  "done",
-  "budget",
-  "stop",
-  "sampling",
-  "constraint_state",
-  "history",
+from specjax.serving.batch import RowCounts, SlotConfig, SlotState, StepCounts  # noqa: F401
+from specjax.serving.rows import (  # noqa: F401 (move, release, shift_constraints: the row programs)
+  check_per_row,
+  get_row,
+  map_rows,
+  move,
+  placed,
+  prefix,
+  put_prefix,
+  release,
+  set_row,
+  shift_constraints,
 )
-ROW_STATS = (
-  "proposed",
-  "accepted",
-  "evaluated",
-  "row_iterations",
-  "generated",
-  "forced",
-  "non_finite",
-)
-
-
-@struct.dataclass
-class SlotState:
-  """The engine's batch: `spec` (rows = slots) and each slot's prompt.
-
-  Attributes:
-    spec: `SpecState` with `sampling` a `RowSampling` (every slot its own) and
-      `keys` `[1, 2]` (the step's keys, given per call).
-    prompts: `[B, P_max]` int32, each slot's prompt, zero-padded.
-    prompt_lengths: `[B]` int32.
-    row_keys: `[B, 2]` uint32, a seeded row's own key data (zeros: none).
-    logprobs: None, or `(logprob [B, L], top_ids [B, L, K], top_logprobs [B, L, K])`
-      laid out as `spec.tokens`.
-    positions: `[B, 2, G]` int32 (G = the largest draft length), each row's
-      counts since its admission: `[:, 0, i]` the steps that drafted a token at
-      position i + 1 for it, `[:, 1, i]` those whose drafted token i + 1 was
-      accepted (the request's `drafted_at_position` / `accepted_at_position`).
-  """
-
-  spec: SpecState
-  prompts: jax.Array
-  prompt_lengths: jax.Array
-  row_keys: jax.Array
-  logprobs: tuple | None = None
-  positions: jax.Array | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotConfig:
-  """Static settings of the engine's programs (hashable).
-
-  Attributes:
-    spec: the `SpecConfig` of `speculative_step` (`gamma` the largest draft
-      length, `max_new_tokens` the per-request cap, `sampling` None: per row).
-    capacity: KV-cache slots per row.
-    max_prompt_len: P_max.
-    logprobs: K, the alternatives recorded per token (0: no log-probabilities).
-    mesh: None (one device), or the engine's mesh: every program hands the batch
-      back placed by `specjax.serving.mesh.slot_shardings`, rows are written
-      and read by masks (no dynamic index into a sharded axis), and a step at
-      width W runs on the first W / D rows of each of the D row blocks
-      (`specjax.serving.mesh.row_order`).
-  """
-
-  spec: SpecConfig
-  capacity: int
-  max_prompt_len: int
-  logprobs: int = 0
-  mesh: Mesh | None = None
-
-  @property
-  def blocks(self) -> int:
-    """D, the row blocks (the mesh's `data` size; 1 without a mesh)."""
-    return data_size(self.mesh)
-
-
-def map_rows(fn, *states: SlotState) -> SlotState:
-  """Applies `fn` to every per-row leaf (leading axis B) of `states`, leaf by
-  leaf; the batch-wide leaves (keys, step counters) come from the first."""
-  first = states[0]
-
-  def rows(get):
-    return jax.tree.map(fn, *(get(s) for s in states))
-
-  stats = first.spec.stats.replace(
-    **{f: rows(lambda s, f=f: getattr(s.spec.stats, f)) for f in ROW_STATS}
-  )
-  spec = first.spec.replace(
-    **{f: rows(lambda s, f=f: getattr(s.spec, f)) for f in ROW_FIELDS}, stats=stats
-  )
-  return first.replace(
-    spec=spec,
-    **{f: rows(lambda s, f=f: getattr(s, f)) for f in SLOT_FIELDS},
-  )
-
-
-SLOT_FIELDS = ("prompts", "prompt_lengths", "row_keys", "logprobs", "positions")
 
 
 def _seeded(row_keys: jax.Array) -> jax.Array:
@@ -255,10 +164,17 @@ def fresh_rows(
   state = SlotState(spec, padded, prompt_lengths, row_keys, positions=positions)
   if not config.logprobs:
     return state
+  return _first_logprobs(target, state, prompts, table, start, record, config.logprobs)
+
+
+def _first_logprobs(target, state: SlotState, prompts, table, start, record, k: int) -> SlotState:
+  """`state` (fresh rows of `prompts [n, P]`) with room for `k` log-probabilities
+  per token, those of the first tokens written when `record`."""
+  spec, lengths = state.spec, state.prompt_lengths
   # The first token's law: the last prompt position again (`prefill` keeps no logits).
-  last = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
-  cache = spec.target_cache.with_lengths(prompt_lengths - 1)
-  shape = (n, spec.tokens.shape[1], config.logprobs)
+  last = jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)
+  cache = spec.target_cache.with_lengths(lengths - 1)
+  shape = (prompts.shape[0], spec.tokens.shape[1], k)
   state = state.replace(
     logprobs=(jnp.zeros(shape[:2]), jnp.zeros(shape, jnp.int32), jnp.zeros(shape))
   )
@@ -267,15 +183,8 @@ def fresh_rows(
     logits = score(target, last, cache)[0]
     return logits if table is None else constraints.mask_logits(logits, table, start[:, None])
 
-  return _record(
-    state,
-    spec,
-    first_logits,
-    spec.tokens[:, :1],
-    jnp.zeros_like(prompt_lengths),
-    config.logprobs,
-    record,
-  )
+  first = spec.tokens[:, :1]
+  return _record(state, spec, first_logits, first, jnp.zeros_like(lengths), k, record)
 
 
 def plain_step(
@@ -332,58 +241,23 @@ def plain_step(
   return state, logits, emitted
 
 
-def _blocked(x: jax.Array, blocks: int) -> jax.Array:
-  """`[B, ...]` as `[D, B / D, ...]`: each row block (one `data` device's) apart."""
-  return x.reshape(blocks, x.shape[0] // blocks, *x.shape[1:])
-
-
-def _prefix(state: SlotState, width: int, blocks: int = 1) -> SlotState:
-  """The rows a step at `width` runs on: the first `width / D` of each row block
-  (on one device, simply the first `width`)."""
-  if width == state.prompts.shape[0]:
-    return state
-  if blocks == 1:
-    return map_rows(lambda x: x[:width], state)
-  return map_rows(
-    lambda x: _blocked(x, blocks)[:, : width // blocks].reshape(width, *x.shape[1:]), state
+def _count(part: SlotState, before, after, gamma: int) -> tuple[SlotState, StepCounts]:
+  """A step's counts from its rows' `SpeculativeStats` `before` and `after` it:
+  `part` with each row's counts by position advanced, and the step's sums."""
+  # Each row's drafted tokens this step and those accepted (0 for rows that
+  # were done): the steps that drafted / accepted its token at each position.
+  proposed = after.proposed - before.proposed
+  accepted = after.accepted - before.accepted
+  at = jnp.arange(gamma)[None, None, :]
+  step_positions = (at < jnp.stack([proposed, accepted], axis=1)[..., None]).astype(jnp.int32)
+  counts = StepCounts(
+    accepted=jnp.sum(accepted),
+    evaluated=jnp.sum(after.evaluated - before.evaluated),
+    drafted=jnp.sum(proposed),
+    forced=jnp.sum(after.forced - before.forced),
+    at_position=jnp.sum(step_positions, axis=0),
   )
-
-
-def _put_prefix(state: SlotState, part: SlotState, width: int, blocks: int = 1) -> SlotState:
-  """`state` with its `_prefix` rows (and the batch-wide leaves) from `part`."""
-  if width == state.prompts.shape[0]:
-    return part
-  if blocks == 1:
-    return map_rows(lambda new, full: full.at[:width].set(new), part, state)
-
-  def put(new, full):
-    rows = _blocked(full, blocks).at[:, : width // blocks].set(_blocked(new, blocks))
-    return rows.reshape(full.shape)
-
-  return map_rows(put, part, state)
-
-
-def _row_mask(x: jax.Array, row: jax.Array) -> jax.Array:
-  """`[B, 1, ...]` bool, True at row `row` (broadcasts against `x [B, ...]`)."""
-  return (jnp.arange(x.shape[0]) == row).reshape(-1, *(1,) * (x.ndim - 1))
-
-
-def _set_row(full: jax.Array, new: jax.Array, row: jax.Array, mesh: Mesh | None) -> jax.Array:
-  """`full [B, ...]` with row `row` (traced) replaced by `new [1, ...]`. On a
-  mesh by a mask: a dynamic update of an axis split over devices would have
-  XLA gather the whole array (a cache) to each device first."""
-  if mesh is None:
-    return full.at[row].set(new[0])
-  return jnp.where(_row_mask(full, row), new, full)
-
-
-def _get_row(x: jax.Array, row: jax.Array, mesh: Mesh | None) -> jax.Array:
-  """`x[row]` (traced row); on a mesh a masked sum over the rows, which moves
-  one row between devices (an all-reduce of its size), not the array."""
-  if mesh is None:
-    return x[row]
-  picked = jnp.where(_row_mask(x, row), x, jnp.zeros((), x.dtype))
-  return jnp.any(picked, axis=0) if x.dtype == jnp.bool_ else jnp.sum(picked, axis=0, dtype=x.dtype)
+  return part.replace(positions=part.positions + step_positions), counts
 
 
 def _step(
@@ -398,8 +272,8 @@ def _step(
   width: int,
   config: SlotConfig,
   verify: tuple[tuple[int, ...], tuple[float, ...]] | None = None,
-) -> tuple[SlotState, jax.Array]:
-  part = _prefix(state, width, config.blocks)
+) -> tuple[SlotState, StepCounts]:
+  part = prefix(state, width, config.blocks)
   part = part.replace(spec=part.spec.replace(keys=jax.random.split(key, (1, 2))))
   before = part.spec.stats
   spec_config = dataclasses.replace(config.spec, gamma=gamma)
@@ -418,30 +292,8 @@ def _step(
     spec = spec.replace(row_keys=None, coupled_rows=None)
   at = part.spec.num_generated
   part = _record(part, spec, lambda: logits, emitted, at, config.logprobs, record)
-  # Each row's drafted tokens this step and those accepted (0 for rows that
-  # were done): the steps that drafted / accepted its token at each position.
-  proposed = spec.stats.proposed - before.proposed
-  accepted = spec.stats.accepted - before.accepted
-  at = jnp.arange(config.spec.gamma)[None, None, :]
-  step_positions = (at < jnp.stack([proposed, accepted], axis=1)[..., None]).astype(jnp.int32)
-  part = part.replace(positions=part.positions + step_positions)
-  # This step's counts over the rows: accepted and evaluated drafted tokens (the
-  # policy's alpha), drafted ones, forced ones (among the accepted), then `[2, G]`
-  # by position, flattened.
-  counts = jnp.concatenate(
-    [
-      jnp.stack(
-        [
-          jnp.sum(accepted),
-          jnp.sum(spec.stats.evaluated - before.evaluated),
-          jnp.sum(proposed),
-          jnp.sum(spec.stats.forced - before.forced),
-        ]
-      ),
-      jnp.sum(step_positions, axis=0).reshape(-1),
-    ]
-  )
-  return _placed(_put_prefix(state, part, width, config.blocks), config.mesh), counts
+  part, counts = _count(part, before, spec.stats, config.spec.gamma)
+  return placed(put_prefix(state, part, width, config.blocks), config.mesh), counts
 
 
 def _resync(
@@ -449,7 +301,7 @@ def _resync(
 ) -> SlotState:
   """Rebuilds the drafter's state of the first `width` rows from their tokens
   s = prompt + generated (as its `init` would after prefilling s)."""
-  part = _prefix(state, width, config.blocks)
+  part = prefix(state, width, config.blocks)
   spec = part.spec
   length = part.prompt_lengths + spec.num_generated  # len(s)
   columns = jnp.arange(config.max_prompt_len + config.spec.max_new_tokens)[None, :]
@@ -474,7 +326,7 @@ def _resync(
     )
   drafter_state = drafter.init(sequence, length - 1, spec.recent[:, 1], config.capacity, hidden)
   part = part.replace(spec=spec.replace(drafter_state=drafter_state))
-  return _placed(_put_prefix(state, part, width, config.blocks), config.mesh)
+  return placed(put_prefix(state, part, width, config.blocks), config.mesh)
 
 
 def _admit(
@@ -525,38 +377,15 @@ def _admit(
   limit = jnp.minimum(row.spec.draft_limit, draft_cap)
   row = row.replace(spec=row.spec.replace(draft_limit=limit))
   if drafter is None:  # keep the slot's (stale) drafter state: the trees must match
-    stale = jax.tree.map(lambda x: _get_row(x, slot, config.mesh)[None], state.spec.drafter_state)
+    stale = jax.tree.map(lambda x: get_row(x, slot, config.mesh)[None], state.spec.drafter_state)
     row = row.replace(spec=row.spec.replace(drafter_state=stale))
-  state = map_rows(lambda full, new: _set_row(full, new, slot, config.mesh), state, row)
-  return _placed(state, config.mesh)
-
-
-def _move(state: SlotState, source: jax.Array, dest: jax.Array, mesh: Mesh | None = None):
-  state = map_rows(lambda x: _set_row(x, _get_row(x, source, mesh)[None], dest, mesh), state)
-  return _placed(state, mesh)
-
-
-def _shift_constraints(state: SlotState, shift: jax.Array, mesh: Mesh | None = None):
-  """Each constrained row's state moved by `shift [B]` (its automaton moved in
-  the table: `specjax.serving.constraint_table`); unconstrained rows stay FREE."""
-  states = state.spec.constraint_state
-  moved = jnp.where(states > constraints.FREE, states + shift, states)
-  return _placed(state.replace(spec=state.spec.replace(constraint_state=moved)), mesh)
-
-
-def _release(state: SlotState, slots: jax.Array, mesh: Mesh | None = None) -> SlotState:
-  """Slots `slots [B]` (bool) stop: marked done, they commit nothing more."""
-  return _placed(state.replace(spec=state.spec.replace(done=state.spec.done | slots)), mesh)
+  state = map_rows(lambda full, new: set_row(full, new, slot, config.mesh), state, row)
+  return placed(state, config.mesh)
 
 
 def _blank(*args, config: SlotConfig, **kwargs) -> SlotState:
   """`fresh_rows` for the whole batch, placed on the engine's mesh."""
-  return _placed(fresh_rows(*args, config=config, **kwargs), config.mesh)
-
-
-def _placed(state: SlotState, mesh: Mesh | None) -> SlotState:
-  """`state` where the engine keeps it (`specjax.serving.mesh.constrain_slots`)."""
-  return constrain_slots(state, mesh, state.prompts.shape[0])
+  return placed(fresh_rows(*args, config=config, **kwargs), config.mesh)
 
 
 # The batch state is donated: its caches are updated in place, not copied per step.
@@ -565,21 +394,4 @@ step = jax.jit(
 )
 resync = jax.jit(_resync, static_argnames=("width", "config"), donate_argnames=("state",))
 admit = jax.jit(_admit, static_argnames=("config",), donate_argnames=("state",))
-move = jax.jit(_move, static_argnames=("mesh",), donate_argnames=("state",))
-release = jax.jit(_release, static_argnames=("mesh",), donate_argnames=("state",))
-shift_constraints = jax.jit(
-  _shift_constraints, static_argnames=("mesh",), donate_argnames=("state",)
-)
 blank = jax.jit(_blank, static_argnames=("config",))
-
-
-def check_per_row(tree: Any, batch: int, what: str) -> None:
-  """Raises unless every leaf of `tree` has leading axis `batch` (the engine moves
-  rows between slots leaf by leaf)."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-    if getattr(leaf, "ndim", 0) < 1 or leaf.shape[0] != batch:
-      raise ValueError(
-        f"{what}: every leaf must have one row per slot (leading axis {batch}) for the "
-        f"engine to move rows; {jax.tree_util.keystr(path)} has shape "
-        f"{getattr(leaf, 'shape', ())}."
-      )

@@ -90,7 +90,7 @@ def test_engine_on_a_mesh_serves_what_one_device_serves(
   assert sum(c.proposed for c in done) > 0  # speculation was on
   mesh = engine.mesh
   assert dict(mesh.shape) == {"data": shape[0], "model": shape[1]}
-  cache = engine._state.spec.target_cache.k[0]  # [B, K, S, H]
+  cache = engine.runner.state.spec.target_cache.k[0]  # [B, K, S, H]
   kv_split = "model" if CFG.n_kv_heads % shape[1] == 0 and shape[1] > 1 else None
   expected = PartitionSpec("data" if shape[0] > 1 else None, kv_split)
   assert cache.sharding.is_equivalent_to(NamedSharding(mesh, expected), 4)
@@ -102,8 +102,8 @@ def test_engine_on_a_mesh_serves_what_one_device_serves(
   # step and of a row move exchanges less than one layer's keys.
   layer = cache.nbytes
   step = engine.lowered_step(BASE["gamma"]).compile().as_text()
-  source, dest = engine._put((np.int32(5), np.int32(0)))
-  move = programs.move.lower(engine._state, source, dest, mesh=mesh).compile().as_text()
+  source, dest = engine.runner.put((np.int32(5), np.int32(0)))
+  move = programs.move.lower(engine.runner.state, source, dest, mesh=mesh).compile().as_text()
   for text in (step, move):
     big = [op for op in hlo.collectives(text, 8) if op.bytes >= layer]
     assert not big, (layer, big)
