@@ -4,7 +4,8 @@ can be put behind a key.
 * The engine: an unconstrained request is not held back by a constrained one
   that waits for table room, and that one is not starved; a bounded queue and
   request deadlines; an admission failure and a failed table rebuild stay with
-  their request (both injected).
+  their request, a failed table shift moves neither the rows nor the table
+  (all injected).
 * Over HTTP: the API key, Content-Type and Host checks; body size, nesting,
   lone surrogates, NaN, chat templates that raise; constraint compiles in
   worker processes (a time limit, a concurrency cap answering 429, cancelled
@@ -26,17 +27,18 @@ import random
 import time
 
 import httpx
+import jax
 import numpy as np
 import openai
 import pytest
-from test_serving_constraints import CONFIG, EOS, PIECES
+from test_serving_constraints import CONFIG, EOS, PIECES, alone
 from test_serving_openai import TEMPLATE
 
 from helpers import serve_app
 from specjax import constraints as C
 from specjax.data.chat import ChatTemplate
 from specjax.sampling import SamplingParams
-from specjax.serving import Engine, Request
+from specjax.serving import Engine, Request, rows
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.compiler import CompilePool
 from specjax.serving.engine import QueueFull
@@ -169,6 +171,66 @@ def test_failures_stay_with_their_request(engine, monkeypatch):
   assert tokens[-1] == EOS and bytes(tokens[:-1]).decode() in {
     a + b + c + d for a in "ab" for b in "ab" for c in "ab" for d in "ab"
   }
+
+
+def test_a_failed_table_shift_moves_neither_rows_nor_table(engine, monkeypatch):
+  """Packing the constraint table moves a live row's automaton; its state is shifted
+  on the device before the table is committed. A shift that fails leaves both as
+  they were (the live row keeps its text, the request that needed room fails
+  alone); one that fails after the batch was donated fails the live requests,
+  and serving goes on from a fresh batch."""
+  short, kept, big = (
+    C.compile_constraint(C.Regex(r), PIECES, [EOS], 256)
+    for r in ("[a-c]{600}z", "[d-f]{700}z", "[g-i]{1000}z")
+  )
+  # The big one fits beside the kept one only once the short one is dropped.
+  room = CONFIG.constraint_states
+  assert 1 + kept.num_states + big.num_states <= room
+  assert 1 + short.num_states + kept.num_states + big.num_states > room
+  placement = engine.scheduler.placement
+
+  def kept_running() -> tuple[int, Request]:
+    """Submits the short and the kept one (the short placed first, so packing
+    moves the kept one) and steps until the short one is done."""
+    engine.submit(Request([5, 6], 2, constraint=short))
+    request = Request([1, 2], 48, constraint=kept)
+    rid = engine.submit(request)
+    while engine.live_requests() != 1 or engine.scheduler.queue:
+      engine.step()
+    return rid, request
+
+  def failing_shift(state, shift, mesh=None):
+    raise RuntimeError("injected: shift failed")
+
+  rid, request = kept_running()
+  placed, table = list(placement.placed), placement.table
+  with monkeypatch.context() as m:
+    m.setattr(rows, "shift_constraints", failing_shift)
+    needy = engine.submit(Request([3, 4], 8, constraint=big))
+    events = {e.request_id: e for e in engine.step() if e.finished}
+  assert events[needy].finish_reason == "error" and "shift failed" in events[needy].error
+  assert placement.placed == placed and placement.table is table
+  finished = _drain(engine)
+  assert finished[rid].finish_reason == "length"
+  assert engine.completion(rid).tokens == alone(engine.target, [request])[0]
+
+  def lost_shift(state, shift, mesh=None):  # as a program that took the batch, then failed
+    for leaf in jax.tree.leaves(state):
+      leaf.delete()
+    raise RuntimeError("injected: device lost")
+
+  rid, _ = kept_running()
+  with monkeypatch.context() as m:
+    m.setattr(rows, "shift_constraints", lost_shift)
+    needy = engine.submit(Request([3, 4], 8, constraint=big))
+    events = {e.request_id: e for e in engine.step() if e.finished}
+  assert events[needy].finish_reason == "error" and "device lost" in events[needy].error
+  assert events[rid].finish_reason == "error" and "admission failed" in events[rid].error
+  request = Request([3, 4], 8, constraint=big)
+  after = engine.submit(request)
+  finished = _drain(engine)
+  assert finished[after].finish_reason == "length"
+  assert engine.completion(after).tokens == alone(engine.target, [request])[0]
 
 
 def test_a_row_whose_law_is_not_finite_ends_in_an_error_not_a_token(engine):
