@@ -54,6 +54,7 @@ from specjax.serving.runner import Runner, check_models, place_models, request_k
 from specjax.serving.scheduler import Scheduler
 from specjax.serving.warmup import warm_up
 from specjax.validation import (
+  FieldError,
   check_eos_ids,
   check_int,
   check_token_id,
@@ -149,27 +150,33 @@ class Engine:
   # ------------------------------------------------------------------ requests
 
   def check(self, request: Request) -> None:
-    """Raises a ValueError naming the field when `request` cannot be served."""
+    """Raises a FieldError naming the field (the `Request`'s name for it) when
+    `request` cannot be served."""
     if not isinstance(request, Request):
-      raise ValueError(f"request must be a specjax.serving.Request, got {type(request).__name__}.")
+      raise FieldError(
+        "request", f"request must be a specjax.serving.Request, got {type(request).__name__}."
+      )
     prompt = check_token_ids("prompt", request.prompt, self.vocab_size)
     if prompt.size > self.config.max_prompt_len:
-      raise ValueError(
+      raise FieldError(
+        "prompt",
         f"prompt has {prompt.size} tokens; the engine takes at most "
-        f"max_prompt_len={self.config.max_prompt_len}."
+        f"max_prompt_len={self.config.max_prompt_len}.",
       )
     check_int("max_new_tokens", request.max_new_tokens, 1, self.config.max_new_tokens)
     try:
       check_sampling(request.sampling, self.vocab_size, batch=1, per_row=False)
-    except ValueError as error:  # SamplingParams' own messages name its bare fields
-      message = str(error)
-      field = "" if message.startswith("sampling") else "sampling."
-      raise ValueError(f"{field}{message}") from None
+    except FieldError as error:
+      if error.field != "sampling":  # SamplingParams' own field: the Request holds it as `sampling`
+        raise error.within("sampling") from None
+      raise
     check_token_id("stop_id", request.stop_id, self.vocab_size)
     check_int("choice", request.choice, 0)
     if request.logprobs is not None:
       if not self.config.logprobs:
-        raise ValueError("logprobs: this engine records none (EngineConfig.logprobs = 0).")
+        raise FieldError(
+          "logprobs", "logprobs: this engine records none (EngineConfig.logprobs = 0)."
+        )
       check_int("logprobs", request.logprobs, 0, self.config.logprobs)
     if request.seed is not None:
       check_int("seed", request.seed, -(2**63), 2**64 - 1)
@@ -181,27 +188,31 @@ class Engine:
     if timeout is not None and (
       isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
     ):
-      raise ValueError(f"timeout_s must be None or a number > 0, got {timeout!r}.")
+      raise FieldError("timeout_s", f"timeout_s must be None or a number > 0, got {timeout!r}.")
 
   def _check_constraint(self, automaton) -> None:
     if self._constraints is None:
-      raise ValueError(
-        "constraint: this engine has no constraint table (EngineConfig.constraint_states = 0)."
+      raise FieldError(
+        "constraint",
+        "constraint: this engine has no constraint table (EngineConfig.constraint_states = 0).",
       )
     if not isinstance(automaton, constraints.Automaton):
-      raise ValueError(
+      raise FieldError(
+        "constraint",
         "constraint must be a specjax.constraints.Automaton (compile_constraint), got "
-        f"{type(automaton).__name__}."
+        f"{type(automaton).__name__}.",
       )
     if automaton.vocab_size != self.vocab_size:
-      raise ValueError(
+      raise FieldError(
+        "constraint",
         f"constraint covers {automaton.vocab_size} ids; the model's vocabulary has "
-        f"{self.vocab_size}."
+        f"{self.vocab_size}.",
       )
     if not self._constraints.fits(automaton):
-      raise ValueError(
+      raise FieldError(
+        "constraint",
         f"constraint has {automaton.num_states} states; this engine's table holds at most "
-        f"{self.config.constraint_states - 1} (EngineConfig.constraint_states)."
+        f"{self.config.constraint_states - 1} (EngineConfig.constraint_states).",
       )
 
   def submit(self, request: Request) -> int:
