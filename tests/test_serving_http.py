@@ -26,7 +26,8 @@ from specjax.bench.serving.load import held_out_requests, poisson_arrivals, run_
 from specjax.heads import config as head_config
 from specjax.serving import Engine, EngineConfig, Request, fit_config, summarize
 from specjax.serving.background import BackgroundEngine
-from specjax.serving.http import _Decoder, make_app
+from specjax.serving.http import make_app
+from specjax.serving.http.text import Decoder as _Decoder
 from specjax.testing import ByteTokenizer, tiny_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -42,7 +42,8 @@ from specjax.serving import Engine, Request, rows
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.compiler import CompilePool
 from specjax.serving.engine import QueueFull
-from specjax.serving.http import _StopMatcher, make_app
+from specjax.serving.http import make_app
+from specjax.serving.http.text import StopMatcher as _StopMatcher
 from specjax.serving.limits import ServerLimits
 from specjax.testing import tiny_setup
 

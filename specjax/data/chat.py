@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 # The bundled pair was trained on Python source, so a chat reads as comments; tools
-# and tool calls in the Hermes format (`specjax.serving.tools`).
+# and tool calls in the Hermes format (`specjax.serving.http.tool_parsers.hermes`).
 BUNDLED_TEMPLATE = (
   "{% if tools %}{{ '# tools:\\n' }}{% for t in tools %}"
   "{{ '# ' + t['function']['name'] + ' ' + (t['function']['parameters'] or {}) | tojson + '\\n' }}"
