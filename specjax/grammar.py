@@ -416,10 +416,11 @@ KINDS = {"regex": Regex, "json_schema": JsonSchema, "choice": Choice, "tool_call
 
 
 # How far past the table a regex's automaton may count before a compile is
-# refused unbuilt. `regex_states` counts characters, the table tokens: more
-# states where a character takes several bytes, fewer where the vocabulary has
-# no token for each byte. The margin keeps the count from refusing what would
-# fit; the table's own count decides after the compile (`compile_arrays`).
+# refused unbuilt. `regex_states` counts the automaton over bytes, the table is
+# over tokens (fewer states where the vocabulary has no token for some single
+# bytes), and their Unicode tables and constructions differ a little. The margin
+# keeps the count from refusing what would fit; the table's own count decides
+# after the compile (`compile_arrays`).
 STATE_MARGIN = 2
 
 
@@ -441,8 +442,10 @@ def check_size(regex: str, kind: str, max_states: int | None, max_repeat: int) -
     )
   if max_states:
     cap = STATE_MARGIN * max_states
-    # As compiled: inside a group (a pattern may close it early, as in `)(a|b)*(?:`).
-    states = regex_states.count_states(f"(?:{regex})", cap)
+    try:  # as compiled: inside a group (a pattern may close it early: `)(a|b)*(?:`)
+      states = regex_states.count_states(f"(?:{regex})", cap)
+    except Exception:  # a pattern the count misreads must not refuse a compile
+      states = None
     if states is not None and states > cap:
       raise CompileError(
         f"its automaton has more than {cap} states ({STATE_MARGIN} x the {max_states} "

@@ -3,21 +3,25 @@ building the automaton: the guard a compile worker runs before outlines-core.
 
 outlines-core builds a regex's whole DFA (regex-automata, with no size limit)
 and then walks every token of the vocabulary from every state, all in one call
-that cannot be stopped from inside. `(a|b)*a(a|b){20}` has 2^21 states and
-`(?:a{1000}){1000}` a million; either runs until the server kills the worker.
-Here the regex is parsed (the Rust syntax outlines-core takes: flags, verbose
-mode, classes and their operators, counted repetitions) and its automaton is
-explored lazily: each state is a set of Antimirov partial derivatives, and a
-counted repetition stays a counter instead of being copied out, so the count
-stops as soon as it passes the cap, after work in proportion to the cap.
+that cannot be stopped from inside. `(a|b)*a(a|b){20}` has 2^21 states,
+`(?:a{1000}){1000}` a million, and `\\w{300}` 95,000 (each `\\w` is a few hundred
+states of UTF-8); each runs until the server kills the worker. Here the regex
+is parsed (the Rust syntax outlines-core takes: flags, verbose mode, classes
+and their operators, counted repetitions) and its automaton over UTF-8 bytes,
+as outlines-core's is, explored lazily: each state is a set of Antimirov
+partial derivatives, a character class a trie of its encodings, and a counted
+repetition stays a counter instead of being copied out, so the count stops as
+soon as it passes the cap, after work in proportion to the cap.
 
-The count is over characters; the server's table is over tokens (bytes of
-UTF-8, at token boundaries), and Unicode classes (`\\w`, `\\p{..}`) and case
-folding are approximated by a few ranges here. So the count is close to the
-table's, not equal to it: a caller keeps a margin and still counts the table
-(`specjax.grammar.compile_arrays`). `count_states` answers None where it cannot
-tell (a pattern it does not parse, or one whose states are too costly to tell
-apart); then only the compile's own bounds apply.
+The count is close to the table's, not equal to it: the table is over the
+vocabulary's tokens (fewer states where a token spans several bytes and the
+vocabulary lacks the single bytes), Unicode's classes come from this Python's
+`unicodedata` (a script, `\\p{Greek}`, stands as one block of two-byte
+characters), and
+neither automaton is minimal. So a caller keeps a margin and still counts the
+table (`specjax.grammar.compile_arrays`). `count_states` answers None where it
+cannot tell (a pattern it does not parse, or one whose states are too costly
+to tell apart); then only the compile's own bounds apply.
 
 This module imports only the standard library: the compile worker loads it
 beside `specjax/grammar.py` (see there).
@@ -26,8 +30,11 @@ beside `specjax/grammar.py` (see there).
 from __future__ import annotations
 
 import bisect
+import functools
+import math
 import re
 import time
+import unicodedata
 
 _MAX = 0x10FFFF
 _ALL = ((0, _MAX),)
@@ -68,15 +75,16 @@ _CLASS_OPS = {
   "--": lambda a, b: _and(a, _negate(b)),
   "~~": lambda a, b: _norm(_and(a, _negate(b)) + _and(b, _negate(a))),
 }
+# White_Space, exactly (\s).
 _SPACE = _norm(
   [(9, 13), (32, 32), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A)]
   + [(0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)]
 )
-_DIGIT = _norm([(48, 57), (0x660, 0x669), (0x6F0, 0x6F9), (0x966, 0x96F), (0xFF10, 0xFF19)])
-# Letters: ASCII exactly, the rest of Unicode roughly (all but its spaces).
-_LETTER = _and(_norm([(65, 90), (97, 122), (0x80, _MAX)]), _negate(_SPACE))
-_WORD = _norm(_LETTER + _DIGIT + ((95, 95),))
-_PERL = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+_CATEGORY_NAMES = {
+  "letter": "L", "mark": "M", "number": "N", "punctuation": "P", "symbol": "S",
+  "separator": "Z", "other": "C", "digit": "Nd", "decimalnumber": "Nd",
+  "uppercaseletter": "Lu", "lowercaseletter": "Ll",
+}  # fmt: skip
 _POSIX = {
   "alnum": "0-9A-Za-z", "alpha": "A-Za-z", "ascii": "\x00-\x7f", "blank": "\t ",
   "cntrl": "\x00-\x1f\x7f", "digit": "0-9", "graph": "!-~", "lower": "a-z", "print": " -~",
@@ -85,6 +93,78 @@ _POSIX = {
 }  # fmt: skip
 _ESCAPES = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "a": 7, "0": 0}
 _HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+
+
+@functools.cache
+def _categories() -> dict[str, tuple]:
+  """Each Unicode general category's code point ranges (as this Python's
+  `unicodedata` knows them; Rust's regex may know a newer Unicode)."""
+  runs: dict[str, list] = {}
+  start, current = 0, unicodedata.category("\0")
+  for cp in range(1, _MAX + 2):
+    category = unicodedata.category(chr(cp)) if cp <= _MAX else ""
+    if category != current:
+      runs.setdefault(current, []).append((start, cp - 1))
+      start, current = cp, category
+  return {name: tuple(ranges) for name, ranges in runs.items()}
+
+
+def _category(*prefixes: str) -> tuple:
+  """The code points of the general categories that begin with one of `prefixes`."""
+  categories = _categories().items()
+  return _norm(r for name, ranges in categories if name.startswith(prefixes) for r in ranges)
+
+
+@functools.cache
+def _perl(letter: str) -> tuple:
+  """`\\d`, `\\s` or `\\w` (lower case), as Rust's regex defines them over Unicode."""
+  if letter == "d":
+    return _category("Nd")
+  if letter == "s":
+    return _SPACE
+  return _norm(_category("L", "M", "Nd", "Nl", "Pc") + ((0x200C, 0x200D),))  # + Join_Control
+
+
+def _unicode_class(name: str) -> tuple:
+  """`\\p{name}`: a general category (`L`, `Lu`, `Letter`, `Nd`) or White_Space;
+  any other name (a script: Greek, Han) counts as one block of two-byte
+  characters, so that its shape counts and its bytes are not overcounted."""
+  key = name.lstrip("^").replace("_", "").replace(" ", "").replace("-", "").lower()
+  if key in ("whitespace", "space"):
+    return _SPACE
+  category = _CATEGORY_NAMES.get(key, key.capitalize())
+  if category[:1] in "LMNPSZC" and 0 < len(category) <= 2 and _category(category):
+    return _category(category)
+  return ((0x370, 0x3FF),)
+
+
+def _utf8(lo: int, hi: int) -> list[tuple]:
+  """The UTF-8 encodings of the code points `lo..hi` (surrogates aside) as
+  sequences of byte ranges, one range per byte (regex-automata's Utf8Sequences)."""
+  out, todo = [], [(lo, hi)]
+  while todo:
+    lo, hi = todo.pop()
+    if lo > hi:
+      continue
+    if lo <= 0xDFFF and hi >= 0xD800:  # no surrogate has an encoding
+      todo += [(lo, 0xD7FF), (0xE000, hi)]
+      continue
+    split = next((b for b in (0x7F, 0x7FF, 0xFFFF) if lo <= b < hi), None)
+    if split is not None:  # one length of encoding at a time
+      todo += [(lo, split), (split + 1, hi)]
+      continue
+    for i in range(1, len(chr(lo).encode())):
+      mask = (1 << (6 * i)) - 1
+      if lo & ~mask != hi & ~mask:  # the last i bytes must each span a whole range
+        if lo & mask:
+          todo += [(lo, lo | mask), ((lo | mask) + 1, hi)]
+          break
+        if hi & mask != mask:
+          todo += [(lo, (hi & ~mask) - 1), (hi & ~mask, hi)]
+          break
+    else:
+      out.append(tuple(zip(chr(lo).encode(), chr(hi).encode())))
+  return out
 
 
 def _spelled(spec: str) -> tuple:
@@ -126,6 +206,10 @@ class _Terms:
     self.nodes: list[tuple] = [("eps",)]
     self.nullable: list[bool] = [True]
     self._ids: dict[tuple, int] = {("eps",): 0}
+    self._chars: dict[tuple, int] = {}
+    self._spelled: dict[frozenset, int] = {}
+    self._spines: dict[int, tuple[int, tuple]] = {}
+    self._shapes: dict[tuple, int] = {}
     self._first: dict[int, frozenset] = {}
     self._derived: dict[tuple[int, int], frozenset] = {}
     self._reps: dict[frozenset, list[int]] = {}
@@ -139,7 +223,36 @@ class _Terms:
     return i
 
   def chars(self, ranges: tuple) -> int:
-    return self._add(("set", ranges), False)
+    """One character of `ranges` (code points), spelled in UTF-8 bytes: the
+    automaton is over bytes, as outlines-core's is."""
+    if ranges not in self._chars:
+      self._chars[ranges] = self._spell(frozenset(s for r in ranges for s in _utf8(*r)))
+    return self._chars[ranges]
+
+  def _spell(self, sequences: frozenset) -> int:
+    """The byte sequences (tuples of byte ranges) as a deterministic trie: the
+    first bytes cut into disjoint ranges, each followed by the rest of the
+    sequences it begins (of one length: UTF-8's first byte tells it)."""
+    if sequences in self._spelled:
+      return self._spelled[sequences]
+    if () in sequences:
+      return self.EPS
+    events: dict[int, list] = {}
+    for s in sequences:
+      events.setdefault(s[0][0], []).append((True, s))
+      events.setdefault(s[0][1] + 1, []).append((False, s))
+    points, active, after = sorted(events), set(), {}
+    for lo, end in zip(points, points[1:]):  # a sweep over the first byte
+      for starts, s in events[lo]:
+        (active.add if starts else active.discard)(s)
+      if active:
+        after.setdefault(frozenset(s[1:] for s in active), []).append((lo, end - 1))
+    options = [
+      self.cat(self._add(("set", _norm(firsts)), False), self._spell(rest))
+      for rest, firsts in after.items()
+    ]
+    self._spelled[sequences] = self.alt(options)
+    return self._spelled[sequences]
 
   def cat(self, a: int, b: int) -> int:
     if a == self.EPS or b == self.EPS:
@@ -168,7 +281,7 @@ class _Terms:
     return self._add(("rep", r, lo, hi), lo == 0)
 
   def first(self, t: int) -> frozenset:
-    """The ids of the character sets a text of `t` may begin with."""
+    """The ids of the byte sets a text of `t` may begin with."""
     if t in self._first:
       return self._first[t]
     out, node = set(), t
@@ -192,7 +305,7 @@ class _Terms:
     return self._first[t]
 
   def derive(self, t: int, c: int) -> frozenset:
-    """The partial derivatives of `t` by the character `c` (Antimirov)."""
+    """The partial derivatives of `t` by the byte `c` (Antimirov)."""
     key = (t, c)
     if key in self._derived:
       return self._derived[key]
@@ -219,8 +332,59 @@ class _Terms:
     self._derived[key] = frozenset(out)
     return self._derived[key]
 
+  def prune(self, state: frozenset) -> frozenset:
+    """`state` without the terms that another one of its terms contains: those of
+    one shape whose bounds are no larger, where the repeated part matches ""
+    (`(a*){0,3}b` within `(a*){0,5}b`). A Thompson automaton (outlines-core's)
+    holds every smaller bound there as well, so its state is the same; without
+    this, `(a*){0,1000}` would count a state per bound left (1,001; the table: 2)."""
+    if len(state) < 2:
+      return state
+    shapes: dict[int, list] = {}
+    for t in state:
+      shape, bounds = self._spine(t)
+      shapes.setdefault(shape, []).append((bounds, t))
+    if len(shapes) == len(state):
+      return state
+    kept = []
+    for members in shapes.values():
+      front: list[tuple] = []  # sorted largest first, so a container comes before
+      for bounds, t in sorted(members, reverse=True):
+        if not any(all(x >= y for x, y in zip(f, bounds)) for f, _ in front):
+          front.append((bounds, t))
+      kept += [t for _, t in front]
+    return frozenset(kept)
+
+  def _spine(self, t: int) -> tuple[int, tuple]:
+    """`t` as (shape, bounds): its right-nested sequence with each `x{0,n}` on it
+    (`x` matching "") a hole, and those `n`s (inf: none). Iterative: a sequence
+    may be long."""
+    chain, node = [], t
+    while node not in self._spines and self.nodes[node][0] == "cat":
+      chain.append(node)
+      node = self.nodes[node][2]
+    if node not in self._spines:
+      self._spines[node] = self._part(node)
+    shape, bounds = self._spines[node]
+    for cat in reversed(chain):
+      head, head_bounds = self._part(self.nodes[cat][1])
+      shape, bounds = self._shape(("cat", head, shape)), head_bounds + bounds
+      self._spines[cat] = (shape, bounds)
+    return self._spines[t]
+
+  def _part(self, node: int) -> tuple[int, tuple]:
+    """One element of a sequence as (shape, bounds): `x{0,n}` whose `x` matches
+    "" a hole and `n`; anything else itself."""
+    kind = self.nodes[node]
+    if kind[0] == "rep" and self.nullable[kind[1]]:
+      return self._shape(("hole", kind[1])), (math.inf if kind[3] is None else kind[3],)
+    return self._shape(("term", node)), ()
+
+  def _shape(self, key: tuple) -> int:
+    return self._shapes.setdefault(key, len(self._shapes))
+
   def representatives(self, sets: frozenset) -> list[int]:
-    """One character of each class the character sets `sets` tell apart."""
+    """One byte of each class the byte sets `sets` tell apart."""
     if sets not in self._reps:
       ranges = [self.nodes[i][1] for i in sets]
       points = sorted({p for r in ranges for lo, hi in r for p in (lo, hi + 1) if p <= _MAX})
@@ -246,16 +410,6 @@ _GROUP_FLAGS = re.compile(r"\?([a-zA-Z-]*)([:)])")  # after "(": (?i) or (?i:...
 def _with_flags(flags: frozenset, letters: str) -> frozenset:
   on, _, off = letters.partition("-")
   return (flags | set(on)) - set(off)
-
-
-def _unicode_class(name: str) -> tuple:
-  """A rough `\\p{name}`: digits, spaces, or (any other name) letters."""
-  key = name.lstrip("^").replace("_", "").replace(" ", "").lower()
-  if key in ("n", "nd", "digit", "number", "decimalnumber"):
-    return _DIGIT
-  if key in ("z", "zs", "space", "whitespace", "separator", "spaceseparator"):
-    return _SPACE
-  return _LETTER
 
 
 class _Parser:
@@ -382,8 +536,8 @@ class _Parser:
       raise ValueError("a trailing backslash")
     c = self.p[self.i + 1]
     self.i += 2
-    if c.lower() in _PERL:
-      ranges = _PERL[c.lower()]
+    if c.lower() in "dsw":
+      ranges = _perl(c.lower())
       return _negate(ranges) if c.isupper() else ranges
     if c in "pP":
       ranges = _unicode_class(self._braced() if self._at("{") else self._take(1))
@@ -467,14 +621,14 @@ def _combine(done: tuple | None, op: str | None, items: list) -> tuple:
 def count_states(
   pattern: str, limit: int, budget: int = BUDGET, seconds: float = SECONDS
 ) -> int | None:
-  """The states of `pattern`'s automaton over characters (the start included,
+  """The states of `pattern`'s automaton over UTF-8 bytes (the start included,
   the dead state not), or `limit + 1` as soon as there are more than `limit`.
   None where it cannot tell: a pattern it does not parse, or one that takes
   more than `budget` derivative steps or `seconds` (see the module doc)."""
   terms = _Terms()
   deadline = time.monotonic() + seconds
   try:
-    start = frozenset([_Parser(pattern, terms).parse()])
+    start = terms.prune(frozenset([_Parser(pattern, terms).parse()]))
     seen, todo, work = {start}, [start], 0
     while todo:
       if time.monotonic() > deadline:
@@ -485,7 +639,7 @@ def count_states(
         work += len(state)
         if work > budget:
           return None
-        after = frozenset().union(*(terms.derive(t, c) for t in state))
+        after = terms.prune(frozenset().union(*(terms.derive(t, c) for t in state)))
         if after and after not in seen:
           if len(seen) == limit:
             return limit + 1
