@@ -41,7 +41,7 @@ _POLL_S = 0.25
 
 
 class CompileRefused(Exception):
-  """A compile the server will not run or finish: `status` (400 or 429) and why."""
+  """A compile the server will not run or finish: `status` (400, 429, 499 or 503) and why."""
 
   def __init__(self, status: int, message: str, retry_after: float | None = None):
     super().__init__(message)
