@@ -84,8 +84,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.shutdown_timeout_s = 3.0
   # Access: the key every endpoint but /health requires (Authorization: Bearer <key>);
   # "" reads the SPECJAX_API_KEY environment variable (unset: no key). Host names
-  # accepted (any port), comma-separated; "": any (set it behind a proxy, or against
-  # DNS rebinding: "127.0.0.1,localhost").
+  # accepted (any port), comma-separated, against DNS rebinding; "": on a loopback
+  # address only localhost, 127.0.0.1, ::1 and that address, elsewhere any; "*": any.
+  # Behind a proxy, list the Host it forwards.
   config.api_key = ""
   config.allowed_hosts = ""
   # Limits (specjax.serving.limits.ServerLimits; docs/serving.md "Limits and security").
@@ -107,4 +108,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.compile_memory_mb = 4096  # a compile worker's address space (0: no limit)
   config.compile_cache_mb = 256
   config.request_timeout_s = 0.0  # a request's seconds at most (0: none)
+  config.body_timeout_s = 10.0  # the seconds a client has to send its body; past it, 408
   return config

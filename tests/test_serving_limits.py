@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import random
+import socket
 import time
 
 import httpx
@@ -691,6 +692,66 @@ def test_requests_past_max_requests_get_429_and_health_still_answers(served):
       assert busy.headers["retry-after"] == "1"
       assert httpx.get(url + "/health").status_code == 200  # never counted, never refused
       assert held.result().status_code == 200
+  finally:
+    server.should_exit = True
+    thread.join(10)
+
+
+def _trickle(url: str, body: bytes) -> socket.socket:
+  """A connection that sends a request's headers and half its body, then waits."""
+  host, port = url.removeprefix("http://").split(":")
+  conn = socket.create_connection((host, int(port)))
+  head = (
+    f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    f"Content-Length: {len(body)}\r\n\r\n"
+  )
+  conn.sendall(head.encode() + body[: len(body) // 2])
+  return conn
+
+
+def test_trickled_bodies_hold_no_place_and_get_408(served):
+  """Clients that send half a body and wait (issue 73: 260 of them locked every
+  other client out) count against max_requests only once their body is in: a
+  normal completion beside them is served, and each gets 408 at body_timeout_s."""
+  _, _, background, _ = served
+  limits = ServerLimits(max_requests=2, body_timeout_s=2.0)
+  url, server, thread = serve_app(make_app(background, tiny_setup(0)[2], "tiny", limits=limits))
+  body = json.dumps({"prompt": "a", "max_tokens": 2}).encode()
+  conns = []
+  try:
+    conns = [_trickle(url, body) for _ in range(8)]
+    time.sleep(0.2)  # their headers are in
+    ok = _post(url, json={"prompt": "a", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    for conn in conns:
+      conn.settimeout(30)
+      answer = conn.recv(4096)
+      assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout_s" in answer, answer
+  finally:
+    for conn in conns:
+      conn.close()
+    server.should_exit = True
+    thread.join(10)
+  with pytest.raises(ValueError, match="body_timeout_s must be > 0"):
+    ServerLimits(body_timeout_s=0)
+
+
+def test_a_loopback_server_answers_only_local_host_names(served):
+  """With no allowlist, a server reached at a loopback address takes only the
+  local names (a page that rebinds its own DNS name to 127.0.0.1 is refused);
+  "*" takes any, and an explicit allowlist its own (test_access_control)."""
+  url, _, background, _ = served
+  port = url.rsplit(":", 1)[1]
+  body = {"prompt": "a", "max_tokens": 1}
+  for host in ("rebound.example", f"rebound.example:{port}", "127.0.0.2"):
+    _error(_post(url, json=body, headers={"Host": host}), 400, "Host", "allowed_hosts")
+  for host in (f"localhost:{port}", "127.0.0.1", f"[::1]:{port}"):
+    assert _post(url, json=body, headers={"Host": host}).status_code == 200, host
+  app = make_app(background, tiny_setup(0)[2], "tiny", allowed_hosts=("*",))
+  anyhost, server, thread = serve_app(app)
+  try:
+    assert _post(anyhost, json=body, headers={"Host": "rebound.example"}).status_code == 200
   finally:
     server.should_exit = True
     thread.join(10)

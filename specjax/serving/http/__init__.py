@@ -12,8 +12,8 @@
 One module per concept (after vLLM's `entrypoints/openai`), in the order a
 request meets them:
 
-  guard         the middleware: Host, API key, Content-Type, body size, requests
-                in flight
+  guard         the middleware: Host, API key, Content-Type, body size and deadline,
+                requests in flight
   bodies        the request bodies (pydantic models)
   fields        parsing a body and checking its fields: 400s naming the field
   structured    the constraint a request asks for, bounded before compiling
@@ -35,9 +35,10 @@ Every invalid request gets status 400 (404 for another model) and `{"error":
 field and its allowed range; the ranges are the library's own (a `FieldError`
 carries the library's name of the field, `fields.API_NAMES` gives this API's).
 The server's own bounds (`specjax.serving.limits.ServerLimits`) answer in the
-same shape: 413 for a body too large, 415 for a Content-Type other than JSON,
-429 (with Retry-After) past a queue or concurrency cap, 401 without the API
-key when one is set; docs/serving.md, "Limits and security".
+same shape: 408 for a body not sent in time, 413 for one too large, 415 for a
+Content-Type other than JSON, 429 (with Retry-After) past a queue or
+concurrency cap, 401 without the API key when one is set; docs/serving.md,
+"Limits and security".
 
 Streaming sends one server-sent event per engine event that adds text, then
 `data: [DONE]`. A client that disconnects has its request cancelled in the

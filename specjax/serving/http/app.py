@@ -42,7 +42,9 @@ def make_app(
     limits: the bounds on requests (`specjax.serving.limits.ServerLimits`).
     api_key: None, or the key every endpoint but /health requires as
       `Authorization: Bearer <key>` (401 otherwise).
-    allowed_hosts: the Host names accepted (any port); empty: any.
+    allowed_hosts: the Host names accepted (any port); empty: the local names
+      (localhost, 127.0.0.1, ::1) on a connection to a loopback address, any
+      other Host elsewhere; "*": any (`specjax.serving.http.guard`).
     tool_format: how the model writes tool calls (`specjax.serving.http.tool_parsers`);
       None: the one `chat_template` shows (Hermes-style), or tools are refused.
 

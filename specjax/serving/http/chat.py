@@ -13,14 +13,13 @@ from specjax.data.chat import check_messages
 from specjax.serving.http.bodies import ChatBody
 from specjax.serving.http.errors import APIError
 from specjax.serving.http.fields import parse_body
-from specjax.serving.http.guard import read_body
 from specjax.serving.http.model import ServedModel
 from specjax.serving.http.tools import ToolOffer, template_messages
 
 
 async def chat(model: ServedModel, http_request: fastapi.Request):
   """The assistant's answer to the body's messages, whole or streamed."""
-  body = parse_body(await read_body(http_request, model.limits), ChatBody, model.limits)
+  body = parse_body(await http_request.body(), ChatBody, model.limits)
   if model.chat_template is None:
     raise APIError(
       400,
