@@ -467,6 +467,27 @@ def test_auto_tool_choice_gives_text_or_valid_calls(served, stream):
     assert (reason == "tool_calls") == (bool(calls) and reason != "length")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_cut_short_says_so_to_the_client(served, stream):
+  """A call cut inside its arguments by max_tokens (29 tokens reach them) or a
+  stop string: the official client reads finish_reason "length" / "stop" and the
+  choice's `incomplete_tool_call`; the arguments written are not whole JSON."""
+  client = served[0]
+  messages = [{"role": "user", "content": "hi"}]
+  f = {"type": "function", "function": {"name": "f"}}
+  for cut, reason in (({"max_tokens": 31}, "length"), ({"stop": ['"a"']}, "stop")):
+    out = client.chat.completions.create(
+      model="tiny", messages=messages, tools=TOOLS, tool_choice=f, temperature=0,
+      stream=stream, **{"max_tokens": 64, **cut},
+    )  # fmt: skip
+    chunks = list(out) if stream else [out]
+    ((_, calls, finish),) = _tool_answer(chunks if stream else out, stream)
+    last = [c for chunk in chunks for c in chunk.choices if c.finish_reason][-1]
+    assert finish == reason and last.model_extra["incomplete_tool_call"] is True
+    with pytest.raises(ValueError):
+      json.loads(calls[-1][2])
+
+
 def test_bad_tool_requests_name_the_field(served):
   url = served[1]
   base = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}

@@ -27,7 +27,9 @@ from specjax.heads import config as head_config
 from specjax.serving import Engine, EngineConfig, Request, fit_config, summarize
 from specjax.serving.background import BackgroundEngine
 from specjax.serving.http import make_app
+from specjax.serving.http.choices import ChoiceForm
 from specjax.serving.http.text import Decoder as _Decoder
+from specjax.serving.http.tool_parsers import HERMES
 from specjax.testing import ByteTokenizer, tiny_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +115,26 @@ def test_multibyte_characters_stream_whole():
   deltas = [decoder.add([b], final=False) for b in text.encode()]
   assert "\ufffd" not in "".join(deltas) and "".join(deltas) == text
   assert deltas[:2] == ["", "é"]  # held back until the character is whole
+
+
+def test_a_tool_call_cut_short_says_so():
+  """A call cut by max_tokens or a stop string inside its arguments (issue 73):
+  the text written, finish_reason "length" / "stop" (never "tool_calls"), and
+  `incomplete_tool_call` on the choice, whole or on the stream's last chunk."""
+  cut = '<tool_call>\n{"name": "f", "arguments": {"a": "x'
+  for reason in ("length", "stop"):
+    whole = ChoiceForm(ByteTokenizer(), True, False, HERMES).choice(0, cut, reason, [], True)
+    (call,) = whole["message"]["tool_calls"]
+    assert call["function"]["arguments"] == '{"a": "x'
+    assert whole["finish_reason"] == reason and whole["incomplete_tool_call"] is True
+    form = ChoiceForm(ByteTokenizer(), True, False, HERMES)
+    chunks = [form.choice(0, cut[:30], None, [], first=True), form.choice(0, cut[30:], reason, [])]
+    assert "incomplete_tool_call" not in chunks[0] and chunks[1]["incomplete_tool_call"] is True
+    assert chunks[1]["finish_reason"] == reason
+  done = cut + '"}}\n</tool_call>'
+  whole = ChoiceForm(ByteTokenizer(), True, False, HERMES).choice(0, done, "stop", [], True)
+  assert whole["finish_reason"] == "tool_calls" and "incomplete_tool_call" not in whole
+  json.loads(whole["message"]["tool_calls"][0]["function"]["arguments"])
 
 
 def test_health_and_metrics(client):

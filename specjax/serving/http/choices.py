@@ -12,7 +12,12 @@ from specjax.serving.http.tool_parsers import ToolFormat, ToolParser
 class ChoiceForm:
   """One endpoint's JSON shapes: a choice (whole or a streamed chunk) and its
   logprobs; with `tools`, a chat's text split into content and `tool_calls`
-  (one parser per choice)."""
+  (one parser per choice).
+
+  A call cut by `stop` or `max_tokens` before its arguments are whole JSON keeps
+  the text written (a stream has sent it), its finish_reason is "stop" or
+  "length", never "tool_calls", and the choice says so: `"incomplete_tool_call":
+  true` (docs/serving.md)."""
 
   def __init__(self, tokenizer, chat: bool, logprobs: bool, tools: ToolFormat | None = None):
     self.tokenizer, self.chat, self.logprobs = tokenizer, chat, logprobs
@@ -30,6 +35,8 @@ class ChoiceForm:
       out["message" if whole else "delta"] = self._calls(parser, text, finish_reason, whole, first)
       if finish_reason == "stop" and parser.finished_calls:
         finish_reason = "tool_calls"
+      if finish_reason is not None and parser.cut:
+        out["incomplete_tool_call"] = True
     out["logprobs"] = self._logprobs(counted) if self.logprobs else None
     out["finish_reason"] = finish_reason
     return out

@@ -14,7 +14,8 @@ class ToolParser(Protocol):
   `feed(delta, final)` returns the content released and OpenAI's
   `delta.tool_calls` entries; `calls` holds every call begun (`{"id", "type",
   "function": {"name", "arguments"}}`). `finished_calls`: the text ends after
-  whole calls (finish_reason "tool_calls")."""
+  whole calls (finish_reason "tool_calls"); `cut`: it ends inside the last
+  call's arguments, which are then not whole JSON (cut by `stop` or `max_tokens`)."""
 
   calls: list[dict]
 
@@ -22,6 +23,9 @@ class ToolParser(Protocol):
 
   @property
   def finished_calls(self) -> bool: ...
+
+  @property
+  def cut(self) -> bool: ...
 
 
 _KNOWN: list = []

@@ -132,3 +132,8 @@ class ToolCallParser:
   def finished_calls(self) -> bool:
     """Whether the text ends after whole calls (then finish_reason is "tool_calls")."""
     return self.complete > 0 and self.state == "between"
+
+  @property
+  def cut(self) -> bool:
+    """Whether the text ends inside the last call's arguments: not whole JSON."""
+    return self.state == "arguments"
