@@ -14,6 +14,7 @@ vocabulary, and one `CompileWorker` on its own.
 import asyncio
 import concurrent.futures
 import pickle
+import subprocess
 import sys
 import time
 
@@ -218,6 +219,30 @@ def test_a_worker_is_the_oom_killers_first_choice():
       assert score.read().strip() == "1000"
   finally:
     worker.kill()
+
+
+def test_a_worker_loads_the_grammar_and_no_jax():
+  """A worker runs `grammar.WORKER_SCRIPT` by path under `python -I`: a bare
+  `specjax` stands in for the package, whose `__init__` (JAX) never runs; only
+  the grammar's modules load."""
+  probe = (
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__');"
+    "print(*sorted(m for m in sys.modules if m.split('.')[0] in ('specjax', 'jax', 'flax')),"
+    " file=sys.__stdout__)"  # the worker points sys.stdout at stderr
+  )
+  loaded = subprocess.run(
+    [sys.executable, "-I", "-c", probe, grammar.WORKER_SCRIPT],
+    stdin=subprocess.DEVNULL,  # the worker's loop ends at once
+    capture_output=True,
+    text=True,
+    timeout=60,
+    check=True,
+  ).stdout.split()
+  assert "specjax.grammar" in loaded, loaded
+  outside = [
+    m for m in loaded if m != "specjax" and m.split(".")[1] not in ("grammar", "regex_states")
+  ]
+  assert outside == [], outside
 
 
 class _Watched:

@@ -1,5 +1,5 @@
-"""One constraint compile worker: a process running `specjax/grammar.py` (it
-imports no JAX and starts in a fraction of a second), spoken to in pickled
+"""One constraint compile worker: a process running `specjax/grammar/__main__.py`
+(it imports no JAX and starts in a fraction of a second), spoken to in pickled
 messages over its pipes, and killed without waiting for it.
 
   worker = CompileWorker(hello, memory_bytes)  # hello: the pickled vocabulary
@@ -30,7 +30,7 @@ class CompileWorker:
     # a worker died, e.g. it could not import outlines-core.
     self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - the worker's lifetime; kill() closes it
     self.process = subprocess.Popen(
-      [sys.executable, "-I", grammar.__file__, str(memory_bytes)],
+      [sys.executable, "-I", grammar.WORKER_SCRIPT, str(memory_bytes)],
       stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       stderr=self.errors,

@@ -4,20 +4,18 @@ outlines-core index over a vocabulary as numpy arrays, and the cheap measures a
 server bounds before compiling (`regex_repeat`, `json_depth`, and in the worker
 `check_size`: the automaton's states, counted up to a cap).
 
-This module imports only numpy (and outlines-core when it compiles, and
+This package imports only numpy (and outlines-core when it compiles, and
 `specjax.regex_states`, which needs only the standard library), so that the
 server can run it as a separate process that it may kill (a compile in Rust
-cannot be interrupted from a thread): `python -I grammar.py MEMORY_BYTES` reads
-pickled `(op, payload)` messages on stdin and answers each on stdout
-(`worker_main`). `specjax.constraints` builds its `Automaton` from the same
-arrays, in process.
+cannot be interrupted from a thread): `python -I specjax/grammar/__main__.py
+MEMORY_BYTES` (`WORKER_SCRIPT`) reads pickled `(op, payload)` messages on stdin
+and answers each on stdout (`worker_main`). `specjax.constraints` builds its
+`Automaton` from the same arrays, in process.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import json
 import os
 import re
@@ -26,22 +24,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _beside(name: str):
-  """The module `specjax.<name>`; where this file runs as the compile worker (by
-  path, under `python -I`: no `specjax` to import, and the package's `__init__`
-  would import JAX), the file `<name>.py` beside this one."""
-  if __package__:
-    return importlib.import_module(f"{__package__}.{name}")
-  spec = importlib.util.spec_from_file_location(
-    name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-regex_states = _beside("regex_states")
+from specjax import regex_states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,6 +395,9 @@ def token_classes(
 
 # ------------------------------------------------------------------ the worker
 
+# The file a compile worker process runs (`python -I WORKER_SCRIPT MEMORY_BYTES`).
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+
 KINDS = {"regex": Regex, "json_schema": JsonSchema, "choice": Choice, "tool_calls": ToolCalls}
 
 
@@ -510,9 +496,3 @@ def worker_main(argv: Sequence[str]) -> None:
       answer = compile_message(vocabulary, eos_ids, vocab_size, payload)
     pickle.dump(answer, writer, protocol=pickle.HIGHEST_PROTOCOL)
     writer.flush()
-
-
-if __name__ == "__main__":
-  import sys
-
-  worker_main(sys.argv[1:])
