@@ -60,7 +60,10 @@ def serving_models():
   return specjax.Transformer(cfg, rngs=nnx.Rngs(0)), specjax.Transformer(small, rngs=nnx.Rngs(1))
 
 
-def serving_config(mesh=None):
+def serving_config(mesh=None, constrained=False):
+  """The server test's engine settings; `constrained`: with a constraint table of
+  2,048 states, which holds json_object's automaton (1,623 states on the byte
+  vocabulary) beside SCHEMA's (158) but not beside WIDE's (593) or a second copy."""
   from specjax.serving import EngineConfig
 
   return EngineConfig(
@@ -68,10 +71,53 @@ def serving_config(mesh=None):
     gamma=3,
     policy="always",
     prompt_buckets=(16,),
-    max_new_tokens=10,
+    max_new_tokens=24 if constrained else 10,
     widths=(2, 4),
     mesh=mesh,
+    constraint_states=2048 if constrained else 0,
   )
+
+
+# The constrained server test's requests (tests/multiprocess_serving_worker.py
+# sends them one by one, then the first and, while it runs, the others at once):
+# json_object three times (the leader reuses its cached automaton, each follower
+# unpickles a new copy per step's message), a small schema beside it, a wide one
+# that waits for room.
+SCHEMA = {
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "args": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+  },
+  "required": ["name", "args"],
+}
+WIDE = {
+  "type": "object",
+  "properties": {
+    "title": {"type": "string", "maxLength": 40},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+  },
+  "required": ["title", "tags"],
+}
+JSON_OBJECT = {"response_format": {"type": "json_object"}, "max_tokens": 24}
+CONSTRAINED_BODIES = (
+  {"prompt": "x = [", "temperature": 0, **JSON_OBJECT},  # runs its 24 tokens
+  {"prompt": "import os\n", "temperature": 0.8, "seed": 5, **JSON_OBJECT},
+  {"prompt": "def add(a, b):\n", "temperature": 0, **JSON_OBJECT},
+  {
+    "prompt": "{",
+    "max_tokens": 24,
+    "temperature": 0.9,
+    "seed": 11,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
+  },
+  {
+    "prompt": "class A:\n",
+    "max_tokens": 24,
+    "temperature": 0,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WIDE}},
+  },
+)
 
 
 def _free_port() -> int:
@@ -118,8 +164,8 @@ def _run_workers(script: str, out: str, *extra: str, timeout: float = 600) -> li
   return [(w.returncode, log) for w, log in zip(workers, logs)]
 
 
-def _single_process_answers() -> list:
-  """What a one-device server answers to `BODIES`."""
+def _single_process_answers(bodies=BODIES, constrained=False) -> list:
+  """What a one-device server answers to `bodies`, one after another."""
   import httpx
 
   from helpers import serve_app
@@ -128,12 +174,13 @@ def _single_process_answers() -> list:
   from specjax.serving.http import make_app
   from specjax.testing import ByteTokenizer
 
-  engine = Engine(*serving_models(), serving_config())
+  eos = 0 if constrained else None  # structured output ends at EOS (the byte tokenizer's "\x00")
+  engine = Engine(*serving_models(), serving_config(constrained=constrained), eos_ids=eos)
   background = BackgroundEngine(engine)
   url, server, thread = serve_app(make_app(background, ByteTokenizer(), "tiny"))
   try:
     with httpx.Client(base_url=url, timeout=120) as client:
-      return [client.post("/v1/completions", json=body).json() for body in BODIES]
+      return [client.post("/v1/completions", json=body).json() for body in bodies]
   finally:
     server.should_exit = True
     thread.join(10)
@@ -154,6 +201,26 @@ def test_two_processes_serve_what_one_serves(tmp_path):
   assert all(a["status"] == 200 for a in served["answers"]), served
   expected = _single_process_answers()
   assert [_texts(a["body"]) for a in served["answers"]] == [_texts(a) for a in expected]
+
+
+def test_two_processes_serve_overlapping_constrained_requests(tmp_path):
+  """Issue 73, requirement 2: constrained requests that overlap, more than the
+  constraint table holds at once (the wide schema waits for json_object's rows
+  to end), on two processes: the texts one process serves. The table interns
+  automata by content, so the leader's cached json_object automaton and each
+  follower's fresh copy share one block, and both admit the same requests."""
+  out = str(tmp_path / "answers.json")
+  results = _run_workers("multiprocess_serving_worker.py", out, "constrained")
+  assert all(rc == 0 for rc, _ in results), "\n----\n".join(log[-4000:] for _, log in results)
+  with open(out) as f:
+    served = json.load(f)
+  assert served["broken"] is None
+  rounds = served["answers"], served["overlapping"]
+  assert all(a["status"] == 200 for answers in rounds for a in answers), served
+  assert served["counters"]["constraint_waits"] > 0, served["counters"]  # the wide one waited
+  expected = [_texts(a) for a in _single_process_answers(CONSTRAINED_BODIES, constrained=True)]
+  for answers in rounds:  # one by one, then overlapping
+    assert [_texts(a["body"]) for a in answers] == expected
 
 
 def test_a_dead_process_stops_the_server_with_an_error(tmp_path):

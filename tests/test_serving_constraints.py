@@ -6,7 +6,8 @@
   is in its language. The tokens their constraints forced (forced drafts) are
   counted in each request's usage and sum to the engine's counter. New
   constraints recompile nothing; a full table packs the live automata
-  (shifting their rows' states) or makes a request wait.
+  (shifting their rows' states) or makes a request wait; equal automata share
+  one block, whichever object holds them.
 * Over HTTP with the official openai client: `response_format` (json_schema,
   json_object) and the `guided_regex` / `guided_choice` extensions, in
   completions and chat, streamed or not; bad ones get a 400 naming the field.
@@ -20,6 +21,7 @@ its engine-level tests run before the HTTP server takes it over.
 
 import dataclasses
 import json
+import pickle
 import re
 
 import httpx
@@ -34,6 +36,7 @@ from helpers import Schedule, traces
 from specjax import constraints as C
 from specjax.data.chat import ChatTemplate
 from specjax.serving import Engine, EngineConfig, Request, request_key
+from specjax.serving.constraint_table import ConstraintPlacement, content_key
 from specjax.serving.tools import ToolCallParser, ToolFormat, ToolOffer
 from specjax.testing import tiny_setup
 
@@ -194,6 +197,22 @@ def test_engine_refuses_constraints_it_cannot_hold(setup):
   plain = Engine(target, None, dataclasses.replace(CONFIG, constraint_states=0, policy="never"))
   with pytest.raises(ValueError, match="constraint: this engine has no constraint table"):
     plain.check(Request([1, 2], 4, constraint=automata["regex"]))
+
+
+def test_equal_automata_share_one_block_whatever_object_holds_them():
+  """The table interns automata by content: a copy (as a follower unpickles the
+  leader's automaton per message, `specjax.serving.lockstep`) is found where the
+  original was placed; a different automaton is not."""
+  one = C.compile_constraint(C.Regex("[ab]{3}"), PIECES, [EOS], 256)
+  copy = pickle.loads(pickle.dumps(one))
+  other = C.compile_constraint(C.Regex("[ab]{4}"), PIECES, [EOS], 256)
+  assert content_key(copy) == content_key(one) != content_key(other)
+  placement = ConstraintPlacement(256, CONFIG.constraint_states)
+  first = placement.plan(one, [])
+  placement.commit(first)
+  again = placement.plan(copy, [one])
+  assert again.start == first.start and again.table is placement.table and not again.shifts
+  assert placement.holds(copy) and not placement.holds(other)
 
 
 # ------------------------------------------------------------------- over HTTP
