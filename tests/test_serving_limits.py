@@ -469,6 +469,30 @@ def test_compiles_are_bounded_and_the_server_stays_responsive(served):
   assert _stats(url)["cached"] == cached + 1
 
 
+def test_each_peer_address_has_its_own_compile_share(served):
+  """The HTTP side tells the compile pool who asks by the peer's address: while
+  one address's compile runs, its next gets 429 (compile_per_client) and another
+  address's compiles at once."""
+  _, _, background, _ = served
+  limits = dataclasses.replace(LIMITS, compile_workers=2, compile_timeout_s=3.0)
+  url, server, thread = serve_app(make_app(background, tiny_setup(0)[2], "tiny", limits=limits))
+  other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30)
+  try:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      slow = pool.submit(_post, url, json={"prompt": "a", "guided_regex": SLOW_REGEX})
+      while _stats(url).get("running", 0) == 0:
+        time.sleep(0.05)
+      digits = {"prompt": "a", "max_tokens": 4, "guided_regex": "[0-9]{3}"}
+      _error(_post(url, json=digits), 429, "guided_regex", "compile_per_client")
+      theirs = other.post(url + "/v1/completions", json=digits)
+      assert theirs.status_code == 200, theirs.text
+      _error(slow.result(), 400, "guided_regex")
+  finally:
+    other.close()
+    server.should_exit = True
+    thread.join(10)
+
+
 def test_a_client_that_leaves_stops_its_compile(served):
   url, *_ = served
   abandoned = _stats(url).get("abandoned", 0)

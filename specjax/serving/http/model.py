@@ -198,8 +198,11 @@ class ServedModel:
       raise APIError(400, f"{param}: this server has no EOS ids to end a constrained text.", param)
     if self._pieces is None:
       raise APIError(400, f"{param}: this server cannot read its tokenizer's pieces.", param)
+    peer = http_request.client  # the share of the pool is the peer address's
     try:
-      automaton = await self._compile_pool().compile(constraint, http_request.is_disconnected)
+      automaton = await self._compile_pool().compile(
+        constraint, http_request.is_disconnected, client=peer.host if peer else None
+      )
     except compiler_lib.CompileRefused as e:
       raise APIError(e.status, f"{param}: {e.message}", param, retry_after=e.retry_after) from None
     return param, automaton
