@@ -1,7 +1,8 @@
 """Serving under load: continuous batching with speculation (`Engine`), requests
 with their own settings, an adaptive speculation policy, metrics.
 
-  Engine                      the engine: scheduling (`specjax.serving.engine`)
+  Engine                      the engine (`specjax.serving.engine`): its scheduler,
+                              runner and output (`.scheduler`, `.runner`, `.output`)
   EngineConfig, fit_config    its settings, fitted to the models' context (`.config`)
   Request, Event, Completion  what goes in and comes out (`.request`)
   SpeculationCounts           a request's drafted / accepted tokens, by position
@@ -12,9 +13,9 @@ with their own settings, an adaptive speculation policy, metrics.
   BackgroundEngine            the engine behind a thread, for servers (`.background`)
 
 On a mesh: `.mesh` (placement), `.lockstep` (one engine across processes).
-Device programs of the slots: `.slots`; finished requests: `.store`. Load
-generation, its report and the soak measure a server from outside:
-`specjax.bench.serving`.
+The batch of slots and its programs: `.batch`, `.slots`, `.rows`; warm-up:
+`.warmup`; finished requests: `.store`. Load generation, its report and the
+soak measure a server from outside: `specjax.bench.serving`.
 
 The HTTP endpoint (`specjax.serving.http`, FastAPI) needs `pip install 'specjax[serve]'`.
 """

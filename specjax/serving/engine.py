@@ -61,7 +61,16 @@ from specjax.validation import (
   check_token_ids,
 )
 
-__all__ = ["NON_FINITE", "Engine", "EngineConfig", "QueueFull", "request_key"]
+__all__ = [
+  "NON_FINITE",
+  "Completion",
+  "Engine",
+  "EngineConfig",
+  "Event",
+  "QueueFull",
+  "Request",
+  "request_key",
+]
 
 _DEFAULT_CONFIG = EngineConfig()
 

@@ -16,7 +16,7 @@ those are the first W rows. With the rows split into D blocks over `data`, the
 first W rows would all sit on the first devices, and slicing them out would move
 their caches between devices each step. Instead the engine fills slots block by
 block in turn (slot 0 of every block, then slot 1, ...), and a step at width W
-takes the first W / D rows of every block (`specjax.serving.slots`): a local
+takes the first W / D rows of every block (`specjax.serving.rows.prefix`): a local
 slice on each device. Widths are therefore multiples of D.
 """
 
