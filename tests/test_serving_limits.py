@@ -493,6 +493,41 @@ def test_each_peer_address_has_its_own_compile_share(served):
     thread.join(10)
 
 
+HOSTILE_REGEXES = [f"(?x)(?:a{{1000}}) {{{100 * n}}}" for n in range(1, 11)]
+
+
+def test_ten_hostile_regexes_at_once_leave_a_normal_client_served(served):
+  """Issue 73's lock-out: ten regexes that blow up only once compiled, sent at
+  once by one client, took 90 s each to be refused while another client's
+  `[0-9]{3}` got 429. Now each is refused in well under the compile timeout
+  (counted before compiling), and the normal client, beside them from another
+  address, gets its digits."""
+  _, _, background, _ = served
+  limits = dataclasses.replace(LIMITS, compile_workers=2, compile_queue=8)
+  url, server, thread = serve_app(make_app(background, tiny_setup(0)[2], "tiny", limits=limits))
+  other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30)
+  hostile = [*HOSTILE_REGEXES, "(a|b)*a(a|b){20}"]
+  normal = {"prompt": "a", "max_tokens": 8, "guided_regex": "[0-9]{3}"}
+  try:
+    with concurrent.futures.ThreadPoolExecutor(len(hostile) + 1) as pool:
+      start = time.perf_counter()
+      sent = [pool.submit(_post, url, json={"prompt": "a", "guided_regex": r}) for r in hostile]
+      theirs = pool.submit(other.post, url + "/v1/completions", json=normal).result()
+      answers = [f.result() for f in sent]
+      seconds = time.perf_counter() - start
+  finally:
+    other.close()
+    server.should_exit = True
+    thread.join(10)
+  assert theirs.status_code == 200, theirs.text
+  text = theirs.json()["choices"][0]["text"]
+  assert text.rstrip("\x00").isdigit() and len(text.rstrip("\x00")) == 3, text  # then EOS
+  for answer in answers:  # refused (400), or past the client's share (429): never compiled
+    assert answer.status_code in (400, 429), answer.text
+    assert answer.json()["error"]["param"] == "guided_regex"
+  assert seconds < limits.compile_timeout_s, seconds
+
+
 def test_a_client_that_leaves_stops_its_compile(served):
   url, *_ = served
   abandoned = _stats(url).get("abandoned", 0)
@@ -545,15 +580,26 @@ def test_shutdown_stops_a_compile_in_flight(served):
 HOSTILE_VALUES = [
   None, True, -1, 0, 2**70, -(2**70), 1e308, -1e-308, 0.5, "", "x", "1", "\x00", "é" * 50,
   [], [1], ["a"], [None], {}, {"a": 1}, [[[]]], "q" * 300, ["q" * 256] * 4, 10**4300 // 10**4000,
+  # Past what the engine stores them in (issue 73): float32's range, int32's.
+  1e39, -1e39, 1e-45, 2**31, -(2**31) - 1, 2**63, 3.4028236e38,
 ]  # fmt: skip
 FIELDS = [
   "prompt", "max_tokens", "temperature", "top_p", "top_k", "stream", "stream_options", "stop",
   "seed", "n", "speculation", "response_format", "guided_regex", "guided_choice", "logprobs",
   "stop_token_id", "model", "messages", "top_logprobs", "max_completion_tokens", "echo",
+  "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
+  "logit_bias", "stop_token_ids", "timeout",
+]  # fmt: skip
+# Fields whose values nest: the overflowing numbers and foreign digits inside them.
+NESTED_HOSTILE = [
+  ("speculation", {"max_draft_tokens": 2**31}), ("speculation", {"max_draft_tokens": -1}),
+  ("logit_bias", {"\u0661\u0662": 1}), ("logit_bias", {"\uff11": 1}), ("logit_bias", {"1": 1e39}),
+  ("logit_bias", {str(2**31): 1}), ("stop_token_ids", [2**31]), ("logit_bias", {"²": 1}),
 ]  # fmt: skip
 REGEXES = [
   "a{300000}", "(a{40}){40}", "(", "[", "\\", "a{2,1}", "(?P<x>a)", "\\p{Greek}{2}", "[a-z ]{0,64}",
   "(a|b)*c{5}", "x" * 5000, ")", "a**", "[^\\x00-\\x7f]{3}", "(?i)abc", ".{0,3}", "\\d{1,3}",
+  *HOSTILE_REGEXES, "(a|b)*a(a|b){20}", "\\w{1000}", ")(a|b)*a(a|b){20}(?:",
 ]  # fmt: skip
 SCHEMAS = [
   {"type": "nope"}, {"$ref": "#"}, {"type": "string", "maxLength": 100000}, {"type": "integer"},
@@ -582,13 +628,23 @@ def _hostile(rng: random.Random) -> tuple[str, str, bytes, dict]:
       }
     elif kind < 0.7:
       body["guided_choice"] = rng.choice([["a"] * 300, ["yes", "no"], [""], [1], ["x" * 20000]])
-    elif kind < 0.8:
+    elif kind < 0.75:
       depth = rng.choice([10, 70, 600])  # the deepest by the test's own json
       body[rng.choice(FIELDS)] = json.loads("[" * depth + "]" * depth)
+    elif kind < 0.8:
+      field, value = rng.choice(NESTED_HOSTILE)
+      body[field] = value
     else:
+      depth = rng.choice([100, 5000, 20_000])  # past tool-call arguments, as a JSON string
+      call = {
+        "id": "c",
+        "type": "function",
+        "function": {"name": "f", "arguments": "[" * depth + "]" * depth},
+      }
       body["messages"] = rng.choice([
         [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}],
         [{"role": "wizard", "content": "a"}], [{"content": 1}], "hi", [],
+        [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [call]}],
       ])  # fmt: skip
   raw = json.dumps(body).encode()
   mangle = rng.random()
@@ -629,11 +685,21 @@ def test_fuzz_no_5xx_and_the_server_holds(served):
     if response.status_code >= 500 or not ("json" in media or streamed):
       failures.append((case, response.status_code, response.text[:300]))
 
-  with (
-    httpx.Client(base_url=url, timeout=30) as client,
-    concurrent.futures.ThreadPoolExecutor(8) as pool,
-  ):
-    list(pool.map(lambda case: send(client, case), cases))
+  # Beside them, clients that send half a body and wait (each answered 408 at
+  # the served app's body_timeout_s, 10 s, while the others go on).
+  trickled = [_trickle(url, json.dumps({"prompt": "a" * 64}).encode()) for _ in range(16)]
+  try:
+    with (
+      httpx.Client(base_url=url, timeout=30) as client,
+      concurrent.futures.ThreadPoolExecutor(8) as pool,
+    ):
+      list(pool.map(lambda case: send(client, case), cases))
+    for conn in trickled:
+      conn.settimeout(30)
+      assert conn.recv(4096).startswith(b"HTTP/1.1 408")
+  finally:
+    for conn in trickled:
+      conn.close()
   print("fuzz:", len(statuses), "requests;", {c: statuses.count(c) for c in set(statuses)})
   assert not failures, failures[:5]
   assert len(statuses) >= 500, f"only {len(statuses)} requests in {budget_s} s"
