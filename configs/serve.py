@@ -104,6 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_tools = 64
   config.compile_workers = 2  # constraint compiles at once, each in a worker process
   config.compile_queue = 8  # compiles waiting for a worker; past it, 429
+  # compiles one client (peer address) may have started and not finished; past it,
+  # 429 to that client alone (behind a proxy every client is the proxy: raise it)
+  config.compile_per_client = 1
   config.compile_timeout_s = 30.0
   config.compile_memory_mb = 4096  # a compile worker's address space (0: no limit)
   config.compile_cache_mb = 256

@@ -29,7 +29,7 @@ from specjax import constraints
 from specjax.serving.mesh import constrain_slots
 
 if TYPE_CHECKING:
-  from specjax.serving.slots import SlotState
+  from specjax.serving.batch import SlotState
 
 # SpecState fields that hold one entry per row (the rest are batch-wide).
 ROW_FIELDS = (
