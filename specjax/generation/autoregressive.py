@@ -20,9 +20,8 @@ from specjax.generation.common import (
   ends_row,
   finalize,
   first_done,
-  prefill,
+  prefill_first,
   run_loop,
-  start_history,
   zero_padding,
 )
 from specjax.generation.state import ARState, AutoregressiveStats, GenerateOutput
@@ -140,20 +139,9 @@ def _autoregressive_program(
   if coupled:
     zero = jnp.zeros((b,), jnp.int32)
     first_key = Coupling.of(row_keys, zero, 1, model.cfg.vocab_size, first_key)
-  constraint = None if rules is None else (rules.table, rules.start)
-  history = start_history(sampling, prompts, prompt_lengths, model.cfg.vocab_size)
-  first, cache = prefill(
-    model,
-    prompts,
-    prompt_lengths,
-    capacity,
-    first_key,
-    bind_history(sampling, history, eos_id),
-    constraint=constraint,
-    mark_non_finite=True,
+  first, broken, history, constraint_state, cache, _ = prefill_first(
+    model, prompts, prompt_lengths, capacity, first_key, sampling, eos_id, rules
   )
-  broken = first < 0  # its law was not finite: the row stops with nothing generated
-  first = jnp.maximum(first, 0)
   # One slot of slack: finished rows keep writing at num_generated <= max_new_tokens.
   tokens = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(first)
   state = ARState(
@@ -162,15 +150,13 @@ def _autoregressive_program(
     tokens=tokens,
     num_generated=jnp.where(broken, 0, 1).astype(jnp.int32),
     done=first_done(first, max_new_tokens, eos_id, sampling) | broken,
-    history=None if history is None else history.after(first),
+    history=history,
     # All of the loop's random numbers in one computation, before it: a step
     # then only reads its row of uniforms.
     uniforms=jax.random.uniform(key, (0 if sampling.greedy or coupled else max_new_tokens, b)),
     stats=AutoregressiveStats(jnp.int32(0), jnp.int32(1), broken.astype(jnp.int32)),
     row_keys=row_keys,
-    constraint_state=None
-    if rules is None
-    else constraints_lib.advance(rules.table, rules.start, first),
+    constraint_state=constraint_state,
   )
   table = None if rules is None else rules.table
   state = run_loop(

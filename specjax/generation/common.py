@@ -1,6 +1,7 @@
 """What both generation loops share: prefill, padding, output.
 
 prefill         prompt through a fresh cache, first token sampled
+prefill_first   the loops' prefill: the first token under the rows' text and rules
 zero_padding    prompt ids past each row's length set to a valid id
 first_done      rows finished by the prefill's token alone
 is_eos          which tokens are an EOS (one id or several)
@@ -73,6 +74,47 @@ def prefill(
     first = jnp.where(finite_rows(probs), first, -1)
   cache = out[1].with_lengths(prompt_lengths)
   return (first, cache, out[2]) if return_hidden is not False else (first, cache)
+
+
+def prefill_first(
+  model: Transformer,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  capacity: int,
+  key: jax.Array | Coupling,
+  sampling: SamplingParams | RowSampling,
+  eos_id: int | tuple[int, ...] | None,
+  rules: constraints.RowConstraints | None = None,
+  return_hidden: bool | tuple[int, ...] = False,
+):
+  """`prefill` as both loops start: the first token drawn under the rows' text
+  (`start_history`), among what `rules`' start states allow, and marked where
+  its law was not finite.
+
+  Returns:
+    `(first [B], broken [B], history, constraint_state, cache, hidden)`: first
+    is 0 where broken (its law was not finite: the row stops with nothing
+    generated); history and constraint_state are the rows' after `first` (None
+    for a static warp, without rules); hidden is `[features]` if
+    `return_hidden`, else `[]`.
+  """
+  history = start_history(sampling, prompts, prompt_lengths, model.cfg.vocab_size)
+  first, cache, *hidden = prefill(
+    model,
+    prompts,
+    prompt_lengths,
+    capacity,
+    key,
+    bind_history(sampling, history, eos_id),
+    return_hidden=return_hidden,
+    constraint=None if rules is None else (rules.table, rules.start),
+    mark_non_finite=True,
+  )
+  broken = first < 0  # its law was not finite: the row stops with nothing generated
+  first = jnp.maximum(first, 0)
+  history = None if history is None else history.after(first)
+  state = None if rules is None else constraints.advance(rules.table, rules.start, first)
+  return first, broken, history, state, cache, hidden
 
 
 def zero_padding(prompts: jax.Array, prompt_lengths: jax.Array) -> jax.Array:
