@@ -34,9 +34,8 @@ from specjax.generation.common import (
   bind_history,
   ends_row,
   finalize,
-  prefill,
+  prefill_first,
   run_loop,
-  start_history,
   zero_padding,
 )
 from specjax.generation.state import GenerateOutput, SpecConfig, SpecState, SpeculativeStats
@@ -650,39 +649,21 @@ def prefill_state(
       start states allow; `SpecState.constraint_state` the state after it.
   """
   b = prompts.shape[0]
-  features = drafter is not None and drafter.target_features
   if config.coupled:  # each row's draw at generated index 0
     zero = jnp.zeros((b,), jnp.int32)
     first_key = Coupling.of(row_keys, zero, 1, target.cfg.vocab_size, first_key, coupled_rows)
   sampling = rows if config.sampling is None else config.sampling
-  history = start_history(sampling, prompts, prompt_lengths, target.cfg.vocab_size)
-  first, target_cache, *hidden = prefill(
-    target,
-    prompts,
-    prompt_lengths,
-    capacity,
-    first_key,
-    bind_history(sampling, history, config.eos_id),
-    return_hidden=features,
-    constraint=None if rules is None else (rules.table, rules.start),
-    mark_non_finite=True,
-  )
-  broken = first < 0  # its law was not finite: the row stops with nothing generated
-  first = jnp.maximum(first, 0)
-  drafter_state = (
-    ()
-    if drafter is None
-    else drafter.init(prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None)
+  first, broken, history, constraint_state, target_cache, drafter_state = _prefill_models(
+    target, drafter, prompts, prompt_lengths, capacity, first_key, sampling, config, rules
   )
   done = (budget <= 1) | (first == stop) | ends_row(first, config.eos_id, sampling) | broken
   last_prompt = jnp.take_along_axis(prompts, (prompt_lengths - 1)[:, None], axis=1)
-  tokens = jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32)
   return SpecState(
     target_cache=target_cache,
     drafter_state=drafter_state,
     recent=jnp.concatenate([last_prompt, first[:, None]], axis=1),
     draft_limit=jnp.full((b,), config.gamma, jnp.int32),
-    tokens=tokens.at[:, 0].set(first),
+    tokens=jnp.zeros((b, config.max_new_tokens + config.gamma + 1), jnp.int32).at[:, 0].set(first),
     num_generated=jnp.where(broken, 0, 1).astype(jnp.int32),
     done=done,
     budget=budget,
@@ -694,11 +675,39 @@ def prefill_state(
     sampling=rows,
     row_keys=row_keys,
     coupled_rows=coupled_rows,
-    constraint_state=None
-    if rules is None
-    else constraints_lib.advance(rules.table, rules.start, first),
-    history=None if history is None else history.after(first),
+    constraint_state=constraint_state,
+    history=history,
   )
+
+
+def _prefill_models(
+  target: Transformer,
+  drafter: Drafter | None,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  capacity: int,
+  first_key: jax.Array | Coupling,
+  sampling: SamplingParams | RowSampling,
+  config: SpecConfig,
+  rules: constraints_lib.RowConstraints | None,
+) -> tuple:
+  """The target's prefill and first token (`prefill_first`, with the prompt's
+  features when the drafter reads them), then the drafter's over the prompt and
+  that token (`()` without a drafter).
+
+  Returns:
+    `(first, broken, history, constraint_state, target_cache, drafter_state)`.
+  """
+  features = drafter is not None and drafter.target_features
+  first, broken, history, constraint_state, target_cache, hidden = prefill_first(
+    target, prompts, prompt_lengths, capacity, first_key, sampling, config.eos_id, rules, features
+  )
+  drafter_state = (
+    ()
+    if drafter is None
+    else drafter.init(prompts, prompt_lengths, first, capacity, hidden[0] if hidden else None)
+  )
+  return first, broken, history, constraint_state, target_cache, drafter_state
 
 
 @functools.partial(compiler_options.jit, static_argnames=("config",))
