@@ -40,14 +40,15 @@ MAX_CHOICES = 16  # n at most
 MAX_USER_CHARS = 256  # `user`'s characters at most
 # Integer fields stored as int32 by the engine and not `SamplingParams`' (which
 # bounds min_tokens and stop_token_ids itself); the seed is 64-bit (`request_key`).
-_INT32_FIELDS = (
-  "max_tokens",
-  "max_completion_tokens",
-  "top_k",
-  "stop_token_id",
-  "logprobs",
-  "top_logprobs",
-)
+# Each with its least value (checked, below it, where the field's own range is).
+_INT32_FIELDS = {
+  "max_tokens": 1,
+  "max_completion_tokens": 1,
+  "top_k": 0,
+  "stop_token_id": 0,
+  "logprobs": 0,
+  "top_logprobs": 0,
+}
 # Real fields stored as float32 whose range holds 0 (off): a non-zero value that
 # float32 rounds to 0 (or a subnormal, flushed to 0 on most devices) would be
 # silently lost. (temperature and repetition_penalty: `SamplingParams`' ranges.)
@@ -160,14 +161,14 @@ def check_numbers(body: RequestBody) -> None:
     body.sampling()
   except ValueError as e:
     raise field_error(e) from None
-  ints = [(f, getattr(body, f, None)) for f in _INT32_FIELDS]
+  ints = [(f, getattr(body, f, None), least) for f, least in _INT32_FIELDS.items()]
   if body.speculation is not None:
-    ints.append(("speculation.max_draft_tokens", body.speculation.max_draft_tokens))
-  for field, value in ints:
+    ints.append(("speculation.max_draft_tokens", body.speculation.max_draft_tokens, 0))
+  for field, value, least in ints:
     if isinstance(value, int) and not INT32_MIN <= value <= MAX_INT32:
       raise APIError(
         400,
-        f"{field} must be an integer in [{INT32_MIN}, {MAX_INT32}] (int32), got {value}.",
+        f"{field} must be an integer in [{least}, {MAX_INT32}] (int32), got {value}.",
         field.split(".")[0],
       )
   reals = [(f, getattr(body, f)) for f in _UNDERFLOWING]
