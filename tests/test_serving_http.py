@@ -451,3 +451,33 @@ def test_serve_drafts_with_a_head_by_path(tmp_path, kind, drafter, gamma):
   config.draft = "runs/draft"
   with pytest.raises(ValueError, match="config.head drafts in place of config.draft"):
     serve.check_config(config)
+
+
+def test_a_failure_mid_stream_ends_it_with_an_error_event():
+  """Issue 73: an exception other than APIError mid-stream dropped the connection
+  with no word; the stream now ends with an error event in the API's shape (and
+  no [DONE]), after the chunks already sent."""
+  import asyncio
+  import types
+
+  from specjax.serving.http.streaming import stream
+
+  async def chunks():
+    yield 0, "ab", []
+    raise RuntimeError("injected: the engine thread died")
+
+  run = types.SimpleNamespace(
+    chunks=chunks, choices=[types.SimpleNamespace(finish_reason=None)], disconnected=False
+  )
+  form = ChoiceForm(ByteTokenizer(), chat=False, logprobs=False)
+  head = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "tiny"}
+
+  async def collect():
+    return [event async for event in stream(run, form, head, None)]
+
+  events = asyncio.run(collect())
+  assert len(events) == 2 and events[0].startswith("data: ")
+  assert json.loads(events[0][len("data: ") :])["choices"][0]["text"] == "ab"
+  error = json.loads(events[1][len("data: ") :])["error"]
+  assert error["type"] == "server_error" and "RuntimeError" in error["message"]
+  assert "[DONE]" not in "".join(events)
