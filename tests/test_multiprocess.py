@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_serving_constraints import SCHEMA  # the small schema the serving tests use
 
 import specjax
 
@@ -83,14 +84,6 @@ def serving_config(mesh=None, constrained=False):
 # json_object three times (the leader reuses its cached automaton, each follower
 # unpickles a new copy per step's message), a small schema beside it, a wide one
 # that waits for room.
-SCHEMA = {
-  "type": "object",
-  "properties": {
-    "name": {"type": "string", "maxLength": 6},
-    "args": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
-  },
-  "required": ["name", "args"],
-}
 WIDE = {
   "type": "object",
   "properties": {
