@@ -294,6 +294,8 @@ BAD = [
   (dict(repetition_penalty=1e-45), "repetition_penalty must be in (0, 2] and at least 1.175e-38"),
   (dict(temperature=1e39), "temperature must be a number >= 0 and at most 3.403e+38"),
   (dict(min_tokens=2**31), "min_tokens must be an integer >= 0 and at most 2147483647"),
+  (dict(presence_penalty=1e-45), "presence_penalty underflows float32"),
+  (dict(logit_bias={"5": 1e-45}), "logit_bias underflows float32"),
   (dict(min_p=1.5), "min_p must be in [0, 1]"),
   (dict(min_tokens=-1), "min_tokens must be an integer >= 0 and at most 2147483647"),
   (dict(logit_bias={"5": 101}), "logit_bias values must be in [-100, 100]"),

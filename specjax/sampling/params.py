@@ -92,10 +92,12 @@ class SamplingParams:
       raise FieldError("top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}.")
     if not is_real(self.top_p) or not 0 < self.top_p <= 1:
       raise FieldError("top_p", f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}.")
+    check_float32("top_p", self.top_p)
     for name, (allowed, ok) in RANGES.items():
       value = getattr(self, name)
       if not is_real(value) or not ok(value):
         raise FieldError(name, f"{name} must be {allowed}, got {value!r}.")
+      check_float32(name, value)
       object.__setattr__(self, name, float(value))
     object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
     if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= MAX_INT32:
@@ -140,6 +142,17 @@ class SamplingParams:
         )
 
 
+def check_float32(name: str, value: float) -> None:
+  """FieldError for a non-zero real that float32 (the rows' dtype) rounds to 0
+  or a subnormal (flushed to 0 on most devices): the setting would be silently
+  lost (a penalty of 1e-45 is none at all)."""
+  if value != 0 and abs(value) < MIN_TEMPERATURE:
+    raise FieldError(
+      name,
+      f"{name} underflows float32 (its smallest normal is {MIN_TEMPERATURE:.4g}), got {value!r}.",
+    )
+
+
 def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
   """`logit_bias` (a dict id -> bias, or pairs) as sorted `(id, bias)` pairs:
   ids integers in [0, `MAX_INT32`] (strings of ASCII digits too, as JSON keys
@@ -174,6 +187,7 @@ def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
       raise FieldError(
         "logit_bias", f"logit_bias values must be in [-100, 100], got {value!r} for {token}."
       )
+    check_float32("logit_bias", value)
     out[int(token)] = float(value)
   return tuple(sorted(out.items()))
 

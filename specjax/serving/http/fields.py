@@ -12,7 +12,7 @@ import json
 import pydantic
 
 from specjax import grammar
-from specjax.sampling import MAX_INT32, MIN_TEMPERATURE, SamplingParams
+from specjax.sampling import MAX_INT32, SamplingParams
 from specjax.serving.http.bodies import DEFAULT_LIMITS, NESTED, CompletionBody, RequestBody
 from specjax.serving.http.errors import APIError
 from specjax.serving.http.structured import constraint_of
@@ -49,10 +49,6 @@ _INT32_FIELDS = {
   "logprobs": 0,
   "top_logprobs": 0,
 }
-# Real fields stored as float32 whose range holds 0 (off): a non-zero value that
-# float32 rounds to 0 (or a subnormal, flushed to 0 on most devices) would be
-# silently lost. (temperature and repetition_penalty: `SamplingParams`' ranges.)
-_UNDERFLOWING = ("top_p", "presence_penalty", "frequency_penalty", "min_p")
 
 
 def field_error(error: ValueError) -> APIError:
@@ -154,9 +150,9 @@ def _validate(data: dict, kind: type[RequestBody]) -> RequestBody:
 
 def check_numbers(body: RequestBody) -> None:
   """APIError (400 naming the field) for a number its storage dtype cannot hold:
-  an integer past int32, a non-zero real that float32 rounds to 0, and the
-  sampling settings' own ranges (`SamplingParams`: a temperature past float32's
-  largest, a repetition penalty below its smallest normal)."""
+  an integer past int32, and the sampling settings' own ranges (`SamplingParams`:
+  a temperature past float32's largest, a repetition penalty below its smallest
+  normal, a non-zero real that float32 rounds to 0)."""
   try:
     body.sampling()
   except ValueError as e:
@@ -170,16 +166,6 @@ def check_numbers(body: RequestBody) -> None:
         400,
         f"{field} must be an integer in [{least}, {MAX_INT32}] (int32), got {value}.",
         field.split(".")[0],
-      )
-  reals = [(f, getattr(body, f)) for f in _UNDERFLOWING]
-  reals += [("logit_bias", v) for v in (body.logit_bias or {}).values()]
-  for field, value in reals:
-    if value != 0 and abs(value) < MIN_TEMPERATURE:
-      raise APIError(
-        400,
-        f"{field} underflows float32 (its smallest normal is {MIN_TEMPERATURE:.4g}): use 0 "
-        f"or a larger value, got {value!r}.",
-        field,
       )
 
 
