@@ -55,16 +55,35 @@ GEMMA_STYLE = dict(
 )
 
 
+def pytest_process(args: list[str], python: str | None = None, env: dict | None = None):
+  """`python -m pytest -q -p no:cacheprovider *args` started in the repository
+  root in a process of its own (default: this interpreter and environment),
+  stdout and stderr piped together, for `suite_output`."""
+  import os
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.Popen(
+    [python or sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+    cwd=root,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+
+
 def suite_output(suite, timeout: float = 1500) -> str:
-  """The output of a test suite started in its own process (`subprocess.Popen`
-  with stdout piped), waiting at most `timeout` seconds before killing it."""
+  """The output of a test suite started in its own process (`pytest_process`),
+  waiting at most `timeout` seconds before killing it (then said at its end)."""
   import subprocess
 
   try:
     return suite.communicate(timeout=timeout)[0]
   except subprocess.TimeoutExpired:
     suite.kill()
-    return suite.communicate()[0]
+    return suite.communicate()[0] + f"\n[killed after {timeout} s]"
 
 
 def tiny_pair(**overrides) -> tuple[specjax.Transformer, specjax.Transformer]:

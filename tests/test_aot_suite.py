@@ -14,7 +14,7 @@ process leaves idle.
 import os
 import subprocess
 
-from helpers import suite_output
+from helpers import pytest_process, suite_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, ".aot-env", "bin", "python")
@@ -28,14 +28,7 @@ def start_suite() -> subprocess.Popen | None:
   if not os.path.exists(aot_python()):
     return None
   env = dict(os.environ, JAX_PLATFORMS="cpu", SPECJAX_AOT_SUITE="1")
-  return subprocess.Popen(
-    [aot_python(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/aot"],
-    cwd=ROOT,
-    env=env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
+  return pytest_process(["tests/aot"], aot_python(), env)
 
 
 def test_aot_suite(background):

@@ -17,11 +17,10 @@ launcher at a small size and the quick files' blocks; with SPECJAX_SLOW_TESTS=1
 also the launchers' full-size runs and every guide.
 """
 
-import os
 import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import pytest_process, suite_output
+
 # Every launcher step and docs block has its own limit (at most 900 s); this
 # bounds the whole run, so that CI cannot hang here.
 TIMEOUT_S = 3600
@@ -50,23 +49,12 @@ FILES += BALANCE
 
 
 def start_front_door() -> subprocess.Popen:
-  return subprocess.Popen(
-    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "front_door"]
-    + ["--durations=0", *FILES],
-    cwd=ROOT,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
+  return pytest_process(["-m", "front_door", "--durations=0", *FILES])
 
 
 def test_every_launcher_and_documented_command_runs(background):
   suite = background(start_front_door)
-  try:
-    output = suite.communicate(timeout=TIMEOUT_S)[0]
-  except subprocess.TimeoutExpired:
-    suite.kill()
-    output = suite.communicate()[0] + f"\n[killed after {TIMEOUT_S} s]"
+  output = suite_output(suite, TIMEOUT_S)
   print(output[-6000:])  # each step's and block's time, shown with -rA or on failure
   assert suite.returncode == 0, output[-12000:]
 

@@ -9,11 +9,8 @@ the main process leaves idle, and the test only collects its result.
 
 import os
 import subprocess
-import sys
 
-from helpers import suite_output
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import pytest_process, suite_output
 
 
 def start_suite() -> subprocess.Popen:
@@ -23,14 +20,7 @@ def start_suite() -> subprocess.Popen:
     XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8".strip(),
     JAX_PLATFORMS="cpu",
   )
-  return subprocess.Popen(
-    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/multidevice"],
-    cwd=ROOT,
-    env=env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
+  return pytest_process(["tests/multidevice"], env=env)
 
 
 def test_multidevice_suite(background):
