@@ -353,10 +353,9 @@ def commit_step(
   n = verified.n
   emitted = emitted_tokens(verified.drafted, n, verified.next_token)
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
-  # A row whose law was not finite keeps none of this draw and stops.
-  broken = ~verified.finite & ~state.done
-  num_generated = jnp.where(broken, state.num_generated, num_generated)
-  done, count = done | broken, jnp.where(broken, 0, count)
+  broken, num_generated, done, count = stop_broken(
+    state, verified.finite, num_generated, done, count
+  )
   history = None if state.history is None else state.history.after(emitted, count)
   old_length = state.target_cache.lengths + 1  # len(s)
   commit = Commit(emitted, old_length, old_length + n + 1, ~done, verified.hidden, verified.path)
@@ -526,6 +525,17 @@ def emitted_tokens(draft_tokens: jax.Array, n: jax.Array, next_token: jax.Array)
   return jnp.where(
     slots == n[:, None], next_token[:, None], jnp.pad(draft_tokens, ((0, 0), (0, 1)))
   )
+
+
+def stop_broken(
+  state: SpecState, finite: jax.Array, num_generated: jax.Array, done: jax.Array, count: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """`commit_tokens`' `(num_generated, done, count)` [B] with each active row
+  whose law was not `finite` [B] stopped, keeping none of this draw; returns
+  `(broken [B], num_generated, done, count)` (`SpeculativeStats.non_finite`)."""
+  broken = ~finite & ~state.done
+  num_generated = jnp.where(broken, state.num_generated, num_generated)
+  return broken, num_generated, done | broken, jnp.where(broken, 0, count)
 
 
 def commit_tokens(

@@ -57,6 +57,7 @@ from specjax.generation.speculative import (
   score,
   speculative_step,
   step_sampling,
+  stop_broken,
 )
 from specjax.generation.state import SpecConfig, SpecState
 from specjax.models.kv_cache import write_rows
@@ -213,9 +214,9 @@ def plain_step(
   n = jnp.zeros_like(token)
   emitted = token[:, None]
   tokens, num_generated, done, count = commit_tokens(state, emitted, n, config)
-  broken = ~finite_rows(probs) & ~state.done  # stopped, this draw not kept (`commit_step`)
-  num_generated = jnp.where(broken, state.num_generated, num_generated)
-  done, count = done | broken, jnp.where(broken, 0, count)
+  broken, num_generated, done, count = stop_broken(
+    state, finite_rows(probs), num_generated, done, count
+  )
   history = None if state.history is None else state.history.after(emitted, count)
   goes_on = ~done
   old_length = state.target_cache.lengths + 1
