@@ -36,9 +36,10 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.layer_skip = (2,)  # the target's first 2 of 6 layers (grown: the same layers)
   c.heads = ("eagle", "early_exit", "dflash", "dspark")
   c.gamma = 4
-  # The block drafters at their whole block (B - 1 = 7) too; early exit at gamma 1.
+  # The block drafters at their whole block (B - 1 = 7) and at the gamma measured at
+  # start-up (0: what decode and serve draft by default); early exit at gamma 1.
   c.head_gammas = ml_collections.ConfigDict(
-    dict(eagle=(), early_exit=(1,), dflash=(7,), dspark=(7,))
+    dict(eagle=(), early_exit=(1,), dflash=(7, 0), dspark=(7, 0))
   )
   c.fr_spec = 0
   c.gamma_sweep = ()

@@ -38,9 +38,18 @@ def get_config():
   c.head.mask_token_id = -1  # -1: a learned mask embedding (no spare id in the vocabulary)
   c.head.num_anchors = 64  # blocks per window, at most seq_len - 1
   c.head.loss_decay = 4.0  # position k weighs exp(-(k - 1) / loss_decay)
-  # > 0: adds this times the decayed divergence (config.loss) from the target's law;
-  # 0 is the reference's loss. The bundled drafter trained with 1 (docs/heads.md).
-  c.head.distill_weight = 1.0
+  # () reads the default layers: up to five, shallow to the last ((2, 3, 4, 5, 6) here).
+  c.head.feature_layers = ()
+  # The acceptance-shaped loss: 0.1 cross-entropy + 0.9 L1 (2 TV) from the target's law
+  # (0: DFlash's own, cross-entropy alone).
+  c.head.l1_mix = 0.9
+  # > 0: adds this times the decayed divergence (config.loss) from the target's law.
+  c.head.distill_weight = 0.0
+  # True: start from a block drafter (`backbone`: "bundled" or a run/export directory;
+  # fc's blocks for layers it did not read start at zero). The bundled one is the
+  # sequential drafter's backbone (configs/train_dspark.py trains both at once).
+  c.head.warm_start = False
+  c.head.backbone = "bundled"
   c.num_steps = 3000
   c.warmup_steps = 50
   c.eval_every = 500

@@ -32,24 +32,31 @@ def get_config():
   c.head.draft_layers = 2
   c.head.d_ff = 320
   c.head.mask_token_id = -1
+  # () reads the default layers: up to five, shallow to the last ((2, 3, 4, 5, 6) here).
+  c.head.feature_layers = ()
   c.head.num_anchors = 64
   c.head.loss_decay = 4.0
-  c.head.distill_weight = 1.0
+  # The acceptance-shaped loss: 0.1 cross-entropy + 0.9 L1 (2 TV) from the target's law.
+  c.head.l1_mix = 0.9
+  c.head.distill_weight = 0.0
+  # The backbone's own laws scored too, so it stays a block drafter (the bundled DFlash).
+  c.head.base_weight = 0.5
   # The two heads: rank 64 (V x 64 and 64 x V: 0.5M parameters for V = 4096).
   c.head.markov_rank = 64
   c.head.confidence_head = True
   c.head.confidence_with_markov = True
   c.head.confidence_weight = 1.0
-  c.head.confidence_target = "greedy"
-  # Start from the bundled block drafter and keep it: only the two heads train.
+  c.head.confidence_target = "sampled"  # 1 - TV: token verification's chance
+  # Start from the bundled sequential drafter (backbone and heads; fc's blocks for the
+  # layers it did not read start at zero) and train all of it.
   c.head.warm_start = True
   c.head.backbone = "bundled"
-  c.head.train_backbone = False
-  # ... but these of its parameters (dotted path prefixes, comma-separated), e.g.
-  # "layers.1,norm": its last layer and final norm, stored beside the two heads.
+  c.head.train_backbone = True
+  # With train_backbone=False: the backbone's parameters that still train (dotted path
+  # prefixes, comma-separated), e.g. "layers.1,norm", stored beside the two heads.
   c.head.train_only = ""
-  c.learning_rate = 3e-3
-  c.num_steps = 600
+  c.learning_rate = 1e-3
+  c.num_steps = 1000
   c.warmup_steps = 20
-  c.eval_every = 200
+  c.eval_every = 250
   return c

@@ -198,7 +198,8 @@ def test_head_config_passes_the_block_settings_and_checks_the_mask_id():
   assert (cfg.block_size, cfg.draft_layers, cfg.mask_token_id) == (6, 3, 7)
   assert cfg.feature_layers == (1, 2)  # dflash_feature_layers(2, 3) on the 2-layer target
   settings = HeadLoss.from_config(config)
-  assert (settings.num_anchors, settings.loss_decay, settings.distill_weight) == (64, 4.0, 1.0)
+  fields = (settings.num_anchors, settings.loss_decay, settings.l1_mix, settings.distill_weight)
+  assert fields == (64, 4.0, 0.9, 0.0)
   match = r"config.head.mask_token_id must be an int in \[0, 512\) or -1"
   with pytest.raises(ValueError, match=match):
     head_training.head_config(_base_config(mask_token_id=512), CFG)
@@ -211,7 +212,8 @@ def test_training_resumes_and_the_trained_head_decodes_exactly(tmp_path_factory)
   save_model(specjax.Transformer(CFG, rngs=nnx.Rngs(0)), target_dir, dtype="float32")
   config = train_dflash.get_config()
   config.data.update(root=root, dir=data, tokenizer="", corpus_dir="")
-  config.head.update(target=target_dir, block_size=BLOCK, d_ff=64, num_anchors=8)
+  # DFlash's own loss (cross-entropy alone), whose fall the test reads.
+  config.head.update(target=target_dir, block_size=BLOCK, d_ff=64, num_anchors=8, l1_mix=0.0)
   config.update(
     seq_len=32,
     num_steps=12,

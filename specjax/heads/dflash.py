@@ -84,7 +84,9 @@ DRAFT_MODES = ("sample", "argmax")
 @dataclasses.dataclass(frozen=True)
 class DFlashConfig(HeadConfig):
   """A block drafter's settings (besides `HeadConfig`'s; `d_ff` is its layers' MLP
-  width). `feature_layers`' `()` picks `dflash_feature_layers(L, draft_layers)`.
+  width). `feature_layers`' `()` picks `block_feature_layers(L)`: up to five layers,
+  from shallow to the last (DFlash's own rule, `dflash_feature_layers`, reads
+  `draft_layers` of them and never the last few).
 
   Attributes:
     block_size: B in `RANGES`: one call drafts the B - 1 tokens after s[-1].
@@ -114,12 +116,31 @@ class DFlashConfig(HeadConfig):
         f"mask_token_id must be an int in [0, {v}) or -1 (a learned mask embedding), "
         f"got {self.mask_token_id!r}."
       )
-    return layers or dflash_feature_layers(self.target.n_layers, self.draft_layers)
+    return layers or block_feature_layers(self.target.n_layers)
+
+
+# The most target layers a block drafter reads by default (DSpark's published drafters
+# read five, from shallow to the last).
+MOST_FEATURE_LAYERS = 5
+
+
+def block_feature_layers(n_layers: int, most: int = MOST_FEATURE_LAYERS) -> tuple[int, ...]:
+  """The layer counts a block drafter reads by default on a target of `n_layers`: as
+  many as the target has up to `most`, spread evenly from shallow to the last layer
+  (the last included: its features are the ones the target's own next-token law reads).
+  The first layer is skipped when there are more layers than reads (DFlash's ids start
+  at 1, count 2). (2, 3, 4, 5, 6) on a 6-layer target; (2, 7, 12, 17, 22) on 22."""
+  n = n_layers
+  k = min(most, n)
+  first = 2 if n > k else 1
+  if k == 1:
+    return (n,)
+  return tuple(sorted({int(round(first + i * (n - first) / (k - 1))) for i in range(k)}))
 
 
 def dflash_feature_layers(n_layers: int, draft_layers: int) -> tuple[int, ...]:
-  """The layer counts a block drafter of `draft_layers` layers reads on a target of
-  `n_layers` (DFlash's rule, as counts: layer id i is count i + 1): one layer reads
+  """The layer counts DFlash's published drafters of `draft_layers` layers read on a
+  target of `n_layers` (DFlash's rule, as counts: layer id i is count i + 1): one layer reads
   the middle; several read ids spread evenly from 1 to L - 3, rounded. On targets
   too shallow for that (L < 5), counts spread evenly over [1, L], distinct."""
   n, k = n_layers, draft_layers
@@ -908,10 +929,12 @@ def block_batch(head, target, batch, key, settings) -> BlockBatch:
 
 def block_loss(q_logits, blocks: BlockBatch, loss, settings):
   """The block drafter's loss and metrics for its logits `q_logits [B, A, n - 1, V]`
-  of `blocks`' tokens: the decayed cross-entropy (`block_ce`) plus `distill_weight`
-  times the decayed divergence (`distill`); see `dflash_objective`."""
+  of `blocks`' tokens (see `dflash_objective`): the acceptance-shaped mix
+  (1 - l1_mix) * decayed cross-entropy + l1_mix * decayed L1, plus `distill_weight`
+  times the decayed divergence `loss`. L1 = sum |p - q| = 2 TV(p, q), and 1 - TV is
+  token verification's chance of keeping a draft, so the L1 term maximises acceptance
+  itself; the cross-entropy on the text keeps the argmax on the target's tokens."""
   valid, weights, p_logits, labels = blocks.valid, blocks.weights, blocks.p_logits, blocks.labels
-  n = valid.shape[-1] + 1
   total, count = jnp.maximum(weights.sum(), 1e-9), jnp.maximum(valid.sum(), 1)
 
   def decayed(x):  # the weighted mean over scored positions
@@ -924,29 +947,42 @@ def block_loss(q_logits, blocks: BlockBatch, loss, settings):
   log_p = jax.nn.log_softmax(p_logits)
   p, q = jnp.exp(log_p), jnp.exp(log_q)
   nll = -jnp.take_along_axis(log_q, labels[..., None], axis=-1)[..., 0]
-  tv = 0.5 * jnp.abs(p - q).sum(-1)
+  l1 = jnp.abs(p - q).sum(-1)
   div = 0.0
   if "kl" in loss:
     div = div + (p * (log_p - log_q)).sum(-1)
   if "tv" in loss:
-    div = div + tv
+    div = div + 0.5 * l1
   same = q_logits.argmax(-1) == p_logits.argmax(-1)  # [B, A, n - 1]
   whole = valid.all(-1)  # blocks whose every output is scored
   metrics = {
     "block_ce": decayed(nll),
+    "block_l1": decayed(l1),
     "distill": decayed(div),
     "ce": mean(nll),
     "alpha_t0": mean(same),
-    "alpha_t1": mean(1.0 - tv),
+    "alpha_t1": mean(1.0 - 0.5 * l1),
     "block_accept": jnp.sum(_leading_run(same) * whole) / jnp.maximum(whole.sum(), 1),
+    **position_metrics("alpha_t0", same, valid),
+    **position_metrics("alpha_t1", 1.0 - 0.5 * l1, valid),
   }
-  for i in sorted({*(2**j for j in range(7) if 2**j < n), n - 1}):
-    ok = valid[..., i - 1]
-    metrics[f"alpha_t0_pos{i}"] = jnp.sum(same[..., i - 1] * ok) / jnp.maximum(ok.sum(), 1)
-  value = metrics["block_ce"]
+  mix = settings.l1_mix
+  value = (1.0 - mix) * metrics["block_ce"] + mix * metrics["block_l1"]
   if settings.distill_weight:
     value = value + settings.distill_weight * metrics["distill"]
   return value, metrics
+
+
+def position_metrics(name: str, x: jax.Array, valid: jax.Array) -> dict[str, jax.Array]:
+  """`x [..., m]`'s mean over `valid` rows at each block position k (1-based):
+  `{name}_pos{k}`, every position of blocks up to 16 drafts, else powers of two and m."""
+  m = x.shape[-1]
+  positions = range(1, m + 1) if m <= 16 else sorted({*(2**j for j in range(7) if 2**j < m), m})
+  out = {}
+  for k in positions:
+    ok = valid[..., k - 1]
+    out[f"{name}_pos{k}"] = jnp.sum(x[..., k - 1] * ok) / jnp.maximum(ok.sum(), 1)
+  return out
 
 
 def dflash_objective(head, target, batch, key, *, loss, settings):
@@ -958,12 +994,14 @@ def dflash_objective(head, target, batch, key, *, loss, settings):
   target-generated data (experiments.generate_data) the corpus tokens are the target's
   own draws, as in the reference.
 
-  The loss is that decayed cross-entropy (`block_ce`) plus `distill_weight` (0: the
-  reference's loss) times `distill`, `loss`'s divergence from the target's law decayed
-  alike; `ce` is the plain mean cross-entropy, the alphas are over every scored
-  position and per block position (`alpha_t0_pos1`, ..., powers of two and B - 1), and
-  `block_accept` is the mean leading run of positions whose argmax is the target's
-  (the drafts a greedy block keeps on the target's greedy text)."""
+  The loss (`block_loss`) mixes that decayed cross-entropy (`block_ce`) with the
+  decayed L1 distance from the target's law (`block_l1`, 2 TV: acceptance-shaped),
+  `l1_mix` of the latter (DSpark's published recipe: 0.9; 0 is DFlash's), plus
+  `distill_weight` times `distill`, `loss`'s divergence decayed alike; `ce` is the
+  plain mean cross-entropy, the alphas are over every scored position and per block
+  position (`alpha_t0_pos1`, `alpha_t1_pos1`, ...), and `block_accept` is the mean
+  leading run of positions whose argmax is the target's (the drafts a greedy block
+  keeps on the target's greedy text)."""
   blocks = block_batch(head, target, batch, key, settings)
   q_logits = head(target, blocks.features, blocks.inputs, blocks.anchors)  # [B, A, n-1, V]
   return block_loss(q_logits, blocks, loss, settings)
@@ -1011,6 +1049,12 @@ def _expansion_axes(path: tuple) -> tuple[str, str] | None:
 
 # The training run's own settings (`config.head`), {field: (default, low, high)}.
 TRAINING_FIELDS = {"num_anchors": (32, 1, 1024)}
+# ... and its real-valued ones, {field: (default, low, high)} (high None: unbounded).
+LOSS_FIELDS = {
+  "loss_decay": (7.0, 0.0, None),
+  "l1_mix": (0.9, 0.0, 1.0),
+  "distill_weight": (0.0, 0.0, None),
+}
 
 
 def _check_training(config) -> None:
@@ -1030,20 +1074,87 @@ def _check_training(config) -> None:
       f"config.seq_len must be > config.head.block_size={block} (a block needs its context "
       f"and targets in the window), got {config.seq_len}."
     )
+  check_reals(head, LOSS_FIELDS)
   decay = head.get("loss_decay", 7.0)
-  if not is_real(decay) or not 0 < decay < float("inf"):
+  if decay == 0:  # position weights exp(-(k - 1) / loss_decay)
     raise ValueError(f"config.head.loss_decay must be a finite number > 0, got {decay!r}.")
-  weight = head.get("distill_weight", 0.0)
-  if not is_real(weight) or not 0 <= weight < float("inf"):
-    raise ValueError(f"config.head.distill_weight must be a finite number >= 0, got {weight!r}.")
+  if not isinstance(head.get("backbone", ""), str):
+    raise ValueError(
+      f"config.head.backbone must be a path or 'bundled', got {head.get('backbone')!r}."
+    )
+
+
+def check_reals(head, fields: dict) -> None:
+  """`config.head`'s real-valued `fields` ({name: (default, low, high)}), each finite and
+  in its range: ValueError naming the field and the range."""
+  for name, (default, low, high) in fields.items():
+    value = head.get(name, default)
+    top = float("inf") if high is None else high
+    if not is_real(value) or not low <= value <= top or value == float("inf"):
+      allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
+      raise ValueError(f"config.head.{name} must be a finite number {allowed}, got {value!r}.")
 
 
 def _loss_settings(head) -> dict:
   return dict(
     num_anchors=int(head.get("num_anchors", TRAINING_FIELDS["num_anchors"][0])),
-    loss_decay=float(head.get("loss_decay", 7.0)),
-    distill_weight=float(head.get("distill_weight", 0.0)),
+    **{name: float(head.get(name, default)) for name, (default, _, _) in LOSS_FIELDS.items()},
   )
+
+
+def transfer(head: DFlashHead, source: DFlashHead, where: str) -> DFlashHead:
+  """`head` with `source`'s parameters at the same paths (a block drafter's; a sequential
+  one's Markov and confidence heads too where `head` has them); `fc`'s input blocks go
+  to the source's feature layers among `head`'s, zero for the layers it did not read,
+  so the warm-started head drafts what `source` drafts. `where` names the source in
+  errors: ValueError naming the `config.head` field that differs."""
+  hc, sc = head.cfg, source.cfg
+  for name in ("block_size", "draft_layers", "mask_token_id", "d_ff"):
+    if getattr(hc, name) != getattr(sc, name):
+      raise ValueError(
+        f"config.head.{name} is {getattr(hc, name)!r}, but {where} has {getattr(sc, name)!r}."
+      )
+  have, want = sorted(sc.feature_layers), sorted(hc.feature_layers)
+  if not set(have) <= set(want):
+    raise ValueError(
+      f"config.head.feature_layers {tuple(want)} must include the layers {where} reads, "
+      f"{tuple(have)}."
+    )
+  hc.check_target(sc.target, f"{where}'s target")
+  d = head.layer_config.d_model
+  params = dict(nnx.to_flat_state(nnx.state(head, nnx.Param)))
+  for path, variable in nnx.to_flat_state(nnx.state(source, nnx.Param)):
+    if path not in params:
+      continue  # a sequential drafter's own heads, into a block drafter
+    value = jnp.asarray(variable.get_value())
+    if path == ("fc", "kernel"):
+      spread = jnp.zeros((len(want) * d, d), value.dtype)
+      for i, layer in enumerate(have):
+        j = want.index(layer)
+        spread = spread.at[j * d : (j + 1) * d].set(value[i * d : (i + 1) * d])
+      value = spread
+    own = params[path].get_value()
+    if value.shape != own.shape:
+      raise ValueError(
+        f"{where}'s {'.'.join(map(str, path))} has shape {value.shape}, the head's {own.shape} "
+        "(another markov_rank or head setting)."
+      )
+    params[path] = params[path].replace(value.astype(own.dtype))
+  nnx.update(head, nnx.from_flat_state(list(params.items())))
+  return head
+
+
+def warm_start(head: DFlashHead, target: Transformer, settings, load) -> DFlashHead:
+  """`head` started from the block drafter `config.head.backbone` ("bundled" or "": the
+  bundled one; else a run or export directory), read by `load`
+  (`specjax.training.heads.load_head_from`), through `transfer`."""
+  where = settings.get("backbone", "") or "bundled"
+  source = load(where, "dflash", target)
+  if not isinstance(source, DFlashHead):
+    raise ValueError(
+      f"config.head.backbone must be a block drafter, {where} holds a {source.cfg.kind} head."
+    )
+  return transfer(head, source, where)
 
 
 KIND = HeadKind(
@@ -1060,6 +1171,7 @@ KIND = HeadKind(
     fields=("feature_layers", "d_ff", "block_size", "draft_layers", "mask_token_id"),
     check=_check_training,
     loss=_loss_settings,
+    warm_start=warm_start,
   ),
   expansion_axes=_expansion_axes,
 )

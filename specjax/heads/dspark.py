@@ -58,7 +58,7 @@ from specjax.heads.base import HeadKind, TrainingRules, linear
 from specjax.hf import weights
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams
-from specjax.validation import is_int, is_real
+from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
 CONFIDENCE_TARGETS = ("greedy", "sampled")
@@ -240,21 +240,24 @@ class DSparkDrafter(dflash.DFlashDrafter, ConfidenceLength):
 
 
 def dspark_objective(head, target, batch, key, *, loss, settings):
-  """The block drafter's objective (`dflash.dflash_objective`: decayed cross-entropy
-  on the corpus plus `distill_weight` times the decayed divergence) on the corrected
-  laws, each position's law corrected by the corpus token before it (teacher
-  forcing: a draft is kept only when it is that token), plus `confidence_weight`
-  times the confidence head's binary cross-entropy toward the chance that draft k is
-  accepted given the drafts before it were: "greedy" (`confidence_target`): whether
-  the corrected law's argmax is the target's; "sampled": 1 - TV(p, q), token
-  verification's chance. With `train_backbone` False the block drafter's own
-  parameters get no gradient (the two heads train on a frozen backbone) but those under
-  the path prefixes `train_only` (e.g. `("layers.1", "norm")`: its last layer and
-  final norm), which then differ from the backbone's and are stored beside the heads.
+  """The block drafter's objective (`dflash.block_loss`: the acceptance-shaped mix of
+  decayed cross-entropy and L1 from the target's law, plus `distill_weight` times the
+  decayed divergence) on the corrected laws, each position's law corrected by the
+  text's token before it (teacher forcing: a draft is kept only when it is that token);
+  plus `base_weight` times the same loss on the backbone's own laws (so the backbone
+  stays a block drafter of its own: the bundled DFlash head is this one's backbone);
+  plus `confidence_weight` times the confidence head's binary cross-entropy toward the
+  chance that draft k is accepted given the drafts before it were: "sampled"
+  (`confidence_target`): 1 - TV(p, q), token verification's chance; "greedy": whether
+  the corrected law's argmax is the target's. With `train_backbone` False the block
+  drafter's own parameters get no gradient (the two heads train on a frozen backbone)
+  but those under the path prefixes `train_only` (e.g. `("layers.1", "norm")`: its last
+  layer and final norm), which then differ from the backbone's and are stored beside
+  the heads.
 
   Metrics besides the block drafter's: `confidence_bce`, `confidence_mean` (the mean
-  estimate) and `accept_mean` (the mean target), and the backbone's own argmax
-  agreement per position (`base_alpha_t0_pos{k}`) beside the corrected one's."""
+  estimate) and `accept_mean` (the mean target), and the backbone's own agreement per
+  position (`base_alpha_t0_pos{k}`, `base_alpha_t1_pos{k}`) beside the corrected one's."""
   blocks = dflash.block_batch(head, target, batch, key, settings)
   if not settings.train_backbone:
     head = frozen_backbone(head, settings.train_only)
@@ -265,10 +268,10 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   value, metrics = dflash.block_loss(q_logits, blocks, loss, settings)
   valid, p_logits = blocks.valid, blocks.p_logits
   count = jnp.maximum(valid.sum(), 1)
+  p, q = jax.nn.softmax(p_logits), jax.nn.softmax(q_logits)
   if settings.confidence_target == "greedy":
     accept = (q_logits.argmax(-1) == p_logits.argmax(-1)).astype(jnp.float32)
   else:
-    p, q = jax.nn.softmax(p_logits), jax.nn.softmax(q_logits)
     accept = 1.0 - 0.5 * jnp.abs(p - q).sum(-1)
   accept = jax.lax.stop_gradient(accept)
   logit = head.confidence_logit(h, embed)
@@ -276,11 +279,14 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   metrics["confidence_bce"] = bce
   metrics["confidence_mean"] = jnp.sum(jax.nn.sigmoid(logit) * valid) / count
   metrics["accept_mean"] = jnp.sum(accept * valid) / count
-  same = base.argmax(-1) == p_logits.argmax(-1)
-  n = head.cfg.block_size
-  for i in sorted({*(2**j for j in range(7) if 2**j < n), n - 1}):
-    ok = valid[..., i - 1]
-    metrics[f"base_alpha_t0_pos{i}"] = jnp.sum(same[..., i - 1] * ok) / jnp.maximum(ok.sum(), 1)
+  if settings.base_weight:  # the backbone's own laws scored too (a softmax more per step)
+    base_value, base = dflash.block_loss(base, blocks, loss, settings)
+    metrics["base_loss"] = base_value
+    metrics.update({f"base_{k}": v for k, v in base.items() if "_pos" in k})
+    value = value + settings.base_weight * base_value
+  else:
+    same = base.argmax(-1) == p_logits.argmax(-1)
+    metrics.update(dflash.position_metrics("base_alpha_t0", same, valid))
   if head.cfg.confidence_head and settings.confidence_weight:
     value = value + settings.confidence_weight * bce
   return value, metrics
@@ -395,11 +401,12 @@ def _expansion_axes(path: tuple) -> tuple[str, str] | None:
 
 
 TRAINING_FIELDS = {
-  "confidence_weight": 1.0,
-  "confidence_target": "greedy",
+  "confidence_target": "sampled",
   "train_backbone": True,
   "train_only": "",
 }
+# Real-valued ones, {field: (default, low, high)} (high None: unbounded).
+LOSS_FIELDS = {"confidence_weight": (1.0, 0.0, None), "base_weight": (0.5, 0.0, None)}
 
 
 def _check_training(config) -> None:
@@ -411,10 +418,8 @@ def _check_training(config) -> None:
   rank = head.get("markov_rank", 32)
   if not isinstance(rank, int) or isinstance(rank, bool) or not low <= rank <= high:
     raise ValueError(f"config.head.markov_rank must be an int in [{low}, {high}], got {rank!r}.")
-  weight = head.get("confidence_weight", 1.0)
-  if not is_real(weight) or not 0 <= weight < float("inf"):
-    raise ValueError(f"config.head.confidence_weight must be a finite number >= 0, got {weight!r}.")
-  target = head.get("confidence_target", "greedy")
+  dflash.check_reals(head, LOSS_FIELDS)
+  target = head.get("confidence_target", TRAINING_FIELDS["confidence_target"])
   if target not in CONFIDENCE_TARGETS:
     raise ValueError(
       f"config.head.confidence_target must be one of {CONFIDENCE_TARGETS}, got {target!r}."
@@ -441,43 +446,35 @@ def _check_training(config) -> None:
 def _loss_settings(head) -> dict:
   return dict(
     dflash._loss_settings(head),
-    confidence_weight=float(head.get("confidence_weight", 1.0)),
-    confidence_target=str(head.get("confidence_target", "greedy")),
+    **{name: float(head.get(name, default)) for name, (default, _, _) in LOSS_FIELDS.items()},
+    confidence_target=str(head.get("confidence_target", TRAINING_FIELDS["confidence_target"])),
     train_backbone=bool(head.get("train_backbone", True)),
     train_only=tuple(p.strip() for p in str(head.get("train_only", "")).split(",") if p.strip()),
   )
 
 
 def warm_start(head: DSparkHead, target: Transformer, settings, load) -> DSparkHead:
-  """`head` with its block drafter's parameters from the block drafter `backbone`
-  (`config.head.backbone`: a DFlash head's run or export directory, or "bundled"; `load`
-  reads it, `specjax.training.heads.load_head_from`): the same settings but the two
-  heads', which stay fresh (W2 = 0: it drafts what the backbone drafts). ValueError
-  naming the field for a backbone of another kind or other settings."""
+  """`head` started from `config.head.backbone`: "bundled" (or "") the bundled sequential
+  block drafter, backbone and heads; else a run or export directory, read by `load`
+  (`specjax.training.heads.load_head_from`): a sequential drafter's (backbone and heads)
+  or a block drafter's (the backbone; the two heads stay fresh, W2 = 0: it drafts what
+  the backbone drafts). `fc` grows to more feature layers as `dflash.transfer` says.
+  ValueError naming the field for a head of another kind or other settings."""
   where = settings.get("backbone", "") or "bundled"
-  backbone = load(where, "dflash", target)
-  if backbone.cfg.kind != "dflash":
+  source = load(where, "dspark" if where == "bundled" else "dflash", target)
+  if not isinstance(source, dflash.DFlashHead):
     raise ValueError(
-      f"config.head.backbone must be a dflash head, {where} holds a {backbone.cfg.kind} head."
+      f"config.head.backbone must be a dflash or dspark head, {where} holds a "
+      f"{source.cfg.kind} head."
     )
-  want = {f.name: getattr(head.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
-  have = {f.name: getattr(backbone.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
-  for name in want:
-    if name != "target" and want[name] != have[name]:
-      raise ValueError(
-        f"config.head.{name} is {want[name]!r}, but the backbone {where} has {have[name]!r}."
-      )
-  head.cfg.check_target(backbone.cfg.target, "backbone's target")
-  if head.cfg.anchor_first and not settings.get("train_backbone", True):
+  if head.cfg.anchor_first != getattr(source.cfg, "anchor_first", False) and not settings.get(
+    "train_backbone", True
+  ):
     raise ValueError(
       "config.head.anchor_first=True reads a block drafter's anchor slot, which its "
       "training never scored: set config.head.train_backbone=True to train it."
     )
-  params = dict(nnx.to_flat_state(nnx.state(head, nnx.Param)))
-  for path, variable in nnx.to_flat_state(nnx.state(backbone, nnx.Param)):
-    params[path] = params[path].replace(variable.get_value().astype(params[path].get_value().dtype))
-  nnx.update(head, nnx.from_flat_state(list(params.items())))
-  return head
+  return dflash.transfer(head, source, where)
 
 
 # -- the hub layout: DeepSpec's DSpark drafter (`Qwen3DSparkModel`)

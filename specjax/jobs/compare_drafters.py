@@ -27,6 +27,7 @@ import numpy as np
 import specjax
 from specjax import bench, dtypes, pretrained, trees
 from specjax import heads as head_kinds
+from specjax.bench import gamma_choice
 from specjax.data import Tokenizer
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.drafting import CrossTokenizerDrafter, TreeDrafter, as_drafter
@@ -97,7 +98,8 @@ class Variant(NamedTuple):
 
   @property
   def label(self) -> str:
-    return f"T={self.temperature:g} {self.name} | {self.verifier} | γ={self.gamma} | " + (
+    gamma = self.gamma or "measured"  # 0: measured at start-up (`_choose_gamma`)
+    return f"T={self.temperature:g} {self.name} | {self.verifier} | γ={gamma} | " + (
       self.adaptive or "fixed"
     )
 
@@ -214,7 +216,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   for kind, gammas in config.head_gammas.items():
     for g in gammas:
-      check_positive_int(f"config.head_gammas.{kind}", g)
+      if g == 0 and kind in config.heads and not _is_block(kind):
+        raise ValueError(
+          f"config.head_gammas.{kind} may hold 0 (measured at start-up) only for a block "
+          f"drafter, got {tuple(gammas)!r}."
+        )
+      if g != 0:
+        check_positive_int(f"config.head_gammas.{kind}", g)
   unknown = set(config.verifiers) - {"greedy", "token", "block"}
   if unknown or not config.verifiers:
     raise ValueError(
@@ -436,8 +444,9 @@ def sweep(
   if categories is not None:
     groups = {c: [one[i] for i in rows] for c, rows in by_category(categories).items()}
   clock = _Progress(say, len(plan))
-  say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted({v.gamma for v in plan})}")
-  step_s, verify_s = _target_costs(config, target, one[0], {v.gamma for v in plan})
+  gammas = {g for v in plan for g in (_candidates(v) if v.gamma == 0 else (v.gamma,))}
+  say(f"target costs: one step and scoring γ+1 tokens for γ in {sorted(gammas)}")
+  step_s, verify_s = _target_costs(config, target, one[0], gammas)
   bench.free_compiled_programs()
   for temperature in dict.fromkeys(v.temperature for v in plan):
     sampling = specjax.SamplingParams(temperature=temperature)
@@ -451,6 +460,10 @@ def sweep(
     drafting_s = {}  # (name, gamma) -> seconds per iteration at this temperature
     for v in [v for v in plan if v.temperature == temperature]:
       clock.start(v)
+      measured = v.gamma == 0  # a block drafter's gamma, measured here as decode does
+      if measured:
+        choice = _choose_gamma(config, target, v, one, ar, key)
+        v = v._replace(gamma=choice.gamma)
       if groups is None:
         calls = {"ar": functools.partial(ar, one)}
         calls["variant"] = _generate(config, target, v, one, key)
@@ -469,6 +482,8 @@ def sweep(
       row = _row(v, timings, outputs, step_s, verify_s, drafting_s.get((v.name, v.gamma)))
       if per_category is not None:
         row["per_category"] = per_category
+      if measured:
+        row.update(gamma_policy="measured at start-up", **choice.report())
       # The loops both ways (string-level exact match: its baseline's; its own is a host loop).
       row["loop"] = config.loop
       row["loop_chunk"] = config.loop_chunk if config.loop == "chunked" else None
@@ -481,6 +496,27 @@ def sweep(
       yield row
     del ar
     bench.free_compiled_programs()
+
+
+def _is_block(kind: str) -> bool:
+  """Whether head kind `kind` drafts a block per call (a gamma of 0 is measured)."""
+  return issubclass(head_kinds.kind(kind).drafter, head_kinds.dflash.DFlashDrafter)
+
+
+def _candidates(v: Variant) -> tuple[int, ...]:
+  """The gammas a measured row tries: its block drafter's (`gamma_choice`)."""
+  return gamma_choice.candidate_gammas(as_drafter(v.drafter).block_size - 1)
+
+
+def _choose_gamma(config, target, v: Variant, one: list, ar, key) -> gamma_choice.GammaChoice:
+  """A gamma-0 row's gamma, measured on the first prompt as `jobs.decode` measures it
+  (`specjax.bench.gamma_choice`): the fastest candidate against plain decoding."""
+
+  def spec(gamma: int):
+    call = _generate(config, target, v._replace(gamma=gamma), one[:1], key)
+    return lambda: call()[0]
+
+  return gamma_choice.choose_gamma(spec, lambda: ar(one[:1])[0], _candidates(v))
 
 
 def _baseline(config, target, prompts: list, sampling, key) -> Callable[[list], list]:

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
 import specjax
 import specjax.hf
 from specjax import bench, constraints, dtypes, heads, pretrained
-from specjax.bench import masking, verify_costs, warps
+from specjax.bench import gamma_choice, masking, verify_costs, warps
 from specjax.data.prompts import by_category, encode_prompts, held_out_prompts, read_prompt_file
 from specjax.data.tokenizer import Tokenizer
 from specjax.distributed import make_mesh, shard_batch, shard_model
@@ -443,6 +444,43 @@ def _verify_settings(config: ml_collections.ConfigDict, inputs: _Inputs, drafter
   return dict(verify_lengths=lengths, verify_costs=tuple(costs))
 
 
+def _measures_gamma(config: ml_collections.ConfigDict, drafter) -> bool:
+  """Whether a `gamma` of 0 is measured at start-up (`_choose_gamma`): a block drafter's
+  chain at batch 1, whose best length depends on the machine."""
+  return (
+    drafter is not None
+    and config.drafter != "string_level"
+    and drafters.is_block(drafter)
+    and config.batch_size == 1
+    and not config.adaptive
+  )
+
+
+def _choose_gamma(config: ml_collections.ConfigDict, inputs: _Inputs, drafter):
+  """The block drafter's gamma, measured on this machine with the run's own calls
+  (`specjax.bench.gamma_choice`); the chosen program is the one the run then times."""
+
+  def spec(gamma: int):
+    at = config.copy_and_resolve_references()
+    at.gamma = gamma
+    return _calls(at, inputs, drafter, {})["spec"]
+
+  most = as_drafter(drafter).block_size - 1
+  with jax.set_mesh(inputs.mesh):
+    choice = gamma_choice.choose_gamma(
+      spec, _calls(config, inputs, drafter, {})["ar"], gamma_choice.candidate_gammas(most)
+    )
+  speeds = ", ".join(f"{g}: {choice.plain_ms / ms:.2f}x" for g, ms in choice.ms_per_token.items())
+  logging.info("gamma measured at start-up: %d (speedup by gamma %s)", choice.gamma, speeds)
+  if choice.plain_wins:
+    logging.warning(
+      "no gamma beat plain decoding on this machine (best %.2fx at gamma %d)",
+      choice.speedup,
+      choice.gamma,
+    )
+  return choice
+
+
 def _calls(
   config: ml_collections.ConfigDict, inputs: _Inputs, drafter, verify: dict
 ) -> dict[str, Any]:
@@ -490,6 +528,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     config, inputs.target, inputs.draft, inputs.draft_tokenizer, inputs.tokenizer, inputs.draft_path
   )
   auto_gamma = config.gamma == 0
+  probe = None
   if auto_gamma:
     config = config.copy_and_resolve_references()
     config.gamma = (
@@ -497,6 +536,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       if config.verify_lengths
       else drafters.default_gamma(drafter or inputs.draft, config.batch_size)
     )
+    if _measures_gamma(config, drafter):
+      probe = _choose_gamma(config, inputs, drafter)
+      config.gamma = probe.gamma
   with jax.set_mesh(inputs.mesh):
     verify = _verify_settings(config, inputs, drafter)
     timings, outputs = bench.time_calls(_calls(config, inputs, drafter, verify), config.num_runs)
@@ -518,7 +560,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "ar_text": texts["ar"],
     "spec_text": texts["spec"],
     "gamma": config.gamma,
-    "gamma_policy": "by batch size" if auto_gamma else "fixed",
+    "gamma_policy": (
+      "measured at start-up" if probe else "by batch size" if auto_gamma else "fixed"
+    ),
+    **(probe.report() if probe else {}),
     **_settings_fields(config, inputs),
     "ar_ms_per_token": ms["ar"],
     "spec_ms_per_token": ms["spec"],

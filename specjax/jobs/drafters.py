@@ -48,6 +48,13 @@ def default_gamma(drafter, batch_size: int = 1) -> int:
   return min(by_batch, d.preferred_gamma or by_batch)
 
 
+def is_block(drafter) -> bool:
+  """Whether `drafter` drafts a chain's block in one call (its gamma of 0 is measured
+  at start-up by the launchers, `specjax.bench.gamma_choice`)."""
+  d = as_drafter(drafter)
+  return bool(d.block_size) and d.tree is None
+
+
 def resolve_gamma(gamma: int, drafter, batch_size: int = 1, name: str = "config.gamma") -> int:
   """`gamma`, or `default_gamma` for 0; a block drafter refuses a gamma past its
   block_size - 1 (ValueError naming `name`)."""

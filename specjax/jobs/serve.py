@@ -367,6 +367,46 @@ def _own_target(config: ml_collections.ConfigDict) -> str:
   return "" if bundled else f"config.model={config.model!r}"
 
 
+def _measured_gamma(target, draft, tokenizer) -> tuple[int, bool]:
+  """A block drafter's largest gamma, measured at start-up on a held-out prompt at
+  batch 1 (`specjax.bench.gamma_choice`) at temperatures 0 and 1 (a request's default):
+  the gamma whose slower speedup of the two is best, and whether it beats plain
+  decoding at both."""
+  import specjax
+  from specjax.bench import gamma_choice
+  from specjax.data.prompts import encode_prompts, held_out_prompts
+  from specjax.drafting import as_drafter
+
+  prompts, lengths = encode_prompts(tokenizer, held_out_prompts(1))
+  candidates = gamma_choice.candidate_gammas(as_drafter(draft).block_size - 1)
+  choices = []
+  for temperature in (0.0, 1.0):
+    shared = dict(
+      max_new_tokens=32, sampling=specjax.SamplingParams(temperature=temperature),
+      key=jax.random.key(0),
+    )  # fmt: skip
+    choices.append(
+      gamma_choice.choose_gamma(
+        lambda g, shared=shared: (
+          lambda: specjax.speculative_generate(target, draft, prompts, lengths, gamma=g, **shared)
+        ),
+        lambda shared=shared: specjax.autoregressive_generate(target, prompts, lengths, **shared),
+        candidates,
+      )
+    )
+  worst = {g: min(c.plain_ms / c.ms_per_token[g] for c in choices) for g in candidates}
+  gamma = max(candidates, key=worst.get)
+  logging.info(
+    "block drafter: gamma %d measured at start-up (speedup at T=0 and T=1, the slower, by "
+    "gamma: %s)",
+    gamma,
+    ", ".join(f"{g}: {x:.2f}x" for g, x in worst.items()),
+  )
+  if worst[gamma] < 1.0:
+    logging.warning("no gamma beat plain decoding at both temperatures: serving plainly")
+  return gamma, worst[gamma] >= 1.0
+
+
 def warm_engine(config: ml_collections.ConfigDict):
   """`(engine, tokenizer, model name)`: the models `config` names, an engine
   fitted to their context and warmed up (every program compiled)."""
@@ -391,8 +431,14 @@ def warm_engine(config: ml_collections.ConfigDict):
       own_target=_own_target(config),
       dtype=dtypes.to_dtype(config.dtype, "config.dtype"),
     )
-  # The engine's largest draft length (its policy drafts less under load).
+  # The engine's largest draft length (its policy drafts less under load); a block
+  # drafter's, by default, measured on this machine (`_measured_gamma`).
   gamma = None if draft is None else drafters.resolve_gamma(config.gamma, draft)
+  if draft is not None and not plain and config.gamma == 0 and drafters.is_block(draft):
+    gamma, faster = _measured_gamma(target, draft, tokenizer)
+    if not faster:  # plain decoding served faster on this machine at both temperatures
+      config = config.copy_and_resolve_references()
+      config.policy = "never"
   # Prompt buckets and budget fitted to the models' context (derived when left
   # unset, logged), or refused naming the flags, before anything compiles.
   fitted = fit_config(engine_config(config, gamma=gamma), target, draft, names=FIT_FLAGS)

@@ -59,6 +59,10 @@ class HeadLoss:
     loss_decay: gamma of the block drafter's position weights exp(-(k - 1) / gamma).
     distill_weight: weight of the block drafter's decayed divergence from the
       target's law, added to its decayed cross-entropy (0: the reference's loss).
+    l1_mix: the block drafter's share of the L1 term (2 TV) in its loss, the rest
+      cross-entropy.
+    base_weight: weight of the sequential block drafter's loss on its backbone's own
+      (uncorrected) laws, so the backbone stays a block drafter of its own.
     confidence_weight: weight of the sequential block drafter's confidence loss.
     confidence_target: what its confidence head learns: "greedy" (argmax agreement)
       or "sampled" (1 - TV, token verification's acceptance).
@@ -72,6 +76,8 @@ class HeadLoss:
   num_anchors: int = 0
   loss_decay: float = 7.0
   distill_weight: float = 0.0
+  l1_mix: float = 0.0
+  base_weight: float = 0.0
   confidence_weight: float = 0.0
   confidence_target: str = "greedy"
   train_backbone: bool = True

@@ -1,0 +1,64 @@
+"""A block drafter's gamma measured at start-up (`specjax.bench.gamma_choice`): the
+fastest candidate per token wins, plain decoding's loss is reported, and the launchers
+measure it for a block drafter by default."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from specjax.bench import gamma_choice
+from specjax.bench.timing import Timing
+
+
+def fake_measure(seconds: dict, tokens: dict):
+  """A `time_calls` stand-in: each call's median is `seconds[name]` and its output
+  generated `tokens[name]` tokens (the calls themselves are never run)."""
+
+  def measure(calls, runs):
+    assert runs >= 1
+    timings = {n: Timing(first_s=9.0, runs_s=(seconds[n],) * runs) for n in calls}
+    outputs = {n: types.SimpleNamespace(num_generated=np.array([tokens[n], 1])) for n in calls}
+    return timings, outputs
+
+  return measure
+
+
+def choose(seconds, tokens=None, candidates=(1, 2, 4, 7)):
+  tokens = tokens or dict.fromkeys(seconds, 10)
+  return gamma_choice.choose_gamma(
+    lambda g: lambda: None, lambda: None, candidates, measure=fake_measure(seconds, tokens)
+  )
+
+
+def test_the_fastest_gamma_per_token_wins():
+  choice = choose({0: 1.0, 1: 0.9, 2: 0.6, 4: 0.7, 7: 0.8})
+  assert choice.gamma == 2
+  assert choice.plain_ms == pytest.approx(100.0)  # 1 s over 10 tokens
+  assert choice.speedup == pytest.approx(1.0 / 0.6)
+  assert not choice.plain_wins
+  report = choice.report()["gamma_probe"]
+  assert report["chosen"] == 2 and set(report["ms_per_token"]) == {"1", "2", "4", "7"}
+  # Per token of the longest row: 7 drafts in twice the time but four times the tokens.
+  assert (
+    choose({0: 1.0, 1: 0.9, 2: 0.6, 4: 0.7, 7: 1.2}, {0: 10, 1: 10, 2: 10, 4: 10, 7: 40}).gamma == 7
+  )
+
+
+def test_plain_decoding_faster_than_every_gamma_is_reported():
+  choice = choose({0: 0.5, 1: 0.9, 2: 0.6, 4: 0.7, 7: 0.8})
+  assert choice.gamma == 2 and choice.plain_wins and choice.speedup < 1
+
+
+@pytest.mark.parametrize("candidates", [(), (0, 2), (1.5,)])
+def test_candidates_must_be_ints_of_at_least_one(candidates):
+  with pytest.raises(ValueError, match="candidates must be ints >= 1"):
+    choose({0: 1.0}, candidates=candidates)
+
+
+def test_candidates_span_the_block():
+  assert gamma_choice.candidate_gammas(7) == (1, 2, 4, 7)
+  assert gamma_choice.candidate_gammas(3) == (1, 2, 3)
+  assert gamma_choice.candidate_gammas(1) == (1,)
