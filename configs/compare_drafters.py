@@ -66,6 +66,10 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.head_gammas = ml_collections.ConfigDict(
     dict(eagle=(), medusa=(), early_exit=(1, 2), dflash=(7,))
   )
+  # Heads of your own beside the bundled ones, "label=DIR" (DIR a training run or an
+  # export), each a chain row at gamma with the first verifier, e.g.
+  # --config.head_dirs="('mine=runs/dspark',)".
+  c.head_dirs = ()
   c.fr_spec = 1024  # also each head drafting among the K most frequent ids (0: not)
   c.gamma_sweep = (1, 2, 3, 4, 6, 8)  # fixed gammas the adaptive lengths are compared with
   c.gamma_max = 8  # adaptive draft lengths choose within this

@@ -8,18 +8,24 @@ kept), trained on the target's own continuations:
   python -m experiments.train --config=configs/train_dspark.py --workdir=runs/dspark \
       --config.data.dir=runs/data_gen
 
-By default the backbone is the bundled block drafter's (`head.warm_start`,
-`head.backbone="bundled"`), frozen (`head.train_backbone=False`): the run trains the
-two heads alone, as the bundled DSpark head was, and its file then holds only them.
+The recipe (issue 74, docs/heads.md "Training the block drafters"): the drafter reads
+the target's features from five depths, shallow to the last (`feature_layers=()`);
+the loss is acceptance-shaped, 0.1 cross-entropy + 0.9 L1 between its law and the
+target's (`l1_mix`), position k weighted exp(-(k - 1) / loss_decay), on the corrected
+laws and (`base_weight`) on the backbone's own, so the backbone stays a block drafter
+(the bundled DFlash head is this one's backbone); the confidence head learns 1 - TV
+(`confidence_target="sampled"`); the data are the target's own continuations, greedy
+and at T = 1; and everything trains, warm-started from the bundled sequential drafter
+(`head.warm_start`, `head.backbone="bundled"`; fc's blocks for the layers it did not
+read start at zero, so step 0 drafts what it drafted). Each window draws up to
+`num_anchors` blocks (many anchors per sequence, as the reference does).
+
 For another target train everything from scratch (`--config.head.warm_start=False
---config.head.train_backbone=True --config.head.target=DIR_OR_REPO_ID`), or start
-from a block drafter of yours (`--config.head.backbone=runs/dflash`). Each window
-draws up to `num_anchors` blocks (self-distillation data: many anchors per
-sequence, as the reference does); position k of a block is scored as the block
-drafter's is (decayed cross-entropy plus `distill_weight` times the divergence) on
-its corrected law, and the confidence head learns each draft's chance of being kept
-given the ones before it ("greedy": the corrected argmax is the target's; "sampled":
-1 - TV, token verification's chance).
+--config.head.target=DIR_OR_REPO_ID`), or start from a block drafter of yours
+(`--config.head.backbone=runs/dflash`: its backbone; the two heads start fresh).
+`--config.head.train_backbone=False` trains the two heads alone on a frozen backbone
+(the bundled drafter's first recipe), `train_only` naming backbone parameters that
+still train.
 """
 
 from specjax.training.config import head_base_config

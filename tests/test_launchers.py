@@ -76,6 +76,18 @@ class Step:
   prepare: Callable[[str], None] | None = None
 
 
+def _check_measured_gamma(output: str) -> None:
+  """A block drafter's default gamma is measured at start-up: each candidate's time
+  per token is reported and the fastest is the one decoded with."""
+  # The result is printed last, from a line that opens it (texts before it are escaped).
+  result, _ = json.JSONDecoder().raw_decode(output[output.rindex("\n{") + 1 :])
+  assert result["gamma_policy"] == "measured at start-up"
+  probe = result["gamma_probe"]
+  ms = {int(g): t for g, t in probe["ms_per_token"].items()}
+  assert set(ms) == {1, 2, 4, 7} and result["gamma"] == probe["chosen"] == min(ms, key=ms.get)
+  assert probe["plain_wins"] == (probe["plain_ms_per_token"] < min(ms.values()))
+
+
 def _hub_eagle_head(tmp: str) -> None:
   """An EAGLE-1 head for the bundled target in the EAGLE repository's layout
   (config.json + model.safetensors; random weights), at tmp/hub_eagle."""
@@ -412,7 +424,10 @@ STEPS = (
   # The bundled sequential block drafter with decode's defaults, and its confidence
   # head's reliability data on the encoded corpus's validation split.
   Step(
-    "decode_bundled_dspark", "decode", ("--config.drafter=dspark", "--config.max_new_tokens=16")
+    "decode_bundled_dspark",
+    "decode",
+    ("--config.drafter=dspark", "--config.max_new_tokens=16"),
+    check=lambda tmp, output: _check_measured_gamma(output),
   ),
   Step(
     "calibrate_confidence",

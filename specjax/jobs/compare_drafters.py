@@ -15,6 +15,7 @@ README's table. The results: docs/drafters.md.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -126,6 +127,9 @@ def variants(config, target, draft, temperature: float) -> list[Variant]:
       if g != config.gamma
       for name, d in twins
     ]
+  for label, path in head_dirs(config):  # heads of your own, by label
+    own = build_drafter("model", target, head=path, dtype=head_dtype, flag="config.head_dirs")
+    out.append((label, own, default, config.gamma, None))
   out += [("draft model", draft, default, g, None) for g in config.gamma_sweep if g != config.gamma]
   out += [("draft model", draft, default, config.gamma_max, a) for a in config.adaptive]
   out += _tree_variants(config, draft, heads)
@@ -214,6 +218,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"config.head_gammas keys must be among {bundled}, got {sorted(unknown_heads)}."
     )
+  head_dirs(config)
   for kind, gammas in config.head_gammas.items():
     for g in gammas:
       if g == 0 and kind in config.heads and not _is_block(kind):
@@ -496,6 +501,21 @@ def sweep(
       yield row
     del ar
     bench.free_compiled_programs()
+
+
+def head_dirs(config) -> list[tuple[str, str]]:
+  """`config.head_dirs`' (label, directory) pairs, from its "label=DIR" strings;
+  ValueError naming the field for one that is not "label=" an existing directory."""
+  out = []
+  for entry in config.get("head_dirs", ()):
+    label, _, path = str(entry).partition("=")
+    if not label or not os.path.isdir(path):
+      raise ValueError(
+        "config.head_dirs must be 'label=DIR' strings, DIR a head's directory (a training "
+        f"run or an export), got {entry!r}."
+      )
+    out.append((label, path))
+  return out
 
 
 def _is_block(kind: str) -> bool:
