@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax import trees
+from specjax import losses, trees
 from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   Commit,
@@ -74,7 +74,6 @@ from specjax.models.fused import gate_up_parts
 from specjax.models.kv_cache import KVCache, check_capacity, write_layer
 from specjax.models.transformer import MLP, Norm, Transformer, apply_rope, attend, rope_inv_freq
 from specjax.sampling import RowSampling, SamplingParams
-from specjax.training import losses
 from specjax.validation import is_int, is_real
 from specjax.vocab import fit_ids
 

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax import trees
+from specjax import losses, trees
 from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   Commit,
@@ -85,7 +85,6 @@ from specjax.hf import weights
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Block, Norm, Transformer, run_blocks
 from specjax.sampling import RowSampling, SamplingParams
-from specjax.training import losses
 from specjax.vocab import fit_ids
 
 

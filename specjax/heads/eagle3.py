@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import losses
 from specjax.heads import files, hub
 from specjax.heads.base import (
   HeadConfig,
@@ -44,7 +45,6 @@ from specjax.hf.export import hf_config  # refuses what a Llama config cannot sa
 from specjax.models.fused import gate_up_parts, qkv_parts
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import MLP, Attention, Norm, Transformer, run_blocks
-from specjax.training import losses
 from specjax.validation import is_int
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"

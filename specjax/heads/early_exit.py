@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax import losses
 from specjax.drafting.base import VocabSubset, check_confidence
 from specjax.drafting.model import CachedDrafting
 from specjax.heads.base import HeadConfig, HeadConfigError, HeadKind, TrainingRules, one_layer_cache
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Block, Transformer, run_blocks
-from specjax.training import losses
 from specjax.validation import is_int
 from specjax.vocab import fit_ids
 

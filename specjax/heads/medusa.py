@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax import trees
+from specjax import losses, trees
 from specjax.coupling import Coupling, chain_draws
 from specjax.drafting.base import (
   Commit,
@@ -58,7 +58,6 @@ from specjax.heads.base import (
 from specjax.hf import weights
 from specjax.models.transformer import Norm, Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
-from specjax.training import losses
 from specjax.validation import is_int
 
 _MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")

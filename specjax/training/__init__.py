@@ -6,8 +6,8 @@ target (`config.head`, see `specjax.training.heads`).
 
 import importlib
 
-# name -> the submodule that defines it. Imported on first use: the head kinds
-# (`specjax.heads`) use `specjax.training.losses`, and the trainer uses the kinds.
+# name -> the submodule that defines it. Imported on first use: a module that needs
+# one submodule (`specjax.hf.heads` the checkpoint loader) does not import the trainer.
 _EXPORTS = {
   "CheckpointError": "checkpoint",
   "Checkpointer": "checkpoint",

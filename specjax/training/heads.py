@@ -35,11 +35,10 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from specjax import heads
+from specjax import heads, losses
 from specjax.heads import HeadConfig, HeadConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
-from specjax.training import losses
 from specjax.validation import is_int, is_real
 
 

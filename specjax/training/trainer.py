@@ -38,7 +38,7 @@ import ml_collections
 import optax
 from flax import nnx
 
-from specjax import heads
+from specjax import heads, losses
 from specjax.data import TokenDataset, Tokenizer, corpus_files, prepare_splits, train_tokenizer
 from specjax.data.dataset import missing_splits
 from specjax.distributed import make_mesh, shard_batch, shard_model, shard_process_batch
@@ -48,7 +48,6 @@ from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
 from specjax.training import checkpoint as ckpt
 from specjax.training import heads as head_training
-from specjax.training import losses
 from specjax.training.evaluate import mean_metrics
 from specjax.training.optimizer import learning_rate_schedule, make_optimizer
 from specjax.validation import check_int, check_positive_int, is_int
