@@ -66,11 +66,11 @@ from specjax.heads.base import (
   TrainingRules,
   linear,
 )
-from specjax.hf import weights
-from specjax.hf.config import _rope
+from specjax.models import hub_names
 from specjax.models.config import ModelConfig
 from specjax.models.expand import BLOCK_AXES
 from specjax.models.fused import gate_up_parts
+from specjax.models.hub_config import rope
 from specjax.models.kv_cache import KVCache, check_capacity, write_layer
 from specjax.models.transformer import MLP, Norm, Transformer, apply_rope, attend, rope_inv_freq
 from specjax.sampling import RowSampling, SamplingParams
@@ -546,10 +546,10 @@ def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   return "dflash_config" in config or any(str(a).startswith("DFlash") for a in architectures)
 
 
-def _names(cfg: DFlashConfig, d_ff: int, bias: bool) -> dict[str, list[weights.Target]]:
+def _names(cfg: DFlashConfig, d_ff: int, bias: bool) -> dict[str, list[hub_names.Target]]:
   """Hub name -> `[(path, transform, part)]` of a drafter of `cfg` whose layers'
   MLPs are `d_ff` wide; with `bias`, the q/k/v/o biases too."""
-  tr, same = weights._transpose, weights._same
+  tr, same = hub_names.transpose, hub_names.same
   names = {"fc.weight": [(("fc", "kernel"), tr, None)]}
   names |= {f"{n}.weight": [((n, "scale"), same, None)] for n in ("hidden_norm", "norm")}
   for i in range(cfg.draft_layers):
@@ -706,7 +706,7 @@ def _check_config(config: dict, t: ModelConfig, spelling: HubSpelling = DFLASH_S
     got = config.get(key, _QWEN3_DEFAULTS.get(key))
     if value is not None and got != value:
       raise ValueError(f"config {key} is {got!r}; the target needs {value!r}.")
-  theta, scaling = _rope(config, "config", theta=10_000.0)
+  theta, scaling = rope(config, "config", theta=10_000.0)
   if (theta, scaling) != (t.rope_theta, t.rope_scaling):
     raise ValueError(
       f"config rope (theta {theta}, scaling {scaling}) is not the target's "

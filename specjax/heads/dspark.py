@@ -55,7 +55,7 @@ from specjax.drafting.base import (
 from specjax.drafting.tree import draft_tree
 from specjax.heads import dflash, hub
 from specjax.heads.base import HeadKind, TrainingRules, linear
-from specjax.hf import weights
+from specjax.models import hub_names
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams
 from specjax.validation import is_int, is_real
@@ -531,14 +531,14 @@ def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   return dflash.derived_layout(config, keys)
 
 
-def _names(cfg: DSparkConfig) -> dict[str, list[weights.Target]]:
+def _names(cfg: DSparkConfig) -> dict[str, list[hub_names.Target]]:
   """Hub name -> `[(path, transform, part)]` of the two heads (reading: `proj.weight`'s
   columns split into the hidden part [D, 1] and the Markov part [r, 1])."""
-  same, d, r = weights._same, cfg.target.d_model, cfg.markov_rank
+  same, d, r = hub_names.same, cfg.target.d_model, cfg.markov_rank
   names = {}
   if r:
     names["markov_head.markov_w1.weight"] = [(("markov_w1",), same, None)]
-    names["markov_head.markov_w2.weight"] = [(("markov_w2",), weights._transpose, None)]
+    names["markov_head.markov_w2.weight"] = [(("markov_w2",), hub_names.transpose, None)]
   if cfg.confidence_head:
     parts = [(("confidence_hidden", "kernel"), lambda w: w[:, :d].T, None)]
     if r and cfg.confidence_with_markov:

@@ -81,7 +81,8 @@ from specjax.heads.base import (
   one_layer_cache,
   own_logits,
 )
-from specjax.hf import weights
+from specjax.models import hub_names
+from specjax.models.hub_config import llama_config
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Block, Norm, Transformer, run_blocks
 from specjax.sampling import RowSampling, SamplingParams
@@ -541,9 +542,9 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
 
 def _eagle_names(cfg: EagleConfig) -> dict:
   """EAGLE-1 hub names -> targets: fc, and the Llama layer 0 as `block`."""
-  names = {"fc.weight": [(("fc", "kernel"), weights._transpose, None)]}
-  names["fc.bias"] = [(("fc", "bias"), weights._same, None)]
-  for name, targets in weights._llama_names(cfg.block_config).items():
+  names = {"fc.weight": [(("fc", "kernel"), hub_names.transpose, None)]}
+  names["fc.bias"] = [(("fc", "bias"), hub_names.same, None)]
+  for name, targets in hub_names.llama_names(cfg.block_config).items():
     if name.startswith("model.layers.0.") and (cfg.input_norm or "input_layernorm" not in name):
       names[name[len("model.") :]] = [(("block", *p[2:]), f, part) for p, f, part in targets]
   return names
@@ -576,15 +577,11 @@ def _eagle1(config: dict, tensors: dict, target, dtype) -> nnx.Module:
 
 def _write_eagle1(head, target) -> tuple[dict, dict]:
   """A hub EAGLE-1 head as the EAGLE repository's (a Llama config, fc with a bias)."""
-  from types import SimpleNamespace
-
-  from specjax.hf.export import hf_config
-
   cfg = head.cfg
   if not (cfg.normed_features and cfg.embed_first and not cfg.input_norm):
     raise ValueError(hub.NO_LAYOUT.format(kind=cfg.kind))  # specjax's reads pre-norm features
   c, dtype = cfg.block_config, str(jnp.dtype(cfg.target.param_dtype))
-  config = hf_config(SimpleNamespace(cfg=c), dtype)
+  config = llama_config(c, dtype)
   config |= {"num_hidden_layers": 1, "bias": True, "qkv_bias": c.qkv_bias}
   return config, hub.write_names(head, _eagle_names(cfg), target)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Collection
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +40,8 @@ from specjax.heads.base import (
   own_logits,
 )
 from specjax.heads.eagle import EagleDrafter
-from specjax.hf.export import hf_config  # refuses what a Llama config cannot say
 from specjax.models.fused import gate_up_parts, qkv_parts
+from specjax.models.hub_config import llama_config  # refuses what a Llama config cannot say
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import MLP, Attention, Norm, Transformer, run_blocks
 from specjax.validation import is_int
@@ -232,7 +231,7 @@ def hub_config(head: Eagle3Head) -> dict:
   ids are layer counts as vLLM reads them (SGLang adds 1 to explicit ids)."""
   bias = _attention_bias(head)  # the layout says q/k/v/o biases in one flag
   c = head.cfg.block_config.replace(qkv_bias=bias, out_bias=bias)
-  out = hf_config(SimpleNamespace(cfg=c), str(jnp.dtype(c.param_dtype)))
+  out = llama_config(c, str(jnp.dtype(c.param_dtype)))
   out.update(
     architectures=[ARCHITECTURE],
     head_dim=c.resolved_head_dim,
