@@ -159,8 +159,10 @@ class TrainingRules:
     check: `(config) -> None`: the kind's checks of the run's config that need no
       target; ValueError naming `config.head.<field>`.
     loss: `(config.head) -> dict`: its `HeadLoss` fields.
-    prepare: `(cfg, workdir, tokens) -> cfg`: fills what the data decides (EAGLE-3's
-      draft ids); None leaves the config as it is.
+    prepare: `(cfg, saved, tokens) -> cfg`: fills what the data decides (EAGLE-3's
+      draft ids) from `saved`, the head config a resumed run saved (None for a fresh
+      run), or from the training split's `tokens` (None: not read yet); None leaves
+      the config as it is.
     warm_start: `(head, target, config.head, load) -> head` when `config.head.warm_start`
       asks for one; `load(where, kind, target)` reads a head it starts from
       (`specjax.training.heads.load_head_from`).

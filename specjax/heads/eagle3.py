@@ -20,7 +20,6 @@ of them has one), so that export then import computes the same function.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Collection
 
 import jax
@@ -29,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from specjax import losses
-from specjax.heads import files, hub
+from specjax.heads import hub
 from specjax.heads.base import (
   HeadConfig,
   HeadConfigError,
@@ -332,17 +331,14 @@ def from_hub(
 # -- training
 
 
-def with_draft_ids(cfg: Eagle3Config, workdir: str, tokens=None) -> Eagle3Config:
-  """`cfg` with EAGLE-3's draft ids where it lacks them: a resumed run's own, else
-  `draft_vocab_ids` of the first 2**26 `tokens` (the training split's)."""
+def with_draft_ids(cfg: Eagle3Config, saved=None, tokens=None) -> Eagle3Config:
+  """`cfg` with EAGLE-3's draft ids where it lacks them: a resumed run's own (`saved`,
+  the head config it saved), else `draft_vocab_ids` of the first 2**26 `tokens` (the
+  training split's)."""
   if cfg.draft_ids or cfg.draft_vocab == cfg.target.vocab_size:
     return cfg
-  from specjax.training import checkpoint as ckpt
-
-  if ckpt.has_checkpoints(workdir) and os.path.isfile(os.path.join(workdir, files.CONFIG_FILE)):
-    saved = files.read_config(workdir)
-    if isinstance(saved, Eagle3Config) and saved.draft_vocab == cfg.draft_vocab:
-      return dataclasses.replace(cfg, draft_ids=saved.draft_ids)
+  if isinstance(saved, Eagle3Config) and saved.draft_vocab == cfg.draft_vocab:
+    return dataclasses.replace(cfg, draft_ids=saved.draft_ids)
   if tokens is None:
     return cfg
   ids = draft_vocab_ids(tokens[: 1 << 26], cfg.target.vocab_size, cfg.draft_vocab)

@@ -225,7 +225,17 @@ def prepare(cfg: HeadConfig, workdir: str, tokens=None) -> HeadConfig:
   """`cfg` with what the data decides filled in by its kind (`TrainingRules.prepare`:
   EAGLE-3's draft ids, a resumed run's own or counted on `tokens`); else `cfg`."""
   prepare = heads.of(cfg).training.prepare
-  return prepare(cfg, workdir, tokens) if prepare else cfg
+  return prepare(cfg, saved_config(workdir), tokens) if prepare else cfg
+
+
+def saved_config(workdir: str) -> HeadConfig | None:
+  """The head config run `workdir` saved (`head_config.json`) when it has a checkpoint
+  to resume from; None for a fresh run."""
+  from specjax.training.checkpoint import has_checkpoints
+
+  if has_checkpoints(workdir) and os.path.isfile(os.path.join(workdir, heads.CONFIG_FILE)):
+    return heads.read_config(workdir)
+  return None
 
 
 def objective(
