@@ -63,6 +63,7 @@ from specjax.heads.base import (
   HeadConfig,
   HeadConfigError,
   HeadKind,
+  LossSettings,
   TrainingRules,
   linear,
 )
@@ -1037,12 +1038,32 @@ def _check_training(config) -> None:
     raise ValueError(f"config.head.distill_weight must be a finite number >= 0, got {weight!r}.")
 
 
-def _loss_settings(head) -> dict:
-  return dict(
-    num_anchors=int(head.get("num_anchors", TRAINING_FIELDS["num_anchors"][0])),
-    loss_decay=float(head.get("loss_decay", 7.0)),
-    distill_weight=float(head.get("distill_weight", 0.0)),
-  )
+@dataclasses.dataclass(frozen=True)
+class DFlashLoss(LossSettings):
+  """The block drafter's objective settings (`config.head`).
+
+  Attributes:
+    num_anchors: anchors per window (at most T - 1 are drawn from the key).
+    loss_decay: gamma of the position weights exp(-(k - 1) / gamma).
+    distill_weight: weight of the decayed divergence from the target's law, added to
+      the decayed cross-entropy (0: the reference's loss).
+  """
+
+  num_anchors: int = TRAINING_FIELDS["num_anchors"][0]
+  loss_decay: float = 7.0
+  distill_weight: float = 0.0
+
+  @property
+  def keyed(self) -> bool:
+    return True  # the anchors are drawn in training
+
+  @classmethod
+  def from_config(cls, head) -> DFlashLoss:
+    return cls(
+      num_anchors=int(head.get("num_anchors", cls.num_anchors)),
+      loss_decay=float(head.get("loss_decay", cls.loss_decay)),
+      distill_weight=float(head.get("distill_weight", cls.distill_weight)),
+    )
 
 
 KIND = HeadKind(
@@ -1058,7 +1079,7 @@ KIND = HeadKind(
   training=TrainingRules(
     fields=("feature_layers", "d_ff", "block_size", "draft_layers", "mask_token_id"),
     check=_check_training,
-    loss=_loss_settings,
+    loss=DFlashLoss,
   ),
   expansion_axes=_expansion_axes,
 )

@@ -438,14 +438,35 @@ def _check_training(config) -> None:
     )
 
 
-def _loss_settings(head) -> dict:
-  return dict(
-    dflash._loss_settings(head),
-    confidence_weight=float(head.get("confidence_weight", 1.0)),
-    confidence_target=str(head.get("confidence_target", "greedy")),
-    train_backbone=bool(head.get("train_backbone", True)),
-    train_only=tuple(p.strip() for p in str(head.get("train_only", "")).split(",") if p.strip()),
-  )
+@dataclasses.dataclass(frozen=True)
+class DSparkLoss(dflash.DFlashLoss):
+  """The sequential block drafter's objective settings (`config.head`): the block
+  drafter's, and its heads'.
+
+  Attributes:
+    confidence_weight: weight of the confidence loss.
+    confidence_target: what the confidence head learns: "greedy" (argmax agreement)
+      or "sampled" (1 - TV, token verification's acceptance).
+    train_backbone: False trains only the two heads, and the backbone's parameters
+      under the dotted path prefixes `train_only`.
+    train_only: those prefixes (`config.head.train_only`: one comma-separated string).
+  """
+
+  confidence_weight: float = 1.0
+  confidence_target: str = "greedy"
+  train_backbone: bool = True
+  train_only: tuple[str, ...] = ()
+
+  @classmethod
+  def from_config(cls, head) -> DSparkLoss:
+    only = str(head.get("train_only", ""))
+    return cls(
+      **dataclasses.asdict(dflash.DFlashLoss.from_config(head)),
+      confidence_weight=float(head.get("confidence_weight", cls.confidence_weight)),
+      confidence_target=str(head.get("confidence_target", cls.confidence_target)),
+      train_backbone=bool(head.get("train_backbone", cls.train_backbone)),
+      train_only=tuple(p.strip() for p in only.split(",") if p.strip()),
+    )
 
 
 def warm_start(head: DSparkHead, target: Transformer, settings, load) -> DSparkHead:
@@ -707,7 +728,7 @@ KIND = HeadKind(
       "correct_first",
     ),
     check=_check_training,
-    loss=_loss_settings,
+    loss=DSparkLoss,
     warm_start=warm_start,
   ),
   expansion_axes=_expansion_axes,

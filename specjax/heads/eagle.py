@@ -76,6 +76,7 @@ from specjax.heads.base import (
   HeadConfig,
   HeadKind,
   Identity,
+  LossSettings,
   TrainingRules,
   linear,
   one_layer_cache,
@@ -609,8 +610,30 @@ def eagle_objective(head, target, batch, key, *, loss, settings):
   return value, metrics
 
 
-def _loss_settings(head) -> dict:
-  return dict(feature_weight=float(head.feature_weight), feature_noise=float(head.feature_noise))
+@dataclasses.dataclass(frozen=True)
+class EagleLoss(LossSettings):
+  """EAGLE's objective settings (`config.head`).
+
+  Attributes:
+    feature_weight: weight of the smooth-L1 regression toward the target's last-layer
+      features (one feature layer only).
+    feature_noise: standard deviation of the Gaussian noise added to the input features
+      in training (robustness to its own errors); never added without a key (evaluation).
+  """
+
+  feature_weight: float = 0.0
+  feature_noise: float = 0.0
+
+  @property
+  def keyed(self) -> bool:
+    return self.feature_noise > 0  # the noise is the only draw
+
+  @classmethod
+  def from_config(cls, head) -> EagleLoss:
+    return cls(
+      feature_weight=float(head.get("feature_weight", cls.feature_weight)),
+      feature_noise=float(head.get("feature_noise", cls.feature_noise)),
+    )
 
 
 KIND = HeadKind(
@@ -627,5 +650,5 @@ KIND = HeadKind(
   # EAGLE-1's layout is any head file with an `fc.weight` (DFlash's has one too): last.
   read_priority=3,
   dynamic_trees="EAGLE-2",
-  training=TrainingRules(fields=("feature_layers", "d_ff"), loss=_loss_settings),
+  training=TrainingRules(fields=("feature_layers", "d_ff"), loss=EagleLoss),
 )

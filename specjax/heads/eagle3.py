@@ -33,6 +33,7 @@ from specjax.heads.base import (
   HeadConfig,
   HeadConfigError,
   HeadKind,
+  LossSettings,
   TrainingRules,
   linear,
   one_layer_cache,
@@ -417,8 +418,19 @@ def _check_training(config) -> None:
     )
 
 
-def _loss_settings(head) -> dict:
-  return dict(ttt_steps=head.get("ttt_steps", 7))
+@dataclasses.dataclass(frozen=True)
+class Eagle3Loss(LossSettings):
+  """EAGLE-3's objective settings (`config.head`).
+
+  Attributes:
+    ttt_steps: the training-time test's steps unrolled on the head's own outputs.
+  """
+
+  ttt_steps: int = 7
+
+  @classmethod
+  def from_config(cls, head) -> Eagle3Loss:
+    return cls(ttt_steps=int(head.get("ttt_steps", cls.ttt_steps)))
 
 
 KIND = HeadKind(
@@ -434,7 +446,7 @@ KIND = HeadKind(
   training=TrainingRules(
     fields=("feature_layers", "d_ff", "draft_vocab_size"),
     check=_check_training,
-    loss=_loss_settings,
+    loss=Eagle3Loss,
     prepare=with_draft_ids,
     warm_start=warm_start,
   ),

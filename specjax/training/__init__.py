@@ -15,7 +15,6 @@ _EXPORTS = {
   "load_model_config": "checkpoint",
   "load_trained_head": "checkpoint",
   "load_trained_model": "checkpoint",
-  "HeadLoss": "heads",
   "LOSSES": "trainer",
   "check_config": "trainer",
   "prepare_data": "trainer",
