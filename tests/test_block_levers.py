@@ -18,7 +18,6 @@ from helpers import TINY
 from specjax.heads import config as head_config
 from specjax.heads import dflash, dspark, make_head
 from specjax.heads.dflash import block_feature_layers
-from specjax.training.heads import HeadLoss
 
 CFG = specjax.ModelConfig(**{**TINY, "init_std": 0.1})
 DEEP = specjax.ModelConfig(**{**TINY, "init_std": 0.1, "n_layers": 3})
@@ -49,7 +48,7 @@ def _batch(seed=0, t=16):
 
 def test_the_loss_mixes_cross_entropy_with_the_l1_distance(target):
   head, batch = _head(), _batch()
-  settings = HeadLoss(num_anchors=6, loss_decay=2.0)
+  settings = dflash.DFlashLoss(num_anchors=6, loss_decay=2.0)
   values = {}
   for mix in (0.0, 0.9, 1.0):
     mixed = dataclasses.replace(settings, l1_mix=mix)
@@ -99,7 +98,7 @@ def test_a_warm_start_refuses_a_source_it_cannot_hold(target):
 
 def test_the_sequential_drafter_scores_its_backbone_too(target):
   head, batch = _head("dspark", markov_rank=4), _batch(1)
-  settings = HeadLoss(num_anchors=6, loss_decay=2.0, l1_mix=0.9, confidence_weight=1.0)
+  settings = dspark.DSparkLoss(num_anchors=6, loss_decay=2.0, base_weight=0.0)
   with_base = dataclasses.replace(settings, base_weight=0.5)
   value, m = dspark.dspark_objective(head, target, batch, None, loss="kl", settings=settings)
   more, mb = dspark.dspark_objective(head, target, batch, None, loss="kl", settings=with_base)

@@ -24,16 +24,15 @@ from specjax.data import TokenDataset
 from specjax.drafting.base import Commit
 from specjax.heads import config as head_config
 from specjax.heads import make_head
-from specjax.heads.dflash import DFlashDrafter, DFlashHead, block_anchors
+from specjax.heads.dflash import DFlashDrafter, DFlashHead, DFlashLoss, block_anchors
 from specjax.hf.export import save_model
 from specjax.training import heads as head_training
 from specjax.training import load_trained_head, train
-from specjax.training.heads import HeadLoss
 from specjax.training.trainer import eval_step, train_step
 
 CFG = specjax.ModelConfig(**{**TINY, "init_std": 0.1})
 BLOCK = 4
-SETTINGS = HeadLoss(num_anchors=8, loss_decay=2.0)
+SETTINGS = DFlashLoss(num_anchors=8, loss_decay=2.0, l1_mix=0.0)  # DFlash's own loss
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +162,7 @@ def test_one_update_lowers_the_decayed_cross_entropy(target):
   keys = {"distill", "ce", "alpha_t0", "alpha_t1", "block_ce", "block_accept"}
   assert keys | {f"alpha_t0_pos{k}" for k in (1, 2, 3)} <= set(metrics)
   # The decayed divergence, added with a weight, raises the loss by that much.
-  value, m = loss(params, HeadLoss(num_anchors=8, loss_decay=2.0, distill_weight=0.5))
+  value, m = loss(params, DFlashLoss(num_anchors=8, loss_decay=2.0, l1_mix=0.0, distill_weight=0.5))
   assert float(value) == pytest.approx(float(m["block_ce"] + 0.5 * m["distill"]), rel=1e-5)
 
 
@@ -197,7 +196,8 @@ def test_head_config_passes_the_block_settings_and_checks_the_mask_id():
   cfg = head_training.head_config(config, CFG)
   assert (cfg.block_size, cfg.draft_layers, cfg.mask_token_id) == (6, 3, 7)
   assert cfg.feature_layers == (1, 2)  # dflash_feature_layers(2, 3) on the 2-layer target
-  settings = HeadLoss.from_config(config)
+  settings = head_training.loss_settings(config)
+  assert isinstance(settings, DFlashLoss) and settings.keyed
   fields = (settings.num_anchors, settings.loss_decay, settings.l1_mix, settings.distill_weight)
   assert fields == (64, 4.0, 0.9, 0.0)
   match = r"config.head.mask_token_id must be an int in \[0, 512\) or -1"
@@ -234,7 +234,7 @@ def test_training_resumes_and_the_trained_head_decodes_exactly(tmp_path_factory)
 
   def block_ce(h):  # teacher-forced on the same validation windows, anchors evenly spaced
     graphdef, params = nnx.split(h, nnx.Param)
-    settings = dict(graphdef=graphdef, loss="kl", head=HeadLoss.from_config(config))
+    settings = dict(graphdef=graphdef, loss="kl", head=head_training.loss_settings(config))
     return np.mean(
       [eval_step(params, b, target, **settings)["block_ce"] for b in val.eval_batches(4, 32, 2)]
     )

@@ -23,8 +23,8 @@ from specjax import heads
 from specjax.heads import HeadConfig
 from specjax.heads import config as head_config
 from specjax.heads.dflash import DFlashDrafter
-from specjax.heads.dspark import OWN_PARAMS, DSparkDrafter, calibration
-from specjax.training.heads import HeadLoss, objective
+from specjax.heads.dspark import OWN_PARAMS, DSparkDrafter, DSparkLoss, calibration
+from specjax.training.heads import objective
 
 CFG = specjax.ModelConfig(**TINY).replace(init_std=0.1)
 
@@ -178,7 +178,7 @@ def test_frozen_backbone_gets_no_gradient_and_calibration_reports(target, train_
   drafter = dspark_drafter(target)
   graphdef, params = nnx.split(drafter.head, nnx.Param)
   batch = jax.random.randint(jax.random.key(0), (2, 17), 0, 512)
-  settings = HeadLoss(
+  settings = DSparkLoss(
     num_anchors=4, loss_decay=4.0, confidence_weight=1.0, train_backbone=False,
     train_only=train_only,
   )  # fmt: skip

@@ -31,7 +31,6 @@ from specjax.heads.eagle import EagleDrafter
 from specjax.hf.export import save_model
 from specjax.training import heads as head_training
 from specjax.training import load_head_config, load_trained_head, train
-from specjax.training.heads import HeadLoss
 from specjax.training.trainer import eval_step
 
 CFG3 = specjax.ModelConfig(**{**TINY, "n_layers": 3})
@@ -237,7 +236,7 @@ def test_training_records_the_draft_vocabulary_and_decodes(tmp_path_factory):
 
   def distill(h):
     graphdef, params = nnx.split(h, nnx.Param)
-    settings = dict(graphdef=graphdef, loss="kl", head=HeadLoss(ttt_steps=3))
+    settings = dict(graphdef=graphdef, loss="kl", head=eagle3.Eagle3Loss(ttt_steps=3))
     runs = [eval_step(params, b, target, **settings) for b in val.eval_batches(4, 32, 2)]
     return np.mean([r["distill"] for r in runs])
 

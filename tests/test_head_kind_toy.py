@@ -17,11 +17,10 @@ import specjax
 from configs import train_tiny
 from experiments import train as train_launcher
 from helpers import TINY, copy_corpus, tiny_token_data
-from specjax import heads
+from specjax import heads, losses
 from specjax.coupling import sample_tokens
 from specjax.drafting import DrafterBase, Proposal
 from specjax.sampling import warp_probs
-from specjax.training import losses
 
 # -- the kind: everything it is, in one place
 

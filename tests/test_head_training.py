@@ -7,6 +7,8 @@ tokenized with a 512-token BPE, as in test_training.py. Every run shares one
 batch shape, so each kind compiles one train step and one eval step.
 """
 
+import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -17,12 +19,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import train_tiny
+from configs import train_dspark, train_tiny
 from helpers import TINY, copy_corpus, tiny_token_data
-from specjax import ModelConfig, Transformer, pretrained
+from specjax import ModelConfig, Transformer, heads, pretrained
 from specjax.data import TokenDataset
 from specjax.heads import config as head_config
-from specjax.heads import make_head
+from specjax.heads import dflash, dspark, eagle, eagle3, early_exit, make_head
 from specjax.heads.dflash import DFlashHead
 from specjax.heads.dspark import DSparkHead
 from specjax.heads.eagle import EagleHead
@@ -38,7 +40,6 @@ from specjax.training import (
 )
 from specjax.training import heads as head_training
 from specjax.training.checkpoint import save_head_config
-from specjax.training.heads import HeadLoss
 from specjax.training.optimizer import make_optimizer
 from specjax.training.trainer import eval_step, train_step
 
@@ -94,9 +95,10 @@ def _config(corpus_root, data_dir, target, kind, **changes):
 def _teacher_forced(head, target, data_dir) -> dict[str, float]:
   """The head's metrics on the first two validation batches (no noise)."""
   graphdef, params = nnx.split(head, nnx.Param)
+  settings = heads.of(head.cfg).training.loss()  # the kind's defaults: no feature weight
   data = TokenDataset(os.path.join(data_dir, "validation.bin"))
   runs = [
-    eval_step(params, batch, target, graphdef=graphdef, loss="kl", head=HeadLoss())
+    eval_step(params, batch, target, graphdef=graphdef, loss="kl", head=settings)
     for batch in data.eval_batches(4, 32, 2)
   ]
   return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
@@ -222,8 +224,36 @@ def test_head_for_another_target_is_refused_before_compiling(target_dir):
       graphdef=graphdef,
       optimizer=optimizer,
       loss="kl",
-      head=HeadLoss(),
+      head=heads.LossSettings(),
     )
+
+
+def test_each_kind_reads_its_own_loss_settings():
+  """`config.head` -> the kind's own settings (a frozen dataclass in its file, with its
+  defaults: a jit static argument), and `keyed` says whether its objective draws."""
+  got = {
+    kind: head_training.loss_settings(importlib.import_module(f"configs.train_{kind}").get_config())
+    for kind in heads.names()
+  }
+  assert got == {
+    "eagle": eagle.EagleLoss(feature_weight=0.1, feature_noise=0.2),
+    "medusa": heads.LossSettings(),
+    "early_exit": early_exit.EarlyExitLoss(feature_weight=0.1),
+    "eagle3": eagle3.Eagle3Loss(ttt_steps=7),
+    # The block drafters' acceptance-shaped recipe: 0.1 CE + 0.9 L1, 1 - TV confidence.
+    "dflash": dflash.DFlashLoss(num_anchors=64, loss_decay=4.0, l1_mix=0.9),
+    "dspark": dspark.DSparkLoss(
+      num_anchors=64, loss_decay=4.0, l1_mix=0.9, base_weight=0.5, confidence_target="sampled"
+    ),
+  }
+  assert all(hash(s) == hash(dataclasses.replace(s)) for s in got.values())
+  assert {k for k, s in got.items() if s.keyed} == {"eagle", "dflash", "dspark"}
+  assert not eagle.EagleLoss(feature_weight=0.1).keyed  # no noise: nothing to draw
+  # Each kind's defaults are its own (the sequential block drafter's confidence loss is on).
+  assert heads.kind("dspark").training.loss().confidence_weight == 1.0
+  config = train_dspark.get_config()
+  config.head.train_only = "layers.1, norm"
+  assert head_training.loss_settings(config).train_only == ("layers.1", "norm")
 
 
 @pytest.mark.parametrize(

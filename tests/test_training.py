@@ -19,6 +19,7 @@ from flax import nnx
 
 from configs import train_tiny
 from helpers import copy_corpus, tiny_token_data
+from specjax import losses
 from specjax.data import (
   SPLITS,
   TokenDataset,
@@ -34,7 +35,6 @@ from specjax.training import (
   CheckpointError,
   check_config,
   load_trained_model,
-  losses,
   train,
 )
 

@@ -66,8 +66,8 @@ def train_step(models: Models, mesh: Mesh, batch: int, context: int, gamma: int 
   graphdef, params = nnx.split(head, nnx.Param)
   optimizer = make_optimizer(config)
   opt_state = _optimizer_state(optimizer, params, mesh)
-  head_loss = head_training.HeadLoss.from_config(config)
-  keyed = head_loss.feature_noise > 0 or head_loss.num_anchors > 0
+  head_loss = head_training.loss_settings(config)
+  keyed = head_loss.keyed
   return trainer.train_step.lower(
     params,
     opt_state,

@@ -9,14 +9,17 @@
 
 A kind lives in one file of this package, `specjax/heads/<kind>.py`: its settings (a
 `HeadConfig` subclass with its own checks), module, drafter, hub layout, training
-objective, growth rule and defaults, and one `HeadKind` record, `KIND`, registered
-below. Nothing outside this package names a kind: `models`, `drafting`, `hf`,
-`training`, `pretrained` and the jobs ask the record (`kind(name)`, `of(cfg)`). To add
-a kind, write its file and register its record (docs/heads.md, "Adding a kind").
+objective and its settings (a `LossSettings` subclass), growth rule and defaults, and
+one `HeadKind` record, `KIND`, registered below. Nothing outside this package names a
+kind: `models`, `drafting`, `hf`, `training`, `pretrained` and the jobs ask the record
+(`kind(name)`, `of(cfg)`). To add a kind, write its file and register its record
+(docs/heads.md, "Adding a kind").
 
-The machinery the kinds share stays kind-free: `base` (the settings' base, the record,
-the registry), `files` (specjax's `head_config.json` and weights, for every kind) and
-`hub` (what a hub layout is, and hub names <-> parameters).
+The machinery the kinds share stays kind-free: `base` (the settings' and loss settings'
+bases, the record, the registry), `files` (specjax's `head_config.json` and weights, for
+every kind) and `hub` (what a hub layout is, and hub names <-> parameters). The package
+sits below `training` and `hf`, which import it: the kinds import neither
+(tests/test_imports.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from specjax.heads.base import (
   HeadConfig,
   HeadConfigError,
   HeadKind,
+  LossSettings,
   TrainingRules,
   config,
   kind,
@@ -119,6 +123,7 @@ __all__ = [
   "HeadConfig",
   "HeadConfigError",
   "HeadKind",
+  "LossSettings",
   "TrainingRules",
   "bundled",
   "config",

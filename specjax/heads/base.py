@@ -1,9 +1,10 @@
-"""What every draft-head kind shares: its settings' base class, its registry record,
-and the small layers the kinds build from.
+"""What every draft-head kind shares: its settings' base class, its loss settings'
+base class, its registry record, and the small layers the kinds build from.
 
 A kind is one file in this package (`eagle.py`, `medusa.py`, ...) that defines a
 `HeadConfig` subclass (its own settings and checks), its module, its drafter, its
-hub layout, its training objective, its growth rule, and one `HeadKind` record;
+hub layout, its training objective and that objective's settings (a `LossSettings`
+subclass), its growth rule, and one `HeadKind` record;
 `specjax/heads/__init__.py` registers each record with `register`. Everything
 outside this package looks a kind up here (`kind(name)`, `of(cfg)`), never by
 comparing names.
@@ -151,6 +152,31 @@ LEGACY_FIELDS = frozenset({
 
 
 @dataclasses.dataclass(frozen=True)
+class LossSettings:
+  """A kind's training-objective settings beyond the divergence (`config.head`'s loss
+  weights, EAGLE's feature noise, ...), its objective's `settings`. Frozen and hashable:
+  the trainer's jitted step takes them as a static argument.
+
+  This base holds none: it is the settings of a kind without any (Medusa's). A kind with
+  some subclasses it in its own file (`EagleLoss`, `DFlashLoss`, ...), with its fields,
+  its defaults and `from_config`, and names the subclass in `TrainingRules.loss`.
+  """
+
+  @property
+  def keyed(self) -> bool:
+    """Whether the objective draws from a PRNG key in training (EAGLE's feature noise,
+    the block drafters' anchors): the trainer makes one per step only then."""
+    return False
+
+  @classmethod
+  def from_config(cls, head) -> LossSettings:
+    """The settings `head` (a run's `config.head`) gives, the defaults for the fields it
+    lacks; the run's checks (`TrainingRules.check`) have already passed."""
+    del head  # the base has no fields
+    return cls()
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainingRules:
   """How `config.head` of a head-training run becomes a kind's config and loss.
 
@@ -158,9 +184,12 @@ class TrainingRules:
     fields: the kind's config fields read from `config.head` (when present).
     check: `(config) -> None`: the kind's checks of the run's config that need no
       target; ValueError naming `config.head.<field>`.
-    loss: `(config.head) -> dict`: its `HeadLoss` fields.
-    prepare: `(cfg, workdir, tokens) -> cfg`: fills what the data decides (EAGLE-3's
-      draft ids); None leaves the config as it is.
+    loss: the kind's `LossSettings` subclass (the base for a kind without settings):
+      `loss.from_config(config.head)` gives a run's, `loss()` the defaults.
+    prepare: `(cfg, saved, tokens) -> cfg`: fills what the data decides (EAGLE-3's
+      draft ids) from `saved`, the head config a resumed run saved (None for a fresh
+      run), or from the training split's `tokens` (None: not read yet); None leaves
+      the config as it is.
     warm_start: `(head, target, config.head, load) -> head` when `config.head.warm_start`
       asks for one; `load(where, kind, target)` reads a head it starts from
       (`specjax.training.heads.load_head_from`).
@@ -168,7 +197,7 @@ class TrainingRules:
 
   fields: tuple[str, ...] = ()
   check: Callable | None = None
-  loss: Callable | None = None
+  loss: type[LossSettings] = LossSettings
   prepare: Callable | None = None
   warm_start: Callable | None = None
 
@@ -185,7 +214,9 @@ class HeadKind:
     drafter: the drafter class, called as `drafter(target, head)`.
     holds: the drafter's attribute that holds the module (`module_of`).
     objective: `(head, target, batch, key, *, loss, settings) -> (loss, metrics)`,
-      its training objective (`specjax.training.heads.objective`).
+      its training objective (`specjax.training.heads.objective`); `settings` is an
+      instance of `training.loss`; `key` a PRNG key in training where `settings.keyed`,
+      else None (and always None in evaluation).
     hub: its published layout (`specjax.heads.hub.HubLayout`), or None.
     read_priority: the order `specjax.hf.load_head` tries hub layouts (lower first:
       the most specific layouts first).

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax import trees
+from specjax import losses, trees
 from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   Commit,
@@ -63,18 +63,18 @@ from specjax.heads.base import (
   HeadConfig,
   HeadConfigError,
   HeadKind,
+  LossSettings,
   TrainingRules,
   linear,
 )
-from specjax.hf import weights
-from specjax.hf.config import _rope
+from specjax.models import hub_names
 from specjax.models.config import ModelConfig
 from specjax.models.expand import BLOCK_AXES
 from specjax.models.fused import gate_up_parts
+from specjax.models.hub_config import rope
 from specjax.models.kv_cache import KVCache, check_capacity, write_layer
 from specjax.models.transformer import MLP, Norm, Transformer, apply_rope, attend, rope_inv_freq
 from specjax.sampling import RowSampling, SamplingParams
-from specjax.training import losses
 from specjax.validation import is_int, is_real
 from specjax.vocab import fit_ids
 
@@ -568,10 +568,10 @@ def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   return "dflash_config" in config or any(str(a).startswith("DFlash") for a in architectures)
 
 
-def _names(cfg: DFlashConfig, d_ff: int, bias: bool) -> dict[str, list[weights.Target]]:
+def _names(cfg: DFlashConfig, d_ff: int, bias: bool) -> dict[str, list[hub_names.Target]]:
   """Hub name -> `[(path, transform, part)]` of a drafter of `cfg` whose layers'
   MLPs are `d_ff` wide; with `bias`, the q/k/v/o biases too."""
-  tr, same = weights._transpose, weights._same
+  tr, same = hub_names.transpose, hub_names.same
   names = {"fc.weight": [(("fc", "kernel"), tr, None)]}
   names |= {f"{n}.weight": [((n, "scale"), same, None)] for n in ("hidden_norm", "norm")}
   for i in range(cfg.draft_layers):
@@ -728,7 +728,7 @@ def _check_config(config: dict, t: ModelConfig, spelling: HubSpelling = DFLASH_S
     got = config.get(key, _QWEN3_DEFAULTS.get(key))
     if value is not None and got != value:
       raise ValueError(f"config {key} is {got!r}; the target needs {value!r}.")
-  theta, scaling = _rope(config, "config", theta=10_000.0)
+  theta, scaling = rope(config, "config", theta=10_000.0)
   if (theta, scaling) != (t.rope_theta, t.rope_scaling):
     raise ValueError(
       f"config rope (theta {theta}, scaling {scaling}) is not the target's "
@@ -1095,11 +1095,33 @@ def check_reals(head, fields: dict) -> None:
       raise ValueError(f"config.head.{name} must be a finite number {allowed}, got {value!r}.")
 
 
-def _loss_settings(head) -> dict:
-  return dict(
-    num_anchors=int(head.get("num_anchors", TRAINING_FIELDS["num_anchors"][0])),
-    **{name: float(head.get(name, default)) for name, (default, _, _) in LOSS_FIELDS.items()},
-  )
+@dataclasses.dataclass(frozen=True)
+class DFlashLoss(LossSettings):
+  """The block drafter's objective settings (`config.head`; `dflash_objective`).
+
+  Attributes:
+    num_anchors: anchors per window (at most T - 1 are drawn from the key).
+    loss_decay: gamma of the position weights exp(-(k - 1) / gamma).
+    l1_mix: the L1 term's share (2 TV from the target's law: acceptance-shaped), the
+      rest the decayed cross-entropy on the text (0: DFlash's own loss).
+    distill_weight: weight of the decayed divergence `config.loss`, added.
+  """
+
+  num_anchors: int = TRAINING_FIELDS["num_anchors"][0]
+  loss_decay: float = LOSS_FIELDS["loss_decay"][0]
+  l1_mix: float = LOSS_FIELDS["l1_mix"][0]
+  distill_weight: float = LOSS_FIELDS["distill_weight"][0]
+
+  @property
+  def keyed(self) -> bool:
+    return True  # the anchors are drawn in training
+
+  @classmethod
+  def from_config(cls, head) -> DFlashLoss:
+    return cls(
+      num_anchors=int(head.get("num_anchors", cls.num_anchors)),
+      **{name: float(head.get(name, default)) for name, (default, _, _) in LOSS_FIELDS.items()},
+    )
 
 
 def transfer(head: DFlashHead, source: DFlashHead, where: str) -> DFlashHead:
@@ -1170,7 +1192,7 @@ KIND = HeadKind(
   training=TrainingRules(
     fields=("feature_layers", "d_ff", "block_size", "draft_layers", "mask_token_id"),
     check=_check_training,
-    loss=_loss_settings,
+    loss=DFlashLoss,
     warm_start=warm_start,
   ),
   expansion_axes=_expansion_axes,

@@ -55,7 +55,7 @@ from specjax.drafting.base import (
 from specjax.drafting.tree import draft_tree
 from specjax.heads import dflash, hub
 from specjax.heads.base import HeadKind, TrainingRules, linear
-from specjax.hf import weights
+from specjax.models import hub_names
 from specjax.models.transformer import Transformer
 from specjax.sampling import RowSampling, SamplingParams
 from specjax.validation import is_int
@@ -443,14 +443,38 @@ def _check_training(config) -> None:
     )
 
 
-def _loss_settings(head) -> dict:
-  return dict(
-    dflash._loss_settings(head),
-    **{name: float(head.get(name, default)) for name, (default, _, _) in LOSS_FIELDS.items()},
-    confidence_target=str(head.get("confidence_target", TRAINING_FIELDS["confidence_target"])),
-    train_backbone=bool(head.get("train_backbone", True)),
-    train_only=tuple(p.strip() for p in str(head.get("train_only", "")).split(",") if p.strip()),
-  )
+@dataclasses.dataclass(frozen=True)
+class DSparkLoss(dflash.DFlashLoss):
+  """The sequential block drafter's objective settings (`config.head`): the block
+  drafter's, and its heads'.
+
+  Attributes:
+    confidence_weight: weight of the confidence loss.
+    base_weight: weight of the same loss on the backbone's own (uncorrected) laws, so
+      the backbone stays a block drafter of its own.
+    confidence_target: what the confidence head learns: "sampled" (1 - TV, token
+      verification's acceptance) or "greedy" (argmax agreement).
+    train_backbone: False trains only the two heads, and the backbone's parameters
+      under the dotted path prefixes `train_only`.
+    train_only: those prefixes (`config.head.train_only`: one comma-separated string).
+  """
+
+  confidence_weight: float = LOSS_FIELDS["confidence_weight"][0]
+  base_weight: float = LOSS_FIELDS["base_weight"][0]
+  confidence_target: str = TRAINING_FIELDS["confidence_target"]
+  train_backbone: bool = TRAINING_FIELDS["train_backbone"]
+  train_only: tuple[str, ...] = ()
+
+  @classmethod
+  def from_config(cls, head) -> DSparkLoss:
+    only = str(head.get("train_only", ""))
+    return cls(
+      **dataclasses.asdict(dflash.DFlashLoss.from_config(head)),
+      **{name: float(head.get(name, default)) for name, (default, _, _) in LOSS_FIELDS.items()},
+      confidence_target=str(head.get("confidence_target", cls.confidence_target)),
+      train_backbone=bool(head.get("train_backbone", cls.train_backbone)),
+      train_only=tuple(p.strip() for p in only.split(",") if p.strip()),
+    )
 
 
 def warm_start(head: DSparkHead, target: Transformer, settings, load) -> DSparkHead:
@@ -528,14 +552,14 @@ def recognises(config: dict, file: str, keys: Collection[str]) -> bool:
   return dflash.derived_layout(config, keys)
 
 
-def _names(cfg: DSparkConfig) -> dict[str, list[weights.Target]]:
+def _names(cfg: DSparkConfig) -> dict[str, list[hub_names.Target]]:
   """Hub name -> `[(path, transform, part)]` of the two heads (reading: `proj.weight`'s
   columns split into the hidden part [D, 1] and the Markov part [r, 1])."""
-  same, d, r = weights._same, cfg.target.d_model, cfg.markov_rank
+  same, d, r = hub_names.same, cfg.target.d_model, cfg.markov_rank
   names = {}
   if r:
     names["markov_head.markov_w1.weight"] = [(("markov_w1",), same, None)]
-    names["markov_head.markov_w2.weight"] = [(("markov_w2",), weights._transpose, None)]
+    names["markov_head.markov_w2.weight"] = [(("markov_w2",), hub_names.transpose, None)]
   if cfg.confidence_head:
     parts = [(("confidence_hidden", "kernel"), lambda w: w[:, :d].T, None)]
     if r and cfg.confidence_with_markov:
@@ -704,7 +728,7 @@ KIND = HeadKind(
       "correct_first",
     ),
     check=_check_training,
-    loss=_loss_settings,
+    loss=DSparkLoss,
     warm_start=warm_start,
   ),
   expansion_axes=_expansion_axes,

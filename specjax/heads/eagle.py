@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax import trees
+from specjax import losses, trees
 from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   Commit,
@@ -76,16 +76,17 @@ from specjax.heads.base import (
   HeadConfig,
   HeadKind,
   Identity,
+  LossSettings,
   TrainingRules,
   linear,
   one_layer_cache,
   own_logits,
 )
-from specjax.hf import weights
+from specjax.models import hub_names
+from specjax.models.hub_config import llama_config
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Block, Norm, Transformer, run_blocks
 from specjax.sampling import RowSampling, SamplingParams
-from specjax.training import losses
 from specjax.vocab import fit_ids
 
 
@@ -542,9 +543,9 @@ class EagleDrafter(ConfidenceLength, VocabSubset):
 
 def _eagle_names(cfg: EagleConfig) -> dict:
   """EAGLE-1 hub names -> targets: fc, and the Llama layer 0 as `block`."""
-  names = {"fc.weight": [(("fc", "kernel"), weights._transpose, None)]}
-  names["fc.bias"] = [(("fc", "bias"), weights._same, None)]
-  for name, targets in weights._llama_names(cfg.block_config).items():
+  names = {"fc.weight": [(("fc", "kernel"), hub_names.transpose, None)]}
+  names["fc.bias"] = [(("fc", "bias"), hub_names.same, None)]
+  for name, targets in hub_names.llama_names(cfg.block_config).items():
     if name.startswith("model.layers.0.") and (cfg.input_norm or "input_layernorm" not in name):
       names[name[len("model.") :]] = [(("block", *p[2:]), f, part) for p, f, part in targets]
   return names
@@ -577,15 +578,11 @@ def _eagle1(config: dict, tensors: dict, target, dtype) -> nnx.Module:
 
 def _write_eagle1(head, target) -> tuple[dict, dict]:
   """A hub EAGLE-1 head as the EAGLE repository's (a Llama config, fc with a bias)."""
-  from types import SimpleNamespace
-
-  from specjax.hf.export import hf_config
-
   cfg = head.cfg
   if not (cfg.normed_features and cfg.embed_first and not cfg.input_norm):
     raise ValueError(hub.NO_LAYOUT.format(kind=cfg.kind))  # specjax's reads pre-norm features
   c, dtype = cfg.block_config, str(jnp.dtype(cfg.target.param_dtype))
-  config = hf_config(SimpleNamespace(cfg=c), dtype)
+  config = llama_config(c, dtype)
   config |= {"num_hidden_layers": 1, "bias": True, "qkv_bias": c.qkv_bias}
   return config, hub.write_names(head, _eagle_names(cfg), target)
 
@@ -613,8 +610,30 @@ def eagle_objective(head, target, batch, key, *, loss, settings):
   return value, metrics
 
 
-def _loss_settings(head) -> dict:
-  return dict(feature_weight=float(head.feature_weight), feature_noise=float(head.feature_noise))
+@dataclasses.dataclass(frozen=True)
+class EagleLoss(LossSettings):
+  """EAGLE's objective settings (`config.head`).
+
+  Attributes:
+    feature_weight: weight of the smooth-L1 regression toward the target's last-layer
+      features (one feature layer only).
+    feature_noise: standard deviation of the Gaussian noise added to the input features
+      in training (robustness to its own errors); never added without a key (evaluation).
+  """
+
+  feature_weight: float = 0.0
+  feature_noise: float = 0.0
+
+  @property
+  def keyed(self) -> bool:
+    return self.feature_noise > 0  # the noise is the only draw
+
+  @classmethod
+  def from_config(cls, head) -> EagleLoss:
+    return cls(
+      feature_weight=float(head.get("feature_weight", cls.feature_weight)),
+      feature_noise=float(head.get("feature_noise", cls.feature_noise)),
+    )
 
 
 KIND = HeadKind(
@@ -631,5 +650,5 @@ KIND = HeadKind(
   # EAGLE-1's layout is any head file with an `fc.weight` (DFlash's has one too): last.
   read_priority=3,
   dynamic_trees="EAGLE-2",
-  training=TrainingRules(fields=("feature_layers", "d_ff"), loss=_loss_settings),
+  training=TrainingRules(fields=("feature_layers", "d_ff"), loss=EagleLoss),
 )

@@ -20,31 +20,30 @@ of them has one), so that export then import computes the same function.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Collection
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.heads import files, hub
+from specjax import losses
+from specjax.heads import hub
 from specjax.heads.base import (
   HeadConfig,
   HeadConfigError,
   HeadKind,
+  LossSettings,
   TrainingRules,
   linear,
   one_layer_cache,
   own_logits,
 )
 from specjax.heads.eagle import EagleDrafter
-from specjax.hf.export import hf_config  # refuses what a Llama config cannot say
 from specjax.models.fused import gate_up_parts, qkv_parts
+from specjax.models.hub_config import llama_config  # refuses what a Llama config cannot say
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import MLP, Attention, Norm, Transformer, run_blocks
-from specjax.training import losses
 from specjax.validation import is_int
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -232,7 +231,7 @@ def hub_config(head: Eagle3Head) -> dict:
   ids are layer counts as vLLM reads them (SGLang adds 1 to explicit ids)."""
   bias = _attention_bias(head)  # the layout says q/k/v/o biases in one flag
   c = head.cfg.block_config.replace(qkv_bias=bias, out_bias=bias)
-  out = hf_config(SimpleNamespace(cfg=c), str(jnp.dtype(c.param_dtype)))
+  out = llama_config(c, str(jnp.dtype(c.param_dtype)))
   out.update(
     architectures=[ARCHITECTURE],
     head_dim=c.resolved_head_dim,
@@ -333,17 +332,14 @@ def from_hub(
 # -- training
 
 
-def with_draft_ids(cfg: Eagle3Config, workdir: str, tokens=None) -> Eagle3Config:
-  """`cfg` with EAGLE-3's draft ids where it lacks them: a resumed run's own, else
-  `draft_vocab_ids` of the first 2**26 `tokens` (the training split's)."""
+def with_draft_ids(cfg: Eagle3Config, saved=None, tokens=None) -> Eagle3Config:
+  """`cfg` with EAGLE-3's draft ids where it lacks them: a resumed run's own (`saved`,
+  the head config it saved), else `draft_vocab_ids` of the first 2**26 `tokens` (the
+  training split's)."""
   if cfg.draft_ids or cfg.draft_vocab == cfg.target.vocab_size:
     return cfg
-  from specjax.training import checkpoint as ckpt
-
-  if ckpt.has_checkpoints(workdir) and os.path.isfile(os.path.join(workdir, files.CONFIG_FILE)):
-    saved = files.read_config(workdir)
-    if isinstance(saved, Eagle3Config) and saved.draft_vocab == cfg.draft_vocab:
-      return dataclasses.replace(cfg, draft_ids=saved.draft_ids)
+  if isinstance(saved, Eagle3Config) and saved.draft_vocab == cfg.draft_vocab:
+    return dataclasses.replace(cfg, draft_ids=saved.draft_ids)
   if tokens is None:
     return cfg
   ids = draft_vocab_ids(tokens[: 1 << 26], cfg.target.vocab_size, cfg.draft_vocab)
@@ -422,8 +418,19 @@ def _check_training(config) -> None:
     )
 
 
-def _loss_settings(head) -> dict:
-  return dict(ttt_steps=head.get("ttt_steps", 7))
+@dataclasses.dataclass(frozen=True)
+class Eagle3Loss(LossSettings):
+  """EAGLE-3's objective settings (`config.head`).
+
+  Attributes:
+    ttt_steps: the training-time test's steps unrolled on the head's own outputs.
+  """
+
+  ttt_steps: int = 7
+
+  @classmethod
+  def from_config(cls, head) -> Eagle3Loss:
+    return cls(ttt_steps=int(head.get("ttt_steps", cls.ttt_steps)))
 
 
 KIND = HeadKind(
@@ -439,7 +446,7 @@ KIND = HeadKind(
   training=TrainingRules(
     fields=("feature_layers", "d_ff", "draft_vocab_size"),
     check=_check_training,
-    loss=_loss_settings,
+    loss=Eagle3Loss,
     prepare=with_draft_ids,
     warm_start=warm_start,
   ),

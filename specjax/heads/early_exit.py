@@ -15,12 +15,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax import losses
 from specjax.drafting.base import VocabSubset, check_confidence
 from specjax.drafting.model import CachedDrafting
-from specjax.heads.base import HeadConfig, HeadConfigError, HeadKind, TrainingRules, one_layer_cache
+from specjax.heads.base import (
+  HeadConfig,
+  HeadConfigError,
+  HeadKind,
+  LossSettings,
+  TrainingRules,
+  one_layer_cache,
+)
 from specjax.models.kv_cache import KVCache, check_capacity
 from specjax.models.transformer import Block, Transformer, run_blocks
-from specjax.training import losses
 from specjax.validation import is_int
 from specjax.vocab import fit_ids
 
@@ -172,8 +179,20 @@ def _check_training(config) -> None:
     raise ValueError(f"config.head.exit_layer must be an int >= 1, got {exit_layer!r}.")
 
 
-def _loss_settings(head) -> dict:
-  return dict(feature_weight=float(head.feature_weight))
+@dataclasses.dataclass(frozen=True)
+class EarlyExitLoss(LossSettings):
+  """The early-exit adapter's objective settings (`config.head`).
+
+  Attributes:
+    feature_weight: weight of the smooth-L1 regression toward the target's last-layer
+      features.
+  """
+
+  feature_weight: float = 0.0
+
+  @classmethod
+  def from_config(cls, head) -> EarlyExitLoss:
+    return cls(feature_weight=float(head.get("feature_weight", cls.feature_weight)))
 
 
 KIND = HeadKind(
@@ -184,5 +203,5 @@ KIND = HeadKind(
   drafter=EarlyExitDrafter,
   holds="adapter",
   objective=early_exit_objective,
-  training=TrainingRules(fields=("exit_layer", "d_ff"), check=_check_training, loss=_loss_settings),
+  training=TrainingRules(fields=("exit_layer", "d_ff"), check=_check_training, loss=EarlyExitLoss),
 )

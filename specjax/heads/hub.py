@@ -5,10 +5,10 @@ file (`specjax/heads/eagle3.py`, ...); `specjax.hf.load_head` and `save_head` ch
 among the registered kinds' layouts.
 
 A layout's names are a table `names`: hub name -> `[(path, transform, part)]`
-(`weights.Target`: the parameter path, the transform from the hub's tensor into
-specjax's layout, and the `Part` of a fused parameter it fills, or None). `build_head`
-reads a head from named tensors through it, `named_tensors` writes them back (its
-inverse).
+(`specjax.models.hub_names.Target`: the parameter path, the transform from the hub's
+tensor into specjax's layout, and the `Part` of a fused parameter it fills, or None).
+`build_head` reads a head from named tensors through it, `named_tensors` writes them
+back (its inverse).
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ import numpy as np
 from flax import nnx
 
 from specjax.heads.base import HeadConfig, abstract_head
-from specjax.hf import weights
+from specjax.models import hub_names
+from specjax.models.config import ModelConfig
+from specjax.models.hub_config import BEYOND_LLAMA
+from specjax.tensor_files import read_tensors
 
 # Weight files of a Llama-style head, in the order the reference loaders try them.
 LLAMA_FILES = ("model.safetensors", "pytorch_model.bin")  # heads are never sharded
@@ -93,7 +96,7 @@ def named_tensors(params: dict, names: dict) -> tuple[dict[str, np.ndarray], set
     if path not in params and hub.endswith(".bias"):
       continue
     value = params[path] if part is None else part.take(params[path])
-    tensors[hub] = value.T if f is weights._transpose else value
+    tensors[hub] = value.T if f is hub_names.transpose else value
   return tensors, {t[0] for targets in names.values() for t in targets}
 
 
@@ -111,7 +114,7 @@ def first_file(directory: str, names) -> str | None:
 def read_weights(f: str) -> dict[str, np.ndarray]:
   """`{name: array}` of the weight file `f` (safetensors, or a torch pickle)."""
   if f.endswith(".safetensors"):
-    return {n: a for _, n, a in weights.read_tensors([f])}
+    return {n: a for _, n, a in read_tensors([f])}
   try:
     import torch
   except ImportError as e:
@@ -129,10 +132,7 @@ def target_copies(target) -> dict:
 
 def check_llama(t) -> None:
   """ValueError unless target config `t` is a Llama (what hub heads' layers are)."""
-  from specjax.hf.export import _BEYOND_LLAMA
-  from specjax.models.config import ModelConfig
-
-  odd = [f for f in _BEYOND_LLAMA if getattr(t, f) != getattr(ModelConfig, f)]
+  odd = [f for f in BEYOND_LLAMA if getattr(t, f) != getattr(ModelConfig, f)]
   if odd or (t.norm, t.mlp, t.positions) != ("rmsnorm", "swiglu", "rope"):
     raise ValueError(f"hub heads are Llama layers; the target differs in {odd}.")
 

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax import trees
+from specjax import losses, trees
 from specjax.coupling import Coupling, chain_draws
 from specjax.drafting.base import (
   Commit,
@@ -55,10 +55,9 @@ from specjax.heads.base import (
   linear,
   own_logits,
 )
-from specjax.hf import weights
+from specjax.models import hub_names
 from specjax.models.transformer import Norm, Transformer
 from specjax.sampling import SamplingParams, sample_with_uniform, warp_probs
-from specjax.training import losses
 from specjax.validation import is_int
 
 _MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -307,13 +306,13 @@ def _leading(proposed: jax.Array) -> jax.Array:
 def _medusa_names(cfg: MedusaConfig, vllm: bool, shared: str | None = None) -> dict:
   """Medusa's (`{i}.{j}.linear`, `{i}.{L}`) or vLLM's (`blocks.{i}.layers.{j}`,
   `lm_heads.{i}`; `shared`: one lm_head) names -> targets."""
-  names, n, tr = {}, cfg.medusa_layers, weights._transpose
+  names, n, tr = {}, cfg.medusa_layers, hub_names.transpose
   for i in range(cfg.num_heads):
     for j in range(n):
       path = ("heads", i) + ((j,) if n > 1 else ())
       hub = f"blocks.{i}.layers.{j}." if vllm else f"{i}.{j}.linear."
       names[hub + "weight"] = [(path + ("kernel",), tr, None)]
-      names[hub + "bias"] = [(path + ("bias",), weights._same, None)]
+      names[hub + "bias"] = [(path + ("bias",), hub_names.same, None)]
     hub = shared or (f"lm_heads.{i}.weight" if vllm else f"{i}.{n}.weight")
     names.setdefault(hub, []).append((("lm_heads", i, "kernel"), tr, None))
   return names

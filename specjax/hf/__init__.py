@@ -20,8 +20,8 @@ from specjax.hf.pairs import PairReport, check_pair
 
 
 def __getattr__(name: str):
-  # The head loaders sit above `specjax.heads` (whose kinds read hub weights through
-  # this package): imported on first use, so `specjax.heads` can import `specjax.hf`.
+  # The head loaders sit above `specjax.heads` (every kind): imported on first use, so
+  # loading a model does not import the head kinds.
   if name in ("load_drafter", "load_head", "save_head"):
     from specjax.hf import heads
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from specjax.models.config import ModelConfig, RopeScaling
+from specjax.models.hub_config import UnsupportedConfigError as UnsupportedConfigError
+from specjax.models.hub_config import rope
 from specjax.validation import check_positive_int
 
 SUPPORTED = (
@@ -27,10 +29,6 @@ SUPPORTED = (
 GEMMA = ("gemma2", "gemma3_text", "gemma3")
 
 
-class UnsupportedConfigError(ValueError):
-  """The checkpoint asks for something specjax does not implement."""
-
-
 def _int(hf: dict[str, Any], key: str, source: str, required: bool = True) -> int | None:
   """`hf[key]` as a positive int; None for an absent (or null) optional key.
 
@@ -45,35 +43,6 @@ def _int(hf: dict[str, Any], key: str, source: str, required: bool = True) -> in
       )
     return None
   return check_positive_int(f"{source}: field {key!r}", value)
-
-
-def _rope(
-  hf: dict[str, Any], source: str, params: dict | None = None, theta: float = 10_000.0
-) -> tuple[float, RopeScaling | None]:
-  """(rope_theta, scaling) from transformers 5's `rope_parameters` (or `params`,
-  one layer type's entry) or the older top-level keys; `theta` is the default base."""
-  params = (hf.get("rope_parameters") or {}) if params is None else params
-  legacy = hf.get("rope_scaling") or {}
-  theta = params.get("rope_theta", hf.get("rope_theta", theta))
-  spec = params if params.get("rope_type") not in (None, "default") else legacy
-  kind = spec.get("rope_type", spec.get("type", "default")) if spec else "default"
-  if kind in (None, "default"):
-    return float(theta), None
-  if kind not in ("llama3", "linear"):
-    raise UnsupportedConfigError(
-      f"{source}: rope scaling type {kind!r} is not supported (supported: default, llama3, linear)."
-    )
-  try:
-    if kind == "linear":
-      return float(theta), RopeScaling(factor=float(spec["factor"]), kind="linear")
-    return float(theta), RopeScaling(
-      factor=float(spec["factor"]),
-      low_freq_factor=float(spec["low_freq_factor"]),
-      high_freq_factor=float(spec["high_freq_factor"]),
-      original_max_len=int(spec["original_max_position_embeddings"]),
-    )
-  except KeyError as e:
-    raise ValueError(f"{source}: the {kind} rope scaling lacks the field {e}.") from e
 
 
 def text_config(hf: dict[str, Any], source: str = "config.json") -> dict[str, Any]:
@@ -116,13 +85,13 @@ def _gemma_rope(
   """`(theta, scaling, local_theta)`: the global layers' RoPE base and scaling and,
   for Gemma 3, the sliding-window layers' own base (None for Gemma 2: one base)."""
   if gemma2:
-    return (*_rope(hf, source), None)
+    return (*rope(hf, source), None)
   params = hf.get("rope_parameters") or {}
   if set(params) <= set(_LAYER_TYPES):  # one entry per layer type
     params, local_params = params.get("full_attention", {}), params.get("sliding_attention")
   else:  # one set for the global layers; the local base is its own key
     local_params = None
-  theta, scaling = _rope(hf, source, params, 1_000_000.0)
+  theta, scaling = rope(hf, source, params, 1_000_000.0)
   local_params = local_params or {}
   if local_params.get("rope_type", "default") != "default":
     raise UnsupportedConfigError(
@@ -290,7 +259,7 @@ def _llama_like(hf: dict[str, Any], dtype: str, source: str) -> ModelConfig:
       f"{source}: phi3 partial_rotary_factor={hf['partial_rotary_factor']!r} is not "
       "supported (1.0: RoPE on the whole head)."
     )
-  theta, scaling = _rope(hf, source)
+  theta, scaling = rope(hf, source)
   n_heads = _int(hf, "num_attention_heads", source)
   attention_bias = bool(hf.get("attention_bias", False))
   return ModelConfig(

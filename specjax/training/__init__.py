@@ -6,8 +6,8 @@ target (`config.head`, see `specjax.training.heads`).
 
 import importlib
 
-# name -> the submodule that defines it. Imported on first use: the head kinds
-# (`specjax.heads`) use `specjax.training.losses`, and the trainer uses the kinds.
+# name -> the submodule that defines it. Imported on first use: a module that needs
+# one submodule (`specjax.hf.heads` the checkpoint loader) does not import the trainer.
 _EXPORTS = {
   "CheckpointError": "checkpoint",
   "Checkpointer": "checkpoint",
@@ -15,7 +15,6 @@ _EXPORTS = {
   "load_model_config": "checkpoint",
   "load_trained_head": "checkpoint",
   "load_trained_model": "checkpoint",
-  "HeadLoss": "heads",
   "LOSSES": "trainer",
   "check_config": "trainer",
   "prepare_data": "trainer",

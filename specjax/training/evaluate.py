@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import losses
 from specjax.data.dataset import TokenDataset
 from specjax.generation.speculative import speculative_generate
 from specjax.models.transformer import Transformer
 from specjax.sampling import SamplingParams
-from specjax.training import losses
 
 
 def mean_metrics(

@@ -14,7 +14,11 @@ Every objective runs the target once per batch of int32 `[B, T + 1]` windows
 target's own final norm and head (`Transformer.features_to_logits`). Each kind's
 objective is its record's (`specjax.heads.kind(name).objective`, in
 `specjax/heads/<kind>.py`, whose docstring says what it compares); this module
-dispatches to it and holds what every head run shares.
+dispatches to it and holds what every head run shares. The objective's settings
+beyond the divergence (EAGLE's feature weight and noise, the block drafter's anchors
+and decay, ...) are the kind's own `LossSettings` subclass, in the same file
+(`TrainingRules.loss`), read from `config.head` by `loss_settings`; its `keyed` says
+whether the trainer passes the objective a PRNG key.
 
 The divergence is `config.loss` ("kl" = forward KL(p_target || q_head), "tv",
 "kl+tv"), plus `config.ce_weight` times the head's cross-entropy on the corpus.
@@ -27,7 +31,6 @@ Kinds add their own (Medusa's per head, the block drafter's per block position).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -35,59 +38,17 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from specjax import heads
+from specjax import heads, losses
 from specjax.heads import HeadConfig, HeadConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
-from specjax.training import losses
 from specjax.validation import is_int, is_real
 
 
-@dataclasses.dataclass(frozen=True)
-class HeadLoss:
-  """The weights of a head objective beyond the divergence (hashable: a jit static argument).
-
-  Attributes:
-    feature_weight: weight of the smooth-L1 regression toward the target's
-      last-layer features (EAGLE with one feature layer, early exit).
-    feature_noise: standard deviation of the Gaussian noise added to EAGLE's
-      input features in training (EAGLE's robustness to its own errors);
-      never added without a key (evaluation).
-    ttt_steps: EAGLE-3's training-time test steps.
-    num_anchors: the block drafter's anchors per window (at most T - 1 are drawn
-      from the key); 0 for the other kinds (they draw no anchors).
-    loss_decay: gamma of the block drafter's position weights exp(-(k - 1) / gamma).
-    distill_weight: weight of the block drafter's decayed divergence from the
-      target's law, added to its decayed cross-entropy (0: the reference's loss).
-    l1_mix: the block drafter's share of the L1 term (2 TV) in its loss, the rest
-      cross-entropy.
-    base_weight: weight of the sequential block drafter's loss on its backbone's own
-      (uncorrected) laws, so the backbone stays a block drafter of its own.
-    confidence_weight: weight of the sequential block drafter's confidence loss.
-    confidence_target: what its confidence head learns: "greedy" (argmax agreement)
-      or "sampled" (1 - TV, token verification's acceptance).
-    train_backbone: False trains only the sequential block drafter's two heads, and
-      the backbone's parameters under the dotted path prefixes `train_only`.
-  """
-
-  feature_weight: float = 0.0
-  feature_noise: float = 0.0
-  ttt_steps: int = 7
-  num_anchors: int = 0
-  loss_decay: float = 7.0
-  distill_weight: float = 0.0
-  l1_mix: float = 0.0
-  base_weight: float = 0.0
-  confidence_weight: float = 0.0
-  confidence_target: str = "greedy"
-  train_backbone: bool = True
-  train_only: tuple[str, ...] = ()
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> HeadLoss:
-    """The fields `config.head`'s kind reads (its `TrainingRules.loss`); defaults else."""
-    loss = heads.kind(config.head.kind).training.loss
-    return cls(**(loss(config.head) if loss else {}))
+def loss_settings(config: ml_collections.ConfigDict) -> heads.LossSettings:
+  """The objective settings `config.head` gives its kind: an instance of the kind's
+  `LossSettings` subclass (`TrainingRules.loss`), the base for a kind without any."""
+  return heads.kind(config.head.kind).training.loss.from_config(config.head)
 
 
 def head_kind(config: ml_collections.ConfigDict) -> str:
@@ -232,7 +193,17 @@ def prepare(cfg: HeadConfig, workdir: str, tokens=None) -> HeadConfig:
   """`cfg` with what the data decides filled in by its kind (`TrainingRules.prepare`:
   EAGLE-3's draft ids, a resumed run's own or counted on `tokens`); else `cfg`."""
   prepare = heads.of(cfg).training.prepare
-  return prepare(cfg, workdir, tokens) if prepare else cfg
+  return prepare(cfg, saved_config(workdir), tokens) if prepare else cfg
+
+
+def saved_config(workdir: str) -> HeadConfig | None:
+  """The head config run `workdir` saved (`head_config.json`) when it has a checkpoint
+  to resume from; None for a fresh run."""
+  from specjax.training.checkpoint import has_checkpoints
+
+  if has_checkpoints(workdir) and os.path.isfile(os.path.join(workdir, heads.CONFIG_FILE)):
+    return heads.read_config(workdir)
+  return None
 
 
 def objective(
@@ -244,7 +215,7 @@ def objective(
   graphdef: nnx.GraphDef,
   loss: str = "kl",
   ce_weight: float = 0.0,
-  settings: HeadLoss = HeadLoss(),
+  settings: heads.LossSettings | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The training loss of the head `nnx.merge(graphdef, params)` on `batch`.
 
@@ -252,12 +223,13 @@ def objective(
     params: the head's `nnx.Param` state.
     batch: int32 `[B, T + 1]` windows: inputs `[:, :-1]`.
     target: the frozen target the head reads (never differentiated).
-    key: PRNG key of EAGLE's feature noise and of the block drafter's anchors;
-      None adds no noise and spaces anchors evenly (evaluation).
+    key: PRNG key of the objective's draws where `settings.keyed` (EAGLE's feature
+      noise, the block drafters' anchors); None adds no noise and spaces anchors
+      evenly (evaluation).
     graphdef: the head's graph definition (`nnx.split(head, nnx.Param)[0]`).
     loss: the divergence, one of `losses.DISTILL_LOSSES`.
     ce_weight: weight of the head's cross-entropy on the corpus.
-    settings: feature-loss weight and noise (`HeadLoss`).
+    settings: the kind's objective settings (`loss_settings`); None: its defaults.
 
   Returns:
     (scalar loss, metrics), the metrics of the module docstring.
@@ -270,6 +242,8 @@ def objective(
     raise ValueError(f"loss must be one of {losses.DISTILL_LOSSES} for a head, got {loss!r}.")
   head = nnx.merge(graphdef, params)
   head.cfg.check_target(target.cfg)
+  if settings is None:
+    settings = heads.of(head.cfg).training.loss()
   value, metrics = heads.of(head.cfg).objective(
     head, target, batch, key, loss=loss, settings=settings
   )

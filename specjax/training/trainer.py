@@ -38,7 +38,7 @@ import ml_collections
 import optax
 from flax import nnx
 
-from specjax import heads
+from specjax import heads, losses
 from specjax.data import TokenDataset, Tokenizer, corpus_files, prepare_splits, train_tokenizer
 from specjax.data.dataset import missing_splits
 from specjax.distributed import make_mesh, shard_batch, shard_model, shard_process_batch
@@ -48,7 +48,6 @@ from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
 from specjax.training import checkpoint as ckpt
 from specjax.training import heads as head_training
-from specjax.training import losses
 from specjax.training.evaluate import mean_metrics
 from specjax.training.optimizer import learning_rate_schedule, make_optimizer
 from specjax.validation import check_int, check_positive_int, is_int
@@ -307,7 +306,7 @@ def objective(
   graphdef: nnx.GraphDef,
   loss: str = "ce",
   ce_weight: float = 0.0,
-  head: head_training.HeadLoss | None = None,
+  head: heads.LossSettings | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The training loss of the model `nnx.merge(graphdef, params)` on `batch`.
 
@@ -319,8 +318,9 @@ def objective(
     graphdef: the model's graph definition (`nnx.split(model, nnx.Param)[0]`).
     loss: "ce" or one of `losses.DISTILL_LOSSES`.
     ce_weight: weight of the cross-entropy added to a distillation loss.
-    head: for a draft head (graphdef of `make_head`), its loss weights; the
-      objective is then `specjax.training.heads.objective`.
+    head: for a draft head (graphdef of `make_head`), its kind's objective settings
+      (`specjax.heads.LossSettings`); the objective is then
+      `specjax.training.heads.objective`.
 
   Returns:
     (scalar loss, metrics): metrics holds `ce` (nats), and with a teacher also
@@ -366,12 +366,12 @@ def train_step(
   optimizer: optax.GradientTransformation,
   loss: str = "ce",
   ce_weight: float = 0.0,
-  head: head_training.HeadLoss | None = None,
+  head: heads.LossSettings | None = None,
 ) -> tuple[nnx.State, optax.OptState, dict[str, jax.Array]]:
   """One update on `batch` (int32 `[B, T + 1]`): (params, opt_state, metrics).
 
-  `key` and `head` are the objective's (a draft head's noise key and loss
-  weights). Metrics are the objective's plus `loss` and the pre-clipping
+  `key` and `head` are the objective's (a draft head's key, where its settings are
+  `keyed`, and its objective settings). Metrics are the objective's plus `loss` and the pre-clipping
   `grad_norm`.
   """
   (value, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
@@ -390,7 +390,7 @@ def eval_step(
   *,
   graphdef: nnx.GraphDef,
   loss: str = "ce",
-  head: head_training.HeadLoss | None = None,
+  head: heads.LossSettings | None = None,
 ) -> dict[str, jax.Array]:
   """The objective's metrics on `batch` (int32 `[B, T + 1]`), without an update
   (nor a head's training noise)."""
@@ -458,7 +458,7 @@ def validation_metrics(
   mesh: jax.sharding.Mesh,
   config: ml_collections.ConfigDict,
   graphdef: nnx.GraphDef,
-  head: head_training.HeadLoss | None = None,
+  head: heads.LossSettings | None = None,
 ) -> dict[str, float]:
   """`eval_step`'s metrics averaged over `config.eval_batches` batches of `data`.
 
@@ -587,16 +587,16 @@ def _models(
   tokenizer: Tokenizer,
   mesh: jax.sharding.Mesh,
   echo: Callable[[str], None],
-) -> tuple[nnx.Module, Transformer | None, head_training.HeadLoss | None]:
+) -> tuple[nnx.Module, Transformer | None, heads.LossSettings | None]:
   """`(model, teacher, head_loss)` placed on `mesh`: the model (or head) to train,
   the frozen teacher (a head's target; None for a cross-entropy run) and a head's
-  loss weights (None for a model)."""
+  objective settings (None for a model)."""
   # Models are built outside the mesh context (their logical axis names are not
   # mesh axes) and then placed by the rules.
   head_loss = None
   if head_dir is not None:
     teacher, model = _target_and_head(cfg, head_dir, tokenizer, config, echo)
-    head_loss = head_training.HeadLoss.from_config(config)
+    head_loss = head_training.loss_settings(config)
   else:
     teacher = _teacher(config, cfg, echo) if config.loss != "ce" else None
     model = _initial_model(config, cfg, echo)
@@ -681,12 +681,12 @@ def _fit(
   val_data: TokenDataset,
   stop_after: int | None,
   echo: Callable[[str], None],
-  head_loss: head_training.HeadLoss | None = None,
+  head_loss: heads.LossSettings | None = None,
 ) -> list[dict[str, float]]:
   """The loop of `train` once everything is checked: restore, step, log, evaluate, save.
 
   `model` is a `Transformer` (cfg a `ModelConfig`) or a draft head (cfg a
-  `HeadConfig`, `head_loss` its loss weights, `teacher` its frozen target).
+  `HeadConfig`, `head_loss` its objective settings, `teacher` its frozen target).
   """
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = make_optimizer(config)
@@ -772,7 +772,7 @@ def _update(
   teacher: Transformer | None,
   graphdef,
   optimizer: optax.GradientTransformation,
-  head_loss: head_training.HeadLoss | None,
+  head_loss: heads.LossSettings | None,
   checkpoint_dir: str,
 ) -> tuple[Any, Any, dict[str, float]]:
   """Update `step` (1-based) on its batch: `(params, opt_state, {"step", "loss", ...})`.
@@ -789,10 +789,10 @@ def _update(
     jax.process_index(),
     jax.process_count(),
   )
-  # A head's key (EAGLE's feature noise, the block drafter's anchors) is a pure
-  # function of (seed, step), like its batches, so a resumed run draws the same
-  # noise and anchors as an uninterrupted one.
-  keyed = head_loss is not None and (head_loss.feature_noise > 0 or head_loss.num_anchors > 0)
+  # A head's key (where its settings say the objective draws: EAGLE's feature noise,
+  # the block drafters' anchors) is a pure function of (seed, step), like its
+  # batches, so a resumed run draws the same noise and anchors as an uninterrupted one.
+  keyed = head_loss is not None and head_loss.keyed
   params, opt_state, metrics = train_step(
     params,
     opt_state,

@@ -1,5 +1,8 @@
 """Training objectives: next-token cross-entropy and draft distillation losses.
 
+A low module (it imports only jax and optax): the trainer (`specjax.training`) and
+the head kinds' objectives (`specjax.heads`) both use it, and neither is below the other.
+
 Distillation compares the frozen target's next-token distribution p with the
 draft's q at every position of a text window. With exact verification a draft
 token is accepted with probability 1 - TV(p, q) at temperature 1 (Leviathan et
