@@ -76,8 +76,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.prompt_file = ""
   # Drafted tokens per iteration; 0 picks it from the batch size
   # (specjax.jobs.drafters.GAMMA_BY_BATCH: 4 at batch 1, 1 from batch 8 on) and the
-  # drafter (its `preferred_gamma`: early exit drafts 1; a block drafter its
-  # block_size - 1 while the batch drafts 4).
+  # drafter (its `preferred_gamma`: early exit drafts 1); a block drafter's at batch 1
+  # is measured at start-up: the fastest of 1, 2, 4 and block_size - 1 against plain
+  # decoding on this machine (specjax.bench.gamma_choice; the result's gamma_probe).
   config.gamma = 0
   # auto (greedy at T=0, else token) | token | block | greedy | coupled (Gumbel-max:
   # each row's text a function of its key, the same with every drafter)

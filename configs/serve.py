@@ -36,8 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model_name = ""  # what clients see ("": from the model)
   # The engine (specjax.serving.EngineConfig).
   config.slots = 8
-  # The largest draft length; 0: the drafter's default, 4, or for the block drafter
-  # (dflash) block_size - 1, what its one call drafts (it takes at most that).
+  # The largest draft length; 0: the drafter's default, 4, or for a block drafter
+  # (dflash, dspark) the one measured at start-up, the fastest of 1, 2, 4 and
+  # block_size - 1 at T = 0 and T = 1 on a held-out prompt (plain decoding, policy
+  # "never", when none beats it at both).
   config.gamma = 0
   config.policy = "adaptive"  # never (plain decoding, no draft) | always | adaptive
   # Prompt widths compiled (the largest is the prompt limit) and the most tokens a

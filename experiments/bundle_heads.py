@@ -4,7 +4,9 @@
       --early_exit=runs/early_exit [--out=specjax/pretrained/stdlib_pair/heads]
 
 Writes `<kind>/head_config.json` and `<kind>/model.safetensors` (bfloat16) for
-each run given, and `card.json`: each run's train config, steps, tokens seen,
+each run given (`--dflash` may name a sequential block drafter's run: its backbone is
+bundled as the block drafter, and `--dspark` given later stores only its own heads),
+and `card.json`: each run's train config, steps, tokens seen,
 final validation metrics, wall time and training data (its train split's record,
 when the data directory is there), plus the sha256 of every bundled head
 file, which `specjax.pretrained.load_head` verifies. Kinds not given keep
@@ -23,6 +25,7 @@ from experiments import common
 from experiments.bundle_pair import run_record
 from specjax import heads as head_kinds
 from specjax import pretrained
+from specjax.heads import dspark
 from specjax.heads.files import head_tensors
 from specjax.training.checkpoint import check_run, load_trained_head
 from specjax.training.heads import num_params, target_config
@@ -50,6 +53,8 @@ def bundle(runs: dict[str, str], out: str) -> dict:
   loaded = {}
   for kind, run in runs.items():  # every run is checked before anything is written
     head, _ = load_trained_head(run)
+    if kind == "dflash" and head.cfg.kind == "dspark":  # its backbone: a block drafter
+      head = dspark.backbone(head)
     if head.cfg.kind != kind:
       raise ValueError(f"--{kind}={run} holds a {head.cfg.kind} head, not a {kind} head.")
     head.cfg.check_target(target, name="bundled target")

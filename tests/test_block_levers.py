@@ -105,3 +105,14 @@ def test_the_sequential_drafter_scores_its_backbone_too(target):
   assert float(more) == pytest.approx(float(value) + 0.5 * float(mb["base_loss"]), rel=1e-5)
   assert {"base_alpha_t0_pos1", "base_alpha_t1_pos3"} <= set(mb)
   assert "base_alpha_t0_pos1" in m  # the backbone's agreement, reported either way
+
+
+def test_the_sequential_drafters_backbone_is_a_block_drafter(target):
+  """`dspark.backbone`: the bundled block drafter is the bundled sequential one's backbone."""
+  head = _head("dspark", seed=5, markov_rank=4)
+  block = dspark.backbone(head)
+  assert type(block) is dflash.DFlashHead and block.cfg.feature_layers == head.cfg.feature_layers
+  prompt = jax.random.randint(jax.random.key(2), (1, 9), 0, DEEP.vocab_size)
+  np.testing.assert_allclose(
+    _draft_logits(block, target, prompt), _draft_logits(head, target, prompt), atol=1e-6
+  )

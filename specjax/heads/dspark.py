@@ -36,7 +36,6 @@ differ by their parent, as EAGLE's do, while the block stays one call.
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Collection
 
 import jax
@@ -292,6 +291,15 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   return value, metrics
 
 
+def backbone(head: DSparkHead) -> dflash.DFlashHead:
+  """The block drafter inside `head`: a `DFlashHead` of the same settings holding its
+  backbone's parameters (what drafts without the two heads; the bundled block drafter is
+  the bundled sequential one's backbone)."""
+  fields = {f.name: getattr(head.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
+  cfg = dflash.DFlashConfig(**fields)
+  return dflash.transfer(dflash.DFlashHead(cfg, rngs=nnx.Rngs(0)), head, "the sequential drafter")
+
+
 OWN_PARAMS = ("markov_w1", "markov_w2", "confidence_hidden", "confidence_markov", "confidence_bias")
 
 
@@ -331,7 +339,7 @@ def calibration(head, target, batch, *, num_anchors: int = 64, bins: int = 10) -
   product of the estimates beside the measured rate at which all of positions
   1..k are kept.
   """
-  settings = dflash_settings(num_anchors)
+  settings = dflash.DFlashLoss(num_anchors=num_anchors, loss_decay=1.0)
   blocks = dflash.block_batch(head, target, batch, None, settings)
   h = head.train_hidden(target, blocks.features, blocks.inputs, blocks.anchors)
   embed = head.markov_embed(blocks.previous)
@@ -376,11 +384,6 @@ def calibration(head, target, batch, *, num_anchors: int = 64, bins: int = 10) -
       gap += sel.sum() * abs(e[sel].mean() - m[sel].mean())
   out["ece"] = float(gap / max(len(e), 1))
   return out
-
-
-def dflash_settings(num_anchors: int):
-  """The block layout's settings for evaluation (`block_batch` reads these two)."""
-  return types.SimpleNamespace(num_anchors=num_anchors, loss_decay=1.0)
 
 
 # -- growth with the target (specjax.models.expand): "=" keeps an axis's size
