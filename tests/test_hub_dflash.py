@@ -298,7 +298,8 @@ def test_the_files_are_the_published_layout(tmp_path):
   assert not config["tie_word_embeddings"] and config["layer_types"] == ["full_attention"] * 2
   tensors = load_file(str(tmp_path / "model.safetensors"))
   d = TINY["d_model"]
-  assert tensors["fc.weight"].shape == (d, 2 * d)  # [out, in]: two feature layers in
+  # [out, in]: the default feature layers of a 4-layer target are all four
+  assert tensors["fc.weight"].shape == (d, 4 * d)
   assert tensors["layers.1.self_attn.k_proj.weight"].shape == (32, d)  # 2 kv heads of 16
   assert tensors["layers.1.self_attn.o_proj.bias"].shape == (d,)
   assert tensors["layers.0.mlp.gate_proj.weight"].shape == (96, d)
@@ -312,7 +313,7 @@ def test_the_files_are_the_published_layout(tmp_path):
   transformers = pytest.importorskip("transformers")
   qwen3 = transformers.Qwen3Config.from_pretrained(str(tmp_path))
   assert (qwen3.head_dim, qwen3.num_key_value_heads, qwen3.attention_bias) == (16, 2, True)
-  assert qwen3.dflash_config["target_layer_ids"] == [0, 3]
+  assert qwen3.dflash_config["target_layer_ids"] == [0, 1, 2, 3]
 
 
 def test_a_qwen2_style_target_exports_zero_o_biases(tmp_path):
