@@ -62,3 +62,12 @@ def test_candidates_span_the_block():
   assert gamma_choice.candidate_gammas(7) == (1, 2, 4, 7)
   assert gamma_choice.candidate_gammas(3) == (1, 2, 3)
   assert gamma_choice.candidate_gammas(1) == (1,)
+
+
+def test_a_server_takes_the_gamma_whose_worse_temperature_is_best():
+  greedy = choose({0: 1.0, 1: 0.9, 2: 0.5, 4: 0.4, 7: 0.6})  # T = 0: 4 is fastest
+  sampled = choose({0: 1.0, 1: 0.8, 2: 0.7, 4: 1.1, 7: 1.5})  # T = 1: 4 loses to plain
+  gamma, speedup = gamma_choice.worst_case([greedy, sampled])
+  assert gamma == 2 and speedup == pytest.approx(1.0 / 0.7)
+  slow = choose({0: 1.0, 1: 1.2, 2: 1.3, 4: 1.4, 7: 1.5})
+  assert gamma_choice.worst_case([greedy, slow])[1] < 1  # plain wins: the server serves plainly

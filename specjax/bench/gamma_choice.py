@@ -99,3 +99,13 @@ def choose_gamma(
   ms = {g: _ms_per_token(timings[g].median_s, outputs[g]) for g in calls}
   best = min(gammas, key=lambda g: ms[g])
   return GammaChoice(best, ms[0], {g: ms[g] for g in gammas})
+
+
+def worst_case(choices: Sequence[GammaChoice]) -> tuple[int, float]:
+  """Over several measurements of the same candidates (e.g. at T = 0 and T = 1), the
+  gamma whose slowest speedup is best, and that speedup (< 1: plain decoding wins at
+  one of them at least)."""
+  gammas = choices[0].ms_per_token
+  worst = {g: min(c.plain_ms / c.ms_per_token[g] for c in choices) for g in gammas}
+  best = max(gammas, key=worst.get)
+  return best, worst[best]

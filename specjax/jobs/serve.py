@@ -394,17 +394,17 @@ def _measured_gamma(target, draft, tokenizer) -> tuple[int, bool]:
         candidates,
       )
     )
-  worst = {g: min(c.plain_ms / c.ms_per_token[g] for c in choices) for g in candidates}
-  gamma = max(candidates, key=worst.get)
+  gamma, speedup = gamma_choice.worst_case(choices)
   logging.info(
-    "block drafter: gamma %d measured at start-up (speedup at T=0 and T=1, the slower, by "
-    "gamma: %s)",
+    "block drafter: gamma %d measured at start-up (the slower of its speedups at T=0 and "
+    "T=1: %.2fx; by gamma at T=0: %s)",
     gamma,
-    ", ".join(f"{g}: {x:.2f}x" for g, x in worst.items()),
+    speedup,
+    ", ".join(f"{g}: {choices[0].plain_ms / ms:.2f}x" for g, ms in choices[0].ms_per_token.items()),
   )
-  if worst[gamma] < 1.0:
+  if speedup < 1.0:
     logging.warning("no gamma beat plain decoding at both temperatures: serving plainly")
-  return gamma, worst[gamma] >= 1.0
+  return gamma, speedup >= 1.0
 
 
 def warm_engine(config: ml_collections.ConfigDict):
