@@ -74,7 +74,7 @@ def choose_gamma(
   spec: Callable[[int], Callable[[], object]],
   plain: Callable[[], object],
   candidates: Sequence[int],
-  runs: int = 1,
+  runs: int = 3,
   measure: Callable = time_calls,
 ) -> GammaChoice:
   """Times plain decoding and speculative decoding at each of `candidates`, after one
