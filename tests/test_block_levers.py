@@ -15,8 +15,8 @@ from flax import nnx
 
 import specjax
 from helpers import TINY
+from specjax.heads import blocks, dflash, dspark, make_head
 from specjax.heads import config as head_config
-from specjax.heads import dflash, dspark, make_head
 from specjax.heads.dflash import block_feature_layers
 
 CFG = specjax.ModelConfig(**{**TINY, "init_std": 0.1})
@@ -77,7 +77,7 @@ def _draft_logits(head, target, prompt):
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
 def test_a_warm_start_onto_more_layers_drafts_what_its_source_drafted(target, kind):
   source = _head(kind, seed=3, feature_layers=(2,))
-  grown = dflash.transfer(_head(kind, seed=4), source, "the source")
+  grown = blocks.transfer(_head(kind, seed=4), source, "the source")
   assert grown.cfg.feature_layers == (1, 2, 3)
   prompt = jax.random.randint(jax.random.key(1), (1, 9), 0, DEEP.vocab_size)
   np.testing.assert_allclose(
@@ -89,11 +89,11 @@ def test_a_warm_start_onto_more_layers_drafts_what_its_source_drafted(target, ki
 
 def test_a_warm_start_refuses_a_source_it_cannot_hold(target):
   with pytest.raises(ValueError, match=r"feature_layers \(1, 2\) must include the layers"):
-    dflash.transfer(_head(feature_layers=(1, 2)), _head(feature_layers=(3,)), "x")
+    blocks.transfer(_head(feature_layers=(1, 2)), _head(feature_layers=(3,)), "x")
   with pytest.raises(ValueError, match=r"config.head.block_size is 4, but x has 6"):
-    dflash.transfer(_head(), _head(block_size=6), "x")
+    blocks.transfer(_head(), _head(block_size=6), "x")
   with pytest.raises(ValueError, match=r"x's \S+ has shape .*another markov_rank"):
-    dflash.transfer(_head("dspark", markov_rank=8), _head("dspark", markov_rank=4), "x")
+    blocks.transfer(_head("dspark", markov_rank=8), _head("dspark", markov_rank=4), "x")
 
 
 def test_the_sequential_drafter_scores_its_backbone_too(target):

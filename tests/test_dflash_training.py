@@ -24,7 +24,8 @@ from specjax.data import TokenDataset
 from specjax.drafting.base import Commit
 from specjax.heads import config as head_config
 from specjax.heads import make_head
-from specjax.heads.dflash import DFlashDrafter, DFlashHead, DFlashLoss, block_anchors
+from specjax.heads.blocks import block_anchors
+from specjax.heads.dflash import DFlashDrafter, DFlashHead, DFlashLoss
 from specjax.hf.export import save_model
 from specjax.training import heads as head_training
 from specjax.training import load_trained_head, train

@@ -52,6 +52,7 @@ from specjax.drafting.base import (
   draw_chain_token,
 )
 from specjax.drafting.tree import draft_tree
+from specjax.heads import blocks as block_training
 from specjax.heads import dflash, hub
 from specjax.heads.base import HeadKind, TrainingRules, linear
 from specjax.models import hub_names
@@ -239,7 +240,7 @@ class DSparkDrafter(dflash.DFlashDrafter, ConfidenceLength):
 
 
 def dspark_objective(head, target, batch, key, *, loss, settings):
-  """The block drafter's objective (`dflash.block_loss`: the acceptance-shaped mix of
+  """The block drafter's objective (`blocks.block_loss`: the acceptance-shaped mix of
   decayed cross-entropy and L1 from the target's law, plus `distill_weight` times the
   decayed divergence) on the corrected laws, each position's law corrected by the
   text's token before it (teacher forcing: a draft is kept only when it is that token);
@@ -257,14 +258,14 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   Metrics besides the block drafter's: `confidence_bce`, `confidence_mean` (the mean
   estimate) and `accept_mean` (the mean target), and the backbone's own agreement per
   position (`base_alpha_t0_pos{k}`, `base_alpha_t1_pos{k}`) beside the corrected one's."""
-  blocks = dflash.block_batch(head, target, batch, key, settings)
+  blocks = block_training.block_batch(head, target, batch, key, settings)
   if not settings.train_backbone:
     head = frozen_backbone(head, settings.train_only)
   h = head.train_hidden(target, blocks.features, blocks.inputs, blocks.anchors)
   base = head.logits(target, h)  # [B, A, n - 1, V]
   embed = head.markov_embed(blocks.previous)
   q_logits = head.corrected(base, embed, first=_first(blocks.previous.shape))
-  value, metrics = dflash.block_loss(q_logits, blocks, loss, settings)
+  value, metrics = block_training.block_loss(q_logits, blocks, loss, settings)
   valid, p_logits = blocks.valid, blocks.p_logits
   count = jnp.maximum(valid.sum(), 1)
   p, q = jax.nn.softmax(p_logits), jax.nn.softmax(q_logits)
@@ -279,13 +280,13 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   metrics["confidence_mean"] = jnp.sum(jax.nn.sigmoid(logit) * valid) / count
   metrics["accept_mean"] = jnp.sum(accept * valid) / count
   if settings.base_weight:  # the backbone's own laws scored too (a softmax more per step)
-    base_value, base = dflash.block_loss(base, blocks, loss, settings)
+    base_value, base = block_training.block_loss(base, blocks, loss, settings)
     metrics["base_loss"] = base_value
     metrics.update({f"base_{k}": v for k, v in base.items() if "_pos" in k})
     value = value + settings.base_weight * base_value
   else:
     same = base.argmax(-1) == p_logits.argmax(-1)
-    metrics.update(dflash.position_metrics("base_alpha_t0", same, valid))
+    metrics.update(block_training.position_metrics("base_alpha_t0", same, valid))
   if head.cfg.confidence_head and settings.confidence_weight:
     value = value + settings.confidence_weight * bce
   return value, metrics
@@ -297,7 +298,9 @@ def backbone(head: DSparkHead) -> dflash.DFlashHead:
   the bundled sequential one's backbone)."""
   fields = {f.name: getattr(head.cfg, f.name) for f in dataclasses.fields(dflash.DFlashConfig)}
   cfg = dflash.DFlashConfig(**fields)
-  return dflash.transfer(dflash.DFlashHead(cfg, rngs=nnx.Rngs(0)), head, "the sequential drafter")
+  return block_training.transfer(
+    dflash.DFlashHead(cfg, rngs=nnx.Rngs(0)), head, "the sequential drafter"
+  )
 
 
 OWN_PARAMS = ("markov_w1", "markov_w2", "confidence_hidden", "confidence_markov", "confidence_bias")
@@ -340,7 +343,7 @@ def calibration(head, target, batch, *, num_anchors: int = 64, bins: int = 10) -
   1..k are kept.
   """
   settings = dflash.DFlashLoss(num_anchors=num_anchors, loss_decay=1.0)
-  blocks = dflash.block_batch(head, target, batch, None, settings)
+  blocks = block_training.block_batch(head, target, batch, None, settings)
   h = head.train_hidden(target, blocks.features, blocks.inputs, blocks.anchors)
   embed = head.markov_embed(blocks.previous)
   q_logits = head.corrected(head.logits(target, h), embed, first=_first(blocks.previous.shape))
@@ -421,7 +424,7 @@ def _check_training(config) -> None:
   rank = head.get("markov_rank", 32)
   if not isinstance(rank, int) or isinstance(rank, bool) or not low <= rank <= high:
     raise ValueError(f"config.head.markov_rank must be an int in [{low}, {high}], got {rank!r}.")
-  dflash.check_reals(head, LOSS_FIELDS)
+  block_training.check_reals(head, LOSS_FIELDS)
   target = head.get("confidence_target", TRAINING_FIELDS["confidence_target"])
   if target not in CONFIDENCE_TARGETS:
     raise ValueError(
@@ -485,7 +488,7 @@ def warm_start(head: DSparkHead, target: Transformer, settings, load) -> DSparkH
   block drafter, backbone and heads; else a run or export directory, read by `load`
   (`specjax.training.heads.load_head_from`): a sequential drafter's (backbone and heads)
   or a block drafter's (the backbone; the two heads stay fresh, W2 = 0: it drafts what
-  the backbone drafts). `fc` grows to more feature layers as `dflash.transfer` says.
+  the backbone drafts). `fc` grows to more feature layers as `blocks.transfer` says.
   ValueError naming the field for a head of another kind or other settings."""
   where = settings.get("backbone", "") or "bundled"
   source = load(where, "dspark" if where == "bundled" else "dflash", target)
@@ -501,7 +504,7 @@ def warm_start(head: DSparkHead, target: Transformer, settings, load) -> DSparkH
       "config.head.anchor_first=True reads a block drafter's anchor slot, which its "
       "training never scored: set config.head.train_backbone=True to train it."
     )
-  return dflash.transfer(head, source, where)
+  return block_training.transfer(head, source, where)
 
 
 # -- the hub layout: DeepSpec's DSpark drafter (`Qwen3DSparkModel`)
