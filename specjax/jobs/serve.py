@@ -436,6 +436,8 @@ def warm_engine(config: ml_collections.ConfigDict):
   gamma = None if draft is None else drafters.resolve_gamma(config.gamma, draft)
   if draft is not None and not plain and config.gamma == 0 and drafters.is_block(draft):
     gamma, faster = _measured_gamma(target, draft, tokenizer)
+    if jax.process_count() > 1:  # every process serves process 0's measurement
+      gamma, faster = broadcast((gamma, faster))
     if not faster:  # plain decoding served faster on this machine at both temperatures
       config = config.copy_and_resolve_references()
       config.policy = "never"
