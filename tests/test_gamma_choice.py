@@ -71,3 +71,23 @@ def test_a_server_takes_the_gamma_whose_worse_temperature_is_best():
   assert gamma == 2 and speedup == pytest.approx(1.0 / 0.7)
   slow = choose({0: 1.0, 1: 1.2, 2: 1.3, 4: 1.4, 7: 1.5})
   assert gamma_choice.worst_case([greedy, slow])[1] < 1  # plain wins: the server serves plainly
+
+
+def test_compare_drafters_measures_only_block_drafters_and_reads_head_dirs(tmp_path):
+  """`configs/compare_block.py`'s block drafters at gamma 0 are measured rows; another
+  kind's 0, or a head directory that is not there, is refused naming the field."""
+  from configs import compare_block
+  from specjax.jobs import compare_drafters
+
+  config = compare_block.get_config()
+  assert 0 in config.head_gammas.dspark and 0 in config.head_gammas.dflash
+  compare_drafters.check_config(config)
+  config.head_gammas.eagle = (0,)
+  with pytest.raises(ValueError, match=r"config.head_gammas.eagle may hold 0 \(measured"):
+    compare_drafters.check_config(config)
+  config = compare_block.get_config()
+  config.head_dirs = (f"mine={tmp_path}",)
+  assert compare_drafters.head_dirs(config) == [("mine", str(tmp_path))]
+  config.head_dirs = (f"mine={tmp_path / 'absent'}",)
+  with pytest.raises(ValueError, match="config.head_dirs must be 'label=DIR' strings"):
+    compare_drafters.check_config(config)
