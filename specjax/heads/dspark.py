@@ -400,7 +400,7 @@ def _expansion_axes(path: tuple) -> tuple[str, str] | None:
     ("confidence_markov", "kernel"): ("target", "=="),
     ("confidence_bias",): ("target", "="),
   }
-  return own.get(path) or dflash._expansion_axes(path)
+  return own.get(path) or dflash.expansion_axes(path)
 
 
 # -- the training run's settings
@@ -418,7 +418,7 @@ LOSS_FIELDS = {"confidence_weight": (1.0, 0.0, None), "base_weight": (0.5, 0.0, 
 def _check_training(config) -> None:
   """The sequential block drafter's `config.head` fields: the block drafter's, its
   rank, and its loss's (ValueError naming the field and its range)."""
-  dflash._check_training(config)
+  dflash.check_training(config)
   head = config.head
   low, high = DSparkConfig.RANGES["markov_rank"]
   rank = head.get("markov_rank", 32)
@@ -662,7 +662,7 @@ def from_hub(
         f"tensor {_PROJ}.weight has shape {shape}; this target needs (1, {width}): the hidden "
         f"state's {d}" + (f" and the Markov embedding's {r} ({where} true)." if width > d else ".")
       )
-  names = dflash._names(cfg, cfg.d_ff or t.d_ff, bias=True) | _names(cfg)
+  names = dflash.tensor_names(cfg, cfg.d_ff or t.d_ff, bias=True) | _names(cfg)
   return dflash.read_hub_head(cfg, names, tensors, dtype)
 
 
