@@ -7,7 +7,9 @@
   heads.kind("dflash").defaults.gamma                     # anything else a kind is
   heads.module_of(drafter)                                # and back to the module
 
-A kind lives in one file of this package, `specjax/heads/<kind>.py`: its settings (a
+A kind lives in one file of this package, `specjax/heads/<kind>.py` (or, the block
+drafters, a package of their own with a file per concept and the record in its
+`__init__`: `specjax/heads/dflash/`, `dspark/`): its settings (a
 `HeadConfig` subclass with its own checks), module, drafter, hub layout, training
 objective and its settings (a `LossSettings` subclass), growth rule and defaults, and
 one `HeadKind` record, `KIND`, registered below. Nothing outside this package names a
