@@ -52,10 +52,10 @@ def dspark_objective(head, target, batch, key, *, loss, settings):
   value, metrics = block_training.block_loss(q_logits, blocks, loss, settings)
   valid, p_logits = blocks.valid, blocks.p_logits
   count = jnp.maximum(valid.sum(), 1)
-  p, q = jax.nn.softmax(p_logits), jax.nn.softmax(q_logits)
   if settings.confidence_target == "greedy":
     accept = (q_logits.argmax(-1) == p_logits.argmax(-1)).astype(jnp.float32)
   else:
+    p, q = jax.nn.softmax(p_logits), jax.nn.softmax(q_logits)
     accept = 1.0 - 0.5 * jnp.abs(p - q).sum(-1)
   accept = jax.lax.stop_gradient(accept)
   logit = head.confidence_logit(h, embed)
