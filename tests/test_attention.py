@@ -249,20 +249,22 @@ def einsum_outputs(einsum_pair, prompts):
   )
 
 
-@pytest.mark.parametrize("impl", ["dot_product", "pallas"])
+@pytest.mark.parametrize("impl", ["dot_product", "pallas", "auto"])
 def test_whole_model_matches_einsum(monkeypatch, impl, einsum_pair, einsum_outputs, prompts):
   """Same weights: logits within rounding and the same greedy tokens, autoregressive
-  and speculative; with "pallas" the decode calls go through the kernel."""
-  from jax.experimental.pallas.ops.gpu import decode_attention
+  and speculative; with "pallas" and "auto" (interpreted as on a GPU) every cached
+  call goes through the one-kernel path (`specjax.kernels.append_attention`),
+  sliding-window layers included."""
+  from specjax.kernels import append_attention as appended
 
   kernel_calls = []
-  mqa = decode_attention.mqa
+  kernel = appended.append_attention
 
-  def counted(q, *args, **kwargs):
-    kernel_calls.append(q.shape)
-    return mqa(q, *args, **kwargs)
+  def counted(qkv, *args, **kwargs):
+    kernel_calls.append(qkv.shape)
+    return kernel(qkv, *args, **kwargs)
 
-  monkeypatch.setattr(decode_attention, "mqa", counted)
+  monkeypatch.setattr(appended, "append_attention", counted)
   target, draft = _pair(impl, sliding_window=5, local_layers=(0,))
   tokens = prompts[0]
   np.testing.assert_allclose(target(tokens), einsum_pair[0](tokens), atol=1e-5, rtol=1e-5)
@@ -272,15 +274,21 @@ def test_whole_model_matches_einsum(monkeypatch, impl, einsum_pair, einsum_outpu
   out = specjax.speculative_generate(target, draft, *prompts, **SPEC)
   np.testing.assert_array_equal(out.tokens, spec.tokens)
   np.testing.assert_array_equal(out.num_generated, spec.num_generated)
-  # Traced once per layer of each decode program: the target's (2 layers), the draft's (1).
-  assert len(kernel_calls) >= (3 if impl == "pallas" else 0)
-  assert impl == "pallas" or not kernel_calls
+  # Traced once per layer of each cached call: the target's (2 layers), the draft's (1),
+  # at one query (decoding, drafting) and at gamma + 1 (verifying).
+  assert len(kernel_calls) >= (3 if impl != "dot_product" else 0)
+  assert impl != "dot_product" or not kernel_calls
+  if kernel_calls:
+    assert {shape[1] for shape in kernel_calls} >= {1, SPEC["gamma"] + 1}
 
 
 @pytest.mark.parametrize(
   "fields, message",
   [
-    (dict(attention="flash"), r"attention must be one of \('einsum', 'dot_product', 'pallas'\)"),
+    (
+      dict(attention="flash"),
+      r"attention must be one of \('auto', 'einsum', 'dot_product', 'pallas'\)",
+    ),
     (dict(attention="dot_product", attn_softcap=50.0), "attention='dot_product'.*attn_softcap"),
     (dict(attention="pallas", attn_softcap=50.0), "attention='pallas'.*attn_softcap"),
   ],
@@ -288,7 +296,7 @@ def test_whole_model_matches_einsum(monkeypatch, impl, einsum_pair, einsum_outpu
 def test_config_refusals(tiny_cfg, fields, message):
   with pytest.raises(ValueError, match=message):
     tiny_cfg.replace(**fields)
-  assert tiny_cfg.replace(attn_softcap=50.0).attention == "einsum"
+  assert tiny_cfg.replace(attn_softcap=50.0).attention == "auto"
 
 
 def test_dispatcher_refusals():

@@ -9,7 +9,11 @@ cache slots s where `mask[b, t, s]` is True (the mask keeps stale slots out).
 "dot_product" is `jax.nn.dot_product_attention`; "pallas" sends GPU decode calls
 (T == 1, one run of slots per row) to JAX's Pallas (Triton) decode kernel, TPU
 calls with one run of slots per query to a Pallas (Mosaic) kernel of its own
-(`_tpu_attend`), and everything else to "einsum" over the live prefix.
+(`_tpu_attend`), and everything else to "einsum" over the live prefix. "auto"
+and "pallas" GPU decode calls of up to 64 query rows per kv head never reach
+here: `specjax.models.block.Attention` sends them, projections' RoPE and cache
+write included, to `specjax.kernels.append_attention`; what reaches here as
+"auto" runs as "einsum".
 SPECJAX_PALLAS_INTERPRET=1 (read at trace time) runs the GPU kernel in interpret
 mode on any backend.
 
@@ -88,6 +92,16 @@ def dot_product_attend(
   return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
 
 
+def query_runs(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`(lo, hi)`, each `[B, T]` int32: the run of slots `lo <= s < hi` each query
+  of a contiguous mask `[B, T, S]` reads (empty, lo == hi, for one reading none)."""
+  b, t, s = mask.shape
+  flat = mask.reshape(b * t, s)
+  lo, hi, _ = mask_span(flat)
+  hi = jnp.where(jnp.any(flat, axis=-1), hi, lo)
+  return lo.reshape(b, t), hi.reshape(b, t)
+
+
 def mask_span(mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`(start [B], stop [B], contiguous [])` of a decode mask `[B, S]`: row b's first
   and one past its last True; `contiguous` when every row reads exactly that
@@ -100,11 +114,17 @@ def mask_span(mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   return start, stop, jnp.all((count > 0) & (count == stop - start))
 
 
+def interpret_kernels() -> bool:
+  """Whether the GPU kernels run in interpret mode (SPECJAX_PALLAS_INTERPRET=1, read
+  at trace time): on any backend, for tests."""
+  return os.environ.get(_INTERPRET_ENV, "") == "1"
+
+
 def _kernel_tiling(q: jax.Array, k: jax.Array) -> tuple[int, int, bool] | None:
   """`(k_splits, block_k, interpret)` for the Pallas decode kernel, or None where
   it does not apply (static: shapes and backend only)."""
   t, h, s = q.shape[1], q.shape[3], k.shape[2]
-  interpret = os.environ.get(_INTERPRET_ENV, "") == "1"
+  interpret = interpret_kernels()
   if t != 1 or not (interpret or compiler_options.current_platform() == "gpu"):
     return None
   # Triton's dots need 16 or more along every axis, and its tiles power-of-two sizes.
@@ -358,6 +378,8 @@ def attention(
   """
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}.")
+  if impl == "auto":  # what the block did not send to its one-kernel path
+    impl = "einsum"
   if impl != "einsum" and cap is not None:
     raise ValueError(f"attention impl {impl!r} has no soft-capping (cap={cap!r}); use 'einsum'.")
   tiling = _kernel_tiling(q, k) if impl == "pallas" and contiguous else None

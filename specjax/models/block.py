@@ -14,7 +14,8 @@ from flax import nnx
 
 from specjax import compiler_options
 from specjax.distributed.mesh import constrain
-from specjax.models.attention import attention
+from specjax.kernels import append_attention as appended
+from specjax.models.attention import attention, interpret_kernels, query_runs
 from specjax.models.config import ModelConfig
 from specjax.models.fused import gate_up_parts, qkv_parts
 from specjax.models.kv_cache import write_layer
@@ -62,6 +63,7 @@ class Attention(nnx.Module):
     contiguous: bool = True,
     rows: jax.Array | None = None,
     out_dtype=None,
+    sums: jax.Array | None = None,
   ):
     """x `[B, T, D]`, positions `[B, T]`, masks: window -> `[B, T, T or S]`
     (this layer reads `masks[self.window]`), or this layer's mask itself.
@@ -72,15 +74,21 @@ class Attention(nnx.Module):
     layer's RoPE frequencies. `contiguous` (static): one run of slots per row.
     `rows [B, T, 1]`: x is a folded norm's `x * scale` and this its factor
     (`Norm.folded`); then the output is in `out_dtype` (float32 for the
-    residual add), its products accumulated in float32.
+    residual add), its products accumulated in float32; `sums [B, T, 1]`, where
+    given, the folded norm's sums of squares behind `rows` (`Norm.folded_sums`),
+    which the one-kernel path turns into the factor itself.
     """
     cfg = self.cfg
     b, t, _ = x.shape
     h = cfg.resolved_head_dim
+    mask = masks[self.window] if isinstance(masks, dict) else masks
+    if self._appends(t, layer_cache, starts, contiguous) and (rows is None or sums is not None):
+      norm = None if rows is None else (sums, x.shape[-1], cfg.norm_eps)
+      out, layer_cache = self._append_attend(x, positions, mask, layer_cache, starts, inv_freq, norm)
+      return self._output(out.reshape(b, t, cfg.n_heads * h), rows, out_dtype), layer_cache
     q, k, v = self._project(x, positions, inv_freq, rows)
     if layer_cache is not None:
       k, v, layer_cache = write_layer(layer_cache, k, v, starts)
-    mask = masks[self.window] if isinstance(masks, dict) else masks
     out = attention(
       q,
       k,
@@ -93,16 +101,78 @@ class Attention(nnx.Module):
       # A cached call's queries read no slot at or past the last one it writes.
       spans=None if starts is None else starts + t,
     )
-    out = out.reshape(b, t, cfg.n_heads * h)
+    return self._output(out.reshape(b, t, cfg.n_heads * h), rows, out_dtype), layer_cache
+
+  def _output(self, out: jax.Array, rows: jax.Array | None, out_dtype) -> jax.Array:
+    """o_proj of the heads' outputs `[B, T, N * H]` (a folded block's in `out_dtype`)."""
+    b, t, _ = out.shape
     if rows is None:
-      return self.o_proj(out), layer_cache
+      return self.o_proj(out)
     if b * t == 1:
       # One row: XLA:GPU rewrites this product as a multiply and a reduction; when
       # `out` is a slice of a library call's padded output (cuBLAS attention), the
       # multiply was not fused and wrote a whole [N * H, D] float32 array. The
       # barrier makes `out` an array of its own, read by one reduction.
       out = jax.lax.optimization_barrier(out)
-    return self.o_proj.scaled(out, None, out_dtype), layer_cache
+    return self.o_proj.scaled(out, None, out_dtype)
+
+  def _appends(self, t: int, layer_cache, starts, contiguous: bool) -> bool:
+    """Whether this call runs as one kernel (`specjax.kernels.append_attention`,
+    static): "auto" or "pallas" compiled for one GPU (or interpreted), a cached
+    call on one run of slots per row with an unstacked cache, RoPE or learned
+    positions, no q/k norm and no soft-capping, and shapes the kernel takes. A
+    mesh of several devices keeps the XLA path (the kernel has no partitioning
+    rule yet)."""
+    cfg = self.cfg
+    if cfg.attention not in ("auto", "pallas") or cfg.qk_norm or cfg.attn_softcap is not None:
+      return False
+    if layer_cache is None or len(layer_cache) != 2 or starts is None or not contiguous:
+      return False
+    if not (interpret_kernels() or compiler_options.current_platform() == "gpu"):
+      return False
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+      return False
+    capacity = layer_cache[0].shape[2]
+    return appended.applies(t, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim, capacity)
+
+  def _append_attend(self, x, positions, mask, layer_cache, starts, inv_freq, norm):
+    """`(out [B, T, N, H], layer_cache)` of `_appends` calls: the fused
+    projection's raw product handed to the kernel with the folded norm (`norm`:
+    None, or `(sums [B, T, 1], width, eps)` whose 1 / rms it computes), the
+    bias and RoPE's angles, which it applies itself."""
+    cfg = self.cfg
+    b, t, _ = x.shape
+    h, kv_heads = cfg.resolved_head_dim, cfg.n_kv_heads
+    if norm is None:
+      qkv, bias, sums, width, eps = self.qkv_proj(x), None, None, 0, 0.0
+    else:
+      qkv, (sums, width, eps) = self.qkv_proj.product(x), norm
+      sums = sums[..., 0]
+      bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[...]
+    cos = sin = None
+    if cfg.positions == "rope":
+      inv_freq = rope_inv_freq(h, *self.rope) if inv_freq is None else inv_freq
+      angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+      cos, sin = jnp.cos(angles), jnp.sin(angles)
+    lo, hi = query_runs(mask)
+    parts = cfg.n_heads // kv_heads + 2
+    out, keys, values = appended.append_attention(
+      qkv.reshape(b, t, kv_heads, parts, h),
+      lo,
+      hi,
+      starts,
+      *layer_cache,
+      sums,
+      None if bias is None else bias.reshape(kv_heads, parts, h),
+      cos,
+      sin,
+      scale=h**-0.5 if cfg.attn_scale is None else cfg.attn_scale,
+      norm_width=width,
+      norm_eps=float(eps),
+      interpret=interpret_kernels(),
+    )
+    return out, (keys, values)
 
   def _project(self, x, positions, inv_freq, rows):
     """`(q [B, T, N, H], k [B, K, T, H], v [B, K, T, H])`: the fused projection of
@@ -223,9 +293,10 @@ class Block(nnx.Module):
 
   def _folded(self, x, positions, masks, layer_cache, starts, inv_freq, contiguous):
     """`__call__` with the norms folded (`fold`): same results to rounding."""
-    scaled, rows = self.attn_norm.folded(x)
+    scaled, sums = self.attn_norm.folded_sums(x)
+    rows = self.attn_norm.factor(sums)
     attn_out, layer_cache = self.attn(
-      scaled, positions, masks, layer_cache, starts, inv_freq, contiguous, rows, jnp.float32
+      scaled, positions, masks, layer_cache, starts, inv_freq, contiguous, rows, jnp.float32, sums
     )
     x = constrain((x.astype(jnp.float32) + attn_out).astype(x.dtype), RESIDUAL_AXES)
     scaled, rows = self.mlp_norm.folded(x)

@@ -18,7 +18,7 @@ from specjax.dtypes import DTYPES, to_dtype
 from specjax.validation import is_int
 
 # The implementations of attention a model may run (`specjax.models.attention`).
-ATTENTION_IMPLS = ("einsum", "dot_product", "pallas")
+ATTENTION_IMPLS = ("auto", "einsum", "dot_product", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +95,11 @@ class ModelConfig:
     init_std: standard deviation of the normal initialiser of weight matrices.
     scan_layers: stacked blocks run in a loop (`specjax/models/scan.py`); None:
       the platform's default (`default_scan_layers`).
-    attention: "einsum", "dot_product" or "pallas" (`specjax.models.attention`);
-      only "einsum" has soft-capping.
+    attention: "auto" (the platform's choice: on GPU a decode call's RoPE, cache
+      write and attention in one kernel, `specjax.kernels.append_attention`;
+      elsewhere, and for calls it does not take, "einsum"), "einsum",
+      "dot_product" or "pallas" (`specjax.models.attention`); only "auto" and
+      "einsum" have soft-capping (through "einsum").
   """
 
   vocab_size: int
@@ -131,7 +134,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   init_std: float = 0.02
   scan_layers: bool | None = None
-  attention: Literal["einsum", "dot_product", "pallas"] = "einsum"
+  attention: Literal["auto", "einsum", "dot_product", "pallas"] = "auto"
 
   def __post_init__(self):
     self._check_sizes()
@@ -221,7 +224,7 @@ class ModelConfig:
         raise ValueError(
           f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}."
         )
-    if self.attention != "einsum" and self.attn_softcap is not None:
+    if self.attention not in ("auto", "einsum") and self.attn_softcap is not None:
       raise ValueError(
         f"ModelConfig.attention={self.attention!r} has no soft-capping, but "
         f"ModelConfig.attn_softcap={self.attn_softcap!r}: use attention='einsum' "

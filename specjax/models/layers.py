@@ -68,17 +68,22 @@ class Linear(nnx.Linear):
     goes to a GEMM, where a float32 result from bfloat16 operands makes the
     cuBLAS path convert the whole weight first: there the product stays in the
     layer's dtype, as `__call__`'s."""
-    kernel = self.kernel[...]
-    dtype = self.dtype or jnp.result_type(inputs, kernel)
-    reduced = inputs.size // inputs.shape[-1] * kernel.size < _REDUCED_PRODUCT
-    wide = jnp.float32 if reduced else None
-    y = jnp.dot(inputs.astype(dtype), kernel.astype(dtype), preferred_element_type=wide)
-    y = y.astype(jnp.float32)
+    y = self.product(inputs).astype(jnp.float32)
     if rows is not None:
       y = y * rows
     if self.bias is not None:
       y = y + self.bias[...].astype(jnp.float32)
-    return y.astype(out_dtype or dtype)
+    return y.astype(out_dtype or self.dtype or jnp.result_type(inputs, self.kernel[...]))
+
+  def product(self, inputs: jax.Array) -> jax.Array:
+    """`inputs @ kernel` without the bias, in float32 where XLA:GPU makes the
+    product a reduction, else in the layer's dtype (`scaled`'s first step, which
+    `specjax.kernels.append_attention` takes raw)."""
+    kernel = self.kernel[...]
+    dtype = self.dtype or jnp.result_type(inputs, kernel)
+    reduced = inputs.size // inputs.shape[-1] * kernel.size < _REDUCED_PRODUCT
+    wide = jnp.float32 if reduced else None
+    return jnp.dot(inputs.astype(dtype), kernel.astype(dtype), preferred_element_type=wide)
 
 
 class Norm(nnx.Module):
@@ -102,9 +107,18 @@ class Norm(nnx.Module):
     """RMSNorm split for folding into the next product: `(x * scale [..., D] in
     the compute dtype, 1 / rms [..., 1] float32)`, whose product is `self(x)`
     (to rounding); the factor goes after the product (`Linear.scaled`)."""
+    scaled, sums = self.folded_sums(x)
+    return scaled, self.factor(sums)
+
+  def folded_sums(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`folded` with the sums of squares `[..., 1]` float32 in place of 1 / rms."""
     x = x.astype(jnp.float32)
-    rows = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
-    return (x * (self.offset + self.scale[...].astype(jnp.float32))).astype(self.dtype), rows
+    sums = jnp.sum(jnp.square(x), axis=-1, keepdims=True)
+    return (x * (self.offset + self.scale[...].astype(jnp.float32))).astype(self.dtype), sums
+
+  def factor(self, sums: jax.Array) -> jax.Array:
+    """1 / rms from `folded_sums`' sums of squares over the last axis (float32)."""
+    return jax.lax.rsqrt(sums / self.scale.shape[-1] + self.eps)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(jnp.float32)
