@@ -84,7 +84,9 @@ class Attention(nnx.Module):
     mask = masks[self.window] if isinstance(masks, dict) else masks
     if self._appends(t, layer_cache, starts, contiguous) and (rows is None or sums is not None):
       norm = None if rows is None else (sums, x.shape[-1], cfg.norm_eps)
-      out, layer_cache = self._append_attend(x, positions, mask, layer_cache, starts, inv_freq, norm)
+      out, layer_cache = self._append_attend(
+        x, positions, mask, layer_cache, starts, inv_freq, norm
+      )
       return self._output(out.reshape(b, t, cfg.n_heads * h), rows, out_dtype), layer_cache
     q, k, v = self._project(x, positions, inv_freq, rows)
     if layer_cache is not None:
