@@ -58,19 +58,13 @@ def applies(t: int, n_heads: int, kv_heads: int, head_dim: int, capacity: int) -
 
 
 def _block(rows: int, head_dim: int, capacity: int) -> int:
-  """Slots per block of the old-slot loop: a power of two dividing nothing in
-  particular (the last block is masked), bounded by the registers a program
-  holds on the broadcast path."""
+  """Slots per block of the old-slot loop (a power of two; the last block is
+  masked), bounded by the registers a program holds on the broadcast path."""
   if rows >= 16:
     block = 64
   else:
     block = max(8, min(64, _BROADCAST_ELEMENTS // (rows * head_dim)))
   return min(block, _pow2(capacity))
-
-
-def _rotate(a, b, cos, sin):
-  """RoPE's rotate-half on the halves `a, b [R, H/2]` (float32)."""
-  return a * cos - b * sin, b * cos + a * sin
 
 
 def _scores(q1, q2, k1, k2, dot: bool):
@@ -177,7 +171,8 @@ def _rotated(st: _Static, refs: _Refs, b, query_t, valid, halves):
     half = st.h // 2
     cos = plgpu.load(_at(refs.cos, b * st.t + query_t, 0, half), mask=valid[:, None], other=0)
     sin = plgpu.load(_at(refs.sin, b * st.t + query_t, 0, half), mask=valid[:, None], other=0)
-    halves = _rotate(*halves, cos, sin)
+    a, b_ = halves  # rotate-half
+    halves = (a * cos - b_ * sin, b_ * cos + a * sin)
   return [x.astype(refs.k.dtype) for x in halves]
 
 
@@ -249,6 +244,7 @@ def _softmax_step(m, total, s, keep):
 def _kernel(st: _Static):
   """The body for one (row b, kv head j) program: its T * G query rows and T new
   keys and values (`append_attention`)."""
+  from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plgpu
 
   half = st.h // 2
@@ -259,7 +255,7 @@ def _kernel(st: _Static):
     sums, bias = take(st.norm), take(st.biased)
     cos, sin = take(st.rope), take(st.rope)
     refs = _Refs(*operands[:6], sums, bias, cos, sin, *operands[-3:])
-    b, j = _program_ids()
+    b, j = pl.program_id(0), pl.program_id(1)
     start = refs.starts[b]
     r = jnp.arange(st.rows, dtype=jnp.int32)
     live = r < st.t * st.g
@@ -298,12 +294,6 @@ def _at(ref, rows: jax.Array, column: int, width: int):
   """`ref[rows, column:column + width]` of a 2-D ref, `[len(rows), width]`, as
   index arrays on both axes (what both Triton and the interpreter take)."""
   return ref.at[rows[:, None], column + jnp.arange(width, dtype=jnp.int32)[None, :]]
-
-
-def _program_ids():
-  from jax.experimental import pallas as pl
-
-  return pl.program_id(0), pl.program_id(1)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "norm_width", "norm_eps", "interpret"))
