@@ -45,7 +45,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax import constraints, coupling
+from specjax import compiler_options, constraints, coupling
 from specjax.coupling import Coupling
 from specjax.drafting import Commit, Drafter
 from specjax.generation.common import prefill, zero_padding
@@ -390,7 +390,10 @@ def _blank(*args, config: SlotConfig, **kwargs) -> SlotState:
 
 
 # The batch state is donated: its caches are updated in place, not copied per step.
-step = jax.jit(
+# specjax's compiler options (`compiler_options.jit`): on a GPU the step's draft
+# loop and conditionals go into its command buffer, as the decode programs' do;
+# a plain `jax.jit` left the loop on the host (27 launches a trip on an H100).
+step = compiler_options.jit(
   _step, static_argnames=("gamma", "width", "config", "verify"), donate_argnames=("state",)
 )
 resync = jax.jit(_resync, static_argnames=("width", "config"), donate_argnames=("state",))

@@ -70,6 +70,25 @@ def test_the_gpu_loop_body_is_found_in_command_buffers_in_the_thunk_sequence(com
   assert loop["on_device"] == (loop["host_launches_per_trip"] == 0)
 
 
+def test_the_serving_step_runs_its_draft_loop_on_an_h100_not_the_host():
+  """The engine's step program gets specjax's command-buffer options (`slots.step`
+  is a `compiler_options.jit`): its draft loop and conditionals are recorded, so
+  the host launches the step once (a plain `jax.jit` left 27 launches a trip)."""
+  target = targets.get("h100")
+  mesh = target.mesh()
+  cfg = specjax.ModelConfig(**TINY, dtype="bfloat16", param_dtype="bfloat16")
+  models = programs.build_models(cfg, cfg.replace(**TINY_DRAFT), mesh, kinds=())
+  result = analysis.compile_for(
+    lambda: programs.lower("engine_step", models, mesh, batch=2, context=CONTEXT), target
+  )
+  assert result["error"] is None
+  report = analysis.read(result, target)
+  analysis.free(result)
+  thunks = report["thunks"]
+  assert thunks["host_loops"] == 0 and thunks["device_loops"] >= 1
+  assert thunks["generation_loop"]["host_launches_per_trip"] == 0
+
+
 def test_compiling_needs_the_cpu_platform_and_names_its_install():
   assert jax.default_backend() == "cpu"
   targets.check_host()
