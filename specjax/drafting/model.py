@@ -192,6 +192,8 @@ class CachedDrafting(ConfidenceLength):
     i, (_, state, tokens, probs, sure, _, lengths, _) = draft_loop(
       body, carry, 0, g, lambda c: jnp.any(c[5])
     )
+    # Past the last pair's second, as the two-site form leaves it (`commit` sets it anyway).
+    state = self._with_lengths(state, self._lengths(state) + 1)
     return Proposal(tokens, probs, lengths, calls=i, confidence=sure), state
 
   def _feed_span(self, recent: jax.Array, span: jax.Array, count: jax.Array, state):
