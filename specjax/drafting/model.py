@@ -180,17 +180,19 @@ class CachedDrafting(ConfidenceLength):
     second = jnp.ones((b, 1), jnp.int32)
 
     def body(i, carry):
-      pair, state, tokens, probs, sure, active, lengths, rule = carry
+      state, tokens, probs, sure, active, lengths, rule = carry
+      # Trip i's pair from s[-2], s[-1] and the tokens drawn (every row's draw is written,
+      # active or not): no pair carried, so no copy of one per trip.
+      pair = jax.lax.dynamic_slice_in_dim(jnp.concatenate([recent, tokens], axis=1), i, 2, 1)
       logits, state = self._forward(pair, state, second)
       state = self._with_lengths(state, self._lengths(state) - 1)  # the pair's second is last
-      token, tokens, probs, sure, active, rule = draw(i, logits, tokens, probs, sure, active, rule)
-      pair = jnp.stack([pair[:, 1], token], axis=1)
-      return pair, state, tokens, probs, sure, active, lengths + active, rule
+      _, tokens, probs, sure, active, rule = draw(i, logits, tokens, probs, sure, active, rule)
+      return state, tokens, probs, sure, active, lengths + active, rule
 
     *empty, rule = drawn
-    carry = (recent, state, *empty, jnp.zeros((b,), jnp.int32), rule)
-    i, (_, state, tokens, probs, sure, _, lengths, _) = draft_loop(
-      body, carry, 0, g, lambda c: jnp.any(c[5])
+    carry = (state, *empty, jnp.zeros((b,), jnp.int32), rule)
+    i, (state, tokens, probs, sure, _, lengths, _) = draft_loop(
+      body, carry, 0, g, lambda c: jnp.any(c[4])
     )
     # Past the last pair's second, as the two-site form leaves it (`commit` sets it anyway).
     state = self._with_lengths(state, self._lengths(state) + 1)
