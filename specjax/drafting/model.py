@@ -7,7 +7,9 @@ head (self-speculation) with a k-layer cache of its own.
 Cache invariant (as in `SpecState`): the drafter's cache holds s[:-2]; each
 iteration first feeds `recent = [s[-2], s[-1]]`, which re-syncs it after a
 fully accepted block (the last drafted token was never fed) with one static
-shape.
+shape. On an accelerator a `ModelDrafter` feeds it inside its draft loop, at
+width 2 on every trip (`CachedDrafting._propose_one_width`), so an iteration
+compiles one call site of the model; on the CPU, before a width-1 loop.
 """
 
 from __future__ import annotations
