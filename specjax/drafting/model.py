@@ -93,6 +93,7 @@ class CachedDrafting(ConfidenceLength):
       draw = self._drawer(jnp.zeros((b,), jnp.int32), limit, g, sampling, draw_token)
       empty = _empty_draws(b, g, self.vocab_size, sampling.greedy)
       return self._propose_one_width(state, recent, g, draw, (*empty, (constraint, warp)))
+    forced = jnp.zeros((b,), jnp.int32)
     if spans:
       # The forced span (`DraftConstraint.forced_tokens`) goes in with s[-2], s[-1]
       # in one call, and row b draws its own tokens from position forced[b] on, so
@@ -107,11 +108,19 @@ class CachedDrafting(ConfidenceLength):
         warp = warp.replace(history=warp.history.after(constraint.forced_tokens, forced))
       constraint = constraint.after_forced()
     else:
-      forced = jnp.zeros((b,), jnp.int32)
       logits, state = self._feed_recent(recent, state, g)
     draw = self._drawer(forced, limit, g, sampling, draw_token)
     empty = _empty_draws(b, g, logits.shape[-1], sampling.greedy)
-    token, *drawn = draw(0, logits, *empty, (constraint, warp))
+    return self._draft_on(
+      state, logits, forced, limit, g, draw, (*empty, (constraint, warp)), spans
+    )
+
+  def _draft_on(self, state, logits, forced, limit, g: int, draw, drawn, spans: bool):
+    """The two-call-site form after its first call (`_feed_recent` or `_feed_span`,
+    whose `logits [B, 1, V]` give row b's first draw, at position `forced[b]`): a
+    width-1 loop, one call per token; `drawn`: `_empty_draws`, `(rule, warp)`.
+    Returns `propose`'s `(Proposal, state)`."""
+    token, *drawn = draw(0, logits, *drawn)
     lengths = forced + drawn[3].astype(jnp.int32)  # drawn: tokens, probs, sure, active, rule
 
     def body(i, carry):
