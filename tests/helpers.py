@@ -15,7 +15,7 @@ from scipy import stats
 
 import specjax
 from specjax import heads
-from specjax.drafting import NGramDrafter, count_drafter, layer_skip
+from specjax.drafting import ModelDrafter, NGramDrafter, count_drafter, layer_skip
 from specjax.heads import config as head_config
 from specjax.heads import make_head
 
@@ -172,11 +172,13 @@ def _corpus(vocab_size: int) -> list[np.ndarray]:
 
 
 def make_drafter(name: str, target, draft, max_ngram: int = 3):
-  """The drafter called `name` ("model", "ngram", "layer_skip", "eagle",
+  """The drafter called `name` ("model", "model_one_width", "ngram", "layer_skip", "eagle",
   "medusa", "early_exit", "dflash", "dspark", "unigram" or "bigram"; heads fresh) for
   `target`."""
   return {
     "model": lambda: draft,
+    # The accelerators' draft loop (one model width per iteration), forced on the CPU.
+    "model_one_width": lambda: ModelDrafter(draft, one_width=True),
     "ngram": lambda: NGramDrafter(target.cfg.vocab_size, max_ngram=max_ngram),
     "layer_skip": lambda: layer_skip(target, 1),
     "eagle": lambda: head_drafter("eagle", target),

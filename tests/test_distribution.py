@@ -208,6 +208,8 @@ def test_draft_with_another_vocabulary_size_stays_exact(pair, draft_vocab):
     ("bigram", "block", None),
     ("model", "token", "schedule"),
     ("model", "block", "confidence"),
+    ("model_one_width", "token", None),
+    ("model_one_width", "block", "confidence"),
   ],
 )
 def test_every_drafter_and_verifier_is_exact(pair, name, verifier, adaptive):

@@ -97,9 +97,10 @@ def test_cache_written_in_place_per_layer(pair):
   np.testing.assert_array_equal(new.lengths, [5, 9])
 
 
-# Layer skip: the draft model's CachedDrafting with another model (the slow tier).
+# Layer skip: the draft model's CachedDrafting with another model (the slow tier);
+# model_one_width: the accelerators' one-width draft loop, forced on the CPU.
 @pytest.mark.sample("model", "eagle", "tree")
-@pytest.mark.parametrize("drafter", ["model", "layer_skip", "eagle", "tree"])
+@pytest.mark.parametrize("drafter", ["model", "model_one_width", "layer_skip", "eagle", "tree"])
 def test_speculative_tokens_match_unrolled(pair, drafter):
   """Same tokens, greedy and sampled (same key), scanned against unrolled: for a
   draft model, layer skip, an EAGLE head (target features) and a token tree

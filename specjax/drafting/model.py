@@ -7,7 +7,9 @@ head (self-speculation) with a k-layer cache of its own.
 Cache invariant (as in `SpecState`): the drafter's cache holds s[:-2]; each
 iteration first feeds `recent = [s[-2], s[-1]]`, which re-syncs it after a
 fully accepted block (the last drafted token was never fed) with one static
-shape.
+shape. On an accelerator a `ModelDrafter` feeds it inside its draft loop, at
+width 2 on every trip (`CachedDrafting._propose_one_width`), so an iteration
+compiles one call site of the model; on the CPU, before a width-1 loop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import compiler_options
 from specjax.coupling import chain_draws
 from specjax.drafting.base import (
   DRAFTER_MEMBERS,
@@ -81,12 +84,16 @@ class CachedDrafting(ConfidenceLength):
     """
 
     b, g = recent.shape[0], gamma
-    greedy = sampling.greedy
     # One random-bit computation for the whole proposal: a uniform per draw
     # (or, coupled, the rows' noise at the drafted positions).
-    draw_token = None if greedy else chain_draws(key, g, b)
+    draw_token = None if sampling.greedy else chain_draws(key, g, b)
     warp = sampling if isinstance(sampling, RowSampling) else None
     spans = self.feeds_forced and constraint is not None and constraint.forced_count is not None
+    if not spans and self._runs_one_width():
+      draw = self._drawer(jnp.zeros((b,), jnp.int32), limit, g, sampling, draw_token)
+      empty = _empty_draws(b, g, self.vocab_size, sampling.greedy)
+      return self._propose_one_width(state, recent, g, draw, (*empty, (constraint, warp)))
+    forced = jnp.zeros((b,), jnp.int32)
     if spans:
       # The forced span (`DraftConstraint.forced_tokens`) goes in with s[-2], s[-1]
       # in one call, and row b draws its own tokens from position forced[b] on, so
@@ -101,9 +108,42 @@ class CachedDrafting(ConfidenceLength):
         warp = warp.replace(history=warp.history.after(constraint.forced_tokens, forced))
       constraint = constraint.after_forced()
     else:
-      forced = jnp.zeros((b,), jnp.int32)
       logits, state = self._feed_recent(recent, state, g)
-    rows = jnp.arange(b)
+    draw = self._drawer(forced, limit, g, sampling, draw_token)
+    empty = _empty_draws(b, g, logits.shape[-1], sampling.greedy)
+    return self._draft_on(
+      state, logits, forced, limit, g, draw, (*empty, (constraint, warp)), spans
+    )
+
+  def _draft_on(self, state, logits, forced, limit, g: int, draw, drawn, spans: bool):
+    """The two-call-site form after its first call (`_feed_recent` or `_feed_span`,
+    whose `logits [B, 1, V]` give row b's first draw, at position `forced[b]`): a
+    width-1 loop, one call per token; `drawn`: `_empty_draws`, `(rule, warp)`.
+    Returns `propose`'s `(Proposal, state)`."""
+    token, *drawn = draw(0, logits, *drawn)
+    lengths = forced + drawn[3].astype(jnp.int32)  # drawn: tokens, probs, sure, active, rule
+
+    def body(i, carry):
+      token, state, tokens, probs, sure, active, lengths, rule = carry
+      logits, state = self._forward(token[:, None], state)
+      token, tokens, probs, sure, active, rule = draw(i, logits, tokens, probs, sure, active, rule)
+      return token, state, tokens, probs, sure, active, lengths + active, rule
+
+    # One call per trip: the loop's stop index is the calls spent (feeding `recent` was one).
+    carry = (token, state, *drawn[:4], lengths, drawn[4])
+    going = lambda c: jnp.any(c[5])
+    if spans:  # rows start at their own positions: stop before a trip no row drafts in
+      going = lambda c: jnp.any(c[5] & (c[6] < jnp.minimum(limit, g)))
+    i, (_, state, tokens, probs, sure, _, lengths, _) = draft_loop(body, carry, 1, g, going)
+    return Proposal(tokens, probs, lengths, calls=i, confidence=sure), state
+
+  def _drawer(self, forced: jax.Array, limit: jax.Array, g: int, sampling, draw_token):
+    """`draw(i, logits [B, 1, V], tokens, probs, sure, active, (rule, warp))`: row
+    b's token at its draft position `forced[b] + i`, recorded in `tokens [B, g]`,
+    `probs [B, g, V]` (None: greedy) and `sure [B, g]`; `active [B]` turns off at
+    `limit[b]`, g or (with `confidence`) a low top probability. Returns `(token
+    [B], tokens, probs, sure, active, (rule, warp))`."""
+    rows = jnp.arange(forced.shape[0])
 
     def draw(i, logits, tokens, probs, sure, active, rule):
       rule, warp = rule  # warp: the rows' own (carried: its counts advance), or None
@@ -124,27 +164,49 @@ class CachedDrafting(ConfidenceLength):
       tokens = tokens.at[rows, at].set(token, mode="drop")
       return token, tokens, probs, sure, active, (rule, warp)
 
-    vocab = logits.shape[-1]
-    tokens = jnp.zeros((b, g), jnp.int32)
-    probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
-    sure = jnp.zeros((b, g), jnp.float32)
-    token, tokens, probs, sure, active, rule = draw(
-      0, logits, tokens, probs, sure, jnp.ones((b,), bool), (constraint, warp)
-    )
-    lengths = forced + active.astype(jnp.int32)
+    return draw
+
+  def _runs_one_width(self) -> bool:
+    """Whether `propose` runs the drafter at one width (`_propose_one_width`): its
+    `one_width` (False for drafters without one), None meaning on every platform
+    but the CPU."""
+    one_width = getattr(self, "one_width", False)
+    if one_width is None:
+      return compiler_options.current_platform() != "cpu"
+    return bool(one_width)
+
+  def _propose_one_width(self, state, recent: jax.Array, g: int, draw, drawn):
+    """`propose` (no forced span) with one call site of the drafter, at width 2.
+
+    Trip i feeds the last two tokens of s + the i tokens drafted so far (trip 0:
+    `recent [B, 2]`; then the token before and the one just drawn) at their slots
+    and draws from the logits of the second. The first slot rewrites what the
+    trip before wrote there, so after every trip the cache holds all but the last
+    two tokens, the state invariant. A compiled iteration then holds one cache
+    layout, where a width-2 call before a width-1 loop made XLA:GPU transpose the
+    draft's keys between the two every iteration. The same draws, lengths and
+    calls (one per trip) as the two call sites; `drawn`: `_empty_draws`, `(rule,
+    warp)`. Only for drafters with `_lengths`."""
+    b = recent.shape[0]
+    second = jnp.ones((b, 1), jnp.int32)
 
     def body(i, carry):
-      token, state, tokens, probs, sure, active, lengths, rule = carry
-      logits, state = self._forward(token[:, None], state)
-      token, tokens, probs, sure, active, rule = draw(i, logits, tokens, probs, sure, active, rule)
-      return token, state, tokens, probs, sure, active, lengths + active, rule
+      state, tokens, probs, sure, active, lengths, rule = carry
+      # Trip i's pair from s[-2], s[-1] and the tokens drawn (every row's draw is written,
+      # active or not): no pair carried, so no copy of one per trip.
+      pair = jax.lax.dynamic_slice_in_dim(jnp.concatenate([recent, tokens], axis=1), i, 2, 1)
+      logits, state = self._forward(pair, state, second)
+      state = self._with_lengths(state, self._lengths(state) - 1)  # the pair's second is last
+      _, tokens, probs, sure, active, rule = draw(i, logits, tokens, probs, sure, active, rule)
+      return state, tokens, probs, sure, active, lengths + active, rule
 
-    # One call per trip: the loop's stop index is the calls spent (feeding `recent` was one).
-    carry = (token, state, tokens, probs, sure, active, lengths, rule)
-    going = lambda c: jnp.any(c[5])
-    if spans:  # rows start at their own positions: stop before a trip no row drafts in
-      going = lambda c: jnp.any(c[5] & (c[6] < jnp.minimum(limit, g)))
-    i, (_, state, tokens, probs, sure, _, lengths, _) = draft_loop(body, carry, 1, g, going)
+    *empty, rule = drawn
+    carry = (state, *empty, jnp.zeros((b,), jnp.int32), rule)
+    i, (state, tokens, probs, sure, _, lengths, _) = draft_loop(
+      body, carry, 0, g, lambda c: jnp.any(c[4])
+    )
+    # Past the last pair's second, as the two-site form leaves it (`commit` sets it anyway).
+    state = self._with_lengths(state, self._lengths(state) + 1)
     return Proposal(tokens, probs, lengths, calls=i, confidence=sure), state
 
   def _feed_span(self, recent: jax.Array, span: jax.Array, count: jax.Array, state):
@@ -173,6 +235,14 @@ class CachedDrafting(ConfidenceLength):
     )
 
 
+def _empty_draws(b: int, g: int, vocab: int, greedy: bool):
+  """A proposal's records before its first draw: `tokens [B, g]`, `probs [B, g, V]`
+  (None when greedy), `sure [B, g]`, every row `active [B]`."""
+  probs = None if greedy else jnp.zeros((b, g, vocab), jnp.float32)
+  zeros = jnp.zeros((b, g), jnp.int32)
+  return zeros, probs, jnp.zeros((b, g), jnp.float32), jnp.ones((b,), bool)
+
+
 @struct.dataclass
 class ModelDrafter(CachedDrafting):
   """Proposes tokens by sampling a `Transformer` (optionally its first `num_layers`).
@@ -182,11 +252,16 @@ class ModelDrafter(CachedDrafting):
     num_layers: layers to run; None runs all of them.
     confidence: stop drafting a row when the draft's top probability falls
       below this (0 disables it): the adaptive "confidence" draft length.
+    one_width: whether `propose` calls the model at one width on every trip
+      (`CachedDrafting._propose_one_width`: fewer kernels on an accelerator) or
+      feeds `recent` before a width-1 loop (faster on a CPU); None (the default)
+      chooses by the platform compiled for. The same tokens either way.
   """
 
   model: Transformer
   num_layers: int | None = struct.field(pytree_node=False, default=None)
   confidence: float = struct.field(pytree_node=False, default=0.0)
+  one_width: bool | None = struct.field(pytree_node=False, default=None)
 
   def __post_init__(self):
     check_confidence(self.confidence)
