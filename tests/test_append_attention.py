@@ -60,7 +60,6 @@ def test_the_kernel_computes_the_xla_paths_attention_and_writes(case):
   mask = attention_mask(positions, jnp.arange(capacity, dtype=jnp.int32), window)
   width, eps = 64, 1e-6
   sums = width * (1.0 / jnp.square(factor) - eps)  # rsqrt(sums / width + eps) == factor
-  angles = positions[..., None].astype(jnp.float32) * rope_inv_freq(h, 10000.0, None)
   scale = h**-0.5
   got = appended.append_attention(
     qkv,
@@ -70,8 +69,7 @@ def test_the_kernel_computes_the_xla_paths_attention_and_writes(case):
     v_cache,
     sums,
     bias,
-    jnp.cos(angles),
-    jnp.sin(angles),
+    rope_inv_freq(h, 10000.0, None),
     scale=scale,
     norm_width=width,
     norm_eps=eps,
@@ -92,3 +90,47 @@ def test_which_calls_the_kernel_takes():
   assert not appended.applies(17, 32, 8, 64, 256)  # 68 query rows: a prompt's call
   assert not appended.applies(1, 4, 4, 48, 256)  # a head size whose halves are not 2^k
   assert not appended.applies(8, 4, 4, 64, 8)  # the padded new slots wrap a tiny cache
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_a_gpu_decode_layer_computes_what_the_cpu_layer_computes(monkeypatch, t):
+  """One decoder block as compiled for a GPU (its norms folded, attention through
+  this kernel, the MLP's tail through `specjax.kernels.gated_down`), interpreted,
+  against the same block's XLA path: outputs and caches within bfloat16 rounding,
+  for a decode step and a verify block."""
+  from flax import nnx
+
+  from specjax import compiler_options
+  from specjax.kernels import gated_down
+  from specjax.models.block import Block
+  from specjax.models.config import ModelConfig
+
+  cfg = ModelConfig(
+    vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=64,
+    dtype="bfloat16", param_dtype="bfloat16",
+  )  # fmt: skip
+  block = Block(cfg, rngs=nnx.Rngs(0))
+  b, capacity = 2, 48
+  keys = jax.random.split(jax.random.key(1), 3)
+  x = jax.random.normal(keys[0], (b, t, cfg.d_model)).astype(jnp.bfloat16)
+  cache = tuple(jax.random.normal(k, (b, 2, capacity, 16)).astype(jnp.bfloat16) for k in keys[1:])
+  starts = jnp.array([5, 30], jnp.int32)
+  positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  masks = {None: attention_mask(positions, jnp.arange(capacity, dtype=jnp.int32))}
+  calls = []
+  for module, name in ((appended, "append_attention"), (gated_down, "gated_down")):
+    kernel = getattr(module, name)
+    monkeypatch.setattr(
+      module, name, lambda *a, _k=kernel, _n=name, **kw: calls.append(_n) or _k(*a, **kw)
+    )
+  run = lambda: jax.jit(lambda x, c: block(x, positions, masks, c, starts))(x, cache)
+  want = run()
+  assert not calls  # the CPU's layer: XLA's operations
+  monkeypatch.setenv("SPECJAX_PALLAS_INTERPRET", "1")
+  with compiler_options.target_platform("gpu"):
+    got = run()
+  assert sorted(set(calls)) == ["append_attention", "gated_down"]
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(
+      np.asarray(g, np.float32), np.asarray(w, np.float32), atol=0.05, rtol=0.05
+    )

@@ -1,6 +1,6 @@
 """A decode call's attention in one GPU kernel: RoPE, the cache write and attention.
 
-  append_attention(qkv [B, T, K, G + 2, H], rows, bias, cos, sin, lo, hi, starts,
+  append_attention(qkv [B, T, K, G + 2, H], lo, hi, starts,
                    k_cache [B, K, S, H], v_cache [B, K, S, H], scale=...)
     -> (out [B, T, K * G, H], k_cache, v_cache)
 
@@ -126,8 +126,7 @@ class _Refs(NamedTuple):
   v: Any
   sums: Any
   bias: Any
-  cos: Any
-  sin: Any
+  inv_freq: Any
   out: Any
   k_out: Any
   v_out: Any
@@ -169,8 +168,11 @@ def _rotated(st: _Static, refs: _Refs, b, query_t, valid, halves):
 
   if st.rope:
     half = st.h // 2
-    cos = plgpu.load(_at(refs.cos, b * st.t + query_t, 0, half), mask=valid[:, None], other=0)
-    sin = plgpu.load(_at(refs.sin, b * st.t + query_t, 0, half), mask=valid[:, None], other=0)
+    position = refs.starts[b] + query_t  # a contiguous call's positions are its slots
+    inv_freq = plgpu.load(refs.inv_freq.at[jnp.arange(half, dtype=jnp.int32)])
+    # RoPE's angles here: XLA computed cos and sin in a kernel each per call.
+    angles = position.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
     a, b_ = halves  # rotate-half
     halves = (a * cos - b_ * sin, b_ * cos + a * sin)
   return [x.astype(refs.k.dtype) for x in halves]
@@ -253,8 +255,8 @@ def _kernel(st: _Static):
     given = list(operands[6:-3])
     take = lambda present: given.pop(0) if present else None
     sums, bias = take(st.norm), take(st.biased)
-    cos, sin = take(st.rope), take(st.rope)
-    refs = _Refs(*operands[:6], sums, bias, cos, sin, *operands[-3:])
+    inv_freq = take(st.rope)
+    refs = _Refs(*operands[:6], sums, bias, inv_freq, *operands[-3:])
     b, j = pl.program_id(0), pl.program_id(1)
     start = refs.starts[b]
     r = jnp.arange(st.rows, dtype=jnp.int32)
@@ -306,8 +308,7 @@ def append_attention(
   v_cache: jax.Array,
   sums: jax.Array | None = None,
   bias: jax.Array | None = None,
-  cos: jax.Array | None = None,
-  sin: jax.Array | None = None,
+  inv_freq: jax.Array | None = None,
   *,
   scale: float,
   norm_width: int = 0,
@@ -329,7 +330,10 @@ def append_attention(
       `rsqrt(sums / norm_width + norm_eps)` (`specjax.models.layers.Norm.folded`),
       computed here so that no kernel of its own computes it first.
     bias: `[K, G + 2, H]`, the projection's bias (or None).
-    cos, sin: `[B, T, H / 2]` float32: RoPE's angles per query (or None: no RoPE).
+    inv_freq: `[H / 2]` float32: RoPE's frequencies, or None (no RoPE). Query t
+      of row b sits at position `starts[b] + t`, the slot it is written to (a
+      contiguous call of `specjax.models.transformer`), so its angles are
+      `(starts + t) * inv_freq`, as `apply_rope`'s.
     scale: the factor on q.k.
     interpret: run the kernel in interpret mode (any backend).
 
@@ -355,7 +359,7 @@ def append_attention(
       capacity=capacity,
       scale=float(scale),
       block=block,
-      rope=cos is not None,
+      rope=inv_freq is not None,
       norm=None if sums is None else (norm_width, norm_eps),
       biased=bias is not None,
       scratch=scratch,
@@ -374,8 +378,8 @@ def append_attention(
     args.append(sums.reshape(-1).astype(jnp.float32))
   if bias is not None:
     args.append(flat(bias.reshape(kv_heads * parts, h)))
-  if cos is not None:
-    args += [flat(cos.astype(jnp.float32)), flat(sin.astype(jnp.float32))]
+  if inv_freq is not None:
+    args.append(inv_freq.astype(jnp.float32))
   dtype = k_cache.dtype
   out, keys, values = pl.pallas_call(
     kernel,

@@ -94,12 +94,17 @@ def dot_product_attend(
 
 def query_runs(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   """`(lo, hi)`, each `[B, T]` int32: the run of slots `lo <= s < hi` each query
-  of a contiguous mask `[B, T, S]` reads (empty, lo == hi, for one reading none)."""
-  b, t, s = mask.shape
-  flat = mask.reshape(b * t, s)
-  lo, hi, _ = mask_span(flat)
-  hi = jnp.where(jnp.any(flat, axis=-1), hi, lo)
-  return lo.reshape(b, t), hi.reshape(b, t)
+  of a contiguous mask `[B, T, S]` reads (empty, lo >= hi, for one reading none)."""
+  s = mask.shape[-1]
+  slots = jnp.arange(s, dtype=jnp.int32)
+  # One variadic reduction (one kernel on a GPU; XLA left a min and a max apart).
+  # A query reading no slot gets lo = S > hi = 0, a run the kernels read none of.
+  return jax.lax.reduce(
+    (jnp.where(mask, slots, s), jnp.where(mask, slots + 1, 0)),
+    (jnp.int32(s), jnp.int32(0)),
+    lambda a, b: (jnp.minimum(a[0], b[0]), jnp.maximum(a[1], b[1])),
+    (mask.ndim - 1,),
+  )
 
 
 def mask_span(mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

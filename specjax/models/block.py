@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax import compiler_options
 from specjax.distributed.mesh import constrain
 from specjax.kernels import append_attention as appended
+from specjax.kernels import gated_down as gated
 from specjax.models.attention import attention, interpret_kernels, query_runs
 from specjax.models.config import ModelConfig
 from specjax.models.fused import gate_up_parts, qkv_parts
@@ -142,7 +144,7 @@ class Attention(nnx.Module):
     """`(out [B, T, N, H], layer_cache)` of `_appends` calls: the fused
     projection's raw product handed to the kernel with the folded norm (`norm`:
     None, or `(sums [B, T, 1], width, eps)` whose 1 / rms it computes), the
-    bias and RoPE's angles, which it applies itself."""
+    bias and RoPE (positions and frequencies), which it applies itself."""
     cfg = self.cfg
     b, t, _ = x.shape
     h, kv_heads = cfg.resolved_head_dim, cfg.n_kv_heads
@@ -152,11 +154,14 @@ class Attention(nnx.Module):
       qkv, (sums, width, eps) = self.qkv_proj.product(x), norm
       sums = sums[..., 0]
       bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[...]
-    cos = sin = None
-    if cfg.positions == "rope":
-      inv_freq = rope_inv_freq(h, *self.rope) if inv_freq is None else inv_freq
-      angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
-      cos, sin = jnp.cos(angles), jnp.sin(angles)
+    # A contiguous cached call (`transformer._layout`) puts query t at position
+    # starts + t, its slot: the kernel computes the angles from `starts` (passing
+    # `positions` cost XLA a kernel to materialise them).
+    del positions
+    if cfg.positions != "rope":
+      inv_freq = None
+    elif inv_freq is None:  # a constant in the program, not a kernel every call
+      inv_freq = rope_inv_freq(h, *self.rope, xp=np)
     lo, hi = query_runs(mask)
     parts = cfg.n_heads // kv_heads + 2
     out, keys, values = appended.append_attention(
@@ -167,8 +172,7 @@ class Attention(nnx.Module):
       *layer_cache,
       sums,
       None if bias is None else bias.reshape(kv_heads, parts, h),
-      cos,
-      sin,
+      inv_freq,
       scale=h**-0.5 if cfg.attn_scale is None else cfg.attn_scale,
       norm_width=width,
       norm_eps=float(eps),
@@ -240,6 +244,42 @@ class MLP(nnx.Module):
       return self.down_proj(hidden)
     return self.down_proj.scaled(hidden, None, out_dtype)
 
+  def adds_in_one_kernel(self, x: jax.Array) -> bool:
+    """Whether a folded block's MLP tail on `x [B, T, D]` runs as one kernel
+    (`add_to`, static): a gated MLP compiled for one GPU (or interpreted) on a
+    decode call's few rows."""
+    if not (interpret_kernels() or compiler_options.current_platform() == "gpu"):
+      return False
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:  # the kernel has no partitioning rule yet
+      return False
+    rows = x.size // x.shape[-1]
+    return gated.applies(rows, self.d_ff, x.shape[-1], self.kind)
+
+  def add_to(self, residual: jax.Array, x: jax.Array, sums: jax.Array, eps: float) -> jax.Array:
+    """`residual + self(x, rows)` `[B, T, D]` for a folded norm's `x * scale` and
+    its sums of squares `sums [B, T, 1]` (`Norm.folded_sums`): the gate/up
+    product, then the activation, `down` and the add in one kernel
+    (`specjax.kernels.gated_down`), rounded where the XLA path rounds."""
+    b, t, d = residual.shape
+    gate_up = self.gate_up_proj.product(x)
+    bias = lambda layer: None if layer.bias is None else layer.bias[...]
+    out = gated.gated_down(
+      gate_up.reshape(b * t, 2 * self.d_ff),
+      self.down_proj.kernel[...],
+      residual.reshape(b * t, d),
+      sums.reshape(b * t),
+      bias(self.gate_up_proj),
+      bias(self.down_proj),
+      kind=self.kind,
+      dtype=self.down_proj.dtype or x.dtype,
+      norm_width=d,
+      norm_eps=float(eps),
+      round_product=self.down_proj.rounds_product(b * t),
+      interpret=interpret_kernels(),
+    )
+    return out.reshape(b, t, d)
+
 
 # Logical axes of the residual stream `[B, T, D]` (rows over `data`, whole over `model`).
 RESIDUAL_AXES = ("batch", None, "embed")
@@ -301,6 +341,10 @@ class Block(nnx.Module):
       scaled, positions, masks, layer_cache, starts, inv_freq, contiguous, rows, jnp.float32, sums
     )
     x = constrain((x.astype(jnp.float32) + attn_out).astype(x.dtype), RESIDUAL_AXES)
-    scaled, rows = self.mlp_norm.folded(x)
-    mlp_out = self.mlp(scaled, rows, jnp.float32)
+    scaled, sums = self.mlp_norm.folded_sums(x)
+    if self.mlp.adds_in_one_kernel(x):
+      return constrain(self.mlp.add_to(x, scaled, sums, self.mlp_norm.eps), RESIDUAL_AXES), (
+        layer_cache
+      )
+    mlp_out = self.mlp(scaled, self.mlp_norm.factor(sums), jnp.float32)
     return constrain((x.astype(jnp.float32) + mlp_out).astype(x.dtype), RESIDUAL_AXES), layer_cache

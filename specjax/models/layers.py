@@ -75,14 +75,18 @@ class Linear(nnx.Linear):
       y = y + self.bias[...].astype(jnp.float32)
     return y.astype(out_dtype or self.dtype or jnp.result_type(inputs, self.kernel[...]))
 
+  def rounds_product(self, rows: int) -> bool:
+    """Whether `product` of `rows` input rows returns the layer's dtype (a GEMM
+    on GPU), not float32."""
+    return rows * self.kernel[...].size >= _REDUCED_PRODUCT
+
   def product(self, inputs: jax.Array) -> jax.Array:
     """`inputs @ kernel` without the bias, in float32 where XLA:GPU makes the
     product a reduction, else in the layer's dtype (`scaled`'s first step, which
     `specjax.kernels.append_attention` takes raw)."""
     kernel = self.kernel[...]
     dtype = self.dtype or jnp.result_type(inputs, kernel)
-    reduced = inputs.size // inputs.shape[-1] * kernel.size < _REDUCED_PRODUCT
-    wide = jnp.float32 if reduced else None
+    wide = None if self.rounds_product(inputs.size // inputs.shape[-1]) else jnp.float32
     return jnp.dot(inputs.astype(dtype), kernel.astype(dtype), preferred_element_type=wide)
 
 
@@ -131,18 +135,19 @@ class Norm(nnx.Module):
     return x.astype(self.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> jax.Array:
-  """`[H/2]` inverse frequencies of the rotary embedding (with optional scaling)."""
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None, xp=jnp) -> jax.Array:
+  """`[H/2]` inverse frequencies of the rotary embedding (with optional scaling),
+  float32; `xp=numpy` makes them a constant of the program being traced."""
   h = head_dim
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  inv_freq = 1.0 / (theta ** (xp.arange(0, h, 2, dtype=xp.float32) / h))
   if scaling is None:
     return inv_freq
   if scaling.kind == "linear":
-    return inv_freq / scaling.factor
-  wavelength = 2 * jnp.pi / inv_freq
+    return xp.asarray(inv_freq / scaling.factor, dtype=xp.float32)
+  wavelength = 2 * xp.pi / inv_freq
   long_limit = scaling.original_max_len / scaling.low_freq_factor
   short_limit = scaling.original_max_len / scaling.high_freq_factor
-  scaled = jnp.where(wavelength > long_limit, inv_freq / scaling.factor, inv_freq)
+  scaled = xp.where(wavelength > long_limit, inv_freq / scaling.factor, inv_freq)
   # Between the limits, blend the scaled and unscaled frequencies linearly in
   # original_max_len / wavelength.
   blend = (scaling.original_max_len / wavelength - scaling.low_freq_factor) / (
@@ -150,7 +155,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> j
   )
   smoothed = (1 - blend) * scaled / scaling.factor + blend * scaled
   middle = (wavelength >= short_limit) & (wavelength <= long_limit)
-  return jnp.where(middle, smoothed, scaled)
+  return xp.where(middle, smoothed, scaled)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
