@@ -34,8 +34,11 @@ def compiled(request):
   )
   assert result["error"] is None
   report = analysis.read(result, target, cache_layer_bytes=4 * 2 * CONTEXT * 16 * 2)
-  # Each layer's attention as one Triton kernel on a GPU (`specjax.kernels.append_attention`).
-  report["append_kernels"] = result["compiled"].as_text().count('"specjax_append_attention"')
+  # Each layer's attention and MLP tail as one Triton kernel each on a GPU
+  # (`specjax.kernels.append_attention`, `specjax.kernels.gated_down`).
+  text = result["compiled"].as_text()
+  report["append_kernels"] = text.count('"specjax_append_attention"')
+  report["gated_kernels"] = text.count('"specjax_gated_down"')
   # The devices are abstract: nothing was allocated, everything came from the compiler.
   sharding = jax.tree.leaves(result["compiled"].input_shardings)[0]
   assert sharding.mesh.devices.flat[0].platform in ("gpu", "tpu")
@@ -50,12 +53,14 @@ def test_the_compiled_program_is_read_for_kernels_memory_and_copies(compiled):
   assert memory["argument_bytes"] > 0 and memory["temp_bytes"] > 0
   assert memory["device_bytes"] == target.chip.memory_bytes and memory["fits"]
   assert report["cache_copies"] == 0  # the loop writes its cache in place
-  # One GPU: every layer's decode attention is the one-kernel path (the tiny
-  # prompt's too), its cache write in place (no copy above); the TPU mesh keeps XLA's.
+  # One GPU: every layer's decode attention and MLP tail are the one-kernel paths
+  # (the tiny prompt's attention too), the cache written in place (no copy
+  # above); the TPU mesh keeps XLA's operations.
   if target.platform == "gpu":
     assert report["append_kernels"] >= TINY["n_layers"]
+    assert report["gated_kernels"] >= TINY["n_layers"]
   else:
-    assert report["append_kernels"] == 0
+    assert report["append_kernels"] == report["gated_kernels"] == 0
 
 
 def test_the_gpu_loop_body_is_found_in_command_buffers_in_the_thunk_sequence(compiled):
