@@ -24,6 +24,17 @@ from specjax.models.kv_cache import write_layer
 from specjax.models.layers import Linear, Norm, apply_rope, normal_init, rope_inv_freq, zeros_init
 
 
+def one_gpu_kernels() -> bool:
+  """Whether the program being traced takes specjax's GPU kernels
+  (`specjax.kernels.append_attention`, `gated_down`): compiled for a GPU (or
+  the kernels interpreted, SPECJAX_PALLAS_INTERPRET=1) and not over a mesh of
+  several devices, for which they have no partitioning rule yet."""
+  if not (interpret_kernels() or compiler_options.current_platform() == "gpu"):
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  return mesh.empty or mesh.size == 1
+
+
 class Attention(nnx.Module):
   """Multi-head attention with K <= N key/value heads and an optional cache; layer
   `layer`'s sliding window and RoPE base come from the config."""
@@ -122,20 +133,16 @@ class Attention(nnx.Module):
 
   def _appends(self, t: int, layer_cache, starts, contiguous: bool) -> bool:
     """Whether this call runs as one kernel (`specjax.kernels.append_attention`,
-    static): "auto" or "pallas" compiled for one GPU (or interpreted), a cached
-    call on one run of slots per row with an unstacked cache, RoPE or learned
-    positions, no q/k norm and no soft-capping, and shapes the kernel takes. A
-    mesh of several devices keeps the XLA path (the kernel has no partitioning
-    rule yet)."""
+    static): "auto" or "pallas" compiled for one GPU (`one_gpu_kernels`), a
+    cached call on one run of slots per row with an unstacked cache, RoPE or
+    learned positions, no q/k norm and no soft-capping, and shapes the kernel
+    takes."""
     cfg = self.cfg
     if cfg.attention not in ("auto", "pallas") or cfg.qk_norm or cfg.attn_softcap is not None:
       return False
     if layer_cache is None or len(layer_cache) != 2 or starts is None or not contiguous:
       return False
-    if not (interpret_kernels() or compiler_options.current_platform() == "gpu"):
-      return False
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1:
+    if not one_gpu_kernels():
       return False
     capacity = layer_cache[0].shape[2]
     return appended.applies(t, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim, capacity)
@@ -246,12 +253,9 @@ class MLP(nnx.Module):
 
   def adds_in_one_kernel(self, x: jax.Array) -> bool:
     """Whether a folded block's MLP tail on `x [B, T, D]` runs as one kernel
-    (`add_to`, static): a gated MLP compiled for one GPU (or interpreted) on a
-    decode call's few rows."""
-    if not (interpret_kernels() or compiler_options.current_platform() == "gpu"):
-      return False
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1:  # the kernel has no partitioning rule yet
+    (`add_to`, static): a gated MLP compiled for one GPU (`one_gpu_kernels`) on
+    a decode call's few rows, whatever `ModelConfig.attention` says."""
+    if not one_gpu_kernels():
       return False
     rows = x.size // x.shape[-1]
     return gated.applies(rows, self.d_ff, x.shape[-1], self.kind)
@@ -343,8 +347,8 @@ class Block(nnx.Module):
     x = constrain((x.astype(jnp.float32) + attn_out).astype(x.dtype), RESIDUAL_AXES)
     scaled, sums = self.mlp_norm.folded_sums(x)
     if self.mlp.adds_in_one_kernel(x):
-      return constrain(self.mlp.add_to(x, scaled, sums, self.mlp_norm.eps), RESIDUAL_AXES), (
-        layer_cache
-      )
-    mlp_out = self.mlp(scaled, self.mlp_norm.factor(sums), jnp.float32)
-    return constrain((x.astype(jnp.float32) + mlp_out).astype(x.dtype), RESIDUAL_AXES), layer_cache
+      x = self.mlp.add_to(x, scaled, sums, self.mlp_norm.eps)
+    else:
+      mlp_out = self.mlp(scaled, self.mlp_norm.factor(sums), jnp.float32)
+      x = (x.astype(jnp.float32) + mlp_out).astype(x.dtype)
+    return constrain(x, RESIDUAL_AXES), layer_cache
