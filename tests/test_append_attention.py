@@ -12,9 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+import specjax
+from helpers import TINY, TINY_DRAFT
+from specjax import compiler_options
 from specjax.kernels import append_attention as appended
+from specjax.kernels import gated_down
 from specjax.models.attention import attend, query_runs
+from specjax.models.block import Block
+from specjax.models.config import ModelConfig
 from specjax.models.layers import apply_rope, rope_inv_freq
 from specjax.models.transformer import attention_mask
 
@@ -98,12 +105,6 @@ def test_a_gpu_decode_layer_computes_what_the_cpu_layer_computes(monkeypatch, t)
   this kernel, the MLP's tail through `specjax.kernels.gated_down`), interpreted,
   against the same block's XLA path: outputs and caches within bfloat16 rounding,
   for a decode step and a verify block."""
-  from flax import nnx
-
-  from specjax import compiler_options
-  from specjax.kernels import gated_down
-  from specjax.models.block import Block
-  from specjax.models.config import ModelConfig
 
   cfg = ModelConfig(
     vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=64,
@@ -134,3 +135,34 @@ def test_a_gpu_decode_layer_computes_what_the_cpu_layer_computes(monkeypatch, t)
     np.testing.assert_allclose(
       np.asarray(g, np.float32), np.asarray(w, np.float32), atol=0.05, rtol=0.05
     )
+
+
+def test_decoding_as_compiled_for_a_gpu_gives_the_cpus_greedy_text(monkeypatch, prompts):
+  """The whole model as a GPU runs it (norms folded, both kernels in every
+  layer, the draft at one width), interpreted on CPU: the same greedy tokens as
+  the CPU's own programs, autoregressive and speculative."""
+
+  def pair(attention):
+    # Configs of this test alone: JAX keeps traced programs by function and
+    # argument types, not by the platform context, so no other test's trace
+    # (nor this one's CPU reference) may serve the GPU's, nor the other way.
+    cfg = specjax.ModelConfig(**TINY, scan_layers=False, attention=attention)
+    draft = cfg.replace(**TINY_DRAFT)
+    return specjax.Transformer(cfg, rngs=nnx.Rngs(0)), specjax.Transformer(draft, rngs=nnx.Rngs(1))
+
+  run = dict(max_new_tokens=12, sampling=specjax.GREEDY)
+  target, draft = pair("einsum")
+  want = specjax.autoregressive_generate(target, *prompts, **run)
+  want_spec = specjax.speculative_generate(target, draft, *prompts, gamma=3, **run)
+  calls = []
+  kernel = gated_down.gated_down
+  monkeypatch.setattr(gated_down, "gated_down", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+  monkeypatch.setenv("SPECJAX_PALLAS_INTERPRET", "1")
+  target, draft = pair("pallas")  # the same weights; on a GPU, both kernels
+  with compiler_options.target_platform("gpu"):
+    got = specjax.autoregressive_generate(target, *prompts, **run)
+    got_spec = specjax.speculative_generate(target, draft, *prompts, gamma=3, **run)
+  assert calls  # traced through the GPU's MLP kernel (and so its folded blocks)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got_spec.tokens, want_spec.tokens)
+  np.testing.assert_array_equal(got_spec.num_generated, want_spec.num_generated)
