@@ -390,12 +390,15 @@ def _blank(*args, config: SlotConfig, **kwargs) -> SlotState:
 
 
 # The batch state is donated: its caches are updated in place, not copied per step.
-# specjax's compiler options (`compiler_options.jit`): on a GPU the step's draft
-# loop and conditionals go into its command buffer, as the decode programs' do;
-# a plain `jax.jit` left the loop on the host (27 launches a trip on an H100).
+# specjax's compiler options (`compiler_options.jit`, the admission programs' too):
+# on a GPU the step's draft loop and conditionals go into its command buffer, as
+# the decode programs' do; a plain `jax.jit` left the loop on the host (27
+# launches a trip on an H100).
 step = compiler_options.jit(
   _step, static_argnames=("gamma", "width", "config", "verify"), donate_argnames=("state",)
 )
-resync = jax.jit(_resync, static_argnames=("width", "config"), donate_argnames=("state",))
-admit = jax.jit(_admit, static_argnames=("config",), donate_argnames=("state",))
+resync = compiler_options.jit(
+  _resync, static_argnames=("width", "config"), donate_argnames=("state",)
+)
+admit = compiler_options.jit(_admit, static_argnames=("config",), donate_argnames=("state",))
 blank = jax.jit(_blank, static_argnames=("config",))
