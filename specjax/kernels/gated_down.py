@@ -28,9 +28,9 @@ import jax.numpy as jnp
 
 MAX_ROWS = 16  # a decode step, a draft's call, a verify block of gamma + 1 <= 16
 _BLOCK_D = 32  # output columns per program: D / 32 programs, each reading F x 32 weights
-_BLOCK_F = 64  # hidden units per loop step
-# Under 16 rows Triton's dot does not apply: broadcast products summed in
-# registers, [rows, _BLOCK_F, _BLOCK_D] elements per step.
+# Hidden units per loop step. Under 16 rows Triton's dot does not apply: the
+# products are broadcast and summed in registers, [rows, 64, 32] elements a step.
+_BLOCK_F = 64
 _ACTIVATIONS = ("swiglu", "geglu")
 
 
