@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax.kernels.tiles import pow2_at_least
+
 _NEG_INF = -1e30  # finite: a query reading no slot gets zeros, never NaN
 # Query rows (T * G) one program holds: the draft and verify calls of speculative
 # decoding (T = gamma + 1 <= 16 with G <= 4) fit, a prompt does not.
@@ -37,10 +39,6 @@ MAX_ROWS = 64
 # Below 16 rows Triton's dot does not apply: scores and values are broadcast
 # products summed in registers, [rows, block, H] elements per block at most this.
 _BROADCAST_ELEMENTS = 8192
-
-
-def _pow2(n: int) -> int:
-  return 1 << max(0, (n - 1).bit_length())
 
 
 def applies(t: int, n_heads: int, kv_heads: int, head_dim: int, capacity: int) -> bool:
@@ -53,7 +51,7 @@ def applies(t: int, n_heads: int, kv_heads: int, head_dim: int, capacity: int) -
     and head_dim % 2 == 0
     and half >= 8
     and half & (half - 1) == 0
-    and capacity >= max(16, 2 * _pow2(t))
+    and capacity >= max(16, 2 * pow2_at_least(t))
   )
 
 
@@ -64,7 +62,7 @@ def _block(rows: int, head_dim: int, capacity: int) -> int:
     block = 64
   else:
     block = max(8, min(64, _BROADCAST_ELEMENTS // (rows * head_dim)))
-  return min(block, _pow2(capacity))
+  return min(block, pow2_at_least(capacity))
 
 
 def _scores(q1, q2, k1, k2, dot: bool):
@@ -104,11 +102,11 @@ class _Static:
 
   @property
   def rows(self) -> int:  # query rows per program, padded
-    return _pow2(self.t * self.g)
+    return pow2_at_least(self.t * self.g)
 
   @property
   def news(self) -> int:  # new slots per program, padded
-    return _pow2(self.t)
+    return pow2_at_least(self.t)
 
   @property
   def dot(self) -> bool:  # Triton's dot applies (16 or more along every axis)
@@ -346,7 +344,7 @@ def append_attention(
   b, t, kv_heads, parts, h = qkv.shape
   g = parts - 2
   capacity = k_cache.shape[2]
-  rows_count = _pow2(t * g)
+  rows_count = pow2_at_least(t * g)
   block = _block(rows_count, h, capacity)
   scratch = interpret and rows_count > t * g
   kernel = _kernel(

@@ -26,16 +26,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from specjax.kernels.tiles import pow2_at_least
+
 MAX_ROWS = 16  # a decode step, a draft's call, a verify block of gamma + 1 <= 16
 _BLOCK_D = 32  # output columns per program: D / 32 programs, each reading F x 32 weights
 # Hidden units per loop step. Under 16 rows Triton's dot does not apply: the
 # products are broadcast and summed in registers, [rows, 64, 32] elements a step.
 _BLOCK_F = 64
 _ACTIVATIONS = ("swiglu", "geglu")
-
-
-def _pow2(n: int) -> int:
-  return 1 << max(0, (n - 1).bit_length())
 
 
 def applies(rows: int, d_ff: int, d_model: int, kind: str) -> bool:
@@ -58,7 +56,7 @@ class _Static:
 
   @property
   def padded(self) -> int:
-    return _pow2(self.rows)
+    return pow2_at_least(self.rows)
 
   @property
   def dot(self) -> bool:
