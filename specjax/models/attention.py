@@ -284,12 +284,12 @@ def _tpu_attend(
   g = n // kv_heads
   rows = t * g
   scale = h**-0.5 if scale is None else float(scale)
-  # Per query: the run of slots it reads, [B * T] each (1-D: SMEM pads 2-D arrays).
-  rows_mask = mask.reshape(b * t, -1)
-  lo, hi, _ = mask_span(rows_mask)
-  hi = jnp.where(jnp.any(rows_mask, axis=-1), hi, lo)  # a query reading nothing: no run
-  first = jnp.min(lo.reshape(b, t), axis=1) // block  # [B]: the row's first block
-  stop = (jnp.max(hi.reshape(b, t), axis=1) + block - 1) // block  # one past its last
+  # Per query: the run of slots it reads (`query_runs`: lo >= hi for a query that
+  # reads none, which then bounds no block), [B * T] each (1-D: SMEM pads 2-D arrays).
+  lo, hi = query_runs(mask)
+  first = jnp.min(lo, axis=1) // block  # [B]: the row's first block
+  stop = (jnp.max(hi, axis=1) + block - 1) // block  # one past its last
+  lo, hi = lo.reshape(b * t), hi.reshape(b * t)
   # [B, K, T * G, H]: query row r = t * G + g reads with query t's bounds.
   q_rows = q.reshape(b, t, kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, rows, h)
   slots_minor = h % 128 != 0  # the cache's layout in TPU memory (above)
